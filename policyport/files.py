@@ -1,0 +1,136 @@
+"""Reading and writing the files policyport handles, safely.
+
+Outputs are written atomically (a temporary file in the same folder, then ``os.replace``) and an
+existing file is never overwritten unless asked. Arrays are loaded with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import BadModelError, OutputExistsError, UnreadableFileError, require
+
+
+def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
+    """Refuse an output path that exists (unless ``force``) or whose folder does not.
+
+    Raises:
+        OutputExistsError: the path exists and ``force`` is false.
+        UnreadableFileError: the parent folder does not exist.
+    """
+    path = Path(path)
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path} exists; pass --force (force=True) to overwrite it")
+    if not path.parent.exists():
+        raise UnreadableFileError(f"cannot write {path}: folder {path.parent} does not exist")
+    return path
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[str], None], force: bool = False) -> Path:
+    """Call ``write(tmp_path)`` then move the result onto ``path`` in one step.
+
+    Nothing is left at ``path`` (nor a temporary file) if ``write`` raises.
+
+    Args:
+        path: destination.
+        write: writes the whole file at the temporary path it is given.
+        force: allow replacing an existing ``path``.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``force`` is false.
+    """
+    path = check_writable(path, force)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        if path.exists() and not force:  # appeared while we wrote
+            raise OutputExistsError(f"{path} exists; pass --force (force=True) to overwrite it")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray], force: bool = False) -> Path:
+    """Write ``arrays`` to an uncompressed ``.npz`` atomically; keys may contain ``/``."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    return write_atomic(path, write, force)
+
+
+def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Arrays from an ``.npz`` (every key) or a ``.npy`` (under the key ``""``), pickles refused.
+
+    Raises:
+        UnreadableFileError: missing file, not an npy/npz, or an object array (which would need pickle).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UnreadableFileError(f"{path}: no such file")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            return {"": loaded}
+        with loaded:
+            return {k: loaded[k] for k in loaded.files}
+    except ValueError as e:
+        if "pickle" in str(e).lower():
+            raise UnreadableFileError(
+                f"{path} holds object arrays, which numpy can only load by unpickling (running code "
+                "from the file); policyport refuses that — save plain numeric arrays"
+            ) from e
+        raise UnreadableFileError(f"{path} is not a readable .npy/.npz file: {e}") from e
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise UnreadableFileError(f"{path} is not a readable .npy/.npz file: {e}") from e
+
+
+def load_onnx(path: str | os.PathLike):
+    """An ``onnx.ModelProto`` from a file, external data included.
+
+    Raises:
+        UnreadableFileError: missing or unparsable file.
+        MissingDependencyError: onnx is not installed.
+    """
+    onnx = require("onnx", "onnx", "reading an .onnx file")
+    path = Path(path)
+    if not path.is_file():
+        raise UnreadableFileError(f"{path}: no such file")
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # protobuf DecodeError, onnx ValidationError, OSError ...
+        raise UnreadableFileError(f"{path} is not a readable ONNX model: {e}") from e
+
+
+def save_onnx(path: str | os.PathLike, model, force: bool = False) -> Path:
+    """Serialize ``model`` to ``path`` atomically."""
+    data = model.SerializeToString()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    return write_atomic(path, write, force)
+
+
+def ensure_model(model):
+    """An ``onnx.ModelProto`` from a ModelProto or a path to an ``.onnx`` file.
+
+    Raises:
+        BadModelError: ``model`` is neither.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        return load_onnx(model)
+    if type(model).__name__ == "ModelProto":
+        return model
+    raise BadModelError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")

@@ -1,0 +1,284 @@
+"""A plain-Python view of an ONNX graph that needs only numpy.
+
+The numpy backend executes this view, not the protobuf, so that a packed policy runs on a machine
+with numpy alone: :func:`from_onnx` reads a ``ModelProto`` (and imports ``onnx`` lazily), and
+:meth:`Graph.to_json` / :meth:`Graph.from_json` round-trip everything but the initializer arrays,
+which travel in an ``.npz`` beside the JSON.
+
+Element types follow the ``TensorProto.DataType`` enumeration of onnx.proto
+(https://github.com/onnx/onnx/blob/main/onnx/onnx.proto).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import BadModelError
+
+#: ``TensorProto.DataType`` code -> numpy dtype, for every element type numpy can hold.
+ONNX_TO_NUMPY: dict[int, np.dtype] = {
+    1: np.dtype("float32"),
+    2: np.dtype("uint8"),
+    3: np.dtype("int8"),
+    4: np.dtype("uint16"),
+    5: np.dtype("int16"),
+    6: np.dtype("int32"),
+    7: np.dtype("int64"),
+    8: np.dtype("object"),
+    9: np.dtype("bool"),
+    10: np.dtype("float16"),
+    11: np.dtype("float64"),
+    12: np.dtype("uint32"),
+    13: np.dtype("uint64"),
+    14: np.dtype("complex64"),
+    15: np.dtype("complex128"),
+}
+NUMPY_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in ONNX_TO_NUMPY.items()}
+
+#: The operator set of the default ("ai.onnx") domain is keyed by the empty string, as in ONNX.
+DEFAULT_DOMAIN = ""
+
+Dim = int | str | None
+
+
+def onnx_dtype(code: int) -> np.dtype:
+    """The numpy dtype of an ONNX element type code.
+
+    Raises:
+        BadModelError: the code has no numpy equivalent (bfloat16, float8, int4 ...).
+    """
+    try:
+        return ONNX_TO_NUMPY[int(code)]
+    except KeyError:
+        raise BadModelError(
+            f"ONNX element type {code} has no numpy equivalent; policyport's numpy backend supports "
+            f"{sorted(ONNX_TO_NUMPY)} (see TensorProto.DataType in onnx.proto)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output: its name, element type and shape.
+
+    ``shape`` holds an int for a fixed dimension, a string for a named symbolic one (``"batch"``)
+    and ``None`` for an unknown one; ``shape`` itself is ``None`` when the rank is unknown.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dtype": self.dtype.name,
+            "shape": None if self.shape is None else list(self.shape),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ValueInfo:
+        shape = d.get("shape")
+        return cls(d["name"], np.dtype(d["dtype"]), None if shape is None else tuple(shape))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ONNX node: op type, input and output tensor names, attributes by their ONNX spelling.
+
+    An omitted optional input is the empty string, as in ONNX. Attribute values are Python ints,
+    floats, strings, tuples of those, or numpy arrays (TENSOR attributes).
+    """
+
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = DEFAULT_DOMAIN
+
+
+@dataclass
+class Graph:
+    """A model's main graph with its initializers and operator-set versions.
+
+    Attributes:
+        nodes: in a topological order, as ONNX requires.
+        inputs: the graph inputs that are not initializers (the feeds).
+        outputs: the graph outputs.
+        initializers: name -> array, exactly as stored in the model.
+        opsets: domain -> opset version; ``opsets[""]`` is the default domain's.
+        metadata: the model's ``metadata_props``.
+    """
+
+    nodes: list[Node]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    opsets: dict[str, int]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def opset(self) -> int:
+        """The default ("ai.onnx") domain's opset version."""
+        return self.opsets.get(DEFAULT_DOMAIN, self.opsets.get("ai.onnx", 0))
+
+    def to_json(self) -> str:
+        """Everything but the initializer arrays, as JSON (initializers are listed by name, dtype, shape)."""
+        return json.dumps(
+            {
+                "format": "policyport.graph/1",
+                "opsets": self.opsets,
+                "metadata": self.metadata,
+                "inputs": [v.to_dict() for v in self.inputs],
+                "outputs": [v.to_dict() for v in self.outputs],
+                "initializers": [
+                    {"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
+                    for k, v in self.initializers.items()
+                ],
+                "nodes": [
+                    {
+                        "op_type": n.op_type,
+                        "domain": n.domain,
+                        "name": n.name,
+                        "inputs": list(n.inputs),
+                        "outputs": list(n.outputs),
+                        "attrs": {k: _attr_to_json(v) for k, v in n.attrs.items()},
+                    }
+                    for n in self.nodes
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, initializers: dict[str, np.ndarray]) -> Graph:
+        """Rebuild a graph from :meth:`to_json` output and its initializer arrays.
+
+        Raises:
+            BadModelError: the JSON is not a policyport graph, or an initializer is missing or
+                differs in dtype or shape from what the JSON lists.
+        """
+        try:
+            d = json.loads(text)
+            if d.get("format") != "policyport.graph/1":
+                raise BadModelError(f"not a policyport graph (format {d.get('format')!r})")
+            inits = {}
+            for spec in d["initializers"]:
+                name = spec["name"]
+                if name not in initializers:
+                    raise BadModelError(f"initializer {name!r} is listed in the graph but missing from the weights")
+                arr = np.asarray(initializers[name])
+                if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
+                    raise BadModelError(
+                        f"initializer {name!r}: the graph expects {spec['dtype']}{spec['shape']}, "
+                        f"the weights hold {arr.dtype.name}{list(arr.shape)}"
+                    )
+                inits[name] = arr
+            nodes = [
+                Node(
+                    n["op_type"],
+                    tuple(n["inputs"]),
+                    tuple(n["outputs"]),
+                    {k: _attr_from_json(v) for k, v in n["attrs"].items()},
+                    n.get("name", ""),
+                    n.get("domain", DEFAULT_DOMAIN),
+                )
+                for n in d["nodes"]
+            ]
+            return cls(
+                nodes=nodes,
+                inputs=[ValueInfo.from_dict(v) for v in d["inputs"]],
+                outputs=[ValueInfo.from_dict(v) for v in d["outputs"]],
+                initializers=inits,
+                opsets={k: int(v) for k, v in d["opsets"].items()},
+                metadata=dict(d.get("metadata", {})),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, BadModelError):
+                raise
+            raise BadModelError(f"malformed graph JSON: {e}") from e
+
+
+def _attr_to_json(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return {"tensor": {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.ravel().tolist()}}
+    if isinstance(v, tuple):
+        return {"list": [_attr_to_json(x) for x in v]}
+    if isinstance(v, (np.integer, np.floating)):
+        return v.item()
+    return v
+
+
+def _attr_from_json(v: Any) -> Any:
+    if isinstance(v, dict) and "tensor" in v:
+        t = v["tensor"]
+        return np.array(t["data"], dtype=t["dtype"]).reshape(t["shape"])
+    if isinstance(v, dict) and "list" in v:
+        return tuple(_attr_from_json(x) for x in v["list"])
+    return v
+
+
+def from_onnx(model) -> Graph:
+    """Read an ``onnx.ModelProto`` into a :class:`Graph` (imports ``onnx``).
+
+    Args:
+        model: the model; its main graph must not use subgraph attributes (If, Loop, Scan).
+
+    Returns:
+        The graph, with initializers as numpy arrays (external data must already be loaded).
+
+    Raises:
+        BadModelError: a node has a graph-valued attribute, or an element type numpy cannot hold.
+    """
+    from onnx import AttributeProto, helper, numpy_helper
+
+    g = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    nodes = []
+    for n in g.node:
+        attrs = {}
+        for a in n.attribute:
+            if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+                raise BadModelError(
+                    f"{n.op_type} node {n.name!r} has a subgraph attribute {a.name!r}; "
+                    "control flow (If, Loop, Scan) is not supported by the numpy backend"
+                )
+            if a.ref_attr_name:
+                raise BadModelError(f"{n.op_type} node {n.name!r}: attribute references are not supported")
+            value = helper.get_attribute_value(a)
+            if a.type == AttributeProto.TENSOR:
+                value = numpy_helper.to_array(value)
+            elif a.type == AttributeProto.TENSORS:
+                value = tuple(numpy_helper.to_array(t) for t in value)
+            elif a.type == AttributeProto.STRING:
+                value = value.decode("utf-8")
+            elif a.type == AttributeProto.STRINGS:
+                value = tuple(s.decode("utf-8") for s in value)
+            elif isinstance(value, list):
+                value = tuple(value)
+            attrs[a.name] = value
+        nodes.append(Node(n.op_type, tuple(n.input), tuple(n.output), attrs, n.name, n.domain))
+    return Graph(
+        nodes=nodes,
+        inputs=[_value_info(v) for v in g.input if v.name not in inits],
+        outputs=[_value_info(v) for v in g.output],
+        initializers=inits,
+        opsets={(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import},
+        metadata={p.key: p.value for p in model.metadata_props},
+    )
+
+
+def _value_info(v) -> ValueInfo:
+    t = v.type.tensor_type
+    if not v.type.HasField("tensor_type"):
+        raise BadModelError(f"graph input/output {v.name!r} is not a tensor")
+    shape = None
+    if t.HasField("shape"):
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+        )
+    return ValueInfo(v.name, onnx_dtype(t.elem_type), shape)

@@ -1,0 +1,154 @@
+"""Run a model on any backend behind one :class:`Session` interface.
+
+``BACKENDS`` is the one mapping of backend names that the CLI's choices, :func:`load` and the
+conformance tests all read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import BadModelError
+from ..graph import Graph, ValueInfo
+from .base import Backend, check_feeds, select_tensors
+
+#: Backend name -> one-line description. ``"numpy"`` needs numpy only at run time.
+BACKENDS: dict[str, str] = {
+    "numpy": "policyport's own interpreter, pure numpy",
+    "onnxruntime": "onnxruntime, CPU execution provider",
+}
+
+Feeds = Mapping[str, np.ndarray] | np.ndarray
+
+
+class Session:
+    """A model loaded on one backend.
+
+    Feeds are checked (names, dtype, rank, fixed widths, consistent symbolic dims) before the
+    backend sees them, identically for every backend.
+    """
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    @property
+    def inputs(self) -> list[ValueInfo]:
+        """The graph inputs (name, dtype, shape)."""
+        return self.backend.inputs
+
+    @property
+    def outputs(self) -> list[ValueInfo]:
+        """The graph outputs (name, dtype, shape)."""
+        return self.backend.outputs
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Every node output in node order: what :meth:`record` can return."""
+        return self.backend.tensor_names
+
+    def _feeds(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        if not isinstance(feeds, Mapping):
+            if len(self.inputs) != 1:
+                raise BadModelError(
+                    f"the model has {len(self.inputs)} inputs {[v.name for v in self.inputs]}; pass a dict of feeds"
+                )
+            feeds = {self.inputs[0].name: feeds}
+        return check_feeds(feeds, self.inputs)
+
+    def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
+        """Run the model.
+
+        Args:
+            feeds: input name -> array (for a single-input model, the array alone), e.g.
+                ``{"obs": float32 array, shape (batch, obs_dim)}``.
+
+        Returns:
+            graph output name -> array, in graph-output order.
+
+        Raises:
+            InputMismatchError: the feeds do not match the graph inputs.
+        """
+        return self.backend.run(self._feeds(feeds))
+
+    def record(self, feeds: Feeds, tensors: str | list[str] | None = "*") -> dict[str, np.ndarray]:
+        """Run the model and return every requested intermediate tensor as well as the outputs.
+
+        Args:
+            feeds: as for :meth:`run`.
+            tensors: ``fnmatch`` glob(s) over node-output names, comma-separated or a list;
+                ``"*"`` (default) records every node output.
+
+        Returns:
+            tensor name -> array: the matching node outputs in node order, then any graph output
+            not among them. Each array has the batch axis first, as the graph computes it.
+
+        Raises:
+            InputMismatchError: bad feeds, or a pattern that matches no tensor.
+        """
+        names = select_tensors(self.tensor_names, tensors)
+        return self.backend.record(self._feeds(feeds), names)
+
+    def observe(self, feeds: Feeds, observer: Callable) -> dict[str, np.ndarray]:
+        """Run on the numpy backend calling ``observer(node_index, output_index, value) -> value``
+        after every node; the returned value replaces the tensor (to steer neurons).
+
+        Raises:
+            BadModelError: the backend is not ``numpy``.
+        """
+        if not hasattr(self.backend, "observe"):
+            raise BadModelError(f"observers need the numpy backend; this session runs on {self.backend.name}")
+        return self.backend.observe(self._feeds(feeds), observer)
+
+
+def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
+    """Load a model on a backend.
+
+    Args:
+        model: an ``onnx.ModelProto``, a path to an ``.onnx`` file, a :class:`~policyport.graph.Graph`,
+            or a folder written by ``policyport pack`` (which the numpy backend runs with numpy alone).
+        backend: a key of :data:`BACKENDS`: ``"numpy"`` (default) or ``"onnxruntime"``.
+        threads: onnxruntime intra-op threads (0 = its default); ignored by ``numpy``.
+
+    Returns:
+        A :class:`Session`.
+
+    Raises:
+        InputMismatchError: unknown backend name.
+        UnreadableFileError: the path cannot be read.
+        UnsupportedOpError: the numpy backend lacks an op of the model.
+        MissingDependencyError: the backend's library (or onnx, to read a .onnx file) is missing.
+    """
+    from ..errors import InputMismatchError
+
+    if backend not in BACKENDS:
+        raise InputMismatchError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    proto = None
+    if isinstance(model, Graph):
+        graph = model
+    elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        from ..bundle import load_graph
+
+        graph = load_graph(model)
+        if backend != "numpy":
+            from ..files import load_onnx
+
+            proto = load_onnx(Path(model) / "model.onnx")
+    else:
+        from ..files import ensure_model
+        from ..graph import from_onnx
+
+        proto = ensure_model(model)
+        graph = from_onnx(proto)
+    if backend == "numpy":
+        from .numpy import NumpyBackend
+
+        return Session(NumpyBackend(graph))
+    from .ort import OrtBackend
+
+    if proto is None:
+        raise BadModelError("the onnxruntime backend needs an ONNX model: pass the ModelProto or the .onnx path")
+    return Session(OrtBackend(proto, graph, threads=threads))

@@ -1,0 +1,118 @@
+"""The one interface every backend implements, and the feed checks they all share.
+
+A backend is built from a :class:`~policyport.graph.Graph` view (for its inputs, outputs and tensor
+names) plus whatever it executes; :class:`Session` checks feeds against the graph inputs before any
+backend runs, so every backend rejects bad input with the same error and message.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from abc import ABC, abstractmethod
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ..errors import InputMismatchError
+from ..graph import ValueInfo
+
+
+class Backend(ABC):
+    """Executes one model. Implementations: ``numpy`` (own interpreter), ``onnxruntime``."""
+
+    name: str = ""
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    #: Every node output, in node order: the tensors :meth:`record` can return.
+    tensor_names: list[str]
+
+    @abstractmethod
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Graph outputs by name for feeds already checked by :func:`check_feeds`."""
+
+    @abstractmethod
+    def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """Graph outputs and the node outputs ``names``, by tensor name."""
+
+
+def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None) -> list[str]:
+    """The tensor names in ``available`` that match any of ``patterns``, in ``available``'s order.
+
+    Args:
+        available: candidate tensor names.
+        patterns: ``fnmatch`` globs, as one comma-separated string (``"fc_1/*,logits"``) or an
+            iterable; ``None`` or ``"*"`` selects everything.
+
+    Raises:
+        InputMismatchError: a pattern matches no tensor (the message lists what exists).
+    """
+    available = list(available)
+    if patterns is None:
+        return available
+    if isinstance(patterns, str):
+        patterns = [p.strip() for p in patterns.split(",") if p.strip()]
+    patterns = list(patterns)
+    chosen = [t for t in available if any(fnmatch.fnmatchcase(t, p) for p in patterns)]
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(t, p) for t in available)]
+    if unmatched:
+        raise InputMismatchError(
+            f"tensor pattern(s) {unmatched} match no tensor of the model; it has: {', '.join(available)}"
+        )
+    return chosen
+
+
+def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[str, np.ndarray]:
+    """Validate feeds against the graph inputs and return them as numpy arrays.
+
+    Checks, in order: every input is fed and nothing else is; each array has the input's dtype
+    (no silent casts) and rank; each fixed dimension matches; a symbolic dimension (``"batch"``)
+    has one size across all inputs that share it.
+
+    Args:
+        feeds: input name -> array-like.
+        inputs: the graph inputs.
+
+    Returns:
+        input name -> ``np.ndarray``, in graph-input order.
+
+    Raises:
+        InputMismatchError: with the input's name, what was expected and what was found.
+    """
+    names = [v.name for v in inputs]
+    missing = [n for n in names if n not in feeds]
+    extra = [n for n in feeds if n not in names]
+    if missing or extra:
+        raise InputMismatchError(
+            f"the model's inputs are {names}; feeds are missing {missing} and have unexpected {extra}"
+        )
+    out: dict[str, np.ndarray] = {}
+    symbols: dict[str, tuple[int, str]] = {}
+    for v in inputs:
+        arr = np.asarray(feeds[v.name])
+        if arr.dtype != v.dtype:
+            raise InputMismatchError(
+                f"input {v.name!r} expects dtype {v.dtype.name}, got {arr.dtype.name}; "
+                f"convert it first (e.g. x.astype(np.{v.dtype.name}))"
+            )
+        if v.shape is not None:
+            expected = "(" + ", ".join(str(d) if d is not None else "?" for d in v.shape) + ")"
+            if arr.ndim != len(v.shape):
+                hint = " (add a batch axis: x[None])" if arr.ndim == len(v.shape) - 1 else ""
+                raise InputMismatchError(
+                    f"input {v.name!r} expects rank {len(v.shape)} with shape {expected}, "
+                    f"got rank {arr.ndim} with shape {tuple(arr.shape)}{hint}"
+                )
+            for axis, (want, got) in enumerate(zip(v.shape, arr.shape)):
+                if isinstance(want, int) and want != got:
+                    raise InputMismatchError(
+                        f"input {v.name!r} expects shape {expected}, got {tuple(arr.shape)} "
+                        f"(axis {axis} is {got}, the model needs {want})"
+                    )
+                if isinstance(want, str):
+                    first = symbols.setdefault(want, (got, v.name))
+                    if first[0] != got:
+                        raise InputMismatchError(
+                            f"dimension {want!r} is {first[0]} in input {first[1]!r} but {got} in input {v.name!r}"
+                        )
+        out[v.name] = arr
+    return out

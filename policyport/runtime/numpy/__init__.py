@@ -1,0 +1,57 @@
+"""policyport's own ONNX interpreter in pure numpy: an op registry and a compiled execution plan."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ...graph import Graph
+from ..base import Backend
+from .plan import Plan
+from .registry import op, resolve, supported_ops
+
+__all__ = ["NumpyBackend", "Plan", "op", "resolve", "supported_ops"]
+
+
+class NumpyBackend(Backend):
+    """Runs a graph with numpy alone (no onnx, protobuf or onnxruntime needed at run time).
+
+    Args:
+        graph: the graph; compiled once here.
+
+    Raises:
+        UnsupportedOpError: a node's op has no implementation at the graph's opset.
+    """
+
+    name = "numpy"
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.plan = Plan(graph)
+        self.inputs = list(graph.inputs)
+        self.outputs = list(graph.outputs)
+        self.tensor_names = list(self.plan.tensor_names)
+        self._out_names = tuple(self.plan.output_names)
+        self._in_names = tuple(self.plan.input_names)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self.plan.run(*[feeds[n] for n in self._in_names])
+        return dict(zip(self._out_names, values))
+
+    def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        outs, tensors = self.plan.record(*[feeds[n] for n in self._in_names])
+        everything = dict(zip(self.tensor_names, tensors))
+        result = {n: everything[n] for n in names}
+        result.update(zip(self._out_names, outs))
+        return result
+
+    def observe(self, feeds: Mapping[str, np.ndarray], observer: Callable) -> dict[str, np.ndarray]:
+        """Run with ``observer(node_index, output_index, value) -> value`` called after every node.
+
+        What the observer returns replaces the tensor for the rest of the run, so an observer can
+        record, accumulate statistics, or override neurons. ``self.graph.nodes[node_index]`` is
+        the node.
+        """
+        values = self.plan.observe(*[feeds[n] for n in self._in_names], observer)
+        return dict(zip(self._out_names, values))

@@ -1,0 +1,118 @@
+"""The numpy backend's operator registry: the single truth of which ONNX ops it implements.
+
+Each op is a plain function registered with ``@op("Gemm", since=13)``. Inputs are positional numpy
+arrays (``None`` for an omitted optional input); attributes are keyword-only, spelled as in the ONNX
+operator page, with the spec's defaults. A function returns one array, or a tuple of arrays for a
+node with several outputs. An op that needs to know how many outputs its node has (Split before
+opset 18) declares a keyword-only ``node_outputs`` parameter and receives that count.
+
+Version selection follows the ONNX reference evaluator: for a model whose default-domain opset is
+``N``, the implementation used is the newest one whose ``since`` is ``<= N``. An op is registered
+again only at the opset versions where its semantics change (https://onnx.ai/onnx/operators/).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from ...errors import UnsupportedOpError
+
+DEFAULT_DOMAIN = ""
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    """One registered implementation: ``fn`` serves ``op_type`` from opset ``since`` on."""
+
+    op_type: str
+    since: int
+    fn: Callable
+    domain: str = DEFAULT_DOMAIN
+    wants_node_outputs: bool = False
+
+
+_REGISTRY: dict[tuple[str, str], dict[int, OpImpl]] = {}
+
+
+def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN) -> Callable[[Callable], Callable]:
+    """Register the decorated function as ``op_type`` from opset version ``since`` on.
+
+    Args:
+        op_type: the ONNX op type, e.g. ``"Gemm"``.
+        since: the opset version this implementation's semantics start at.
+        domain: the operator domain, ``""`` for the default ai.onnx domain.
+
+    Raises:
+        ValueError: ``(domain, op_type, since)`` is registered already.
+    """
+
+    def register(fn: Callable) -> Callable:
+        versions = _REGISTRY.setdefault((domain, op_type), {})
+        if since in versions:
+            raise ValueError(
+                f"{op_type} since opset {since} is registered twice: "
+                f"{versions[since].fn.__module__}.{versions[since].fn.__qualname__} and "
+                f"{fn.__module__}.{fn.__qualname__}"
+            )
+        params = inspect.signature(fn).parameters
+        versions[since] = OpImpl(op_type, since, fn, domain, "node_outputs" in params)
+        return fn
+
+    return register
+
+
+def versions(op_type: str, domain: str = DEFAULT_DOMAIN) -> list[int]:
+    """The opset versions at which ``op_type`` has an implementation, ascending (empty if none)."""
+    return sorted(_REGISTRY.get((domain, op_type), {}))
+
+
+def supported_ops() -> dict[str, list[int]]:
+    """Every registered default-domain op type -> its implementation versions, sorted by name."""
+    _load_ops()
+    return {name: versions(name, dom) for (dom, name) in sorted(_REGISTRY) if dom == DEFAULT_DOMAIN}
+
+
+def resolve(op_type: str, opset: int, domain: str = DEFAULT_DOMAIN, node_name: str = "") -> OpImpl:
+    """The implementation of ``op_type`` to use in a model of opset ``opset``.
+
+    Args:
+        op_type: ONNX op type.
+        opset: the model's opset version for ``domain``.
+        domain: operator domain (``""`` = ai.onnx).
+        node_name: the node's name, for the error message.
+
+    Returns:
+        The newest registered implementation whose ``since`` is ``<= opset``.
+
+    Raises:
+        UnsupportedOpError: no implementation exists at or below ``opset``.
+    """
+    _load_ops()
+    impls = _REGISTRY.get((domain, op_type), {})
+    usable = [v for v in impls if v <= opset]
+    if usable:
+        return impls[max(usable)]
+    subject = f'{op_type} node "{node_name}"' if node_name else f"{op_type}"
+    where = f" in domain {domain!r}" if domain else ""
+    if impls:
+        have = ", ".join(str(v) for v in sorted(impls))
+        raise UnsupportedOpError(
+            f"{subject}{where} (opset {opset}) is not supported by the numpy backend; it implements "
+            f"{op_type} since {have} — re-export with --opset {max(impls)} or use --backend onnxruntime"
+        )
+    raise UnsupportedOpError(
+        f"{subject}{where} (opset {opset}) is not supported by the numpy backend, which has no "
+        f"{op_type} at any opset — use --backend onnxruntime (policyport inspect lists the ops it has)"
+    )
+
+
+_loaded = False
+
+
+def _load_ops() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import ops  # noqa: F401  (registers every op module)
