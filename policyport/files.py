@@ -26,7 +26,7 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
     """
     path = Path(path)
     if path.exists() and not force:
-        raise OutputExistsError(f"{path} exists; pass --force (force=True) to overwrite it")
+        raise OutputExistsError(f"{path} exists; overwrite it with --force (force=True in Python)")
     if not path.parent.exists():
         raise UnreadableFileError(f"cannot write {path}: folder {path.parent} does not exist")
     return path
@@ -51,7 +51,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], force: b
     try:
         write(tmp)
         if path.exists() and not force:  # appeared while we wrote
-            raise OutputExistsError(f"{path} exists; pass --force (force=True) to overwrite it")
+            raise OutputExistsError(f"{path} exists; overwrite it with --force (force=True in Python)")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

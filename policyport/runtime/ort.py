@@ -61,5 +61,5 @@ class OrtBackend(Backend):
         if key not in self._recording:
             self._recording[key] = self._make_session(expose(self.model, tensors=list(names)))
         sess = self._recording[key]
-        wanted = list(dict.fromkeys([*self._out_names, *names]))
+        wanted = list(dict.fromkeys([*names, *self._out_names]))
         return dict(zip(wanted, sess.run(wanted, dict(feeds))))

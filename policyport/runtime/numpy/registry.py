@@ -65,6 +65,7 @@ def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN) -> Callable[[C
 
 def versions(op_type: str, domain: str = DEFAULT_DOMAIN) -> list[int]:
     """The opset versions at which ``op_type`` has an implementation, ascending (empty if none)."""
+    _load_ops()
     return sorted(_REGISTRY.get((domain, op_type), {}))
 
 

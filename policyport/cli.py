@@ -1,0 +1,346 @@
+"""The ``policyport`` command line: each command parses, calls the library and renders.
+
+Exit codes: 0 ok; 1 verification found a mismatch; 2 usage error; 3 bad model or input; 4 missing
+optional dependency. Messages go to stderr, data to stdout; ``--json`` makes stdout one JSON
+document (on an error: ``{"error": ..., "exit_code": ...}``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import InputMismatchError, PolicyportError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Carry trained policy networks across frameworks: convert to ONNX, extract weights, run on "
+    "numpy or onnxruntime with every activation recorded, and verify parity tensor by tensor.",
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class BackendName(str, Enum):
+    numpy = "numpy"
+    onnxruntime = "onnxruntime"
+
+
+def _fail(e: PolicyportError, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"error": str(e), "exit_code": e.exit_code}))
+    err.print(f"[bold red]error:[/] {e}", markup=True)
+    raise typer.Exit(e.exit_code)
+
+
+def _guard(as_json: bool, body: Callable[[], int | None]) -> None:
+    """Run ``body``; turn policyport's errors into a message and their exit code."""
+    try:
+        code = body()
+    except PolicyportError as e:
+        _fail(e, as_json)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def _emit_json(doc) -> None:
+    print(json.dumps(doc, indent=1))
+
+
+def _load_feeds(path: Path, session) -> dict:
+    from .files import load_arrays
+
+    arrays = load_arrays(path)
+    names = [v.name for v in session.inputs]
+    if list(arrays) == [""] or (len(arrays) == 1 and len(names) == 1 and names[0] not in arrays):
+        if len(names) != 1:
+            raise InputMismatchError(f"{path} holds one array but the model has inputs {names}; use an .npz keyed by input name")
+        return {names[0]: next(iter(arrays.values()))}
+    return arrays
+
+
+def _verification_table(report) -> Table:
+    """One row per tensor, one column per (candidate vs reference) pair, cells = max abs error."""
+    pairs = list(dict.fromkeys((c.candidate, c.reference) for c in report.comparisons))
+    rows: dict[str, dict] = {}
+    for c in report.comparisons:
+        rows.setdefault(c.tensor, {"shape": c.shape})[(c.candidate, c.reference)] = c
+    table = Table(title=f"max abs error on {report.samples} samples (atol {report.atol:g}, rtol {report.rtol:g})")
+    table.add_column("tensor")
+    table.add_column("shape")
+    for cand, ref in pairs:
+        table.add_column(f"{cand}\nvs {ref}", justify="right")
+    for tensor, row in rows.items():
+        cells = []
+        for pair in pairs:
+            c = row.get(pair)
+            cells.append("" if c is None else f"{c.max_abs:.2g}" if c.passed else f"[bold red]{c.max_abs:.2g} ✗[/]")
+        table.add_row(tensor, "(" + ", ".join(map(str, row["shape"])) + ")", *cells)
+    return table
+
+
+def _verdict(report) -> str:
+    if report.passed:
+        worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
+        where = f"; worst {worst.max_abs:.3g} on {worst.tensor} ({worst.candidate} vs {worst.reference})" if worst else ""
+        return f"PASS: {len(report.comparisons)} comparisons within atol {report.atol:g} + rtol {report.rtol:g}{where}"
+    f = report.first_divergence
+    bad = sum(not c.passed for c in report.comparisons)
+    return (f"FAIL: {bad} of {len(report.comparisons)} comparisons exceed atol {report.atol:g} + rtol {report.rtol:g}; "
+            f"first diverging tensor {f.tensor!r} ({f.candidate} vs {f.reference}): max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}")
+
+
+def _print_report(report, as_json: bool) -> int:
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        out.print(_verification_table(report))
+        out.print(_verdict(report))
+    return 0 if report.passed else 1
+
+
+AtolOpt = Annotated[float, typer.Option("--atol", min=0.0, help="Absolute tolerance.")]
+RtolOpt = Annotated[float, typer.Option("--rtol", min=0.0, help="Relative tolerance.")]
+SamplesOpt = Annotated[int, typer.Option("--samples", min=1, help="Observations to draw when no -i is given.")]
+LowOpt = Annotated[float, typer.Option("--low", help="Lower end of the range observations are drawn from.")]
+HighOpt = Annotated[float, typer.Option("--high", help="Upper end of the range observations are drawn from.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the drawn observations.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+
+
+@app.command()
+def convert(
+    src: Annotated[Path, typer.Argument(help="The trained policy: an .npz of weights in RLlib's TF layout.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
+    kind: Annotated[Optional[str], typer.Option("--from", help="Source kind (npz); detected from SRC when omitted.")] = None,
+    activation: Annotated[str, typer.Option(help="Hidden activation: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, linear.")] = "tanh",
+    head: Annotated[Optional[str], typer.Option(help="Action head: diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax).")] = None,
+    opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
+    keep_value: Annotated[bool, typer.Option("--keep-value", help="Also export the value branch as output 'value'.")] = False,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
+    samples: SamplesOpt = 1000,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    atol: AtolOpt = 1e-5,
+    rtol: RtolOpt = 1e-5,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Convert a trained policy to ONNX, verify it against the source, then write it."""
+
+    def body():
+        from .converter import HEADS, convert_source
+        from .files import check_writable, save_onnx
+        from .verify import verify as run_verify
+
+        if head is not None and head not in HEADS:
+            raise typer.BadParameter(f"{head!r}; choose one of {', '.join(HEADS)}", param_hint="--head")
+        check_writable(output, force)
+        converted = convert_source(src, kind=kind, activation=activation, head=head, opset=opset, keep_value=keep_value)
+        report = None
+        if verify:
+            report = run_verify(converted.model, reference=converted.reference, samples=samples, low=low,
+                                high=high, seed=seed, atol=atol, rtol=rtol)
+        if report is not None and not report.passed:
+            err.print(f"not writing {output}: the converted model does not match the source")
+            return _print_report(report, as_json)
+        save_onnx(output, converted.model, force)
+        if as_json:
+            doc = {"output": str(output), "verification": report.to_dict() if report else None}
+            _emit_json(doc)
+        else:
+            err.print(f"wrote {output}")
+            if report is not None:
+                out.print(_verification_table(report))
+                out.print(_verdict(report))
+        return 0
+
+    _guard(as_json, body)
+
+
+@app.command()
+def extract(
+    model: Annotated[Path, typer.Argument(help="An .onnx model.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of weights to write.")],
+    force: ForceOpt = False,
+) -> None:
+    """Write the model's parameters to .npz under the source's names, in the source's layout."""
+
+    def body():
+        from .files import check_writable, save_npz
+        from .passes import extract_weights
+
+        check_writable(output, force)
+        weights = extract_weights(model)
+        save_npz(output, weights, force)
+        table = Table(title=f"{len(weights)} parameters written to {output}")
+        for col in ("name", "dtype", "shape"):
+            table.add_column(col)
+        for k, v in weights.items():
+            table.add_row(k, v.dtype.name, str(tuple(v.shape)))
+        out.print(table)
+
+    _guard(False, body)
+
+
+@app.command()
+def expose(
+    model: Annotated[Path, typer.Argument(help="An .onnx model (left untouched).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names.")] = "*",
+    force: ForceOpt = False,
+) -> None:
+    """Write a copy of the model whose intermediate tensors are graph outputs too."""
+
+    def body():
+        from .files import check_writable, load_onnx, save_onnx
+        from .passes import expose as expose_pass
+
+        check_writable(output, force)
+        exposed = expose_pass(load_onnx(model), tensors)
+        save_onnx(output, exposed, force)
+        out.print(f"wrote {output} with {len(exposed.graph.output)} graph outputs: "
+                  + ", ".join(o.name for o in exposed.graph.output))
+
+    _guard(False, body)
+
+
+@app.command()
+def run(
+    model: Annotated[Path, typer.Argument(help="An .onnx model or a folder written by 'policyport pack'.")],
+    inputs: Annotated[Path, typer.Option("-i", "--input", help=".npy (single-input model) or .npz keyed by input name.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of graph outputs to write.")],
+    backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
+    record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to record.")] = "*",
+    force: ForceOpt = False,
+) -> None:
+    """Run a model on observations; optionally record activations."""
+
+    def body():
+        from .files import check_writable, save_npz
+        from .runtime import load
+
+        check_writable(output, force)
+        if record is not None:
+            if record.resolve() == output.resolve():
+                raise InputMismatchError("--record and -o name the same file")
+            check_writable(record, force)
+        session = load(str(model), backend=backend.value)
+        feeds = _load_feeds(inputs, session)
+        if record is not None:
+            values = session.record(feeds, tensors)
+            outputs = {v.name: values[v.name] for v in session.outputs}
+        else:
+            outputs = session.run(feeds)
+        save_npz(output, outputs, force)
+        if record is not None:
+            save_npz(record, values, force)
+        table = Table(title=f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""))
+        for col in ("tensor", "dtype", "shape", "min", "max"):
+            table.add_column(col, justify="right" if col in ("min", "max") else "left")
+        for k, v in (values if record is not None else outputs).items():
+            lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
+            table.add_row(k, v.dtype.name, str(tuple(v.shape)), lo, hi)
+        out.print(table)
+
+    _guard(False, body)
+
+
+@app.command("verify")
+def verify_cmd(
+    model: Annotated[Path, typer.Argument(help="An .onnx model or a folder written by 'policyport pack'.")],
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
+    samples: SamplesOpt = 1000,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    backends: Annotated[str, typer.Option(help="Comma-separated backends; the first is the baseline.")] = "numpy,onnxruntime",
+    source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare.")] = "*",
+    atol: AtolOpt = 1e-5,
+    rtol: RtolOpt = 1e-5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare every tensor across backends (and the source); exit 1 on a mismatch."""
+
+    def body():
+        from .runtime import BACKENDS, load
+        from .verify import verify as run_verify
+
+        names = [b.strip() for b in backends.split(",") if b.strip()]
+        unknown = [b for b in names if b not in BACKENDS]
+        if unknown or not names:
+            raise typer.BadParameter(f"{unknown or backends!r}; choose from {', '.join(BACKENDS)}", param_hint="--backends")
+        feeds = None
+        if inputs is not None:
+            feeds = _load_feeds(inputs, load(str(model), backend=names[0]))
+        report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=low,
+                            high=high, seed=seed, atol=atol, rtol=rtol, tensors=tensors)
+        return _print_report(report, as_json)
+
+    _guard(as_json, body)
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(help="An .onnx model, or a source (converted in memory with defaults).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
+
+    def body():
+        from .files import load_onnx
+        from .summary import format_shape, summarize
+
+        if model.suffix == ".onnx" or not model.exists():
+            proto = load_onnx(model)
+        else:
+            from .converter import convert
+
+            proto = convert(model)
+        s = summarize(proto)
+        if as_json:
+            _emit_json(s)
+            return
+        out.print(f"opset {s['opset']}, IR {s['ir_version']}, producer {s['producer'] or '?'}")
+        for kind in ("inputs", "outputs"):
+            out.print(f"{kind}: " + ", ".join(f"{v['name']} {v['dtype']}{format_shape(v['shape'])}" for v in s[kind]))
+        table = Table(title=f"{len(s['nodes'])} nodes, {s['parameter_count']:,} parameters")
+        for col in ("node", "op", "output", "dtype", "shape", "parameters"):
+            table.add_column(col, justify="right" if col == "parameters" else "left")
+        for n in s["nodes"]:
+            for i, o in enumerate(n["outputs"]):
+                table.add_row(n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"],
+                              o["dtype"] or "?", format_shape(o["shape"]),
+                              f"{n['parameter_count']:,}" if i == 0 and n["parameters"] else "")
+        out.print(table)
+        out.print("ops: " + ", ".join(s["ops"]))
+        lacks = s["numpy_backend_lacks"]
+        out.print("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)"))
+
+    _guard(as_json, body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

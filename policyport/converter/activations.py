@@ -1,0 +1,77 @@
+"""Activation functions a converter can name: their ONNX nodes and their source-framework formula.
+
+Names follow RLlib's ``get_activation_fn`` vocabulary (``ray/rllib/models/utils.py``) plus the
+common torch/Keras ones. ``leaky_relu`` takes its negative slope after a colon
+(``"leaky_relu:0.2"``); the default 0.01 is torch's ``nn.LeakyReLU`` default.
+
+Each activation emits ONNX nodes through an :class:`~policyport.converter.build.MlpBuilder` and has a
+numpy ``reference`` written from the source framework's definition, independent of policyport's
+interpreter, which verification compares against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BadModelError
+
+ALIASES = {"silu": "swish", "identity": "linear", "none": "linear", "leakyrelu": "leaky_relu"}
+NAMES = ("tanh", "relu", "elu", "selu", "swish", "silu", "softplus", "leaky_relu", "gelu", "linear")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """A parsed activation: its canonical name and parameter (the leaky_relu slope)."""
+
+    name: str
+    alpha: float | None = None
+
+    @property
+    def label(self) -> str:
+        """Used in tensor names: ``fc_1/<label>``."""
+        return self.name
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """The activation as the source frameworks define it, in ``x``'s dtype."""
+        return _REFERENCE[self.name](x, self)
+
+
+def parse_activation(spec: str) -> Activation:
+    """Parse ``"tanh"``, ``"silu"``, ``"leaky_relu:0.2"`` ...
+
+    Raises:
+        BadModelError: an unknown name or a malformed slope.
+    """
+    name, _, arg = spec.strip().lower().partition(":")
+    name = ALIASES.get(name, name)
+    if name not in _REFERENCE:
+        raise BadModelError(f"unknown activation {spec!r}; choose one of {', '.join(NAMES)}")
+    if arg and name != "leaky_relu":
+        raise BadModelError(f"activation {name!r} takes no parameter (got {spec!r})")
+    if name == "leaky_relu":
+        try:
+            return Activation(name, float(arg) if arg else 0.01)
+        except ValueError:
+            raise BadModelError(f"leaky_relu slope must be a number, got {arg!r}") from None
+    return Activation(name)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+_REFERENCE: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
+    "tanh": lambda x, a: np.tanh(x),
+    "relu": lambda x, a: np.maximum(x, 0),
+    "elu": lambda x, a: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+    "selu": lambda x, a: (1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(np.minimum(x, 0)))).astype(x.dtype),
+    "swish": lambda x, a: x / (1 + np.exp(-x.astype(np.float64))).astype(x.dtype),
+    "softplus": lambda x, a: np.logaddexp(0, x.astype(np.float64)).astype(x.dtype),
+    "leaky_relu": lambda x, a: np.where(x >= 0, x, x * x.dtype.type(a.alpha)),
+    "gelu": lambda x, a: (0.5 * x * (1 + _erf(x / np.sqrt(2)))).astype(x.dtype),
+    "linear": lambda x, a: x,
+}

@@ -1,0 +1,298 @@
+"""Build an MLP policy as an ONNX model with ``onnx.helper``, naming everything after the source.
+
+Converters describe the network as :class:`Dense` layers holding the source's own arrays under the
+source's own parameter names; :func:`build_mlp` lays them out so that no array is changed:
+
+* a weight stored ``[in, out]`` (TF/Keras ``kernel``) becomes Gemm's ``B`` as is; one stored
+  ``[out, in]`` (torch ``weight``) becomes ``B`` with ``transB=1`` (Gemm, https://onnx.ai/onnx/operators/onnx__Gemm.html);
+* initializers are named by the source's parameter names (``default_policy/fc_1/kernel``), and the
+  model's ``metadata_props["policyport.parameters"]`` records initializer -> source name, so
+  :func:`policyport.passes.extract_weights` returns the source's arrays bit for bit;
+* tensors are named ``<layer>/linear`` before the activation and ``<layer>/<activation>`` after it;
+  the output layer's raw output is ``logits``, a value branch's is ``value``.
+
+Heads (``head=``): ``None`` outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
+half of ``logits``: the deterministic action) and ``log_std`` (the other half), as RLlib's
+``DiagGaussian`` splits its inputs (``ray/rllib/models/tf/tf_action_dist.py``); ``"categorical"``
+adds ``action`` = argmax of ``logits`` (int64).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BadModelError, require
+from .activations import Activation
+
+HEADS = ("diag-gaussian", "categorical")
+MIN_OPSET = 11
+DEFAULT_OPSET = 17
+
+
+@dataclass
+class Dense:
+    """One fully connected layer, in the source's layout.
+
+    Attributes:
+        name: the source's layer name, used for tensor and node names (``"fc_1"``).
+        weight: float array, shape ``(in, out)`` if ``weight_layout == "in_out"`` else ``(out, in)``.
+        weight_name: the source's parameter name of ``weight``.
+        bias: float array, shape ``(out,)``, or ``None`` for a layer without bias.
+        bias_name: the source's parameter name of ``bias``.
+        activation: applied after the affine map; ``None`` for a linear layer.
+    """
+
+    name: str
+    weight: np.ndarray
+    weight_name: str
+    bias: np.ndarray | None = None
+    bias_name: str | None = None
+    weight_layout: str = "in_out"
+    activation: Activation | None = None
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0 if self.weight_layout == "in_out" else 1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1 if self.weight_layout == "in_out" else 0]
+
+
+@dataclass
+class MlpSpec:
+    """A whole policy network.
+
+    Attributes:
+        hidden: the policy branch's hidden layers, in order.
+        output: the layer producing ``logits`` (or, with ``free_log_std``, the mean).
+        value_hidden: the value branch's own hidden layers (empty when it shares the policy's).
+        value_output: the layer producing ``value``, or ``None`` to export no value function.
+        free_log_std: RLlib's state-independent ``log_std`` vector, concatenated after the mean.
+        free_log_std_name: its source parameter name.
+        source: provenance recorded in the model metadata (kind, file, sha256 ...).
+    """
+
+    hidden: list[Dense]
+    output: Dense
+    value_hidden: list[Dense] = field(default_factory=list)
+    value_output: Dense | None = None
+    free_log_std: np.ndarray | None = None
+    free_log_std_name: str | None = None
+    source: dict = field(default_factory=dict)
+
+    @property
+    def obs_dim(self) -> int:
+        return (self.hidden[0] if self.hidden else self.output).in_features
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.output.weight.dtype
+
+
+class MlpBuilder:
+    """Accumulates nodes and initializers; one per model."""
+
+    def __init__(self, opset: int, dtype: np.dtype):
+        onnx = require("onnx", "onnx", "building an ONNX model")
+        self.helper, self.numpy_helper = onnx.helper, onnx.numpy_helper
+        self.opset = opset
+        self.dtype = np.dtype(dtype)
+        self.nodes = []
+        self.initializers = []
+        self.parameters: dict[str, str] = {}
+        self._names: set[str] = set()
+
+    def node(self, op_type: str, inputs: list[str], output: str, **attrs) -> str:
+        if output in self._names:
+            raise BadModelError(f"tensor name {output!r} would be produced twice; the source has duplicate layer names")
+        self._names.add(output)
+        self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=output, **attrs))
+        return output
+
+    def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
+        if name in self._names:
+            raise BadModelError(f"parameter name {name!r} occurs twice")
+        self._names.add(name)
+        self.initializers.append(self.numpy_helper.from_array(np.asarray(array), name))
+        if source_name is not None:
+            self.parameters[name] = source_name
+        return name
+
+    def constant(self, values, name: str) -> str:
+        """An int64 constant (Slice bounds and the like): an initializer not recorded as a parameter."""
+        return self.initializer(np.asarray(values, dtype=np.int64), name)
+
+    def dense(self, layer: Dense, x: str, output: str | None = None) -> str:
+        """Gemm (+ activation) for ``layer``; returns the output tensor's name."""
+        w = self.initializer(layer.weight, layer.weight_name, layer.weight_name)
+        inputs = [x, w]
+        if layer.bias is not None:
+            inputs.append(self.initializer(layer.bias, layer.bias_name, layer.bias_name))
+        linear = output if output and layer.activation is None else f"{layer.name}/linear"
+        trans_b = 1 if layer.weight_layout == "out_in" else 0
+        y = self.node("Gemm", inputs, linear, transB=trans_b)
+        if layer.activation is not None:
+            y = self.activation(layer.activation, y, output or f"{layer.name}/{layer.activation.label}")
+        return y
+
+    def activation(self, act: Activation, x: str, out: str) -> str:
+        """The ONNX nodes of ``act`` applied to ``x``; the last one is named ``out``."""
+        simple = {"tanh": "Tanh", "relu": "Relu", "elu": "Elu", "selu": "Selu", "softplus": "Softplus"}
+        if act.name in simple:
+            return self.node(simple[act.name], [x], out)
+        if act.name == "linear":
+            return self.node("Identity", [x], out)
+        if act.name == "leaky_relu":
+            return self.node("LeakyRelu", [x], out, alpha=act.alpha)
+        if act.name == "swish":
+            s = self.node("Sigmoid", [x], f"{out}/sigmoid")
+            return self.node("Mul", [x, s], out)
+        if act.name == "gelu":
+            if self.opset >= 20:
+                return self.node("Gelu", [x], out)
+            # x * 0.5 * (1 + erf(x / sqrt(2))), the form torch.onnx exports before Gelu-20
+            sqrt2 = self.initializer(np.array(math.sqrt(2), dtype=self.dtype), f"{out}/sqrt2")
+            one = self.initializer(np.array(1.0, dtype=self.dtype), f"{out}/one")
+            half = self.initializer(np.array(0.5, dtype=self.dtype), f"{out}/half")
+            e = self.node("Erf", [self.node("Div", [x, sqrt2], f"{out}/scaled")], f"{out}/erf")
+            p = self.node("Mul", [x, self.node("Add", [e, one], f"{out}/erf_plus_one")], f"{out}/x_times")
+            return self.node("Mul", [p, half], out)
+        raise BadModelError(f"activation {act.name!r} has no ONNX form")  # parse_activation prevents this
+
+
+def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
+              input_name: str = "obs", metadata: dict[str, str] | None = None):
+    """The ONNX model of ``spec``.
+
+    Args:
+        spec: the network, with the source's arrays and names.
+        head: ``None``, ``"diag-gaussian"`` or ``"categorical"`` (see the module docstring).
+        opset: default-domain opset, ``MIN_OPSET`` (11) up to what the installed onnx supports;
+            default 17.
+        input_name: the graph input, ``obs`` by convention.
+        metadata: extra ``metadata_props``.
+
+    Returns:
+        An ``onnx.ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``, with graph
+        input ``obs`` (dtype of the weights, shape ``("batch", obs_dim)``) and outputs ``logits``
+        (+ the head's ``action``/``log_std``, + ``value`` when a value branch is given).
+
+    Raises:
+        BadModelError: an unknown head, an opset out of range, layer widths that do not chain, or
+            a diag-gaussian head on an odd number of logits.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    helper = onnx.helper
+    if head not in (None, *HEADS):
+        raise BadModelError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
+    max_opset = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= max_opset:
+        raise BadModelError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
+    _check_chain([*spec.hidden, spec.output], "policy")
+    if spec.value_output is not None:
+        branch = spec.value_hidden or spec.hidden
+        _check_chain([*branch, spec.value_output], "value")
+        if branch and branch[0].in_features != spec.obs_dim:
+            raise BadModelError(
+                f"value branch layer {branch[0].name!r} takes {branch[0].in_features} inputs, the observation has {spec.obs_dim}"
+            )
+    dtype = spec.dtype
+    elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    b = MlpBuilder(opset, dtype)
+
+    x = input_name
+    for layer in spec.hidden:
+        x = b.dense(layer, x)
+    n_logits = spec.output.out_features
+    if spec.free_log_std is not None:
+        mean = b.dense(spec.output, x, f"{spec.output.name}/mean")
+        log_std_param = b.initializer(spec.free_log_std, spec.free_log_std_name, spec.free_log_std_name)
+        shape = b.node("Shape", [mean], f"{spec.output.name}/mean_shape")
+        tiled = b.node("Expand", [log_std_param, shape], f"{spec.output.name}/free_log_std")
+        logits = b.node("Concat", [mean, tiled], "logits", axis=1)
+        n_logits += spec.free_log_std.shape[-1]
+    else:
+        logits = b.dense(spec.output, x, "logits")
+    outputs = [helper.make_tensor_value_info(logits, elem, ["batch", n_logits])]
+
+    if head == "diag-gaussian":
+        if n_logits % 2:
+            raise BadModelError(
+                f"a diag-gaussian head splits logits into mean and log_std halves, but there are {n_logits} logits"
+            )
+        half = n_logits // 2
+        axes = b.constant([1], "head/axes")
+        mid = b.constant([half], "head/mid")
+        b.node("Slice", [logits, b.constant([0], "head/zero"), mid, axes], "action")
+        b.node("Slice", [logits, mid, b.constant([n_logits], "head/end"), axes], "log_std")
+        outputs += [helper.make_tensor_value_info("action", elem, ["batch", half]),
+                    helper.make_tensor_value_info("log_std", elem, ["batch", half])]
+    elif head == "categorical":
+        b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
+        outputs.append(helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"]))
+
+    if spec.value_output is not None:
+        v = input_name
+        for layer in spec.value_hidden:
+            v = b.dense(layer, v)
+        if not spec.value_hidden:
+            v = x
+        b.dense(spec.value_output, v, "value")
+        outputs.append(helper.make_tensor_value_info("value", elem, ["batch", spec.value_output.out_features]))
+
+    graph = helper.make_graph(
+        b.nodes, "policy",
+        [helper.make_tensor_value_info(input_name, elem, ["batch", spec.obs_dim])],
+        outputs, b.initializers,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
+        producer_version=_version(),
+    )
+    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
+    props = {
+        "policyport.parameters": json.dumps(b.parameters),
+        "policyport.head": head or "none",
+        "policyport.source": json.dumps(spec.source),
+        **(metadata or {}),
+    }
+    helper.set_model_props(model, props)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the details
+        raise BadModelError(f"the built model fails onnx.checker: {e}") from e
+    return model
+
+
+def _check_chain(layers: list[Dense], branch: str) -> None:
+    for prev, nxt in zip(layers, layers[1:]):
+        if prev.out_features != nxt.in_features:
+            raise BadModelError(
+                f"{branch} layers do not chain: {prev.name!r} outputs {prev.out_features} features "
+                f"but {nxt.name!r} takes {nxt.in_features} ({prev.weight_name} {tuple(prev.weight.shape)}, "
+                f"{nxt.weight_name} {tuple(nxt.weight.shape)})"
+            )
+    for layer in layers:
+        if layer.bias is not None and layer.bias.shape != (layer.out_features,):
+            raise BadModelError(
+                f"{layer.bias_name} has shape {tuple(layer.bias.shape)}, expected ({layer.out_features},) for {layer.weight_name} {tuple(layer.weight.shape)}"
+            )
+
+
+def _max_ir_version(onnx, opset: int) -> int:
+    """The IR version that goes with ``opset``, so older runtimes accept the model."""
+    for ir, op in ((7, 13), (8, 18), (9, 20), (10, 23)):
+        if opset <= op:
+            return ir
+    return onnx.IR_VERSION
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,119 @@
+"""Weights in RLlib's TF ``FullyConnectedNetwork`` layout, from an ``.npz`` file or a dict.
+
+The layout (``ray/rllib/models/tf/fcnet.py``): a common prefix (the policy's variable scope, e.g.
+``default_policy/``), hidden layers ``fc_1 ... fc_N`` each with ``kernel`` ``[in, out]`` and
+``bias`` ``[out]``, the output layer ``fc_out``; with ``free_log_std`` a ``log_std`` vector that is
+concatenated after ``fc_out``'s mean; optionally a value branch ``fc_value_1 ... fc_value_N`` and
+``value_out`` (with ``vf_share_layers`` only ``value_out``, fed by the last policy hidden layer).
+TF's ``:0`` variable suffix is accepted. Layer order comes from the layer numbers, never from the
+order of the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import BadModelError
+from ..files import load_arrays
+from .activations import Activation
+from .build import Dense, MlpSpec
+
+_KEY = re.compile(
+    r"^(?P<prefix>(?:.*/)?)(?:(?P<layer>fc_\d+|fc_out|fc_value_\d+|value_out)/(?P<param>kernel|bias)"
+    r"|(?P<log_std>log_std))(?::0)?$"
+)
+
+
+def read_weights(source: str | os.PathLike | Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays of a weights file (or dict) and provenance for the model metadata."""
+    if isinstance(source, Mapping):
+        return {str(k): np.asarray(v) for k, v in source.items()}, {"kind": "npz"}
+    path = Path(source)
+    arrays = load_arrays(path)
+    if list(arrays) == [""]:
+        raise BadModelError(f"{path} is a single .npy array; a policy's weights must be an .npz of named arrays")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return arrays, {"kind": "npz", "file": path.name, "sha256": digest}
+
+
+def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation, keep_value: bool = False,
+                      source: dict | None = None) -> MlpSpec:
+    """Place every array of an RLlib TF FullyConnectedNetwork into an :class:`MlpSpec`.
+
+    Args:
+        arrays: parameter name -> float array.
+        activation: the hidden layers' activation (RLlib's ``fcnet_activation``, tanh by default).
+        keep_value: include the value branch (``value`` output) when present.
+        source: provenance for the model metadata.
+
+    Raises:
+        BadModelError: names that fit no layer (all listed), more than one prefix, missing ``fc_out``
+            or a kernel, gaps in ``fc_1..fc_N``, non-float or mixed dtypes, wrong ranks.
+    """
+    placed: dict[tuple[str, str], tuple[str, np.ndarray]] = {}
+    unplaced, prefixes = [], set()
+    for name, arr in arrays.items():
+        m = _KEY.match(name)
+        if not m:
+            unplaced.append(name)
+            continue
+        prefixes.add(m["prefix"])
+        key = ("log_std", "") if m["log_std"] else (m["layer"], m["param"])
+        if key in placed:
+            raise BadModelError(f"{name!r} and {placed[key][0]!r} are the same parameter {'/'.join(key)}")
+        placed[key] = (name, np.asarray(arr))
+    if unplaced:
+        raise BadModelError(
+            f"cannot place {len(unplaced)} array(s) in RLlib's FullyConnectedNetwork layout "
+            f"(expected [prefix/]fc_<i>/kernel|bias, fc_out/..., fc_value_<i>/..., value_out/..., log_std): "
+            f"{', '.join(sorted(unplaced))}"
+        )
+    if len(prefixes) > 1:
+        raise BadModelError(f"the arrays carry more than one prefix ({sorted(prefixes)}); give one policy's weights")
+    if ("fc_out", "kernel") not in placed:
+        raise BadModelError(
+            f"no output layer: expected an array named <prefix>fc_out/kernel; found {', '.join(sorted(arrays)) or 'no arrays'}"
+        )
+    dtypes = {a.dtype for _, a in placed.values()}
+    if len(dtypes) != 1 or not np.issubdtype(next(iter(dtypes)), np.floating):
+        raise BadModelError(f"the weights must share one float dtype; found {sorted(d.name for d in dtypes)}")
+
+    def layer(name: str, act: Activation | None) -> Dense:
+        if (name, "kernel") not in placed:
+            raise BadModelError(f"layer {name!r} has a bias but no kernel")
+        wname, w = placed[(name, "kernel")]
+        if w.ndim != 2:
+            raise BadModelError(f"{wname} must be a 2-D kernel [in, out], got shape {tuple(w.shape)}")
+        bname, b = placed.get((name, "bias"), (None, None))
+        return Dense(name, w, wname, b, bname, "in_out", act)
+
+    def numbered(stem: str) -> list[str]:
+        nums = sorted(int(k[0][len(stem):]) for k in placed if re.fullmatch(stem + r"\d+", k[0]))
+        nums = sorted(set(nums))
+        if nums != list(range(1, len(nums) + 1)):
+            raise BadModelError(f"layers {stem}<i> must be numbered 1..N without gaps; found {[f'{stem}{n}' for n in nums]}")
+        return [f"{stem}{n}" for n in nums]
+
+    hidden = [layer(n, activation) for n in numbered("fc_")]
+    value_hidden = [layer(n, activation) for n in numbered("fc_value_")]
+    has_value = ("value_out", "kernel") in placed or ("value_out", "bias") in placed
+    if keep_value and not has_value:
+        raise BadModelError("keep_value was asked for, but the weights hold no value_out layer")
+    log_std_name, log_std = placed.get(("log_std", ""), (None, None))
+    if log_std is not None and log_std.ndim != 1:
+        raise BadModelError(f"{log_std_name} must be a vector, got shape {tuple(log_std.shape)}")
+    return MlpSpec(
+        hidden=hidden,
+        output=layer("fc_out", None),
+        value_hidden=value_hidden if keep_value else [],
+        value_output=layer("value_out", None) if keep_value and has_value else None,
+        free_log_std=log_std,
+        free_log_std_name=log_std_name,
+        source=source or {"kind": "npz"},
+    )

@@ -1,0 +1,79 @@
+"""What a model holds: inputs, outputs, nodes with their tensor shapes, parameters, ops and opset.
+
+Feeds ``policyport inspect``; the op list is checked against the numpy backend's registry.
+"""
+
+from __future__ import annotations
+
+from .errors import require
+
+
+def summarize(model) -> dict:
+    """A JSON-ready description of an ONNX model.
+
+    Args:
+        model: an ``onnx.ModelProto``.
+
+    Returns:
+        ``{"opset", "ir_version", "producer", "inputs", "outputs", "nodes", "parameters",
+        "parameter_count", "ops", "numpy_backend_lacks", "metadata"}``; shapes list ints and
+        symbolic dimension names; ``nodes`` give each node's name, op type, output tensor(s) with
+        shape and dtype from ONNX shape inference, and the parameters it reads.
+    """
+    onnx = require("onnx", "onnx", "inspecting a model")
+    from .graph import from_onnx
+    from .passes import parameter_map
+    from .runtime.numpy.registry import versions
+
+    graph = from_onnx(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        infos = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+    except Exception:  # a model shape inference cannot handle still gets a summary, without shapes
+        infos = {}
+
+    def describe(name: str) -> dict:
+        info = infos.get(name)
+        if info is None or not info.type.HasField("tensor_type"):
+            return {"name": name, "dtype": None, "shape": None}
+        t = info.type.tensor_type
+        shape = None
+        if t.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else None
+        return {"name": name, "dtype": dtype, "shape": shape}
+
+    params = parameter_map(model)
+    nodes = []
+    for n in graph.nodes:
+        nodes.append({
+            "name": n.name,
+            "op_type": n.op_type,
+            "outputs": [describe(o) for o in n.outputs if o],
+            "parameters": [params[i]["name"] for i in n.inputs if i in params],
+            "parameter_count": int(sum(graph.initializers[i].size for i in n.inputs if i in params)),
+        })
+    parameters = [
+        {"name": params[k]["name"], "initializer": k, "dtype": v.dtype.name, "shape": list(v.shape), "size": int(v.size)}
+        for k, v in graph.initializers.items() if k in params
+    ]
+    ops = sorted({(n.domain, n.op_type) for n in graph.nodes})
+    lacks = [op for dom, op in ops if not [v for v in versions(op, dom) if v <= graph.opsets.get(dom, graph.opset)]]
+    return {
+        "opset": graph.opset,
+        "ir_version": model.ir_version,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "inputs": [v.to_dict() for v in graph.inputs],
+        "outputs": [v.to_dict() for v in graph.outputs],
+        "nodes": nodes,
+        "parameters": parameters,
+        "parameter_count": int(sum(p["size"] for p in parameters)),
+        "ops": [op if not dom else f"{dom}.{op}" for dom, op in ops],
+        "numpy_backend_lacks": lacks,
+        "metadata": graph.metadata,
+    }
+
+
+def format_shape(shape) -> str:
+    """``(batch, 275)`` for a shape list with symbolic names; ``?`` for unknown."""
+    return "?" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
