@@ -36,7 +36,7 @@ _LAZY = {
     "load": ("policyport.runtime", "load"),
     "Session": ("policyport.runtime", "Session"),
     "BACKENDS": ("policyport.runtime", "BACKENDS"),
-    "verify": ("policyport.verify", "verify"),
+    "verify": ("policyport.verification", "verify"),
     "extract_weights": ("policyport.passes", "extract_weights"),
     "expose": ("policyport.passes", "expose"),
     "pack": ("policyport.bundle", "pack"),

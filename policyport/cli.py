@@ -146,7 +146,7 @@ def convert(
     def body():
         from .converter import HEADS, convert_source
         from .files import check_writable, save_onnx
-        from .verify import verify as run_verify
+        from .verification import verify as run_verify
 
         if head is not None and head not in HEADS:
             raise typer.BadParameter(f"{head!r}; choose one of {', '.join(HEADS)}", param_hint="--head")
@@ -281,7 +281,7 @@ def verify_cmd(
 
     def body():
         from .runtime import BACKENDS, load
-        from .verify import verify as run_verify
+        from .verification import verify as run_verify
 
         names = [b.strip() for b in backends.split(",") if b.strip()]
         unknown = [b for b in names if b not in BACKENDS]

@@ -70,7 +70,7 @@ def convert_source(source, *, kind: str | None = None, activation: str = "tanh",
     from .rllib_weights import parse_rllib_fcnet, read_weights
 
     arrays, provenance = read_weights(source)
-    spec = parse_rllib_fcnet(arrays, act, keep_value=keep_value, source=provenance)
+    spec = parse_rllib_fcnet(arrays, None if act.name == "linear" else act, keep_value=keep_value, source=provenance)
     model = build_mlp(spec, head=head, opset=opset, metadata={"policyport.activation": activation})
     return Converted(model, lambda obs: reference_forward(spec, obs, head), kind)
 

@@ -145,8 +145,6 @@ class MlpBuilder:
         simple = {"tanh": "Tanh", "relu": "Relu", "elu": "Elu", "selu": "Selu", "softplus": "Softplus"}
         if act.name in simple:
             return self.node(simple[act.name], [x], out)
-        if act.name == "linear":
-            return self.node("Identity", [x], out)
         if act.name == "leaky_relu":
             return self.node("LeakyRelu", [x], out, alpha=act.alpha)
         if act.name == "swish":

@@ -42,13 +42,14 @@ def read_weights(source: str | os.PathLike | Mapping[str, np.ndarray]) -> tuple[
     return arrays, {"kind": "npz", "file": path.name, "sha256": digest}
 
 
-def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation, keep_value: bool = False,
+def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation | None, keep_value: bool = False,
                       source: dict | None = None) -> MlpSpec:
     """Place every array of an RLlib TF FullyConnectedNetwork into an :class:`MlpSpec`.
 
     Args:
         arrays: parameter name -> float array.
-        activation: the hidden layers' activation (RLlib's ``fcnet_activation``, tanh by default).
+        activation: the hidden layers' activation (RLlib's ``fcnet_activation``, tanh by default);
+            ``None`` for linear hidden layers.
         keep_value: include the value branch (``value`` output) when present.
         source: provenance for the model metadata.
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv (once) and install policyport into it, editable, with the extras given as $1
+# (comma-separated, e.g. "test" or "test,bench"; empty for the core only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+  || { echo "policyport needs Python 3.10 or newer; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+extras=${1:-}
+spec="."
+[ -n "$extras" ] && spec=".[${extras}]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$spec"

@@ -1,0 +1,212 @@
+"""RLlib FullyConnectedNetwork weights -> ONNX: placement, naming, activations, heads, errors."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import onnx
+import pytest
+
+import policyport as pp
+from policyport.converter import convert_source
+from policyport.converter.activations import parse_activation
+
+
+def fcnet(sizes=(6, 16, 16, 4), prefix="default_policy/", dtype=np.float32, seed=0, value=None, log_std=None):
+    """Random weights in RLlib's TF layout: kernels [in, out]."""
+    rng = np.random.default_rng(seed)
+    w = {}
+    names = [f"fc_{i}" for i in range(1, len(sizes) - 1)] + ["fc_out"]
+    for name, n_in, n_out in zip(names, sizes, sizes[1:]):
+        w[f"{prefix}{name}/kernel"] = rng.normal(0, 1 / math.sqrt(n_in), (n_in, n_out)).astype(dtype)
+        w[f"{prefix}{name}/bias"] = rng.normal(0, 0.1, n_out).astype(dtype)
+    if value is not None:
+        vnames = [f"fc_value_{i}" for i in range(1, len(value) - 1)] + ["value_out"]
+        for name, n_in, n_out in zip(vnames, value, value[1:]):
+            w[f"{prefix}{name}/kernel"] = rng.normal(0, 1 / math.sqrt(n_in), (n_in, n_out)).astype(dtype)
+            w[f"{prefix}{name}/bias"] = rng.normal(0, 0.1, n_out).astype(dtype)
+    if log_std is not None:
+        w[f"{prefix}log_std"] = np.asarray(log_std, dtype=dtype)
+    return w
+
+
+def forward(w, obs, act=np.tanh, prefix="default_policy/"):
+    h = obs.astype(np.float64)
+    i = 1
+    while f"{prefix}fc_{i}/kernel" in w:
+        h = act(h @ w[f"{prefix}fc_{i}/kernel"] + w[f"{prefix}fc_{i}/bias"])
+        i += 1
+    return h @ w[f"{prefix}fc_out/kernel"] + w[f"{prefix}fc_out/bias"]
+
+
+def obs_for(w, n=32, seed=1, dtype=np.float32):
+    first = next(v for k, v in w.items() if k.endswith("fc_1/kernel"))
+    return np.random.default_rng(seed).uniform(-2, 2, (n, first.shape[0])).astype(dtype)
+
+
+def run_both(model, obs):
+    return {b: pp.load(model, backend=b).record({"obs": obs}) for b in pp.BACKENDS}
+
+
+def test_layer_order_comes_from_names_not_key_order():
+    w = fcnet(sizes=(5, 7, 9, 11, 3))
+    keys = list(w)
+    random.Random(3).shuffle(keys)
+    model = pp.convert({k: w[k] for k in keys})
+    assert [n.name for n in model.graph.node] == [
+        "fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "fc_3/linear", "fc_3/tanh", "logits"]
+    obs = obs_for(w)
+    for out in run_both(model, obs).values():
+        assert np.abs(out["logits"] - forward(w, obs)).max() <= 1e-5
+
+
+def test_initializers_carry_the_source_parameter_names_unchanged(metadrive_model, metadrive_weights):
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in metadrive_model.graph.initializer}
+    for name, arr in metadrive_weights.items():
+        assert inits[name].dtype == arr.dtype and inits[name].tobytes() == arr.tobytes()
+    assert [i.name for i in metadrive_model.graph.input] == ["obs"]
+    dims = metadrive_model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 275
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 20, onnx.defs.onnx_opset_version()])
+def test_model_passes_the_full_onnx_checker_at_every_opset(opset):
+    w = fcnet()
+    model = pp.convert(w, opset=opset, activation="gelu", head="diag-gaussian")
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == opset
+    assert ("Gelu" in {n.op_type for n in model.graph.node}) == (opset >= 20)
+    obs = obs_for(w)
+    ref = convert_source(w, activation="gelu", head="diag-gaussian").reference(obs)
+    for out in run_both(model, obs).values():
+        for name in ("logits", "action", "log_std"):
+            assert np.abs(out[name] - ref[name]).max() <= 1e-5
+
+
+ACTIVATIONS = {
+    "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, 0),
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+    "selu": lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(np.minimum(x, 0))),
+    "swish": lambda x: x / (1 + np.exp(-x)),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "softplus": lambda x: np.log1p(np.exp(x)),
+    "leaky_relu": lambda x: np.where(x >= 0, x, 0.01 * x),
+    "leaky_relu:0.2": lambda x: np.where(x >= 0, x, 0.2 * x),
+    "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    "linear": lambda x: x,
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_each_activation_matches_its_textbook_formula_on_both_backends(name):
+    w = fcnet(sizes=(6, 12, 12, 4), seed=5)
+    obs = obs_for(w, n=64)
+    expected = forward(w, obs, ACTIVATIONS[name])
+    model = pp.convert(w, activation=name)
+    label = parse_activation(name).label
+    for backend, out in run_both(model, obs).items():
+        assert np.abs(out["logits"] - expected).max() <= 1e-5, backend
+        assert f"fc_1/{label}" in out and "fc_1/linear" in out
+
+
+def test_tf_variable_suffix_and_missing_prefix_are_accepted():
+    w = {k.replace("default_policy/", "") + ":0": v for k, v in fcnet().items()}
+    model = pp.convert(w)
+    assert pp.extract_weights(model).keys() == w.keys()
+
+
+def test_free_log_std_is_concatenated_after_the_mean():
+    w = fcnet(sizes=(6, 16, 2), log_std=[-0.5, 0.25])
+    obs = obs_for(w)
+    model = pp.convert(w, head="diag-gaussian")
+    for out in run_both(model, obs).values():
+        assert out["logits"].shape == (32, 4)
+        assert np.abs(out["action"] - forward(w, obs)).max() <= 1e-5
+        np.testing.assert_array_equal(out["log_std"], np.tile(np.float32([-0.5, 0.25]), (32, 1)))
+
+
+def test_value_branch_only_with_keep_value():
+    w = fcnet(sizes=(6, 16, 4), value=(6, 8, 1))
+    assert [o.name for o in pp.convert(w).graph.output] == ["logits"]
+    model = pp.convert(w, keep_value=True)
+    assert [o.name for o in model.graph.output] == ["logits", "value"]
+    obs = obs_for(w)
+    p = "default_policy/"
+    v = np.tanh(obs @ w[p + "fc_value_1/kernel"] + w[p + "fc_value_1/bias"]) @ w[p + "value_out/kernel"] + w[p + "value_out/bias"]
+    for out in run_both(model, obs).values():
+        assert np.abs(out["value"] - v).max() <= 1e-5
+    assert set(pp.extract_weights(model)) == set(w)
+
+
+def test_shared_value_layers_read_the_last_policy_hidden_layer():
+    w = fcnet(sizes=(6, 16, 4))
+    w["default_policy/value_out/kernel"] = np.ones((16, 1), np.float32)
+    w["default_policy/value_out/bias"] = np.zeros(1, np.float32)
+    model = pp.convert(w, keep_value=True)
+    obs = obs_for(w)
+    p = "default_policy/"
+    hidden = np.tanh(obs @ w[p + "fc_1/kernel"] + w[p + "fc_1/bias"])
+    out = pp.load(model).run(obs)
+    assert np.abs(out["value"][:, 0] - hidden.sum(axis=1)).max() <= 1e-5
+
+
+def test_categorical_head_is_argmax_as_int64():
+    w = fcnet(sizes=(6, 16, 5))
+    obs = obs_for(w, n=100)
+    model = pp.convert(w, head="categorical")
+    for out in run_both(model, obs).values():
+        assert out["action"].dtype == np.int64 and out["action"].shape == (100,)
+        np.testing.assert_array_equal(out["action"], np.argmax(forward(w, obs), axis=1))
+
+
+def test_float64_weights_give_a_float64_model():
+    w = fcnet(dtype=np.float64)
+    obs = obs_for(w, dtype=np.float64)
+    model = pp.convert(w)
+    for out in run_both(model, obs).values():
+        assert out["logits"].dtype == np.float64
+        assert np.abs(out["logits"] - forward(w, obs)).max() <= 1e-12
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda w: w.update({"default_policy/extra/thing": np.zeros(3, np.float32), "optimizer/beta": np.zeros(1, np.float32)}),
+     "cannot place 2 array(s)"),
+    (lambda w: w.update({"default_policy/fc_4/kernel": np.zeros((16, 16), np.float32)}), "numbered 1..N without gaps"),
+    (lambda w: w.pop("default_policy/fc_out/kernel"), "fc_out/kernel"),
+    (lambda w: w.update({"default_policy/fc_2/kernel": np.zeros((15, 16), np.float32)}), "do not chain"),
+    (lambda w: w.update({"default_policy/fc_1/bias": np.zeros(3, np.float32)}), "expected (16,)"),
+    (lambda w: w.update({"other_policy/fc_9/bias": np.zeros(3, np.float32)}), "more than one prefix"),
+    (lambda w: w.update({"default_policy/fc_1/kernel": np.zeros((6, 16), np.int32)}), "one float dtype"),
+])
+def test_unplaceable_weights_raise_a_bad_model_error_naming_them(mutate, message):
+    w = fcnet()
+    mutate(w)
+    with pytest.raises(pp.BadModelError) as e:
+        pp.convert(w)
+    assert message in str(e.value)
+
+
+def test_unplaced_names_are_all_listed():
+    w = fcnet()
+    w["default_policy/extra/thing"] = np.zeros(3, np.float32)
+    w["optimizer/beta"] = np.zeros(1, np.float32)
+    with pytest.raises(pp.BadModelError, match=r"default_policy/extra/thing, optimizer/beta"):
+        pp.convert(w)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"activation": "sigmoidish"}, "unknown activation"),
+    ({"activation": "leaky_relu:abc"}, "slope must be a number"),
+    ({"head": "beta"}, "unknown head"),
+    ({"opset": 7}, "opset 7 is out of range"),
+    ({"head": "diag-gaussian", "activation": "tanh"}, None),
+])
+def test_bad_options_raise(kwargs, message):
+    w = fcnet(sizes=(6, 8, 3))
+    if message is None:  # 3 logits cannot split into mean and log_std halves
+        message = "there are 3 logits"
+    with pytest.raises(pp.BadModelError, match=message):
+        pp.convert(w, **kwargs)

@@ -1,0 +1,192 @@
+"""The policyport CLI: exit codes, --json, no-overwrite, no traceback, no partial output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from policyport.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, metadrive_path):
+    out = tmp_path_factory.mktemp("cli") / "md.onnx"
+    result = invoke("convert", metadrive_path, "-o", out, "--head", "diag-gaussian")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def obs_file(tmp_path, metadrive_obs):
+    path = tmp_path / "obs.npy"
+    np.save(path, metadrive_obs[:16])
+    return path
+
+
+def test_convert_verifies_against_the_source_and_prints_the_figures(tmp_path, metadrive_path):
+    out = tmp_path / "m.onnx"
+    result = invoke("convert", metadrive_path, "-o", out, "--head", "diag-gaussian", "--samples", "64")
+    assert result.exit_code == 0
+    assert "PASS: 21 comparisons" in result.stdout and "fc_2/tanh" in result.stdout
+    assert out.exists()
+
+
+def test_convert_json_is_one_document(tmp_path, metadrive_path):
+    result = invoke("convert", metadrive_path, "-o", tmp_path / "m.onnx", "--json", "--samples", "8")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["verification"]["passed"] is True
+    assert {c["tensor"] for c in doc["verification"]["comparisons"]} == {"fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits"}
+
+
+def test_existing_output_is_not_overwritten_without_force(tmp_path, metadrive_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"precious")
+    result = invoke("convert", metadrive_path, "-o", out)
+    assert result.exit_code == 3 and "exists" in result.stderr and "--force" in result.stderr
+    assert out.read_bytes() == b"precious"
+    assert invoke("convert", metadrive_path, "-o", out, "--force").exit_code == 0
+    assert out.read_bytes() != b"precious"
+
+
+def test_unplaceable_npz_exits_3_with_the_names_and_writes_nothing(tmp_path):
+    src = tmp_path / "odd.npz"
+    np.savez(src, **{"policy/encoder/w": np.zeros((3, 3), np.float32), "fc_out/kernel": np.zeros((3, 2), np.float32)})
+    out = tmp_path / "m.onnx"
+    result = invoke("convert", src, "-o", out)
+    assert result.exit_code == 3
+    assert "cannot place 1 array(s)" in result.stderr and "policy/encoder/w" in result.stderr
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_missing_source_exits_3(tmp_path):
+    result = invoke("convert", tmp_path / "nope.npz", "-o", tmp_path / "m.onnx")
+    assert result.exit_code == 3 and "no such file" in result.stderr
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_pickled_npz_is_refused(tmp_path):
+    src = tmp_path / "pickled.npz"
+    np.savez(src, **{"fc_out/kernel": np.array([{"a": 1}], dtype=object)})
+    result = invoke("convert", src, "-o", tmp_path / "m.onnx")
+    assert result.exit_code == 3 and "unpickling" in result.stderr
+
+
+@pytest.mark.parametrize("args, code", [
+    (["convert", "x.npz"], 2),  # missing -o
+    (["run", "m.onnx", "-i", "x.npy", "-o", "o.npz", "--backend", "tensorrt"], 2),
+    (["convert", "x.npz", "-o", "m.onnx", "--head", "beta"], 2),
+    (["convert", "x.npz", "-o", "m.onnx", "--samples", "0"], 2),
+    (["frobnicate"], 2),
+])
+def test_usage_errors_exit_2(args, code, tmp_path, metadrive_path):
+    args = [str(metadrive_path) if a == "x.npz" else str(tmp_path / a) if a.endswith((".onnx", ".npy", ".npz")) else a for a in args]
+    assert invoke(*args).exit_code == code
+
+
+def test_extract_writes_the_source_arrays(converted, tmp_path, metadrive_weights):
+    out = tmp_path / "w.npz"
+    assert invoke("extract", converted, "-o", out).exit_code == 0
+    with np.load(out) as f:
+        assert f.files == list(metadrive_weights)
+        assert all(f[k].tobytes() == metadrive_weights[k].tobytes() for k in f.files)
+
+
+def test_expose_writes_a_new_file_and_leaves_the_input(converted, tmp_path):
+    before = converted.read_bytes()
+    out = tmp_path / "exposed.onnx"
+    result = invoke("expose", converted, "-o", out, "--tensors", "*tanh")
+    assert result.exit_code == 0 and converted.read_bytes() == before
+    import onnx
+
+    assert [o.name for o in onnx.load(out).graph.output] == ["logits", "action", "log_std", "fc_1/tanh", "fc_2/tanh"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_run_with_record_writes_outputs_and_every_activation(converted, obs_file, tmp_path, backend, metadrive_obs):
+    out, acts = tmp_path / "out.npz", tmp_path / "acts.npz"
+    result = invoke("run", converted, "-i", obs_file, "-o", out, "--backend", backend, "--record", acts)
+    assert result.exit_code == 0, result.output
+    with np.load(out) as o, np.load(acts) as a:
+        assert o.files == ["logits", "action", "log_std"]
+        assert set(a.files) == {"fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"}
+        np.testing.assert_allclose(a["fc_1/tanh"], np.tanh(a["fc_1/linear"]), atol=1e-6)
+        assert o["action"].shape == (16, 2)
+
+
+def test_run_reads_npz_feeds_by_input_name(converted, tmp_path, metadrive_obs):
+    src = tmp_path / "feeds.npz"
+    np.savez(src, obs=metadrive_obs[:3])
+    assert invoke("run", converted, "-i", src, "-o", tmp_path / "o.npz").exit_code == 0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros((4, 274), np.float32), "expects shape (batch, 275), got (4, 274)"),
+    (np.zeros((4, 275), np.float64), "expects dtype float32, got float64"),
+])
+def test_run_with_a_bad_observation_exits_3_and_writes_nothing(converted, tmp_path, bad, message):
+    src = tmp_path / "bad.npy"
+    np.save(src, bad)
+    result = invoke("run", converted, "-i", src, "-o", tmp_path / "o.npz", "--record", tmp_path / "a.npz")
+    assert result.exit_code == 3 and message in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy"]
+
+
+def test_run_with_a_missing_input_file_exits_3(converted, tmp_path):
+    result = invoke("run", converted, "-i", tmp_path / "none.npy", "-o", tmp_path / "o.npz")
+    assert result.exit_code == 3 and "no such file" in result.stderr
+
+
+def test_verify_json_pass_and_exit_1_on_mismatch(converted, obs_file, metadrive_path):
+    ok = invoke("verify", converted, "-i", obs_file, "--source", metadrive_path, "--json")
+    doc = json.loads(ok.stdout)
+    assert ok.exit_code == 0 and doc["passed"] and doc["source"] == "source" and doc["samples"] == 16
+    bad = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--json")
+    doc = json.loads(bad.stdout)
+    assert bad.exit_code == 1 and not doc["passed"]
+    assert doc["first_divergence"]["tensor"] == "fc_1/linear"
+
+
+def test_verify_text_names_the_first_diverging_tensor(converted):
+    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0")
+    assert result.exit_code == 1 and "first diverging tensor 'fc_1/linear'" in result.stdout
+
+
+def test_verify_error_with_json_is_still_one_json_document(tmp_path):
+    result = invoke("verify", tmp_path / "missing.onnx", "--json")
+    assert result.exit_code == 3 and json.loads(result.stdout)["exit_code"] == 3
+
+
+def test_inspect_json_lists_layers_parameters_and_op_support(converted, metadrive_path):
+    doc = json.loads(invoke("inspect", converted, "--json").stdout)
+    assert doc["opset"] == 17 and doc["parameter_count"] == 275 * 256 + 256 + 256 * 256 + 256 + 256 * 4 + 4
+    assert doc["ops"] == ["Gemm", "Slice", "Tanh"] and doc["numpy_backend_lacks"] == []
+    fc1 = doc["nodes"][0]
+    assert fc1["outputs"][0] == {"name": "fc_1/linear", "dtype": "float32", "shape": ["batch", 256]}
+    assert fc1["parameters"] == ["default_policy/fc_1/kernel", "default_policy/fc_1/bias"]
+    from_source = json.loads(invoke("inspect", metadrive_path, "--json").stdout)
+    assert from_source["parameter_count"] == doc["parameter_count"]
+
+
+def test_a_real_process_prints_no_traceback_and_imports_no_framework(tmp_path, converted):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((2, 3), np.float32))
+    code = ("import sys, runpy; sys.argv = ['policyport', 'run', %r, '-i', %r, '-o', %r];"
+            "\ntry:\n    from policyport.cli import main; main()\nexcept SystemExit as e:\n"
+            "    assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow')]\n    raise")
+    proc = subprocess.run([sys.executable, "-c", code % (str(converted), str(bad), str(tmp_path / "o.npz"))],
+                          capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr and "expects shape (batch, 275), got (2, 3)" in proc.stderr

@@ -1,0 +1,80 @@
+"""extract_weights and expose: bit-exact round trips, purity, selection."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import policyport as pp
+
+
+def test_extract_reproduces_the_metadrive_file_key_for_key_bit_for_bit(metadrive_model, metadrive_weights):
+    weights = pp.extract_weights(metadrive_model)
+    assert list(weights) == list(metadrive_weights)
+    for name, arr in metadrive_weights.items():
+        assert weights[name].dtype == arr.dtype and weights[name].shape == arr.shape
+        assert weights[name].tobytes() == arr.tobytes(), name
+
+
+def test_extract_keeps_zero_biases_and_leaves_head_constants_out():
+    w = {"fc_1/kernel": np.eye(3, dtype=np.float32), "fc_1/bias": np.zeros(3, np.float32),
+         "fc_out/kernel": np.ones((3, 2), np.float32), "fc_out/bias": np.zeros(2, np.float32)}
+    model = pp.convert(w, head="diag-gaussian")
+    assert any(i.name.startswith("head/") for i in model.graph.initializer)
+    weights = pp.extract_weights(model)
+    assert list(weights) == list(w)
+    np.testing.assert_array_equal(weights["fc_1/bias"], np.zeros(3, np.float32))
+
+
+def test_extract_undoes_a_recorded_transpose(metadrive_model):
+    model = onnx.ModelProto()
+    model.CopyFrom(metadrive_model)
+    kernel = next(i for i in model.graph.initializer if i.name == "default_policy/fc_1/kernel")
+    source = onnx.numpy_helper.to_array(kernel)
+    kernel.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(source.T), kernel.name))
+    props = {p.key: p for p in model.metadata_props}
+    import json
+
+    mapping = json.loads(props["policyport.parameters"].value)
+    mapping["default_policy/fc_1/kernel"] = {"name": "default_policy/fc_1/kernel", "transpose": [1, 0]}
+    props["policyport.parameters"].value = json.dumps(mapping)
+    assert pp.extract_weights(model)["default_policy/fc_1/kernel"].tobytes() == source.tobytes()
+
+
+def test_extract_of_a_foreign_model_returns_initializers_by_name(metadrive_model):
+    model = onnx.ModelProto()
+    model.CopyFrom(metadrive_model)
+    del model.metadata_props[:]
+    weights = pp.extract_weights(model)
+    assert set(weights) == {i.name for i in model.graph.initializer}
+
+
+def test_expose_all_adds_every_node_output_with_type_and_shape(metadrive_model):
+    before = metadrive_model.SerializeToString()
+    exposed = pp.expose(metadrive_model)
+    assert metadrive_model.SerializeToString() == before  # pure: the argument is untouched
+    outputs = {o.name: o for o in exposed.graph.output}
+    assert list(outputs) == ["logits", "action", "log_std", "fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh"]
+    t = outputs["fc_2/tanh"].type.tensor_type
+    assert t.elem_type == onnx.TensorProto.FLOAT
+    assert [d.dim_param or d.dim_value for d in t.shape.dim] == ["batch", 256]
+    onnx.checker.check_model(exposed, full_check=True)
+
+
+def test_expose_with_globs_selects_only_matches(metadrive_model):
+    exposed = pp.expose(metadrive_model, tensors="fc_1/*,*tanh")
+    assert [o.name for o in exposed.graph.output][3:] == ["fc_1/linear", "fc_1/tanh", "fc_2/tanh"]
+
+
+def test_expose_with_a_pattern_matching_nothing_says_what_exists(metadrive_model):
+    with pytest.raises(pp.InputMismatchError, match=r"\['fc_9\*'\] match no tensor.*fc_1/linear"):
+        pp.expose(metadrive_model, tensors="fc_9*")
+
+
+def test_expose_leaves_the_file_untouched(tmp_path, metadrive_model):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(metadrive_model.SerializeToString())
+    before = path.read_bytes()
+    exposed = pp.expose(path)
+    assert path.read_bytes() == before and len(exposed.graph.output) == 7
