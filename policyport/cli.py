@@ -283,6 +283,10 @@ def verify_cmd(
         from .runtime import BACKENDS, load
         from .verification import verify as run_verify
 
+        if model.is_dir() and inputs is None and source is None:  # a packed folder: its golden data
+            from .bundle import verify_bundle
+
+            return _print_report(verify_bundle(model, atol=atol, rtol=rtol), as_json)
         names = [b.strip() for b in backends.split(",") if b.strip()]
         unknown = [b for b in names if b not in BACKENDS]
         if unknown or not names:
@@ -335,6 +339,65 @@ def inspect(
         out.print("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)"))
 
     _guard(as_json, body)
+
+
+@app.command()
+def pack(
+    model: Annotated[Path, typer.Argument(help="An .onnx model.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The bundle folder to write.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Golden observations to record.")] = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a folder that runs and verifies itself with numpy alone (model, weights, graph.json, golden data)."""
+
+    def body():
+        from .bundle import pack as run_pack
+        from .bundle import read_policy
+
+        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source)
+        policy = read_policy(folder)
+        if as_json:
+            _emit_json({"output": str(folder), "policy": policy})
+            return
+        parity = policy["parity"]
+        err.print(f"wrote {folder}")
+        table = Table(title=f"{folder}: runs with numpy alone")
+        table.add_column("file")
+        table.add_column("sha256")
+        for name, digest in policy["files"].items():
+            table.add_row(name, digest)
+        out.print(table)
+        out.print(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
+                  f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}")
+
+    _guard(as_json, body)
+
+
+@app.command()
+def ops(
+    as_json: JsonOpt = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table (the README's op list).")] = False,
+) -> None:
+    """The ONNX ops the numpy backend implements, with the opset versions each implementation starts at."""
+    from .runtime.numpy.registry import op_table_markdown, supported_ops
+
+    table = supported_ops()
+    if as_json:
+        _emit_json(table)
+    elif markdown:
+        print(op_table_markdown(), end="")
+    else:
+        t = Table(title=f"{len(table)} ONNX ops on the numpy backend (default domain)")
+        t.add_column("op")
+        t.add_column("implementations since opset")
+        for name, since in table.items():
+            t.add_row(name, ", ".join(map(str, since)))
+        out.print(t)
 
 
 def main() -> None:

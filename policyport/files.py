@@ -10,7 +10,7 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -59,14 +59,27 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None], force: b
     return path
 
 
-def save_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray], force: bool = False) -> Path:
-    """Write ``arrays`` to an uncompressed ``.npz`` atomically; keys may contain ``/``."""
+def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+    """An uncompressed ``.npz`` that ``numpy.load`` reads, keeping every key (with ``/``, or ``file``).
 
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+    Written entry by entry rather than with ``numpy.savez(**arrays)``, whose own parameter names
+    (``file``, ``allow_pickle``) would collide with such keys.
 
-    return write_atomic(path, write, force)
+    Raises:
+        BadModelError: an object array, which could only be stored as a pickle.
+    """
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for key, array in arrays.items():
+            array = np.asarray(array)
+            if array.dtype.hasobject:
+                raise BadModelError(f"{key!r} is an object array ({array.dtype}); only plain numeric arrays are written")
+            with zf.open(f"{key}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, array, allow_pickle=False)
+
+
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False) -> Path:
+    """Write ``arrays`` to an uncompressed ``.npz`` atomically (see :func:`write_npz`)."""
+    return write_atomic(path, lambda tmp: write_npz(tmp, arrays), force)
 
 
 def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:

@@ -190,3 +190,27 @@ def test_a_real_process_prints_no_traceback_and_imports_no_framework(tmp_path, c
                           capture_output=True, text=True)
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and "expects shape (batch, 275), got (2, 3)" in proc.stderr
+
+
+def test_pack_then_verify_the_folder_against_its_golden_data(converted, tmp_path):
+    folder = tmp_path / "bundle"
+    result = invoke("pack", converted, "-o", folder, "--samples", "8")
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in folder.iterdir()} >= {"model.onnx", "weights.npz", "graph.json", "policy.json", "golden.npz"}
+    doc = json.loads(invoke("verify", folder, "--json").stdout)
+    assert doc["passed"] and doc["source"] == "golden" and doc["samples"] == 8
+    assert invoke("pack", converted, "-o", folder).exit_code == 3  # exists
+
+
+def test_verify_folder_with_source_compares_backends(converted, tmp_path, metadrive_path):
+    folder = tmp_path / "bundle"
+    assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
+    doc = json.loads(invoke("verify", folder, "--source", metadrive_path, "--samples", "16", "--json").stdout)
+    assert doc["passed"] and doc["source"] == "source"
+
+
+def test_ops_lists_the_registry(tmp_path):
+    from policyport.runtime.numpy.registry import supported_ops
+
+    doc = json.loads(invoke("ops", "--json").stdout)
+    assert doc == {k: v for k, v in supported_ops().items()} and doc["Gemm"][0] <= 7

@@ -75,6 +75,15 @@ def supported_ops() -> dict[str, list[int]]:
     return {name: versions(name, dom) for (dom, name) in sorted(_REGISTRY) if dom == DEFAULT_DOMAIN}
 
 
+def op_table_markdown(columns: int = 4) -> str:
+    """The supported ops as a Markdown table, ``columns`` ops per row: ``Gemm (7)``, ``Softmax (1, 13)``."""
+    cells = [f"{name} ({', '.join(map(str, since))})" for name, since in supported_ops().items()]
+    rows = [cells[i:i + columns] for i in range(0, len(cells), columns)]
+    lines = ["| " + " | ".join(["op (since opset)"] * columns) + " |", "|" + "---|" * columns]
+    lines += ["| " + " | ".join(row + [""] * (columns - len(row))) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def resolve(op_type: str, opset: int, domain: str = DEFAULT_DOMAIN, node_name: str = "") -> OpImpl:
     """The implementation of ``op_type`` to use in a model of opset ``opset``.
 
