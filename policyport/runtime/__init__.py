@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import BadModelError
 from ..graph import Graph, ValueInfo
-from .base import Backend, check_feeds, select_tensors
+from .base import Backend, FeedChecker, select_tensors
 
 #: Backend name -> one-line description. ``"numpy"`` needs numpy only at run time.
 BACKENDS: dict[str, str] = {
@@ -34,6 +34,8 @@ class Session:
 
     def __init__(self, backend: Backend):
         self.backend = backend
+        self._check = FeedChecker(backend.inputs)
+        self._selections: dict[object, list[str]] = {}
 
     @property
     def inputs(self) -> list[ValueInfo]:
@@ -57,7 +59,7 @@ class Session:
                     f"the model has {len(self.inputs)} inputs {[v.name for v in self.inputs]}; pass a dict of feeds"
                 )
             feeds = {self.inputs[0].name: feeds}
-        return check_feeds(feeds, self.inputs)
+        return self._check(feeds)
 
     def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
         """Run the model.
@@ -89,7 +91,10 @@ class Session:
         Raises:
             InputMismatchError: bad feeds, or a pattern that matches no tensor.
         """
-        names = select_tensors(self.tensor_names, tensors)
+        key = tensors if isinstance(tensors, (str, type(None))) else tuple(tensors)
+        names = self._selections.get(key)
+        if names is None:
+            names = self._selections[key] = select_tensors(self.tensor_names, tensors)
         return self.backend.record(self._feeds(feeds), names)
 
     def observe(self, feeds: Feeds, observer: Callable) -> dict[str, np.ndarray]:

@@ -61,6 +61,37 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
     return chosen
 
 
+class FeedChecker:
+    """:func:`check_feeds` compiled for one model's inputs, with a fast path for valid feeds.
+
+    A feed dict that names exactly the inputs with ``np.ndarray`` values of the right dtype, rank
+    and fixed dimensions (and no symbolic dimension shared between inputs) is returned as is;
+    anything else goes through :func:`check_feeds`, which raises the detailed error.
+    """
+
+    def __init__(self, inputs: list[ValueInfo]):
+        self.inputs = inputs
+        self._specs = [
+            (v.name, v.dtype, len(v.shape), tuple((i, d) for i, d in enumerate(v.shape) if isinstance(d, int)))
+            for v in inputs if v.shape is not None
+        ]
+        symbols = [d for v in inputs if v.shape for d in v.shape if isinstance(d, str)]
+        self._fast = len(self._specs) == len(inputs) and len(symbols) == len(set(symbols))
+
+    def __call__(self, feeds: Mapping[str, object]) -> Mapping[str, np.ndarray]:
+        if self._fast and len(feeds) == len(self._specs):
+            for name, dtype, ndim, fixed in self._specs:
+                arr = feeds.get(name)
+                if type(arr) is not np.ndarray or arr.dtype != dtype or arr.ndim != ndim:
+                    break
+                shape = arr.shape
+                if any(shape[i] != d for i, d in fixed):
+                    break
+            else:
+                return feeds
+        return check_feeds(feeds, self.inputs)
+
+
 def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[str, np.ndarray]:
     """Validate feeds against the graph inputs and return them as numpy arrays.
 

@@ -41,8 +41,11 @@ class NumpyBackend(Backend):
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         outs, tensors = self.plan.record(*[feeds[n] for n in self._in_names])
-        everything = dict(zip(self.tensor_names, tensors))
-        result = {n: everything[n] for n in names}
+        if len(names) == len(self.tensor_names):  # everything: names is tensor_names
+            result = dict(zip(self.tensor_names, tensors))
+        else:
+            everything = dict(zip(self.tensor_names, tensors))
+            result = {n: everything[n] for n in names}
         result.update(zip(self._out_names, outs))
         return result
 

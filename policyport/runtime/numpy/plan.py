@@ -127,6 +127,10 @@ class Plan:
             fast = self._gemm_fast_path(attrs, args)
             if fast is not None:
                 return fast
+        if node.op_type == "Slice" and impl.since >= 10:
+            fast = self._slice_fast_path(args)
+            if fast is not None:
+                return fast
         return functools.partial(impl.fn, **attrs) if attrs else impl.fn
 
     def _gemm_fast_path(self, attrs: dict, args: list[str]) -> Callable | None:
@@ -139,18 +143,39 @@ class Plan:
         if c_name and (not isinstance(c, np.ndarray) or attrs.get("beta", 1.0) != 1.0 or c.dtype != b.dtype):
             return None
         args[1] = self._const(np.ascontiguousarray(b.T if attrs.get("transB", 0) else b))
-        matmul, add = np.matmul, np.add
+        dot, add = np.dot, np.add  # np.dot: same BLAS call as matmul for 2-D, less dispatch
         if c is None:
             del args[2:]
-            return matmul
+            return dot
         args[2] = self._const(np.ascontiguousarray(c))
 
         def gemm(a, b, c):
-            y = matmul(a, b)
+            y = dot(a, b)
             add(y, c, out=y)
             return y
 
         return gemm
+
+    def _slice_fast_path(self, args: list[str]) -> Callable | None:
+        """Slice-10+ whose starts, ends, axes and steps are constants: the index tuple is built once.
+
+        Only for non-negative axes (a negative axis needs the data's rank). Python slicing clamps
+        out-of-range bounds exactly as the Slice operator page prescribes.
+        """
+        consts = [self._consts.get(a) for a in args[1:]]
+        if len(consts) < 2 or not all(isinstance(c, np.ndarray) and c.ndim == 1 for c in consts):
+            return None
+        starts, ends = consts[0].tolist(), consts[1].tolist()
+        axes = consts[2].tolist() if len(consts) > 2 else list(range(len(starts)))
+        steps = consts[3].tolist() if len(consts) > 3 else [1] * len(starts)
+        if min(axes, default=0) < 0 or len(set(axes)) != len(axes) or 0 in steps:
+            return None
+        index = [slice(None)] * (max(axes, default=-1) + 1)
+        for a, start, end, step in zip(axes, starts, ends, steps):
+            index[a] = slice(start, end, step)
+        key = tuple(index)
+        del args[1:]
+        return lambda data: data[key]
 
     def _compile(self, mode: str) -> Callable:
         lines = [f"def {mode}({', '.join(f'x{i}' for i in range(len(self.input_names)))}"
