@@ -178,8 +178,8 @@ class Plan:
         return lambda data: data[key]
 
     def _compile(self, mode: str) -> Callable:
-        lines = [f"def {mode}({', '.join(f'x{i}' for i in range(len(self.input_names)))}"
-                 + (", observer" if mode == "observe" else "") + "):"]
+        params = [f"x{i}" for i in range(len(self.input_names))] + (["observer"] if mode == "observe" else [])
+        lines = [f"def {mode}({', '.join(params)}):"]
         env = dict(self._consts)
         outputs = set(self.output_names)
         for s in self.steps:
