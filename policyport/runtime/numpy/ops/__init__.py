@@ -3,4 +3,4 @@
 Importing this package registers every op; :mod:`..registry` does it on first use.
 """
 
-from . import activation, elementwise, linalg, tensor  # noqa: F401
+from . import activation, elementwise, linalg, logic, normalization, reduce, special, tensor  # noqa: F401

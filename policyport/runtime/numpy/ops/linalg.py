@@ -1,4 +1,7 @@
-"""Matrix products: Gemm and MatMul (https://onnx.ai/onnx/operators/onnx__Gemm.html, onnx__MatMul.html)."""
+"""Matrix products: Gemm, MatMul, Einsum.
+
+https://onnx.ai/onnx/operators/onnx__Gemm.html, onnx__MatMul.html, onnx__Einsum.html
+"""
 
 from __future__ import annotations
 
@@ -8,16 +11,17 @@ from ..registry import op
 
 
 @op("Gemm", since=7)
-def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803  (ONNX names)
     """Y = alpha * A' @ B' + beta * C; A' = A.T if transA, B' = B.T if transB; C broadcasts to (M, N).
 
-    C is optional from opset 11; before it a graph always supplies it, so one function serves 7 on.
+    Gemm-7 replaced the ``broadcast`` attribute by unidirectional broadcasting of C; C is optional
+    from 11, which one function serves. Integer Gemm (from 9) keeps its integer type.
     """
     y = np.matmul(a.T if transA else a, b.T if transB else b)
     if alpha != 1.0:
-        y = y * np.asarray(alpha, dtype=y.dtype)
+        y = (alpha * y).astype(a.dtype, copy=False)
     if c is not None:
-        y = y + (c if beta == 1.0 else c * np.asarray(beta, dtype=c.dtype))
+        y = y + (c if beta == 1.0 else (beta * c).astype(c.dtype, copy=False))
     return y
 
 
@@ -25,3 +29,9 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 def matmul(a, b):
     """numpy.matmul semantics, including 1-D promotion and batch broadcasting."""
     return np.matmul(a, b)
+
+
+@op("Einsum", since=12)
+def einsum(*inputs, equation):
+    """numpy.einsum on the equation with its spaces removed (ONNX allows ``"ij, jk -> ik"``)."""
+    return np.einsum(equation.replace(" ", ""), *inputs)

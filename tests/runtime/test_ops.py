@@ -1,0 +1,460 @@
+"""Targeted tests of the numpy backend's op registry, through the public API.
+
+Each test builds a small model with ``onnx.helper`` and runs it with ``pp.load(model,
+backend="numpy")``. Where the ONNX node tests do not reach (op versions older than the newest, float64
+precision), onnxruntime is the oracle. Every test runs under ``np.errstate(all="raise")``, so an op
+that overflows, underflows or divides by zero on valid input fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+import policyport as pp  # noqa: E402
+from policyport.runtime.numpy.ops.special import erf, erfc  # noqa: E402
+from policyport.runtime.numpy.registry import op, supported_ops  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _raise_on_fp_errors():
+    with np.errstate(all="raise"):
+        yield
+
+
+def node_model(op_type, feeds, opset, outputs=1, out_dtypes=None, **attrs):
+    """A one-node model named "n0" whose inputs are the graph inputs ``feeds`` (name -> array; the
+    name "" is an omitted optional input) and whose outputs y0.. have ``out_dtypes`` (default: the
+    first input's dtype)."""
+    out_dtypes = out_dtypes or [next(iter(feeds.values())).dtype] * outputs
+    inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        for n, a in feeds.items() if n
+    ]
+    outs = [
+        helper.make_tensor_value_info(f"y{i}", helper.np_dtype_to_tensor_dtype(np.dtype(d)), None)
+        for i, d in enumerate(out_dtypes)
+    ]
+    node = helper.make_node(op_type, list(feeds), [o.name for o in outs], name="n0", **attrs)
+    graph = helper.make_graph([node], "g", inputs, outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def run(model, feeds, backend="numpy"):
+    out = pp.load(model, backend=backend).run({n: a for n, a in feeds.items() if n})
+    return list(out.values())
+
+
+def both(model, feeds):
+    """(numpy backend outputs, onnxruntime outputs)."""
+    return run(model, feeds), run(model, feeds, backend="onnxruntime")
+
+
+def close(actual, desired, **tolerances):
+    """assert_allclose, whose own rtol * |desired| may underflow on tiny values."""
+    with np.errstate(under="ignore"):
+        np.testing.assert_allclose(actual, desired, **tolerances)
+
+
+def assert_same(ours, theirs, rtol=1e-5, atol=1e-6):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        close(a, b, rtol=rtol, atol=atol)
+
+
+def f32(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def i64(*values):
+    return np.array(values, dtype=np.int64)
+
+
+# --- version selection ---------------------------------------------------------------------------
+
+def test_softmax_axis_semantics_change_at_13():
+    """The same node (axis=1) on a 3-D input: opset 11 normalizes over dims 1 and 2 together."""
+    x = f32(2, 3, 4, scale=3)
+    y11 = run(node_model("Softmax", {"x": x}, 11, axis=1), {"x": x})[0]
+    y13 = run(node_model("Softmax", {"x": x}, 13, axis=1), {"x": x})[0]
+    close(y11.sum(axis=(1, 2)), 1, rtol=1e-6)
+    close(y13.sum(axis=1), 1, rtol=1e-6)
+    assert not np.allclose(y11, y13)
+    e = np.exp(x - x.max(axis=(1, 2), keepdims=True))
+    close(y11, e / e.sum(axis=(1, 2), keepdims=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("opset,axis", [(7, None), (7, 0), (7, 2), (11, None), (11, 1), (11, -1),
+                                        (13, None), (13, 0), (13, 1), (13, -2)])
+def test_softmax_family_matches_onnxruntime(op_type, opset, axis):
+    """Before 13 over the input coerced to 2-D at ``axis`` (default 1), from 13 along ``axis``."""
+    x = f32(2, 3, 4, scale=3)
+    attrs = {} if axis is None else {"axis": axis}
+    assert_same(*both(node_model(op_type, {"x": x}, opset, **attrs), {"x": x}))
+
+
+def test_clip_attribute_form_before_11_input_form_from_11():
+    x = f32(3, 5, scale=3)
+    y6 = run(node_model("Clip", {"x": x}, 6, min=-1.0, max=0.5), {"x": x})[0]
+    bounds = {"lo": np.array(-1.0, np.float32), "hi": np.array(0.5, np.float32)}
+    y11 = run(node_model("Clip", {"x": x, **bounds}, 11), {"x": x, **bounds})[0]
+    np.testing.assert_array_equal(y6, np.clip(x, -1.0, 0.5))
+    np.testing.assert_array_equal(y11, y6)
+
+
+@pytest.mark.parametrize("opset", [6, 11, 12, 13])
+def test_clip_defaults_and_omitted_bounds(opset):
+    x = f32(4, 4, scale=5)
+    if opset < 11:
+        model, feeds = node_model("Clip", {"x": x}, opset, max=1.0), {"x": x}
+    else:
+        hi = np.array(1.0, np.float32)
+        model, feeds = node_model("Clip", {"x": x, "": None, "hi": hi}, opset), {"x": x, "hi": hi}
+    assert_same(*both(model, feeds))
+
+
+def case(label, op_type, feeds, opset, **kwargs):
+    return pytest.param(node_model(op_type, feeds, opset, **kwargs), feeds, id=label)
+
+
+def old_version_cases():
+    """Op versions older than the newest (which the ONNX node tests skip), and a few more."""
+    x3, x4 = f32(2, 3, 4), f32(2, 3, 4, 5)
+    yield case("ReduceSum-11 axes attr", "ReduceSum", {"x": x3}, 11, axes=[0, 2], keepdims=0)
+    yield case("ReduceSum-11 all axes", "ReduceSum", {"x": x3}, 11)
+    for name in ["ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceLogSumExp"]:
+        yield case(f"{name}-13 axes attr", name, {"x": x3}, 13, axes=[-1])
+        axes = i64(1)
+        yield case(f"{name}-18 axes input", name, {"x": x3, "axes": axes}, 18, keepdims=0)
+        yield case(f"{name}-18 no axes", name, {"x": x3}, 18)
+    none = np.zeros(0, np.int64)
+    yield case("ReduceSum-13 noop", "ReduceSum", {"x": x3, "axes": none}, 13, noop_with_empty_axes=1)
+    yield case("ReduceL2-18 noop", "ReduceL2", {"x": x3, "axes": none}, 18, noop_with_empty_axes=1)
+    yield case("Split-11 attr", "Split", {"x": x3}, 11, outputs=2, axis=2, split=[1, 3])
+    yield case("Split-11 equal", "Split", {"x": x3}, 11, outputs=2, axis=-1)
+    yield case("Split-7 single output", "Split", {"x": x3}, 7, axis=1)
+    sizes = i64(2, 1)
+    yield case("Split-13 input", "Split", {"x": x3, "s": sizes}, 13, outputs=2, axis=1)
+    yield case("Split-18 uneven", "Split", {"x": x4}, 18, outputs=3, axis=3, num_outputs=3)
+    yield case("Slice-9 attrs", "Slice", {"x": x3}, 9, starts=[1, -3], ends=[1000, -1], axes=[0, 2])
+    yield case("Slice-9 no axes", "Slice", {"x": x3}, 9, starts=[0, 1], ends=[1, 3])
+    sl = {"x": x3, "s": i64(-1, 2**62), "e": i64(-(2**62), 0), "a": i64(1, 2), "st": i64(-1, -2)}
+    yield case("Slice-13 negative steps", "Slice", sl, 13)
+    yield case("Squeeze-11 attr", "Squeeze", {"x": x3[:1]}, 11, axes=[0])
+    yield case("Squeeze-13 all", "Squeeze", {"x": x3[:1, :, :1]}, 13)
+    yield case("Unsqueeze-11 attr", "Unsqueeze", {"x": x3}, 11, axes=[0, -1])
+    yield case("Shape-13", "Shape", {"x": x4}, 13, out_dtypes=[np.int64])
+    yield case("Shape-15 start/end", "Shape", {"x": x4}, 15, out_dtypes=[np.int64], start=1, end=-1)
+    yield case("Flatten-11 axis -1", "Flatten", {"x": x4}, 11, axis=-1)
+    yield case("Flatten-9 axis 0", "Flatten", {"x": x4}, 9, axis=0)
+    yield case("Dropout-7", "Dropout", {"x": x3}, 7, ratio=0.3)
+    yield case("Dropout-10", "Dropout", {"x": x3}, 10)
+    yield case("Dropout-13 mask", "Dropout", {"x": x3}, 13, outputs=2, out_dtypes=[np.float32, np.bool_])
+    c = 3
+    bn = {"x": x4, "s": f32(c), "b": f32(c), "m": f32(c), "v": np.abs(f32(c)) + 0.1}
+    yield case("BatchNormalization-7", "BatchNormalization", bn, 7, epsilon=1e-3)
+    yield case("BatchNormalization-9", "BatchNormalization", bn, 9)
+    yield case("BatchNormalization-15", "BatchNormalization", bn, 15)
+    yield case("ArgMax-11", "ArgMax", {"x": x3}, 11, out_dtypes=[np.int64], axis=-1, keepdims=0)
+    ties = np.array([[1, 3, 3], [2, 2, 0]], np.float32)
+    yield case("ArgMin-12 last", "ArgMin", {"x": ties}, 12, out_dtypes=[np.int64], axis=1, select_last_index=1)
+    yield case("ArgMax-12 last", "ArgMax", {"x": ties}, 12, out_dtypes=[np.int64], axis=1, select_last_index=1)
+    a, b, cc = f32(4, 3), f32(5, 4), f32(5)
+    yield case("Gemm-7", "Gemm", {"a": a, "b": b, "c": cc}, 7, alpha=0.5, beta=2.0, transA=1, transB=1)
+    yield case("Gemm-11 no C", "Gemm", {"a": a, "b": b}, 11, transA=1, transB=1)
+    base, expo = np.abs(f32(3, 4)) + 0.5, i64(2, -1, 3, 0)
+    yield case("Pow-12 int exponent", "Pow", {"a": base, "e": expo}, 12)
+    ib, fe = np.array([2, 3, -4], np.int32), np.array([2.0, 0.5, 2.0], np.float32)
+    yield case("Pow-12 int base", "Pow", {"a": ib, "e": fe}, 12)
+    yield case("Cast-6 to int32", "Cast", {"x": x3 * 3}, 6, out_dtypes=[np.int32], to=TensorProto.INT32)
+    yield case("Cast-13 to float16", "Cast", {"x": x3}, 13, out_dtypes=[np.float16], to=TensorProto.FLOAT16)
+    r = {"s": np.array(1.5, np.float32), "l": np.array(-2.0, np.float32), "d": np.array(-0.25, np.float32)}
+    yield case("Range-11 float", "Range", r, 11)
+    ri = {"s": np.array(10, np.int64), "l": np.array(-3, np.int64), "d": np.array(-4, np.int64)}
+    yield case("Range-11 int", "Range", ri, 11)
+    e2 = {"a": f32(2, 3, 4), "b": f32(2, 4, 5)}
+    yield case("Einsum-12", "Einsum", e2, 12, equation="bij, bjk -> bik")
+    for approx in ["none", "tanh"]:
+        xg = f32(50, scale=4)
+        yield case(f"Gelu-20 {approx}", "Gelu", {"x": xg}, 20, approximate=approx)
+    for name, opset in [("Mish", 18), ("HardSwish", 14), ("Celu", 12), ("ThresholdedRelu", 10), ("Selu", 7),
+                        ("Elu", 7), ("HardSigmoid", 7), ("LeakyRelu", 7), ("Softsign", 7), ("Softplus", 7)]:
+        xa = f32(64, scale=4)
+        yield case(f"{name}-{opset}", name, {"x": xa}, opset)
+    ln = {"x": x4, "s": f32(4, 5), "b": f32(4, 5)}
+    ln_out = [np.float32] * 3
+    yield case("LayerNormalization-17", "LayerNormalization", ln, 17, outputs=3, out_dtypes=ln_out, axis=2)
+    yield case("Tile-6", "Tile", {"x": x3, "r": i64(1, 2, 3)}, 6)
+    yield case("Expand-8", "Expand", {"x": x3[:, :1], "s": i64(3, 1, 1, 4)}, 8)
+    for name in ["Min", "Max", "Sum", "Mean"]:
+        mm = {"a": f32(3, 1), "b": f32(1, 4), "c": f32(4)}
+        yield case(f"{name}-8 broadcast", name, mm, 8)
+    g = {"x": x3, "i": i64(-1, 0, 1, -3).reshape(2, 2)}
+    yield case("Gather-11 negative", "Gather", g, 11, axis=1)
+
+
+@pytest.mark.parametrize("model,feeds", list(old_version_cases()))
+def test_op_versions_match_onnxruntime(model, feeds):
+    assert_same(*both(model, feeds))
+
+
+@pytest.mark.parametrize("opset,mask_dtype", [(7, np.float32), (10, np.bool_), (12, np.bool_), (22, np.bool_)])
+def test_dropout_inference_is_identity_with_a_mask_of_ones(opset, mask_dtype):
+    """onnxruntime zero-fills the Dropout-7/10 inference mask; the spec's mask marks kept elements."""
+    x = f32(3, 4)
+    model = node_model("Dropout", {"x": x}, opset, outputs=2, out_dtypes=[np.float32, mask_dtype])
+    y, mask = run(model, {"x": x})
+    np.testing.assert_array_equal(y, x)
+    assert mask.dtype == mask_dtype and mask.shape == x.shape and np.all(mask == 1)
+
+
+def test_dropout_training_mode_is_seeded_and_scaled():
+    x, ratio, train = np.ones((50, 40), np.float32), np.array(0.25, np.float32), np.array(True)
+    feeds = {"x": x, "r": ratio, "t": train}
+    model = node_model("Dropout", feeds, 13, outputs=2, out_dtypes=[np.float32, np.bool_], seed=3)
+    y, mask = run(model, feeds)
+    np.testing.assert_array_equal(y, np.where(mask, np.float32(1 / 0.75), 0))
+    assert 0.2 < 1 - mask.mean() < 0.3
+    np.testing.assert_array_equal(run(model, feeds)[1], mask)
+
+
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    axis=st.integers(-4, 3),
+    opset=st.sampled_from([11, 13]),
+    op_type=st.sampled_from(["Softmax", "LogSoftmax", "Hardmax"]),
+)
+@settings(max_examples=40, deadline=None)
+def test_softmax_family_random_shapes(shape, axis, opset, op_type):
+    axis = axis % len(shape) - (len(shape) if axis < 0 else 0)
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    with np.errstate(all="raise"):
+        assert_same(*both(node_model(op_type, {"x": x}, opset, axis=axis), {"x": x}))
+
+
+# --- dtypes --------------------------------------------------------------------------------------
+
+UNARY_FLOAT_OPS = [
+    ("Abs", {}), ("Neg", {}), ("Exp", {}), ("Sqrt", {}), ("Log", {}), ("Reciprocal", {}), ("Sign", {}),
+    ("Floor", {}), ("Ceil", {}), ("Round", {}), ("Relu", {}), ("LeakyRelu", {"alpha": 0.1}),
+    ("Elu", {"alpha": 0.7}), ("Selu", {}), ("Celu", {"alpha": 2.0}), ("ThresholdedRelu", {"alpha": 0.3}),
+    ("Sigmoid", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Tanh", {}), ("Softplus", {}),
+    ("Softsign", {}), ("Mish", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}), ("Erf", {}),
+    ("Softmax", {}), ("LogSoftmax", {}), ("Hardmax", {}), ("Identity", {}), ("Dropout", {}),
+    ("ReduceSum", {}), ("ReduceMean", {}), ("ReduceMax", {}), ("ReduceMin", {}), ("ReduceProd", {}),
+    ("ReduceL2", {}), ("ReduceLogSumExp", {}), ("Transpose", {}), ("Flatten", {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+@pytest.mark.parametrize("op_type,attrs", UNARY_FLOAT_OPS, ids=lambda v: v if isinstance(v, str) else "")
+def test_unary_float_ops_keep_dtype(op_type, attrs, dtype):
+    """float64 and float16 stay themselves; float64 results have float64 precision: onnxruntime's
+    double kernels agree to 1e-12 where they exist and are exact (its tanh-Gelu computes in float
+    precision: test_gelu_float64_precision checks ours against the formula)."""
+    x = f32(3, 8)
+    if op_type in ("Log", "Sqrt"):
+        x = np.abs(x) + 0.25
+    elif op_type == "ReduceProd":  # a product of 24 normals underflows float16
+        x = 1 + x / 8
+    x = x.astype(dtype)
+    model = node_model(op_type, {"x": x}, 22, **attrs)
+    ours = run(model, {"x": x})[0]
+    assert ours.dtype == dtype
+    ref32 = run(node_model(op_type, {"x": x.astype(np.float32)}, 22, **attrs), {"x": x.astype(np.float32)})[0]
+    close(ours.astype(np.float32), ref32, rtol=2e-3, atol=2e-3)
+    if dtype == np.float64 and op_type != "Gelu":
+        try:
+            theirs = run(model, {"x": x}, backend="onnxruntime")[0]
+        except pp.BadModelError:
+            return  # onnxruntime has no double kernel for this op
+        close(ours, theirs, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_parametrized_ops_keep_dtype(dtype):
+    """Every multi-input float op keeps float64 / float16."""
+    x, w = f32(4, 3).astype(dtype), f32(3, 5).astype(dtype)
+    c3 = f32(3).astype(dtype)
+    cases = [
+        ("Gemm", {"a": x, "b": w, "c": f32(5).astype(dtype)}, {"alpha": 0.3, "beta": 0.7}),
+        ("MatMul", {"a": x, "b": w}, {}),
+        ("Einsum", {"a": x, "b": w}, {"equation": "ij,jk->ik"}),
+        ("PRelu", {"x": x, "s": c3}, {}),
+        ("Add", {"a": x, "b": c3}, {}), ("Sub", {"a": x, "b": c3}, {}), ("Mul", {"a": x, "b": c3}, {}),
+        ("Div", {"a": x, "b": c3 + 3}, {}), ("Pow", {"a": np.abs(x), "b": c3}, {}),
+        ("Min", {"a": x, "b": c3}, {}), ("Max", {"a": x, "b": c3}, {}),
+        ("Sum", {"a": x, "b": c3}, {}), ("Mean", {"a": x, "b": c3}, {}),
+        ("Clip", {"x": x, "lo": np.array(-0.5, dtype), "hi": np.array(0.5, dtype)}, {}),
+        ("LayerNormalization", {"x": x, "s": c3, "b": c3}, {}),
+        ("BatchNormalization", {"x": x, "s": c3, "b": c3, "m": c3, "v": np.abs(c3) + 1}, {}),
+        ("Where", {"c": x > 0, "a": x, "b": -x}, {}),
+    ]
+    for op_type, feeds, attrs in cases:
+        y = run(node_model(op_type, feeds, 22, out_dtypes=[dtype], **attrs), feeds)[0]
+        assert y.dtype == dtype, op_type
+
+
+def test_gelu_float64_precision():
+    x = np.linspace(-10, 10, 2001)
+    y = run(node_model("Gelu", {"x": x}, 20), {"x": x})[0]
+    # erfc(y) amplifies the rounding of y = -x/sqrt(2) by 2y^2 (100 at x = -10)
+    close(y, [0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x], rtol=5e-14, atol=0)
+    y = run(node_model("Gelu", {"x": x}, 20, approximate="tanh"), {"x": x})[0]
+    # x/2 (1 + tanh(u)) = x / (1 + exp(-2u)), without the cancellation for negative x
+    exact = [v / (1 + math.exp(-2 * math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in x]
+    close(y, exact, rtol=1e-13, atol=0)
+
+
+def test_float32_attributes_do_not_upcast():
+    """Python-float attributes keep float32 under NEP 50 (a np.float64 scalar would upcast)."""
+    x = f32(2, 5)
+    for op_type, attrs in [("LeakyRelu", {"alpha": 0.2}), ("Elu", {"alpha": 0.5}), ("Selu", {}),
+                           ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("Gelu", {"approximate": "tanh"}),
+                           ("Celu", {"alpha": 1.5}), ("ThresholdedRelu", {"alpha": 0.1})]:
+        assert run(node_model(op_type, {"x": x}, 22, **attrs), {"x": x})[0].dtype == np.float32, op_type
+    ab = {"a": x, "b": f32(5, 3), "c": f32(3)}
+    y = run(node_model("Gemm", ab, 13, alpha=0.1, beta=0.2), ab)[0]
+    assert y.dtype == np.float32
+
+
+def test_integer_div_truncates_toward_zero():
+    a = np.array([7, -7, 7, -7, 0, 2**62 + 1, -(2**62) - 1], np.int64)
+    b = np.array([2, 2, -2, -2, 3, 3, 3], np.int64)
+    y = run(node_model("Div", {"a": a, "b": b}, 14), {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(y, [3, -3, -3, 3, 0, (2**62 + 1) // 3, -((2**62 + 1) // 3)])
+    assert y.dtype == np.int64
+    a8, b8 = np.array([-128, 127, -5], np.int8), np.array([3, -2, 4], np.int8)
+    assert_same(*both(node_model("Div", {"a": a8, "b": b8}, 14), {"a": a8, "b": b8}), atol=0)
+
+
+def test_round_half_to_even_and_pow_keeps_base_type():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.4999998, np.inf, -0.0], np.float32)
+    y = run(node_model("Round", {"x": x}, 11), {"x": x})[0]
+    np.testing.assert_array_equal(y, [0, 2, 2, -0.0, -2, -2, 2, np.inf, -0.0])
+    base, e = np.array([2.0, 3.0], np.float32), np.array([3, 2], np.int64)
+    y = run(node_model("Pow", {"a": base, "e": e}, 15), {"a": base, "e": e})[0]
+    assert y.dtype == np.float32 and y.tolist() == [8.0, 9.0]
+    base, e = np.array([2, 9], np.int64), np.array([0.5, 0.5], np.float32)
+    y = run(node_model("Pow", {"a": base, "e": e}, 15), {"a": base, "e": e})[0]
+    assert y.dtype == np.int64 and y.tolist() == [1, 3]
+
+
+# --- numerics ------------------------------------------------------------------------------------
+
+EXTREME = np.array([-1000.0, -100.0, -30.0, -1e-30, 0.0, 1e-30, 30.0, 100.0, 1000.0], np.float32)
+
+
+@pytest.mark.parametrize("op_type,expected", [
+    ("Sigmoid", lambda x: 1 / (1 + np.exp(-x))),
+    ("Softplus", lambda x: np.logaddexp(0, x)),
+    ("Mish", lambda x: x * np.tanh(np.logaddexp(0, x))),
+    ("Gelu", lambda x: np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x])),
+    ("Tanh", np.tanh), ("Elu", lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0)))),
+    ("Erf", lambda x: np.array([math.erf(v) for v in x])),
+])
+def test_extreme_inputs_are_finite_and_exact(op_type, expected):
+    y = run(node_model(op_type, {"x": EXTREME}, 20), {"x": EXTREME})[0]
+    with np.errstate(all="ignore"):
+        want = expected(EXTREME.astype(np.float64)).astype(np.float32)
+    # subnormal results (Mish(-100) = -3.7e-42) carry only a few significant bits
+    close(y, want, rtol=1e-6, atol=np.finfo(np.float32).tiny)
+
+
+def test_sigmoid_tails():
+    x = np.array([-1000, -88, -50, 50, 1000], np.float64)
+    y = run(node_model("Sigmoid", {"x": x}, 13), {"x": x})[0]
+    close(y, [0, math.exp(-88), math.exp(-50), 1, 1], rtol=1e-14)
+
+
+def test_softmax_and_log_softmax_large_spread():
+    x = np.array([[-1e4, 0.0, 1e4], [1e30, 1e30, -1e30], [5.0, 5.0, 5.0]], np.float32)
+    y = run(node_model("Softmax", {"x": x}, 13), {"x": x})[0]
+    close(y, [[0, 0, 1], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]], rtol=1e-6)
+    ly = run(node_model("LogSoftmax", {"x": x}, 13), {"x": x})[0]
+    close(ly, [[-2e4, -1e4, 0], [-math.log(2), -math.log(2), -2e30], [-math.log(3)] * 3],
+                               rtol=1e-6)
+
+
+def test_reduce_log_sum_exp_large_and_empty():
+    x = np.array([[1000.0, 1000.0], [-1000.0, -1000.0]], np.float32)
+    axes = i64(1)
+    y = run(node_model("ReduceLogSumExp", {"x": x, "axes": axes}, 18, keepdims=0), {"x": x, "axes": axes})[0]
+    close(y, [1000 + math.log(2), -1000 + math.log(2)], rtol=1e-6)
+    empty = np.zeros((2, 0), np.float32)
+    y = run(node_model("ReduceLogSumExp", {"x": empty, "axes": axes}, 18), {"x": empty, "axes": axes})[0]
+    np.testing.assert_array_equal(y, np.full((2, 1), -np.inf, np.float32))
+    identities = [("ReduceMax", -np.inf), ("ReduceMin", np.inf), ("ReduceSum", 0), ("ReduceProd", 1)]
+    for name, identity in identities:
+        y = run(node_model(name, {"x": empty, "axes": axes}, 18), {"x": empty, "axes": axes})[0]
+        np.testing.assert_array_equal(y, np.full((2, 1), identity, np.float32), err_msg=name)
+
+
+def test_erf_against_math_erf_dense_grid():
+    x = np.concatenate([np.linspace(-7, 7, 280_001), np.geomspace(1e-300, 30, 20_000),
+                        -np.geomspace(1e-300, 30, 20_000), np.linspace(-30, 30, 6001)])
+    want = np.array([math.erf(v) for v in x])
+    got = erf(x)
+    assert got.dtype == np.float64
+    rel = np.abs(got - want) / np.maximum(np.abs(want), np.finfo(np.float64).tiny)
+    assert rel.max() < 1e-14, (rel.max(), x[rel.argmax()])
+    wantc = np.array([math.erfc(v) for v in x])
+    ok = wantc > 1e-300
+    relc = np.abs(erfc(x) - wantc)[ok] / wantc[ok]
+    assert relc.max() < 1e-14, (relc.max(), x[ok][relc.argmax()])
+
+
+def test_erf_float32_within_one_ulp():
+    with np.errstate(under="ignore"):  # subnormal inputs and their reference values
+        x = np.concatenate([np.linspace(-5, 5, 200_001), np.geomspace(1e-44, 10, 20_000)]).astype(np.float32)
+        want = np.array([math.erf(float(v)) for v in x]).astype(np.float32)
+    got = erf(x)
+    assert got.dtype == np.float32
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1
+
+
+def test_erf_edge_values():
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, -5e-324, 1e-300, 6.0, 1e300, -1e300])
+    y = erf(x)
+    np.testing.assert_array_equal(y[[0, 2, 3, 8, 9, 10]], [0, 1, -1, 1, 1, -1])
+    assert math.copysign(1, y[1]) == -1 and np.isnan(y[4])
+    assert y[5] == 5e-324 and y[6] == -5e-324  # 2/sqrt(pi) * the smallest subnormal rounds to it
+    close(y[7], 1e-300 * 2 / math.sqrt(math.pi), rtol=1e-15)
+    yc = erfc(np.array([np.inf, -np.inf, 28.0, -28.0, 27.0, np.nan]))
+    np.testing.assert_array_equal(yc[:4], [0, 2, 0, 2])
+    assert yc[4] == math.erfc(27.0) > 0 and np.isnan(yc[5])  # 5.2e-319: still a subnormal
+    np.testing.assert_array_equal(erf(np.zeros((2, 0, 3), np.float16)).shape, (2, 0, 3))
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+def test_registering_a_duplicate_version_raises():
+    with pytest.raises(ValueError, match="Gemm since opset 7 is registered twice"):
+        op("Gemm", since=7)(lambda a, b: a)
+    assert supported_ops()["Gemm"] == [7]
+
+
+def test_unsupported_opset_names_node_opset_and_versions():
+    x = f32(2, 3)
+    with pytest.raises(pp.UnsupportedOpError) as e:
+        pp.load(node_model("Gelu", {"x": x}, 18), backend="numpy")
+    msg = str(e.value)
+    assert 'Gelu node "n0"' in msg and "opset 18" in msg and "since 20" in msg
+    with pytest.raises(pp.UnsupportedOpError) as e:
+        pp.load(node_model("Cos", {"x": x}, 13), backend="numpy")
+    msg = str(e.value)
+    assert 'Cos node "n0"' in msg and "opset 13" in msg and "no Cos at any opset" in msg
