@@ -39,6 +39,28 @@ ONNX_TO_NUMPY: dict[int, np.dtype] = {
 }
 NUMPY_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in ONNX_TO_NUMPY.items()}
 
+#: ``TensorProto.DataType`` code -> name of the type in the optional ``ml_dtypes`` package (also the
+#: numpy dtype's ``.name``), for the element types plain numpy cannot hold. They are usable only when
+#: ``ml_dtypes`` is installed, and it is imported only when a model actually uses one of them.
+ONNX_TO_ML_DTYPES: dict[int, str] = {
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+    23: "float4_e2m1fn",
+    24: "float8_e8m0fnu",
+    25: "uint2",
+    26: "int2",
+    27: "float6_e2m3fn",
+    28: "float6_e3m2fn",
+}
+#: The dtype names of those types (a dtype's ``kind`` tells them apart from numpy's own poorly:
+#: it is "V" for most, "f" for float8_e5m2).
+ML_DTYPE_NAMES = frozenset(ONNX_TO_ML_DTYPES.values())
+
 #: The operator set of the default ("ai.onnx") domain is keyed by the empty string, as in ONNX.
 DEFAULT_DOMAIN = ""
 
@@ -48,16 +70,50 @@ Dim = int | str | None
 def onnx_dtype(code: int) -> np.dtype:
     """The numpy dtype of an ONNX element type code.
 
+    bfloat16, float8, float6, float4, int4/uint4 and int2/uint2 map to the dtypes of the optional
+    ``ml_dtypes`` package, which is imported here, and only for those codes.
+
     Raises:
-        BadModelError: the code has no numpy equivalent (bfloat16, float8, int4 ...).
+        BadModelError: the code has no numpy equivalent (bfloat16, float8, int4 ... without
+            ``ml_dtypes`` installed, or an unknown code).
     """
+    dtype = ONNX_TO_NUMPY.get(int(code))
+    if dtype is not None:
+        return dtype
+    name = ONNX_TO_ML_DTYPES.get(int(code))
+    dtype = None if name is None else _ml_dtype(name)
+    if dtype is not None:
+        return dtype
+    hint = f" ({name}: install the ml_dtypes package for it)" if name else ""
+    raise BadModelError(
+        f"ONNX element type {code}{hint} has no numpy equivalent; policyport's numpy backend supports "
+        f"{sorted(ONNX_TO_NUMPY)} (see TensorProto.DataType in onnx.proto)"
+    )
+
+
+def _ml_dtype(name: str) -> np.dtype | None:
+    """The ``ml_dtypes`` dtype called ``name``, or None if ml_dtypes (or that type) is missing."""
     try:
-        return ONNX_TO_NUMPY[int(code)]
-    except KeyError:
-        raise BadModelError(
-            f"ONNX element type {code} has no numpy equivalent; policyport's numpy backend supports "
-            f"{sorted(ONNX_TO_NUMPY)} (see TensorProto.DataType in onnx.proto)"
-        ) from None
+        import ml_dtypes  # optional: only models that use its element types need it
+    except ImportError:
+        return None
+    scalar = getattr(ml_dtypes, name, None)
+    return None if scalar is None else np.dtype(scalar)
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    """The dtype whose ``.name`` is ``name``; ml_dtypes names ("bfloat16" ...) import ml_dtypes.
+
+    Raises:
+        BadModelError: ``name`` is an ml_dtypes type and ml_dtypes is not installed.
+        TypeError: ``name`` is no dtype at all.
+    """
+    if name in ML_DTYPE_NAMES:
+        dtype = _ml_dtype(name)
+        if dtype is None:
+            raise BadModelError(f"element type {name!r} needs the ml_dtypes package, which is not installed")
+        return dtype
+    return np.dtype(name)
 
 
 @dataclass(frozen=True)
@@ -82,7 +138,7 @@ class ValueInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ValueInfo:
         shape = d.get("shape")
-        return cls(d["name"], np.dtype(d["dtype"]), None if shape is None else tuple(shape))
+        return cls(d["name"], dtype_from_name(d["dtype"]), None if shape is None else tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -171,7 +227,7 @@ class Graph:
                 name = spec["name"]
                 if name not in initializers:
                     raise BadModelError(f"initializer {name!r} is listed in the graph but missing from the weights")
-                arr = np.asarray(initializers[name])
+                arr = _ml_view(np.asarray(initializers[name]), spec["dtype"])
                 if arr.dtype.name != spec["dtype"] or list(arr.shape) != spec["shape"]:
                     raise BadModelError(
                         f"initializer {name!r}: the graph expects {spec['dtype']}{spec['shape']}, "
@@ -203,6 +259,16 @@ class Graph:
             raise BadModelError(f"malformed graph JSON: {e}") from e
 
 
+def _ml_view(arr: np.ndarray, name: str) -> np.ndarray:
+    """An ml_dtypes array that came back from ``.npy``/``.npz`` as raw bytes (``|V2`` ...) viewed
+    as ``name`` again; any other array unchanged."""
+    if name in ML_DTYPE_NAMES and arr.dtype.kind == "V" and arr.dtype.names is None and arr.dtype.name != name:
+        dtype = dtype_from_name(name)
+        if dtype.itemsize == arr.dtype.itemsize:
+            return arr.view(dtype)
+    return arr
+
+
 def _attr_to_json(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return {"tensor": {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.ravel().tolist()}}
@@ -216,7 +282,7 @@ def _attr_to_json(v: Any) -> Any:
 def _attr_from_json(v: Any) -> Any:
     if isinstance(v, dict) and "tensor" in v:
         t = v["tensor"]
-        return np.array(t["data"], dtype=t["dtype"]).reshape(t["shape"])
+        return np.array(t["data"], dtype=dtype_from_name(t["dtype"])).reshape(t["shape"])
     if isinstance(v, dict) and "list" in v:
         return tuple(_attr_from_json(x) for x in v["list"])
     return v

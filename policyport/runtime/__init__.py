@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Mapping
+from collections.abc import Mapping
+from typing import Callable
 
 import numpy as np
 
 from ..errors import BadModelError
 from ..graph import Graph, ValueInfo
-from .base import Backend, FeedChecker, select_tensors
+from .base import Backend, compile_feed_check, select_tensors
 
 #: Backend name -> one-line description. ``"numpy"`` needs numpy only at run time.
 BACKENDS: dict[str, str] = {
@@ -34,7 +35,8 @@ class Session:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self._check = FeedChecker(backend.inputs)
+        self._check = compile_feed_check(backend.inputs)
+        self._run = backend.run
         self._selections: dict[object, list[str]] = {}
 
     @property
@@ -52,7 +54,9 @@ class Session:
         """Every node output in node order: what :meth:`record` can return."""
         return self.backend.tensor_names
 
-    def _feeds(self, feeds: Feeds) -> dict[str, np.ndarray]:
+    def _feeds(self, feeds: Feeds) -> Mapping[str, np.ndarray]:
+        if type(feeds) is dict:
+            return self._check(feeds)
         if not isinstance(feeds, Mapping):
             if len(self.inputs) != 1:
                 raise BadModelError(
@@ -74,7 +78,7 @@ class Session:
         Raises:
             InputMismatchError: the feeds do not match the graph inputs.
         """
-        return self.backend.run(self._feeds(feeds))
+        return self._run(self._check(feeds) if type(feeds) is dict else self._feeds(feeds))
 
     def record(self, feeds: Feeds, tensors: str | list[str] | None = "*") -> dict[str, np.ndarray]:
         """Run the model and return every requested intermediate tensor as well as the outputs.

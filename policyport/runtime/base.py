@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 from abc import ABC, abstractmethod
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -61,35 +61,33 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
     return chosen
 
 
-class FeedChecker:
+def compile_feed_check(inputs: list[ValueInfo]) -> Callable[[Mapping[str, object]], Mapping[str, np.ndarray]]:
     """:func:`check_feeds` compiled for one model's inputs, with a fast path for valid feeds.
 
-    A feed dict that names exactly the inputs with ``np.ndarray`` values of the right dtype, rank
-    and fixed dimensions (and no symbolic dimension shared between inputs) is returned as is;
-    anything else goes through :func:`check_feeds`, which raises the detailed error.
+    The returned function gives back a feed dict that names exactly the inputs with ``np.ndarray``
+    values of the right dtype, rank and fixed dimensions as is, testing exactly those conditions in
+    generated code; anything else (or inputs sharing a symbolic dimension) goes through
+    :func:`check_feeds`, which raises the detailed error. Input names reach the generated source
+    only as bound constants.
     """
 
-    def __init__(self, inputs: list[ValueInfo]):
-        self.inputs = inputs
-        self._specs = [
-            (v.name, v.dtype, len(v.shape), tuple((i, d) for i, d in enumerate(v.shape) if isinstance(d, int)))
-            for v in inputs if v.shape is not None
-        ]
-        symbols = [d for v in inputs if v.shape for d in v.shape if isinstance(d, str)]
-        self._fast = len(self._specs) == len(inputs) and len(symbols) == len(set(symbols))
+    def slow(feeds: Mapping[str, object]) -> Mapping[str, np.ndarray]:
+        return check_feeds(feeds, inputs)
 
-    def __call__(self, feeds: Mapping[str, object]) -> Mapping[str, np.ndarray]:
-        if self._fast and len(feeds) == len(self._specs):
-            for name, dtype, ndim, fixed in self._specs:
-                arr = feeds.get(name)
-                if type(arr) is not np.ndarray or arr.dtype != dtype or arr.ndim != ndim:
-                    break
-                shape = arr.shape
-                if any(shape[i] != d for i, d in fixed):
-                    break
-            else:
-                return feeds
-        return check_feeds(feeds, self.inputs)
+    symbols = [d for v in inputs if v.shape for d in v.shape if isinstance(d, str)]
+    if any(v.shape is None for v in inputs) or len(symbols) != len(set(symbols)):
+        return slow
+    env: dict[str, object] = {"ndarray": np.ndarray, "slow": slow}
+    tests = []
+    for i, v in enumerate(inputs):
+        env[f"name{i}"], env[f"dtype{i}"] = v.name, v.dtype
+        cond = ["type(a) is not ndarray", f"a.dtype != dtype{i}", f"a.ndim != {len(v.shape)}"]
+        cond += [f"a.shape[{axis}] != {d}" for axis, d in enumerate(v.shape) if isinstance(d, int)]
+        tests += [f"    a = feeds.get(name{i})", f"    if {' or '.join(cond)}: return slow(feeds)"]
+    source = "\n".join(["def check(feeds):", f"    if len(feeds) != {len(inputs)}: return slow(feeds)",
+                        *tests, "    return feeds"])
+    exec(compile(source, "<policyport feed check>", "exec"), env)
+    return env["check"]
 
 
 def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[str, np.ndarray]:

@@ -9,6 +9,7 @@ that overflows, underflows or divides by zero on valid input fails.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+ml_dtypes = pytest.importorskip("ml_dtypes")  # onnx depends on it
 
 from onnx import TensorProto, helper  # noqa: E402
 
 import policyport as pp  # noqa: E402
+from policyport.graph import Graph, from_onnx, onnx_dtype  # noqa: E402
 from policyport.runtime.numpy.ops.special import erf, erfc  # noqa: E402
 from policyport.runtime.numpy.registry import op, supported_ops  # noqa: E402
 
@@ -438,6 +441,210 @@ def test_erf_edge_values():
     np.testing.assert_array_equal(yc[:4], [0, 2, 0, 2])
     assert yc[4] == math.erfc(27.0) > 0 and np.isnan(yc[5])  # 5.2e-319: still a subnormal
     np.testing.assert_array_equal(erf(np.zeros((2, 0, 3), np.float16)).shape, (2, 0, 3))
+
+
+# --- ml_dtypes element types: Cast and CastLike -------------------------------------------------
+#
+# Expected values are written out from the Cast operator page's tables (round to nearest even,
+# saturate), not computed with ml_dtypes, so a conversion that rounds or saturates wrongly shows.
+
+NAN, INF = float("nan"), float("inf")
+
+
+def ml(name):
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def cast_model(x, to, opset, op_type="Cast", **attrs):
+    """``y = Cast(x, to=to)``, or ``CastLike(x, t)`` with a graph input ``t`` of element type ``to``."""
+    inputs = [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)]
+    if op_type == "CastLike":
+        inputs.append(helper.make_tensor_value_info("t", to, [1]))
+        node = helper.make_node("CastLike", ["x", "t"], ["y"], name="n0", **attrs)
+    else:
+        node = helper.make_node("Cast", ["x"], ["y"], name="n0", to=to, **attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", to, x.shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=11)
+
+
+def cast(x, to, opset=25, op_type="Cast", **attrs):
+    feeds = {"x": x}
+    if op_type == "CastLike":
+        feeds["t"] = np.zeros(1, onnx_dtype(to))
+    (y,) = run(cast_model(x, to, opset, op_type, **attrs), feeds)
+    assert y.dtype == onnx_dtype(to) and y.shape == x.shape
+    return y
+
+
+def assert_values(got, want):
+    """Equal as float64, NaN equal to any NaN, and the sign of every zero the same."""
+    got, want = got.astype(np.float64), np.asarray(want, np.float64)
+    np.testing.assert_array_equal(got, want)
+    number = ~np.isnan(want)
+    assert np.array_equal(np.signbit(got[number]), np.signbit(want[number])), (got, want)
+
+
+#: Inputs and what they become with saturate=1 and with saturate=0. 1.0625 and 1.1875 are ties
+#: (round to even: 1 and 1.25); 464 ties between e4m3fn's 448 and 480 (480 would be NaN);
+#: 61440 ties between e5m2's 57344 and 65536 (out of range).
+F8_INPUT = [1e6, -1e6, INF, -INF, NAN, 464, 470, 1.0625, 1.1875, -0.0, 61440, 60000]
+F8_CASES = {
+    TensorProto.FLOAT8E4M3FN: (
+        [448, -448, 448, -448, NAN, 448, 448, 1, 1.25, -0.0, 448, 448],
+        [NAN, NAN, NAN, NAN, NAN, 448, NAN, 1, 1.25, -0.0, NAN, NAN],
+    ),
+    TensorProto.FLOAT8E4M3FNUZ: (  # no -0: it is the NaN encoding
+        [240, -240, 240, -240, NAN, 240, 240, 1, 1.25, 0.0, 240, 240],
+        [NAN, NAN, NAN, NAN, NAN, NAN, NAN, 1, 1.25, 0.0, NAN, NAN],
+    ),
+    TensorProto.FLOAT8E5M2: (
+        [57344, -57344, 57344, -57344, NAN, 448, 448, 1, 1.25, -0.0, 57344, 57344],
+        [INF, -INF, INF, -INF, NAN, 448, 448, 1, 1.25, -0.0, INF, 57344],
+    ),
+    TensorProto.FLOAT8E5M2FNUZ: (
+        [57344, -57344, 57344, -57344, NAN, 448, 448, 1, 1.25, 0.0, 57344, 57344],
+        [NAN, NAN, NAN, NAN, NAN, 448, 448, 1, 1.25, 0.0, NAN, 57344],
+    ),
+}
+
+
+@pytest.mark.parametrize("op_type", ["Cast", "CastLike"])
+@pytest.mark.parametrize("to", list(F8_CASES))
+def test_cast_to_float8_saturates_and_rounds_to_nearest_even(to, op_type):
+    saturated, unsaturated = F8_CASES[to]
+    for dtype in (np.float32, np.float64):
+        x = np.array(F8_INPUT, dtype)
+        assert_values(cast(x, to, 19, op_type), saturated)  # saturate=1 is the default
+        assert_values(cast(x, to, 19, op_type, saturate=1), saturated)
+        assert_values(cast(x, to, 21, op_type, saturate=0), unsaturated)
+
+
+def test_cast_from_float64_and_int64_rounds_once():
+    """ml_dtypes goes through float32 and rounds twice; the cast must round x itself to nearest."""
+    nudge = 2.0**-40  # lost in float32, decisive for the final rounding
+    x = np.array([1 + 2**-4 + nudge, -(1 + 2**-4 + nudge), 1 + 2**-4, 1.1875 - nudge, 1e300, -1e300])
+    assert_values(cast(x, TensorProto.FLOAT8E4M3FN), [1.125, -1.125, 1, 1.125, 448, -448])
+    assert_values(cast(x, TensorProto.FLOAT8E4M3FN, saturate=0), [1.125, -1.125, 1, 1.125, NAN, NAN])
+    xb = np.array([1 + 2**-8 + nudge, 1 + 2**-8, 1 + 3 * 2**-8 - nudge, 1e300, 5e-324])
+    assert_values(cast(xb, TensorProto.BFLOAT16), [1 + 2**-7, 1, 1 + 2**-7, INF, 0])
+    big = 2**24 + 2**16 + 1  # just above the tie between 2**24 and 2**24 + 2**17
+    for dtype in (np.int64, np.int32):
+        assert_values(cast(np.array([big, -big, 7], dtype), TensorProto.BFLOAT16), [2**24 + 2**17, -(2**24 + 2**17), 7])
+    assert_values(cast(np.array([1000, -1000, 3], np.int64), TensorProto.FLOAT8E4M3FN), [448, -448, 3])
+
+
+def test_cast_between_ml_dtypes_types_and_back():
+    x = np.array([0.1, -3.3, 300.0, NAN], np.float32)
+    b = cast(x, TensorProto.BFLOAT16)
+    assert_values(b, [0.10009765625, -3.296875, 300, NAN])
+    assert_values(cast(b, TensorProto.FLOAT8E4M3FN), [0.1015625, -3.25, 288, NAN])
+    assert_values(cast(b, TensorProto.FLOAT), [0.10009765625, -3.296875, 300, NAN])
+    assert cast(b[:3], TensorProto.STRING).tolist() == ["0.100097656", "-3.296875", "300.0"]
+    np.testing.assert_array_equal(cast(b[:3], TensorProto.BOOL), [True, True, True])
+
+
+#: x, then its float8e8m0 code (the value is 2**(code - 127); 255 is NaN) for each mode.
+E8M0_INPUT = [0.124, 0.25, 0.375, 1.25, 1.5, 3.0, 0.0, 2.0**-130, INF, NAN, 1.5 * 2.0**127, 2.0**127]
+E8M0_CASES = [
+    (1, "up", [124, 125, 126, 128, 128, 129, 0, 0, 254, 255, 254, 254]),
+    (1, "down", [123, 125, 125, 127, 127, 128, 0, 0, 254, 255, 254, 254]),
+    (1, "nearest", [124, 125, 126, 127, 128, 129, 0, 0, 254, 255, 254, 254]),
+    (0, "up", [124, 125, 126, 128, 128, 129, 255, 255, 255, 255, 255, 254]),
+    (0, "nearest", [124, 125, 126, 127, 128, 129, 255, 255, 255, 255, 255, 254]),
+]
+
+
+@pytest.mark.parametrize("saturate,round_mode,codes", E8M0_CASES)
+def test_cast_to_float8e8m0_round_modes(saturate, round_mode, codes):
+    """Cast-24 ``round_mode`` and the saturation table of the operator page (the ONNX reference's
+    to_float8e8m0 gives NaN for Inf under saturate and misreads float32 subnormals)."""
+    for dtype in (np.float32, np.float64):
+        y = cast(np.array(E8M0_INPUT, dtype), TensorProto.FLOAT8E8M0, 24, saturate=saturate, round_mode=round_mode)
+        assert y.view(np.uint8).tolist() == codes, dtype
+    y = cast(np.array([0.375, 3.0], np.float16), TensorProto.FLOAT8E8M0, round_mode=round_mode)
+    assert y.view(np.uint8).tolist() == [codes[2], codes[5]]
+
+
+def test_cast_to_float8e8m0_matches_onnxruntime():
+    with np.errstate(under="ignore"):  # float32 subnormals wanted
+        tiny = np.array([1e-45, 2.0**-127, 3 * 2.0**-127], np.float32)
+        spread = np.exp2(RNG.uniform(-140, 127.9, 500)).astype(np.float32)
+    x = np.concatenate([np.array(E8M0_INPUT + [-2.0, -0.0], np.float32), tiny, spread])
+    for saturate, round_mode in [(s, r) for s in (0, 1) for r in ("up", "down", "nearest")]:
+        to_e8m0 = dict(to=TensorProto.FLOAT8E8M0, saturate=saturate, round_mode=round_mode)
+        nodes = [helper.make_node("Cast", ["x"], ["e"], **to_e8m0),
+                 helper.make_node("Cast", ["e"], ["y"], to=TensorProto.FLOAT)]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)], ir_version=11)
+        ours, theirs = both(model, {"x": x})
+        np.testing.assert_array_equal(ours[0], theirs[0], err_msg=f"saturate={saturate} round_mode={round_mode}")
+
+
+def test_cast_to_4_and_2_bit_integers_truncates_then_wraps():
+    """Like any fixed-point cast out of range, int4/uint4/int2/uint2 keep the low bits (ml_dtypes
+    and the ONNX reference; onnxruntime rounds fractions to nearest instead)."""
+    x = np.array([-9, -8.7, -2.5, 2.5, 7.6, 15, -0.5], np.float32)
+    np.testing.assert_array_equal(cast(x, TensorProto.INT4).astype(np.int64), [7, -8, -2, 2, 7, -1, 0])
+    u = np.array([-1, 16, 17.9, 3.99], np.float32)
+    np.testing.assert_array_equal(cast(u, TensorProto.UINT4).astype(np.int64), [15, 0, 1, 3])
+    i = np.array([8, -9, 200, -128, 5], np.int32)
+    np.testing.assert_array_equal(cast(i, TensorProto.INT4).astype(np.int64), [-8, 7, -8, 0, 5])
+    np.testing.assert_array_equal(cast(i, TensorProto.INT2).astype(np.int64), [0, -1, 0, 0, 1])
+    np.testing.assert_array_equal(cast(i, TensorProto.UINT2).astype(np.int64), [0, 3, 0, 0, 1])
+
+
+def test_packed_int4_initializer_unpacks_for_an_odd_count():
+    values = [-8, 7, -1, 0, 3]  # 5 nibbles: the last byte is half padding
+    w = helper.make_tensor("w", TensorProto.INT4, [5], values)
+    node = helper.make_node("Cast", ["w"], ["y"], to=TensorProto.INT8)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.INT8, [5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    assert from_onnx(model).initializers["w"].dtype == ml("int4")
+    (y,) = run(model, {})
+    assert y.dtype == np.int8 and y.tolist() == values
+
+
+def test_ml_dtypes_graph_json_round_trip(tmp_path):
+    """bfloat16 inputs, int4 tensor attributes and float8 initializers survive to_json/from_json,
+    the initializers also an .npz, which stores them as raw bytes (|V1, |V2)."""
+    w = onnx.numpy_helper.from_array(np.array([1.5, -448, NAN], ml("float8_e4m3fn")), "w")
+    const = onnx.numpy_helper.from_array(np.array([3, -8, 7], ml("int4")), "c")
+    nodes = [helper.make_node("Constant", [], ["c"], value=const),
+             helper.make_node("CastLike", ["c", "x"], ["cx"]), helper.make_node("CastLike", ["w", "x"], ["wx"]),
+             helper.make_node("Add", ["x", "cx"], ["s"]), helper.make_node("Add", ["s", "wx"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    g = from_onnx(model)
+    np.savez(tmp_path / "w.npz", **g.initializers)
+    with np.load(tmp_path / "w.npz") as f:
+        stored = {k: f[k] for k in f.files}
+    assert stored["w"].dtype.kind == "V"  # numpy alone does not know float8
+    back = Graph.from_json(g.to_json(), stored)
+    assert back.inputs[0].dtype == ml("bfloat16") and back.initializers["w"].dtype == ml("float8_e4m3fn")
+    assert back.nodes[0].attrs["value"].dtype == ml("int4")
+    assert back.nodes[0].attrs["value"].tolist() == [3, -8, 7]
+    x = np.array([1, 2, 3], ml("bfloat16"))
+    (y,) = run(model, {"x": x})
+    assert y.dtype == ml("bfloat16")
+    assert_values(y, [5.5, -454, NAN])
+    assert_values(pp.load(back, backend="numpy").run({"x": x})["y"], [5.5, -454, NAN])
+
+
+def test_without_ml_dtypes_its_types_are_refused(monkeypatch):
+    model = cast_model(np.zeros(3, np.float32), TensorProto.BFLOAT16, 21)
+    graph_json = from_onnx(model).to_json()
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # `import ml_dtypes` now raises ImportError
+    with pytest.raises(pp.BadModelError, match=r"element type 16 \(bfloat16: install the ml_dtypes package"):
+        pp.load(model, backend="numpy")
+    with pytest.raises(pp.BadModelError, match="'bfloat16' needs the ml_dtypes package"):
+        Graph.from_json(graph_json, {})
+    with pytest.raises(pp.BadModelError, match="element type 99 has no numpy equivalent"):
+        onnx_dtype(99)
+    assert onnx_dtype(TensorProto.FLOAT) == np.float32
+    x = f32(3)
+    assert_same(run(node_model("Relu", {"x": x}, 14), {"x": x}), [np.maximum(x, 0)])
 
 
 # --- the registry --------------------------------------------------------------------------------

@@ -33,20 +33,17 @@ class NumpyBackend(Backend):
         self.outputs = list(graph.outputs)
         self.tensor_names = list(self.plan.tensor_names)
         self._out_names = tuple(self.plan.output_names)
-        self._in_names = tuple(self.plan.input_names)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.plan.run(*[feeds[n] for n in self._in_names])
-        return dict(zip(self._out_names, values))
+        return self.plan.run(feeds)
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        outs, tensors = self.plan.record(*[feeds[n] for n in self._in_names])
-        if len(names) == len(self.tensor_names):  # everything: names is tensor_names
-            result = dict(zip(self.tensor_names, tensors))
-        else:
-            everything = dict(zip(self.tensor_names, tensors))
-            result = {n: everything[n] for n in names}
-        result.update(zip(self._out_names, outs))
+        everything = self.plan.record(feeds)
+        if len(names) == len(self.tensor_names):  # every node output: names is tensor_names
+            return everything
+        result = {n: everything[n] for n in names}
+        for n in self._out_names:
+            result[n] = everything[n]
         return result
 
     def observe(self, feeds: Mapping[str, np.ndarray], observer: Callable) -> dict[str, np.ndarray]:
@@ -56,5 +53,4 @@ class NumpyBackend(Backend):
         record, accumulate statistics, or override neurons. ``self.graph.nodes[node_index]`` is
         the node.
         """
-        values = self.plan.observe(*[feeds[n] for n in self._in_names], observer)
-        return dict(zip(self._out_names, values))
+        return self.plan.observe(feeds, observer)

@@ -9,11 +9,13 @@ dictionary look-ups, validation or dispatch per node:
 * ``run``: the graph outputs only; a fresh intermediate with one consumer that is an activation
   is overwritten in place (``np.tanh(t, out=t)``), never a feed, an initializer or a view of them;
 * ``record``: also returns every node output, nothing written in place;
-* ``observe``: calls ``observer(node_index, value)`` after each node and continues with what it
-  returns, so recording, statistics and neuron overrides are observers of the run loop.
+* ``observe``: calls ``observer(node_index, output_index, value)`` after each node and continues
+  with what it returns, so recording, statistics and neuron overrides are observers of the run loop.
 
-The generated source names only locals ``t0, t1, ...`` and constants ``k0, k1, ...``; no string
-from the model ever reaches it.
+A Gemm with constant weights becomes ``dot`` plus an in-place ``add`` of the bias, a Slice with
+constant bounds one indexing with a prebuilt tuple; every other node calls its registered function.
+The generated source names only locals (``x0``, ``t0`` ...) and bound constants (``k0``, ``n0`` ...,
+tensor names among them); no string from the model ever reaches the source text.
 """
 
 from __future__ import annotations
@@ -28,26 +30,34 @@ from ...errors import BadModelError
 from ...graph import Graph
 from .registry import resolve
 
-#: Producers whose result is always a fresh array that nothing else references.
-_FRESH = {"Gemm", "MatMul", "Add", "Sub", "Mul", "Div"}
-#: Unary activations with an in-place numpy kernel: op type -> kernel(x) that overwrites x.
-_IN_PLACE: dict[str, Callable] = {
-    "Tanh": lambda x: np.tanh(x, out=x),
-    "Relu": lambda x: np.maximum(x, 0, out=x),
-    "Exp": lambda x: np.exp(x, out=x),
-    "Neg": lambda x: np.negative(x, out=x),
-    "Abs": lambda x: np.absolute(x, out=x),
-    "Sqrt": lambda x: np.sqrt(x, out=x),
+#: Producers whose result is a fresh array that nothing else references (Gemm: always 2-D).
+_FRESH = {"Gemm"}
+#: Producers whose result is fresh but may be a numpy scalar (0-d operands): in-place is guarded.
+_FRESH_IF_ARRAY = {"MatMul", "Add", "Sub", "Mul", "Div"}
+#: Unary ops with an in-place numpy kernel: op type -> (ufunc name, extra operands).
+_IN_PLACE: dict[str, tuple[str, str]] = {
+    "Tanh": ("tanh", ""),
+    "Relu": ("maximum", "0, "),
+    "Exp": ("exp", ""),
+    "Neg": ("negative", ""),
+    "Abs": ("absolute", ""),
+    "Sqrt": ("sqrt", ""),
 }
 
 
 @dataclass(frozen=True)
 class Step:
-    """One compiled node: the callable, its argument and result locals."""
+    """One compiled node.
+
+    ``kind`` says how the generated line computes it: ``"call"`` (``fn(*args)``), ``"gemm"``
+    (``dot(a, b)`` then an in-place ``add`` of the bias, if any) or ``"index"`` (``a[k]`` with a
+    constant index).
+    """
 
     index: int
     op_type: str
-    fn: Callable
+    kind: str
+    fn: Callable | None
     args: tuple[str, ...]  # local or constant names, "None" for an omitted optional input
     results: tuple[str, ...]
 
@@ -96,14 +106,14 @@ class Plan:
                     )
             while args and args[-1] == "None":
                 args.pop()
-            fn = self._specialize(node, impl, args)
+            kind, fn = self._specialize(node, impl, args)
             results = []
             for j, t in enumerate(node.outputs):
                 results.append(f"t{len(producer)}" if t else "_")
                 if t:
                     local[t] = results[-1]
                     producer[t] = node.op_type
-            self.steps.append(Step(idx, node.op_type, fn, tuple(args), tuple(results)))
+            self.steps.append(Step(idx, node.op_type, kind, fn, tuple(args), tuple(results)))
         missing = [o for o in self.output_names if o not in local]
         if missing:
             raise BadModelError(f"graph outputs {missing} are produced by no node, input or initializer")
@@ -119,44 +129,35 @@ class Plan:
         self._consts[name] = value
         return name
 
-    def _specialize(self, node, impl, args: list[str]) -> Callable:
+    def _specialize(self, node, impl, args: list[str]) -> tuple[str, Callable | None]:
         attrs = dict(node.attrs)
         if impl.wants_node_outputs:
             attrs["node_outputs"] = len(node.outputs)
-        if node.op_type == "Gemm" and len(args) >= 2:
-            fast = self._gemm_fast_path(attrs, args)
-            if fast is not None:
-                return fast
-        if node.op_type == "Slice" and impl.since >= 10:
-            fast = self._slice_fast_path(args)
-            if fast is not None:
-                return fast
-        return functools.partial(impl.fn, **attrs) if attrs else impl.fn
+        if node.op_type == "Gemm" and len(args) >= 2 and self._gemm_fast_path(attrs, args):
+            return "gemm", None
+        if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
+            return "index", None
+        return "call", functools.partial(impl.fn, **attrs) if attrs else impl.fn
 
-    def _gemm_fast_path(self, attrs: dict, args: list[str]) -> Callable | None:
-        """Gemm with a constant B (and C): pre-transpose B once, then matmul and add in place."""
+    def _gemm_fast_path(self, attrs: dict, args: list[str]) -> bool:
+        """Gemm with a constant B (and C), alpha = beta = 1, no transA: B laid out [K, N] once,
+        a bias vector stored as a (1, N) row (numpy adds same-rank operands faster)."""
         b = self._consts.get(args[1])
-        if not isinstance(b, np.ndarray) or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
-            return None
+        if not isinstance(b, np.ndarray) or b.ndim != 2 or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0:
+            return False
         c_name = args[2] if len(args) > 2 else None
         c = self._consts.get(c_name) if c_name else None
-        if c_name and (not isinstance(c, np.ndarray) or attrs.get("beta", 1.0) != 1.0 or c.dtype != b.dtype):
-            return None
+        if c_name and (not isinstance(c, np.ndarray) or attrs.get("beta", 1.0) != 1.0 or c.dtype != b.dtype
+                       or c.ndim > 2):
+            return False
         args[1] = self._const(np.ascontiguousarray(b.T if attrs.get("transB", 0) else b))
-        dot, add = np.dot, np.add  # np.dot: same BLAS call as matmul for 2-D, less dispatch
-        if c is None:
+        if c is not None:
+            args[2] = self._const(np.ascontiguousarray(c).reshape(1, -1) if c.ndim == 1 else np.ascontiguousarray(c))
+        else:
             del args[2:]
-            return dot
-        args[2] = self._const(np.ascontiguousarray(c))
+        return True
 
-        def gemm(a, b, c):
-            y = dot(a, b)
-            add(y, c, out=y)
-            return y
-
-        return gemm
-
-    def _slice_fast_path(self, args: list[str]) -> Callable | None:
+    def _slice_fast_path(self, args: list[str]) -> bool:
         """Slice-10+ whose starts, ends, axes and steps are constants: the index tuple is built once.
 
         Only for non-negative axes (a negative axis needs the data's rank). Python slicing clamps
@@ -164,59 +165,78 @@ class Plan:
         """
         consts = [self._consts.get(a) for a in args[1:]]
         if len(consts) < 2 or not all(isinstance(c, np.ndarray) and c.ndim == 1 for c in consts):
-            return None
+            return False
         starts, ends = consts[0].tolist(), consts[1].tolist()
         axes = consts[2].tolist() if len(consts) > 2 else list(range(len(starts)))
         steps = consts[3].tolist() if len(consts) > 3 else [1] * len(starts)
         if min(axes, default=0) < 0 or len(set(axes)) != len(axes) or 0 in steps:
-            return None
+            return False
         index = [slice(None)] * (max(axes, default=-1) + 1)
         for a, start, end, step in zip(axes, starts, ends, steps):
             index[a] = slice(start, end, step)
-        key = tuple(index)
-        del args[1:]
-        return lambda data: data[key]
+        args[1:] = [self._const(tuple(index))]
+        return True
 
     def _compile(self, mode: str) -> Callable:
-        params = [f"x{i}" for i in range(len(self.input_names))] + (["observer"] if mode == "observe" else [])
-        lines = [f"def {mode}({', '.join(params)}):"]
-        env = dict(self._consts)
+        """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
+
+        Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
+        in node order followed by any graph output that is not a node output.
+        """
+        env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
+        for name, _ in _IN_PLACE.values():
+            env[name] = getattr(np, name)
+
+        def key(text: str) -> str:  # tensor names reach the code only as bound constants
+            ident = f"n{len(env)}"
+            env[ident] = text
+            return ident
+
+        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + "):"]
+        lines += [f"    x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
         outputs = set(self.output_names)
         for s in self.steps:
-            env[f"f{s.index}"] = s.fn
-            call = f"f{s.index}({', '.join(s.args)})"
-            src = s.args[0] if s.args else None
-            if (mode == "run" and s.op_type in _IN_PLACE and len(s.args) == 1 and src.startswith("t")
-                    and self._is_fresh(src) and self._consumers_of(src) == 1 and not self._is_output(src, outputs)):
-                env[f"g{s.index}"] = _IN_PLACE[s.op_type]
-                call = f"g{s.index}({src})"
-            if len(s.results) == 1:
-                lines.append(f"    {s.results[0]} = {call}")
-                if mode == "observe":
-                    lines.append(f"    {s.results[0]} = observer({s.index}, 0, {s.results[0]})")
-            else:
-                lines.append(f"    _r = {call}")
-                lines.append("    if not isinstance(_r, tuple): _r = (_r,)")
-                for j, r in enumerate(s.results):
-                    if r != "_":
-                        lines.append(f"    {r} = _r[{j}]")
-                        if mode == "observe":
-                            lines.append(f"    {r} = observer({s.index}, {j}, {r})")
-        outs = ", ".join(self._local[o] for o in self.output_names)
+            lines += [f"    {line}" for line in self._emit(s, mode, env, outputs)]
+            if mode == "observe":
+                lines += [f"    {r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
         if mode == "record":
-            inter = ", ".join(self._local[t] for t in self.tensor_names)
-            lines.append(f"    return ({outs},), ({inter},)")
+            names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
         else:
-            lines.append(f"    return ({outs},)")
+            names = self.output_names
+        items = ", ".join(f"{key(n)}: {self._local[n]}" for n in names)
+        lines.append(f"    return {{{items}}}")
         code = compile("\n".join(lines), f"<policyport plan:{mode}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[mode]
 
-    def _is_fresh(self, local_name: str) -> bool:
-        for t, loc in self._local.items():
-            if loc == local_name:
-                return self._producer.get(t) in _FRESH
-        return False
+    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str]) -> list[str]:
+        """The generated lines of one step."""
+        res, args = s.results, s.args
+        if s.kind == "gemm":
+            lines = [f"{res[0]} = dot({args[0]}, {args[1]})"]
+            if len(args) > 2:
+                lines.append(f"add({res[0]}, {args[2]}, out={res[0]})")
+            return lines
+        if s.kind == "index":
+            return [f"{res[0]} = {args[0]}[{args[1]}]"]
+        env[f"f{s.index}"] = s.fn
+        src = args[0] if len(args) == 1 else ""
+        if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
+                and self._consumers_of(src) == 1 and not self._is_output(src, outputs)):
+            ufunc, extra = _IN_PLACE[s.op_type]
+            in_place = f"{ufunc}({src}, {extra}out={src})"
+            if self._producer_of(src) in _FRESH:
+                return [f"{res[0]} = {in_place}"]
+            if self._producer_of(src) in _FRESH_IF_ARRAY:
+                return [f"{res[0]} = {in_place} if type({src}) is ndarray else f{s.index}({src})"]
+        call = f"f{s.index}({', '.join(args)})"
+        if len(res) == 1:
+            return [f"{res[0]} = {call}"]
+        lines = [f"_r = {call}", "if not isinstance(_r, tuple): _r = (_r,)"]
+        return lines + [f"{r} = _r[{j}]" for j, r in enumerate(res) if r != "_"]
+
+    def _producer_of(self, local_name: str) -> str | None:
+        return next((self._producer.get(t) for t, loc in self._local.items() if loc == local_name), None)
 
     def _consumers_of(self, local_name: str) -> int:
         return sum(self._consumers.get(t, 0) for t, loc in self._local.items() if loc == local_name)

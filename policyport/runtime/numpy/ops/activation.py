@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ....graph import ML_DTYPE_NAMES
 from ..registry import op
 from .special import erfc
 
@@ -36,6 +37,9 @@ def prelu(x, slope):
 
 @op("Elu", since=6)
 def elu(x, *, alpha=1.0):
+    """x if x > 0 else alpha * (exp(x) - 1); bfloat16 is computed in float32 (see Celu)."""
+    if x.dtype.name in ML_DTYPE_NAMES:
+        return elu(x.astype(np.float32), alpha=alpha).astype(x.dtype)
     return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
 
 
@@ -46,7 +50,13 @@ def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875)
 
 @op("Celu", since=12)
 def celu(x, *, alpha=1.0):
-    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)).
+
+    bfloat16 (an ml_dtypes type, which a Python float promotes to float32) is computed in float32
+    and rounded once.
+    """
+    if x.dtype.name in ML_DTYPE_NAMES:
+        return celu(x.astype(np.float32), alpha=alpha).astype(x.dtype)
     return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0) / alpha))
 
 

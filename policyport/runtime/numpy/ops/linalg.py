@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....graph import ML_DTYPE_NAMES
 from ..registry import op
 
 
@@ -33,5 +34,13 @@ def matmul(a, b):
 
 @op("Einsum", since=12)
 def einsum(*inputs, equation):
-    """numpy.einsum on the equation with its spaces removed (ONNX allows ``"ij, jk -> ik"``)."""
+    """numpy.einsum on the equation with its spaces removed (ONNX allows ``"ij, jk -> ik"``).
+
+    numpy cannot contract ml_dtypes types (bfloat16 ...): they accumulate in float32 and are
+    rounded once, as the ONNX reference does.
+    """
+    dtype = inputs[0].dtype
+    if dtype.name in ML_DTYPE_NAMES:
+        wide = [a.astype(np.float32) for a in inputs]
+        return np.asarray(np.einsum(equation.replace(" ", ""), *wide)).astype(dtype)
     return np.einsum(equation.replace(" ", ""), *inputs)

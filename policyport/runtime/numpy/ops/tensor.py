@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ....graph import onnx_dtype
+from ....graph import ML_DTYPE_NAMES, onnx_dtype
 from ..registry import op
 
 
@@ -59,10 +59,106 @@ def size(data):
     return np.array(data.size, dtype=np.int64)
 
 
-def _cast(x, dtype):
+def _cast(x, dtype, saturate=1, round_mode="up"):
+    if dtype.name in ML_DTYPE_NAMES:  # bfloat16, float8, int4 ...: see _cast_ml
+        return _cast_ml(x, dtype, saturate, round_mode)
+    if x.dtype.name in ML_DTYPE_NAMES:  # from one: through float32 or int64, which hold it exactly
+        if dtype == object or dtype == np.bool_:
+            x = x.astype(np.int64 if x.dtype.name in _ML_INTEGERS else np.float32)
     if dtype == object:  # to STRING: the shortest round-tripping decimal, as numpy prints it
         return x.astype(np.str_).astype(object)
     return x.astype(dtype, copy=False)
+
+
+#: Cast's ``saturate`` (opset 19) clamps to these, the float8 types' largest finite values
+#: (``ml_dtypes.finfo(t).max``); the other ml_dtypes types ignore it.
+_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
+_ML_INTEGERS = frozenset({"int4", "uint4", "int2", "uint2"})
+
+
+def _cast_ml(x, dtype, saturate, round_mode):
+    """Cast to an ml_dtypes type, rounding to nearest even once, as the Cast operator page asks.
+
+    * float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) with ``saturate``: +-Inf and values out of range
+      become +-max; without it they are NaN (Inf for e5m2), as ml_dtypes converts.
+    * float8e8m0: see :func:`_to_e8m0`.
+    * int4/uint4, int2/uint2: floats truncate toward zero, then, like every fixed-point cast out of
+      range, keep the low bits (two's complement) — ml_dtypes' conversion.
+    * float4e2m1, float6: saturating, no NaN or Inf (ml_dtypes' conversion).
+
+    ml_dtypes converts float64 through float32, rounding twice; a float64 (or integer) source is
+    therefore first rounded to float32 *to odd*, whose one extra bit keeps the final rounding exact.
+    """
+    name = dtype.name
+    if name == "float8_e8m0fnu":
+        return _to_e8m0(x, dtype, saturate, round_mode)
+    src = x.dtype
+    if name in _ML_INTEGERS:
+        if src == object:
+            x = x.astype(np.float64)
+        elif src.name in _ML_INTEGERS:
+            x = x.astype(np.int64)  # ml_dtypes has no int4 -> uint4 ... conversion
+        elif src.name in ML_DTYPE_NAMES:
+            x = x.astype(np.float32)  # as from float32 (bfloat16's own path trips on Inf)
+        return x.astype(dtype)
+    if src == object or src.kind in "iub":
+        x = x.astype(np.float64)
+    elif src.name in ML_DTYPE_NAMES:
+        x = x.astype(np.float32)  # exact for every ml_dtypes type
+    limit = _FLOAT8_MAX.get(name)
+    if limit is not None and saturate:
+        x = np.clip(x, -limit, limit)  # NaN stays NaN
+    if x.dtype == np.float64:
+        x = _float32_round_to_odd(x)
+    return x.astype(dtype)
+
+
+def _float32_round_to_odd(x):
+    """float64 -> float32 truncated toward zero, the last bit set when inexact ("round to odd").
+
+    Rounding this to a format of at most 22 significand bits gives what rounding ``x`` directly
+    would. Beyond float32's range it is +-Inf, which every ml_dtypes type's range is inside of.
+    """
+    with np.errstate(under="ignore", over="ignore"):
+        y = x.astype(np.float32)
+        wide = y.astype(np.float64)
+        inexact = (wide != x) & np.isfinite(y)  # neither NaN nor overflow to Inf
+        away = inexact & (np.abs(wide) > np.abs(x))
+        y = np.where(away, np.nextafter(y, np.float32(0)), y)
+    bits = y.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32)
+
+
+def _to_e8m0(x, dtype, saturate, round_mode):
+    """To float8e8m0 (2**(code - 127), code 0..254; 255 is NaN) by ``round_mode`` (Cast-24 on).
+
+    ``up`` rounds x to the next power of two, ``down`` to the previous one, ``nearest`` to the
+    nearer of them in value, a tie (1.5 * 2**k) going up. As the operator page's table has it,
+    x above E8M0_MAX = 2**127 (Inf too) gives E8M0_MAX with ``saturate`` (the default) and NaN
+    without; x below E8M0_MIN = 2**-127 (zero too) gives E8M0_MIN, or NaN. NaN stays NaN. Negative
+    x is unspecified; like onnxruntime we take it as below E8M0_MIN.
+    """
+    v = x.astype(np.float64) if x.dtype != np.float64 else x
+    with np.errstate(invalid="ignore"):
+        mantissa, exponent = np.frexp(v)  # |v| = m * 2**e, 0.5 <= m < 1
+        fraction = np.abs(mantissa) * 2 - 1  # |v| = (1 + fraction) * 2**(e - 1)
+        code = exponent.astype(np.int64) + 126
+        if round_mode == "up":
+            code += fraction > 0
+        elif round_mode == "nearest":
+            code += fraction >= 0.5
+        elif round_mode != "down":
+            raise ValueError(f"Cast: round_mode must be 'up', 'down' or 'nearest', not {round_mode!r}")
+        low, high = v < _E8M0_MIN, v > _E8M0_MAX  # NaN is neither
+    if saturate:
+        code = np.where(low, 0, np.where(high, 254, np.minimum(code, 254)))
+    else:
+        code = np.where(low | high, 255, np.minimum(code, 254))
+    code = np.where(np.isnan(v), 255, code)
+    return code.astype(np.uint8).view(dtype)
+
+
+_E8M0_MIN, _E8M0_MAX = 2.0**-127, 2.0**127
 
 
 @op("Cast", since=6)
@@ -70,16 +166,17 @@ def cast(x, *, to, saturate=1, round_mode="up"):
     """Cast-6 on (``to`` is a TensorProto data type code; before 6 it was a string).
 
     Float to integer truncates toward zero; strings parse as Python floats ("INF", "NaN" ...).
-    ``saturate`` (opset 19) and ``round_mode`` (24) only concern float8 types, which numpy cannot
-    hold: a model using them fails in :func:`policyport.graph.onnx_dtype`.
+    ``saturate`` (opset 19) and ``round_mode`` (24) concern the float8 types, which need the
+    optional ml_dtypes package (without it :func:`policyport.graph.onnx_dtype` refuses them):
+    see :func:`_cast_ml`.
     """
-    return _cast(x, onnx_dtype(to))
+    return _cast(x, onnx_dtype(to), saturate, round_mode)
 
 
 @op("CastLike", since=15)
 def cast_like(x, target_type, *, saturate=1, round_mode="up"):
     """Cast ``x`` to the element type of ``target_type`` (``saturate``, ``round_mode``: see Cast)."""
-    return _cast(x, target_type.dtype)
+    return _cast(x, target_type.dtype, saturate, round_mode)
 
 
 @op("Reshape", since=5)
@@ -216,11 +313,11 @@ def where(condition, x, y):
 def range_(start, limit, delta, *, stash_type=1):
     """start + i * delta for i < max(ceil((limit - start) / delta), 0).
 
-    Floats are computed in float64 and rounded once. float16 (Range-27) is computed in the
-    ``stash_type`` element type, float32 by default.
+    Floats are computed in float64 and rounded once. float16 and bfloat16 (Range-27) are computed
+    in the ``stash_type`` element type, float32 by default.
     """
     dtype = start.dtype
-    if dtype == np.float16:
+    if dtype == np.float16 or dtype.name == "bfloat16":
         work = onnx_dtype(stash_type)
     elif np.issubdtype(dtype, np.floating):
         work = np.float64
