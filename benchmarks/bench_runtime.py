@@ -1,0 +1,692 @@
+"""Side-by-side latency and throughput of policyport's runtimes and the usual alternatives.
+
+Run from anywhere (paths are resolved from this file)::
+
+    python benchmarks/bench_runtime.py            # full run, ~1-2 minutes on 2 cores
+    python benchmarks/bench_runtime.py --quick    # smoke run, ~20 s
+    python benchmarks/bench_runtime.py --json results.json
+
+For each model and batch size every runner is first checked against a hand-written numpy forward
+pass (max abs error on ``logits`` <= 1e-4, else the script aborts), then timed. Timing interleaves
+the runners: each round times every runner once for one window of about ``--window`` seconds
+(rotating the order between rounds), each window preceded by a short sleep (so that the spinning
+worker threads of the previous runner's BLAS / OpenMP / onnxruntime pool go idle) and a few untimed
+calls. A window during which other processes kept the CPU busy is retried, within a time budget.
+The figure reported is the median over the windows of the mean per-call time inside a window.
+Nothing is downloaded; torch is optional.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+METADRIVE = ROOT / "fixtures" / "real" / "metadrive_ppo_expert.npz"
+BATCHES = (1, 64, 4096)
+TOLERANCE = 1e-4
+
+try:  # optional: the torch eager runner
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Layer:
+    """One dense layer as the user holds it: ``act(x @ kernel + bias)`` with ``kernel`` [in, out]."""
+
+    kernel: np.ndarray
+    bias: np.ndarray
+    activation: str | None  # "tanh", "relu" or None (the output layer)
+
+
+@dataclass
+class Case:
+    """A model under test: its ONNX export, its layers and a hand-written forward pass."""
+
+    name: str
+    onnx_model: object
+    layers: list[Layer]
+    forward: Callable[[np.ndarray], np.ndarray]  # the hand-written numpy forward: obs -> logits
+    make_obs: Callable[[int], np.ndarray]  # batch -> float32 observations
+
+
+def metadrive_case(pp) -> Case:
+    """The MetaDrive PPO expert: 275 -> 256 tanh -> 256 tanh -> 4, diag-gaussian head."""
+    w = np.load(METADRIVE)
+    p = "default_policy/"
+    W1, b1 = w[p + "fc_1/kernel"], w[p + "fc_1/bias"]
+    W2, b2 = w[p + "fc_2/kernel"], w[p + "fc_2/bias"]
+    W3, b3 = w[p + "fc_out/kernel"], w[p + "fc_out/bias"]
+
+    def forward(x):  # written the obvious way a user would
+        h = np.tanh(x @ W1 + b1)
+        h = np.tanh(h @ W2 + b2)
+        return h @ W3 + b3
+
+    rng = np.random.default_rng(275)
+    return Case(
+        name="metadrive-expert (275-256-256-4 tanh)",
+        onnx_model=pp.convert(str(METADRIVE), head="diag-gaussian"),
+        layers=[Layer(W1, b1, "tanh"), Layer(W2, b2, "tanh"), Layer(W3, b3, None)],
+        forward=forward,
+        make_obs=lambda batch: rng.random((batch, 275), dtype=np.float32),  # MetaDrive obs lie in [0, 1]
+    )
+
+
+def relu_case(pp) -> Case:
+    """A seeded 3-hidden-layer ReLU MLP in RLlib's layout: 64 -> 256 -> 256 -> 256 -> 8."""
+    rng = np.random.default_rng(0)
+    sizes = [64, 256, 256, 256, 8]
+    names = ["fc_1", "fc_2", "fc_3", "fc_out"]
+    weights = {}
+    for name, fan_in, fan_out in zip(names, sizes, sizes[1:]):
+        weights[f"{name}/kernel"] = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2 / fan_in)).astype(np.float32)
+        weights[f"{name}/bias"] = (rng.standard_normal(fan_out) * 0.1).astype(np.float32)
+    W1, b1, W2, b2, W3, b3, W4, b4 = (weights[f"{n}/{p}"] for n in names for p in ("kernel", "bias"))
+
+    def forward(x):  # written the obvious way a user would
+        h = np.maximum(x @ W1 + b1, 0)
+        h = np.maximum(h @ W2 + b2, 0)
+        h = np.maximum(h @ W3 + b3, 0)
+        return h @ W4 + b4
+
+    obs_rng = np.random.default_rng(64)
+    return Case(
+        name="relu-mlp (64-256-256-256-8 relu)",
+        onnx_model=pp.convert(weights, activation="relu"),
+        layers=[Layer(W1, b1, "relu"), Layer(W2, b2, "relu"), Layer(W3, b3, "relu"), Layer(W4, b4, None)],
+        forward=forward,
+        make_obs=lambda batch: obs_rng.standard_normal((batch, 64), dtype=np.float32),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Runners: a name plus a factory (case, obs) -> zero-arg callable
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunnerSpec:
+    """How to build one runner for a (model, batch).
+
+    ``setup(case)`` runs once per model (load sessions, copy weights) and returns a state object;
+    ``bind(state, obs)`` returns the zero-arg callable that is checked and timed.
+    """
+
+    name: str
+    setup: Callable[[Case], object]
+    bind: Callable[[object, np.ndarray], Callable[[], object]]
+    slow: bool = False  # fewer rounds and a per-call time limit
+
+
+def _ort_session(case: Case, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(case.onnx_model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _torch_module(case: Case):
+    acts = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+    modules = []
+    for layer in case.layers:
+        linear = torch.nn.Linear(*layer.kernel.shape)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(layer.kernel.T)))
+            linear.bias.copy_(torch.from_numpy(layer.bias))
+        modules.append(linear)
+        if layer.activation:
+            modules.append(acts[layer.activation]())
+    return torch.nn.Sequential(*modules).eval()
+
+
+def _torch_bind(net, x):
+    def call():
+        with torch.inference_mode():
+            return net(torch.from_numpy(x)).numpy()
+
+    return call
+
+
+_SESSIONS: dict[tuple[str, str], object] = {}
+
+
+def _pp_load(backend: str):
+    """Setup loading ``case`` on a policyport backend; runners of one backend share the session."""
+
+    def setup(case: Case):
+        import policyport as pp
+
+        key = (case.name, backend)
+        if key not in _SESSIONS:
+            _SESSIONS[key] = pp.load(case.onnx_model, backend=backend)
+        return _SESSIONS[key]
+
+    return setup
+
+
+def _reference_evaluator(case: Case):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(case.onnx_model)
+
+
+def runner_specs() -> tuple[list[RunnerSpec], list[str]]:
+    """Every runner, and notes about runners that cannot run here."""
+    notes = []
+    specs = [
+        RunnerSpec("policyport numpy: run", _pp_load("numpy"), lambda s, x: lambda: s.run({"obs": x})),
+        RunnerSpec("policyport numpy: record *", _pp_load("numpy"),
+                   lambda s, x: lambda: s.record({"obs": x}, tensors="*")),
+        # diagnostic: the compiled plan alone, without the Session's feed check and output dict
+        RunnerSpec("policyport numpy: plan.run only", _pp_load("numpy"), lambda s, x: lambda: s.backend.plan.run({"obs": x})),
+        RunnerSpec("hand-written numpy", lambda c: c.forward, lambda f, x: lambda: f(x)),
+        RunnerSpec("onnxruntime 1 thread", lambda c: _ort_session(c, 1), lambda s, x: lambda: s.run(None, {"obs": x})),
+        RunnerSpec("onnxruntime default threads", lambda c: _ort_session(c, 0),
+                   lambda s, x: lambda: s.run(None, {"obs": x})),
+        RunnerSpec("policyport onnxruntime: run (default threads)", _pp_load("onnxruntime"),
+                   lambda s, x: lambda: s.run({"obs": x})),
+    ]
+    if torch is not None:
+        specs.append(RunnerSpec("torch eager", _torch_module, _torch_bind))
+    else:
+        notes.append("torch is not importable: the torch eager runner is skipped (pip install torch==2.13.0)")
+    specs.append(RunnerSpec("onnx ReferenceEvaluator", _reference_evaluator,
+                            lambda r, x: lambda: r.run(None, {"obs": x}), slow=True))
+    return specs, notes
+
+
+def as_logits(result) -> np.ndarray:
+    """The ``logits`` of whatever a runner returns (dict, list of outputs in graph order, array, tuple)."""
+    if isinstance(result, dict):
+        return np.asarray(result["logits"])
+    if isinstance(result, (list, tuple)):
+        return np.asarray(result[0])  # logits is the first graph output of both models
+    return np.asarray(result)
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    window: float  # seconds per timed window
+    settle: float  # seconds slept before each window, so the previous runner's spinning threads idle out
+    rounds: int  # clean windows wanted per runner (their median is reported)
+    slow_rounds: int  # the same for slow runners
+    slow_call_limit: float  # a slow runner whose one call exceeds this is skipped at that batch
+    budget: float  # extra rounds (replacing contended windows) stop once a batch took this factor x nominal
+
+
+#: A window during which other processes kept more than this many cores busy is "contended": on a
+#: 2-core machine one busy neighbour turns a 2-thread BLAS call into a spin-wait storm (100x slower).
+CONTENDED = 0.1
+
+
+@dataclass
+class Measurement:
+    model: str
+    runner: str
+    batch: int
+    samples_us: list[float] = field(default_factory=list)  # mean µs per call of each timed window
+    loads: list[float | None] = field(default_factory=list)  # cores used by other processes per window
+    calls_per_window: int = 0
+    note: str = ""
+
+    @property
+    def clean(self) -> list[float]:
+        return [us for us, load in zip(self.samples_us, self.loads) if load is None or load <= CONTENDED]
+
+    def enough_clean(self, wanted: int) -> bool:
+        return len(self.clean) >= wanted
+
+    @property
+    def contended(self) -> bool:
+        """Fewer than 3 clean windows: the figure is the median of all windows, busy ones included."""
+        return bool(self.samples_us) and len(self.clean) < min(3, len(self.samples_us))
+
+    @property
+    def used(self) -> list[float]:
+        return self.samples_us if self.contended else self.clean
+
+    @property
+    def median_us(self) -> float | None:
+        return statistics.median(self.used) if self.samples_us else None
+
+    @property
+    def spread(self) -> float | None:
+        """(slowest - fastest window used) / median: how much the windows disagreed."""
+        used = self.used
+        return (max(used) - min(used)) / self.median_us if len(used) >= 2 else None
+
+    @property
+    def throughput(self) -> float | None:
+        return None if self.median_us is None else self.batch / (self.median_us * 1e-6)
+
+
+def _time_calls(fn: Callable[[], object], n: int) -> float:
+    """Mean ns per call over ``n`` back-to-back calls, with the garbage collector off."""
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter_ns() - start) / n
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _calls_for(fn: Callable[[], object], window: float) -> int:
+    """How many calls of ``fn`` fill about ``window`` seconds (calibrated on growing trial runs)."""
+    n = 1
+    while True:
+        per_call = _time_calls(fn, n)
+        if per_call * n >= 0.02e9 or n >= 1 << 20:
+            return max(1, int(window * 1e9 / per_call))
+        n *= 4
+
+
+class CpuMonitor:
+    """CPU time used by *other* processes over an interval, from /proc/stat minus our own CPU time.
+
+    On a shared machine a busy neighbour distorts multi-threaded runners badly (a BLAS call whose
+    worker thread is descheduled can take 100x longer), so windows timed while the machine was busy
+    are retried, and the load is reported next to the results.
+    """
+
+    def __init__(self):
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+            ticks = [int(v) for v in fields]
+            busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.perf_counter(), busy, time.process_time()
+
+    def other_cores(self) -> float | None:
+        """Average number of cores busy with other processes since construction (None if unknown).
+
+        /proc/stat counts in clock ticks (10 ms), so over an interval shorter than ~0.3 s a result
+        below ``2 ticks / interval`` is indistinguishable from 0 and is reported as 0.
+        """
+        end = self._sample()
+        if self._start is None or end is None or end[0] <= self._start[0]:
+            return None
+        wall = end[0] - self._start[0]
+        other = ((end[1] - self._start[1]) - (end[2] - self._start[2])) / wall
+        return other if other > 2 / os.sysconf("SC_CLK_TCK") / wall else 0.0
+
+
+def measure(case: Case, batch: int, runners: list[tuple[RunnerSpec, Callable]],
+            settings: Settings) -> list[Measurement]:
+    """Time ``runners`` (already checked) interleaved, round by round.
+
+    Each round times every runner that still lacks clean windows once, in a rotated order. Rounds
+    go on until every runner has its clean windows or the batch has used ``settings.budget`` times
+    its nominal time.
+    """
+    results = {spec.name: Measurement(case.name, spec.name, batch) for spec, _ in runners}
+    active = []
+    for spec, fn in runners:
+        first = _time_calls(fn, 1) * 1e-9  # warm-up call
+        if spec.slow and first > settings.slow_call_limit:
+            results[spec.name].note = f"skipped: one call takes {first:.2f} s (> {settings.slow_call_limit} s)"
+            continue
+        _time_calls(fn, 3)
+        window = settings.window * (0.5 if spec.slow else 1)
+        wanted = settings.slow_rounds if spec.slow else settings.rounds
+        active.append((spec, fn, _calls_for(fn, window), wanted, window))
+    nominal = sum(wanted * (window * 1.1 + settings.settle) for *_, wanted, window in active)
+    start = time.perf_counter()
+    for r in range(100):
+        todo = [a for a in active if not results[a[0].name].enough_clean(a[3])]
+        if not todo or (r >= settings.rounds and time.perf_counter() - start > settings.budget * nominal):
+            break
+        shift = r % len(todo)
+        for spec, fn, n, _, _ in todo[shift:] + todo[:shift]:
+            m = results[spec.name]
+            monitor = CpuMonitor()  # from before the settle: a longer interval, a finer load figure
+            time.sleep(settings.settle)  # BLAS / OpenMP / onnxruntime workers of other runners stop spinning
+            _time_calls(fn, max(1, n // 10))  # warm caches and clocks again
+            m.samples_us.append(_time_calls(fn, n) / 1e3)
+            m.loads.append(monitor.other_cores())
+            m.calls_per_window = n
+    return [results[spec.name] for spec, _ in runners]
+
+
+def check(case: Case, batch: int, spec: RunnerSpec, fn: Callable, expected: np.ndarray) -> None:
+    got = as_logits(fn())
+    if got.shape != expected.shape:
+        sys.exit(f"ABORT: {spec.name} on {case.name}, batch {batch}: "
+                 f"logits shape {got.shape}, expected {expected.shape}")
+    err = float(np.max(np.abs(got.astype(np.float64) - expected)))
+    if not err <= TOLERANCE:
+        sys.exit(f"ABORT: {spec.name} on {case.name}, batch {batch}: max abs error {err:.3g} > {TOLERANCE}")
+
+
+def bench_case(case: Case, specs: list[RunnerSpec], settings: Settings, batches, log) -> list[Measurement]:
+    states = {spec.name: spec.setup(case) for spec in specs}
+    out = []
+    for batch in batches:
+        x = case.make_obs(batch)
+        expected = case.forward(x).astype(np.float64)
+        runners = []
+        for spec in specs:
+            fn = spec.bind(states[spec.name], x)
+            check(case, batch, spec, fn, expected)
+            runners.append((spec, fn))
+        t0 = time.perf_counter()
+        timed = measure(case, batch, runners, settings)
+        out += timed
+        windows = sum(len(m.samples_us) for m in timed)
+        busy = sum(len(m.samples_us) - len(m.clean) for m in timed)
+        log(f"  {case.name}: batch {batch} timed in {time.perf_counter() - t0:.1f} s "
+            f"({windows} windows, {busy} taken while other processes were busy)")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    label: str
+    numerator: tuple[str, int]  # (runner, batch)
+    denominator: tuple[str, int]
+    kind: str  # "latency" (ratio of per-call times) or "throughput" (ratio of samples/s)
+    op: str  # "<=" or ">="
+    bound: float
+
+
+TARGETS = [
+    Target("batch-1 latency: numpy run / onnxruntime 1 thread",
+           ("policyport numpy: run", 1), ("onnxruntime 1 thread", 1), "latency", "<=", 0.8),
+    Target("batch-1 latency: numpy run / hand-written numpy",
+           ("policyport numpy: run", 1), ("hand-written numpy", 1), "latency", "<=", 1.0),
+    Target("batch-1 latency: numpy record * / numpy run",
+           ("policyport numpy: record *", 1), ("policyport numpy: run", 1), "latency", "<=", 1.25),
+    Target("batch-64 latency: numpy record * / numpy run",
+           ("policyport numpy: record *", 64), ("policyport numpy: run", 64), "latency", "<=", 1.25),
+    Target("batch-4096 throughput: numpy run / onnxruntime default threads",
+           ("policyport numpy: run", 4096), ("onnxruntime default threads", 4096), "throughput", ">=", 0.7),
+]
+
+
+def evaluate_targets(results: list[Measurement], model: str) -> list[dict]:
+    by_key = {(m.runner, m.batch): m for m in results if m.model == model}
+    rows = []
+    for t in TARGETS:
+        num, den = by_key.get(t.numerator), by_key.get(t.denominator)
+        row = {"target": t.label, "ratio": None, "best_ratio": None, "bound": f"{t.op} {t.bound}", "status": "n/a"}
+        if num and den and num.median_us is not None and den.median_us is not None:
+            # a latency ratio is num/den; a throughput ratio (same batch) is den/num in time
+            def ratio(a, b):
+                return a / b if t.kind == "latency" else b / a
+
+            row["ratio"] = ratio(num.median_us, den.median_us)
+            row["best_ratio"] = ratio(min(num.used), min(den.used))
+            ok = row["ratio"] <= t.bound if t.op == "<=" else row["ratio"] >= t.bound
+            row["status"] = "PASS" if ok else "MISS"
+        rows.append(row)
+    return rows
+
+
+NOISY = 0.2  # a cell whose windows spread by more than this fraction of the median gets a "*"
+
+
+def _fmt_us(m: Measurement) -> str:
+    if m.median_us is None:
+        return "-"
+    text = f"{m.median_us:,.1f}" if m.median_us < 1000 else f"{m.median_us:,.0f}"
+    return text + ("!" if m.contended else "") + ("*" if m.spread is not None and m.spread > NOISY else "")
+
+
+def _fmt_rate(rate: float | None) -> str:
+    if rate is None:
+        return "-"
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if rate >= scale:
+            return f"{rate / scale:.2f}{unit}"
+    return f"{rate:.0f}"
+
+
+def markdown_table(results: list[Measurement], model: str, batches) -> str:
+    rows = [m for m in results if m.model == model]
+    runners = list(dict.fromkeys(m.runner for m in rows))
+    cell = {(m.runner, m.batch): m for m in rows}
+    head = ["runner"] + [f"b={b} µs/call" for b in batches] + [f"b={b} samples/s" for b in batches]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (2 * len(batches))) + "|"]
+    for r in runners:
+        ms = [cell.get((r, b)) for b in batches]
+        lat = [_fmt_us(m) if m else "-" for m in ms]
+        thr = [_fmt_rate(m.throughput) if m else "-" for m in ms]
+        lines.append("| " + " | ".join([r] + lat + thr) + " |")
+    notes = [f"- {m.runner}, batch {m.batch}: {m.note}" for m in rows if m.note]
+    if any(m.contended for m in rows):
+        notes.append(f"- `!`: fewer than 3 of its windows ran while other processes used <= {CONTENDED} cores; "
+                     "the figure includes windows on a busy machine (multi-threaded runners suffer most)")
+    if any(m.spread is not None and m.spread > NOISY for m in rows):
+        notes.append(f"- `*`: the windows used spread by more than {NOISY:.0%} of their median (noisy)")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _openblas_runtime() -> str:
+    """Kernel and thread count of the OpenBLAS that numpy loaded, asked through its own C API."""
+    import ctypes
+
+    try:
+        paths = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                 if "openblas" in line.lower() and line.split()[-1].startswith("/")}
+    except OSError:
+        return ""
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas_", "64_"), ("openblas_", "64_"), ("openblas_", "")):
+            core = getattr(lib, f"{prefix}get_corename{suffix}", None)
+            threads = getattr(lib, f"{prefix}get_num_threads{suffix}", None)
+            if core is not None and threads is not None:
+                core.restype = ctypes.c_char_p
+                return f"kernel {core().decode()}, {threads()} threads"
+    return ""
+
+
+def _blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        pools = [f"{p.get('internal_api')} {p.get('version')} ({p.get('threading_layer')}, "
+                 f"{p.get('num_threads')} threads, {p.get('architecture')})" for p in threadpool_info()]
+        if pools:
+            return "; ".join(pools) + " [threadpoolctl]"
+    except ImportError:
+        pass
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info = f"{blas.get('name')} {blas.get('version')} [numpy.show_config]"
+    except Exception as e:  # the config layout is not a stable API
+        info = f"unknown ({e.__class__.__name__})"
+    runtime = _openblas_runtime()
+    return f"{info}; {runtime}" if runtime else info
+
+
+def _source_state() -> str:
+    """The checkout's commit and whether policyport/ has uncommitted changes (read-only git calls)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), *args], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "policyport").splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return commit + (f" + {len(changed)} uncommitted file(s) in policyport/" if changed else "")
+
+
+def environment() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        info = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+        simd = [f for f in ("avx2", "avx512f", "amx_tile") if f in info.get("flags", "").split()]
+        cpu = (f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; "
+               f"{' '.join(simd) or 'no avx2'})")
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("policyport", "onnx", "onnxruntime"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            versions[mod] = "not installed"
+    versions["torch"] = torch.__version__ if torch is not None else "not installed"
+    env = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
+        "blas": _blas_info(),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "source": _source_state(),
+    }
+    env["threads_env"] = {k: v for k, v in sorted(os.environ.items())
+                          if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO", "KMP_")) and v}
+    return env
+
+
+def format_environment(env: dict) -> str:
+    v = env["versions"]
+    lines = [
+        f"- CPU: {env['cpu']}, {env['cores']} cores ({env['usable_cores']} usable)",
+        f"- {env['platform']}, Python {v['python']}",
+        f"- numpy {v['numpy']}, onnx {v['onnx']}, onnxruntime {v['onnxruntime']}, torch {v['torch']}"
+        + (f" ({env['torch_threads']} threads)" if env["torch_threads"] else "")
+        + f", policyport {v['policyport']} ({env['source']})",
+        f"- BLAS: {env['blas']}",
+    ]
+    lines += [f"- {k}={v}" for k, v in env["threads_env"].items()]
+    return "\n".join(lines)
+
+
+def format_targets(rows: list[dict]) -> str:
+    lines = ["| target | medians | fastest windows | bound | |", "|---|---:|---:|---:|---|"]
+    for r in rows:
+        ratio, best = ("-" if v is None else f"{v:.2f}" for v in (r["ratio"], r["best_ratio"]))
+        lines.append(f"| {r['target']} | {ratio} | {best} | {r['bound']} | {r['status']} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short timing windows, for a smoke run")
+    ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH as JSON")
+    ap.add_argument("--window", type=float, help="seconds per timed window (default 0.3, --quick 0.05)")
+    ap.add_argument("--rounds", type=int, help="timed windows per runner (default 5, --quick 3)")
+    args = ap.parse_args(argv)
+
+    settings = Settings(
+        window=args.window or (0.05 if args.quick else 0.3),
+        settle=0.02 if args.quick else 0.1,
+        rounds=args.rounds or (3 if args.quick else 5),
+        slow_rounds=min(3, args.rounds or (3 if args.quick else 5)),
+        slow_call_limit=0.25 if args.quick else 1.0,
+        budget=1.6,
+    )
+    import policyport as pp
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    specs, notes = runner_specs()
+    env = environment()
+    t_start, monitor = time.perf_counter(), CpuMonitor()
+    cases = [metadrive_case(pp), relu_case(pp)]
+    results: list[Measurement] = []
+    for case in cases:
+        results += bench_case(case, specs, settings, BATCHES, log)
+    elapsed = time.perf_counter() - t_start
+    env["other_processes_cores"] = monitor.other_cores()
+
+    out = [f"# policyport runtime benchmark{' (--quick)' if args.quick else ''}", "", "## Environment", "",
+           format_environment(env), ""]
+    if env["other_processes_cores"] is not None:
+        load = env["other_processes_cores"]
+        out += [f"Other processes kept {load:.2f} of {env['usable_cores']} cores busy during the run"
+                + (" — a shared, busy machine: windows timed while it was busy were retried, "
+                   "cells marked `!` still include some." if load > CONTENDED else "."),
+                ""]
+    out += [f"Median of {settings.rounds} interleaved windows of ~{settings.window} s per runner "
+            f"({settings.slow_rounds} for onnx ReferenceEvaluator), a window retried while other processes "
+            f"used > {CONTENDED} cores; every runner's logits checked against the hand-written forward "
+            f"(max abs error <= {TOLERANCE}). µs/call is the wall time of one call; samples/s = batch / that "
+            "time. `plan.run only` is a diagnostic: the compiled plan without the Session's feed check and "
+            "output dict.", ""]
+    out += [f"- note: {n}" for n in notes] + ([""] if notes else [])
+    for case in cases:
+        out += [f"## {case.name}", "", markdown_table(results, case.name, BATCHES), ""]
+    target_rows = {case.name: evaluate_targets(results, case.name) for case in cases}
+    out += [f"## Targets (on {cases[0].name})", "",
+            "PASS/MISS judges the ratio of medians; the ratio of the fastest windows is shown beside it "
+            "as a noise check.", "", format_targets(target_rows[cases[0].name]), "",
+            f"Same ratios on {cases[1].name} (for information, not targets):", "",
+            format_targets(target_rows[cases[1].name]), "", f"Total time: {elapsed:.0f} s"]
+    print("\n".join(out))
+
+    if args.json:
+        payload = {
+            "environment": env,
+            "settings": asdict(settings),
+            "notes": notes,
+            "results": [{**asdict(m), "median_us": m.median_us, "throughput": m.throughput, "spread": m.spread,
+                         "contended": m.contended} for m in results],
+            "targets": target_rows,
+            "elapsed_s": elapsed,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
