@@ -73,6 +73,7 @@ WEIGHTS_FILE = "weights.npz"
 CONSTANTS_FILE = "constants.npz"
 GOLDEN_FILE = "golden.npz"
 POLICY_FILE = "policy.json"
+BUNDLE_FILES = frozenset({MODEL_FILE, GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE, GOLDEN_FILE, POLICY_FILE})
 
 #: The files :func:`load_graph` needs; ``policy.json`` must list each with its sha256.
 GRAPH_FILES = (GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE)
@@ -281,10 +282,17 @@ def _check_out_dir(out_dir: Path, force: bool) -> None:
             f"{out_dir} exists and is not a plain folder (a file or a symlink); force replaces only a "
             "bundle folder or an empty one — remove it yourself or choose another name"
         )
-    if any(out_dir.iterdir()) and not (out_dir / POLICY_FILE).is_file():
+    present = {p.name for p in out_dir.iterdir()}
+    if present and POLICY_FILE not in present:
         raise OutputExistsError(
             f"{out_dir} is a non-empty folder without {POLICY_FILE}, so not a policyport bundle; "
             "force replaces only bundles and empty folders — remove it yourself or choose another name"
+        )
+    foreign = sorted(present - BUNDLE_FILES)
+    if foreign:
+        raise OutputExistsError(
+            f"{out_dir} holds files a bundle does not write ({', '.join(foreign)}); force would delete them "
+            "— move them out first or choose another name"
         )
 
 

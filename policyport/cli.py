@@ -87,8 +87,9 @@ def _verification_table(report) -> Table:
         cells = []
         for pair in pairs:
             c = row.get(pair)
-            cells.append("" if c is None else f"{c.max_abs:.2g}" if c.passed else f"[bold red]{c.max_abs:.2g} ✗[/]")
-        table.add_row(tensor, "(" + ", ".join(map(str, row["shape"])) + ")", *cells)
+            text = "" if c is None else c.detail or f"{c.max_abs:.2g}"
+            cells.append(text if c is None or c.passed else f"[bold red]{text} ✗[/]")
+        table.add_row(tensor, str(tuple(row["shape"])), *cells)
     return table
 
 
@@ -100,7 +101,8 @@ def _verdict(report) -> str:
     f = report.first_divergence
     bad = sum(not c.passed for c in report.comparisons)
     return (f"FAIL: {bad} of {len(report.comparisons)} comparisons exceed atol {report.atol:g} + rtol {report.rtol:g}; "
-            f"first diverging tensor {f.tensor!r} ({f.candidate} vs {f.reference}): max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}")
+            f"first diverging tensor {f.tensor!r} ({f.candidate} vs {f.reference}): "
+            + (f.detail or f"max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}"))
 
 
 def _print_report(report, as_json: bool) -> int:
@@ -114,12 +116,34 @@ def _print_report(report, as_json: bool) -> int:
 
 AtolOpt = Annotated[float, typer.Option("--atol", min=0.0, help="Absolute tolerance.")]
 RtolOpt = Annotated[float, typer.Option("--rtol", min=0.0, help="Relative tolerance.")]
-SamplesOpt = Annotated[int, typer.Option("--samples", min=1, help="Observations to draw when no -i is given.")]
+SamplesOpt = Annotated[int, typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high).")]
 LowOpt = Annotated[float, typer.Option("--low", help="Lower end of the range observations are drawn from.")]
 HighOpt = Annotated[float, typer.Option("--high", help="Upper end of the range observations are drawn from.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the drawn observations.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
+
+
+def _check_convert_options(kind, activation, head, opset, low, high) -> str | None:
+    """Option values the library would refuse, refused here as usage errors (exit 2)."""
+    from .converter import HEADS, KINDS, MIN_OPSET
+    from .converter.activations import parse_activation
+    from .errors import BadModelError, require
+
+    if kind is not None and kind not in KINDS:
+        raise typer.BadParameter(f"{kind!r}; choose one of {', '.join(KINDS)}", param_hint="--from")
+    try:
+        parse_activation(activation)
+    except BadModelError as e:
+        raise typer.BadParameter(str(e), param_hint="--activation") from None
+    if head is not None and head not in (*HEADS, "none"):
+        raise typer.BadParameter(f"{head!r}; choose one of none, {', '.join(HEADS)}", param_hint="--head")
+    newest = require("onnx", "onnx", "converting a policy").defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise typer.BadParameter(f"{opset}; policyport builds opset {MIN_OPSET} to {newest}", param_hint="--opset")
+    if not low < high:
+        raise typer.BadParameter(f"--low {low} must be below --high {high}", param_hint="--low/--high")
+    return None if head in (None, "none") else head
 
 
 @app.command()
@@ -128,7 +152,7 @@ def convert(
     output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", help="Source kind (npz); detected from SRC when omitted.")] = None,
     activation: Annotated[str, typer.Option(help="Hidden activation: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, linear.")] = "tanh",
-    head: Annotated[Optional[str], typer.Option(help="Action head: diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax).")] = None,
+    head: Annotated[Optional[str], typer.Option(help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax).")] = None,
     opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
     keep_value: Annotated[bool, typer.Option("--keep-value", help="Also export the value branch as output 'value'.")] = False,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
@@ -144,14 +168,15 @@ def convert(
     """Convert a trained policy to ONNX, verify it against the source, then write it."""
 
     def body():
-        from .converter import HEADS, convert_source
-        from .files import check_writable, save_onnx
+        from .converter import convert_source
+        from .files import check_distinct, check_writable, save_onnx
         from .verification import verify as run_verify
 
-        if head is not None and head not in HEADS:
-            raise typer.BadParameter(f"{head!r}; choose one of {', '.join(HEADS)}", param_hint="--head")
+        chosen_head = _check_convert_options(kind, activation, head, opset, low, high)
         check_writable(output, force)
-        converted = convert_source(src, kind=kind, activation=activation, head=head, opset=opset, keep_value=keep_value)
+        check_distinct(output, src)
+        converted = convert_source(src, kind=kind, activation=activation, head=chosen_head, opset=opset,
+                                   keep_value=keep_value)
         report = None
         if verify:
             report = run_verify(converted.model, reference=converted.reference, samples=samples, low=low,
@@ -182,10 +207,11 @@ def extract(
     """Write the model's parameters to .npz under the source's names, in the source's layout."""
 
     def body():
-        from .files import check_writable, save_npz
+        from .files import check_distinct, check_writable, save_npz
         from .passes import extract_weights
 
         check_writable(output, force)
+        check_distinct(output, model)
         weights = extract_weights(model)
         save_npz(output, weights, force)
         table = Table(title=f"{len(weights)} parameters written to {output}")
@@ -208,10 +234,11 @@ def expose(
     """Write a copy of the model whose intermediate tensors are graph outputs too."""
 
     def body():
-        from .files import check_writable, load_onnx, save_onnx
+        from .files import check_distinct, check_writable, load_onnx, save_onnx
         from .passes import expose as expose_pass
 
         check_writable(output, force)
+        check_distinct(output, model)
         exposed = expose_pass(load_onnx(model), tensors)
         save_onnx(output, exposed, force)
         out.print(f"wrote {output} with {len(exposed.graph.output)} graph outputs: "
@@ -227,24 +254,28 @@ def run(
     output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of graph outputs to write.")],
     backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
     record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to record.")] = "*",
+    tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names (default: all).")] = None,
     force: ForceOpt = False,
 ) -> None:
     """Run a model on observations; optionally record activations."""
 
     def body():
-        from .files import check_writable, save_npz
+        from .files import check_distinct, check_writable, save_npz
         from .runtime import load
 
+        if tensors is not None and record is None:
+            raise typer.BadParameter("--tensors selects what --record writes; give --record too", param_hint="--tensors")
         check_writable(output, force)
+        check_distinct(output, model, inputs)
         if record is not None:
             if record.resolve() == output.resolve():
                 raise InputMismatchError("--record and -o name the same file")
             check_writable(record, force)
+            check_distinct(record, model, inputs)
         session = load(str(model), backend=backend.value)
         feeds = _load_feeds(inputs, session)
         if record is not None:
-            values = session.record(feeds, tensors)
+            values = session.record(feeds, tensors or "*")
             outputs = {v.name: values[v.name] for v in session.outputs}
         else:
             outputs = session.run(feeds)
@@ -266,13 +297,13 @@ def run(
 def verify_cmd(
     model: Annotated[Path, typer.Argument(help="An .onnx model or a folder written by 'policyport pack'.")],
     inputs: Annotated[Optional[Path], typer.Option("-i", "--input", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
-    samples: SamplesOpt = 1000,
-    low: LowOpt = 0.0,
-    high: HighOpt = 1.0,
-    seed: SeedOpt = 0,
-    backends: Annotated[str, typer.Option(help="Comma-separated backends; the first is the baseline.")] = "numpy,onnxruntime",
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high)  [default: 1000]")] = None,
+    low: Annotated[Optional[float], typer.Option("--low", help="Lower end of the range observations are drawn from  [default: 0.0]")] = None,
+    high: Annotated[Optional[float], typer.Option("--high", help="Upper end of the range observations are drawn from  [default: 1.0]")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the drawn observations  [default: 0]")] = None,
+    backends: Annotated[Optional[str], typer.Option(help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare.")] = "*",
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare (graph outputs always are).")] = "*",
     atol: AtolOpt = 1e-5,
     rtol: RtolOpt = 1e-5,
     as_json: JsonOpt = False,
@@ -286,16 +317,30 @@ def verify_cmd(
         if model.is_dir() and inputs is None and source is None:  # a packed folder: its golden data
             from .bundle import verify_bundle
 
+            given = [f"--{n}" for n, v in (("samples", samples), ("low", low), ("high", high), ("seed", seed),
+                                            ("backends", backends)) if v is not None]
+            if given or tensors != "*":
+                raise typer.BadParameter(
+                    f"a packed folder is checked on the numpy backend against its own golden data, so "
+                    f"{', '.join(given + (['--tensors'] if tensors != '*' else []))} do not apply; "
+                    "give -i or --source to compare backends on other observations", param_hint="MODEL")
             return _print_report(verify_bundle(model, atol=atol, rtol=rtol), as_json)
-        names = [b.strip() for b in backends.split(",") if b.strip()]
+        backend_list = backends if backends is not None else "numpy,onnxruntime"
+        names = [b.strip() for b in backend_list.split(",") if b.strip()]
         unknown = [b for b in names if b not in BACKENDS]
         if unknown or not names:
-            raise typer.BadParameter(f"{unknown or backends!r}; choose from {', '.join(BACKENDS)}", param_hint="--backends")
+            raise typer.BadParameter(f"{unknown or backend_list!r}; choose from {', '.join(BACKENDS)}", param_hint="--backends")
+        if len(set(names)) < 2 and source is None:
+            raise typer.BadParameter("name two backends, or give --source, to have something to compare", param_hint="--backends")
+        lo, hi = (0.0 if low is None else low), (1.0 if high is None else high)
+        if not lo < hi:
+            raise typer.BadParameter(f"--low {lo} must be below --high {hi}", param_hint="--low/--high")
         feeds = None
         if inputs is not None:
             feeds = _load_feeds(inputs, load(str(model), backend=names[0]))
-        report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=low,
-                            high=high, seed=seed, atol=atol, rtol=rtol, tensors=tensors)
+        report = run_verify(str(model), feeds, backends=names, source=source,
+                            samples=1000 if samples is None else samples, low=lo, high=hi,
+                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
         return _print_report(report, as_json)
 
     _guard(as_json, body)
@@ -303,7 +348,7 @@ def verify_cmd(
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(help="An .onnx model, or a source (converted in memory with defaults).")],
+    model: Annotated[Path, typer.Argument(help="An .onnx model, a packed folder, or a source (converted in memory with defaults).")],
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
@@ -312,7 +357,9 @@ def inspect(
         from .files import load_onnx
         from .summary import format_shape, summarize
 
-        if model.suffix == ".onnx" or not model.exists():
+        if model.is_dir():  # a packed folder
+            proto = load_onnx(model / "model.onnx")
+        elif model.suffix == ".onnx" or not model.exists():
             proto = load_onnx(model)
         else:
             from .converter import convert
@@ -386,6 +433,8 @@ def ops(
     """The ONNX ops the numpy backend implements, with the opset versions each implementation starts at."""
     from .runtime.numpy.registry import op_table_markdown, supported_ops
 
+    if as_json and markdown:
+        raise typer.BadParameter("choose one of --json and --markdown", param_hint="--json/--markdown")
     table = supported_ops()
     if as_json:
         _emit_json(table)

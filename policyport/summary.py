@@ -76,4 +76,7 @@ def summarize(model) -> dict:
 
 def format_shape(shape) -> str:
     """``(batch, 275)`` for a shape list with symbolic names; ``?`` for unknown."""
-    return "?" if shape is None else "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+    if shape is None:
+        return "?"
+    dims = ["?" if d is None else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"

@@ -30,7 +30,7 @@ class Comparison:
 
     ``max_abs`` is the largest absolute difference; ``max_rel`` the largest ``|diff| / |reference|``
     over elements whose reference is non-zero (0 when there are none); both ``inf`` on a shape or
-    NaN-pattern mismatch.
+    NaN-pattern mismatch, which ``detail`` then describes.
     """
 
     tensor: str
@@ -41,6 +41,7 @@ class Comparison:
     max_abs: float
     max_rel: float
     passed: bool
+    detail: str = ""
 
 
 @dataclass
@@ -96,13 +97,16 @@ def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.nd
     """Compare array ``a`` (from ``candidate``) with ``b`` (from ``reference``); see the module rule."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
-        return Comparison(tensor, candidate, reference, tuple(a.shape), a.dtype.name, float("inf"), float("inf"), False)
+        return Comparison(tensor, candidate, reference, tuple(a.shape), a.dtype.name, float("inf"), float("inf"),
+                          False, f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
     if a.size == 0:
         return Comparison(tensor, candidate, reference, a.shape, a.dtype.name, 0.0, 0.0, True)
     af, bf = a.astype(np.float64), b.astype(np.float64)
     nan_a, nan_b = np.isnan(af), np.isnan(bf)
     if (nan_a != nan_b).any():
-        return Comparison(tensor, candidate, reference, a.shape, a.dtype.name, float("inf"), float("inf"), False)
+        return Comparison(tensor, candidate, reference, a.shape, a.dtype.name, float("inf"), float("inf"), False,
+                          f"NaN in {int((nan_a & ~nan_b).sum())} places of {candidate} only, "
+                          f"{int((nan_b & ~nan_a).sum())} of {reference} only")
     ok = ~nan_a
     same_inf = np.isinf(af) & (af == bf)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is masked out just below
@@ -186,15 +190,27 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         feeds = {first.inputs[0].name: inputs}
     if source is not None and reference is None:
         reference = _source_reference(model, source)
+    if len(backends) < 2 and reference is None:
+        raise InputMismatchError(
+            f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
+        )
+    n = next(iter(feeds.values())).shape[0] if feeds and np.ndim(next(iter(feeds.values()))) else 0
+    if n == 0:
+        raise InputMismatchError("no observations to verify on: the inputs hold 0 rows")
     recorded = {b: s.record(feeds, tensors) for b, s in sessions.items()}
     order = list(recorded[backends[0]])
-    n = next(iter(feeds.values())).shape[0] if feeds else 0
     report = Report(backends, None, int(n), atol, rtol)
     ref_values: Mapping[str, np.ndarray] = {}
     if reference is not None:
         if len(feeds) != 1:
             raise InputMismatchError("a source reference takes one observation input")
-        ref_values = reference(next(iter(feeds.values())))
+        try:
+            ref_values = reference(next(iter(feeds.values())))
+        except ValueError as e:  # the source's arrays do not fit these observations
+            raise BadModelError(
+                f"the source does not fit the model: its forward pass fails on the model's inputs "
+                f"{tuple(next(iter(feeds.values())).shape)} ({e})"
+            ) from e
         report.reference = "source"
     for name in order:
         base = recorded[backends[0]][name]

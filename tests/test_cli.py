@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -214,3 +216,98 @@ def test_ops_lists_the_registry(tmp_path):
 
     doc = json.loads(invoke("ops", "--json").stdout)
     assert doc == {k: v for k, v in supported_ops().items()} and doc["Gemm"][0] <= 7
+
+
+def test_force_never_replaces_a_fifo_or_a_folder(tmp_path, converted):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = invoke("extract", converted, "-o", fifo, "--force")
+    assert result.exit_code == 3 and "not a regular file" in result.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    result = invoke("extract", converted, "-o", folder, "--force")
+    assert result.exit_code == 3 and "is a folder" in result.stderr and folder.is_dir()
+
+
+def test_an_output_may_not_be_an_input(tmp_path, converted, obs_file):
+    before = obs_file.read_bytes()
+    result = invoke("run", converted, "-i", obs_file, "-o", obs_file, "--force")
+    assert result.exit_code == 3 and "also an input" in result.stderr and obs_file.read_bytes() == before
+    model_bytes = converted.read_bytes()
+    assert invoke("expose", converted, "-o", converted, "--force").exit_code == 3
+    assert invoke("extract", converted, "-o", converted, "--force").exit_code == 3
+    assert converted.read_bytes() == model_bytes
+
+
+def test_outputs_get_the_umask_mode(tmp_path, converted):
+    old = os.umask(0o022)
+    try:
+        assert invoke("extract", converted, "-o", tmp_path / "w.npz").exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.npz").stat().st_mode) == 0o644
+
+
+def test_an_empty_onnx_file_is_not_a_model(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    for args in (["inspect", empty], ["extract", empty, "-o", tmp_path / "w.npz"]):
+        result = invoke(*args)
+        assert result.exit_code == 3 and "holds no graph" in result.stderr
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_verify_refuses_to_compare_nothing(converted, tmp_path):
+    assert invoke("verify", converted, "--backends", "numpy").exit_code == 2
+    assert invoke("verify", converted, "--backends", "numpy,numpy").exit_code == 2
+    empty = tmp_path / "none.npy"
+    np.save(empty, np.zeros((0, 275), np.float32))
+    result = invoke("verify", converted, "-i", empty)
+    assert result.exit_code == 3 and "0 rows" in result.stderr
+
+
+def test_verify_with_a_source_that_does_not_fit_exits_3(converted, tmp_path):
+    small = tmp_path / "small.npz"
+    rng = np.random.default_rng(0)
+    np.savez(small, **{"fc_1/kernel": rng.random((10, 8), np.float32), "fc_1/bias": np.zeros(8, np.float32),
+                       "fc_out/kernel": rng.random((8, 4), np.float32), "fc_out/bias": np.zeros(4, np.float32)})
+    result = invoke("verify", converted, "--samples", "5", "--source", small)
+    assert result.exit_code == 3 and "the source does not fit the model" in result.stderr
+
+
+def test_verify_of_a_folder_rejects_options_that_do_not_apply(converted, tmp_path):
+    folder = tmp_path / "bundle"
+    assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
+    result = invoke("verify", folder, "--samples", "5", "--backends", "onnxruntime")
+    assert result.exit_code == 2 and "--samples, --backends" in result.output
+
+
+def test_pack_force_keeps_foreign_files(converted, tmp_path):
+    folder = tmp_path / "bundle"
+    assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
+    (folder / "notes.txt").write_text("precious")
+    result = invoke("pack", converted, "-o", folder, "--force")
+    assert result.exit_code == 3 and "notes.txt" in result.stderr
+    assert (folder / "notes.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("args", [
+    ["--activation", "bogus"], ["--activation", "leaky_relu:nan"], ["--opset", "99"], ["--opset", "10"],
+    ["--from", "torch"], ["--low", "1", "--high", "0"], ["--head", "beta"],
+])
+def test_bad_convert_option_values_are_usage_errors(args, tmp_path, metadrive_path):
+    result = invoke("convert", metadrive_path, "-o", tmp_path / "m.onnx", *args)
+    assert result.exit_code == 2 and not (tmp_path / "m.onnx").exists()
+
+
+def test_head_none_is_accepted(tmp_path, metadrive_path):
+    result = invoke("convert", metadrive_path, "-o", tmp_path / "m.onnx", "--head", "none", "--samples", "4", "--json")
+    assert result.exit_code == 0
+    import onnx
+
+    assert [o.name for o in onnx.load(tmp_path / "m.onnx").graph.output] == ["logits"]
+
+
+def test_tensors_without_record_is_a_usage_error(converted, obs_file, tmp_path):
+    assert invoke("run", converted, "-i", obs_file, "-o", tmp_path / "o.npz", "--tensors", "fc_1/*").exit_code == 2

@@ -76,3 +76,15 @@ def test_compare_rule(a, b, atol, rtol, passed, max_abs):
 
 def test_compare_shape_mismatch_fails():
     assert not compare("t", "x", np.zeros((2, 3)), "y", np.zeros((3, 2)), 1, 1).passed
+
+
+def test_verify_needs_something_to_compare(metadrive_model, metadrive_obs):
+    with pytest.raises(pp.InputMismatchError, match="nothing to compare"):
+        pp.verify(metadrive_model, metadrive_obs[:4], backends=("numpy",))
+    with pytest.raises(pp.InputMismatchError, match="0 rows"):
+        pp.verify(metadrive_model, metadrive_obs[:0])
+
+
+def test_a_shape_mismatch_is_described():
+    c = compare("t", "x", np.zeros((2, 3)), "y", np.zeros((2, 4)), 1, 1)
+    assert not c.passed and c.detail == "shape (2, 3) vs (2, 4)"

@@ -50,6 +50,8 @@ def detect_kind(source) -> str:
         path = Path(source)
         if not path.exists():
             raise UnreadableFileError(f"{path}: no such file")
+        if path.is_dir():
+            raise UnreadableFileError(f"{path} is a folder; expected a policy file ({', '.join(KINDS)})")
         if path.suffix == ".npz":
             return "npz"
         raise BadModelError(

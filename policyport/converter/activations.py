@@ -54,9 +54,12 @@ def parse_activation(spec: str) -> Activation:
         raise BadModelError(f"activation {name!r} takes no parameter (got {spec!r})")
     if name == "leaky_relu":
         try:
-            return Activation(name, float(arg) if arg else 0.01)
+            slope = float(arg) if arg else 0.01
         except ValueError:
             raise BadModelError(f"leaky_relu slope must be a number, got {arg!r}") from None
+        if not math.isfinite(slope):
+            raise BadModelError(f"leaky_relu slope must be finite, got {arg!r}")
+        return Activation(name, slope)
     return Activation(name)
 
 

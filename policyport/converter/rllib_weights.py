@@ -85,6 +85,10 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
     if len(dtypes) != 1 or not np.issubdtype(next(iter(dtypes)), np.floating):
         raise BadModelError(f"the weights must share one float dtype; found {sorted(d.name for d in dtypes)}")
 
+    bad = sorted(name for name, a in placed.values() if not np.isfinite(a).all())
+    if bad:
+        raise BadModelError(f"non-finite values (NaN or inf) in {', '.join(bad)}; a trained policy's weights are finite")
+
     def layer(name: str, act: Activation | None) -> Dense:
         if (name, "kernel") not in placed:
             raise BadModelError(f"layer {name!r} has a bias but no kernel")
@@ -101,11 +105,20 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
             raise BadModelError(f"layers {stem}<i> must be numbered 1..N without gaps; found {[f'{stem}{n}' for n in nums]}")
         return [f"{stem}{n}" for n in nums]
 
-    hidden = [layer(n, activation) for n in numbered("fc_")]
-    value_hidden = [layer(n, activation) for n in numbered("fc_value_")]
+    hidden_names, value_names = numbered("fc_"), numbered("fc_value_")
+    layers = [k[0] for k in placed if k[1] == "kernel"]
+    with_bias = [n for n in layers if (n, "bias") in placed]
+    if with_bias and len(with_bias) != len(layers):
+        missing = sorted(set(layers) - set(with_bias))
+        raise BadModelError(
+            f"layer(s) {', '.join(missing)} have no bias while {', '.join(sorted(with_bias))} do; "
+            "RLlib's layers all carry one — is the file truncated?"
+        )
+    hidden = [layer(n, activation) for n in hidden_names]
+    value_hidden = [layer(n, activation) for n in value_names]
     has_value = ("value_out", "kernel") in placed or ("value_out", "bias") in placed
     if keep_value and not has_value:
-        raise BadModelError("keep_value was asked for, but the weights hold no value_out layer")
+        raise BadModelError("a value branch was asked for (--keep-value), but the weights hold no value_out layer")
     log_std_name, log_std = placed.get(("log_std", ""), (None, None))
     if log_std is not None and log_std.ndim != 1:
         raise BadModelError(f"{log_std_name} must be a vector, got shape {tuple(log_std.shape)}")

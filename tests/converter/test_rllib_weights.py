@@ -210,3 +210,26 @@ def test_bad_options_raise(kwargs, message):
         message = "there are 3 logits"
     with pytest.raises(pp.BadModelError, match=message):
         pp.convert(w, **kwargs)
+
+
+def test_non_finite_weights_are_refused():
+    w = fcnet()
+    w["default_policy/fc_2/kernel"][3, 4] = np.nan
+    with pytest.raises(pp.BadModelError, match=r"non-finite values .* default_policy/fc_2/kernel"):
+        pp.convert(w)
+
+
+def test_one_missing_bias_looks_truncated():
+    w = fcnet()
+    del w["default_policy/fc_2/bias"]
+    with pytest.raises(pp.BadModelError, match=r"fc_2 have no bias while fc_1, fc_out do"):
+        pp.convert(w)
+
+
+def test_layers_without_any_bias_are_fine():
+    w = {k: v for k, v in fcnet().items() if not k.endswith("bias")}
+    model = pp.convert(w)
+    obs = obs_for(w)
+    p = "default_policy/"
+    expected = np.tanh(np.tanh(obs @ w[p + "fc_1/kernel"]) @ w[p + "fc_2/kernel"]) @ w[p + "fc_out/kernel"]
+    assert np.abs(pp.load(model).run(obs)["logits"] - expected).max() <= 1e-5

@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
@@ -172,10 +172,22 @@ def build(recipe):
     return model, obs
 
 
+#: onnxruntime defects that make it refuse a valid model; such a recipe has no oracle and is dropped.
+ORT_DEFECTS = (
+    "relu_clip_fusion",  # 1.32: its Relu+Clip fusion rejects a float64 Clip-11 'min' input
+)
+
+
 def assert_backends_agree(recipe):
     model, obs = build(recipe)
     numpy_out = pp.load(model, backend="numpy").record({"obs": obs})
-    ort_out = pp.load(model, backend="onnxruntime", threads=1).record({"obs": obs})
+    try:
+        ort_session = pp.load(model, backend="onnxruntime", threads=1)
+    except pp.BadModelError as e:
+        if any(defect in str(e) for defect in ORT_DEFECTS):
+            reject()
+        raise
+    ort_out = ort_session.record({"obs": obs})
     assert list(numpy_out) == list(ort_out)
     for name, want in ort_out.items():
         got = numpy_out[name]
