@@ -35,3 +35,7 @@ done
 
 echo "== verify: numpy vs onnxruntime vs the source's own forward pass, tensor by tensor"
 policyport verify out/metadrive.onnx -i out/obs.npy --source "$SRC"
+
+echo "== pack: a folder that runs with numpy alone, then re-check it against its golden data"
+policyport pack out/metadrive.onnx -o out/metadrive_bundle --source "$SRC" --force
+policyport verify out/metadrive_bundle

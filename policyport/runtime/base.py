@@ -111,9 +111,8 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[st
     missing = [n for n in names if n not in feeds]
     extra = [n for n in feeds if n not in names]
     if missing or extra:
-        raise InputMismatchError(
-            f"the model's inputs are {names}; feeds are missing {missing} and have unexpected {extra}"
-        )
+        problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+        raise InputMismatchError(f"the model's inputs are {names}; the feeds have {' and '.join(problems)}")
     out: dict[str, np.ndarray] = {}
     symbols: dict[str, tuple[int, str]] = {}
     for v in inputs:

@@ -19,7 +19,7 @@ def session(request, metadrive_model):
     ({"obs": np.zeros((4, 274), np.float32)}, r"expects shape \(batch, 275\), got \(4, 274\) \(axis 1 is 274, the model needs 275\)"),
     ({"obs": np.zeros((4, 275), np.float64)}, r"expects dtype float32, got float64"),
     ({"obs": np.zeros(275, np.float32)}, r"expects rank 2 .* got rank 1 .*add a batch axis"),
-    ({"observation": np.zeros((1, 275), np.float32)}, r"missing \['obs'\] and have unexpected \['observation'\]"),
+    ({"observation": np.zeros((1, 275), np.float32)}, r"the feeds have missing \['obs'\] and unexpected \['observation'\]"),
     ({"obs": np.zeros((1, 275), np.float32), "state": np.zeros(1)}, r"unexpected \['state'\]"),
     ({"obs": np.zeros((2, 275), np.int64)}, r"expects dtype float32, got int64"),
 ])
