@@ -41,7 +41,7 @@ class OrtBackend(Backend):
         opts = self._ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # failures are raised as BadModelError, not logged
         try:
             return self._ort.InferenceSession(
                 model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
@@ -50,7 +50,14 @@ class OrtBackend(Backend):
             raise BadModelError(f"onnxruntime cannot load the model: {e}") from e
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self._out_names, self._session.run(self._out_names, dict(feeds))))
+        return dict(zip(self._out_names, self._call(self._session, self._out_names, feeds)))
+
+    @staticmethod
+    def _call(session, names: list[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            return session.run(names, dict(feeds))
+        except Exception as e:  # onnxruntime's Fail, InvalidArgument, RuntimeException ...
+            raise BadModelError(f"onnxruntime failed to run the model: {e}") from e
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         from ..passes import expose
@@ -62,4 +69,4 @@ class OrtBackend(Backend):
             self._recording[key] = self._make_session(expose(self.model, tensors=list(names)))
         sess = self._recording[key]
         wanted = list(dict.fromkeys([*names, *self._out_names]))
-        return dict(zip(wanted, sess.run(wanted, dict(feeds))))
+        return dict(zip(wanted, self._call(sess, wanted, feeds)))

@@ -72,3 +72,24 @@ def test_numpy_backend_reports_unsupported_ops_by_node(metadrive_model):
     model.graph.node[1].op_type = "NotAnOnnxOp"
     with pytest.raises(pp.UnsupportedOpError, match=r'NotAnOnnxOp node "fc_1/tanh" \(opset 17\)'):
         pp.load(model, backend="numpy")
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("numpy", r'Gemm node "fc" on the numpy backend failed: ValueError'),
+    ("onnxruntime", r"onnxruntime failed to run the model"),
+])
+def test_a_node_failing_at_run_time_is_a_bad_model_error_naming_it(backend, message):
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="fc"), helper.make_node("Tanh", ["y"], ["z"], name="act")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.ones((3, 4), np.float32), "W"), numpy_helper.from_array(np.ones((3, 4), np.float32), "C")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = pp.load(model, backend=backend)
+    np.testing.assert_allclose(session.run(np.ones((3, 3), np.float32))["z"], np.tanh(np.full((3, 4), 4, np.float32)), rtol=1e-6)
+    with pytest.raises(pp.BadModelError, match=message):
+        session.run(np.ones((2, 3), np.float32))  # C is (3, 4): it does not broadcast to a batch of 2
+    with pytest.raises(pp.BadModelError, match=message):
+        session.record(np.ones((2, 3), np.float32))

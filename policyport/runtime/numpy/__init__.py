@@ -6,6 +6,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ...errors import PolicyportError
 from ...graph import Graph
 from ..base import Backend
 from .plan import Plan
@@ -35,10 +36,16 @@ class NumpyBackend(Backend):
         self._out_names = tuple(self.plan.output_names)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.plan.run(feeds)
+        try:
+            return self.plan.run(feeds)
+        except (ArithmeticError, ValueError, TypeError, IndexError, KeyError) as e:
+            raise self._failure(e) from e
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        everything = self.plan.record(feeds)
+        try:
+            everything = self.plan.record(feeds)
+        except (ArithmeticError, ValueError, TypeError, IndexError, KeyError) as e:
+            raise self._failure(e) from e
         if len(names) == len(self.tensor_names):  # every node output: names is tensor_names
             return everything
         result = {n: everything[n] for n in names}
@@ -51,6 +58,12 @@ class NumpyBackend(Backend):
 
         What the observer returns replaces the tensor for the rest of the run, so an observer can
         record, accumulate statistics, or override neurons. ``self.graph.nodes[node_index]`` is
-        the node.
+        the node. An exception the observer raises propagates unchanged.
         """
         return self.plan.observe(feeds, observer)
+
+    def _failure(self, error: Exception) -> Exception:
+        """policyport's own errors pass through; anything a node raised is named after the node."""
+        if isinstance(error, PolicyportError):
+            return error
+        return self.plan.explain(error)

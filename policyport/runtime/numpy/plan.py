@@ -120,6 +120,7 @@ class Plan:
         self._local = local
         self._producer = producer
         self._consumers = consumers
+        self._line_steps: dict[int, Step] = {}  # generated line number -> its step (same in every mode)
         self.run = self._compile("run")
         self.record = self._compile("record")
         self.observe = self._compile("observe")
@@ -196,7 +197,9 @@ class Plan:
         lines += [f"    x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
         outputs = set(self.output_names)
         for s in self.steps:
-            lines += [f"    {line}" for line in self._emit(s, mode, env, outputs)]
+            emitted = self._emit(s, mode, env, outputs)
+            self._line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
+            lines += [f"    {line}" for line in emitted]
             if mode == "observe":
                 lines += [f"    {r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
         if mode == "record":
@@ -205,7 +208,7 @@ class Plan:
             names = self.output_names
         items = ", ".join(f"{key(n)}: {self._local[n]}" for n in names)
         lines.append(f"    return {{{items}}}")
-        code = compile("\n".join(lines), f"<policyport plan:{mode}>", "exec")
+        code = compile("\n".join(lines), f"<policyport plan:{mode}:{id(self)}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[mode]
 
@@ -234,6 +237,23 @@ class Plan:
             return [f"{res[0]} = {call}"]
         lines = [f"_r = {call}", "if not isinstance(_r, tuple): _r = (_r,)"]
         return lines + [f"{r} = _r[{j}]" for j, r in enumerate(res) if r != "_"]
+
+    def explain(self, error: Exception) -> BadModelError:
+        """A :class:`BadModelError` naming the node whose computation raised ``error``.
+
+        Generated lines map to steps, so the innermost frame of this plan's code in the traceback
+        tells which node failed (a numpy shape or type error from the model itself).
+        """
+        tb, step = error.__traceback__, None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.endswith(f":{id(self)}>"):
+                step = self._line_steps.get(tb.tb_lineno, step)
+            tb = tb.tb_next
+        where = "the numpy backend"
+        if step is not None:
+            node = self.graph.nodes[step.index]
+            where = f'{node.op_type} node "{node.name}" on the numpy backend'
+        return BadModelError(f"{where} failed: {type(error).__name__}: {error}")
 
     def _producer_of(self, local_name: str) -> str | None:
         return next((self._producer.get(t) for t, loc in self._local.items() if loc == local_name), None)
