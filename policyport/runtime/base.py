@@ -53,7 +53,7 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
         patterns = [p.strip() for p in patterns.split(",") if p.strip()]
     patterns = list(patterns)
     chosen = [t for t in available if any(fnmatch.fnmatchcase(t, p) for p in patterns)]
-    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(t, p) for t in available)]
+    unmatched = [p for p in patterns if p != "*" and not any(fnmatch.fnmatchcase(t, p) for t in available)]
     if unmatched:
         raise InputMismatchError(
             f"tensor pattern(s) {unmatched} match no tensor of the model; it has: {', '.join(available)}"

@@ -34,6 +34,13 @@ from .registry import resolve
 _FRESH = {"Gemm"}
 #: Producers whose result is fresh but may be a numpy scalar (0-d operands): in-place is guarded.
 _FRESH_IF_ARRAY = {"MatMul", "Add", "Sub", "Mul", "Div"}
+#: Ops whose implementation always returns new memory (never an input or a view of one). Any other
+#: op's result may share memory with its inputs (Identity, Reshape, Slice, Squeeze ... return views).
+_NEW_MEMORY = {
+    "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal",
+    "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu",
+    "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
+}
 #: Unary ops with an in-place numpy kernel: op type -> (ufunc name, extra operands).
 _IN_PLACE: dict[str, tuple[str, str]] = {
     "Tanh": ("tanh", ""),
@@ -120,13 +127,19 @@ class Plan:
         self._local = local
         self._producer = producer
         self._consumers = consumers
-        self._line_steps: dict[int, Step] = {}  # generated line number -> its step (same in every mode)
+        self._shared = self._memory_roots()
+        self._line_steps: dict[str, dict[int, Step]] = {}  # mode -> generated line number -> step
         self.run = self._compile("run")
         self.record = self._compile("record")
         self.observe = self._compile("observe")
 
     def _const(self, value) -> str:
+        """Bind ``value`` as a constant of the generated code; arrays through a read-only view, so
+        that neither an op nor an observer can change the model's weights by writing in place."""
         name = f"k{len(self._consts)}"
+        if isinstance(value, np.ndarray):
+            value = value.view()
+            value.flags.writeable = False
         self._consts[name] = value
         return name
 
@@ -193,12 +206,14 @@ class Plan:
             env[ident] = text
             return ident
 
+        line_steps = self._line_steps[mode] = {}
+        env["array"], env["asarray"] = np.array, np.asarray
         lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + "):"]
         lines += [f"    x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
         outputs = set(self.output_names)
         for s in self.steps:
             emitted = self._emit(s, mode, env, outputs)
-            self._line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
+            line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
             lines += [f"    {line}" for line in emitted]
             if mode == "observe":
                 lines += [f"    {r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
@@ -206,8 +221,20 @@ class Plan:
             names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
         else:
             names = self.output_names
-        items = ", ".join(f"{key(n)}: {self._local[n]}" for n in names)
-        lines.append(f"    return {{{items}}}")
+        declared = {v.name: v.shape for v in self.graph.outputs}
+        returned: set[str] = set()
+        items = []
+        for n in names:
+            loc = self._local[n]
+            if loc in returned or loc[0] in "xk" or self._shared.get(loc):
+                value = f"array({loc})"  # would alias a feed, a weight or another output: copy
+            elif mode == "record" or not declared.get(n):  # rank 0 or unknown: numpy may give a scalar
+                value = f"({loc} if type({loc}) is ndarray else asarray({loc}))"
+            else:
+                value = loc
+            returned.add(loc)
+            items.append(f"{key(n)}: {value}")
+        lines.append(f"    return {{{', '.join(items)}}}")
         code = compile("\n".join(lines), f"<policyport plan:{mode}:{id(self)}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[mode]
@@ -246,14 +273,34 @@ class Plan:
         """
         tb, step = error.__traceback__, None
         while tb is not None:
-            if tb.tb_frame.f_code.co_filename.endswith(f":{id(self)}>"):
-                step = self._line_steps.get(tb.tb_lineno, step)
+            filename = tb.tb_frame.f_code.co_filename
+            if filename.startswith("<policyport plan:") and filename.endswith(f":{id(self)}>"):
+                mode = filename.split(":")[1]
+                step = self._line_steps[mode].get(tb.tb_lineno, step)
             tb = tb.tb_next
         where = "the numpy backend"
         if step is not None:
             node = self.graph.nodes[step.index]
             where = f'{node.op_type} node "{node.name}" on the numpy backend'
         return BadModelError(f"{where} failed: {type(error).__name__}: {error}")
+
+    def _memory_roots(self) -> dict[str, set[str]]:
+        """Local -> the feeds (``x*``) and constants (``k*``) whose memory it may share.
+
+        A result of an op in ``_NEW_MEMORY`` (or of the Gemm fast path) shares nothing; any other
+        op's results may share memory with every array it reads.
+        """
+        shared: dict[str, set[str]] = {}
+        for s in self.steps:
+            if s.kind == "gemm" or s.op_type in _NEW_MEMORY:
+                roots: set[str] = set()
+            else:
+                roots = set()
+                for a in s.args:
+                    roots |= {a} if a[0] in "xk" else shared.get(a, set())
+            for r in s.results:
+                shared[r] = roots
+        return shared
 
     def _producer_of(self, local_name: str) -> str | None:
         return next((self._producer.get(t) for t, loc in self._local.items() if loc == local_name), None)

@@ -1,0 +1,102 @@
+"""The compiled plan's memory rules: results never alias feeds or weights, nor change on later calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+
+
+def model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def f32(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_an_output_that_is_a_weight_is_a_copy_and_weights_stay_intact(tmp_path):
+    m = model([helper.make_node("Gemm", ["obs", "W", "B"], ["y"]), helper.make_node("Identity", ["B"], ["bias"])],
+              [f32("obs", ["batch", 2])], [f32("y", ["batch", 2]), f32("bias", [2])],
+              [numpy_helper.from_array(np.eye(2, dtype=np.float32), "W"),
+               helper.make_tensor("B", TensorProto.FLOAT, [2], [0.5, -0.5])])
+    pp.pack(m, tmp_path / "bundle")
+    obs = np.zeros((1, 2), np.float32)
+    for source in (m, tmp_path / "bundle"):
+        session = pp.load(source, backend="numpy")
+        for run in (session.run, session.record):
+            out = run(obs)
+            out["bias"] *= 100.0
+            np.testing.assert_array_equal(session.run(obs)["y"], [[0.5, -0.5]])
+
+
+def test_outputs_never_alias_the_feed():
+    m = model([helper.make_node("Slice", ["obs", "s", "e", "ax"], ["goal"]), helper.make_node("Identity", ["obs"], ["same"])],
+              [f32("obs", ["batch", 4])], [f32("goal", ["batch", 2]), f32("same", ["batch", 4])],
+              [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [2]), ("e", [4]), ("ax", [1]))])
+    session = pp.load(m, backend="numpy")
+    buffer = np.array([[1, 2, 3, 4]], np.float32)
+    for run in (session.run, session.record, lambda f: session.observe(f, lambda i, j, v: v)):
+        out = run(buffer)
+        buffer[:] = 0  # an environment refilling its observation buffer
+        np.testing.assert_array_equal(out["goal"], [[3, 4]])
+        np.testing.assert_array_equal(out["same"], [[1, 2, 3, 4]])
+        buffer[:] = [1, 2, 3, 4]
+
+
+def test_earlier_results_survive_later_calls(metadrive_model, metadrive_obs):
+    session = pp.load(metadrive_model, backend="numpy")
+    first, recorded = session.run(metadrive_obs[:3]), session.record(metadrive_obs[:3])
+    kept = {k: v.copy() for k, v in first.items()}, {k: v.copy() for k, v in recorded.items()}
+    session.run(metadrive_obs[3:6])
+    session.record(metadrive_obs[3:6])
+    for now, then in zip((first, recorded), kept):
+        for name in then:
+            np.testing.assert_array_equal(now[name], then[name])
+
+
+def test_observers_cannot_write_into_weights(metadrive_model, metadrive_obs):
+    session = pp.load(metadrive_model, backend="numpy")
+    before = session.run(metadrive_obs[:2])["logits"]
+
+    def vandal(node_index, output_index, value):
+        return value
+
+    session.observe(metadrive_obs[:2], vandal)
+    consts = [v for v in session.backend.plan._consts.values() if isinstance(v, np.ndarray)]
+    assert consts and not any(c.flags.writeable for c in consts)
+    np.testing.assert_array_equal(session.run(metadrive_obs[:2])["logits"], before)
+
+
+def test_errors_name_the_failing_node_in_every_mode():
+    m = model([helper.make_node("Tanh", ["obs"], ["a"], name="tanh_1"), helper.make_node("Tanh", ["a"], ["b"], name="tanh_2"),
+               helper.make_node("Reshape", ["b", "shape"], ["y"], name="bad_reshape")],
+              [f32("obs", ["batch", 6])], [f32("y", None)], [numpy_helper.from_array(np.array([4, 4], np.int64), "shape")])
+    session = pp.load(m, backend="numpy")
+    for run in (session.run, session.record):
+        with pytest.raises(pp.BadModelError, match='Reshape node "bad_reshape"'):
+            run(np.ones((2, 6), np.float32))
+
+
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_a_graph_without_nodes_records_its_output(backend):
+    m = model([], [f32("obs", ["batch", 3])], [f32("obs", ["batch", 3])])
+    obs = np.ones((2, 3), np.float32)
+    recorded = pp.load(m, backend=backend).record(obs)
+    assert list(recorded) == ["obs"] and recorded["obs"] is not obs
+    np.testing.assert_array_equal(recorded["obs"], obs)
+
+
+def test_zero_dimensional_results_are_arrays():
+    m = model([helper.make_node("MatMul", ["a", "b"], ["d"]), helper.make_node("Tanh", ["d"], ["y"])],
+              [f32("a", [3]), f32("b", [3])], [f32("y", [])])
+    feeds = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)}
+    session = pp.load(m, backend="numpy")
+    for out in (session.run(feeds), session.record(feeds)):
+        assert type(out["y"]) is np.ndarray and out["y"].shape == ()
+        assert out["y"] == np.tanh(np.float32(3))
