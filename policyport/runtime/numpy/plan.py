@@ -26,10 +26,12 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import BadModelError
+from ...errors import BadModelError, PolicyportError
 from ...graph import Graph
 from .registry import resolve
 
+#: What a node's numpy code raises on shapes or values the model cannot take.
+_NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError)
 #: Producers whose result is a fresh array that nothing else references (Gemm: always 2-D).
 _FRESH = {"Gemm"}
 #: Producers whose result is fresh but may be a numpy scalar (0-d operands): in-place is guarded.
@@ -207,16 +209,21 @@ class Plan:
             return ident
 
         line_steps = self._line_steps[mode] = {}
-        env["array"], env["asarray"] = np.array, np.asarray
+        env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
+                   FAILURES=_NODE_FAILURES, explain=self.explain)
+        guarded = mode != "observe"  # an observer's own exceptions propagate unchanged
+        pad = "        " if guarded else "    "
         lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + "):"]
-        lines += [f"    x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
+        if guarded:
+            lines.append("    try:")
+        lines += [f"{pad}x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
         outputs = set(self.output_names)
         for s in self.steps:
             emitted = self._emit(s, mode, env, outputs)
             line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
-            lines += [f"    {line}" for line in emitted]
+            lines += [f"{pad}{line}" for line in emitted]
             if mode == "observe":
-                lines += [f"    {r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
+                lines += [f"{pad}{r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
         if mode == "record":
             names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
         else:
@@ -234,7 +241,10 @@ class Plan:
                 value = loc
             returned.add(loc)
             items.append(f"{key(n)}: {value}")
-        lines.append(f"    return {{{', '.join(items)}}}")
+        lines.append(f"{pad}return {{{', '.join(items)}}}")
+        if guarded:  # a numpy error inside the model becomes a BadModelError naming the node
+            lines += ["    except PolicyportError:", "        raise",
+                      "    except FAILURES as e:", "        raise explain(e) from e"]
         code = compile("\n".join(lines), f"<policyport plan:{mode}:{id(self)}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[mode]
@@ -245,7 +255,7 @@ class Plan:
         if s.kind == "gemm":
             lines = [f"{res[0]} = dot({args[0]}, {args[1]})"]
             if len(args) > 2:
-                lines.append(f"add({res[0]}, {args[2]}, out={res[0]})")
+                lines.append(f"add({res[0]}, {args[2]}, {res[0]})")  # out positional: less parsing
             return lines
         if s.kind == "index":
             return [f"{res[0]} = {args[0]}[{args[1]}]"]
@@ -254,7 +264,7 @@ class Plan:
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
                 and self._consumers_of(src) == 1 and not self._is_output(src, outputs)):
             ufunc, extra = _IN_PLACE[s.op_type]
-            in_place = f"{ufunc}({src}, {extra}out={src})"
+            in_place = f"{ufunc}({src}, {extra}{src})"
             if self._producer_of(src) in _FRESH:
                 return [f"{res[0]} = {in_place}"]
             if self._producer_of(src) in _FRESH_IF_ARRAY:
@@ -296,8 +306,11 @@ class Plan:
                 roots: set[str] = set()
             else:
                 roots = set()
-                for a in s.args:
-                    roots |= {a} if a[0] in "xk" else shared.get(a, set())
+                for a in s.args[:1] if s.kind == "index" else s.args:
+                    if a[0] == "x" or (a[0] == "k" and isinstance(self._consts[a], np.ndarray)):
+                        roots.add(a)
+                    else:
+                        roots |= shared.get(a, set())
             for r in s.results:
                 shared[r] = roots
         return shared
