@@ -43,15 +43,9 @@ _NEW_MEMORY = {
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu",
     "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
 }
-#: Unary ops with an in-place numpy kernel: op type -> (ufunc name, extra operands).
-_IN_PLACE: dict[str, tuple[str, str]] = {
-    "Tanh": ("tanh", ""),
-    "Relu": ("maximum", "0, "),
-    "Exp": ("exp", ""),
-    "Neg": ("negative", ""),
-    "Abs": ("absolute", ""),
-    "Sqrt": ("sqrt", ""),
-}
+#: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
+#: np.maximum with an out= array is slower than allocating its result.)
+_IN_PLACE: dict[str, str] = {"Tanh": "tanh", "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Sqrt": "sqrt"}
 
 
 @dataclass(frozen=True)
@@ -200,7 +194,7 @@ class Plan:
         in node order followed by any graph output that is not a node output.
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
-        for name, _ in _IN_PLACE.values():
+        for name in _IN_PLACE.values():
             env[name] = getattr(np, name)
 
         def key(text: str) -> str:  # tensor names reach the code only as bound constants
@@ -263,8 +257,7 @@ class Plan:
         src = args[0] if len(args) == 1 else ""
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
                 and self._consumers_of(src) == 1 and not self._is_output(src, outputs)):
-            ufunc, extra = _IN_PLACE[s.op_type]
-            in_place = f"{ufunc}({src}, {extra}{src})"
+            in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing
             if self._producer_of(src) in _FRESH:
                 return [f"{res[0]} = {in_place}"]
             if self._producer_of(src) in _FRESH_IF_ARRAY:
