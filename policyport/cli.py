@@ -60,16 +60,25 @@ def _emit_json(doc) -> None:
     print(json.dumps(doc, indent=1))
 
 
-def _load_feeds(path: Path, session) -> dict:
+def _load_feeds(path: Path, names: list[str]) -> dict:
+    """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
     from .files import load_arrays
 
     arrays = load_arrays(path)
-    names = [v.name for v in session.inputs]
     if list(arrays) == [""] or (len(arrays) == 1 and len(names) == 1 and names[0] not in arrays):
         if len(names) != 1:
             raise InputMismatchError(f"{path} holds one array but the model has inputs {names}; use an .npz keyed by input name")
         return {names[0]: next(iter(arrays.values()))}
     return arrays
+
+
+def _input_names(model: Path) -> list[str]:
+    """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
+    from .files import load_onnx
+
+    proto = load_onnx(model)
+    inits = {t.name for t in proto.graph.initializer}
+    return [v.name for v in proto.graph.input if v.name not in inits]
 
 
 def _verification_table(report) -> Table:
@@ -273,7 +282,7 @@ def run(
             check_writable(record, force)
             check_distinct(record, model, inputs)
         session = load(str(model), backend=backend.value)
-        feeds = _load_feeds(inputs, session)
+        feeds = _load_feeds(inputs, [v.name for v in session.inputs])
         if record is not None:
             values = session.record(feeds, tensors or "*")
             outputs = {v.name: values[v.name] for v in session.outputs}
@@ -311,7 +320,7 @@ def verify_cmd(
     """Compare every tensor across backends (and the source); exit 1 on a mismatch."""
 
     def body():
-        from .runtime import BACKENDS, load
+        from .runtime import BACKENDS
         from .verification import verify as run_verify
 
         if model.is_dir() and inputs is None and source is None:  # a packed folder: its golden data
@@ -337,7 +346,7 @@ def verify_cmd(
             raise typer.BadParameter(f"--low {lo} must be below --high {hi}", param_hint="--low/--high")
         feeds = None
         if inputs is not None:
-            feeds = _load_feeds(inputs, load(str(model), backend=names[0]))
+            feeds = _load_feeds(inputs, _input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source,
                             samples=1000 if samples is None else samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
@@ -357,9 +366,7 @@ def inspect(
         from .files import load_onnx
         from .summary import format_shape, summarize
 
-        if model.is_dir():  # a packed folder
-            proto = load_onnx(model / "model.onnx")
-        elif model.suffix == ".onnx" or not model.exists():
+        if model.is_dir() or model.suffix == ".onnx" or not model.exists():  # a packed folder: its model.onnx
             proto = load_onnx(model)
         else:
             from .converter import convert

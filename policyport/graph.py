@@ -178,6 +178,11 @@ class Graph:
     metadata: dict[str, str] = field(default_factory=dict)
 
     @property
+    def tensor_names(self) -> list[str]:
+        """Every node output, in node order (what a backend's ``record`` can return)."""
+        return [o for n in self.nodes for o in n.outputs if o]
+
+    @property
     def opset(self) -> int:
         """The default ("ai.onnx") domain's opset version."""
         return self.opsets.get(DEFAULT_DOMAIN, self.opsets.get("ai.onnx", 0))

@@ -9,9 +9,7 @@ only at the same position. The first diverging tensor is the earliest in node or
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -226,9 +224,7 @@ def _source_reference(model, source) -> Callable:
     from .converter import convert_source
     from .files import ensure_model
 
-    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():  # a packed folder
-        model = Path(model) / "model.onnx"
-    proto = ensure_model(model)
+    proto = ensure_model(model)  # a packed folder's model.onnx too
     props = {p.key: p.value for p in proto.metadata_props}
     head = props.get("policyport.head", "none")
     try:

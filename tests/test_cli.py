@@ -215,7 +215,9 @@ def test_ops_lists_the_registry(tmp_path):
     from policyport.runtime.numpy.registry import supported_ops
 
     doc = json.loads(invoke("ops", "--json").stdout)
-    assert doc == {k: v for k, v in supported_ops().items()} and doc["Gemm"][0] <= 7
+    assert doc == supported_ops()
+    assert doc["Softmax"] == [1, 13] and doc["Clip"] == [6, 11] and doc["Gelu"] == [20] and "Mod" not in doc
+    assert invoke("ops", "--json", "--markdown").exit_code == 2
 
 
 def test_force_never_replaces_a_fifo_or_a_folder(tmp_path, converted):

@@ -32,7 +32,7 @@ class OrtBackend(Backend):
         self.threads = threads
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
-        self.tensor_names = [o for n in graph.nodes for o in n.outputs if o]
+        self.tensor_names = graph.tensor_names
         self._out_names = [v.name for v in graph.outputs]
         self._session = self._make_session(model)
         self._recording: dict[tuple[str, ...], object] = {}

@@ -80,7 +80,7 @@ class Plan:
         self.graph = graph
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
-        self.tensor_names: list[str] = [o for n in graph.nodes for o in n.outputs if o]
+        self.tensor_names = graph.tensor_names
         self._consts: dict[str, object] = {}
         local: dict[str, str] = {}  # tensor name -> local/constant identifier
         for i, name in enumerate(self.input_names):
@@ -121,6 +121,7 @@ class Plan:
         if missing:
             raise BadModelError(f"graph outputs {missing} are produced by no node, input or initializer")
         self._local = local
+        self._tensor_of = {loc: t for t, loc in local.items()}  # one tensor per local
         self._producer = producer
         self._consumers = consumers
         self._shared = self._memory_roots()
@@ -256,11 +257,12 @@ class Plan:
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
-                and self._consumers_of(src) == 1 and not self._is_output(src, outputs)):
+                and self._consumers.get(self._tensor_of[src], 0) == 1 and self._tensor_of[src] not in outputs):
             in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing
-            if self._producer_of(src) in _FRESH:
+            producer = self._producer.get(self._tensor_of[src])
+            if producer in _FRESH:
                 return [f"{res[0]} = {in_place}"]
-            if self._producer_of(src) in _FRESH_IF_ARRAY:
+            if producer in _FRESH_IF_ARRAY:
                 return [f"{res[0]} = {in_place} if type({src}) is ndarray else f{s.index}({src})"]
         call = f"f{s.index}({', '.join(args)})"
         if len(res) == 1:
@@ -307,12 +309,3 @@ class Plan:
             for r in s.results:
                 shared[r] = roots
         return shared
-
-    def _producer_of(self, local_name: str) -> str | None:
-        return next((self._producer.get(t) for t, loc in self._local.items() if loc == local_name), None)
-
-    def _consumers_of(self, local_name: str) -> int:
-        return sum(self._consumers.get(t, 0) for t, loc in self._local.items() if loc == local_name)
-
-    def _is_output(self, local_name: str, outputs: set[str]) -> bool:
-        return any(loc == local_name for t, loc in self._local.items() if t in outputs)
