@@ -40,7 +40,7 @@ _LAZY = {
     "extract_weights": ("policyport.passes", "extract_weights"),
     "expose": ("policyport.passes", "expose"),
     "pack": ("policyport.bundle", "pack"),
-    "verify_bundle": ("policyport.bundle", "verify_bundle"),
+    "verify_bundle": ("policyport.runtime.packed", "verify_bundle"),
 }
 
 __all__ = [

@@ -324,7 +324,7 @@ def verify_cmd(
         from .verification import verify as run_verify
 
         if model.is_dir() and inputs is None and source is None:  # a packed folder: its golden data
-            from .bundle import verify_bundle
+            from .runtime.packed import verify_bundle
 
             given = [f"--{n}" for n, v in (("samples", samples), ("low", low), ("high", high), ("seed", seed),
                                             ("backends", backends)) if v is not None]
@@ -411,7 +411,7 @@ def pack(
 
     def body():
         from .bundle import pack as run_pack
-        from .bundle import read_policy
+        from .runtime.packed import read_policy
 
         folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source)
         policy = read_policy(folder)

@@ -9,7 +9,7 @@ protobuf, onnxruntime, typer, rich ...) are out of reach::
 ``policyport`` — symlinks to the installed numpy and to the repository's package. The script puts it
 first on ``sys.path``, checks that the non-numpy dependencies cannot be imported, loads ``BUNDLE``
 with ``policyport.load(BUNDLE, backend="numpy")``, runs its golden observations, runs
-``policyport.bundle.verify_bundle`` on it, and writes ``OUT.npz`` (``outputs/<name>``: what
+``policyport.runtime.packed.verify_bundle`` on it, and writes ``OUT.npz`` (``outputs/<name>``: what
 ``Session.run`` returned) and, on stdout, one JSON document: ``{"blocked": {...}, "third_party":
 [...], "forbidden_loaded": [...], "verify_passed": bool, "first_divergence": ..., "numpy_file": ...,
 "policyport_file": ...}``.
@@ -39,7 +39,7 @@ def main(sandbox: str, bundle: str, out: str) -> None:
     import numpy as np
 
     import policyport as pp
-    from policyport.bundle import read_golden, verify_bundle
+    from policyport.runtime.packed import read_golden, verify_bundle
 
     golden = read_golden(bundle)
     outputs = pp.load(bundle, backend="numpy").run(golden["inputs"])

@@ -139,7 +139,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from ..bundle import load_graph
+        from .packed import load_graph
 
         graph = load_graph(model)
         if backend != "numpy":

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import policyport as pp
-from policyport import bundle
+from policyport import bundle as packing
+from policyport.runtime import packed as reader
 from policyport.graph import from_onnx
 from policyport.verification import sample_inputs
 
@@ -62,7 +63,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def rewrite_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    bundle.write_npz(path, arrays)
+    packing.write_npz(path, arrays)
 
 
 def reseal(directory: Path, name: str) -> None:
@@ -102,7 +103,7 @@ def test_constants_npz_holds_the_head_slice_bounds_and_graph_json_says_where_eac
     assert all(a.dtype == np.int64 for a in constants.values())
     assert constants["head/mid"].tolist() == [2] and constants["head/end"].tolist() == [4]
     doc = json.loads((packed / "graph.json").read_text())
-    sources = doc[bundle.SOURCES_KEY]
+    sources = doc[reader.SOURCES_KEY]
     assert list(sources) == [t.name for t in model.graph.initializer]
     assert sources["default_policy/fc_1/kernel"] == {
         "file": "weights.npz", "key": "default_policy/fc_1/kernel", "transpose": None}
@@ -161,7 +162,7 @@ def test_golden_npz_matches_a_fresh_numpy_run(packed, model):
         assert same_bits(golden[f"outputs/{name}"], value), name
     for name, value in session.record({"obs": obs}, "*").items():
         assert same_bits(golden[f"activations/{name}"], value), name
-    assert bundle.read_golden(packed)["activations"].keys() == set(NODE_ORDER)
+    assert reader.read_golden(packed)["activations"].keys() == set(NODE_ORDER)
 
 
 # -------------------------------------------------------------------------------------------- load
@@ -169,7 +170,7 @@ def test_golden_npz_matches_a_fresh_numpy_run(packed, model):
 
 def test_load_graph_rebuilds_the_model_graph_exactly(packed, model):
     want = from_onnx(model)
-    got = bundle.load_graph(packed)
+    got = reader.load_graph(packed)
     assert got.to_json() == want.to_json()
     assert list(got.initializers) == list(want.initializers)
     for name, array in want.initializers.items():
@@ -200,26 +201,26 @@ def test_any_changed_file_is_named_on_load(copy, name):
     data[-1] ^= 0xFF
     (copy / name).write_bytes(bytes(data))
     with pytest.raises(pp.BadModelError, match=rf"{name}: sha256 is"):
-        bundle.load_graph(copy)
+        reader.load_graph(copy)
 
 
 def test_a_listed_file_that_is_missing_is_named(copy):
     (copy / "constants.npz").unlink()
     with pytest.raises(pp.BadModelError, match=r"lists constants\.npz, which is missing"):
-        bundle.load_graph(copy)
+        reader.load_graph(copy)
 
 
 def test_not_a_bundle(tmp_path, copy):
     with pytest.raises(pp.UnreadableFileError, match="no such folder"):
-        bundle.load_graph(tmp_path / "nowhere")
+        reader.load_graph(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(pp.UnreadableFileError, match="has no policy.json"):
-        bundle.load_graph(tmp_path / "empty")
+        reader.load_graph(tmp_path / "empty")
     policy = json.loads((copy / "policy.json").read_text())
     policy["format"] = "policyport.bundle/99"
     (copy / "policy.json").write_text(json.dumps(policy))
     with pytest.raises(pp.BadModelError, match=r"expected format 'policyport.bundle/1', found 'policyport.bundle/99'"):
-        bundle.load_graph(copy)
+        reader.load_graph(copy)
 
 
 def test_a_file_name_outside_the_folder_is_refused(copy):
@@ -227,14 +228,14 @@ def test_a_file_name_outside_the_folder_is_refused(copy):
     policy["files"]["../secret"] = "0" * 64
     (copy / "policy.json").write_text(json.dumps(policy))
     with pytest.raises(pp.BadModelError, match=r"'\.\./secret' is not a file name of the bundle"):
-        bundle.load_graph(copy)
+        reader.load_graph(copy)
 
 
 # ------------------------------------------------------------------------------------------ verify
 
 
 def test_verify_bundle_passes_on_a_fresh_bundle(packed):
-    report = bundle.verify_bundle(packed)
+    report = reader.verify_bundle(packed)
     assert report.passed and report.first_divergence is None
     assert report.backends == ["numpy"] and report.reference == "golden" and report.samples == 64
     assert [c.tensor for c in report.comparisons] == NODE_ORDER  # one per tensor, in node order
@@ -247,9 +248,9 @@ def test_verify_bundle_names_the_first_perturbed_activation(copy):
     golden["activations/fc_2/linear"][3, 17] += np.float32(1e-3)
     rewrite_npz(copy / "golden.npz", golden)
     with pytest.raises(pp.BadModelError, match=r"golden\.npz: sha256 is"):
-        bundle.verify_bundle(copy)  # the hash catches it first ...
+        reader.verify_bundle(copy)  # the hash catches it first ...
     reseal(copy, "golden.npz")
-    report = bundle.verify_bundle(copy)  # ... and the comparison when the hash is updated too
+    report = reader.verify_bundle(copy)  # ... and the comparison when the hash is updated too
     assert not report.passed
     first = report.first_divergence
     assert first.tensor == "fc_2/linear" and first.candidate == "numpy" and first.reference == "golden"
@@ -263,7 +264,7 @@ def test_verify_bundle_checks_the_run_outputs_as_well_as_the_recorded_ones(copy)
     golden["outputs/action"][0, 1] -= np.float32(0.5)  # activations/action is left as it was
     rewrite_npz(copy / "golden.npz", golden)
     reseal(copy, "golden.npz")
-    report = bundle.verify_bundle(copy)
+    report = reader.verify_bundle(copy)
     assert [c.tensor for c in report.comparisons] == NODE_ORDER
     assert [c.tensor for c in report.comparisons if not c.passed] == ["action"]
     assert report.first_divergence.max_abs == pytest.approx(0.5, rel=1e-6)
@@ -275,7 +276,7 @@ def test_verify_bundle_refuses_a_golden_file_of_another_graph(copy):
     rewrite_npz(copy / "golden.npz", golden)
     reseal(copy, "golden.npz")
     with pytest.raises(pp.BadModelError, match=r"expected activations/ keys for .*'fc_1/tanh'"):
-        bundle.verify_bundle(copy)
+        reader.verify_bundle(copy)
 
 
 # ---------------------------------------------------------------------------------- atomic writing
@@ -301,19 +302,19 @@ def test_force_replaces_a_bundle_once_the_new_one_is_complete(model, tmp_path):
     out = pp.pack(model, tmp_path / "b", seed=1)
     pp.pack(model, out, seed=2, force=True)
     assert json.loads((out / "policy.json").read_text())["golden"]["seed"] == 2
-    assert bundle.verify_bundle(out).passed
+    assert reader.verify_bundle(out).passed
     assert siblings(out) == ["b"]
 
 
 def test_a_failure_while_writing_leaves_no_folder(model, tmp_path, monkeypatch):
-    real = bundle.write_npz
+    real = packing.write_npz
 
     def failing(path, arrays):
         if path.name == "golden.npz":
             raise OSError(28, "No space left on device")
         real(path, arrays)
 
-    monkeypatch.setattr(bundle, "write_npz", failing)
+    monkeypatch.setattr(packing, "write_npz", failing)
     with pytest.raises(pp.UnreadableFileError, match="No space left on device"):
         pp.pack(model, tmp_path / "b")
     assert list(tmp_path.iterdir()) == []
@@ -322,7 +323,7 @@ def test_a_failure_while_writing_leaves_no_folder(model, tmp_path, monkeypatch):
 def test_a_failure_while_replacing_leaves_the_old_bundle(model, tmp_path, monkeypatch):
     out = pp.pack(model, tmp_path / "b", seed=1)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    monkeypatch.setattr(bundle, "_check_round_trip", lambda *a: (_ for _ in ()).throw(pp.BadModelError("boom")))
+    monkeypatch.setattr(packing, "_check_round_trip", lambda *a: (_ for _ in ()).throw(pp.BadModelError("boom")))
     with pytest.raises(pp.BadModelError, match="boom"):
         pp.pack(model, out, seed=2, force=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -370,11 +371,11 @@ def test_a_transposed_parameter_is_stored_in_the_source_layout_and_rebuilt_exact
     weights = read_npz(out / "weights.npz")
     assert same_bits(weights["default_policy/fc_1/kernel"], source_weights["default_policy/fc_1/kernel"])  # (275, 256)
     doc = json.loads((out / "graph.json").read_text())
-    assert doc[bundle.SOURCES_KEY]["default_policy/fc_1/kernel"]["transpose"] == [1, 0]
-    graph = bundle.load_graph(out)
+    assert doc[reader.SOURCES_KEY]["default_policy/fc_1/kernel"]["transpose"] == [1, 0]
+    graph = reader.load_graph(out)
     assert graph.initializers["default_policy/fc_1/kernel"].shape == (256, 275)
     assert same_bits(graph.initializers["default_policy/fc_1/kernel"], from_onnx(variant).initializers["default_policy/fc_1/kernel"])
-    assert bundle.verify_bundle(out).passed
+    assert reader.verify_bundle(out).passed
     obs = read_npz(out / "golden.npz")["inputs/obs"]
     want = pp.load(model, backend="onnxruntime").run({"obs": obs})
     got = pp.load(out, backend="numpy").run({"obs": obs})
@@ -386,7 +387,7 @@ def test_parameter_names_that_collide_with_numpy_savez_arguments_survive(model, 
     out = pp.pack(variant, tmp_path / "b")
     weights = read_npz(out / "weights.npz")
     assert {"file", "allow_pickle"} <= set(weights) and weights["file"].shape == (256,)
-    assert bundle.verify_bundle(out).passed
+    assert reader.verify_bundle(out).passed
 
 
 # ---------------------------------------------------------------------------------- numpy only
@@ -437,7 +438,7 @@ def test_the_packed_expert_runs_where_only_numpy_can_be_imported(packed, model, 
 
 
 def test_pack_is_exported_lazily():
-    assert pp.pack is bundle.pack
+    assert pp.pack is packing.pack
 
 
 def test_pack_refuses_when_numpy_and_onnxruntime_disagree(model, tmp_path, monkeypatch):

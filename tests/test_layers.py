@@ -1,0 +1,27 @@
+"""The arrows between policyport's layers run one way: lower modules never import higher ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: module -> modules it must not pull in (directly or through anything it imports).
+LOWER_LAYERS = {
+    "policyport": ["onnx", "onnxruntime", "typer", "rich", "policyport.runtime", "policyport.verification"],
+    "policyport.runtime": ["onnx", "onnxruntime", "policyport.verification", "policyport.bundle", "policyport.cli"],
+    "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.bundle"],
+    "policyport.compare": ["onnx", "policyport.runtime", "policyport.verification"],
+    "policyport.graph": ["onnx", "policyport.runtime"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(LOWER_LAYERS))
+def test_lower_layers_do_not_import_higher_ones(module):
+    code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                           text=True).stdout))
+    forbidden = [m for m in LOWER_LAYERS[module] if m in loaded]
+    assert forbidden == [], f"importing {module} loads {forbidden}"
