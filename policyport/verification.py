@@ -125,19 +125,19 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
 
 
 def _source_reference(model, source) -> Callable:
-    from .converter import convert_source
+    """The source's forward pass, rebuilt with the options recorded in the model at conversion."""
+    from .converter import OPTIONS_KEY, ConvertOptions, convert_source
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
     props = {p.key: p.value for p in proto.metadata_props}
-    head = props.get("policyport.head", "none")
+    options = ConvertOptions.from_metadata(props.get(OPTIONS_KEY))
+    if OPTIONS_KEY not in props:  # written before the options were recorded: what the metadata tells
+        head = props.get("policyport.head", "none")
+        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
+                                 keep_value=any(o.name == "value" for o in proto.graph.output))
     try:
-        converted = convert_source(
-            source,
-            activation=props.get("policyport.activation", "tanh"),
-            head=None if head == "none" else head,
-            keep_value=any(o.name == "value" for o in proto.graph.output),
-        )
+        converted = convert_source(source, options=options)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     return converted.reference

@@ -2,23 +2,94 @@
 
 :func:`convert` is the public entry point; :func:`convert_source` also returns the source's own
 reference forward pass, which :func:`policyport.verify` compares the backends against.
+
+Every source kind is one entry of :data:`SOURCES`: a function ``convert(source, options) ->
+Converted`` in the kind's own module, imported only when that kind is converted (so torch or
+tensorflow load only for their sources). :func:`detect_kind` tells the kind of a path or object
+from its name, its contents' layout (never by unpickling) or its type.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import json
 import os
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ..errors import BadModelError, UnreadableFileError
-from .activations import parse_activation
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 
-#: Source kinds ``--from`` accepts.
-KINDS = ("npz",)
+#: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
+#: and returns a :class:`Converted`.
+SOURCES: dict[str, str] = {
+    "npz": "policyport.converter.rllib_weights:convert_npz",
+}
+
+#: Source kinds ``--from`` accepts, in the order the help lists them.
+KINDS = tuple(SOURCES)
+
+#: The model metadata key under which a converter records the options it was run with, so that
+#: ``verify --source`` can rebuild the same source forward pass.
+OPTIONS_KEY = "policyport.convert_options"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What a user can tell a converter beyond the source itself.
+
+    Attributes:
+        activation: hidden-layer activation for sources whose files do not record it (an ``.npz``
+            or a ``state_dict``); ``None`` lets the converter use the source's default (RLlib's
+            ``tanh`` for an ``.npz``).
+        head: ``None`` (the source's natural outputs) or a name from :data:`HEADS`.
+        opset: ONNX default-domain opset (default 17).
+        keep_value: also export the value function as output ``value``.
+        exporter: for live torch modules: ``"torchscript"`` (default) or ``"dynamo"``.
+        policy_id: which policy of a multi-policy checkpoint (default ``default_policy``).
+        obs_filter: bake the source's observation filter into the graph (default true).
+        obs_norm: an observation-normalisation file to bake in (SB3's ``vecnormalize.pkl``).
+        trust: allow unpickling files that can run code (a whole pickled module).
+    """
+
+    activation: str | None = None
+    head: str | None = None
+    opset: int = DEFAULT_OPSET
+    keep_value: bool = False
+    exporter: str = "torchscript"
+    policy_id: str | None = None
+    obs_filter: bool = True
+    obs_norm: str | None = None
+    trust: bool = False
+
+    def to_metadata(self) -> str:
+        """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
+        recorded = dataclasses.asdict(self)
+        recorded.pop("trust")
+        return json.dumps(recorded, sort_keys=True)
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> ConvertOptions:
+        """Options recorded by :meth:`to_metadata`; unknown keys are ignored, ``trust`` is never read.
+
+        Raises:
+            BadModelError: the text is not a JSON object.
+        """
+        if not text:
+            return cls()
+        try:
+            recorded = json.loads(text)
+            if not isinstance(recorded, dict):
+                raise ValueError(f"expected an object, got {type(recorded).__name__}")
+        except ValueError as e:
+            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
+        known = {f.name for f in dataclasses.fields(cls)} - {"trust"}
+        return cls(**{k: v for k, v in recorded.items() if k in known})
 
 
 @dataclass
@@ -28,17 +99,39 @@ class Converted:
     Attributes:
         model: the ``onnx.ModelProto``.
         reference: ``reference(obs) -> {tensor name: array}``, the source's own forward pass on
-            ``obs`` (float array, shape ``(batch, obs_dim)``), naming tensors as the graph does.
+            ``obs`` (float array, shape ``(batch, *obs_shape)``), naming tensors as the graph does
+            (every layer the source computes that the graph also names).
         kind: the source kind.
+        notes: what the converter did that a user should hear about (parts of the source it
+            dropped, files it picked up), one sentence each.
     """
 
     model: object
     reference: Callable[[np.ndarray], dict[str, np.ndarray]]
     kind: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_zip_with(path: Path, *members: str) -> bool:
+    """Whether ``path`` is a zip archive holding every name in ``members`` (at any folder depth)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = {n.rsplit("/", 1)[-1] for n in zf.namelist()} | set(zf.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return all(m in names for m in members)
 
 
 def detect_kind(source) -> str:
     """The source kind of a path or object (``--from`` overrides this).
+
+    Files are told apart by name and layout, never by loading them: an ``.npz`` is RLlib-layout
+    weights; a ``.zip`` holding ``policy.pth`` and ``data`` is a Stable-Baselines3 save; a
+    ``.pt``/``.pth`` zip holding TorchScript ``code/`` is a TorchScript file, any other is a
+    ``state_dict``; ``.safetensors`` is a ``state_dict``; ``.keras``/``.h5`` are Keras files; a folder
+    with ``saved_model.pb`` is a TF SavedModel; a folder with ``rllib_checkpoint.json`` or a file
+    named ``checkpoint-<N>`` is an RLlib checkpoint. Objects: a mapping of arrays is ``npz``, a
+    ``torch.nn.Module`` is ``torch``, a Keras model or ``tf.function`` is ``keras``.
 
     Raises:
         UnreadableFileError: a path that does not exist.
@@ -50,48 +143,104 @@ def detect_kind(source) -> str:
         path = Path(source)
         if not path.exists():
             raise UnreadableFileError(f"{path}: no such file")
-        if path.is_dir():
-            raise UnreadableFileError(f"{path} is a folder; expected a policy file ({', '.join(KINDS)})")
-        if path.suffix == ".npz":
-            return "npz"
-        raise BadModelError(
-            f"cannot tell what kind of policy {path} is from its name; supported: {', '.join(KINDS)} (use --from)"
-        )
+        kind = _detect_path(path)
+        if kind is None:
+            what = "folder" if path.is_dir() else "file"
+            raise BadModelError(
+                f"cannot tell what kind of policy the {what} {path} is; supported: {', '.join(KINDS)} "
+                "(name the kind with --from)"
+            )
+        return kind
+    module = type(source).__module__.split(".")[0]
+    if module == "torch" or any(c.__module__.startswith("torch.nn") for c in type(source).__mro__):
+        return "torch"
+    if module in ("keras", "tensorflow", "tf_keras"):
+        return "keras"
     raise BadModelError(f"cannot convert a {type(source).__name__}; supported sources: {', '.join(KINDS)}")
 
 
-def convert_source(source, *, kind: str | None = None, activation: str = "tanh", head: str | None = None,
-                   opset: int = DEFAULT_OPSET, keep_value: bool = False) -> Converted:
-    """Convert a policy and keep the source's reference forward pass. Arguments as for :func:`convert`."""
+def _detect_path(path: Path) -> str | None:
+    name = path.name.lower()
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file():
+            return "savedmodel"
+        if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
+            return "rllib"
+        return None
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return "npz"
+    if suffix == ".zip" and _is_zip_with(path, "policy.pth", "data"):
+        return "sb3"
+    if suffix in (".pt", ".pth"):
+        return "torchscript" if _is_zip_with(path, "data.pkl", "constants.pkl") else "state-dict"
+    if suffix == ".safetensors":
+        return "state-dict"
+    if suffix in (".keras", ".h5", ".hdf5"):
+        return "keras"
+    if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
+        return "rllib"
+    return None
+
+
+def convert_source(source, *, kind: str | None = None, options: ConvertOptions | None = None,
+                   **option_values) -> Converted:
+    """Convert a policy and keep the source's reference forward pass.
+
+    Args:
+        source: as for :func:`convert`.
+        kind: the source kind; detected from ``source`` when ``None``.
+        options: a :class:`ConvertOptions`; or give its fields as keyword arguments.
+
+    Returns:
+        A :class:`Converted` whose model records ``options`` in its metadata (:data:`OPTIONS_KEY`).
+
+    Raises:
+        As :func:`convert`.
+    """
+    if options is None:
+        unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ConvertOptions)})
+        if unknown:
+            raise TypeError(f"convert() got unexpected keyword argument(s) {', '.join(unknown)}")
+        options = ConvertOptions(**option_values)
+    elif option_values:
+        options = dataclasses.replace(options, **option_values)
+    if options.head is not None and options.head not in HEADS:
+        raise BadModelError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
-    if kind not in KINDS:
+    if kind not in SOURCES:
         raise BadModelError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
-    act = parse_activation(activation)
-    from .build import build_mlp
-    from .reference import reference_forward
-    from .rllib_weights import parse_rllib_fcnet, read_weights
-
-    arrays, provenance = read_weights(source)
-    spec = parse_rllib_fcnet(arrays, None if act.name == "linear" else act, keep_value=keep_value, source=provenance)
-    model = build_mlp(spec, head=head, opset=opset, metadata={"policyport.activation": activation})
-    return Converted(model, lambda obs: reference_forward(spec, obs, head), kind)
+    module, function = SOURCES[kind].split(":")
+    converted = getattr(importlib.import_module(module), function)(source, options)
+    _record_options(converted.model, kind, options)
+    return converted
 
 
-def convert(source, *, kind: str | None = None, activation: str = "tanh", head: str | None = None,
-            opset: int = DEFAULT_OPSET, keep_value: bool = False):
+def _record_options(model, kind: str, options: ConvertOptions) -> None:
+    props = {p.key: p for p in model.metadata_props}
+    for key, value in ((OPTIONS_KEY, options.to_metadata()), ("policyport.source_kind", kind)):
+        if key in props:
+            props[key].value = value
+        else:
+            entry = model.metadata_props.add()
+            entry.key, entry.value = key, value
+
+
+def convert(source, *, kind: str | None = None, **options):
     """Convert a trained policy to ONNX.
 
     Args:
-        source: a path to an ``.npz`` of weights, or a dict name -> array, in RLlib's TF
-            FullyConnectedNetwork layout (``[prefix/]fc_<i>/kernel`` ``[in, out]``, ``.../bias``,
-            ``fc_out/...``; see :mod:`policyport.converter.rllib_weights`).
-        kind: the source kind (one of ``KINDS``); detected from ``source`` when ``None``.
-        activation: hidden-layer activation: tanh (default, RLlib's), relu, elu, selu, swish/silu,
-            softplus, leaky_relu[:slope] (default slope 0.01), gelu, linear.
-        head: ``None`` (logits only), ``"diag-gaussian"`` (adds ``action`` = mean, ``log_std``) or
-            ``"categorical"`` (adds ``action`` = argmax, int64).
-        opset: ONNX default-domain opset, 11 up to the installed onnx's newest; default 17.
-        keep_value: also export the value branch as output ``value``.
+        source: a path to a policy file or folder, or a live object; the kinds are :data:`KINDS`
+            (see :func:`detect_kind`). ``npz``: a path to an ``.npz`` of weights, or a dict
+            name -> array, in RLlib's TF FullyConnectedNetwork layout (``[prefix/]fc_<i>/kernel``
+            ``[in, out]``, ``.../bias``, ``fc_out/...``; see :mod:`policyport.converter.rllib_weights`).
+        kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
+        **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
+            swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or
+            RLlib's tanh), ``head`` (``None`` = logits only, ``"diag-gaussian"`` adds ``action`` = mean
+            and ``log_std``, ``"categorical"`` adds ``action`` = argmax, int64), ``opset`` (11 up to
+            the installed onnx's newest; default 17), ``keep_value`` (export the value branch as
+            ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust``.
 
     Returns:
         An ``onnx.ModelProto``: input ``obs`` (float, shape ``(batch, obs_dim)``), output
@@ -99,10 +248,12 @@ def convert(source, *, kind: str | None = None, activation: str = "tanh", head: 
 
     Raises:
         UnreadableFileError: the file is missing or unreadable.
+        UntrustedFileError: the file could run code when loaded and ``trust`` is false.
         BadModelError: arrays that cannot be placed (listed), bad shapes, unknown activation/head/opset.
+        MissingDependencyError: the source's framework (torch, tensorflow ...) is not installed.
     """
-    return convert_source(source, kind=kind, activation=activation, head=head, opset=opset,
-                          keep_value=keep_value).model
+    return convert_source(source, kind=kind, **options).model
 
 
-__all__ = ["KINDS", "HEADS", "MIN_OPSET", "DEFAULT_OPSET", "Converted", "convert", "convert_source", "detect_kind"]
+__all__ = ["KINDS", "HEADS", "MIN_OPSET", "DEFAULT_OPSET", "SOURCES", "OPTIONS_KEY", "ConvertOptions",
+           "Converted", "convert", "convert_source", "detect_kind"]

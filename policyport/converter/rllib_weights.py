@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import BadModelError
 from ..files import load_arrays
-from .activations import Activation
+from .activations import Activation, parse_activation
 from .build import Dense, MlpSpec
 
 _KEY = re.compile(
@@ -131,3 +131,32 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
         free_log_std_name=log_std_name,
         source=source or {"kind": "npz"},
     )
+
+
+def convert_npz(source: str | os.PathLike | Mapping[str, np.ndarray], options):
+    """Convert RLlib TF FullyConnectedNetwork weights (an ``.npz`` or a dict) to ONNX.
+
+    Args:
+        source: the weights (see the module docstring for the layout).
+        options: a :class:`~policyport.converter.ConvertOptions`; ``activation`` defaults to RLlib's
+            ``tanh``; ``exporter``, ``policy_id``, ``obs_norm`` do not apply to a weights file.
+
+    Returns:
+        A :class:`~policyport.converter.Converted` whose reference is the plain numpy forward pass.
+
+    Raises:
+        BadModelError: an option that does not apply, or arrays that cannot be placed.
+    """
+    from . import Converted
+    from .build import build_mlp
+    from .reference import reference_forward
+
+    if options.obs_norm is not None:
+        raise BadModelError("an observation-normalisation file applies to SB3 sources, not to an .npz of weights")
+    activation = options.activation or "tanh"
+    act = parse_activation(activation)
+    arrays, provenance = read_weights(source)
+    spec = parse_rllib_fcnet(arrays, None if act.name == "linear" else act, keep_value=options.keep_value,
+                             source=provenance)
+    model = build_mlp(spec, head=options.head, opset=options.opset, metadata={"policyport.activation": activation})
+    return Converted(model, lambda obs: reference_forward(spec, obs, options.head), "npz")

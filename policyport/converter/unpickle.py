@@ -1,0 +1,298 @@
+"""A restricted unpickler: numpy arrays and plain containers come back; nothing from the file runs.
+
+RLlib checkpoints and SB3's ``vecnormalize.pkl`` are pickles of framework classes (``MeanStdFilter``,
+``RunningStat``, ``VecNormalize``, ``RunningMeanStd``, gym spaces, a numpy ``RandomState``).
+Unpickling them the usual way imports those frameworks and runs whatever callables the file names,
+so a hostile file can run any command. :func:`load` instead:
+
+* rebuilds exactly what policyport needs and nothing that can run code: numpy arrays, dtypes and
+  scalars (under both ``numpy.core`` and ``numpy._core`` names), ``OrderedDict``/``defaultdict``
+  and the builtin containers and scalars;
+* turns every other *class* the file names into an inert :class:`Record` of what was pickled (the
+  constructor arguments and the ``__setstate__`` state), without importing its module — a
+  ``MeanStdFilter`` becomes a Record whose ``state`` holds its ``shape``, ``demean``, ``rs`` ...;
+* refuses, before anything is called, any *function* (a global whose name is not a class name, such
+  as ``os.system`` or ``builtins.eval``) and every global of a module that can reach the operating
+  system or the interpreter, naming the offending global (:class:`~policyport.errors.UntrustedFileError`).
+
+Only ``trust=True`` falls back to :func:`pickle.loads`, which runs the file's code.
+
+Class or function is told from the global's name, as Python names them (PEP 8: ``CapWords`` for
+classes); a handful of numpy and pickle reconstructors that real files use for objects policyport
+does not need (a ``RandomState``) are recorded inertly rather than refused, never called.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import collections
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..errors import UnreadableFileError, UntrustedFileError
+
+
+class Record:
+    """An object of a class policyport does not rebuild: what the pickle held for it, inert.
+
+    Attributes:
+        global_name: the class as the pickle names it, ``"module.QualName"``.
+        args: the positional arguments the pickle would have called the class with.
+        state: what the pickle would have passed to ``__setstate__`` (usually the instance
+            ``__dict__``), or ``None``.
+        items: key -> value pairs set on it (an instance of a ``dict`` subclass).
+        list_items: values appended to it (an instance of a ``list`` subclass).
+
+    Attribute access falls through to ``state`` when it is a dict: ``record.obs_rms.mean`` reads
+    ``record.state["obs_rms"].state["mean"]``.
+    """
+
+    global_name = "?"
+
+    def __new__(cls, *args, **kwargs):  # pickle's NEWOBJ calls __new__ alone, without __init__
+        self = super().__new__(cls)
+        self.__dict__.update(args=args, kwargs=kwargs, state=None, items={}, list_items=[])
+        return self
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)) \
+                and isinstance(state[1], dict):  # (__dict__, __slots__ values)
+            merged = dict(state[0] or {})
+            merged.update(state[1])
+            state = merged
+        self.__dict__["state"] = state
+
+    def __setitem__(self, key, value):
+        self.__dict__["items"][key] = value
+
+    def append(self, value):
+        self.__dict__["list_items"].append(value)
+
+    def extend(self, values):
+        self.__dict__["list_items"].extend(values)
+
+    def __getattr__(self, name: str):
+        state = self.__dict__.get("state")
+        if isinstance(state, dict) and name in state:
+            return state[name]
+        raise AttributeError(f"{self.global_name} record has no attribute {name!r}")
+
+    def get(self, name: str, default=None):
+        """``state[name]`` when the state is a dict holding it, else ``default``."""
+        state = self.__dict__.get("state")
+        return state.get(name, default) if isinstance(state, dict) else default
+
+    def __repr__(self) -> str:
+        state = self.__dict__.get("state")
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        return f"<Record {self.global_name} state={keys}>"
+
+
+def _stand_in(module: str, name: str) -> type:
+    """A fresh subclass of :class:`Record` standing for the class ``module.name``."""
+    return type(name.rsplit(".", 1)[-1], (Record,), {"global_name": f"{module}.{name}", "__module__": "policyport.inert"})
+
+
+def _numpy_core(name: str):
+    """``numpy._core.<name>`` (numpy >= 2) or ``numpy.core.<name>`` (numpy 1), imported."""
+    import importlib
+
+    for prefix in ("numpy._core", "numpy.core"):
+        try:
+            return importlib.import_module(f"{prefix}.{name}")
+        except ImportError:
+            continue
+    raise UnreadableFileError(f"numpy has no module core.{name}")
+
+
+def _reconstructor(cls, base, state):
+    """``copyreg._reconstructor`` for the classes this unpickler lets through, stand-ins included."""
+    if isinstance(cls, type) and issubclass(cls, Record):
+        return cls()
+    if base is object:
+        return object.__new__(cls)
+    obj = base.__new__(cls, state)
+    if base.__init__ != object.__init__:
+        base.__init__(obj, state)
+    return obj
+
+
+def _newobj(cls, *args):
+    """``copyreg.__newobj__``: ``cls.__new__(cls, *args)`` for an allowed class or a stand-in."""
+    return cls(*args) if isinstance(cls, type) and issubclass(cls, Record) else cls.__new__(cls, *args)
+
+
+def _defaultdict(factory=None, *args):
+    """``collections.defaultdict`` with an allowed factory; a stand-in factory gives a plain dict."""
+    if isinstance(factory, type) and issubclass(factory, Record):
+        return dict(*args)
+    return collections.defaultdict(factory, *args)
+
+
+def _allowed() -> dict[tuple[str, str], Any]:
+    """(module, name) -> what it is rebuilt as."""
+    multiarray, numeric = _numpy_core("multiarray"), _numpy_core("numeric")
+    real: dict[str, Any] = {
+        "multiarray._reconstruct": multiarray._reconstruct,
+        "multiarray.scalar": multiarray.scalar,
+        "numeric._frombuffer": numeric._frombuffer,
+    }
+    allowed: dict[tuple[str, str], Any] = {}
+    for prefix in ("numpy.core", "numpy._core"):
+        for key, value in real.items():
+            sub, name = key.split(".")
+            allowed[(f"{prefix}.{sub}", name)] = value
+    allowed.update({
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+        ("numpy", "bool_"): np.bool_,
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("collections", "defaultdict"): _defaultdict,
+        ("copyreg", "_reconstructor"): _reconstructor,
+        ("copyreg", "__newobj__"): _newobj,
+        ("_codecs", "encode"): _latin1_encode,
+    })
+    for name in ("set", "frozenset", "complex", "bytearray", "bytes", "slice", "range", "list", "dict", "tuple",
+                 "str", "int", "float", "bool", "object"):
+        allowed[("builtins", name)] = getattr(__import__("builtins"), name)
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                 "uint64"):
+        allowed[("numpy", name)] = getattr(np, name)
+    return allowed
+
+
+def _latin1_encode(text, encoding="latin1"):
+    """``_codecs.encode(str, "latin1")``: how protocol-2 pickles of Python 3 store ``bytes``."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise UntrustedFileError(f"the pickle asks for _codecs.encode(..., {encoding!r}); only latin1 bytes are rebuilt")
+    return text.encode("latin1")
+
+
+#: Modules whose every global is refused, class names included: they reach the operating system,
+#: the interpreter or the import machinery.
+DANGEROUS_MODULES = frozenset({
+    "os", "posix", "nt", "subprocess", "sys", "builtins", "importlib", "runpy", "shutil",
+    "socket", "pty", "code", "codeop", "pickle", "_pickle", "marshal", "types", "ctypes", "multiprocessing",
+    "webbrowser", "platform", "signal", "threading", "_thread", "asyncio", "tempfile", "io", "_io", "pathlib",
+    "glob", "inspect", "operator", "functools", "itertools", "timeit", "pdb", "bdb", "trace", "cProfile",
+    "profile", "site", "sysconfig", "distutils", "setuptools", "pip", "zipimport", "pkgutil", "urllib",
+    "http", "ftplib", "smtplib", "telnetlib", "xmlrpc", "requests", "gc", "weakref", "atexit", "cloudpickle",
+    "dill", "joblib", "numpy.lib", "numpy.f2py", "numpy.distutils",
+    "numpy.testing", "numpy.ctypeslib",
+})
+
+#: Reconstructor functions real files use for objects policyport does not need; they are recorded as
+#: inert :class:`Record` s (never called) instead of being refused.
+INERT_FUNCTIONS = frozenset({
+    ("numpy.random._pickle", "__randomstate_ctor"),
+    ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pickle", "__generator_ctor"),
+})
+
+
+def _is_dangerous(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in DANGEROUS_MODULES)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file, what: str, inert_modules: Iterable[str]):
+        super().__init__(file)
+        self._what = what
+        self._allowed = _allowed()
+        self._inert_modules = tuple(inert_modules)
+        self._stand_ins: dict[tuple[str, str], type] = {}
+
+    def find_class(self, module: str, name: str):
+        # Python 2 names (protocols 0-2 write them) mapped as pickle's own find_class maps them
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        key = (module, name)
+        if key in self._allowed:
+            return self._allowed[key]
+        inert = key in INERT_FUNCTIONS or any(module == m or module.startswith(m + ".") for m in self._inert_modules)
+        is_class = name.split(".")[-1][:1].isupper()
+        if not inert and (_is_dangerous(module) or not is_class):
+            raise UntrustedFileError(
+                f"{self._what} asks to call {module}.{name} while unpickling, which could run arbitrary "
+                "code; policyport rebuilds only numpy arrays and plain containers from a pickle and "
+                f"refused it (nothing from the file ran). If you trust this file, pass --trust (trust=True)"
+            )
+        if key not in self._stand_ins:
+            self._stand_ins[key] = _stand_in(module, name)
+        return self._stand_ins[key]
+
+    def persistent_load(self, pid):
+        raise UntrustedFileError(f"{self._what} uses persistent ids ({type(pid).__name__}), which this reader does not rebuild")
+
+
+def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | None = None,
+         inert_modules: Iterable[str] = ()) -> Any:
+    """Unpickle ``source`` without running anything from it (see the module docstring).
+
+    Args:
+        source: the pickle's bytes, or a path to it.
+        trust: unpickle with :func:`pickle.loads`, which runs the file's code (default false).
+        what: how to name the file in messages (default: its path, or "the pickle").
+        inert_modules: module prefixes whose functions are recorded as inert :class:`Record` s
+            instead of refused (for readers that must walk, never call, framework helpers).
+
+    Returns:
+        The unpickled object: numpy arrays, builtin containers and scalars, and :class:`Record` s.
+
+    Raises:
+        UntrustedFileError: the pickle names a function or a dangerous module (without ``trust``).
+        UnreadableFileError: the file cannot be read or is not a valid pickle.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        what = what or str(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise UnreadableFileError(f"cannot read {path}: {e}") from e
+    else:
+        data, what = bytes(source), what or "the pickle"
+    try:
+        if trust:
+            return pickle.loads(data)  # noqa: S301 — the user said they trust this file
+        return _RestrictedUnpickler(io.BytesIO(data), what, inert_modules).load()
+    except UntrustedFileError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            ImportError, UnicodeDecodeError, OverflowError) as e:
+        raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every :class:`Record` replaced by a dict of its state (recursively), for
+    readers that want plain data: ``{"__class__": "module.Name", **state}``."""
+    if isinstance(value, Record):
+        state = value.state
+        out: dict[str, Any] = {"__class__": value.global_name}
+        if isinstance(state, dict):
+            out.update({str(k): plain(v) for k, v in state.items()})
+        elif state is not None:
+            out["__state__"] = plain(state)
+        if value.args:
+            out["__args__"] = [plain(a) for a in value.args]
+        if value.items:
+            out["__items__"] = {k: plain(v) for k, v in value.items.items()}
+        return out
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+__all__ = ["Record", "load", "plain", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]
