@@ -167,7 +167,7 @@ def _parity(proto, feeds: dict[str, np.ndarray], source) -> dict[str, Any]:
     from .errors import require
     from .verification import verify
 
-    ort = require("onnxruntime", "onnxruntime", "packing a policy (its numpy-vs-onnxruntime check)")
+    ort = require("onnxruntime", "onnx", "packing a policy (its numpy-vs-onnxruntime check)")
     report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source,
                     atol=DEFAULT_ATOL, rtol=DEFAULT_RTOL)
     vs_ort = [c for c in report.comparisons if c.candidate == "onnxruntime" and c.reference == "numpy"]

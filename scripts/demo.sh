@@ -4,7 +4,7 @@
 # Everything it writes goes to out/ (replaced on each run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh cli
 export PATH="$PWD/.venv/bin:$PATH"
 SRC=fixtures/real/metadrive_ppo_expert.npz
 mkdir -p out

@@ -27,7 +27,7 @@ class OrtBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, model, graph: Graph, threads: int = 0):
-        self._ort = require("onnxruntime", "onnxruntime", "the onnxruntime backend")
+        self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = model
         self.threads = threads
         self.inputs = list(graph.inputs)

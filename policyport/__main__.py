@@ -1,0 +1,5 @@
+"""``python -m policyport``: the policyport command line."""
+
+from policyport.cli import main
+
+main()

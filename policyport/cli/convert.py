@@ -1,0 +1,104 @@
+"""``policyport convert``: a source to ONNX, verified against the source before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .core import app, emit_json, guard
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range
+from .render import out, say
+from .verify import verdict, verification_table
+
+
+def check_convert_options(kind, activation, head, opset, exporter) -> str | None:
+    """Option values the library would refuse, refused here as usage errors (exit 2); the head."""
+    from ..converter import HEADS, KINDS, MIN_OPSET
+    from ..converter.activations import parse_activation
+    from ..errors import BadModelError, require
+
+    if kind is not None and kind not in KINDS:
+        raise typer.BadParameter(f"{kind!r}; choose one of {', '.join(KINDS)}", param_hint="--from")
+    if activation is not None:
+        try:
+            parse_activation(activation)
+        except BadModelError as e:
+            raise typer.BadParameter(str(e), param_hint="--activation") from None
+    if head is not None and head not in (*HEADS, "none"):
+        raise typer.BadParameter(f"{head!r}; choose one of none, {', '.join(HEADS)}", param_hint="--head")
+    newest = require("onnx", "onnx", "converting a policy").defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise typer.BadParameter(f"{opset}; policyport builds opset {MIN_OPSET} to {newest}", param_hint="--opset")
+    if exporter not in EXPORTERS:
+        raise typer.BadParameter(f"{exporter!r}; choose one of {', '.join(EXPORTERS)}", param_hint="--exporter")
+    return None if head in (None, "none") else head
+
+
+#: Exporters for live torch modules (``--exporter``).
+EXPORTERS = ("torchscript", "dynamo")
+
+
+@app.command()
+def convert(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
+    kind: Annotated[Optional[str], typer.Option("--from", help="Source kind; detected from SRC when omitted (see 'Sources' in the README).")] = None,
+    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, linear  [default: the source's own; tanh for an .npz]")] = None,
+    head: Annotated[Optional[str], typer.Option(help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
+    opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
+    exporter: Annotated[str, typer.Option(help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
+    policy_id: Annotated[Optional[str], typer.Option("--policy-id", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
+    keep_value: Annotated[bool, typer.Option("--keep-value", help="Also export the value function as output 'value'.")] = False,
+    obs_filter: Annotated[bool, typer.Option("--filter/--no-filter", help="Bake the source's observation filter into the graph.")] = True,
+    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
+    trust: Annotated[bool, typer.Option("--trust", help="Allow loading files that can run code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high).")] = 1000,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    atol: AtolOpt = 1e-5,
+    rtol: RtolOpt = 1e-5,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Convert a trained policy to ONNX, verify it against the source, then write it."""
+
+    def body():
+        from ..converter import ConvertOptions, convert_source
+        from ..files import check_distinct, check_writable, save_onnx
+        from ..verification import verify as run_verify
+
+        chosen_head = check_convert_options(kind, activation, head, opset, exporter)
+        check_range(low, high)
+        check_writable(output, force)
+        check_distinct(output, src, obs_norm)
+        options = ConvertOptions(activation=activation, head=chosen_head, opset=opset, keep_value=keep_value,
+                                 exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
+                                 obs_norm=None if obs_norm is None else str(obs_norm), trust=trust)
+        converted = convert_source(src, kind=kind, options=options)
+        for note in converted.notes:
+            say(note)
+        report = None
+        if verify:
+            report = run_verify(converted.model, reference=converted.reference, samples=samples, low=low,
+                                high=high, seed=seed, atol=atol, rtol=rtol)
+        if report is not None and not report.passed:
+            say(f"not writing {output}: the converted model does not match the source")
+            from .verify import print_report
+
+            return print_report(report, as_json)
+        save_onnx(output, converted.model, force)
+        if as_json:
+            emit_json({"output": str(output), "kind": converted.kind, "notes": converted.notes,
+                       "verification": report.to_dict() if report else None})
+        else:
+            say(f"wrote {output}")
+            if report is not None:
+                out.print(verification_table(report))
+                out.print(verdict(report))
+        return 0
+
+    guard(as_json, body)

@@ -1,0 +1,191 @@
+"""The Typer application and its one error edge.
+
+Every way a command can end is decided here: 0 ok; 1 verification found a mismatch; 2 usage error
+(Click's, and option values policyport refuses); 3 bad model or input (:class:`PolicyportError`,
+and a run out of memory); 4 missing optional dependency; 70 an unexpected exception, which is a bug
+in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
+Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
+holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Annotated, Callable, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from ..errors import PolicyportError
+from .render import err, literal, say_error
+
+from typer import Abort, Exit
+
+try:  # newer typer vendors Click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - typer on plain Click
+    from click.exceptions import ClickException
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM, so that outputs in progress are cleaned up as on Ctrl-C."""
+
+
+class _State:
+    debug = bool(os.environ.get("POLICYPORT_DEBUG"))
+
+
+state = _State()
+
+EXIT_BUG = 70
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+def _json_requested(args: list[str]) -> bool:
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+class PolicyportGroup(TyperGroup):
+    """The command group; its ``main`` is the edge for errors raised outside a command's body
+    (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        if "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+            state.debug = True
+            argv.remove("--debug")
+        as_json = _json_requested(argv)
+        try:
+            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as e:
+            code = e.exit_code
+            if as_json:
+                print(json.dumps({"error": e.format_message(), "exit_code": code}))
+            _show_usage_error(e)
+        except (Abort, KeyboardInterrupt) as e:
+            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+            err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _show_usage_error(e: ClickException) -> None:
+    """Click's usage message, printed as plain text (never as markup)."""
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        err.print(literal(ctx.get_usage()))
+        err.print(literal(f"Try '{ctx.command_path} -h' for help."))
+    err.print(f"error: {literal(e.format_message())}", markup=False)
+
+
+app = typer.Typer(
+    cls=PolicyportGroup,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Carry trained policy networks across frameworks: convert to ONNX, extract weights, run on "
+    "numpy or onnxruntime with every activation recorded, and verify parity tensor by tensor.",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"policyport {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    debug: Annotated[bool, typer.Option("--debug", help="Print the traceback of an unexpected error (exit 70).")] = False,
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+) -> None:
+    """Carry trained policy networks across frameworks."""
+    state.debug = state.debug or debug
+
+
+def fail(e: PolicyportError, as_json: bool) -> None:
+    """Report a deliberate error and exit with its code."""
+    if as_json:
+        print(json.dumps({"error": str(e), "exit_code": e.exit_code}))
+    say_error(str(e))
+    raise typer.Exit(e.exit_code)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def guard(as_json: bool, body: Callable[[], int | None]) -> None:
+    """Run a command's ``body`` behind the error edge (see the module docstring).
+
+    ``body`` returns the exit code (``None`` for 0). Click's own exceptions (usage errors raised by
+    the body, ``typer.Exit``) pass through to :class:`PolicyportGroup`.
+    """
+    previous = None
+    if _in_main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        code = body()
+    except PolicyportError as e:
+        fail(e, as_json)
+    except (ClickException, Exit, Abort):
+        raise
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        message = "terminated" if terminated else "interrupted"
+        if as_json:
+            print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
+        err.print(f"{message}; nothing was written")
+        raise typer.Exit(code) from None
+    except MemoryError as e:
+        detail = f" ({literal(str(e))})" if str(e) else ""
+        message = (f"not enough memory to finish{detail}; nothing was written — use fewer samples, a smaller "
+                   "input, or a machine with more memory")
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": 3}))
+        say_error(message)
+        raise typer.Exit(3) from None
+    except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
+        message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written. "
+                   + ("" if state.debug else "Re-run with --debug for the traceback, and please report it."))
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
+        if state.debug:
+            for line in "".join(traceback.format_exception(e)).splitlines():
+                err.print(literal(line), markup=False)
+        say_error(message)
+        raise typer.Exit(EXIT_BUG) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code:
+        raise typer.Exit(code)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def emit_json(doc) -> None:
+    """Print ``doc`` as the one JSON document of stdout (non-ASCII and control characters escaped)."""
+    print(json.dumps(doc, indent=1))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,124 @@
+"""Commands that look at a model or take it apart: ``inspect``, ``extract``, ``expose``, ``ops``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .core import app, emit_json, guard
+from .options import ForceOpt, JsonOpt, ModelArg
+from .render import add_row, literal, out, shape_text, table
+
+
+@app.command()
+def inspect(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model, a packed folder, or a source (converted in memory with defaults).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
+
+    def body():
+        from ..files import load_onnx
+        from ..summary import format_shape, summarize
+
+        if model.is_dir() and (model / "model.onnx").is_file() or model.suffix == ".onnx" or not model.exists():
+            proto = load_onnx(model)
+        else:
+            from ..converter import convert
+
+            proto = convert(model)
+        s = summarize(proto)
+        if as_json:
+            emit_json(s)
+            return
+        out.print(literal(f"opset {s['opset']}, IR {s['ir_version']}, producer {s['producer'] or '?'}"))
+        for kind in ("inputs", "outputs"):
+            out.print(literal(f"{kind}: " + ", ".join(f"{v['name']} {v['dtype']}{format_shape(v['shape'])}" for v in s[kind])))
+        t = table(f"{len(s['nodes'])} nodes, {s['parameter_count']:,} parameters",
+                  ["node", "op", "output", "dtype", "shape", ("parameters", "right")])
+        for n in s["nodes"]:
+            for i, o in enumerate(n["outputs"]):
+                add_row(t, n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"],
+                        o["dtype"] or "?", format_shape(o["shape"]),
+                        f"{n['parameter_count']:,}" if i == 0 and n["parameters"] else "")
+        out.print(t)
+        out.print(literal("ops: " + ", ".join(s["ops"])))
+        lacks = s["numpy_backend_lacks"]
+        out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
+
+    guard(as_json, body)
+
+
+@app.command()
+def extract(
+    model: ModelArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of weights to write.")],
+    force: ForceOpt = False,
+) -> None:
+    """Write the model's parameters to .npz under the source's names, in the source's layout."""
+
+    def body():
+        from ..files import check_distinct, check_writable, save_npz
+        from ..passes import extract_weights
+
+        check_writable(output, force)
+        check_distinct(output, model)
+        weights = extract_weights(model)
+        save_npz(output, weights, force)
+        t = table(f"{len(weights)} parameters written to {output}", ["name", "dtype", "shape"])
+        for k, v in weights.items():
+            add_row(t, k, v.dtype.name, shape_text(v.shape))
+        out.print(t)
+
+    guard(False, body)
+
+
+@app.command()
+def expose(
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a packed folder (left untouched).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names.")] = "*",
+    force: ForceOpt = False,
+) -> None:
+    """Write a copy of the model whose intermediate tensors are graph outputs too."""
+
+    def body():
+        from ..files import check_distinct, check_writable, load_onnx, save_onnx
+        from ..passes import expose as expose_pass
+
+        check_writable(output, force)
+        check_distinct(output, model)
+        exposed = expose_pass(load_onnx(model), tensors)
+        save_onnx(output, exposed, force)
+        out.print(literal(f"wrote {output} with {len(exposed.graph.output)} graph outputs: "
+                          + ", ".join(o.name for o in exposed.graph.output)))
+
+    guard(False, body)
+
+
+@app.command()
+def ops(
+    as_json: JsonOpt = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print a Markdown table (the README's op list).")] = False,
+) -> None:
+    """The ONNX ops the numpy backend implements, with the opset versions each implementation starts at."""
+
+    def body():
+        from ..runtime.numpy.registry import op_table_markdown, supported_ops
+
+        if as_json and markdown:
+            raise typer.BadParameter("choose one of --json and --markdown", param_hint="--json/--markdown")
+        registered = supported_ops()
+        if as_json:
+            emit_json(registered)
+        elif markdown:
+            print(op_table_markdown(), end="")
+        else:
+            t = table(f"{len(registered)} ONNX ops on the numpy backend (default domain)", ["op", "implementations since opset"])
+            for name, since in registered.items():
+                add_row(t, name, ", ".join(map(str, since)))
+            out.print(t)
+
+    guard(as_json, body)

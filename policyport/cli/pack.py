@@ -1,0 +1,48 @@
+"""``policyport pack``: a folder that runs and verifies itself with numpy alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .core import app, emit_json, guard
+from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
+from .render import add_row, literal, out, say, table
+
+
+@app.command()
+def pack(
+    model: ModelArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The bundle folder to write.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Golden observations to record.")] = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a folder that runs and verifies itself with numpy alone (model, weights, graph.json, golden data)."""
+
+    def body():
+        from ..bundle import pack as run_pack
+        from ..runtime.packed import read_policy
+
+        check_range(low, high)
+        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source)
+        policy = read_policy(folder)
+        if as_json:
+            emit_json({"output": str(folder), "policy": policy})
+            return
+        parity = policy["parity"]
+        say(f"wrote {folder}")
+        t = table(f"{folder}: runs with numpy alone", ["file", "sha256"])
+        for name, digest in policy["files"].items():
+            add_row(t, name, digest)
+        out.print(t)
+        out.print(literal(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
+                          f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+
+    guard(as_json, body)

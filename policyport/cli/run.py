@@ -1,0 +1,65 @@
+"""``policyport run``: a model on observations, optionally recording activations."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InputMismatchError
+from .core import app, guard
+from .options import ForceOpt, ModelArg
+from .render import add_row, out, shape_text, table
+from .verify import load_feeds
+
+
+class BackendName(str, Enum):
+    numpy = "numpy"
+    onnxruntime = "onnxruntime"
+
+
+@app.command()
+def run(
+    model: ModelArg,
+    inputs: Annotated[Path, typer.Option("-i", "--input", help=".npy (single-input model) or .npz keyed by input name.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of graph outputs to write.")],
+    backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
+    record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names (default: all).")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Run a model on observations; optionally record activations."""
+
+    def body():
+        from ..files import check_distinct, check_writable, save_npz
+        from ..runtime import load
+
+        if tensors is not None and record is None:
+            raise typer.BadParameter("--tensors selects what --record writes; give --record too", param_hint="--tensors")
+        check_writable(output, force)
+        check_distinct(output, model, inputs)
+        if record is not None:
+            if record.resolve() == output.resolve():
+                raise InputMismatchError("--record and -o name the same file")
+            check_writable(record, force)
+            check_distinct(record, model, inputs)
+        session = load(str(model), backend=backend.value)
+        feeds = load_feeds(inputs, [v.name for v in session.inputs])
+        if record is not None:
+            values = session.record(feeds, tensors or "*")
+            outputs = {v.name: values[v.name] for v in session.outputs}
+        else:
+            outputs = session.run(feeds)
+        save_npz(output, outputs, force)
+        if record is not None:
+            save_npz(record, values, force)
+        t = table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
+                  ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")])
+        for k, v in (values if record is not None else outputs).items():
+            lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
+            add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
+        out.print(t)
+
+    guard(False, body)
