@@ -114,9 +114,18 @@ class MlpBuilder:
         self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=output, **attrs))
         return output
 
+    #: Tensor names the builder gives node outputs (the graph's input and outputs); a source parameter
+    #: of the same name (an unprefixed RLlib ``log_std``) gets another initializer name, and
+    #: ``policyport.parameters`` maps it back to the source's name.
+    RESERVED = frozenset({"obs", "logits", "action", "log_std", "value"})
+
     def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
-        if name in self._names:
+        if name in self._names and source_name is None:
             raise BadModelError(f"parameter name {name!r} occurs twice")
+        base, n = name, 1
+        while name in self._names or name in self.RESERVED:
+            name = f"{base}/parameter" + (f"_{n}" if n > 1 else "")
+            n += 1
         self._names.add(name)
         self.initializers.append(self.numpy_helper.from_array(np.asarray(array), name))
         if source_name is not None:
