@@ -29,6 +29,8 @@ from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 #: and returns a :class:`Converted`.
 SOURCES: dict[str, str] = {
     "npz": "policyport.converter.rllib_weights:convert_npz",
+    "keras": "policyport.converter.keras:convert_keras",
+    "savedmodel": "policyport.converter.keras:convert_savedmodel",
 }
 
 #: Source kinds ``--from`` accepts, in the order the help lists them.
