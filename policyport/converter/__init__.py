@@ -31,6 +31,7 @@ SOURCES: dict[str, str] = {
     "npz": "policyport.converter.rllib_weights:convert_npz",
     "keras": "policyport.converter.keras:convert_keras",
     "savedmodel": "policyport.converter.keras:convert_savedmodel",
+    "rllib": "policyport.converter.rllib:convert_rllib",
 }
 
 #: Source kinds ``--from`` accepts, in the order the help lists them.
