@@ -157,8 +157,8 @@ def detect_kind(source) -> str:
     module = type(source).__module__.split(".")[0]
     if module == "torch" or any(c.__module__.startswith("torch.nn") for c in type(source).__mro__):
         return "torch"
-    if module in ("keras", "tensorflow", "tf_keras"):
-        return "keras"
+    if any(c.__module__.split(".")[0] in ("keras", "tensorflow", "tf_keras") for c in type(source).__mro__):
+        return "keras"  # a Keras model (subclasses too) or a tf.function
     raise BadModelError(f"cannot convert a {type(source).__name__}; supported sources: {', '.join(KINDS)}")
 
 

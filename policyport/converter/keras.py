@@ -91,11 +91,42 @@ def _frameworks() -> _Frameworks:
         MissingDependencyError: one of them is not installed (the ``tf`` extra).
         IncompatibleFrameworkError: they are installed but fail to import together.
     """
-    import importlib
     import logging
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TF's C++ start-up lines would reach stderr
     modules = {}
+    with _quiet_stderr():
+        _import_all(modules)
+    for logger in ("tf2onnx", "tensorflow", "absl"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    return _Frameworks(modules["tensorflow"], modules["keras"], modules["tf2onnx"])
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send the process's stderr (file descriptor 2) to /dev/null for a while: TensorFlow's C++
+    start-up messages (oneDNN, absl) ignore ``TF_CPP_MIN_LOG_LEVEL`` and would reach the user."""
+    import sys
+
+    try:
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
+        saved = os.dup(fd)
+    except (OSError, ValueError, AttributeError):  # no real stderr (embedded, captured): nothing to hide
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _import_all(modules: dict) -> None:
+    import importlib
+
     for name in ("tensorflow", "keras", "tf2onnx"):
         try:
             modules[name] = importlib.import_module(name)
@@ -111,9 +142,6 @@ def _frameworks() -> _Frameworks:
                 f"importing {name} failed ({type(e).__name__}: {e}); the installed tensorflow/tf2onnx/protobuf "
                 f"versions do not work together; install a working set with: pip install 'policyport[{EXTRA}]'"
             ) from e
-    for logger in ("tf2onnx", "tensorflow", "absl"):
-        logging.getLogger(logger).setLevel(logging.ERROR)
-    return _Frameworks(modules["tensorflow"], modules["keras"], modules["tf2onnx"])
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -319,19 +347,23 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
     except Exception as e:  # whatever the model's own code raises while it is traced
         raise BadModelError(f"calling the Keras model {model.name!r} on {[tuple(s.shape) for s in specs]} failed: {_first_line(e)}") from e
     by_name = {names[id(l)]: l for l in leaves}
+    owner = {}
+    for layer_name, layer in by_name.items():
+        for w in layer.weights:
+            owner.setdefault(id(w), layer_name)
     weights: list[tuple[str, str | None, np.ndarray]] = []
     seen_weights: set[int] = set()
     seen_names: set[str] = set()
-    for layer_name, layer in by_name.items():
-        for w in layer.weights:
-            if id(w) in seen_weights:
-                continue
-            seen_weights.add(id(w))
-            source_name = f"{layer_name}/{w.name}"
-            if source_name in seen_names:
-                source_name = str(getattr(w, "path", source_name))
-            seen_names.add(source_name)
-            weights.append((source_name, layer_name, np.asarray(w.numpy())))
+    for w in model.weights:  # Keras' own order
+        if id(w) in seen_weights or id(w) not in owner:
+            continue
+        seen_weights.add(id(w))
+        layer_name = owner[id(w)]
+        source_name = f"{layer_name}/{w.name}"
+        if source_name in seen_names:
+            source_name = str(getattr(w, "path", source_name))
+        seen_names.add(source_name)
+        weights.append((source_name, layer_name, np.asarray(w.numpy())))
     norms = {}
     for layer_name, layer in by_name.items():
         kind = {"BatchNormalization": "bn", "LayerNormalization": "ln"}.get(type(layer).__name__)
@@ -544,9 +576,11 @@ def _settle_names(graph: _Graph, order: list[str]) -> None:
         else:
             graph.rename(root, names[0])
             source, rest = names[0], names[1:]
-        for n in rest:
-            if n != source:
-                graph.g.node.append(helper.make_node("Identity", [source], [n], name=n))
+        nodes = list(graph.g.node)
+        at = next((i + 1 for i, node in enumerate(nodes) if source in node.output), 0)
+        nodes[at:at] = [helper.make_node("Identity", [source], [n], name=n) for n in rest if n != source]
+        del graph.g.node[:]
+        graph.g.node.extend(nodes)
     graph.topological_sort()
 
 

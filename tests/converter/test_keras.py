@@ -210,3 +210,38 @@ def test_without_tensorflow_the_error_names_the_tf_extra(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4, proc.stderr
     assert "policyport[tf]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_subclassed_and_nested_models_name_their_inner_layers(keras, obs):
+    layers = keras.layers
+
+    class Policy(keras.Model):
+        def __init__(self):
+            super().__init__(name="policy")
+            self.fc_1 = layers.Dense(16, activation="tanh", name="fc_1")
+            self.bn = layers.BatchNormalization(name="bn", epsilon=0.01)
+            self.fc_out = layers.Dense(4, name="fc_out")
+
+        def call(self, x, training=False):
+            return self.fc_out(self.bn(self.fc_1(x), training=training))
+
+    keras.utils.set_random_seed(4)
+    sub = Policy()
+    sub(obs[:2])
+    trunk = keras.Sequential([layers.Dense(8, activation="relu", name="a"), layers.Dense(8, activation="elu", name="b")],
+                             name="trunk")
+    inp = keras.Input((6,))
+    nested = keras.Model(inp, layers.Dense(2, name="head")(trunk(inp)))
+    for model, names in ((sub, ["fc_1", "bn", "fc_out"]), (nested, ["a", "b", "head"])):
+        c = convert_source(model)
+        report = pp.verify(c.model, obs, reference=c.reference)
+        assert report.passed
+        assert {x.tensor for x in report.comparisons if x.reference == "source"} >= set(names)
+        weights = pp.extract_weights(c.model)
+        assert list(weights) == [f"{layer}/{w.name}" for layer in names for w in _leaf(model, layer).weights]
+    bn = next(n for n in convert_source(sub).model.graph.node if n.op_type == "BatchNormalization")
+    assert onnx.helper.get_attribute_value(bn.attribute[0]) == np.float32(0.01)
+
+
+def _leaf(model, name):
+    return next(layer for layer in model._flatten_layers() if layer.name == name)
