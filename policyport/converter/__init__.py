@@ -237,6 +237,9 @@ def convert(source, *, kind: str | None = None, **options):
             (see :func:`detect_kind`). ``npz``: a path to an ``.npz`` of weights, or a dict
             name -> array, in RLlib's TF FullyConnectedNetwork layout (``[prefix/]fc_<i>/kernel``
             ``[in, out]``, ``.../bias``, ``fc_out/...``; see :mod:`policyport.converter.rllib_weights`).
+            ``keras``: a ``.keras``/``.h5`` file, a ``keras.Model`` or a ``tf.function`` with an
+            input signature (:mod:`policyport.converter.keras`); ``savedmodel``: a SavedModel folder;
+            ``rllib``: a checkpoint file or folder of any Ray version (:mod:`policyport.converter.rllib`).
         kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
         **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
             swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or

@@ -245,3 +245,21 @@ def test_subclassed_and_nested_models_name_their_inner_layers(keras, obs):
 
 def _leaf(model, name):
     return next(layer for layer in model._flatten_layers() if layer.name == name)
+
+
+def test_a_savedmodel_whose_signature_writes_files_is_refused(keras, tmp_path):
+    import tensorflow as tf
+
+    marker = tmp_path / "signature-ran"
+
+    class Writes(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec((None, 3), tf.float32)])
+        def __call__(self, x):
+            tf.io.write_file(str(marker), "ran")
+            return {"y": x * 2.0}
+
+    module = Writes()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    with pytest.raises(pp.UntrustedFileError, match="WriteFile"):
+        pp.convert(tmp_path / "sm")
+    assert not marker.exists()
