@@ -117,7 +117,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         "inputs": [v.to_dict() for v in graph.inputs],
         "outputs": [v.to_dict() for v in graph.outputs],
         "head": meta.get("policyport.head"),
-        "observation_filter": None,
+        "observation_filter": _json_or_text(meta.get("policyport.observation_filter")),
         "provenance": {
             "source": _json_or_text(meta.get("policyport.source")),
             "activation": meta.get("policyport.activation"),
