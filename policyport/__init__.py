@@ -42,7 +42,7 @@ _LAZY = {
     "extract_weights": (".passes", "extract_weights"),
     "expose": (".passes", "expose"),
     "pack": (".bundle", "pack"),
-    "export_numpy": (".export_numpy", "export_numpy"),
+    "export_numpy": (".export", "export_numpy"),
     "verify_bundle": (".runtime.packed", "verify_bundle"),
 }
 

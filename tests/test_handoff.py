@@ -25,7 +25,7 @@ EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"
 NODE_ORDER = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
 #: Modules the runtime must never import, by top-level name, and policyport modules it must not carry.
 FORBIDDEN_TOP = {"onnx", "onnxruntime", "google", "typer", "rich", "click", "torch", "tensorflow", "tf2onnx", "ray"}
-NOT_CARRIED = {"verification.py", "bundle.py", "passes.py", "summary.py", "export_numpy.py", "runtime/ort.py"}
+NOT_CARRIED = {"verification.py", "bundle.py", "passes.py", "summary.py", "export.py", "runtime/ort.py"}
 
 
 @pytest.fixture(scope="module")
