@@ -145,7 +145,8 @@ def _graph_from(blobs: Mapping[str, bytes], directory: Path) -> Graph:
     try:
         return Graph.from_json(blobs[GRAPH_FILE].decode("utf-8"), initializers)
     except OverflowError as e:  # an integer attribute beyond its element type
-        raise BadModelError(f"{directory / GRAPH_FILE}: {e}") from None
+        raise BadModelError(f"{directory / GRAPH_FILE}: an attribute tensor holds a value its element type "
+                            f"cannot ({e})") from None
 
 
 def _read_npz(data: bytes, path: Path) -> dict[str, np.ndarray]:
