@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadModelError
+from .errors import BadModelError, require
 
 #: ``TensorProto.DataType`` code -> numpy dtype, for every element type numpy can hold.
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
@@ -366,8 +366,8 @@ def from_onnx(model) -> Graph:
     Raises:
         BadModelError: a node has a graph-valued attribute, or an element type numpy cannot hold.
     """
-    from onnx import AttributeProto, helper, numpy_helper
-
+    onnx = require("onnx", "onnx", "reading an ONNX model")
+    AttributeProto, helper, numpy_helper = onnx.AttributeProto, onnx.helper, onnx.numpy_helper  # noqa: N806
     g = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     nodes = []

@@ -49,7 +49,7 @@ from ..errors import (
     UnsupportedOpError,
     UntrustedFileError,
 )
-from ..runtime.packed import sha256_file
+from ..files import sha256_file
 from .build import MIN_OPSET
 
 #: The pip extra that installs tensorflow and tf2onnx.
