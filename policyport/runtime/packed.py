@@ -41,7 +41,8 @@ The folder (format ``policyport.bundle/1``):
 ``policy.json``
     Written last. ``format``; ``inputs`` / ``outputs`` (name, dtype, shape; a string is a symbolic
     dimension such as ``"batch"``); ``head`` (model metadata ``policyport.head``); ``observation_filter``
-    (``null``; reserved for RLlib's MeanStdFilter ``mean`` / ``std``); ``provenance`` (model metadata
+    (the model metadata ``policyport.observation_filter`` a converter wrote — the observation filter
+    baked into the graph, such as RLlib's MeanStdFilter with its mean, std and clip — or ``null``); ``provenance`` (model metadata
     ``policyport.source`` and ``policyport.activation``, policyport and numpy versions, opset,
     creation time in UTC ISO 8601); ``golden`` (how the observations were drawn); ``parity`` (the
     largest onnxruntime-vs-numpy absolute difference over every tensor at pack time, and against the
