@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import InputMismatchError, PolicyportError
+from .errors import InputMismatchError, PolicyportError, UnsupportedOpError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -36,19 +36,24 @@ class BackendName(str, Enum):
     onnxruntime = "onnxruntime"
 
 
-def _fail(e: PolicyportError, as_json: bool) -> None:
+def _fail(e: PolicyportError, as_json: bool, command: str = "", source_given: bool = False) -> None:
+    message = str(e)
+    if isinstance(e, UnsupportedOpError):  # a remedy in this command's own options
+        message = e.message_for(command, source_given=source_given)
     if as_json:
-        print(json.dumps({"error": str(e), "exit_code": e.exit_code}))
-    err.print(f"[bold red]error:[/] {e}", markup=True)
+        print(json.dumps({"error": message, "exit_code": e.exit_code}))
+    err.print("[bold red]error:[/] ", markup=True, end="")
+    err.print(message, markup=False)
     raise typer.Exit(e.exit_code)
 
 
-def _guard(as_json: bool, body: Callable[[], int | None]) -> None:
-    """Run ``body``; turn policyport's errors into a message and their exit code."""
+def _guard(as_json: bool, body: Callable[[], int | None], command: str = "", source: Path | None = None) -> None:
+    """Run ``body``; turn policyport's errors into a message and their exit code (``command`` and
+    ``source``: what a remedy may suggest)."""
     try:
         code = body()
     except PolicyportError as e:
-        _fail(e, as_json)
+        _fail(e, as_json, command, source is not None)
     except KeyboardInterrupt:
         err.print("interrupted")
         raise typer.Exit(130) from None
@@ -204,7 +209,7 @@ def convert(
                 out.print(_verdict(report))
         return 0
 
-    _guard(as_json, body)
+    _guard(as_json, body, "convert")
 
 
 @app.command()
@@ -299,7 +304,7 @@ def run(
             table.add_row(k, v.dtype.name, str(tuple(v.shape)), lo, hi)
         out.print(table)
 
-    _guard(False, body)
+    _guard(False, body, "run")
 
 
 @app.command("verify")
@@ -352,7 +357,7 @@ def verify_cmd(
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
         return _print_report(report, as_json)
 
-    _guard(as_json, body)
+    _guard(as_json, body, "verify", source)
 
 
 @app.command()
@@ -429,7 +434,7 @@ def pack(
         out.print(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
                   f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}")
 
-    _guard(as_json, body)
+    _guard(as_json, body, "pack", source)
 
 
 @app.command()
