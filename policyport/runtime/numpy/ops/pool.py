@@ -24,16 +24,30 @@ def _lowest(dtype):
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
+def _window_slices(view, kernel):
+    """(offset index, view of every window's element at that kernel offset), row-major over the kernel:
+    (N, C, *out) strided views, so a reduction over the window is a few whole-array ufunc calls
+    (numpy reduces over short trailing axes of a strided view very slowly)."""
+    for k, offset in enumerate(np.ndindex(*kernel)):
+        yield k, view[(Ellipsis, *offset)]
+
+
 def _max_pool(x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides, node_outputs):
     n = len(kernel_shape)
     spatial = x.shape[2:]
     begin, end, out, _ = window_geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     view = windows(x, kernel_shape, begin, end, out, strides, dilations, fill=_lowest(x.dtype))
-    flat = view.reshape(*view.shape[:2 + n], -1)  # (N, C, *out, K)
+    slices = _window_slices(view, kernel_shape)
+    y = next(slices)[1].copy()
     if node_outputs == 1:
-        return flat.max(axis=-1)
-    best = flat.argmax(axis=-1)
-    y = np.take_along_axis(flat, best[..., None], axis=-1)[..., 0]
+        for _, values in slices:
+            np.maximum(y, values, out=y)
+        return y
+    best = np.zeros(y.shape, np.int64)  # kernel offset of the first maximum
+    for k, values in slices:
+        larger = values > y
+        np.copyto(y, values, where=larger)
+        np.copyto(best, k, where=larger)
     # input coordinate of the winner along each spatial axis: o * stride + k * dilation - begin
     offsets = np.unravel_index(best, kernel_shape)
     strides = list(strides or [1] * n)
@@ -81,8 +95,6 @@ def _average_pool(x, *, auto_pad, ceil_mode, count_include_pad, dilations, kerne
     spatial = x.shape[2:]
     begin, end, out, counted_end = window_geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad,
                                                    ceil_mode)
-    kernel_axes = tuple(range(2 + n, 2 + 2 * n))
-    total = windows(x, kernel_shape, begin, end, out, strides, dilations).sum(axis=kernel_axes)
     # how many elements each window averages: the input's, plus the given padding's if counted
     counted = np.ones((1, 1, *spatial), dtype=x.dtype)
     if count_include_pad:
@@ -91,8 +103,19 @@ def _average_pool(x, *, auto_pad, ceil_mode, count_include_pad, dilations, kerne
         inner_end = [e - c for e, c in zip(end, counted_end)]
     else:
         inner_begin, inner_end = begin, end
-    count = windows(counted, kernel_shape, inner_begin, inner_end, out, strides, dilations).sum(axis=kernel_axes)
-    return (total / count).astype(x.dtype, copy=False)
+    total, count = (_window_sum(windows(a, kernel_shape, b, e, out, strides, dilations), kernel_shape)
+                    for a, b, e in ((x, begin, end), (counted, inner_begin, inner_end)))
+    total /= count
+    return total.astype(x.dtype, copy=False)
+
+
+def _window_sum(view, kernel):
+    """Sum over each window, accumulated in float32 at least (float16 would round at every step)."""
+    slices = _window_slices(view, kernel)
+    total = next(slices)[1].astype(np.promote_types(view.dtype, np.float32))
+    for _, values in slices:
+        total += values
+    return total
 
 
 @op("AveragePool", since=1)

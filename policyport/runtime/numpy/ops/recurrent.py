@@ -27,7 +27,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import op
-from .activation import _sigmoid, _softplus
+from .activation import _softplus
+
+
+def _logistic(x):
+    """1 / (1 + exp(-x)) in three ufunc calls; exp overflows to inf (giving 0) for very negative x,
+    so the caller silences overflow (:func:`_recur` runs every step under ``np.errstate``)."""
+    e = np.exp(-x)
+    e += 1
+    return np.reciprocal(e, out=e)
 
 
 def _scaled_tanh(x, alpha, beta):
@@ -43,7 +51,7 @@ def _elu(x, alpha, beta):
 _ACTIVATIONS = {
     "relu": (lambda x, a, b: np.maximum(x, x.dtype.type(0)), None, None),
     "tanh": (lambda x, a, b: np.tanh(x), None, None),
-    "sigmoid": (lambda x, a, b: _sigmoid(x), None, None),
+    "sigmoid": (lambda x, a, b: _logistic(x), None, None),
     "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),
     "leakyrelu": (lambda x, a, b: np.where(x >= 0, x, a * x), 0.01, None),
     "thresholdedrelu": (lambda x, a, b: np.where(x > a, x, x.dtype.type(0)), 1.0, None),
@@ -135,14 +143,15 @@ def _recur(cell, x, w, r, b, sequence_lens, initial, *, gates, direction, layout
                       for s in initial)
         r_t = r[d].T
         ys = np.zeros((seq, batch, hidden), dtype)
-        for t in range(seq):
-            new_state, h = cell(projected[t], state, r_t, bias_r, d, clip)
-            if lengths is not None:
-                active = (t < lengths)[:, None]
-                new_state = tuple(np.where(active, n, s) for n, s in zip(new_state, state))
-                h = np.where(active, h, dtype.type(0))
-            state = new_state
-            ys[t] = h
+        with np.errstate(over="ignore", under="ignore"):  # saturating activations (see _logistic)
+            for t in range(seq):
+                new_state, h = cell(projected[t], state, r_t, bias_r, d, clip)
+                if lengths is not None:
+                    active = (t < lengths)[:, None]
+                    new_state = tuple(np.where(active, n, s) for n, s in zip(new_state, state))
+                    h = np.where(active, h, dtype.type(0))
+                state = new_state
+                ys[t] = h
         if reverse:
             ys = ys[::-1] if lengths is None else _reverse_within(ys, lengths)
         if lengths is not None and not lengths.all():
@@ -216,12 +225,13 @@ def _gru(x, w, r, b, sequence_lens, initial_h, *, activations, activation_alpha,
         f, g = funcs[d]
         h_prev = state[0]
         n = h_prev.shape[1]
-        pz, pr, ph = projected[:, :n], projected[:, n:2 * n], projected[:, 2 * n:]
         rec = h_prev @ r_t[:, :2 * n]
         if rb is not None:
             rec += rb[:2 * n]
-        z = f(_clipped(pz + rec[:, :n], clip))
-        reset = f(_clipped(pr + rec[:, n:], clip))
+        rec += projected[:, :2 * n]
+        update_reset = f(_clipped(rec, clip))  # z and r in one call
+        z, reset = update_reset[:, :n], update_reset[:, n:]
+        ph = projected[:, 2 * n:]
         if linear_before_reset:
             hidden_rec = h_prev @ r_t[:, 2 * n:]
             if rb is not None:
@@ -276,17 +286,21 @@ def _lstm(x, w, r, b, sequence_lens, initial_h, initial_c, p, *, activations, ac
         f, g, h_act = funcs[d]
         h_prev, c_prev = state
         n = h_prev.shape[1]
-        pre = projected + h_prev @ r_t  # gates i, o, f, c
-        pi, po, pf, pc = pre[:, :n], pre[:, n:2 * n], pre[:, 2 * n:3 * n], pre[:, 3 * n:]
-        if p is not None:
-            pi = pi + p[d, :n] * c_prev
-            pf = pf + p[d, 2 * n:] * c_prev
-        inp = f(_clipped(pi, clip))
-        forget = 1 - inp if input_forget else f(_clipped(pf, clip))
+        pre = h_prev @ r_t
+        pre += projected  # gates i, o, f, c
+        pc = pre[:, 3 * n:]
+        if p is None:  # i, o and f in one call
+            gates = f(_clipped(pre[:, :3 * n], clip))
+            inp, out, forget = gates[:, :n], gates[:, n:2 * n], gates[:, 2 * n:]
+        else:
+            inp = f(_clipped(pre[:, :n] + p[d, :n] * c_prev, clip))
+            forget = f(_clipped(pre[:, 2 * n:3 * n] + p[d, 2 * n:] * c_prev, clip))
+        if input_forget:
+            forget = 1 - inp
         c = forget * c_prev + inp * g(_clipped(pc, clip))
         if p is not None:
-            po = po + p[d, n:2 * n] * c
-        h = f(_clipped(po, clip)) * h_act(c)
+            out = f(_clipped(pre[:, n:2 * n] + p[d, n:2 * n] * c, clip))
+        h = out * h_act(c)
         return (h, c), h
 
     return _recur(cell, x, w, r, b, sequence_lens, [initial_h, initial_c], gates=4, direction=direction,
