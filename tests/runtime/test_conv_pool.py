@@ -183,3 +183,13 @@ def test_results_never_alias_the_feed():
         np.testing.assert_array_equal(out, x)
         feeds["x"][:] = 0
         np.testing.assert_array_equal(out, x)
+
+
+@pytest.mark.parametrize("op_type, attrs", [("Conv", {"pads": [1, 1, 1, 1]}), ("MaxPool", {"kernel_shape": [2, 2]}),
+                                            ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+                                            ("GlobalAveragePool", {}), ("GlobalMaxPool", {})])
+def test_an_empty_batch(op_type, attrs):
+    feeds = {"x": np.zeros((0, 3, 8, 8), np.float32)}
+    if op_type == "Conv":
+        feeds["w"] = f32(4, 3, 3, 3)
+    assert_same(*both(node_model(op_type, feeds, 17, **attrs), feeds))

@@ -79,7 +79,7 @@ def window_geometry(spatial, kernel, strides=None, dilations=None, pads=None, au
 
 
 def windows(x, kernel, begin, end, out, strides=None, dilations=None, fill=0):
-    """A read-only view (N, C, *out, *kernel) of ``x`` (N, C, *spatial) padded with ``fill``: element
+    """A view (N, C, *out, *kernel) of ``x`` (N, C, *spatial) padded with ``fill``: element
     ``[n, c, o1, ..., k1, ...]`` is ``padded[n, c, o1 * s1 + k1 * d1, ...]``.
 
     The padded copy (or ``x`` itself, when contiguous and unpadded) is the view's only memory.

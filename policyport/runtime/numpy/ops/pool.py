@@ -2,7 +2,8 @@
 
 https://onnx.ai/onnx/operators/onnx__MaxPool.html, onnx__AveragePool.html,
 onnx__GlobalAveragePool.html, onnx__GlobalMaxPool.html. Windows, padding and output sizes are those
-of :func:`.conv.window_geometry`; a window reads the input as a strided view, never a Python loop.
+of :func:`.conv.window_geometry`; the windows are a strided view of the (padded) input, reduced by
+one whole-array ufunc call per kernel offset.
 
 Versions where the semantics change: MaxPool-8 adds the Indices output and ``storage_order``,
 MaxPool-10 ``ceil_mode`` and ``dilations`` (11 and 12 clarified the text and added int8/uint8);

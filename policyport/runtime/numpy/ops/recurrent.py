@@ -13,13 +13,13 @@ types. The three share one driver, :func:`_recur`:
 
 Activations are named as on the operator pages, case-insensitively; ThresholdedRelu keeps x where
 x > alpha, as the ThresholdedRelu operator and onnxruntime do (the recurrent pages write >=).
-``activation_alpha`` and
-``activation_beta`` are consumed in the order of the activations, each value by the next activation
-that takes that parameter (Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu), the
-operator's default when the list runs out: LeakyRelu 0.01, HardSigmoid 0.2 and 0.5, Elu 1.0,
-ThresholdedRelu 1.0 (the ThresholdedRelu operator's), Affine 1.0 and 0.0, ScaledTanh 1.0 and 1.0.
-(onnxruntime defaults the last three's parameters to 0.) ``clip`` bounds every activation's input
-to [-clip, clip] except that of the LSTM's output activation ``h(Ct)``.
+``activation_alpha`` and ``activation_beta`` are consumed in the order of the activations, each
+value by the next activation that takes that parameter (Affine, LeakyRelu, ThresholdedRelu,
+ScaledTanh, HardSigmoid, Elu), the operator's default when the list runs out: LeakyRelu 0.01,
+HardSigmoid 0.2 and 0.5, Elu 1.0, ThresholdedRelu 1.0 (the ThresholdedRelu operator's), Affine 1.0
+and 0.0, ScaledTanh 1.0 and 1.0 (onnxruntime defaults these last three's parameters to 0). ``clip``
+bounds every activation's input to [-clip, clip] except that of the LSTM's output activation
+``h(Ct)``, as onnxruntime does.
 """
 
 from __future__ import annotations
