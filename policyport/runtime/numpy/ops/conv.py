@@ -3,10 +3,11 @@
 https://onnx.ai/onnx/operators/onnx__Conv.html. Conv-11 only clarified Conv-1 (the SAME padding
 formula, the defaults of strides and dilations); one function serves both, and Conv-22 added types.
 
-The kernel is im2col and one matrix product: the padded input is viewed as its strided, dilated
-sliding windows (a strided view, no copy), gathered once into a (batch, groups, in_channels/group * kernel, positions) array and multiplied by
-the weights laid out as (groups, out_channels/group, in_channels/group * kernel): the result is
-(batch, out_channels, positions) in C order, no transpose after the product.
+The kernel is im2col and a matrix product: the padded input is viewed as its strided, dilated
+sliding windows (a strided view, no copy), gathered into a (samples, groups, in_channels/group *
+kernel, positions) buffer a chunk of the batch at a time and multiplied by the weights laid out as
+(groups, out_channels/group, in_channels/group * kernel) straight into the (batch, out_channels,
+positions) result, which needs no transpose.
 
 :func:`window_geometry` is shared with the pooling ops.
 """
@@ -14,6 +15,7 @@ the weights laid out as (groups, out_channels/group, in_channels/group * kernel)
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -124,11 +126,36 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     begin, end, out, _ = window_geometry(spatial, kernel, strides, dilations, pads, auto_pad)
     view = windows(x, kernel, begin, end, out, strides, dilations)  # (N, C, *out, *kernel)
     n = len(kernel)
-    # (N, C, *out, *kernel) -> (N, group, C / group, *kernel, *out) -> (N, group, C/group * K, positions)
-    order = (0, 1, *range(2 + n, 2 + 2 * n), *range(2, 2 + n))
-    cols = view.transpose(order).reshape(batch, group, (channels // group) * math.prod(kernel), math.prod(out))
-    weights = w.reshape(group, out_channels // group, -1)
-    y = np.matmul(weights, cols).reshape(batch, out_channels, *out)
+    # (N, C, *out, *kernel) -> (N, C, *kernel, *out) = (N, group, C/group * K, positions) in C order
+    columns = view.transpose(0, 1, *range(2 + n, 2 + 2 * n), *range(2, 2 + n))
+    rows, positions = (channels // group) * math.prod(kernel), math.prod(out)
+    weights = w.reshape(group, out_channels // group, rows)
+    y = np.empty((batch, group, out_channels // group, positions), dtype=np.result_type(x, w))
+    step = max(1, _CHUNK // (channels * math.prod(kernel) * positions))
+    for start in range(0, batch, step):
+        stop = min(batch, start + step)
+        cols = _scratch((stop - start, group, rows, positions), x.dtype)
+        np.copyto(cols.reshape(stop - start, channels, *kernel, *out), columns[start:stop])
+        np.matmul(weights, cols, out=y[start:stop])
+    y = y.reshape(batch, out_channels, *out)
     if b is not None:
         y += b.reshape(-1, *[1] * n)
     return y
+
+
+#: Elements of the im2col buffer per chunk of the batch (256 KiB of float32): the batch is convolved
+#: in chunks so that the buffer stays in cache and is reused, not allocated (and page-faulted in)
+#: again for every call.
+_CHUNK = 1 << 16
+_SCRATCH = threading.local()
+
+
+def _scratch(shape, dtype) -> np.ndarray:
+    """This thread's reusable im2col buffer as an array of ``shape`` (contents undefined). It never
+    leaves :func:`conv`, which does not call back into other code while using it. It holds
+    ``max(_CHUNK, one sample's im2col)`` elements of the largest such buffer asked for."""
+    size = math.prod(shape)
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.size < size or buffer.dtype != dtype:
+        buffer = _SCRATCH.buffer = np.empty(max(size, _CHUNK), dtype)
+    return buffer[:size].reshape(shape)
