@@ -56,13 +56,19 @@ class UnsupportedOpError(PolicyportError, NotImplementedError):
     calling the library. Interfaces that offer other remedies (the CLI's flags) phrase them with
     :meth:`message_for`.
 
-    Attributes:
-        missing: every op the backend lacks, one :class:`MissingOp` per (domain, op type).
+    Args:
+        missing: every op the backend lacks, one :class:`MissingOp` per (domain, op type); or a
+            message of its own, for an op refused for another reason (then ``missing`` is empty and
+            the message is used as it is, by :meth:`message_for` too).
         backend: the backend's name (``"numpy"``).
+
+    Attributes:
+        missing: the :class:`MissingOp` list. backend: as given.
     """
 
-    def __init__(self, missing: list[MissingOp] | tuple[MissingOp, ...], backend: str = "numpy"):
-        self.missing = list(missing)
+    def __init__(self, missing: list[MissingOp] | tuple[MissingOp, ...] | str, backend: str = "numpy"):
+        self._text = missing if isinstance(missing, str) else None
+        self.missing = [] if isinstance(missing, str) else list(missing)
         self.backend = backend
         super().__init__(self.message_for(None))
 
@@ -93,6 +99,8 @@ class UnsupportedOpError(PolicyportError, NotImplementedError):
         Returns:
             ``subject — remedy``; the remedy names options of ``command`` itself where one exists.
         """
+        if self._text is not None:
+            return self._text
         return f"{self.subject} — {self.remedy(command, source_given=source_given)}"
 
     def remedy(self, command: str | None = None, *, source_given: bool = False) -> str:

@@ -145,3 +145,9 @@ def test_the_remedy_fits_where_the_error_surfaced():
     pack = error.message_for("pack")
     assert "a packed policy runs on numpy alone, so this model cannot be packed; re-export the model at opset 20" in pack
     assert "--backend" not in pack.split("'policyport run")[0]  # pack has no backend option
+
+
+def test_an_unsupported_op_error_may_carry_a_message_of_its_own():
+    error = pp.UnsupportedOpError("Foo node \"f\" needs a feature onnxruntime lacks")
+    assert error.missing == [] and str(error) == error.message_for("run") == 'Foo node "f" needs a feature onnxruntime lacks'
+    assert isinstance(error, NotImplementedError) and error.exit_code == 3
