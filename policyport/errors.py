@@ -7,6 +7,8 @@ mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class PolicyportError(Exception):
     """Root of every error policyport raises on purpose."""
@@ -18,8 +20,108 @@ class BadModelError(PolicyportError, ValueError):
     """A model, weights file or source that cannot be read or placed (exit 3)."""
 
 
+@dataclass(frozen=True)
+class MissingOp:
+    """One op type a backend lacks at the model's opset, and the nodes that use it.
+
+    Attributes:
+        op_type: the ONNX op type, e.g. ``"LSTM"``.
+        domain: its operator domain, ``""`` for the default ai.onnx domain.
+        opset: the model's opset version for ``domain``.
+        nodes: the names of the nodes of this op type, in node order (``""`` for an unnamed node).
+        versions: the opset versions the backend implements ``op_type`` from (all above ``opset``);
+            empty if it has no implementation at any opset.
+    """
+
+    op_type: str
+    domain: str
+    opset: int
+    nodes: tuple[str, ...]
+    versions: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        """``LSTM node "lstm" (opset 9; no LSTM at any opset)``, for a message."""
+        shown = ", ".join(f'"{n}"' for n in self.nodes[:3]) + (f" and {len(self.nodes) - 3} more" if len(self.nodes) > 3 else "")
+        where = f" in domain {self.domain!r}" if self.domain else ""
+        noun = "node" if len(self.nodes) == 1 else "nodes"
+        have = (f"implemented from opset {self.versions[0]}" if self.versions
+                else f"no {self.op_type} at any opset")
+        return f"{self.op_type} {noun} {shown}{where} (opset {self.opset}; {have})"
+
+
 class UnsupportedOpError(PolicyportError, NotImplementedError):
-    """A node whose op type or opset version the chosen backend does not implement (exit 3)."""
+    """Ops of a model that the chosen backend does not implement at the model's opset (exit 3).
+
+    The message names every missing op with its nodes and opset, and ends with what to do when
+    calling the library. Interfaces that offer other remedies (the CLI's flags) phrase them with
+    :meth:`message_for`.
+
+    Args:
+        missing: every op the backend lacks, one :class:`MissingOp` per (domain, op type); or a
+            message of its own, for an op refused for another reason (then ``missing`` is empty and
+            the message is used as it is, by :meth:`message_for` too).
+        backend: the backend's name (``"numpy"``).
+
+    Attributes:
+        missing: the :class:`MissingOp` list. backend: as given.
+    """
+
+    def __init__(self, missing: list[MissingOp] | tuple[MissingOp, ...] | str, backend: str = "numpy"):
+        self._text = missing if isinstance(missing, str) else None
+        self.missing = [] if isinstance(missing, str) else list(missing)
+        self.backend = backend
+        super().__init__(self.message_for(None))
+
+    @property
+    def subject(self) -> str:
+        """What is missing, without the remedy."""
+        if len(self.missing) == 1:
+            return f"{self.missing[0].describe()} is not supported by the {self.backend} backend"
+        return (f"the {self.backend} backend lacks {len(self.missing)} ops of this model: "
+                + "; ".join(m.describe() for m in self.missing))
+
+    @property
+    def reexport_opset(self) -> int | None:
+        """The lowest opset at which the backend implements every missing op, or None if some op
+        has no implementation at any opset (re-exporting cannot help then)."""
+        if not self.missing or not all(m.versions for m in self.missing):
+            return None
+        return max(m.versions[0] for m in self.missing)
+
+    def message_for(self, command: str | None, *, source_given: bool = False) -> str:
+        """The message with a remedy that works where the error surfaced.
+
+        Args:
+            command: the ``policyport`` CLI command that met the error (``"run"``, ``"verify"``,
+                ``"pack"`` ...), or None for a library call.
+            source_given: ``verify``/``pack`` only: whether ``--source`` was given.
+
+        Returns:
+            ``subject — remedy``; the remedy names options of ``command`` itself where one exists.
+        """
+        if self._text is not None:
+            return self._text
+        return f"{self.subject} — {self.remedy(command, source_given=source_given)}"
+
+    def remedy(self, command: str | None = None, *, source_given: bool = False) -> str:
+        """What to do instead (see :meth:`message_for`)."""
+        opset = self.reexport_opset
+        reexport = f"re-export the model at opset {opset} or newer, or " if opset else ""
+        if command is None:
+            return f"{reexport}load it with backend=\"onnxruntime\" (policyport inspect lists the ops it has)"
+        if command == "verify":
+            if source_given:
+                return f"{reexport}verify onnxruntime against the source alone: add --backends onnxruntime"
+            return (f"{reexport}verify onnxruntime against the source the model came from "
+                    "(--backends onnxruntime --source SRC); with no source, "
+                    "'policyport run --backend onnxruntime' runs it")
+        if command == "convert":
+            return (f"{reexport}--no-verify writes the model without checking it on the numpy backend "
+                    "(check it afterwards with 'policyport verify --backends onnxruntime --source SRC')")
+        if command in ("pack", "export-numpy"):
+            return (f"a packed policy runs on numpy alone, so this model cannot be packed; {reexport}"
+                    "run it on onnxruntime with 'policyport run --backend onnxruntime'")
+        return f"{reexport}use --backend onnxruntime (policyport inspect lists the ops it has)"
 
 
 class InputMismatchError(PolicyportError, ValueError):

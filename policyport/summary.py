@@ -23,7 +23,7 @@ def summarize(model) -> dict:
     onnx = require("onnx", "onnx", "inspecting a model")
     from .graph import from_onnx
     from .passes import parameter_map
-    from .runtime.numpy.registry import versions
+    from .runtime.numpy.registry import missing_ops
 
     graph = from_onnx(model)
     try:
@@ -58,7 +58,8 @@ def summarize(model) -> dict:
         for k, v in graph.initializers.items() if k in params
     ]
     ops = sorted({(n.domain, n.op_type) for n in graph.nodes})
-    lacks = [op for dom, op in ops if not [v for v in versions(op, dom) if v <= graph.opsets.get(dom, graph.opset)]]
+    lacks = [m.op_type if not m.domain else f"{m.domain}.{m.op_type}"
+             for m in sorted(missing_ops(graph), key=lambda m: (m.domain, m.op_type))]
     return {
         "opset": graph.opset,
         "ir_version": model.ir_version,

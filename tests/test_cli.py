@@ -313,3 +313,51 @@ def test_head_none_is_accepted(tmp_path, metadrive_path):
 
 def test_tensors_without_record_is_a_usage_error(converted, obs_file, tmp_path):
     assert invoke("run", converted, "-i", obs_file, "-o", tmp_path / "o.npz", "--tensors", "fc_1/*").exit_code == 2
+
+
+@pytest.fixture
+def trig_model(tmp_path):
+    """An .onnx with two ops the numpy backend lacks (Cos twice, Sin) that onnxruntime runs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cos", ["obs"], ["a"], name="cos_1"), helper.make_node("Sin", ["a"], ["b"], name="sin"),
+             helper.make_node("Cos", ["b"], ["y"], name="cos_2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])])
+    path = tmp_path / "trig.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+LACKS = ('the numpy backend lacks 2 ops of this model: Cos nodes "cos_1", "cos_2" (opset 17; no Cos at any opset); '
+         'Sin node "sin" (opset 17; no Sin at any opset) — ')
+
+
+def test_run_names_every_missing_op_and_the_backend_option_that_works(trig_model, tmp_path):
+    obs = tmp_path / "obs.npy"
+    np.save(obs, np.zeros((2, 3), np.float32))
+    result = invoke("run", trig_model, "-i", obs, "-o", tmp_path / "y.npz")
+    assert result.exit_code == 3 and not (tmp_path / "y.npz").exists()
+    assert LACKS + "use --backend onnxruntime" in " ".join(result.stderr.split())
+    assert invoke("run", trig_model, "-i", obs, "-o", tmp_path / "y.npz", "--backend", "onnxruntime").exit_code == 0
+
+
+def test_verify_suggests_what_verify_can_do_without_the_numpy_backend(trig_model, metadrive_path):
+    result = invoke("verify", trig_model, "--samples", "4")
+    assert result.exit_code == 3
+    assert LACKS + ("verify onnxruntime against the source the model came from (--backends onnxruntime --source SRC); "
+                    "with no source, 'policyport run --backend onnxruntime' runs it") in " ".join(result.stderr.split())
+    doc = json.loads(invoke("verify", trig_model, "--samples", "4", "--json").stdout)
+    assert doc["exit_code"] == 3 and doc["error"].startswith(LACKS + "verify onnxruntime against the source")
+    with_source = invoke("verify", trig_model, "--samples", "4", "--source", metadrive_path)
+    assert with_source.exit_code == 3
+    assert "add --backends onnxruntime" in " ".join(with_source.stderr.split())
+
+
+def test_pack_says_the_model_cannot_be_packed(trig_model, tmp_path):
+    result = invoke("pack", trig_model, "-o", tmp_path / "bundle")
+    assert result.exit_code == 3 and not (tmp_path / "bundle").exists()
+    assert LACKS + "a packed policy runs on numpy alone, so this model cannot be packed; run it on onnxruntime with " \
+                   "'policyport run --backend onnxruntime'" in " ".join(result.stderr.split())
+    assert json.loads(invoke("inspect", trig_model, "--json").stdout)["numpy_backend_lacks"] == ["Cos", "Sin"]

@@ -101,4 +101,4 @@ def convert(
                 out.print(verdict(report))
         return 0
 
-    guard(as_json, body)
+    guard(as_json, body, "convert")

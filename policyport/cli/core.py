@@ -20,7 +20,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from typer.core import TyperGroup
 
-from ..errors import PolicyportError
+from ..errors import PolicyportError, UnsupportedOpError
 from .render import err, literal, say_error
 
 from typer import Abort, Exit
@@ -115,11 +115,14 @@ def root(
     state.debug = state.debug or debug
 
 
-def fail(e: PolicyportError, as_json: bool) -> None:
-    """Report a deliberate error and exit with its code."""
+def fail(e: PolicyportError, as_json: bool, command: str = "", source_given: bool = False) -> None:
+    """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s options."""
+    message = str(e)
+    if isinstance(e, UnsupportedOpError):
+        message = e.message_for(command, source_given=source_given)
     if as_json:
-        print(json.dumps({"error": str(e), "exit_code": e.exit_code}))
-    say_error(str(e))
+        print(json.dumps({"error": message, "exit_code": e.exit_code}))
+    say_error(message)
     raise typer.Exit(e.exit_code)
 
 
@@ -127,11 +130,12 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
-def guard(as_json: bool, body: Callable[[], int | None]) -> None:
+def guard(as_json: bool, body: Callable[[], int | None], command: str = "", source=None) -> None:
     """Run a command's ``body`` behind the error edge (see the module docstring).
 
     ``body`` returns the exit code (``None`` for 0). Click's own exceptions (usage errors raised by
-    the body, ``typer.Exit``) pass through to :class:`PolicyportGroup`.
+    the body, ``typer.Exit``) pass through to :class:`PolicyportGroup`. ``command`` and ``source``
+    (the command's ``--source``, if any) let an error suggest a remedy in the command's own options.
     """
     previous = None
     if _in_main_thread():
@@ -139,7 +143,7 @@ def guard(as_json: bool, body: Callable[[], int | None]) -> None:
     try:
         code = body()
     except PolicyportError as e:
-        fail(e, as_json)
+        fail(e, as_json, command, source is not None)
     except (ClickException, Exit, Abort):
         raise
     except KeyboardInterrupt as e:

@@ -55,4 +55,4 @@ def pack(
         out.print(literal(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
                           f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
 
-    guard(as_json, body)
+    guard(as_json, body, "pack", source)

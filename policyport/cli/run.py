@@ -62,4 +62,4 @@ def run(
             add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
         out.print(t)
 
-    guard(False, body)
+    guard(False, body, "run")

@@ -123,4 +123,4 @@ def verify_cmd(
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
         return print_report(report, as_json)
 
-    guard(as_json, body)
+    guard(as_json, body, "verify", source)

@@ -113,7 +113,7 @@ class Session:
         return self.backend.observe(self._feeds(feeds), observer)
 
 
-def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
+def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = None) -> Session:
     """Load a model on a backend.
 
     Args:
@@ -121,6 +121,12 @@ def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
             or a folder written by ``policyport pack`` (which the numpy backend runs with numpy alone).
         backend: a key of :data:`BACKENDS`: ``"numpy"`` (default) or ``"onnxruntime"``.
         threads: onnxruntime intra-op threads (0 = its default); ignored by ``numpy``.
+        seed: seed of the random ops (RandomNormalLike, Multinomial ...; a node's own ``seed``
+            attribute takes precedence): the same seed gives the same sequence of results from a
+            new session. None (default) draws fresh entropy. The backends use different
+            generators, so numpy and onnxruntime draw different numbers from the same seed.
+            onnxruntime's seed is process-wide (``onnxruntime.set_seed``): it is set before each of
+            the session's onnxruntime sessions is built, and stays set for later ones.
 
     Returns:
         A :class:`Session`.
@@ -128,7 +134,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
     Raises:
         InputMismatchError: unknown backend name.
         UnreadableFileError: the path cannot be read.
-        UnsupportedOpError: the numpy backend lacks an op of the model.
+        UnsupportedOpError: the numpy backend lacks ops of the model (every one is named).
         MissingDependencyError: the backend's library (or onnx, to read a .onnx file) is missing.
     """
     from ..errors import InputMismatchError
@@ -155,9 +161,9 @@ def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
     if backend == "numpy":
         from .numpy import NumpyBackend
 
-        return Session(NumpyBackend(graph))
+        return Session(NumpyBackend(graph, seed=seed))
     from .ort import OrtBackend
 
     if proto is None:
         raise BadModelError("the onnxruntime backend needs an ONNX model: pass the ModelProto or the .onnx path")
-    return Session(OrtBackend(proto, graph, threads=threads))
+    return Session(OrtBackend(proto, graph, threads=threads, seed=seed))

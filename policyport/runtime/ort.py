@@ -18,6 +18,8 @@ class OrtBackend(Backend):
         model: the ``onnx.ModelProto``.
         graph: its :class:`~policyport.graph.Graph` view (inputs, outputs, tensor names).
         threads: intra-op threads; 0 (default) lets onnxruntime choose (one per core).
+        seed: if given, ``onnxruntime.set_seed(seed)`` (process-wide) before each session is built,
+            so random ops without a ``seed`` attribute draw a reproducible sequence.
 
     Raises:
         MissingDependencyError: onnxruntime is not installed.
@@ -26,10 +28,11 @@ class OrtBackend(Backend):
 
     name = "onnxruntime"
 
-    def __init__(self, model, graph: Graph, threads: int = 0):
+    def __init__(self, model, graph: Graph, threads: int = 0, seed: int | None = None):
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = model
         self.threads = threads
+        self.seed = seed
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
         self.tensor_names = graph.tensor_names
@@ -42,6 +45,8 @@ class OrtBackend(Backend):
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 4  # failures are raised as BadModelError, not logged
+        if self.seed is not None:
+            self._ort.set_seed(int(self.seed))
         try:
             return self._ort.InferenceSession(
                 model.SerializeToString(), opts, providers=["CPUExecutionProvider"]

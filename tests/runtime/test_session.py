@@ -70,7 +70,7 @@ def test_numpy_backend_reports_unsupported_ops_by_node(metadrive_model):
     model = onnx.ModelProto()
     model.CopyFrom(metadrive_model)
     model.graph.node[1].op_type = "NotAnOnnxOp"
-    with pytest.raises(pp.UnsupportedOpError, match=r'NotAnOnnxOp node "fc_1/tanh" \(opset 17\)'):
+    with pytest.raises(pp.UnsupportedOpError, match=r'NotAnOnnxOp node "fc_1/tanh" \(opset 17; no NotAnOnnxOp at any'):
         pp.load(model, backend="numpy")
 
 
@@ -93,3 +93,61 @@ def test_a_node_failing_at_run_time_is_a_bad_model_error_naming_it(backend, mess
         session.run(np.ones((2, 3), np.float32))  # C is (3, 4): it does not broadcast to a batch of 2
     with pytest.raises(pp.BadModelError, match=message):
         session.record(np.ones((2, 3), np.float32))
+
+
+def several_missing_ops_model():
+    """Cos twice and Sin (no implementation at any opset), Gelu at opset 18 (implemented from 20), a
+    com.microsoft op, and ops the numpy backend has, in between."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cos", ["x"], ["a"], name="cos_1"), helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Gelu", ["b"], ["c"], name="gelu"), helper.make_node("Cos", ["c"], ["d"], name="cos_2"),
+             helper.make_node("Sin", ["d"], ["e"], name="sin"),
+             helper.make_node("FusedMatMul", ["e", "e"], ["f"], name="fused", domain="com.microsoft")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("f", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_one_error_names_every_missing_op_with_its_nodes_and_opset():
+    from policyport.errors import MissingOp
+
+    with pytest.raises(pp.UnsupportedOpError) as e:
+        pp.load(several_missing_ops_model(), backend="numpy")
+    assert e.value.missing == [
+        MissingOp("Cos", "", 18, ("cos_1", "cos_2"), ()),
+        MissingOp("Gelu", "", 18, ("gelu",), (20,)),
+        MissingOp("Sin", "", 18, ("sin",), ()),
+        MissingOp("FusedMatMul", "com.microsoft", 1, ("fused",), ()),
+    ]
+    assert str(e.value) == (
+        'the numpy backend lacks 4 ops of this model: Cos nodes "cos_1", "cos_2" (opset 18; no Cos at any opset); '
+        'Gelu node "gelu" (opset 18; implemented from opset 20); Sin node "sin" (opset 18; no Sin at any opset); '
+        "FusedMatMul node \"fused\" in domain 'com.microsoft' (opset 1; no FusedMatMul at any opset) — load it with "
+        'backend="onnxruntime" (policyport inspect lists the ops it has)')
+    assert e.value.reexport_opset is None  # Cos exists at no opset: re-exporting cannot help
+
+
+def test_the_remedy_fits_where_the_error_surfaced():
+    from policyport.errors import MissingOp
+
+    error = pp.UnsupportedOpError([MissingOp("Gelu", "", 18, ("g",), (20,)), MissingOp("Mish", "", 17, ("m",), (18,))])
+    assert error.reexport_opset == 20
+    subject = 'the numpy backend lacks 2 ops of this model: Gelu node "g" (opset 18; implemented from opset 20); ' \
+              'Mish node "m" (opset 17; implemented from opset 18) — re-export the model at opset 20 or newer, or '
+    assert error.message_for(None) == subject + 'load it with backend="onnxruntime" (policyport inspect lists the ops it has)'
+    assert error.message_for("run") == subject + "use --backend onnxruntime (policyport inspect lists the ops it has)"
+    assert error.message_for("verify", source_given=True) == \
+        subject + "verify onnxruntime against the source alone: add --backends onnxruntime"
+    assert error.message_for("verify") == subject + (
+        "verify onnxruntime against the source the model came from (--backends onnxruntime --source SRC); "
+        "with no source, 'policyport run --backend onnxruntime' runs it")
+    pack = error.message_for("pack")
+    assert "a packed policy runs on numpy alone, so this model cannot be packed; re-export the model at opset 20" in pack
+    assert "--backend" not in pack.split("'policyport run")[0]  # pack has no backend option
+
+
+def test_an_unsupported_op_error_may_carry_a_message_of_its_own():
+    error = pp.UnsupportedOpError("Foo node \"f\" needs a feature onnxruntime lacks")
+    assert error.missing == [] and str(error) == error.message_for("run") == 'Foo node "f" needs a feature onnxruntime lacks'
+    assert isinstance(error, NotImplementedError) and error.exit_code == 3

@@ -19,16 +19,17 @@ class NumpyBackend(Backend):
 
     Args:
         graph: the graph; compiled once here.
+        seed: seed of the random ops' generator (see :class:`Plan`); None draws fresh entropy.
 
     Raises:
-        UnsupportedOpError: a node's op has no implementation at the graph's opset.
+        UnsupportedOpError: ops without an implementation at the graph's opset (all of them named).
     """
 
     name = "numpy"
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, seed: int | None = None):
         self.graph = graph
-        self.plan = Plan(graph)
+        self.plan = Plan(graph, seed=seed)
         self.run = self.plan.run  # the generated function itself: no wrapper call on the hot path
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)

@@ -26,14 +26,14 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import BadModelError, PolicyportError
+from ...errors import BadModelError, PolicyportError, UnsupportedOpError
 from ...graph import Graph
-from .registry import resolve
+from .registry import missing_ops, resolve
 
 #: What a node's numpy code raises on shapes or values the model cannot take.
 _NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError)
 #: Producers whose result is a fresh array that nothing else references (Gemm: always 2-D).
-_FRESH = {"Gemm"}
+_FRESH = {"Gemm", "Conv"}
 #: Producers whose result is fresh but may be a numpy scalar (0-d operands): in-place is guarded.
 _FRESH_IF_ARRAY = {"MatMul", "Add", "Sub", "Mul", "Div"}
 #: Ops whose implementation always returns new memory (never an input or a view of one). Any other
@@ -42,10 +42,24 @@ _NEW_MEMORY = {
     "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal",
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu",
     "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
+    "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "RNN", "GRU", "LSTM",
+    "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
 }
 #: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
 #: np.maximum with an out= array is slower than allocating its result.)
 _IN_PLACE: dict[str, str] = {"Tanh": "tanh", "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Sqrt": "sqrt"}
+
+
+def node_generator(seed: float) -> np.random.Generator:
+    """The Generator of a random op whose node has a ``seed`` attribute (a float in ONNX).
+
+    An integral non-negative seed seeds numpy's default generator with that integer (``seed=5.0``
+    draws what ``numpy.random.default_rng(5)`` draws); any other value with its float64 bit pattern.
+    """
+    seed = float(seed)
+    if seed.is_integer() and seed >= 0:
+        return np.random.default_rng(int(seed))
+    return np.random.default_rng(int(np.float64(seed).view(np.uint64)))
 
 
 @dataclass(frozen=True)
@@ -70,14 +84,25 @@ class Plan:
 
     Args:
         graph: the graph to compile.
+        seed: seed of the ``numpy.random.Generator`` that random ops (RandomNormal, Multinomial ...)
+            draw from; None (default) seeds it from fresh OS entropy. A node with its own ``seed``
+            attribute draws from a Generator of its own seeded with that (see :func:`node_generator`).
+            Each generator is created once here, so successive runs draw successive numbers and
+            two plans with the same seed draw the same sequence.
 
     Raises:
-        UnsupportedOpError: a node's op (at the graph's opset) has no implementation.
+        UnsupportedOpError: ops (at the graph's opset) without an implementation; one error
+            naming every missing op and its nodes.
         BadModelError: a node reads a tensor that no graph input, initializer or earlier node makes.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, seed: int | None = None):
+        missing = missing_ops(graph)
+        if missing:
+            raise UnsupportedOpError(missing)
         self.graph = graph
+        self.seed = seed
+        self._rng: np.random.Generator | None = None
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
         self.tensor_names = graph.tensor_names
@@ -140,10 +165,20 @@ class Plan:
         self._consts[name] = value
         return name
 
+    @property
+    def rng(self) -> np.random.Generator:
+        """The generator of the random ops without a seed of their own, made on first use (a plan
+        without random ops never imports numpy.random)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
+
     def _specialize(self, node, impl, args: list[str]) -> tuple[str, Callable | None]:
         attrs = dict(node.attrs)
         if impl.wants_node_outputs:
             attrs["node_outputs"] = len(node.outputs)
+        if impl.wants_rng:
+            attrs["rng"] = self.rng if attrs.get("seed") is None else node_generator(attrs["seed"])
         if node.op_type == "Gemm" and len(args) >= 2 and self._gemm_fast_path(attrs, args):
             return "gemm", None
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):

@@ -4,7 +4,10 @@ Each op is a plain function registered with ``@op("Gemm", since=13)``. Inputs ar
 arrays (``None`` for an omitted optional input); attributes are keyword-only, spelled as in the ONNX
 operator page, with the spec's defaults. A function returns one array, or a tuple of arrays for a
 node with several outputs. An op that needs to know how many outputs its node has (Split before
-opset 18) declares a keyword-only ``node_outputs`` parameter and receives that count.
+opset 18) declares a keyword-only ``node_outputs`` parameter and receives that count. An op that draws
+random numbers (RandomNormal, Multinomial ...) declares a keyword-only ``rng`` parameter and receives
+a ``numpy.random.Generator``: the session's, or one of the node's own when the node has a ``seed``
+attribute (see :class:`~policyport.runtime.numpy.plan.Plan`).
 
 Version selection follows the ONNX reference evaluator: for a model whose default-domain opset is
 ``N``, the implementation used is the newest one whose ``since`` is ``<= N``. An op is registered
@@ -17,7 +20,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-from ...errors import UnsupportedOpError
+from ...errors import MissingOp, UnsupportedOpError
 
 DEFAULT_DOMAIN = ""
 
@@ -31,6 +34,7 @@ class OpImpl:
     fn: Callable
     domain: str = DEFAULT_DOMAIN
     wants_node_outputs: bool = False
+    wants_rng: bool = False
 
 
 _REGISTRY: dict[tuple[str, str], dict[int, OpImpl]] = {}
@@ -57,7 +61,7 @@ def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN) -> Callable[[C
                 f"{fn.__module__}.{fn.__qualname__}"
             )
         params = inspect.signature(fn).parameters
-        versions[since] = OpImpl(op_type, since, fn, domain, "node_outputs" in params)
+        versions[since] = OpImpl(op_type, since, fn, domain, "node_outputs" in params, "rng" in params)
         return fn
 
     return register
@@ -99,23 +103,38 @@ def resolve(op_type: str, opset: int, domain: str = DEFAULT_DOMAIN, node_name: s
     Raises:
         UnsupportedOpError: no implementation exists at or below ``opset``.
     """
+    impl = _usable(op_type, opset, domain)
+    if impl is None:
+        raise UnsupportedOpError([MissingOp(op_type, domain, opset, (node_name,), tuple(versions(op_type, domain)))])
+    return impl
+
+
+def _usable(op_type: str, opset: int, domain: str) -> OpImpl | None:
     _load_ops()
     impls = _REGISTRY.get((domain, op_type), {})
     usable = [v for v in impls if v <= opset]
-    if usable:
-        return impls[max(usable)]
-    subject = f'{op_type} node "{node_name}"' if node_name else f"{op_type}"
-    where = f" in domain {domain!r}" if domain else ""
-    if impls:
-        have = ", ".join(str(v) for v in sorted(impls))
-        raise UnsupportedOpError(
-            f"{subject}{where} (opset {opset}) is not supported by the numpy backend; it implements "
-            f"{op_type} since {have} — re-export with --opset {max(impls)} or use --backend onnxruntime"
-        )
-    raise UnsupportedOpError(
-        f"{subject}{where} (opset {opset}) is not supported by the numpy backend, which has no "
-        f"{op_type} at any opset — use --backend onnxruntime (policyport inspect lists the ops it has)"
-    )
+    return impls[max(usable)] if usable else None
+
+
+def missing_ops(graph) -> list[MissingOp]:
+    """Every op of ``graph`` without an implementation at the graph's opset for its domain.
+
+    Args:
+        graph: a :class:`~policyport.graph.Graph`.
+
+    Returns:
+        One :class:`~policyport.errors.MissingOp` per (domain, op type), in order of first use,
+        naming every node of that type; empty if the numpy backend can run the graph.
+    """
+    found: dict[tuple[str, str], list[str]] = {}
+    for node in graph.nodes:
+        opset = graph.opsets.get(node.domain, graph.opset)
+        if _usable(node.op_type, opset, node.domain) is None:
+            found.setdefault((node.domain, node.op_type), []).append(node.name)
+    return [
+        MissingOp(op_type, domain, graph.opsets.get(domain, graph.opset), tuple(nodes), tuple(versions(op_type, domain)))
+        for (domain, op_type), nodes in found.items()
+    ]
 
 
 _loaded = False

@@ -3,4 +3,6 @@
 Importing this package registers every op; :mod:`..registry` does it on first use.
 """
 
-from . import activation, elementwise, linalg, logic, normalization, reduce, special, tensor  # noqa: F401
+from . import (  # noqa: F401
+    activation, conv, elementwise, linalg, logic, normalization, pool, recurrent, reduce, sampling, special, tensor,
+)

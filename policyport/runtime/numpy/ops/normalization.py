@@ -42,8 +42,11 @@ def _channel(p, ndim):
 
 
 def _batch_norm(x, scale, bias, mean, var, epsilon):
+    """x * factor + shift with the per-channel factor = scale / sqrt(var + epsilon) and shift = bias -
+    mean * factor folded first (as onnxruntime folds them): two passes over x, which may be an image."""
     factor = scale / np.sqrt(var + epsilon)
-    y = (x - _channel(mean, x.ndim)) * _channel(factor, x.ndim) + _channel(bias, x.ndim)
+    y = x * _channel(factor, x.ndim)
+    y += _channel(bias - mean * factor, x.ndim)
     return y.astype(x.dtype, copy=False)
 
 
