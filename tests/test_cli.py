@@ -155,15 +155,19 @@ def test_verify_json_pass_and_exit_1_on_mismatch(converted, obs_file, metadrive_
     ok = invoke("verify", converted, "-i", obs_file, "--source", metadrive_path, "--json")
     doc = json.loads(ok.stdout)
     assert ok.exit_code == 0 and doc["passed"] and doc["source"] == "source" and doc["samples"] == 16
-    bad = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--json")
+    bad = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--no-rounding", "--json")
     doc = json.loads(bad.stdout)
     assert bad.exit_code == 1 and not doc["passed"]
     assert doc["first_divergence"]["tensor"] == "fc_1/linear"
+    rounded = json.loads(invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--json").stdout)
+    assert rounded["passed"] and rounded["oracle"] == "numpy float64"
+    assert rounded["comparisons"][0]["rule"] == "rounding" and rounded["comparisons"][0]["atol"] == 0
 
 
 def test_verify_text_names_the_first_diverging_tensor(converted):
-    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0")
-    assert result.exit_code == 1 and "first diverging tensor 'fc_1/linear'" in result.stdout
+    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--no-rounding")
+    assert result.exit_code == 1 and "first diverging tensor 'fc_1/linear' (float32, onnxruntime vs numpy)" in result.stdout
+    assert "loosen them with --atol/--rtol" in result.stdout
 
 
 def test_verify_error_with_json_is_still_one_json_document(tmp_path):
@@ -281,8 +285,23 @@ def test_verify_with_a_source_that_does_not_fit_exits_3(converted, tmp_path):
 def test_verify_of_a_folder_rejects_options_that_do_not_apply(converted, tmp_path):
     folder = tmp_path / "bundle"
     assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
-    result = invoke("verify", folder, "--samples", "5", "--backends", "onnxruntime")
-    assert result.exit_code == 2 and "--samples, --backends" in result.output
+    result = invoke("verify", folder, "--samples", "5", "--seed", "1")
+    assert result.exit_code == 2 and "--samples, --seed do not apply" in result.output
+    result = invoke("verify", folder, "--backends", "onnxruntime")
+    assert result.exit_code == 2 and "name two backends" in result.output
+    result = invoke("verify", folder, "--backends", "numpy,onnxruntime", "--low", "-1")
+    assert result.exit_code == 2 and "--low draw observations" in result.output
+
+
+def test_verify_of_a_folder_compares_backends_on_its_golden_observations(converted, tmp_path):
+    folder = tmp_path / "bundle"
+    assert invoke("pack", converted, "-o", folder, "--samples", "6").exit_code == 0
+    doc = json.loads(invoke("verify", folder, "--backends", "numpy,onnxruntime", "--json").stdout)
+    assert doc["passed"] and doc["backends"] == ["numpy", "onnxruntime"] and doc["samples"] == 6
+    assert {(c["candidate"], c["reference"]) for c in doc["comparisons"]} == {("onnxruntime", "numpy")}
+    assert {c["shape"][0] for c in doc["comparisons"]} == {6}
+    doc = json.loads(invoke("verify", folder, "--backends", "numpy,onnxruntime", "--samples", "2", "--json").stdout)
+    assert doc["samples"] == 2 and doc["notes"] == ["using the first 2 of the 6 observations given"]
 
 
 def test_pack_force_keeps_foreign_files(converted, tmp_path):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RtolOpt, SeedOpt, check_range
 from .render import add_row, literal, out, say, table
 
 
@@ -21,6 +21,8 @@ def pack(
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -31,7 +33,8 @@ def pack(
         from ..runtime.packed import read_policy
 
         check_range(low, high)
-        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source)
+        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
+                          atol=atol, rtol=rtol)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})
@@ -42,7 +45,16 @@ def pack(
         for name, digest in policy["files"].items():
             add_row(t, name, digest)
         out.print(t)
-        out.print(literal(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
-                          f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+        count = policy["golden"]["samples"]
+        out.print(literal(f"golden data: {count} observation{'s' if count != 1 else ''}, {parity['tensors']} "
+                          f"tensors each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+        if count != samples:
+            say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
+        for r in parity["rounding"]:
+            out.print(literal(f"{r['tensor']} ({r['candidate']} vs {r['reference']}): {r['max_abs']:.2g}, float32 "
+                              f"rounding: {r['candidate']} {r['candidate_vs_float64']:.2g} and {r['reference']} "
+                              f"{r['reference_vs_float64']:.2g} from a float64 run"))
+        for skipped in parity["skipped"]:
+            out.print(literal(f"not compared: {skipped['tensor']} ({skipped['reason']})"))
 
     guard(as_json, body)

@@ -55,9 +55,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, Report, compare
+from ..compare import Report, Skipped, compare
 from ..errors import BadModelError, UnreadableFileError
 from ..graph import Graph
+from .base import count_observations
 
 #: The value of ``policy.json``'s ``"format"`` key that this module writes and reads.
 BUNDLE_FORMAT = "policyport.bundle/1"
@@ -267,8 +268,8 @@ def _split_golden(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, dic
     return groups
 
 
-def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
-                  rtol: float = DEFAULT_RTOL) -> Report:
+def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
+                  rtol: float | None = None) -> Report:
     """Re-run the golden observations on this machine's numpy and compare every tensor (numpy only).
 
     Every tensor ``Session.record(feeds, "*")`` returns (node outputs in node order, graph outputs
@@ -276,10 +277,13 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
     ``Session.run`` with ``outputs/<name>``, by :func:`policyport.compare.compare`: an element
     passes when ``|numpy - golden| <= atol + rtol * |golden|``. The report holds one comparison per
     tensor, in node order; a graph output's is the worse of its record and run comparisons.
+    Tensors that depend on a random node are not compared; the report lists them as skipped.
 
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
-        atol: absolute tolerance (default 1e-5). rtol: relative tolerance (default 1e-5).
+        atol: absolute tolerance for floating tensors; ``None`` (default) follows the dtype
+            (float32 1e-5, float16 1e-3 ...: :data:`policyport.compare.TOLERANCES`).
+        rtol: relative tolerance; ``None`` (default) follows the dtype.
 
     Returns:
         A :class:`~policyport.verification.Report` with backends ``["numpy"]`` and reference ``"golden"``;
@@ -304,10 +308,12 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
     recorded = session.record(feeds, "*")
     _expect_keys(golden_path, "activations", golden["activations"], list(recorded))
     outputs = session.run(feeds)
-    first = next(iter(feeds.values()), None)
-    samples = int(first.shape[0]) if first is not None and first.ndim else 1
-    report = Report(["numpy"], "golden", samples, atol, rtol)
+    report = Report(["numpy"], "golden", count_observations(graph.inputs, feeds), atol, rtol)
+    random = graph.stochastic_tensors()
     for name, value in recorded.items():
+        if name in random:
+            report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
+            continue
         found = compare(name, "numpy", value, "golden", golden["activations"][name], atol, rtol)
         if name in outputs:
             ran = compare(name, "numpy", outputs[name], "golden", golden["outputs"][name], atol, rtol)

@@ -70,23 +70,25 @@ class Plan:
 
     Args:
         graph: the graph to compile.
+        fed: names of ``graph.optional_inputs`` that this plan reads from the feeds instead of
+            binding their initializers as constants (every feed dict it runs on holds them).
 
     Raises:
         UnsupportedOpError: a node's op (at the graph's opset) has no implementation.
         BadModelError: a node reads a tensor that no graph input, initializer or earlier node makes.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset()):
         self.graph = graph
-        self.input_names = [v.name for v in graph.inputs]
+        self.input_names = [v.name for v in graph.inputs] + [v.name for v in graph.optional_inputs if v.name in fed]
         self.output_names = [v.name for v in graph.outputs]
         self.tensor_names = graph.tensor_names
         self._consts: dict[str, object] = {}
         local: dict[str, str] = {}  # tensor name -> local/constant identifier
-        for i, name in enumerate(self.input_names):
-            local[name] = f"x{i}"
         for name, arr in graph.initializers.items():
             local[name] = self._const(arr)
+        for i, name in enumerate(self.input_names):
+            local[name] = f"x{i}"
         consumers: dict[str, int] = {}
         for n in graph.nodes:
             for t in n.inputs:
