@@ -44,7 +44,7 @@ DEFAULT_SAMPLES = 64
 
 def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, low: float = 0.0,
          high: float = 1.0, seed: int = 0, force: bool = False, source=None, atol: float | None = None,
-         rtol: float | None = None) -> Path:
+         rtol: float | None = None, rounding: bool = True) -> Path:
     """Write a policy folder that runs with numpy alone (see the module docstring for its files).
 
     The folder is built in a temporary sibling of ``out_dir`` and renamed into place once every file
@@ -68,7 +68,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         atol, rtol: the tolerances of the onnxruntime-vs-numpy (and source) check for floating
             tensors; ``None`` (default) follows the dtype (:data:`policyport.compare.TOLERANCES`).
             A tensor that fails them still passes when a float64 run shows the difference is
-            float32 rounding, as in :func:`policyport.verify`.
+            float32 rounding, as in :func:`policyport.verify`; ``rounding=False`` turns that off.
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -108,7 +108,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     golden = {f"inputs/{k}": v for k, v in feeds.items()}
     golden.update({f"outputs/{k}": v for k, v in outputs.items()})
     golden.update({f"activations/{k}": v for k, v in activations.items()})
-    parity = _parity(proto, feeds, source, atol, rtol)
+    parity = _parity(proto, feeds, source, atol, rtol, rounding)
     if not parity["passed"]:
         f = parity["first_divergence"]
         raise VerificationError(
@@ -173,13 +173,15 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     return out_dir
 
 
-def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None) -> dict[str, Any]:
+def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None,
+            rounding: bool) -> dict[str, Any]:
     """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor."""
     from .errors import require
     from .verification import verify
 
     ort = require("onnxruntime", "onnx", "packing a policy (its numpy-vs-onnxruntime check)")
-    report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source, atol=atol, rtol=rtol)
+    report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source, atol=atol, rtol=rtol,
+                    rounding=rounding)
     vs_ort = [c for c in report.comparisons if c.candidate == "onnxruntime" and c.reference == "numpy"]
     vs_source = [c for c in report.comparisons if c.candidate == "numpy" and c.reference == "source"]
     first = report.first_divergence
@@ -190,6 +192,7 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
         "tensors": len(vs_ort),
         "atol": atol,
         "rtol": rtol,
+        "rounding_rule": rounding,
         "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in report.tolerances().items()},
         "rounding": [{"tensor": c.tensor, "candidate": c.candidate, "reference": c.reference, "max_abs": c.max_abs,
                       "candidate_vs_float64": c.candidate_vs_float64, "reference_vs_float64": c.reference_vs_float64}

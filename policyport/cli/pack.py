@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RtolOpt, SeedOpt, check_range
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
 from .render import add_row, literal, out, say, table
 
 
@@ -23,6 +23,7 @@ def pack(
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
+    rounding: RoundingOpt = True,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -34,7 +35,7 @@ def pack(
 
         check_range(low, high)
         folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                          atol=atol, rtol=rtol)
+                          atol=atol, rtol=rtol, rounding=rounding)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})
