@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 
 from ...errors import BadModelError, PolicyportError
-from ...graph import Graph
-from .registry import resolve
+from ...graph import Graph, onnx_dtype
+from .registry import Static, resolve
 
 #: What a node's numpy code raises on shapes or values the model cannot take.
 _NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError)
@@ -42,6 +42,20 @@ _NEW_MEMORY = {
     "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal",
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu",
     "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
+}
+#: Ops whose output has the shape and element type of their first input.
+_SAME_AS_INPUT = {
+    "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid", "HardSwish",
+    "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sign",
+    "Floor", "Ceil", "Round", "Erf", "Identity", "Softmax", "LogSoftmax", "Hardmax", "Clip", "Dropout", "Not",
+}
+#: Element-wise ops whose inputs broadcast and share one element type, which the output has too.
+_BROADCASTING = {"Add", "Sub", "Mul", "Div"}
+_COMPARISONS = {"Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or"}
+#: Inputs that the operator page gives one type variable (T): op -> input positions (None: all).
+_ONE_TYPE: dict[str, tuple[int, ...] | None] = {
+    **{o: (0, 1) for o in _BROADCASTING | _COMPARISONS}, "MatMul": (0, 1), "Gemm": (0, 1, 2), "PRelu": (0, 1),
+    "Concat": None, "Sum": None, "Mean": None, "Max": None, "Min": None, "Where": (1, 2),
 }
 #: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
 #: np.maximum with an out= array is slower than allocating its result.)
@@ -96,8 +110,17 @@ class Plan:
                     consumers[t] = consumers.get(t, 0) + 1
         self.steps: list[Step] = []
         producer: dict[str, str] = {}
+        static = {name: Static(arr.dtype, tuple(arr.shape), arr) for name, arr in graph.initializers.items()}
+        for v in [*graph.inputs, *graph.optional_inputs]:
+            if v.name in self.input_names:
+                shape = None if v.shape is None else tuple(d if isinstance(d, int) else None for d in v.shape)
+                static[v.name] = Static(v.dtype, shape)
         for idx, node in enumerate(graph.nodes):
-            impl = resolve(node.op_type, graph.opsets.get(node.domain, graph.opset), node.domain, node.name)
+            opset = graph.opsets.get(node.domain, graph.opset)
+            impl = resolve(node.op_type, opset, node.domain, node.name)
+            known = [static.get(t, Static()) if t else Static() for t in node.inputs]
+            self._check(node, impl, known, opset)
+            static.update(_infer(node, impl, known))
             args = []
             for t in node.inputs:
                 if not t:
@@ -111,7 +134,7 @@ class Plan:
                     )
             while args and args[-1] == "None":
                 args.pop()
-            kind, fn = self._specialize(node, impl, args)
+            kind, fn = self._specialize(node, impl, args, known)
             results = []
             for j, t in enumerate(node.outputs):
                 results.append(f"t{len(producer)}" if t else "_")
@@ -142,11 +165,28 @@ class Plan:
         self._consts[name] = value
         return name
 
-    def _specialize(self, node, impl, args: list[str]) -> tuple[str, Callable | None]:
+    @staticmethod
+    def _check(node, impl, known: list[Static], opset: int) -> None:
+        """Refuse at compile time a node whose known inputs and attributes contradict its operator
+        page: inputs of one type variable with different element types, and the op's own check."""
+        try:
+            positions = _ONE_TYPE.get(node.op_type, ()) if node.domain == "" else ()
+            typed = [(i, known[i].dtype) for i in (range(len(known)) if positions is None else positions)
+                     if i < len(known) and known[i].dtype is not None]
+            if len({d for _, d in typed}) > 1:
+                found = ", ".join(f"input {i} {d.name}" for i, d in typed)
+                raise ValueError(f"its inputs must share one element type; found {found}")
+            if impl.check is not None:
+                impl.check(known, node.attrs, len(node.outputs))
+        except (ValueError, TypeError, IndexError) as e:
+            raise BadModelError(f'{node.op_type} node "{node.name}" (opset {opset}): {e}') from e
+
+    def _specialize(self, node, impl, args: list[str], known: list[Static]) -> tuple[str, Callable | None]:
         attrs = dict(node.attrs)
         if impl.wants_node_outputs:
             attrs["node_outputs"] = len(node.outputs)
-        if node.op_type == "Gemm" and len(args) >= 2 and self._gemm_fast_path(attrs, args):
+        if (node.op_type == "Gemm" and len(args) >= 2 and known[0].rank == 2  # A's rank checked by the feeds
+                and self._gemm_fast_path(attrs, args)):
             return "gemm", None
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
             return "index", None
@@ -311,3 +351,35 @@ class Plan:
             for r in s.results:
                 shared[r] = roots
         return shared
+
+
+def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
+    """What is known of a node's outputs before running: a Constant's value; the element type and
+    shape of an op that keeps its input's; the rank of a Gemm (2) or a broadcasting op's result."""
+    outs = [o for o in node.outputs if o]
+    if not outs or node.domain != "":
+        return {}
+    first = known[0] if known else Static()
+    op_type = node.op_type
+    if op_type == "Constant":
+        try:
+            value = np.asarray(impl.fn(**node.attrs))
+        except (ValueError, TypeError, PolicyportError):
+            return {}  # the run raises the error, naming the node
+        return {outs[0]: Static(value.dtype, tuple(value.shape), value)}
+    if op_type in _SAME_AS_INPUT:
+        return {outs[0]: Static(first.dtype, first.shape)}
+    if op_type == "Gemm":
+        return {outs[0]: Static(first.dtype, (None, None))}
+    ranks = [k.rank for k in known[:2]]
+    rank = max(ranks) if len(ranks) == 2 and None not in ranks else None
+    if op_type in _BROADCASTING or (op_type == "MatMul" and rank is not None and min(ranks) >= 2):
+        return {outs[0]: Static(first.dtype, None if rank is None else (None,) * rank)}
+    if op_type in _COMPARISONS:
+        return {outs[0]: Static(np.dtype(bool), None if rank is None else (None,) * rank)}
+    if op_type == "Cast":
+        try:
+            return {outs[0]: Static(onnx_dtype(node.attrs.get("to", 0)), first.shape)}
+        except PolicyportError:
+            return {}
+    return {}
