@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from .errors import BadModelError, require
+from .errors import BadModelError, PolicyportError, require
 from .files import ensure_model
 from .runtime.base import select_tensors
 
@@ -28,14 +28,15 @@ def parameter_map(model) -> dict[str, dict]:
 
     Read from ``metadata_props["policyport.parameters"]``, which policyport's converters write; a
     value may be a plain source name (no layout change) or such a dict. A model policyport did not
-    write maps every initializer to itself.
+    write maps each of its parameters (:func:`is_parameter`) to itself, under its initializer name.
 
     Raises:
         BadModelError: the metadata is not valid JSON of that form.
     """
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
-        return {t.name: {"name": t.name, "transpose": None} for t in model.graph.initializer}
+        weights = parameter_names(model.graph)
+        return {t.name: {"name": t.name, "transpose": None} for t in model.graph.initializer if t.name in weights}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
         return {
@@ -47,6 +48,52 @@ def parameter_map(model) -> dict[str, dict]:
         raise BadModelError(f"metadata {PARAMETERS_KEY!r} is malformed: {e}") from e
 
 
+#: Inputs that take a shape, indices, axes, scales, bounds or a ratio rather than a weight:
+#: op type -> input positions. An initializer read only there is a constant, not a parameter.
+_SETTING_INPUTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}), "Expand": frozenset({1}), "Tile": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}),
+    "Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1}), "ConstantOfShape": frozenset({0}),
+    "Range": frozenset({0, 1, 2}), "Split": frozenset({1}), "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
+    "Pad": frozenset({1, 2, 3}), "Clip": frozenset({1, 2}), "Dropout": frozenset({1, 2}), "TopK": frozenset({1}),
+    "OneHot": frozenset({1, 2}), "Gather": frozenset({1}), "GatherElements": frozenset({1}), "CumSum": frozenset({1}),
+    **{op: frozenset({1}) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                                     "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
+}
+#: Ops that only pass a tensor on, or read its shape: reading an initializer does not make it a weight.
+_PASS_ON = frozenset({"Identity", "Shape", "Size"})
+_FLOAT_DTYPES = frozenset({10, 16, 1, 11})  # FLOAT16, BFLOAT16, FLOAT, DOUBLE
+
+
+def parameter_names(graph) -> set[str]:
+    """The initializers of an ONNX graph that are parameters (weights).
+
+    A *parameter* is a floating-point initializer (float16, bfloat16, float32, float64) that a
+    compute op reads as a weight: some node other than Identity, Shape or Size reads it — directly
+    or through a chain of Identity nodes — at an input that is not a shape, index, axis, scale,
+    bound or ratio (Reshape's ``shape``, Slice's ``starts``, Resize's ``scales``, Clip's ``min``
+    ...). Integer initializers (shapes, indices) never are, and neither are constants a graph only
+    passes on to its outputs (ML-Agents' ``version_number`` and ``memory_size``).
+
+    Args:
+        graph: an ``onnx.GraphProto``.
+
+    Returns:
+        The initializer names that are parameters.
+    """
+    floats = {t.name for t in graph.initializer if t.data_type in _FLOAT_DTYPES}
+    alias = {name: name for name in floats}  # tensor -> the initializer it passes on unchanged
+    for n in graph.node:
+        if n.op_type == "Identity" and n.input and n.input[0] in alias:
+            alias[n.output[0]] = alias[n.input[0]]
+    found = set()
+    for n in graph.node:
+        if n.op_type in _PASS_ON:
+            continue
+        settings = _SETTING_INPUTS.get(n.op_type, frozenset())
+        found.update(alias[t] for i, t in enumerate(n.input) if t in alias and i not in settings)
+    return found
+
+
 def extract_weights(model) -> dict[str, np.ndarray]:
     """The model's parameters under the source's names, in the source's layout, bit for bit.
 
@@ -56,7 +103,9 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     Returns:
         source parameter name -> array (dtype and shape as the source stored it, e.g.
         ``default_policy/fc_1/kernel``: float32 ``(275, 256)``), in initializer order. Constants the
-        converter added (Slice bounds of a head) are not parameters and are left out.
+        converter added (Slice bounds of a head) are not parameters and are left out; so, in a
+        model policyport did not write, is every initializer that is no parameter by
+        :func:`parameter_names` (shape constants, ``version_number``).
 
     Raises:
         BadModelError: malformed parameter metadata, or a parameter named twice.
@@ -82,6 +131,13 @@ def extract_weights(model) -> dict[str, np.ndarray]:
 def expose(model, tensors: str | list[str] | None = "*"):
     """A copy of ``model`` whose graph outputs also include intermediate tensors.
 
+    Every graph output of the copy has an element type and a shape, as ``onnx.checker`` (with
+    ``full_check=True``) demands of graph outputs: what ONNX shape inference gives it (with data
+    propagation, which resolves a Reshape to a computed shape), else — where inference cannot tell
+    the type or the rank (an op it does not know, an input of unknown rank) — the element type and
+    rank of the tensor in one run of the model on the numpy backend, with every dimension left
+    unknown. Original graph outputs that declare no shape get one the same way.
+
     Args:
         model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file (left untouched).
         tensors: ``fnmatch`` globs over node-output names, comma-separated or a list; ``"*"`` or
@@ -89,11 +145,12 @@ def expose(model, tensors: str | list[str] | None = "*"):
 
     Returns:
         A new ``onnx.ModelProto``: the original graph outputs first, then each selected node output
-        (in node order) with the element type and shape that ONNX shape inference gives it.
+        (in node order).
 
     Raises:
         InputMismatchError: a pattern matches no tensor.
-        BadModelError: shape inference cannot type a selected tensor.
+        BadModelError: shape inference fails on the model, or a tensor it cannot type cannot be
+            computed either.
     """
     onnx = require("onnx", "onnx", "exposing tensors")
     source = ensure_model(model)
@@ -101,21 +158,105 @@ def expose(model, tensors: str | list[str] | None = "*"):
     chosen = select_tensors(node_outputs, tensors)
     copy = onnx.ModelProto()
     copy.CopyFrom(source)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(copy)
-    except Exception as e:  # InferenceError and friends
-        raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
-    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+    inferred = _infer_shapes(onnx, copy)
+    known: dict = {}
+    for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        if _typed(v) or v.name not in known:  # inference's result wins over a shapeless declaration
+            known[v.name] = v
     present = {o.name for o in copy.graph.output}
-    for name in chosen:
-        if name in present:
-            continue
-        info = known.get(name)
-        if info is None or not info.type.tensor_type.elem_type:
-            raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type")
-        copy.graph.output.append(info)
-        present.add(name)
+    added = [name for name in chosen if name not in present]
+    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]
+    probed, why = _probe(source, untyped) if untyped else ({}, "")
+
+    def info(name):
+        if _typed(known.get(name)):
+            return known[name]
+        if name in probed:
+            return probed[name]
+        if known.get(name) is not None and known[name].type.tensor_type.elem_type:
+            return known[name]  # typed but of unknown rank: all that can be said
+        raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type, {why}")
+
+    for out in copy.graph.output:
+        if not _typed(out):
+            out.CopyFrom(info(out.name))
+    for name in added:
+        copy.graph.output.append(info(name))
     return copy
+
+
+def _typed(info) -> bool:
+    """Whether a value_info has what a graph output needs: an element type and a shape."""
+    if info is None or not info.type.HasField("tensor_type"):
+        return False
+    t = info.type.tensor_type
+    return bool(t.elem_type) and t.HasField("shape")
+
+
+def _infer_shapes(onnx, model):
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - data propagation fails where plain inference may not
+        try:
+            return onnx.shape_inference.infer_shapes(model)
+        except Exception as e:  # InferenceError and friends
+            raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
+
+
+def _probe(model, names: list[str]) -> tuple[dict, str]:
+    """value_infos of ``names`` from one run of what they need: element type, rank, unknown dims;
+    and, when no run is possible, why (else "").
+
+    The graph is pruned to ``names`` and run on the numpy backend, or on onnxruntime where numpy
+    lacks an op; the feeds are zeros in each input's declared shape, free dimensions 1.
+    """
+    from onnx import helper
+
+    from .graph import NUMPY_TO_ONNX, from_onnx
+
+    try:
+        graph = from_onnx(model)
+        feeds = {v.name: np.zeros([d if isinstance(d, int) else 1 for d in (v.shape or ())], v.dtype)
+                 for v in graph.inputs}
+        values = _run_untyped(model, graph, feeds, names)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the tensors as inference gives them
+        return {}, f"and one run of the model to find it failed ({type(e).__name__}: {e})"
+    infos = {}
+    for name, value in zip(names, values):
+        value = np.asarray(value)
+        code = NUMPY_TO_ONNX.get(value.dtype)
+        if code is not None:
+            infos[name] = helper.make_tensor_value_info(name, code, [None] * value.ndim)
+    return infos, "nor does one run of the model"
+
+
+def _run_untyped(model, graph, feeds, names: list[str]) -> list:
+    """The values of tensors ``names`` for ``feeds``, computing only what they need: on the numpy
+    backend, else on onnxruntime with ``names`` as untyped graph outputs."""
+    from dataclasses import replace
+
+    from .graph import ValueInfo
+    from .runtime import load
+
+    needed = set(names)
+    nodes = []
+    for n in reversed(graph.nodes):
+        if any(o in needed for o in n.outputs):
+            nodes.append(n)
+            needed.update(i for i in n.inputs if i)
+    wanted = replace(graph, nodes=nodes[::-1], outputs=[ValueInfo(n, np.dtype(object), None) for n in names])
+    try:
+        outputs = load(wanted, backend="numpy").run(feeds)
+        return [outputs[n] for n in names]
+    except PolicyportError:
+        onnx = require("onnx", "onnx", "finding the type of a tensor")
+        ort = require("onnxruntime", "onnx", "finding the type of a tensor")
+        bare = type(model)()
+        bare.CopyFrom(model)
+        del bare.graph.output[:]
+        bare.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+        session = ort.InferenceSession(bare.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(names, feeds)
 
 
 def free_dims(model):
