@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -332,3 +333,25 @@ def test_head_none_is_accepted(tmp_path, metadrive_path):
 
 def test_tensors_without_record_is_a_usage_error(converted, obs_file, tmp_path):
     assert invoke("run", converted, "-i", obs_file, "-o", tmp_path / "o.npz", "--tensors", "fc_1/*").exit_code == 2
+
+
+def test_verify_input_file_with_samples_uses_the_first_rows_and_says_so(converted, obs_file):
+    doc = json.loads(invoke("verify", converted, "-i", obs_file, "--samples", "5", "--json").stdout)
+    assert doc["passed"] and doc["samples"] == 5
+    assert doc["notes"] == ["using the first 5 of the 16 observations given"]
+    assert {c["shape"][0] for c in doc["comparisons"]} == {5}
+    doc = json.loads(invoke("verify", converted, "-i", obs_file, "--samples", "50", "--json").stdout)
+    assert doc["samples"] == 16 and doc["notes"] == ["using the first 16 of the 16 observations given (50 asked)"]
+    result = invoke("verify", converted, "-i", obs_file, "--samples", "5")
+    assert "note: using the first 5 of the 16 observations given" in result.stdout
+    assert "max abs error on 5 observations (float32: atol 1e-05, rtol 1e-05)" in result.stdout
+
+
+def test_verify_table_marks_rounding_and_gives_both_float64_figures(converted):
+    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0")
+    assert result.exit_code == 0
+    assert "≈" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("fc_1/linear (onnxruntime vs numpy)"))
+    assert "exceeds the tolerance, within float32 rounding: against a float64 run onnxruntime is" in line
+    assert re.search(r"PASS: 7 comparisons within atol 0, rtol 0, [1-7] by float32 rounding against a float64 run",
+                     result.stdout)

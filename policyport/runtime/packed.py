@@ -35,10 +35,12 @@ The folder (format ``policyport.bundle/1``):
     dimension such as ``"batch"``); ``head`` (model metadata ``policyport.head``); ``observation_filter``
     (``null``; reserved for RLlib's MeanStdFilter ``mean`` / ``std``); ``provenance`` (model metadata
     ``policyport.source`` and ``policyport.activation``, policyport and numpy versions, opset,
-    creation time in UTC ISO 8601); ``golden`` (how the observations were drawn); ``parity`` (the
-    largest onnxruntime-vs-numpy absolute difference over every tensor at pack time, and against the
-    source when :func:`policyport.bundle.pack` was given it); ``files`` (file name -> sha256 hex digest of every other
-    file in the folder).
+    creation time in UTC ISO 8601); ``golden`` (how the observations were drawn, and ``samples``: how
+    many observations ``golden.npz`` holds — 1 for inputs without a batch axis, whatever was asked);
+    ``parity`` (the largest onnxruntime-vs-numpy absolute difference over every tensor at pack time,
+    and against the source when :func:`policyport.bundle.pack` was given it; the tolerances by dtype,
+    the tensors that passed as float32 rounding with their float64 figures, and the random tensors
+    left out); ``files`` (file name -> sha256 hex digest of every other file in the folder).
 
 npz files are plain uncompressed numpy archives (``numpy.load(path, allow_pickle=False)`` reads them).
 """
