@@ -115,7 +115,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             f"not packing {out_dir}: the backends disagree on the golden observations; first diverging "
             f"tensor {f['tensor']!r} ({f['dtype']}, {f['candidate']} vs {f['reference']}), max abs "
             f"{f['max_abs']:.3g} > atol {f['atol']:g} + rtol {f['rtol']:g} * |{f['reference']}|"
-            + (", and not float32 rounding against a float64 run" if f["rule"] == "rounding" else "")
+            + (f", and not {f['dtype']} rounding against a float64 run" if f["rule"] == "rounding" else "")
             + f"; if {f['dtype']} differences of this size are acceptable, pack with --atol/--rtol "
             "(atol=, rtol= in Python) — run 'policyport verify' on the model for every figure"
         )
@@ -194,7 +194,8 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
         "rtol": rtol,
         "rounding_rule": rounding,
         "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in report.tolerances().items()},
-        "rounding": [{"tensor": c.tensor, "candidate": c.candidate, "reference": c.reference, "max_abs": c.max_abs,
+        "rounding": [{"tensor": c.tensor, "dtype": c.dtype, "candidate": c.candidate, "reference": c.reference,
+                      "max_abs": c.max_abs,
                       "candidate_vs_float64": c.candidate_vs_float64, "reference_vs_float64": c.reference_vs_float64}
                      for c in report.comparisons if c.rule == "rounding" and c.passed],
         "skipped": [{"tensor": s.tensor, "reason": s.reason} for s in report.skipped],

@@ -140,3 +140,17 @@ def test_a_float16_failure_names_the_dtype_and_the_option(fp16, tmp_path):
     assert "(float16, onnxruntime vs numpy)" in result.stdout and "loosen them with --atol/--rtol" in result.stdout
     result = runner.invoke(app, ["verify", str(tmp_path / "m.onnx"), "--samples", "64"])
     assert result.exit_code == 0 and "float16: atol 0.001, rtol 0.001" in result.stdout
+
+
+def test_convert_of_float16_weights_checks_with_float16_tolerances(tmp_path):
+    rng = np.random.default_rng(0)
+    weights = {"fc_1/kernel": rng.standard_normal((8, 32)).astype(np.float16),
+               "fc_1/bias": rng.standard_normal(32).astype(np.float16),
+               "fc_out/kernel": rng.standard_normal((32, 4)).astype(np.float16),
+               "fc_out/bias": np.zeros(4, np.float16)}
+    np.savez(tmp_path / "w.npz", **weights)
+    result = runner.invoke(app, ["convert", str(tmp_path / "w.npz"), "-o", str(tmp_path / "m.onnx"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)["verification"]
+    assert report["passed"] and report["tolerances"] == {"float16": {"atol": 1e-3, "rtol": 1e-3}}
+    assert {c["dtype"] for c in report["comparisons"]} == {"float16"}

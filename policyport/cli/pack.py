@@ -52,7 +52,7 @@ def pack(
         if count != samples:
             say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
         for r in parity["rounding"]:
-            out.print(literal(f"{r['tensor']} ({r['candidate']} vs {r['reference']}): {r['max_abs']:.2g}, float32 "
+            out.print(literal(f"{r['tensor']} ({r['candidate']} vs {r['reference']}): {r['max_abs']:.2g}, {r['dtype']} "
                               f"rounding: {r['candidate']} {r['candidate_vs_float64']:.2g} and {r['reference']} "
                               f"{r['reference_vs_float64']:.2g} from a float64 run"))
         for skipped in parity["skipped"]:

@@ -82,7 +82,7 @@ def report_lines(report) -> list[str]:
         verdict = "within" if c.passed else "beyond"
         lines.append(
             f"{c.tensor} ({c.candidate} vs {c.reference}): {c.max_abs:.2g} exceeds the tolerance, {verdict} "
-            f"float32 rounding: against a float64 run {c.candidate} is {c.candidate_vs_float64:.2g} off and "
+            f"{c.dtype} rounding: against a float64 run {c.candidate} is {c.candidate_vs_float64:.2g} off and "
             f"{c.reference} {c.reference_vs_float64:.2g}, bound {c.rounding_bound:.2g}")
     lines += [f"skipped {s.tensor}: {s.reason}" for s in report.skipped]
     return lines
@@ -91,7 +91,7 @@ def report_lines(report) -> list[str]:
 def verdict(report) -> str:
     """The one-line PASS/FAIL summary of a report; a failure names the dtype and the options to loosen."""
     rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
-    extra = (f", {rounding} by float32 rounding against a float64 run" if rounding else "") + \
+    extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
         (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
     if report.passed:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
@@ -108,7 +108,7 @@ def verdict(report) -> str:
         return text + f" ({f.dtype} compares exactly)"
     text += f" > atol {f.atol:g} + rtol {f.rtol:g} * |{f.reference}|"
     if f.rule == "rounding":
-        text += (f", and not float32 rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
+        text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
                  f"off, {f.reference} {f.reference_vs_float64:.2g}")
     return text + f"; if {f.dtype} differences of this size are acceptable, loosen them with --atol/--rtol"
 
