@@ -31,16 +31,19 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+#: Public name -> (module relative to this package, attribute). Relative, so that the copy of the
+#: numpy runtime a packed folder carries (under a private package name) resolves its own modules.
 _LAZY = {
-    "convert": ("policyport.converter", "convert"),
-    "load": ("policyport.runtime", "load"),
-    "Session": ("policyport.runtime", "Session"),
-    "BACKENDS": ("policyport.runtime", "BACKENDS"),
-    "verify": ("policyport.verification", "verify"),
-    "extract_weights": ("policyport.passes", "extract_weights"),
-    "expose": ("policyport.passes", "expose"),
-    "pack": ("policyport.bundle", "pack"),
-    "verify_bundle": ("policyport.runtime.packed", "verify_bundle"),
+    "convert": (".converter", "convert"),
+    "load": (".runtime", "load"),
+    "Session": (".runtime", "Session"),
+    "BACKENDS": (".runtime", "BACKENDS"),
+    "verify": (".verification", "verify"),
+    "extract_weights": (".passes", "extract_weights"),
+    "expose": (".passes", "expose"),
+    "pack": (".bundle", "pack"),
+    "export_numpy": (".export", "export_numpy"),
+    "verify_bundle": (".runtime.packed", "verify_bundle"),
 }
 
 __all__ = [
@@ -62,10 +65,18 @@ def __getattr__(name: str):
         import importlib
 
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
+        try:
+            found = importlib.import_module(module, __name__)
+        except ModuleNotFoundError as e:
+            if e.name != __name__ + module:
+                raise
+            # The numpy runtime a packed folder carries holds the modules that load, run and verify it only.
+            raise AttributeError(f"{name!r} is not part of the numpy runtime of a packed folder (it offers "
+                                 "load, Session, BACKENDS and verify_bundle); install policyport for it") from None
+        value = getattr(found, attr)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'policyport' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():

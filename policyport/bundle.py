@@ -3,10 +3,17 @@
 :func:`pack` builds the folder beside ``out_dir`` and renames it into place once it is complete and
 reads back identical to the model. The folder format, and reading it, are described in
 :mod:`policyport.runtime.packed` (numpy only); this module needs onnx and onnxruntime.
+
+A folder carries, unless asked not to, the numpy runtime it needs: the policyport modules that the
+numpy backend, the packed reader and ``run.py``'s command line import, found by following the
+package-relative imports of :data:`RUNTIME_ENTRIES` through the installed package's sources
+(:func:`runtime_sources`), and copied byte for byte into ``_policyport/``.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import os
 import secrets
@@ -17,25 +24,33 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import BadModelError, OutputExistsError, UnreadableFileError, VerificationError
+from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
 from .files import write_npz
-from .graph import Graph
-from .runtime.base import count_observations
-from .runtime.packed import (
-    BUNDLE_FILES,
+from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
+    DATA_FILES,
+    ENTRY_POINT,
     GOLDEN_FILE,
     GRAPH_FILE,
     MODEL_FILE,
     POLICY_FILE,
-    SOURCES_KEY,
+    RUNTIME_PACKAGE,
     WEIGHTS_FILE,
-    place_initializer,
-    same_bits,
-    sha256_file,
-    load_graph,
+    folder_entries,
+    open_bundle,
+    runtime_digest,
 )
+from .graph import Graph
+from .runtime.base import count_observations
+from .runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
+
+#: Modules (relative to the policyport package) whose imports, followed, make a folder's runtime.
+RUNTIME_ENTRIES = ("runtime/packed.py", "runtime/entry.py", "runtime/numpy/ops/__init__.py")
+#: Modules those imports reach that the runtime leaves out on purpose, and why.
+RUNTIME_LEFT_OUT = {
+    "runtime/ort.py": "the onnxruntime backend: a machine with onnxruntime installs policyport itself",
+}
 
 DEFAULT_SAMPLES = 64
 
@@ -43,8 +58,8 @@ DEFAULT_SAMPLES = 64
 
 
 def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, low: float = 0.0,
-         high: float = 1.0, seed: int = 0, force: bool = False, source=None, atol: float | None = None,
-         rtol: float | None = None, rounding: bool = True) -> Path:
+         high: float = 1.0, seed: int = 0, force: bool = False, source=None, runtime: bool = True,
+         atol: float | None = None, rtol: float | None = None, rounding: bool = True) -> Path:
     """Write a policy folder that runs with numpy alone (see the module docstring for its files).
 
     The folder is built in a temporary sibling of ``out_dir`` and renamed into place once every file
@@ -60,11 +75,15 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         low, high: the observations are drawn uniformly from ``[low, high)``, in the observation's
             own units (default ``[0, 1)``).
         seed: numpy ``default_rng`` seed of the draw (default 0).
-        force: replace an existing ``out_dir`` — only an empty folder or a policyport bundle (one with
-            a ``policy.json``), and only after the new folder is complete.
+        force: replace an existing ``out_dir`` — only an empty folder or one that is provably a
+            bundle (its ``policy.json`` valid, every file it lists intact and regular, nothing else in
+            it), and only after the new folder is complete.
         source: the policy the model was converted from (path or object, as for
             :func:`policyport.convert`); when given, its own forward pass is also compared with the
             numpy backend and the figure recorded in ``policy.json``.
+        runtime: also write ``run.py`` and the numpy runtime it imports (``_policyport/``), so the
+            folder runs where policyport is not installed (default); ``False`` writes the data
+            files and ``policy.json`` only, for machines that install policyport.
         atol, rtol: the tolerances of the onnxruntime-vs-numpy (and source) check for floating
             tensors; ``None`` (default) follows the dtype (:data:`policyport.compare.TOLERANCES`).
             A tensor that fails them still passes when a float64 run shows the difference is
@@ -74,7 +93,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         ``out_dir`` as a ``Path``.
 
     Raises:
-        OutputExistsError: ``out_dir`` exists and ``force`` is false, or it is not a bundle folder.
+        OutputExistsError: ``out_dir`` exists and ``force`` is false, or it is not provably a bundle.
         UnreadableFileError: the parent folder does not exist, the model cannot be read, or writing
             fails (nothing is left behind).
         BadModelError: malformed parameter metadata, an initializer numpy cannot store without
@@ -128,7 +147,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         "inputs": [v.to_dict() for v in graph.inputs],
         "outputs": [v.to_dict() for v in graph.outputs],
         "head": meta.get("policyport.head"),
-        "observation_filter": None,
+        "observation_filter": _json_or_text(meta.get("policyport.observation_filter")),
         "provenance": {
             "source": _json_or_text(meta.get("policyport.source")),
             "activation": meta.get("policyport.activation"),
@@ -150,6 +169,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         "parity": parity,
     }
 
+    code = runtime_sources() if runtime else {}
     tmp = _sibling(out_dir, "packing")
     committed = False
     try:
@@ -159,8 +179,23 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             write_npz(tmp / CONSTANTS_FILE, constants)
             (tmp / GRAPH_FILE).write_text(json.dumps(graph_doc, indent=1), encoding="utf-8")
             write_npz(tmp / GOLDEN_FILE, golden)
-            policy["files"] = {name: sha256_file(tmp / name) for name in
-                               (MODEL_FILE, GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE, GOLDEN_FILE)}
+            policy["files"] = {name: _sha256(tmp / name) for name in DATA_FILES}
+            if code:
+                for name, data in code.items():
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / name).write_bytes(data)
+                    policy["files"][name] = hashlib.sha256(data).hexdigest()
+                digest = runtime_digest(policy["files"])
+                (tmp / ENTRY_POINT).write_text(RUN_PY.replace("@DIGEST@", repr(digest)), encoding="utf-8")
+                policy["files"][ENTRY_POINT] = _sha256(tmp / ENTRY_POINT)
+                policy["runtime"] = {
+                    "package": RUNTIME_PACKAGE,
+                    "entry_point": ENTRY_POINT,
+                    "policyport_version": __version__,
+                    "digest": digest,
+                    "requires_python": ">=3.10",
+                    "requires": ["numpy>=1.24"],
+                }
             (tmp / POLICY_FILE).write_text(json.dumps(policy, indent=1), encoding="utf-8")
         except OSError as e:
             raise UnreadableFileError(f"writing the bundle for {out_dir} failed: {e}; nothing was written") from e
@@ -241,36 +276,52 @@ def _check_round_trip(expected: Graph, packed: Graph) -> None:
             raise BadModelError(f"the packed initializer {name!r} differs from the model's (policyport bug)")
 
 
-def _check_out_dir(out_dir: Path, force: bool) -> None:
+def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
+    """What replacing ``out_dir`` deletes: ``None`` if it does not exist, else the files of the
+    bundle it provably is (none for an empty folder). Anything else is refused."""
     if not out_dir.parent.is_dir():
         raise UnreadableFileError(f"cannot write {out_dir}: folder {out_dir.parent} does not exist")
-    if not (out_dir.exists() or out_dir.is_symlink()):
-        return
+    if not os.path.lexists(out_dir):
+        return None
     if not force:
         raise OutputExistsError(f"{out_dir} exists; overwrite it with --force (force=True in Python)")
-    if not out_dir.is_dir() or out_dir.is_symlink():
+    if out_dir.is_symlink() or not out_dir.is_dir():
         raise OutputExistsError(
             f"{out_dir} exists and is not a plain folder (a file or a symlink); force replaces only a "
             "bundle folder or an empty one — remove it yourself or choose another name"
         )
-    present = {p.name for p in out_dir.iterdir()}
-    if present and POLICY_FILE not in present:
+    files, folders, others = folder_entries(out_dir)
+    if not (files or folders or others):
+        return []
+    if POLICY_FILE not in files:
         raise OutputExistsError(
             f"{out_dir} is a non-empty folder without {POLICY_FILE}, so not a policyport bundle; "
             "force replaces only bundles and empty folders — remove it yourself or choose another name"
         )
-    foreign = sorted(present - BUNDLE_FILES)
-    if foreign:
+    try:
+        policy, _ = open_bundle(out_dir)
+    except PolicyportError as e:
         raise OutputExistsError(
-            f"{out_dir} holds files a bundle does not write ({', '.join(foreign)}); force would delete them "
+            f"{out_dir} is not provably a policyport bundle ({e}); force replaces only intact bundles and "
+            "empty folders — remove it yourself or choose another name"
+        ) from None
+    listed = [*policy["files"], POLICY_FILE]
+    parents = {"/".join(n.split("/")[:i]) for n in listed for i in range(1, n.count("/") + 1)}
+    foreign = sorted({*files} - {*listed} | {*folders} - parents | {*others})
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputExistsError(
+            f"{out_dir} holds files a bundle does not write ({shown}); force would delete them "
             "— move them out first or choose another name"
         )
+    return listed
 
 
 def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
-    """Rename the finished ``tmp`` onto ``out_dir``; an old ``out_dir`` is moved aside first."""
-    _check_out_dir(out_dir, force)  # again: it may have appeared while we packed
-    if not out_dir.exists():
+    """Rename the finished ``tmp`` onto ``out_dir``; an old bundle is moved aside, then its files
+    (and only those) are deleted."""
+    listed = _check_out_dir(out_dir, force)  # again: it may have appeared or changed while we packed
+    if listed is None:
         try:
             os.rename(tmp, out_dir)
         except OSError as e:
@@ -283,7 +334,58 @@ def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
     except OSError as e:
         os.rename(old, out_dir)
         raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}; the old one is unchanged") from e
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_bundle(old, listed)
+
+
+def _remove_bundle(folder: Path, listed: list[str]) -> None:
+    """Delete the listed files of a bundle moved aside, then its folders; anything that appeared
+    in it meanwhile (or a file turned into a link) stays, and so does the folder."""
+    files, folders, others = folder_entries(folder)
+    if others or not set(files) <= set(listed):
+        return
+    for name in files:
+        os.unlink(folder / name)
+    for name in sorted(folders, key=lambda n: -n.count("/")):
+        os.rmdir(folder / name)
+    os.rmdir(folder)
+
+
+def runtime_sources() -> dict[str, bytes]:
+    """The numpy runtime a packed folder carries: ``"_policyport/<module path>"`` -> the bytes of
+    the installed module.
+
+    Starts from :data:`RUNTIME_ENTRIES` and the package's ``__init__.py`` and follows every
+    package-relative import (at module level or inside a function) to the module or package it
+    names, except :data:`RUNTIME_LEFT_OUT`; every enclosing package's ``__init__.py`` is included.
+    """
+    root = Path(__file__).resolve().parent
+    found: dict[str, bytes] = {}
+    todo = ["__init__.py", *RUNTIME_ENTRIES]
+    while todo:
+        rel = todo.pop()
+        if rel in found or rel in RUNTIME_LEFT_OUT:
+            continue
+        found[rel] = (root / rel).read_bytes()
+        package = rel.rsplit("/", 1)[0].split("/") if "/" in rel else []
+        todo += ["/".join(package[:i]) + "/__init__.py" for i in range(1, len(package) + 1)]
+        for node in ast.walk(ast.parse(found[rel], rel)):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            target = package[:len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            for parts in [target, *(target + [alias.name] for alias in node.names)]:
+                stem = "/".join(parts)
+                for candidate in ((stem + ".py", stem + "/__init__.py") if stem else ("__init__.py",)):
+                    if (root / candidate).is_file():
+                        todo.append(candidate)
+    return {f"{RUNTIME_PACKAGE}/{rel}": found[rel] for rel in sorted(found)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _sibling(path: Path, purpose: str, create: bool = True) -> Path:
@@ -312,3 +414,101 @@ def _json_or_text(text: str | None) -> Any:
         return text
 
 
+
+
+#: ``run.py`` of a folder that carries its runtime; ``@DIGEST@`` becomes the repr of the runtime digest.
+RUN_PY = '''"""Run the policy packed in this folder, with Python (>= 3.10) and numpy alone.
+
+    python run.py -i obs.npy -o actions.npz [--record activations.npz] [--tensors GLOBS] [--force]
+    python run.py --verify       # re-run the golden observations here; exit 1 on a mismatch
+    python run.py -h             # every option and the exit codes
+
+From another program:
+
+    import runpy
+    policy = runpy.run_path("path/to/this/folder/run.py")["load"]()   # a policyport Session
+    actions = policy.run({"obs": obs})                                 # {"logits": ..., ...}
+
+Written by policyport pack. Before anything from the folder is used, every file it holds is checked
+against the sha256 that policy.json records. The code it runs is the copy of policyport's numpy
+runtime in _policyport/, imported under a private name (_policyport_<digest>): an installed
+policyport is neither used nor shadowed, and nothing is written into the folder.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+
+FOLDER = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = "_policyport"
+RUNTIME_DIGEST = @DIGEST@
+
+
+def runtime():
+    """The folder's runtime package, imported once per process after the folder is checked."""
+    name = "_policyport_" + RUNTIME_DIGEST[:16]
+    fresh = name not in sys.modules
+    if fresh:
+        location = os.path.join(FOLDER, PACKAGE)
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(location, "__init__.py"), submodule_search_locations=[location])
+        sys.modules[name] = importlib.util.module_from_spec(spec)  # executed after the check below
+    package = sys.modules[name]
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        folder = importlib.import_module(name + ".folder")
+        policy = folder.read_policy(FOLDER)  # sizes, regular files, every sha256, the runtime digest
+        if policy.get("runtime", {}).get("digest") != RUNTIME_DIGEST:
+            raise folder.BadModelError(f"{FOLDER}: run.py belongs to another runtime than policy.json lists")
+        if fresh:
+            spec.loader.exec_module(package)
+            for module in folder.runtime_modules(policy):
+                importlib.import_module(f"{name}.{module}")
+        if package.__version__ != policy["runtime"]["policyport_version"]:
+            raise folder.BadModelError(f"{FOLDER}: the runtime is policyport {package.__version__}, "
+                                       f"policy.json says {policy['runtime']['policyport_version']}")
+    except BaseException:
+        if fresh:
+            for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[module]
+        raise
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
+    return package
+
+
+def load():
+    """This folder's policy as a policyport Session on the numpy backend (run, record, observe)."""
+    return runtime().load(FOLDER, backend="numpy")
+
+
+def verify(atol=1e-5, rtol=1e-5):
+    """Re-run the golden observations; a report with .passed, .first_divergence and .to_dict()."""
+    return runtime().verify_bundle(FOLDER, atol=atol, rtol=rtol)
+
+
+def main(argv=None):
+    """The command line (see the module docstring); returns the exit code."""
+    if sys.version_info < (3, 10):
+        sys.stderr.write("error: this policy needs Python 3.10 or newer\\n")
+        return 4
+    try:
+        package = runtime()
+    except ModuleNotFoundError as e:
+        if e.name != "numpy":
+            raise
+        sys.stderr.write("error: this policy needs numpy, which is not installed; install it with: pip install numpy\\n")
+        return 4
+    except Exception as e:  # noqa: BLE001 - a damaged or refused folder: say so, no traceback
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(e))
+        if getattr(e, "exit_code", None) is None:
+            message = f"cannot import the runtime in {PACKAGE}/ ({type(e).__name__}: {message}); copy the folder again"
+        sys.stderr.write(f"error: {message}\\n")
+        return getattr(e, "exit_code", 3)
+    return importlib.import_module(package.__name__ + ".runtime.entry").main(FOLDER, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''

@@ -6,6 +6,7 @@ existing file is never overwritten unless asked. Arrays are loaded with ``allow_
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import zipfile
@@ -120,6 +121,22 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: b
     return write_atomic(path, lambda tmp: write_npz(tmp, arrays), force)
 
 
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 hex digest of a source file, read in 1 MiB chunks (provenance for model metadata).
+
+    Raises:
+        UnreadableFileError: the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as e:
+        raise UnreadableFileError(f"cannot read {path}: {e}") from e
+    return digest.hexdigest()
+
+
 def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Arrays from an ``.npz`` (every key) or a ``.npy`` (under the key ``""``), pickles refused.
 
@@ -149,22 +166,29 @@ def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def load_onnx(path: str | os.PathLike):
-    """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder.
+    """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder
+    (whose every file is checked by :func:`policyport.folder.open_bundle` first).
 
     Raises:
+        BadModelError: a packed folder that fails its check (a changed, missing or refused file).
         UnreadableFileError: missing, unparsable, or without a graph (an empty file parses as one).
         MissingDependencyError: onnx is not installed.
     """
     onnx = require("onnx", "onnx", "reading an .onnx file")
     path = Path(path)
-    if path.is_dir():
-        if not (path / "model.onnx").is_file():
-            raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with model.onnx)")
-        path = path / "model.onnx"
-    if not path.is_file():
+    if path.is_dir():  # a packed folder: its model.onnx, after the check every reader of a folder makes
+        from .folder import MODEL_FILE, POLICY_FILE, open_bundle
+
+        if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
+            raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
+        data = open_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
+        path = path / MODEL_FILE
+    elif not path.is_file():
         raise UnreadableFileError(f"{path}: no such file")
+    else:
+        data = None
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path)) if data is None else onnx.load_model_from_string(data)
     except Exception as e:  # protobuf DecodeError, onnx ValidationError, OSError ...
         raise UnreadableFileError(f"{path} is not a readable ONNX model: {e}") from e
     if not model.graph.output:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadModelError
+from .errors import BadModelError, require
 
 #: ``TensorProto.DataType`` code -> numpy dtype, for every element type numpy can hold.
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
@@ -317,7 +317,7 @@ class Graph:
                 )
                 for n in d["nodes"]
             ]
-            return cls(
+            return sort_nodes(cls(
                 nodes=nodes,
                 inputs=[ValueInfo.from_dict(v) for v in d["inputs"]],
                 outputs=[ValueInfo.from_dict(v) for v in d["outputs"]],
@@ -325,11 +325,72 @@ class Graph:
                 opsets={k: int(v) for k, v in d["opsets"].items()},
                 metadata=dict(d.get("metadata", {})),
                 optional_inputs=[ValueInfo.from_dict(v) for v in d.get("optional_inputs", [])],
-            )
+            ))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, BadModelError):
                 raise
             raise BadModelError(f"malformed graph JSON: {e}") from e
+
+
+def sort_nodes(graph: Graph) -> Graph:
+    """``graph`` with its nodes in a topological order, after checking that every tensor is defined once.
+
+    ONNX requires nodes in topological order, but exporters and hand edits break it and onnxruntime
+    sorts on load; so does policyport (a stable sort: an already ordered graph keeps its order).
+
+    Raises:
+        BadModelError: a node reads a tensor nothing defines (not a graph input, initializer or node
+            output), a tensor is defined twice, a graph output is never defined, or the nodes form
+            a cycle — each naming the node and tensor.
+    """
+    defined: dict[str, str] = {v.name: "graph input" for v in graph.inputs}
+    defined.update({name: "initializer" for name in graph.initializers})
+    producer: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for out in node.outputs:
+            if not out:
+                continue
+            if out in producer or out in defined:
+                first = (f'{graph.nodes[producer[out]].op_type} node "{graph.nodes[producer[out]].name}"'
+                         if out in producer else f"a {defined[out]}")
+                raise BadModelError(
+                    f'{node.op_type} node "{node.name}" outputs tensor {out!r}, which {first} already defines; '
+                    "every tensor of an ONNX graph is defined once")
+            producer[out] = i
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name and name not in producer and name not in defined:
+                raise BadModelError(
+                    f'{node.op_type} node "{node.name}" reads tensor {name!r}, which no graph input, initializer '
+                    "or node defines")
+    for v in graph.outputs:
+        if v.name not in producer and v.name not in defined:
+            raise BadModelError(f"graph output {v.name!r} is not defined by any node, input or initializer")
+    order, state = [], [0] * len(graph.nodes)  # 0 new, 1 on the stack, 2 placed
+    for start in range(len(graph.nodes)):
+        stack = [(start, iter(graph.nodes[start].inputs))] if state[start] == 0 else []
+        if stack:
+            state[start] = 1
+        while stack:
+            i, pending = stack[-1]
+            for name in pending:
+                j = producer.get(name)
+                if j is None or state[j] == 2:
+                    continue
+                if state[j] == 1:
+                    node = graph.nodes[j]
+                    raise BadModelError(f'{node.op_type} node "{node.name}" depends on its own output {name!r} (a cycle)')
+                state[j] = 1
+                stack.append((j, iter(graph.nodes[j].inputs)))
+                break
+            else:
+                stack.pop()
+                state[i] = 2
+                order.append(i)
+    if order == list(range(len(graph.nodes))):
+        return graph
+    return Graph([graph.nodes[i] for i in order], graph.inputs, graph.outputs, graph.initializers, graph.opsets,
+                 graph.metadata, graph.optional_inputs)
 
 
 def _ml_view(arr: np.ndarray, name: str) -> np.ndarray:
@@ -373,8 +434,8 @@ def from_onnx(model) -> Graph:
     Raises:
         BadModelError: a node has a graph-valued attribute, or an element type numpy cannot hold.
     """
-    from onnx import AttributeProto, helper, numpy_helper
-
+    onnx = require("onnx", "onnx", "reading an ONNX model")
+    AttributeProto, helper, numpy_helper = onnx.AttributeProto, onnx.helper, onnx.numpy_helper  # noqa: N806
     g = model.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     nodes = []
@@ -401,7 +462,7 @@ def from_onnx(model) -> Graph:
                 value = tuple(value)
             attrs[a.name] = value
         nodes.append(Node(n.op_type, tuple(n.input), tuple(n.output), attrs, n.name, n.domain))
-    return Graph(
+    return sort_nodes(Graph(
         nodes=nodes,
         inputs=[_value_info(v) for v in g.input if v.name not in inits],
         outputs=[_value_info(v) for v in g.output],
@@ -409,7 +470,7 @@ def from_onnx(model) -> Graph:
         opsets={(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import},
         metadata={p.key: p.value for p in model.metadata_props},
         optional_inputs=_overridable(g, inits) if model.ir_version >= 4 else [],
-    )
+    ))
 
 
 def _overridable(g, inits: dict[str, np.ndarray]) -> list[ValueInfo]:

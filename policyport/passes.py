@@ -24,11 +24,15 @@ PARAMETERS_KEY = "policyport.parameters"
 
 
 def parameter_map(model) -> dict[str, dict]:
-    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None}``.
+    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None, "zeros": None}``.
 
     Read from ``metadata_props["policyport.parameters"]``, which policyport's converters write; a
     value may be a plain source name (no layout change) or such a dict. A model policyport did not
-    write maps each of its parameters (:func:`is_parameter`) to itself, under its initializer name.
+    write maps each of its parameters (:func:`parameter_names`) to itself, under its initializer name.
+
+    An entry may also stand for a source parameter the graph does not hold: an all-zero array an
+    exporter dropped (tf2onnx removes zero biases). Its key is the source name, and ``"zeros"`` is
+    ``{"shape": [...], "dtype": "float32"}``, from which :func:`extract_weights` rebuilds it.
 
     Raises:
         BadModelError: the metadata is not valid JSON of that form.
@@ -36,14 +40,24 @@ def parameter_map(model) -> dict[str, dict]:
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
         weights = parameter_names(model.graph)
-        return {t.name: {"name": t.name, "transpose": None} for t in model.graph.initializer if t.name in weights}
+        return {t.name: {"name": t.name, "transpose": None, "zeros": None}
+                for t in model.graph.initializer if t.name in weights}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
-        return {
-            k: {"name": v, "transpose": None} if isinstance(v, str)
-            else {"name": str(v["name"]), "transpose": v.get("transpose")}
-            for k, v in raw.items()
-        }
+        mapping = {}
+        for k, v in raw.items():
+            if isinstance(v, str):
+                mapping[k] = {"name": v, "transpose": None, "zeros": None}
+                continue
+            zeros = v.get("zeros")
+            if zeros is not None:
+                dtype = np.dtype(zeros["dtype"])
+                shape = [int(d) for d in zeros["shape"]]
+                if dtype.kind not in "biuf" or any(d < 0 for d in shape):
+                    raise ValueError(f"{k!r} rebuilds zeros of dtype {dtype} and shape {shape}")
+                zeros = {"shape": shape, "dtype": dtype.name}
+            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros}
+        return mapping
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise BadModelError(f"metadata {PARAMETERS_KEY!r} is malformed: {e}") from e
 
@@ -102,7 +116,9 @@ def extract_weights(model) -> dict[str, np.ndarray]:
 
     Returns:
         source parameter name -> array (dtype and shape as the source stored it, e.g.
-        ``default_policy/fc_1/kernel``: float32 ``(275, 256)``), in initializer order. Constants the
+        ``default_policy/fc_1/kernel``: float32 ``(275, 256)``), in the order of the parameter
+        metadata (the source's own order; initializer order for a model without it). All-zero
+        parameters the graph does not hold (see :func:`parameter_map`) are rebuilt. Constants the
         converter added (Slice bounds of a head) are not parameters and are left out; so, in a
         model policyport did not write, is every initializer that is no parameter by
         :func:`parameter_names` (shape constants, ``version_number``).
@@ -114,12 +130,17 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     numpy_helper = require("onnx.numpy_helper", "onnx", "extracting weights")
     model = ensure_model(model)
     mapping = parameter_map(model)
+    initializers = {init.name: init for init in model.graph.initializer}
     weights: dict[str, np.ndarray] = {}
-    for init in model.graph.initializer:
-        if init.name not in mapping:
+    for key, spec in mapping.items():
+        if spec["zeros"] is not None:
+            if key in initializers:
+                raise BadModelError(f"metadata {PARAMETERS_KEY!r} rebuilds {key!r} as zeros, but the graph holds it")
+            arr = np.zeros(spec["zeros"]["shape"], dtype=spec["zeros"]["dtype"])
+        elif key in initializers:
+            arr = numpy_helper.to_array(initializers[key])
+        else:
             continue
-        spec = mapping[init.name]
-        arr = numpy_helper.to_array(init)
         if spec["transpose"] is not None:
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
         if spec["name"] in weights:

@@ -50,8 +50,8 @@ def summarize(model) -> dict:
             "name": n.name,
             "op_type": n.op_type,
             "outputs": [describe(o) for o in n.outputs if o],
-            "parameters": [params[i]["name"] for i in n.inputs if i in params],
-            "parameter_count": int(sum(graph.initializers[i].size for i in n.inputs if i in params)),
+            "parameters": [params[i]["name"] for i in n.inputs if i in params and i in graph.initializers],
+            "parameter_count": int(sum(graph.initializers[i].size for i in n.inputs if i in params and i in graph.initializers)),
         })
     parameters = [
         {"name": params[k]["name"], "initializer": k, "dtype": v.dtype.name, "shape": list(v.shape), "size": int(v.size)}

@@ -39,3 +39,8 @@ policyport verify out/metadrive.onnx -i out/obs.npy --source "$SRC"
 echo "== pack: a folder that runs with numpy alone, then re-check it against its golden data"
 policyport pack out/metadrive.onnx -o out/metadrive_bundle --source "$SRC" --force
 policyport verify out/metadrive_bundle
+echo "== the folder checks itself with its own run.py (Python and numpy alone)"
+python out/metadrive_bundle/run.py --verify
+
+echo "== export-numpy: one readable numpy module, checked bit for bit before it is written"
+policyport export-numpy out/metadrive.onnx -o out/metadrive_policy.py --force

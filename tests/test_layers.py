@@ -15,6 +15,11 @@ LOWER_LAYERS = {
     "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.bundle"],
     "policyport.compare": ["onnx", "policyport.runtime", "policyport.verification"],
     "policyport.graph": ["onnx", "policyport.runtime"],
+    # What a packed folder's run.py executes before its files are checked: the standard library only.
+    "policyport.folder": ["numpy", "onnx", "policyport.runtime", "policyport.graph", "policyport.files"],
+    "policyport.schema": ["numpy", "onnx", "policyport.runtime"],
+    "policyport.runtime.entry": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification",
+                                 "policyport.bundle", "policyport.cli"],
 }
 
 

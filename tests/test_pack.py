@@ -26,6 +26,7 @@ ROOT = Path(__file__).parents[1]
 EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"
 CHECK_SCRIPT = Path(__file__).with_name("numpy_only_check.py")
 BUNDLE_FILES = {"model.onnx", "graph.json", "weights.npz", "constants.npz", "golden.npz", "policy.json"}
+RUNTIME = {"run.py", "_policyport"}
 NODE_ORDER = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
 
 pytestmark = pytest.mark.usefixtures("strict_numpy")
@@ -81,9 +82,11 @@ def siblings(path: Path) -> list[str]:
 
 
 def test_pack_writes_every_file_and_policy_json_holds_their_sha256(packed, model):
-    assert {p.name for p in packed.iterdir()} == BUNDLE_FILES
+    assert {p.name for p in packed.iterdir()} == BUNDLE_FILES | RUNTIME
     policy = json.loads((packed / "policy.json").read_text())
-    assert set(policy["files"]) == BUNDLE_FILES - {"policy.json"}
+    on_disk = {str(p.relative_to(packed)) for p in packed.rglob("*") if p.is_file()}
+    assert set(policy["files"]) == on_disk - {"policy.json"}
+    assert BUNDLE_FILES - {"policy.json"} <= set(policy["files"])
     for name, digest in policy["files"].items():
         assert hashlib.sha256((packed / name).read_bytes()).hexdigest() == digest, name
     assert (packed / "model.onnx").read_bytes() == model.SerializeToString()
@@ -191,16 +194,19 @@ def test_tampered_weights_are_refused_on_load(copy):
     weights = read_npz(copy / "weights.npz")
     weights["default_policy/fc_2/kernel"][0, 0] += 1.0
     rewrite_npz(copy / "weights.npz", weights)
-    with pytest.raises(pp.BadModelError, match=r"weights\.npz: sha256 is [0-9a-f]{64}, policy\.json expects"):
+    with pytest.raises(pp.BadModelError, match=r"weights\.npz: its content differs from the sha256 policy\.json "
+                                               r"records; the file was changed or damaged after packing") as caught:
         pp.load(copy, backend="numpy")
+    found = hashlib.sha256((copy / "weights.npz").read_bytes()).hexdigest()
+    assert found not in str(caught.value)  # the digest of what was found is never shown
 
 
-@pytest.mark.parametrize("name", sorted(BUNDLE_FILES - {"policy.json"}))
+@pytest.mark.parametrize("name", sorted(BUNDLE_FILES - {"policy.json"}) + ["run.py", "_policyport/runtime/numpy/plan.py"])
 def test_any_changed_file_is_named_on_load(copy, name):
     data = bytearray((copy / name).read_bytes())
     data[-1] ^= 0xFF
     (copy / name).write_bytes(bytes(data))
-    with pytest.raises(pp.BadModelError, match=rf"{name}: sha256 is"):
+    with pytest.raises(pp.BadModelError, match=rf"{name}: its content differs from the sha256"):
         reader.load_graph(copy)
 
 
@@ -227,7 +233,7 @@ def test_a_file_name_outside_the_folder_is_refused(copy):
     policy = json.loads((copy / "policy.json").read_text())
     policy["files"]["../secret"] = "0" * 64
     (copy / "policy.json").write_text(json.dumps(policy))
-    with pytest.raises(pp.BadModelError, match=r"'\.\./secret' is not a file name of the bundle"):
+    with pytest.raises(pp.BadModelError, match=r"'\.\./secret' is not a file of the bundle format"):
         reader.load_graph(copy)
 
 
@@ -247,7 +253,7 @@ def test_verify_bundle_names_the_first_perturbed_activation(copy):
     golden = read_npz(copy / "golden.npz")
     golden["activations/fc_2/linear"][3, 17] += np.float32(1e-3)
     rewrite_npz(copy / "golden.npz", golden)
-    with pytest.raises(pp.BadModelError, match=r"golden\.npz: sha256 is"):
+    with pytest.raises(pp.BadModelError, match=r"golden\.npz: its content differs"):
         reader.verify_bundle(copy)  # the hash catches it first ...
     reseal(copy, "golden.npz")
     report = reader.verify_bundle(copy)  # ... and the comparison when the hash is updated too
@@ -322,11 +328,11 @@ def test_a_failure_while_writing_leaves_no_folder(model, tmp_path, monkeypatch):
 
 def test_a_failure_while_replacing_leaves_the_old_bundle(model, tmp_path, monkeypatch):
     out = pp.pack(model, tmp_path / "b", seed=1)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     monkeypatch.setattr(packing, "_check_round_trip", lambda *a: (_ for _ in ()).throw(pp.BadModelError("boom")))
     with pytest.raises(pp.BadModelError, match="boom"):
         pp.pack(model, out, seed=2, force=True)
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert siblings(out) == ["b"]
 
 

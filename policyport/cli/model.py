@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +24,8 @@ def inspect(
         from ..files import load_onnx
         from ..summary import format_shape, summarize
 
-        if model.is_dir() and (model / "model.onnx").is_file() or model.suffix == ".onnx" or not model.exists():
+        bundle = model.is_dir() and any(os.path.lexists(model / n) for n in ("policy.json", "model.onnx"))
+        if bundle or model.suffix == ".onnx" or not model.exists():
             proto = load_onnx(model)
         else:
             from ..converter import convert

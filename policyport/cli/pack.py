@@ -21,13 +21,15 @@ def pack(
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
+    no_runtime: Annotated[bool, typer.Option("--no-runtime", help="Leave out run.py and the numpy runtime (for targets that install policyport).")] = False,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     rounding: RoundingOpt = True,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write a folder that runs and verifies itself with numpy alone (model, weights, graph.json, golden data)."""
+    """Write a folder that runs and verifies itself with numpy alone (model, weights, graph.json, golden data,
+    and run.py with the numpy runtime it needs)."""
 
     def body():
         from ..bundle import pack as run_pack
@@ -35,17 +37,24 @@ def pack(
 
         check_range(low, high)
         folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                          atol=atol, rtol=rtol, rounding=rounding)
+                          runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})
             return
-        parity = policy["parity"]
+        parity, runtime = policy["parity"], policy.get("runtime")
         say(f"wrote {folder}")
         t = table(f"{folder}: runs with numpy alone", ["file", "sha256"])
         for name, digest in policy["files"].items():
-            add_row(t, name, digest)
+            if runtime is None or "/" not in name:
+                add_row(t, name, digest)
+        if runtime is not None:
+            count = sum("/" in name for name in policy["files"])
+            add_row(t, f"{runtime['package']}/ ({count} files)", f"runtime digest {runtime['digest']}")
         out.print(t)
+        if runtime is not None:
+            out.print(literal(f"on the target: python {folder}/run.py -i OBS.npy -o ACTIONS.npz, or --verify "
+                              f"(Python {runtime['requires_python']} and numpy alone)"))
         count = policy["golden"]["samples"]
         out.print(literal(f"golden data: {count} observation{'s' if count != 1 else ''}, {parity['tensors']} "
                           f"tensors each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))

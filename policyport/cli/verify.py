@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..errors import InputMismatchError
 from .core import app, emit_json, guard
 from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, check_range
 from .render import add_row, cell, literal, out, shape_text, table
@@ -17,13 +16,9 @@ from .render import add_row, cell, literal, out, shape_text, table
 def load_feeds(path: Path, names: list[str]) -> dict:
     """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
     from ..files import load_arrays
+    from ..runtime.base import feeds_from_arrays
 
-    arrays = load_arrays(path)
-    if list(arrays) == [""] or (len(arrays) == 1 and len(names) == 1 and names[0] not in arrays):
-        if len(names) != 1:
-            raise InputMismatchError(f"{path} holds one array but the model has inputs {names}; use an .npz keyed by input name")
-        return {names[0]: next(iter(arrays.values()))}
-    return arrays
+    return feeds_from_arrays(load_arrays(path), names, path)
 
 
 def input_names(model: Path) -> list[str]:

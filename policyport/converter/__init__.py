@@ -29,6 +29,9 @@ from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 #: and returns a :class:`Converted`.
 SOURCES: dict[str, str] = {
     "npz": "policyport.converter.rllib_weights:convert_npz",
+    "keras": "policyport.converter.keras:convert_keras",
+    "savedmodel": "policyport.converter.keras:convert_savedmodel",
+    "rllib": "policyport.converter.rllib:convert_rllib",
 }
 
 #: Source kinds ``--from`` accepts, in the order the help lists them.
@@ -154,8 +157,8 @@ def detect_kind(source) -> str:
     module = type(source).__module__.split(".")[0]
     if module == "torch" or any(c.__module__.startswith("torch.nn") for c in type(source).__mro__):
         return "torch"
-    if module in ("keras", "tensorflow", "tf_keras"):
-        return "keras"
+    if any(c.__module__.split(".")[0] in ("keras", "tensorflow", "tf_keras") for c in type(source).__mro__):
+        return "keras"  # a Keras model (subclasses too) or a tf.function
     raise BadModelError(f"cannot convert a {type(source).__name__}; supported sources: {', '.join(KINDS)}")
 
 
@@ -234,6 +237,9 @@ def convert(source, *, kind: str | None = None, **options):
             (see :func:`detect_kind`). ``npz``: a path to an ``.npz`` of weights, or a dict
             name -> array, in RLlib's TF FullyConnectedNetwork layout (``[prefix/]fc_<i>/kernel``
             ``[in, out]``, ``.../bias``, ``fc_out/...``; see :mod:`policyport.converter.rllib_weights`).
+            ``keras``: a ``.keras``/``.h5`` file, a ``keras.Model`` or a ``tf.function`` with an
+            input signature (:mod:`policyport.converter.keras`); ``savedmodel``: a SavedModel folder;
+            ``rllib``: a checkpoint file or folder of any Ray version (:mod:`policyport.converter.rllib`).
         kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
         **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
             swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or

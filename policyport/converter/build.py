@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -114,9 +115,18 @@ class MlpBuilder:
         self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=output, **attrs))
         return output
 
+    #: Tensor names the builder gives node outputs (the graph's input and outputs); a source parameter
+    #: of the same name (an unprefixed RLlib ``log_std``) gets another initializer name, and
+    #: ``policyport.parameters`` maps it back to the source's name.
+    RESERVED = frozenset({"obs", "logits", "action", "log_std", "value"})
+
     def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
-        if name in self._names:
+        if name in self._names and source_name is None:
             raise BadModelError(f"parameter name {name!r} occurs twice")
+        base, n = name, 1
+        while name in self._names or name in self.RESERVED:
+            name = f"{base}/parameter" + (f"_{n}" if n > 1 else "")
+            n += 1
         self._names.add(name)
         self.initializers.append(self.numpy_helper.from_array(np.asarray(array), name))
         if source_name is not None:
@@ -164,7 +174,8 @@ class MlpBuilder:
 
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
-              input_name: str = "obs", metadata: dict[str, str] | None = None):
+              input_name: str = "obs", metadata: dict[str, str] | None = None,
+              prelude: Prelude | None = None, postlude: Callable | None = None):
     """The ONNX model of ``spec``.
 
     Args:
@@ -174,6 +185,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
             default 17.
         input_name: the graph input, ``obs`` by convention.
         metadata: extra ``metadata_props``.
+        prelude: what the source applies to the observation before the network (an observation
+            preprocessor, an observation filter: see :class:`Prelude`); it may change the graph
+            input's dtype and shape.
+        postlude: ``postlude(builder, logits, value, outputs)`` adds nodes after the network and
+            appends their graph outputs' value infos to ``outputs`` (a DQN's dueling Q-values).
 
     Returns:
         An ``onnx.ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``, with graph
@@ -203,7 +219,8 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype)
 
-    x = input_name
+    x = input_name if prelude is None else prelude.build(b, input_name)
+    first = x
     for layer in spec.hidden:
         x = b.dense(layer, x)
     n_logits = spec.output.out_features
@@ -235,19 +252,19 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         outputs.append(helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"]))
 
     if spec.value_output is not None:
-        v = input_name
+        v = first
         for layer in spec.value_hidden:
             v = b.dense(layer, v)
         if not spec.value_hidden:
             v = x
         b.dense(spec.value_output, v, "value")
         outputs.append(helper.make_tensor_value_info("value", elem, ["batch", spec.value_output.out_features]))
+    if postlude is not None:
+        postlude(b, logits, "value" if spec.value_output is not None else None, outputs)
 
-    graph = helper.make_graph(
-        b.nodes, "policy",
-        [helper.make_tensor_value_info(input_name, elem, ["batch", spec.obs_dim])],
-        outputs, b.initializers,
-    )
+    graph_input = (helper.make_tensor_value_info(input_name, elem, ["batch", spec.obs_dim]) if prelude is None
+                   else prelude.graph_input(helper, input_name, elem, spec.obs_dim))
+    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
         producer_version=_version(),
@@ -257,6 +274,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         "policyport.parameters": json.dumps(b.parameters),
         "policyport.head": head or "none",
         "policyport.source": json.dumps(spec.source),
+        **(prelude.metadata() if prelude is not None else {}),
         **(metadata or {}),
     }
     helper.set_model_props(model, props)
@@ -294,3 +312,117 @@ def _version() -> str:
     from .. import __version__
 
     return __version__
+
+
+# ---------------------------------------------------------------- what runs before the network
+
+
+@dataclass
+class ObsFilter:
+    """RLlib's ``MeanStdFilter`` as the policy applies it: ``y = clip((x - mean) / (std + epsilon), -clip, clip)``.
+
+    RLlib's order (``ray/rllib/utils/filter.py``, ``MeanStdFilter.__call__``): subtract ``mean`` if
+    ``demean``; divide by ``std + epsilon`` if ``destd``; clip to ``[-clip, clip]`` if ``clip`` is
+    set (and non-zero). The graph holds ``mean`` and ``std + epsilon`` rounded once to the
+    observation's dtype, so the division is the only rounding step the filter adds.
+
+    Attributes:
+        mean: float64 array, shape ``(obs_dim,)``: the running mean.
+        std: float64 array, shape ``(obs_dim,)``: the running standard deviation.
+        epsilon: added to ``std`` (1e-8 in Ray 0.x/1.x filters, 1e-6 — ``SMALL_NUMBER`` — in Ray 2.x).
+        demean, destd: which steps apply.
+        clip: the bound, or ``None`` for no clipping.
+        count: observations the statistics were computed from.
+        form: where the statistics came from (``"rs"``: ``_n``/``_M``/``_S``;
+            ``"running_stats"``: ``num_pushes``/``mean_array``/``sum_sq_diff_array``).
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+    epsilon: float
+    demean: bool = True
+    destd: bool = True
+    clip: float | None = None
+    count: int = 0
+    form: str = "running_stats"
+
+    def constants(self, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """``mean`` and ``std + epsilon`` in ``dtype``, as the graph holds them."""
+        return np.asarray(self.mean, dtype=dtype), np.asarray(np.asarray(self.std, np.float64) + self.epsilon, dtype=dtype)
+
+    def to_dict(self) -> dict:
+        return {"type": "MeanStdFilter", "form": self.form, "count": int(self.count), "demean": bool(self.demean),
+                "destd": bool(self.destd), "clip": None if self.clip is None else float(self.clip),
+                "epsilon": float(self.epsilon), "mean": [float(v) for v in np.ravel(self.mean)],
+                "std": [float(v) for v in np.ravel(self.std)]}
+
+
+@dataclass
+class Prelude:
+    """What a source applies to an observation before its network, as graph nodes.
+
+    Attributes:
+        one_hot: for a ``Discrete(n)`` observation space, ``n``: the graph input is then int64 of
+            shape ``(batch,)`` and becomes a one-hot float row (RLlib's preprocessor), as a
+            ``Gather`` from an identity matrix.
+        obs_filter: an :class:`ObsFilter` applied after the preprocessor.
+    """
+
+    one_hot: int | None = None
+    obs_filter: ObsFilter | None = None
+
+    def build(self, b: MlpBuilder, x: str) -> str:
+        """Add the nodes after graph input ``x``; returns the tensor the network reads."""
+        if self.one_hot is not None:
+            eye = b.initializer(np.eye(self.one_hot, dtype=b.dtype), "obs_preprocessor/one_hot_table")
+            x = b.node("Gather", [eye, x], "obs_preprocessor/one_hot", axis=0)
+        if self.obs_filter is not None:
+            x = add_obs_filter(b, x, self.obs_filter)
+        return x
+
+    def graph_input(self, helper, name: str, elem: int, obs_dim: int):
+        if self.one_hot is not None:
+            import onnx
+
+            return helper.make_tensor_value_info(name, onnx.TensorProto.INT64, ["batch"])
+        return helper.make_tensor_value_info(name, elem, ["batch", obs_dim])
+
+    def metadata(self) -> dict[str, str]:
+        props = {}
+        if self.obs_filter is not None:
+            props["policyport.observation_filter"] = json.dumps(self.obs_filter.to_dict())
+        if self.one_hot is not None:
+            props["policyport.observation_preprocessor"] = json.dumps({"type": "one_hot", "n": int(self.one_hot)})
+        return props
+
+    def reference(self, obs: np.ndarray, dtype) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The same steps in numpy: (what the network reads, {tensor name: array})."""
+        out: dict[str, np.ndarray] = {}
+        x = obs
+        if self.one_hot is not None:
+            x = out["obs_preprocessor/one_hot"] = np.eye(self.one_hot, dtype=dtype)[np.asarray(obs, np.int64)]
+        if self.obs_filter is not None:
+            f = self.obs_filter
+            mean, denom = f.constants(dtype)
+            if f.demean:
+                x = out["obs_filter/demean"] = x - mean
+            if f.destd:
+                x = out["obs_filter/destd"] = x / denom
+            if f.clip:
+                x = out["obs_filter/clip"] = np.clip(x, dtype.type(-f.clip), dtype.type(f.clip))
+        return x, out
+
+
+def add_obs_filter(b: MlpBuilder, x: str, filt: ObsFilter) -> str:
+    """The nodes of an RLlib ``MeanStdFilter`` after tensor ``x``: ``obs_filter/demean`` (Sub),
+    ``obs_filter/destd`` (Div), ``obs_filter/clip`` (Clip, opset 11 form); returns the last."""
+    mean, denom = filt.constants(b.dtype)
+    if filt.demean:
+        x = b.node("Sub", [x, b.initializer(mean, "obs_filter/mean")], "obs_filter/demean")
+    if filt.destd:
+        x = b.node("Div", [x, b.initializer(denom, "obs_filter/std_plus_epsilon")], "obs_filter/destd")
+    if filt.clip:
+        lo = b.initializer(np.array(-filt.clip, dtype=b.dtype), "obs_filter/clip_min")
+        hi = b.initializer(np.array(filt.clip, dtype=b.dtype), "obs_filter/clip_max")
+        x = b.node("Clip", [x, lo, hi], "obs_filter/clip")
+    return x

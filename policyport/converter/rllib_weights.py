@@ -11,7 +11,6 @@ order of the keys.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import BadModelError
-from ..files import load_arrays
+from ..files import load_arrays, sha256_file
 from .activations import Activation, parse_activation
 from .build import Dense, MlpSpec
 
@@ -38,8 +37,7 @@ def read_weights(source: str | os.PathLike | Mapping[str, np.ndarray]) -> tuple[
     arrays = load_arrays(path)
     if list(arrays) == [""]:
         raise BadModelError(f"{path} is a single .npy array; a policy's weights must be an .npz of named arrays")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return arrays, {"kind": "npz", "file": path.name, "sha256": digest}
+    return arrays, {"kind": "npz", "file": path.name, "sha256": sha256_file(path)}
 
 
 def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation | None, keep_value: bool = False,

@@ -150,7 +150,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0) -> Session:
         if backend != "numpy":
             from ..files import load_onnx
 
-            proto = load_onnx(Path(model) / "model.onnx")
+            proto = load_onnx(model)
     else:
         from ..files import ensure_model
         from ..graph import from_onnx

@@ -63,6 +63,28 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
     return chosen
 
 
+def feeds_from_arrays(arrays: Mapping[str, np.ndarray], names: list[str], source: object) -> dict[str, np.ndarray]:
+    """Feeds from the arrays of an input file: an ``.npz`` keyed by input name, or one array (an
+    ``.npy``, loaded under the key ``""``, or an ``.npz`` holding one array under any name) for a
+    single-input model.
+
+    Args:
+        arrays: name -> array, as :func:`policyport.files.load_arrays` returns them.
+        names: the model's input names.
+        source: what the arrays came from, for the message (a path).
+
+    Raises:
+        InputMismatchError: one array for a model with several inputs.
+    """
+    if list(arrays) == [""] or (len(arrays) == 1 and len(names) == 1 and names[0] not in arrays):
+        if len(names) != 1:
+            raise InputMismatchError(
+                f"{source} holds one array but the model has inputs {names}; use an .npz keyed by input name"
+            )
+        return {names[0]: next(iter(arrays.values()))}
+    return dict(arrays)
+
+
 def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = ()
                        ) -> Callable[[Mapping[str, object]], Mapping[str, np.ndarray]]:
     """:func:`check_feeds` compiled for one model's inputs, with a fast path for valid feeds.

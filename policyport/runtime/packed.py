@@ -1,9 +1,11 @@
 """Reading a packed policy folder, with numpy and the standard library alone.
 
-:func:`policyport.bundle.pack` writes the folder; :func:`load_graph` reads it back into a :class:`~policyport.graph.Graph` for the numpy backend, after
-checking every file's sha256; :func:`verify_bundle` re-runs the golden observations on this machine and
-compares every tensor with what was recorded at pack time. Loading and verifying import nothing
-beyond numpy and the standard library (no onnx, protobuf, onnxruntime, typer or rich).
+:func:`policyport.bundle.pack` writes the folder; :func:`load_graph` reads it back into a
+:class:`~policyport.graph.Graph` for the numpy backend, after :func:`policyport.folder.open_bundle`
+has checked it (sizes, regular files only, every file's sha256); :func:`verify_bundle` re-runs the
+golden observations on this machine and compares every tensor with what was recorded at pack time.
+Loading and verifying import nothing beyond numpy and the standard library (no onnx, protobuf,
+onnxruntime, typer or rich).
 
 The folder (format ``policyport.bundle/1``):
 
@@ -22,7 +24,8 @@ The folder (format ``policyport.bundle/1``):
     ``{"file": "constants.npz", "key": <initializer name>, "transpose": null}``. The initializer is
     ``numpy.transpose(array, perm)`` of the stored array (the inverse of the transpose
     ``extract_weights`` undoes), or the array itself. :meth:`Graph.from_json` ignores the extra key,
-    so the file is also a plain policyport graph.
+    so the file is also a plain policyport graph. Its schema is
+    :data:`policyport.folder.GRAPH_SCHEMA`.
 ``golden.npz``
     ``samples`` observations drawn as :func:`policyport.verification.sample_inputs` draws them and what the
     numpy backend computed from them at pack time. Keys are ``<group>/<tensor name>``, the group being
@@ -30,50 +33,63 @@ The folder (format ``policyport.bundle/1``):
     ``inputs/obs`` (the feeds), ``outputs/logits`` ... (what ``Session.run`` returned) and
     ``activations/fc_1/linear`` ... (what ``Session.record(feeds, "*")`` returned: every node output in
     node order, graph outputs included).
+``run.py`` and ``_policyport/`` (unless packed with ``runtime=False``)
+    The folder's own entry point (standard library and numpy only) and the copy of policyport's
+    numpy runtime it imports under a private name: ``python run.py -i obs.npy -o actions.npz`` and
+    ``python run.py --verify`` work where policyport is not installed. See
+    :mod:`policyport.runtime.entry`.
 ``policy.json``
     Written last. ``format``; ``inputs`` / ``outputs`` (name, dtype, shape; a string is a symbolic
     dimension such as ``"batch"``); ``head`` (model metadata ``policyport.head``); ``observation_filter``
-    (``null``; reserved for RLlib's MeanStdFilter ``mean`` / ``std``); ``provenance`` (model metadata
+    (the model metadata ``policyport.observation_filter`` a converter wrote — the observation filter
+    baked into the graph, such as RLlib's MeanStdFilter with its mean, std and clip — or ``null``); ``provenance`` (model metadata
     ``policyport.source`` and ``policyport.activation``, policyport and numpy versions, opset,
     creation time in UTC ISO 8601); ``golden`` (how the observations were drawn, and ``samples``: how
     many observations ``golden.npz`` holds — 1 for inputs without a batch axis, whatever was asked);
     ``parity`` (the largest onnxruntime-vs-numpy absolute difference over every tensor at pack time,
     and against the source when :func:`policyport.bundle.pack` was given it; the tolerances by dtype,
     the tensors that passed as float32 rounding with their float64 figures, and the random tensors
-    left out); ``files`` (file name -> sha256 hex digest of every other file in the folder).
+    left out); ``files`` (file name -> sha256 hex
+    digest of every other file in the folder, the runtime's included); ``runtime`` (only with a
+    runtime: ``package``, ``entry_point``, ``policyport_version``, ``requires_python``,
+    ``requires`` and ``digest``, the sha256 of the sorted ``name sha256`` lines of the runtime
+    files). Its schema is :data:`policyport.folder.POLICY_SCHEMA`; the limits every file is held
+    to are in :mod:`policyport.folder`.
 
 npz files are plain uncompressed numpy archives (``numpy.load(path, allow_pickle=False)`` reads them).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
+import math
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from ..compare import Report, Skipped, compare
-from ..errors import BadModelError, UnreadableFileError
+from ..errors import BadModelError
+from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
+    BUNDLE_FORMAT,
+    CONSTANTS_FILE,
+    DATA_FILES,
+    GOLDEN_FILE,
+    GRAPH_FILE,
+    GRAPH_SCHEMA,
+    MODEL_FILE,
+    POLICY_FILE,
+    WEIGHTS_FILE,
+    open_bundle,
+    parse_json,
+    read_policy,
+)
 from ..graph import Graph
 from .base import count_observations
 
-#: The value of ``policy.json``'s ``"format"`` key that this module writes and reads.
-BUNDLE_FORMAT = "policyport.bundle/1"
-
-MODEL_FILE = "model.onnx"
-GRAPH_FILE = "graph.json"
-WEIGHTS_FILE = "weights.npz"
-CONSTANTS_FILE = "constants.npz"
-GOLDEN_FILE = "golden.npz"
-POLICY_FILE = "policy.json"
-BUNDLE_FILES = frozenset({MODEL_FILE, GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE, GOLDEN_FILE, POLICY_FILE})
-
-#: The files :func:`load_graph` needs; ``policy.json`` must list each with its sha256.
+#: The files :func:`load_graph` reads.
 GRAPH_FILES = (GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE)
 
 #: The key of ``graph.json`` that says where each initializer's array is stored.
@@ -82,6 +98,8 @@ SOURCES_KEY = "initializer_sources"
 #: Key groups of ``golden.npz``: ``<group>/<tensor name>``.
 GOLDEN_GROUPS = ("inputs", "outputs", "activations")
 
+#: How many arrays one .npz of a bundle may hold.
+MAX_NPZ_ARRAYS = 65536
 
 
 # --------------------------------------------------------------------------------------------- load
@@ -90,9 +108,10 @@ GOLDEN_GROUPS = ("inputs", "outputs", "activations")
 def load_graph(directory: str | os.PathLike) -> Graph:
     """Read a packed folder into a :class:`Graph` for the numpy backend (needs numpy only).
 
-    Every file ``policy.json`` lists is checked against its sha256 first; the initializers are then
-    rebuilt from ``weights.npz`` (transposed back to the model's layout where ``graph.json`` says so)
-    and ``constants.npz``.
+    The folder is checked by :func:`policyport.folder.open_bundle` first (sizes, regular files,
+    every listed file's sha256); ``graph.json`` is validated against its schema; the initializers
+    are then rebuilt from ``weights.npz`` (transposed back to the model's layout where
+    ``graph.json`` says so) and ``constants.npz``.
 
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
@@ -102,106 +121,23 @@ def load_graph(directory: str | os.PathLike) -> Graph:
 
     Raises:
         UnreadableFileError: the folder or its ``policy.json`` is missing or unreadable.
-        BadModelError: not a ``policyport.bundle/1`` folder, a listed file missing or with another
-            sha256 than ``policy.json`` records (the message names the file), or an initializer
-            missing or misshapen.
+        BadModelError: not a ``policyport.bundle/1`` folder, a listed file missing, refused or with
+            another sha256 than ``policy.json`` records (the message names the file), a document
+            that does not fit its schema, or an initializer missing or misshapen.
     """
-    _, blobs = _open_bundle(Path(directory), GRAPH_FILES)
+    _, blobs = open_bundle(directory, GRAPH_FILES)
     return _graph_from(blobs, Path(directory))
 
 
-def read_policy(directory: str | os.PathLike) -> dict[str, Any]:
-    """The parsed ``policy.json`` of a packed folder (no hashes are checked).
-
-    Raises:
-        UnreadableFileError: the folder or its ``policy.json`` is missing or unreadable.
-        BadModelError: the file is not JSON of format ``policyport.bundle/1``.
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UnreadableFileError(f"{directory}: no such folder (expected a bundle written by policyport pack)")
-    path = directory / POLICY_FILE
-    if not path.is_file():
-        raise UnreadableFileError(f"{directory} is not a policyport bundle: it has no {POLICY_FILE}")
-    try:
-        policy = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UnreadableFileError(f"cannot read {path}: {e}") from e
-    except ValueError as e:
-        raise BadModelError(f"{path} is not valid JSON: {e}") from e
-    found = policy.get("format") if isinstance(policy, dict) else type(policy).__name__
-    if found != BUNDLE_FORMAT:
-        raise BadModelError(
-            f"{path}: expected format {BUNDLE_FORMAT!r}, found {found!r}; "
-            "re-pack the model with this version of policyport"
-        )
-    return policy
-
-
-def _open_bundle(directory: Path, needed: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """``policy.json`` and the bytes of ``needed`` files, after checking every listed file's sha256."""
-    policy = read_policy(directory)
-    files = policy.get("files")
-    if not isinstance(files, dict):
-        raise BadModelError(f"{directory / POLICY_FILE}: expected a 'files' object of file name -> sha256")
-    unlisted = [n for n in needed if n not in files]
-    if unlisted:
-        raise BadModelError(
-            f"{directory / POLICY_FILE} lists no sha256 for {unlisted}; a bundle lists "
-            f"{', '.join((MODEL_FILE, *GRAPH_FILES, GOLDEN_FILE))}"
-        )
-    blobs: dict[str, bytes] = {}
-    for name, expected in files.items():
-        if not isinstance(name, str) or name in ("", ".", "..", POLICY_FILE) or "/" in name or "\\" in name:
-            raise BadModelError(f"{directory / POLICY_FILE}: {name!r} is not a file name of the bundle")
-        path = directory / name
-        if not path.is_file():
-            raise BadModelError(f"{directory} is incomplete: {POLICY_FILE} lists {name}, which is missing")
-        try:
-            if name in needed:
-                blobs[name] = path.read_bytes()
-                found = hashlib.sha256(blobs[name]).hexdigest()
-            else:
-                found = sha256_file(path)
-        except OSError as e:
-            raise UnreadableFileError(f"cannot read {path}: {e}") from e
-        if found != expected:
-            raise BadModelError(
-                f"{path}: sha256 is {found}, {POLICY_FILE} expects {expected}; the file was changed "
-                "or damaged after packing — re-pack the model or restore the file"
-            )
-    return policy, blobs
-
-
 def _graph_from(blobs: Mapping[str, bytes], directory: Path) -> Graph:
-    text = blobs[GRAPH_FILE].decode("utf-8")
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise BadModelError(f"{directory / GRAPH_FILE} is not valid JSON: {e}") from e
-    sources = doc.get(SOURCES_KEY) if isinstance(doc, dict) else None
-    if not isinstance(sources, dict):
-        raise BadModelError(
-            f"{directory / GRAPH_FILE}: expected an {SOURCES_KEY!r} object (initializer -> stored array)"
-        )
+    doc = parse_json(blobs[GRAPH_FILE], str(directory / GRAPH_FILE), GRAPH_SCHEMA)
     stores = {
         WEIGHTS_FILE: _read_npz(blobs[WEIGHTS_FILE], directory / WEIGHTS_FILE),
         CONSTANTS_FILE: _read_npz(blobs[CONSTANTS_FILE], directory / CONSTANTS_FILE),
     }
     initializers: dict[str, np.ndarray] = {}
-    for name, spec in sources.items():
-        try:
-            store, key, perm = spec["file"], spec["key"], spec.get("transpose")
-        except (KeyError, TypeError):
-            raise BadModelError(
-                f"{directory / GRAPH_FILE}: initializer {name!r} has source {spec!r}; expected "
-                "{'file': ..., 'key': ..., 'transpose': ...}"
-            ) from None
-        if store not in stores:
-            raise BadModelError(
-                f"{directory / GRAPH_FILE}: initializer {name!r} is stored in {store!r}; expected "
-                f"{WEIGHTS_FILE} or {CONSTANTS_FILE}"
-            )
+    for name, spec in doc[SOURCES_KEY].items():
+        store, key, perm = spec["file"], spec["key"], spec["transpose"]
         if key not in stores[store]:
             raise BadModelError(f"{directory / store} has no array {key!r}, which initializer {name!r} needs")
         array = stores[store][key]
@@ -211,16 +147,66 @@ def _graph_from(blobs: Mapping[str, bytes], directory: Path) -> Graph:
                 f"permutation of the {array.ndim} axes of {key!r} {list(array.shape)}"
             )
         initializers[name] = place_initializer(array, perm)
-    return Graph.from_json(text, initializers)
+    try:
+        return Graph.from_json(blobs[GRAPH_FILE].decode("utf-8"), initializers)
+    except OverflowError as e:  # an integer attribute beyond its element type
+        raise BadModelError(f"{directory / GRAPH_FILE}: an attribute tensor holds a value its element type "
+                            f"cannot ({e})") from None
 
 
 def _read_npz(data: bytes, path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` held in memory; pickles refused."""
+    """Every array of a bundle's ``.npz`` held in memory, each header checked before it is read.
+
+    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them), so an
+    array can take no more memory than its bytes in the file: each member's ``.npy`` header must
+    declare a plain element type (no objects, no records, no strings) and a shape whose size is
+    exactly the member's data.
+    """
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            infos = zf.infolist()
+            if len(infos) > MAX_NPZ_ARRAYS:
+                raise BadModelError(f"{path} holds {len(infos)} arrays; a bundle's .npz may hold at most {MAX_NPZ_ARRAYS}")
+            arrays: dict[str, np.ndarray] = {}
+            for info in infos:
+                key = info.filename[:-4]
+                if not info.filename.endswith(".npy") or key in arrays:
+                    raise BadModelError(f"{path}: member {info.filename!r} is not one .npy array of the archive")
+                if info.compress_type != zipfile.ZIP_STORED:
+                    raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
+                                        "uncompressed (as policyport pack writes them)")
+                with zf.open(info) as f:
+                    arrays[key] = _read_npy(f, info.file_size, f"{path}: array {key!r}")
+            return arrays
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, BadModelError):
+            raise
         raise BadModelError(f"{path} is not a readable .npz of plain arrays: {e}") from e
+
+
+def _read_npy(f, size: int, what: str) -> np.ndarray:
+    """One ``.npy`` of ``size`` bytes from an open member, its header checked first."""
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = fmt.read_array_header_2_0(f)
+    else:
+        raise BadModelError(f"{what} has .npy format version {version}; a bundle's arrays use 1.0 or 2.0")
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufcV" \
+            or dtype.itemsize == 0 or (dtype.kind == "V" and dtype.itemsize > 16):
+        raise BadModelError(f"{what} has element type {dtype.str!r}; a bundle's arrays hold plain numbers")
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    if nbytes != size - f.tell():
+        raise BadModelError(f"{what}: its header declares shape {shape} of {dtype.str} ({nbytes:,} bytes) but "
+                            f"the archive holds {size - f.tell():,} bytes of data")
+    buffer = bytearray(nbytes)
+    if f.readinto(memoryview(buffer)) != nbytes:
+        raise BadModelError(f"{what} is truncated")
+    array = np.frombuffer(buffer, dtype=dtype, count=count)
+    return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
 
 
 def place_initializer(array: np.ndarray, perm: list[int] | None) -> np.ndarray:
@@ -230,14 +216,6 @@ def place_initializer(array: np.ndarray, perm: list[int] | None) -> np.ndarray:
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- verify
@@ -254,7 +232,7 @@ def read_golden(directory: str | os.PathLike) -> dict[str, dict[str, np.ndarray]
         As :func:`load_graph`; BadModelError also for a key outside the three groups.
     """
     directory = Path(directory)
-    _, blobs = _open_bundle(directory, (GOLDEN_FILE,))
+    _, blobs = open_bundle(directory, (GOLDEN_FILE,))
     return _split_golden(_read_npz(blobs[GOLDEN_FILE], directory / GOLDEN_FILE), directory / GOLDEN_FILE)
 
 
@@ -299,7 +277,7 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
     from . import load
 
     directory = Path(directory)
-    _, blobs = _open_bundle(directory, (*GRAPH_FILES, GOLDEN_FILE))
+    _, blobs = open_bundle(directory, (*GRAPH_FILES, GOLDEN_FILE))
     graph = _graph_from(blobs, directory)
     golden_path = directory / GOLDEN_FILE
     golden = _split_golden(_read_npz(blobs[GOLDEN_FILE], golden_path), golden_path)

@@ -128,6 +128,17 @@ def test_free_log_std_is_concatenated_after_the_mean():
         np.testing.assert_array_equal(out["log_std"], np.tile(np.float32([-0.5, 0.25]), (32, 1)))
 
 
+@pytest.mark.parametrize("prefix", ["default_policy/", ""])
+def test_free_log_std_converts_with_or_without_a_prefix(prefix):
+    w = fcnet(sizes=(6, 16, 2), prefix=prefix, log_std=[-0.5, 0.25])
+    model = pp.convert(w, head="diag-gaussian")
+    assert [o.name for o in model.graph.output] == ["logits", "action", "log_std"]
+    weights = pp.extract_weights(model)
+    assert list(weights) == list(w) and weights[f"{prefix}log_std"].tobytes() == w[f"{prefix}log_std"].tobytes()
+    out = pp.load(model).run({"obs": obs_for(w)})
+    np.testing.assert_array_equal(out["log_std"], np.tile(np.float32([-0.5, 0.25]), (32, 1)))
+
+
 def test_value_branch_only_with_keep_value():
     w = fcnet(sizes=(6, 16, 4), value=(6, 8, 1))
     assert [o.name for o in pp.convert(w).graph.output] == ["logits"]

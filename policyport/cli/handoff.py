@@ -1,0 +1,45 @@
+"""``policyport export-numpy``: one generated numpy module and its weights, checked before writing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .core import app, emit_json, guard
+from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
+from .render import literal, out, say
+
+
+@app.command("export-numpy")
+def export_numpy(
+    model: ModelArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="The module to write (.py); its weights go beside it as .npz.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Observations the module is checked on before it is written.")] = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as one readable numpy module (forward with record and overrides) plus its weights,
+    after checking it reproduces the numpy backend bit for bit."""
+
+    def body():
+        from ..export import export_numpy as run_export
+
+        check_range(low, high)
+        if output.suffix != ".py":
+            raise typer.BadParameter(f"{literal(output)}: the module must end in .py (its weights go beside it as .npz)",
+                                     param_hint="-o/--output")
+        done = run_export(model, output, samples=samples, low=low, high=high, seed=seed, force=force)
+        if as_json:
+            emit_json({"module": str(done.module), "weights": str(done.weights), "lines": done.lines,
+                       "tensors": done.tensors, "samples": done.samples})
+            return
+        say(f"wrote {done.module} and {done.weights}")
+        out.print(literal(f"{done.module}: {done.lines} lines, numpy only; forward() reproduces the numpy backend "
+                          f"bit for bit on {done.samples} observations, all {done.tensors} tensors"))
+
+    guard(as_json, body)

@@ -1,0 +1,659 @@
+"""RLlib checkpoints to ONNX, read without Ray and without running anything from the files.
+
+Three layouts (as Ray writes them; the facts are in the docstrings below):
+
+* **legacy** (Ray 0.x/1.x): one file ``checkpoint-<N>`` (also inside ``checkpoint_<N>/``): a pickled
+  dict whose ``"worker"`` value is itself a pickle of ``{"state": {policy_id: weights},
+  "filters": {policy_id: filter}}`` (``RolloutWorker.save``); TF weights are a flat dict named
+  ``<policy_id>/fc_1/kernel`` ..., plus ``_optimizer_variables``. A ``params.pkl`` beside the
+  checkpoint folder, when present, gives the model config.
+* **old API stack** (Ray 2.x): a folder with ``rllib_checkpoint.json``,
+  ``policies/<policy_id>/policy_state.pkl`` (or ``.msgpack``) holding ``weights`` (torch: a dict
+  in ``FullyConnectedNetwork`` names; tf2: an unnamed list in ``policy.variables()`` order),
+  ``policy_spec`` (spaces and the model config) and ``connector_configs``; the filter in
+  ``algorithm_state.pkl`` -> ``worker.filters.<policy_id>``.
+* **new API stack**: ``learner_group/learner/rl_module/<policy_id>/module_state.pkl`` (or
+  ``.msgpack``): torch ``state_dict`` names and ``(out, in)`` Linear weights; spaces and the model
+  config in that folder's ``class_and_ctor_args.pkl``; the filter in
+  ``env_runner/env_to_module_connector/MeanStdFilter/state.pkl``.
+
+Pickles go through :mod:`policyport.converter.unpickle`: numpy arrays and containers are rebuilt;
+RLlib, gymnasium and torch classes become inert records; a function or an OS-reaching global is
+refused (:class:`~policyport.errors.UntrustedFileError`) unless ``trust``.
+
+What the policy applies before the network is baked into the graph (``compute_single_action``'s
+order): the preprocessor (``Discrete`` -> one-hot; ``Box`` as is) and the ``MeanStdFilter``
+(:class:`~policyport.converter.build.ObsFilter`). The value branch and optimizer state are dropped
+unless ``keep_value``; ``Converted.notes`` says what was dropped.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadModelError, UnreadableFileError
+from . import msgpack_decode, unpickle
+from .activations import Activation, parse_activation
+from .build import Dense, MlpSpec, ObsFilter, Prelude
+from .rllib_weights import parse_rllib_fcnet
+
+#: Modules whose classes and helper functions a checkpoint names; recorded inertly, never imported.
+INERT_MODULES = ("ray", "gymnasium", "gym", "torch", "cloudpickle", "numpy.random", "tree")
+
+DEFAULT_POLICY = "default_policy"
+
+#: Ray 0.x/1.x filters divide by ``std + 1e-8``; Ray 2.x by ``std + SMALL_NUMBER`` (1e-6,
+#: ``ray/rllib/utils/numpy.py``).
+EPSILON_RS = 1e-8
+EPSILON_RUNNING_STATS = 1e-6
+
+
+@dataclass
+class Checkpoint:
+    """One policy of an RLlib checkpoint, as read from its files.
+
+    Attributes:
+        layout: ``"legacy"``, ``"old-stack"`` or ``"new-stack"``.
+        policy_id: the policy read.
+        policy_ids: every policy the checkpoint holds.
+        weights: parameter name -> array (a tf2 list is named on reading).
+        framework: ``"tf"`` or ``"torch"`` (the weights' naming and layout).
+        model_config: RLlib's model config as far as the checkpoint records it.
+        obs_space: ``("box", shape)`` or ``("discrete", n)``, or ``None`` when not recorded.
+        action_space: likewise.
+        obs_filter: the policy's ``MeanStdFilter``, or ``None``.
+        module_class: the RLModule class name (new stack), e.g. ``DefaultDQNTorchRLModule``.
+        dropped: what was read but not converted (optimizer state ...), one phrase each.
+        files: provenance: the files read and their sha256.
+    """
+
+    layout: str
+    policy_id: str
+    policy_ids: list[str]
+    weights: dict[str, np.ndarray]
+    framework: str
+    model_config: dict = field(default_factory=dict)
+    obs_space: tuple | None = None
+    action_space: tuple | None = None
+    obs_filter: ObsFilter | None = None
+    module_class: str | None = None
+    dropped: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+class _Files:
+    """Reads a checkpoint's files safely and remembers their digests."""
+
+    def __init__(self, root: Path, trust: bool):
+        self.root, self.trust, self.digests = root, trust, {}
+
+    def _bytes(self, path: Path) -> bytes:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise UnreadableFileError(f"cannot read {path}: {e}") from e
+        rel = str(path.relative_to(self.root)) if path.is_relative_to(self.root) else path.name
+        self.digests[rel] = hashlib.sha256(data).hexdigest()
+        return data
+
+    def pickle(self, path: Path, data: bytes | None = None, what: str | None = None) -> Any:
+        return unpickle.load(self._bytes(path) if data is None else data, trust=self.trust,
+                             what=what or str(path), inert_modules=INERT_MODULES)
+
+    def state(self, stem: Path) -> Any:
+        """``<stem>.pkl`` or ``<stem>.msgpack``, whichever exists."""
+        for suffix in (".pkl", ".msgpack"):
+            path = stem.with_name(stem.name + suffix)
+            if path.is_file():
+                if suffix == ".msgpack":
+                    return msgpack_decode.load(self._bytes(path), what=str(path))
+                return self.pickle(path)
+        raise UnreadableFileError(f"{stem}.pkl (or .msgpack) is missing from the checkpoint")
+
+
+def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
+    pid = wanted or DEFAULT_POLICY
+    if pid not in policy_ids:
+        if wanted is None and len(policy_ids) == 1:
+            return policy_ids[0]
+        raise BadModelError(
+            f"policy {pid!r} is not in {where}; it holds: {', '.join(sorted(policy_ids)) or 'no policies'} "
+            "(choose one with --policy-id)"
+        )
+    return pid
+
+
+def _decode_array(value: Any) -> Any:
+    """RLlib serialises arrays in JSON-able states as base64 of zlib of ``.npy`` bytes
+    (``ray/rllib/utils/serialization.py``); anything else comes back unchanged."""
+    if isinstance(value, str) and value.startswith("eJ"):
+        try:
+            raw = zlib.decompress(base64.b64decode(value, validate=True))
+            return np.load(io.BytesIO(raw), allow_pickle=False)
+        except (ValueError, zlib.error, OSError):
+            return value
+    return value
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, unpickle.Record):
+        return obj.get(name, default)
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return default
+
+
+def _space(value: Any) -> tuple | None:
+    """A gym(nasium) space record or RLlib's serialised space dict as ``("box", shape)`` / ``("discrete", n)``."""
+    if isinstance(value, dict) and "space" in value:
+        inner = value["space"]
+        if isinstance(inner, dict):
+            return _space(inner)
+        kind = str(inner).lower()
+        if kind == "discrete":
+            return ("discrete", int(value["n"]))
+        if kind == "box":
+            return ("box", tuple(int(d) for d in value.get("shape", ())))
+        return (kind, None)
+    if isinstance(value, unpickle.Record):
+        cls = value.global_name.rsplit(".", 1)[-1]
+        if cls == "Discrete":
+            return ("discrete", int(value.get("n")))
+        if cls == "Box":
+            shape = value.get("_shape", value.get("shape"))
+            return ("box", tuple(int(d) for d in shape)) if shape is not None else ("box", None)
+        return (cls.lower(), None)
+    return None
+
+
+def _filter(value: Any) -> ObsFilter | None:
+    """A ``MeanStdFilter`` from a pickled filter record or a serialised state dict; ``None`` for
+    ``NoFilter`` or nothing.
+
+    Old filters keep ``rs`` = RunningStat(``_n``, ``_M``, ``_S``): ``var = _S / (_n - 1)``, or
+    ``_M ** 2`` when ``_n <= 1``; ``/ (std + 1e-8)``. Newer ones keep ``running_stats``
+    (``num_pushes``, ``mean_array``, ``sum_sq_diff_array``): ``var = sum_sq_diff / (n - 1)`` as
+    float32, 0 when ``n <= 1``; ``/ (std + 1e-6)``.
+
+    Raises:
+        BadModelError: a filter of another kind, or statistics of a structured observation.
+    """
+    if value is None:
+        return None
+    cls = value.global_name.rsplit(".", 1)[-1] if isinstance(value, unpickle.Record) else "MeanStdFilter"
+    if cls == "NoFilter":
+        return None
+    if cls not in ("MeanStdFilter", "ConcurrentMeanStdFilter"):
+        raise BadModelError(f"the checkpoint's observation filter is a {cls}; policyport bakes in MeanStdFilter only "
+                            "(convert with --no-filter to leave it out)")
+    demean = _get(value, "demean", _get(value, "de_mean_to_zero", True))
+    destd = _get(value, "destd", _get(value, "de_std_to_one", True))
+    clip = _get(value, "clip", _get(value, "clip_by_value"))
+    clip = float(clip) if clip else None
+    rs = _get(value, "rs")
+    if rs is not None:
+        n = int(_get(rs, "_n"))
+        m = np.asarray(_decode_array(_get(rs, "_M")), np.float64)
+        s = np.asarray(_decode_array(_get(rs, "_S")), np.float64)
+        var = s / (n - 1) if n > 1 else np.square(m)
+        return ObsFilter(m, np.sqrt(var), EPSILON_RS, bool(demean), bool(destd), clip, n, "rs")
+    stats = _get(value, "running_stats")
+    if isinstance(stats, (list, tuple)):
+        if len(stats) != 1:
+            raise BadModelError(f"the MeanStdFilter holds {len(stats)} running statistics (a structured observation); "
+                                "policyport bakes in the filter of a flat Box observation only")
+        stats = stats[0]
+    if stats is None:
+        raise BadModelError("the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics")
+    n = int(_get(stats, "num_pushes"))
+    m = np.asarray(_decode_array(_get(stats, "mean_array")), np.float64)
+    s = np.asarray(_decode_array(_get(stats, "sum_sq_diff_array")), np.float64)
+    var = (s / (float(n) - 1)).astype(np.float32) if n > 1 else np.zeros_like(m, dtype=np.float32)
+    std = np.sqrt(np.maximum(0, var)).astype(np.float64)
+    return ObsFilter(m, std, EPSILON_RUNNING_STATS, bool(demean), bool(destd), clip, n, "running_stats")
+
+
+# -------------------------------------------------------------------------------------- layouts
+
+
+def find_legacy_file(path: Path) -> Path | None:
+    """The ``checkpoint-<N>`` file of a legacy checkpoint given as the file or its folder."""
+    if path.is_file():
+        return path if re.fullmatch(r"checkpoint-\d+", path.name) else None
+    files = sorted(p for p in path.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_file())
+    return files[-1] if files else None
+
+
+def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool = False) -> Checkpoint:
+    """Read one policy of an RLlib checkpoint (any of the three layouts), running nothing from it.
+
+    Args:
+        path: the ``checkpoint-<N>`` file or a checkpoint folder.
+        policy_id: which policy; default ``default_policy`` (or the only one there is).
+        trust: unpickle with the standard pickle (runs the files' code).
+
+    Raises:
+        UntrustedFileError: a pickle names a function or an OS-reaching global (named).
+        UnreadableFileError: files missing or unreadable.
+        BadModelError: an unknown policy id (the ids present are listed), or a layout that is not RLlib's.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UnreadableFileError(f"{path}: no such file or folder")
+    root = path if path.is_dir() else path.parent
+    files = _Files(root, trust)
+    if path.is_dir() and (path / "learner_group" / "learner" / "rl_module").is_dir():
+        ckpt = _read_new_stack(path, files, policy_id)
+    elif path.is_dir() and (path / "policies").is_dir():
+        ckpt = _read_old_stack(path, files, policy_id)
+    elif path.is_dir() and any((path / f"policy_state{s}").is_file() for s in (".pkl", ".msgpack")):
+        ckpt = _read_policy_folder(path, files, policy_id)
+    else:
+        legacy = find_legacy_file(path)
+        if legacy is None:
+            raise UnreadableFileError(
+                f"{path} is not an RLlib checkpoint: expected a checkpoint-<N> file, a folder with policies/<id>/ "
+                "(Ray 2.x) or learner_group/learner/rl_module/<id>/ (new API stack)"
+            )
+        ckpt = _read_legacy(legacy, files, policy_id)
+    ckpt.files = dict(files.digests)
+    return ckpt
+
+
+def _read_legacy(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+    outer = files.pickle(path)
+    if not isinstance(outer, dict) or not isinstance(outer.get("worker"), (bytes, bytearray)):
+        raise BadModelError(f"{path} is not a legacy RLlib checkpoint: expected a dict with a pickled 'worker' entry")
+    worker = files.pickle(path, bytes(outer["worker"]), what=f"{path} (its worker state)")
+    state = _get(worker, "state")
+    if not isinstance(state, dict):
+        raise BadModelError(f"{path}: the worker state holds no per-policy 'state' dict")
+    pid = _pick(list(state), policy_id, str(path))
+    policy_state = state[pid]
+    weights = policy_state.get("weights", policy_state) if isinstance(policy_state, dict) else None
+    if not isinstance(weights, dict):
+        raise BadModelError(f"{path}: policy {pid!r} holds no weights dict")
+    arrays, dropped = _split_weights(weights, policy_state)
+    config = {}
+    for params in (path.parent / "params.pkl", path.parent.parent / "params.pkl"):
+        if params.is_file():
+            loaded = files.pickle(params)
+            config = dict(_get(loaded, "model", {}) or {})
+            break
+    filters = _get(worker, "filters", {}) or {}
+    framework = "torch" if any(k.startswith("_hidden_layers") or k.startswith("_logits") for k in arrays) else "tf"
+    return Checkpoint("legacy", pid, list(state), arrays, framework, config, None, None,
+                      _filter(filters.get(pid)), None, dropped)
+
+
+def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The weight arrays, and phrases for what else the policy state held (optimizer state)."""
+    arrays, dropped = {}, []
+    for k, v in weights.items():
+        if k == "_optimizer_variables":
+            continue
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            arrays[str(k)] = v
+        else:
+            dropped.append(f"{k} (not a float array)")
+    optimizer = _get(policy_state, "_optimizer_variables")
+    if optimizer is None and isinstance(weights, dict):
+        optimizer = weights.get("_optimizer_variables")
+    if optimizer is not None:
+        count = len(optimizer) if isinstance(optimizer, (list, tuple, dict)) else 1
+        dropped.insert(0, f"optimizer state ({count} _optimizer_variables)")
+    return arrays, dropped
+
+
+def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, pid: str | None = None,
+                        ids: list[str] | None = None, algorithm_state: Any = None) -> Checkpoint:
+    policy_state = files.state(folder / "policy_state")
+    pid = pid or policy_id or folder.name
+    weights = _get(policy_state, "weights")
+    spec = _get(policy_state, "policy_spec", {}) or {}
+    config = _get(spec, "config", {}) or {}
+    model = dict(_get(config, "model", {}) or {})
+    if isinstance(weights, (list, tuple)):
+        weights = _name_tf2_list(list(weights), model, pid)
+    if not isinstance(weights, dict):
+        raise BadModelError(f"{folder}: policy_state holds no weights")
+    arrays, dropped = _split_weights(weights, policy_state)
+    framework = "tf" if any("/" in k for k in arrays) else "torch"
+    filt = None
+    if algorithm_state is not None:
+        filt = (_get(_get(algorithm_state, "worker", {}), "filters", {}) or {}).get(pid)
+    if filt is None:  # the connector pipeline keeps the same statistics
+        agent = _get(_get(policy_state, "connector_configs", {}), "agent")
+        for entry in (agent[1] if isinstance(agent, (list, tuple)) and len(agent) == 2 else []):
+            if isinstance(entry, (list, tuple)) and entry and "MeanStd" in str(entry[0]):
+                filt = entry[1]
+    return Checkpoint("old-stack", pid, ids or [pid], arrays, framework, model,
+                      _space(_get(spec, "observation_space")), _space(_get(spec, "action_space")),
+                      _filter(filt), None, dropped)
+
+
+def _read_old_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+    ids = sorted(p.name for p in (path / "policies").iterdir() if p.is_dir())
+    pid = _pick(ids, policy_id, str(path))
+    algorithm_state = None
+    if any((path / f"algorithm_state{s}").is_file() for s in (".pkl", ".msgpack")):
+        algorithm_state = files.state(path / "algorithm_state")
+    return _read_policy_folder(path / "policies" / pid, files, policy_id, pid, ids, algorithm_state)
+
+
+def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]:
+    """Name an old-stack tf2 policy's unnamed weight list (Keras ``(in, out)`` layout, in
+    ``policy.variables()`` order: ``fc_1``, ``fc_value_1``, ``fc_2``, ``fc_value_2`` ..., ``fc_out``,
+    ``value_out``, kernel then bias; with ``vf_share_layers`` ``fc_1`` ... ``fc_out``, ``value_out``).
+
+    Raises:
+        BadModelError: the list does not have the count of arrays that order needs.
+    """
+    hiddens = list(model.get("fcnet_hiddens", [256, 256]))
+    shared = bool(model.get("vf_share_layers", False))
+    layers = []
+    for i in range(1, len(hiddens) + 1):
+        layers.append(f"fc_{i}")
+        if not shared:
+            layers.append(f"fc_value_{i}")
+    layers += ["fc_out", "value_out"]
+    names = [f"{pid}/{layer}/{param}" for layer in layers for param in ("kernel", "bias")]
+    if model.get("free_log_std"):
+        names.append(f"{pid}/log_std")
+    if len(values) != len(names):
+        raise BadModelError(
+            f"the tf2 policy's weights are an unnamed list of {len(values)} arrays; its model config "
+            f"(fcnet_hiddens {hiddens}, vf_share_layers {shared}) needs {len(names)}: {', '.join(names)}"
+        )
+    return dict(zip(names, (np.asarray(v) for v in values)))
+
+
+def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+    modules = path / "learner_group" / "learner" / "rl_module"
+    ids = sorted(p.name for p in modules.iterdir() if p.is_dir())
+    pid = _pick(ids, policy_id, str(path))
+    folder = modules / pid
+    state = files.state(folder / "module_state")
+    if not isinstance(state, dict):
+        raise BadModelError(f"{folder}: module_state is not a mapping of parameter names to arrays")
+    ctor = files.pickle(folder / "class_and_ctor_args.pkl") if (folder / "class_and_ctor_args.pkl").is_file() else None
+    module_class, config, obs_space, action_space = None, {}, None, None
+    if ctor is not None:
+        cls = _get(ctor, "class")
+        module_class = getattr(cls, "global_name", str(cls)).rsplit(".", 1)[-1]
+        args = _get(ctor, "ctor_args_and_kwargs")
+        kwargs = args[1] if isinstance(args, (list, tuple)) and len(args) == 2 and isinstance(args[1], dict) else {}
+        config = dict(kwargs.get("model_config") or {}) if isinstance(kwargs.get("model_config"), dict) else {}
+        obs_space, action_space = _space(kwargs.get("observation_space")), _space(kwargs.get("action_space"))
+    arrays = {}
+    dropped = []
+    for k, v in state.items():
+        if k.startswith("_target_") or k.endswith("log_std_clip_param_const"):
+            continue
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            arrays[k] = v
+    targets = [k for k in state if k.startswith("_target_")]
+    if targets:
+        dropped.append(f"the target network ({len(targets)} _target_* arrays)")
+    filt = None
+    filter_stem = path / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state"
+    if any(filter_stem.with_name(f"state{s}").is_file() for s in (".pkl", ".msgpack")):
+        raw = files.state(filter_stem)
+        filt = raw.get(None, raw.get("null")) if isinstance(raw, dict) else raw
+        if isinstance(raw, dict) and filt is None and len(raw) == 1:
+            filt = next(iter(raw.values()))
+    return Checkpoint("new-stack", pid, ids, arrays, "torch", config, obs_space, action_space, _filter(filt),
+                      module_class, dropped)
+
+
+# -------------------------------------------------------------------------------- weights -> MLP
+
+
+_TORCH_FCNET = re.compile(r"^(?P<layer>_hidden_layers\.\d+|_logits|_value_branch_separate\.\d+|_value_branch)\._model\.0\.(?P<param>weight|bias)$")
+
+
+def parse_torch_fcnet(arrays: dict[str, np.ndarray], activation: Activation | None, keep_value: bool) -> MlpSpec:
+    """RLlib's old-stack torch ``FullyConnectedNetwork`` (``ray/rllib/models/torch/fcnet.py``):
+    ``_hidden_layers.<i>._model.0`` (Linear ``(out, in)`` + activation), ``_logits._model.0``,
+    ``_value_branch_separate.<i>._model.0``, ``_value_branch._model.0``, optional
+    ``_append_free_log_std.log_std``.
+
+    Raises:
+        BadModelError: arrays that fit no layer (listed), or no ``_logits`` layer.
+    """
+    placed: dict[str, dict[str, tuple[str, np.ndarray]]] = {}
+    unplaced, log_std = [], None
+    for name, arr in arrays.items():
+        m = _TORCH_FCNET.match(name)
+        if m:
+            placed.setdefault(m["layer"], {})[m["param"]] = (name, arr)
+        elif name == "_append_free_log_std.log_std":
+            log_std = (name, arr)
+        else:
+            unplaced.append(name)
+    if unplaced:
+        raise BadModelError(f"cannot place {len(unplaced)} array(s) in RLlib's torch FullyConnectedNetwork layout: "
+                            f"{', '.join(sorted(unplaced))}")
+    if "_logits" not in placed:
+        raise BadModelError(f"no _logits layer among {', '.join(sorted(arrays))}")
+
+    def dense(layer: str, act: Activation | None) -> Dense:
+        params = placed[layer]
+        if "weight" not in params:
+            raise BadModelError(f"layer {layer!r} has no weight")
+        wname, w = params["weight"]
+        bname, b = params.get("bias", (None, None))
+        return Dense(layer, w, wname, b, bname, "out_in", act)
+
+    def numbered(stem: str) -> list[str]:
+        return sorted((k for k in placed if k.startswith(stem + ".")), key=lambda k: int(k.rsplit(".", 1)[1]))
+
+    hidden = [dense(k, activation) for k in numbered("_hidden_layers")]
+    value_hidden = [dense(k, activation) for k in numbered("_value_branch_separate")]
+    has_value = "_value_branch" in placed
+    if keep_value and not has_value:
+        raise BadModelError("a value branch was asked for (--keep-value), but the weights hold no _value_branch")
+    return MlpSpec(hidden, dense("_logits", None), value_hidden if keep_value else [],
+                   dense("_value_branch", None) if keep_value and has_value else None,
+                   None if log_std is None else log_std[1], None if log_std is None else log_std[0])
+
+
+_MODULE_LAYER = re.compile(r"^(?P<module>.+)\.net\.mlp\.(?P<index>\d+)\.(?P<param>weight|bias)$")
+
+
+def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Activation | None,
+                    head_activation: Activation | None, keep_value: bool, dqn: bool) -> tuple[MlpSpec, bool]:
+    """A new-stack default RLModule's ``state_dict`` (``ray/rllib/core/models/torch/``) as an MlpSpec.
+
+    PPO: ``encoder.actor_encoder`` (or shared ``encoder.encoder``) then ``pi``; value branch
+    ``encoder.critic_encoder`` then ``vf``. DQN: ``encoder`` then ``af`` (advantages) and ``vf``
+    (state value) for the dueling combination. Every encoder layer is followed by
+    ``fcnet_activation``; head layers but the last by ``head_fcnet_activation``.
+
+    Returns:
+        The spec and whether it is a dueling DQN (its value branch is the state value).
+
+    Raises:
+        BadModelError: modules that do not form such a network.
+    """
+    modules: dict[str, dict[int, dict[str, tuple[str, np.ndarray]]]] = {}
+    unplaced = []
+    for name, arr in arrays.items():
+        m = _MODULE_LAYER.match(name)
+        if not m:
+            unplaced.append(name)
+            continue
+        modules.setdefault(m["module"], {}).setdefault(int(m["index"]), {})[m["param"]] = (name, arr)
+    if unplaced:
+        raise BadModelError(f"cannot place {len(unplaced)} array(s) in RLlib's default RLModule layout "
+                            f"(<module>.net.mlp.<i>.weight|bias): {', '.join(sorted(unplaced))}")
+
+    def layers(module: str, act: Activation | None, last_act: Activation | None) -> list[Dense]:
+        found = modules.get(module, {})
+        out = []
+        for n, index in enumerate(sorted(found)):
+            params = found[index]
+            if "weight" not in params:
+                raise BadModelError(f"{module}.net.mlp.{index} has no weight")
+            wname, w = params["weight"]
+            bname, b = params.get("bias", (None, None))
+            out.append(Dense(f"{module}.net.mlp.{index}", w, wname, b, bname, "out_in",
+                             act if n < len(found) - 1 else last_act))
+        return out
+
+    if dqn:
+        encoder = layers("encoder", activation, activation)
+        af = layers("af", head_activation, None)
+        vf = layers("vf", head_activation, None)
+        if not af:
+            raise BadModelError(f"a DQN RLModule needs an af (advantage) head; found modules {', '.join(sorted(modules))}")
+        if len(vf) > 1 or len(af) > 1:
+            raise BadModelError("policyport converts DQN RLModules whose af/vf heads are single layers (head_fcnet_hiddens=[])")
+        return MlpSpec(encoder, af[0], [], vf[0] if vf else None), bool(vf)
+    shared = "encoder.encoder" in modules
+    actor = layers("encoder.encoder" if shared else "encoder.actor_encoder", activation, activation)
+    pi = layers("pi", head_activation, None)
+    if not pi:
+        raise BadModelError(f"the RLModule has no pi head; found modules {', '.join(sorted(modules))}")
+    value_hidden, value_out = [], None
+    if keep_value:
+        vf = layers("vf", head_activation, None)
+        if not vf:
+            raise BadModelError("a value branch was asked for (--keep-value), but the RLModule has no vf head")
+        if shared and len(vf) > 1:
+            raise BadModelError("a vf head with hidden layers on a shared encoder is not supported")
+        value_hidden = [] if shared else layers("encoder.critic_encoder", activation, activation) + vf[:-1]
+        value_out = vf[-1]
+    return MlpSpec(actor + pi[:-1], pi[-1], value_hidden, value_out), False
+
+
+# ------------------------------------------------------------------------------------------ convert
+
+
+def _dueling(b, logits: str, value: str | None, outputs: list) -> None:
+    """RLlib's dueling combination ``Q = V + (A - mean(A))`` and ``action = argmax Q``
+    (``ray/rllib/algorithms/dqn/torch/default_dqn_torch_rl_module.py``)."""
+    from onnx import TensorProto, helper
+
+    q = logits
+    if value is not None:
+        if b.opset >= 18:
+            mean = b.node("ReduceMean", [logits, b.constant([1], "dueling/axes")], "dueling/mean_advantage", keepdims=1)
+        else:
+            mean = b.node("ReduceMean", [logits], "dueling/mean_advantage", axes=[1], keepdims=1)
+        centered = b.node("Sub", [logits, mean], "dueling/centered_advantage")
+        q = b.node("Add", [value, centered], "q_values")
+        elem = helper.np_dtype_to_tensor_dtype(b.dtype)
+        outputs.append(helper.make_tensor_value_info(q, elem, ["batch", None]))
+    b.node("ArgMax", [q], "action", axis=1, keepdims=0)
+    outputs.append(helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"]))
+
+
+def convert_rllib(source, options):
+    """Convert one policy of an RLlib checkpoint to ONNX, its preprocessor and filter baked in.
+
+    Args:
+        source: the ``checkpoint-<N>`` file or a checkpoint folder (legacy, Ray 2.x, new stack).
+        options: a :class:`~policyport.converter.ConvertOptions`: ``policy_id``, ``keep_value``,
+            ``obs_filter`` (false: leave the filter out), ``head`` (default: the action
+            distribution's deterministic action — diag-gaussian for a Box action space,
+            categorical for Discrete; none when the checkpoint does not record the space),
+            ``activation`` (default: the checkpoint's model config, else RLlib's tanh), ``opset``,
+            ``trust``.
+
+    Returns:
+        A :class:`~policyport.converter.Converted` whose notes say what was dropped and baked in;
+        its reference is the numpy forward pass of the checkpoint's arrays, filter included. A DQN
+        adds ``q_values`` (dueling ``V + A - mean(A)``) and ``action`` = argmax.
+
+    Raises:
+        UntrustedFileError, UnreadableFileError, BadModelError: see :func:`read_checkpoint`.
+    """
+    from . import Converted
+    from .build import build_mlp
+    from .reference import reference_forward
+
+    if options.obs_norm is not None:
+        raise BadModelError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
+    ckpt = read_checkpoint(source, options.policy_id, options.trust)
+    config = ckpt.model_config
+    activation_name = options.activation or config.get("fcnet_activation") or "tanh"
+    act = parse_activation(str(activation_name))
+    act = None if act.name == "linear" else act
+    head_act = parse_activation(str(config.get("head_fcnet_activation") or "relu"))
+    head_act = None if head_act.name == "linear" else head_act
+    dqn = bool(ckpt.module_class and "DQN" in ckpt.module_class)
+    notes = [f"{ckpt.layout} checkpoint: converted policy {ckpt.policy_id!r}"
+             + (f" (it also holds {', '.join(p for p in ckpt.policy_ids if p != ckpt.policy_id)})" if len(ckpt.policy_ids) > 1 else "")]
+    if ckpt.layout == "new-stack":
+        spec, dueling = parse_rl_module(ckpt.weights, config, act, head_act, options.keep_value, dqn)
+    elif ckpt.framework == "torch":
+        spec, dueling = parse_torch_fcnet(ckpt.weights, act, options.keep_value), False
+    else:
+        spec, dueling = parse_rllib_fcnet(ckpt.weights, act, options.keep_value), False
+    value_layers = _value_layer_names(ckpt.weights)
+    if value_layers and not options.keep_value and not dqn:
+        notes.append(f"dropped the value branch ({', '.join(value_layers)}); --keep-value exports it as 'value'")
+    notes += [f"dropped {d}" for d in ckpt.dropped]
+    spec.source = {"kind": "rllib", "layout": ckpt.layout, "policy_id": ckpt.policy_id, "framework": ckpt.framework,
+                   "files": ckpt.files}
+
+    prelude = Prelude()
+    if ckpt.obs_space and ckpt.obs_space[0] == "discrete":
+        prelude.one_hot = int(ckpt.obs_space[1])
+        notes.append(f"observation space Discrete({prelude.one_hot}): the graph takes int64 indices and one-hot encodes them")
+    if ckpt.obs_filter is not None:
+        f = ckpt.obs_filter
+        if options.obs_filter:
+            prelude.obs_filter = f
+            notes.append(f"baked in the MeanStdFilter ({f.count} observations, epsilon {f.epsilon:g}, "
+                         f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")
+        else:
+            notes.append("left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations")
+    head = options.head
+    if head is None and not dqn and ckpt.action_space is not None:
+        head = {"box": "diag-gaussian", "discrete": "categorical"}.get(ckpt.action_space[0])
+    if dqn:
+        head = None
+    has_prelude = prelude.one_hot is not None or prelude.obs_filter is not None
+    model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude if has_prelude else None,
+                      postlude=_dueling if dqn else None,
+                      metadata={"policyport.activation": "linear" if act is None else act.name
+                                + (f":{act.alpha}" if act.alpha is not None else "")})
+
+    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
+        x, out = prelude.reference(obs, spec.dtype) if has_prelude else (obs, {})
+        out.update(reference_forward(spec, x, head))
+        if dqn:
+            q = out["logits"]
+            if dueling:
+                q = out["q_values"] = out["value"] + (out["logits"] - out["logits"].mean(axis=1, keepdims=True))
+            out["action"] = np.argmax(q, axis=1).astype(np.int64)
+        return out
+
+    return Converted(model, reference, "rllib", notes)
+
+
+def _value_layer_names(weights: dict[str, np.ndarray]) -> list[str]:
+    names = []
+    for k in weights:
+        m = re.search(r"(fc_value_\d+|value_out|_value_branch_separate\.\d+|_value_branch|encoder\.critic_encoder\.net\.mlp\.\d+|^vf\.net\.mlp\.\d+)", k)
+        if m and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+__all__ = ["Checkpoint", "read_checkpoint", "convert_rllib", "parse_torch_fcnet", "parse_rl_module", "INERT_MODULES"]

@@ -1,0 +1,211 @@
+"""The command line of a packed folder's ``run.py``, with numpy and the standard library alone.
+
+::
+
+    python BUNDLE/run.py -i obs.npy -o actions.npz [--record activations.npz] [--tensors GLOBS] [--force]
+    python BUNDLE/run.py --verify [--atol A] [--rtol R] [--json]
+
+It does what ``policyport run`` and ``policyport verify BUNDLE`` do on the numpy backend, where
+policyport is not installed: ``run.py`` imports the copy of this module that the folder carries.
+Exit codes are policyport's: 0 ok; 1 the golden data does not match; 2 usage error; 3 bad model or
+input (a changed, refused or damaged file of the folder included); 4 missing dependency; 70 a bug
+in policyport (the traceback only with ``--debug``); 130 on Ctrl-C, 143 on SIGTERM. Outputs are
+written atomically, all of them or none, never into the folder itself, and an existing output is
+replaced only with ``--force``. Text from files (tensor names, paths) is shown with control
+characters escaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import traceback
+import unicodedata
+from pathlib import Path
+
+from ..compare import DEFAULT_ATOL, DEFAULT_RTOL
+from ..errors import InputMismatchError, OutputExistsError, PolicyportError
+
+EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
+_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that outputs in progress are removed as on Ctrl-C."""
+
+
+def literal(text: object) -> str:
+    """``text`` with control, format and line-separator characters escaped (``\\x1b``, ``\\n``)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch
+                   for ch in text)
+
+
+def parser(prog: str = "run.py") -> argparse.ArgumentParser:
+    """The argument parser of ``run.py``."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the policy packed in this folder on the numpy backend, or re-check it against the "
+                    "golden data it carries. Needs Python and numpy only.",
+        epilog="exit codes: 0 ok; 1 the golden data does not match; 2 usage error; 3 bad model or input "
+               "(including a changed or damaged file of the folder); 4 missing dependency; 70 a bug in policyport",
+    )
+    p.add_argument("-i", "--input", type=Path, help=".npy (single-input model) or .npz keyed by input name")
+    p.add_argument("-o", "--output", type=Path, help="the .npz of graph outputs to write")
+    p.add_argument("--record", type=Path, help="also write every recorded activation to this .npz")
+    p.add_argument("--tensors", help="with --record: comma-separated globs over tensor names (default: all)")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
+    p.add_argument("--verify", action="store_true",
+                   help="re-run the golden observations and compare every tensor; exit 1 on a mismatch")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="with --verify: absolute tolerance")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="with --verify: relative tolerance")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error (exit 70)")
+    return p
+
+
+def main(folder: str | os.PathLike, argv: list[str] | None = None, prog: str = "run.py") -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run or verify the bundle in ``folder``, print the
+    result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does."""
+    p = parser(prog)
+    args = p.parse_args(argv)
+    _check_usage(p, args)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if args.verify:
+            return _verify(Path(folder), args)
+        _run(Path(folder), args)
+        return 0
+    except PolicyportError as e:
+        return _fail(str(e), e.exit_code, args.json)
+    except KeyboardInterrupt as e:
+        code = EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
+        return _fail(("terminated" if code == EXIT_TERMINATED else "interrupted") + "; nothing was written", code, args.json)
+    except MemoryError:
+        return _fail("not enough memory to finish; nothing was written — use a smaller input", 3, args.json)
+    except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
+        if args.debug:
+            for line in "".join(traceback.format_exception(e)).splitlines():
+                sys.stderr.write(literal(line) + "\n")
+        hint = "" if args.debug else " Re-run with --debug for the traceback, and please report it."
+        return _fail(f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written.{hint}", EXIT_BUG, args.json)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
+
+
+def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [flag for flag, value in (("-i", args.input), ("-o", args.output), ("--record", args.record),
+                                      ("--tensors", args.tensors)) if value is not None]
+    if args.verify and given:
+        p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} do not apply")
+    if not args.verify and (args.input is None or args.output is None):
+        p.error("give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it")
+    if args.tensors is not None and args.record is None:
+        p.error("--tensors selects what --record writes; give --record too")
+    for name in ("atol", "rtol"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            p.error(f"--{name} must be a finite number >= 0, not {value}")
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": code}))
+    sys.stderr.write(f"error: {literal(message)}\n")
+    return code
+
+
+def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
+    from ..files import check_distinct, check_writable
+
+    outputs = [args.output] + ([args.record] if args.record is not None else [])
+    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
+        raise InputMismatchError("--record and -o name the same file")
+    inside = folder.resolve()
+    for path in outputs:
+        if inside in path.resolve().parents:
+            raise OutputExistsError(f"{path} is inside the packed folder {folder}; write outputs elsewhere "
+                                    "(the folder holds only the files its policy.json lists)")
+        check_writable(path, args.force)
+        check_distinct(path, args.input)
+    return outputs
+
+
+def _run(folder: Path, args: argparse.Namespace) -> None:
+    from ..files import load_arrays, save_npz
+    from . import load
+    from .base import feeds_from_arrays
+
+    outputs = _check_outputs(folder, args)
+    session = load(folder, backend="numpy")
+    feeds = feeds_from_arrays(load_arrays(args.input), [v.name for v in session.inputs], args.input)
+    if args.record is not None:
+        values = session.record(feeds, args.tensors or "*")
+        results = {v.name: values[v.name] for v in session.outputs}
+    else:
+        values = results = session.run(feeds)
+    existed = args.output.exists()
+    save_npz(args.output, results, args.force)
+    if args.record is not None:
+        try:
+            save_npz(args.record, values, args.force)
+        except BaseException:
+            if not existed:  # all outputs or none: the first one was ours alone
+                args.output.unlink(missing_ok=True)
+            raise
+    rows = [(name, v.dtype.name, str(tuple(v.shape)), *((f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")))
+            for name, v in values.items()]
+    if args.json:
+        print(json.dumps({"output": str(outputs[0]), "record": None if args.record is None else str(outputs[1]),
+                          "tensors": [dict(zip(("name", "dtype", "shape", "min", "max"), r)) for r in rows]}, indent=1))
+        return
+    recorded = f", {len(values)} tensors to {args.record}" if args.record is not None else ""
+    print(literal(f"numpy: outputs written to {args.output}{recorded}"))
+    _table(("tensor", "dtype", "shape", "min", "max"), rows, right=(3, 4))
+
+
+def _verify(folder: Path, args: argparse.Namespace) -> int:
+    from .packed import verify_bundle
+
+    report = verify_bundle(folder, atol=args.atol, rtol=args.rtol)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+        return 0 if report.passed else 1
+    print(f"max abs error on {report.samples} samples (atol {report.atol:g}, rtol {report.rtol:g})")
+    _table(("tensor", "shape", "numpy vs golden"),
+           [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
+            for c in report.comparisons], right=(2,))
+    first = report.first_divergence
+    if first is None:
+        worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
+        where = f"; worst {worst.max_abs:.3g} on {literal(worst.tensor)}" if worst is not None else ""
+        print(f"PASS: {len(report.comparisons)} tensors match the golden data within atol {report.atol:g} "
+              f"+ rtol {report.rtol:g}{where}")
+        return 0
+    bad = sum(not c.passed for c in report.comparisons)
+    print(literal(f"FAIL: {bad} of {len(report.comparisons)} tensors differ from the golden data beyond atol "
+                  f"{report.atol:g} + rtol {report.rtol:g}; first: {first.tensor!r}, "
+                  + (first.detail or f"max abs {first.max_abs:.3g}, max rel {first.max_rel:.3g}")))
+    return 1
+
+
+def _table(header: tuple[str, ...], rows: list[tuple], right: tuple[int, ...] = ()) -> None:
+    """A plain-text table on stdout, every cell shown literally."""
+    cells = [header, *[tuple(literal(c) for c in row) for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for r in cells:
+        print("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())

@@ -1,0 +1,265 @@
+"""Keras / TF sources: parity on every layer against Keras, Keras-named weights bit for bit, safe loading.
+
+TensorFlow is imported once per test session; each fixture file is converted once (module scope).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+from policyport.converter import convert_source
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "keras"
+CASES = {  # fixture -> (convert options, Keras layers that must each be compared with Keras)
+    "mlp_activations.keras": ({}, ["fc_1", "fc_2", "fc_3", "fc_4", "fc_5", "fc_6", "fc_7", "leaky", "fc_out"]),
+    "mlp_norm.keras": ({}, ["fc_1", "bn", "fc_2", "ln", "drop", "fc_out"]),
+    "mlp_norm.h5": ({}, ["fc_1", "bn", "fc_2", "ln", "drop", "fc_out"]),
+    "three_heads.keras": ({}, ["trunk_1", "trunk_2", "steer", "brake", "gear"]),
+    "gaussian_lambda.keras": ({"trust": True}, ["fc_1", "fc_out", "split/0", "split/1", "mean", "log_std"]),
+    "mlp_norm.keras@opset13": ({"opset": 13}, ["fc_1", "bn", "fc_2", "ln", "drop", "fc_out"]),
+}
+
+
+def _path(case: str) -> Path:
+    return FIXTURES / case.split("@")[0]
+
+
+@pytest.fixture(scope="module")
+def keras():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+
+    return keras
+
+
+@pytest.fixture(scope="module")
+def converted(keras):
+    return {case: convert_source(_path(case), **opts) for case, (opts, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def keras_models(keras):
+    return {name: keras.saving.load_model(FIXTURES / name, compile=False, safe_mode=False)
+            for name in {c.split("@")[0] for c in CASES}}
+
+
+@pytest.fixture(scope="module")
+def obs():
+    return np.random.default_rng(5).normal(0, 2, size=(500, 6)).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_numpy_onnxruntime_and_keras_agree_on_every_layer(case, converted, obs):
+    c = converted[case]
+    report = pp.verify(c.model, obs, reference=c.reference)
+    assert report.passed, report.first_divergence
+    against_keras = {(x.tensor, x.candidate) for x in report.comparisons if x.reference == "source"}
+    for layer in CASES[case][1]:
+        for backend in ("numpy", "onnxruntime"):
+            assert (layer, backend) in against_keras, f"{layer} on {backend} was not compared with Keras"
+    worst = max(x.max_abs for x in report.comparisons)
+    assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["mlp_activations.keras", "mlp_norm.keras", "mlp_norm.h5", "three_heads.keras",
+                                  "gaussian_lambda.keras"])
+def test_extract_returns_every_keras_weight_by_layer_and_name_bit_for_bit(case, converted, keras_models):
+    weights = pp.extract_weights(converted[case].model)
+    expected = {f"{layer.name}/{w.name}": np.asarray(w.numpy()) for layer in keras_models[case].layers for w in layer.weights}
+    assert list(weights) == list(expected)
+    for name, value in expected.items():
+        assert weights[name].dtype == value.dtype and weights[name].shape == value.shape, name
+        assert weights[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("case, zero", [("mlp_activations.keras", "fc_2/bias"), ("three_heads.keras", "gear/bias")])
+def test_zero_biases_tf2onnx_drops_come_back_from_the_metadata(case, zero, converted, keras_models):
+    model = converted[case].model
+    assert zero not in {i.name for i in model.graph.initializer}  # tf2onnx dropped it ...
+    layer, name = zero.split("/")
+    value = next(w for w in keras_models[case].get_layer(layer).weights if w.name == name)
+    assert not np.asarray(value).any()
+    rebuilt = pp.extract_weights(model)[zero]  # ... and extract rebuilds it
+    assert rebuilt.dtype == np.float32 and rebuilt.shape == tuple(value.shape) and not rebuilt.any()
+
+
+def test_layer_outputs_and_initializers_carry_keras_names(converted):
+    model = converted["mlp_norm.keras"].model
+    produced = {o for n in model.graph.node for o in n.output}
+    assert {"fc_1", "bn", "fc_2", "ln", "drop", "fc_out"} <= produced
+    assert {i.name for i in model.graph.initializer} >= {"fc_1/kernel", "bn/gamma", "bn/moving_variance", "ln/beta"}
+    assert all(n.name == n.output[0] for n in model.graph.node)
+    drop = next(n for n in model.graph.node if n.output[0] == "drop")
+    assert (drop.op_type, list(drop.input)) == ("Identity", ["ln"])  # Dropout passes its input on at inference
+    assert [i.name for i in model.graph.input] == ["obs"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_normalization_epsilons_are_the_keras_layers_exactly(converted, keras_models):
+    model = converted["mlp_norm.keras"].model
+    eps = {n.op_type: onnx.helper.get_attribute_value(a) for n in model.graph.node for a in n.attribute if a.name == "epsilon"}
+    k = keras_models["mlp_norm.keras"]
+    assert eps["BatchNormalization"] == np.float32(k.get_layer("bn").epsilon) == np.float32(1e-3)
+    assert eps["LayerNormalization"] == np.float32(k.get_layer("ln").epsilon)
+    spelled = converted["mlp_norm.keras@opset13"].model  # LayerNormalization is spelled out below opset 17
+    const = {i.name: onnx.numpy_helper.to_array(i) for i in spelled.graph.initializer}
+    assert const["ln/epsilon"] == np.float32(k.get_layer("ln").epsilon)
+
+
+def test_three_heads_keep_their_names_and_order_and_match_keras_by_name(converted, keras_models, obs):
+    model = converted["three_heads.keras"].model
+    assert [o.name for o in model.graph.output] == ["steer", "brake", "gear"]
+    expected = dict(zip(["steer", "brake", "gear"], keras_models["three_heads.keras"].predict(obs, verbose=0)))
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).run({"obs": obs})
+        for name, value in expected.items():
+            np.testing.assert_allclose(got[name], value, atol=1e-5, rtol=1e-5, err_msg=f"{backend} {name}")
+
+
+def test_a_lambda_file_is_refused_without_trust():
+    with pytest.raises(pp.UntrustedFileError, match="Lambda"):
+        pp.convert(FIXTURES / "gaussian_lambda.keras")
+    result = CliRunner().invoke(app, ["convert", str(FIXTURES / "gaussian_lambda.keras"), "-o", "unused.onnx"])
+    assert result.exit_code == 3 and "--trust" in result.output and "Traceback" not in result.output
+    assert not Path("unused.onnx").exists()
+
+
+def test_savedmodel_converts_with_variable_named_weights(keras_models, obs):
+    c = convert_source(FIXTURES / "savedmodel")
+    report = pp.verify(c.model, obs, reference=c.reference)
+    assert report.passed and any(x.reference == "source" for x in report.comparisons)
+    weights = pp.extract_weights(c.model)
+    for layer in keras_models["mlp_activations.keras"].layers:
+        for w in layer.weights:
+            assert weights[f"mlp_activations/{layer.name}/{w.name}"].tobytes() == np.asarray(w.numpy()).tobytes()
+
+
+def test_live_models_and_tf_functions_convert(keras, obs):
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="relu", name="hidden"),
+                              keras.layers.Dense(2, name="logits")])
+    onnx_model = pp.convert(model, head="categorical")
+    assert [o.name for o in onnx_model.graph.output] == ["logits", "action"]
+    got = pp.load(onnx_model, backend="numpy").run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], np.argmax(model.predict(obs, verbose=0), axis=1))
+
+    fn = tf.function(lambda x: {"policy": model(x) * 2.0}, input_signature=[tf.TensorSpec((None, 6), tf.float32)])
+    c = convert_source(fn)
+    assert [o.name for o in c.model.graph.output] == ["policy"]
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["policy"], 2 * model.predict(obs, verbose=0),
+                               atol=1e-5, rtol=1e-5)
+    with pytest.raises(pp.BadModelError, match="input_signature"):
+        pp.convert(tf.function(lambda x: model(x)), kind="keras")
+
+
+def test_cli_convert_then_verify_against_the_keras_file_layer_by_layer(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "norm.onnx"
+    result = runner.invoke(app, ["convert", str(FIXTURES / "mlp_norm.keras"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["verify", str(out), "--source", str(FIXTURES / "mlp_norm.keras"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    vs_source = {c["tensor"] for c in doc["comparisons"] if c["reference"] == "source"}
+    assert {"fc_1", "bn", "fc_2", "ln", "drop", "fc_out"} <= vs_source
+    result = runner.invoke(app, ["extract", str(out), "-o", str(tmp_path / "w.npz")])
+    assert result.exit_code == 0 and "bn/moving_variance" in result.output
+
+
+def test_an_incompatible_tf2onnx_names_both_versions(monkeypatch, keras):
+    import tensorflow as tf
+    import tf2onnx
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'Sequential' object has no attribute 'output_names'")
+
+    monkeypatch.setattr(tf2onnx.convert, "from_function", broken)
+    with pytest.raises(pp.MissingDependencyError) as info:
+        pp.convert(FIXTURES / "mlp_norm.keras")
+    assert f"tensorflow {tf.__version__}" in str(info.value) and f"tf2onnx {tf2onnx.__version__}" in str(info.value)
+
+
+def test_without_tensorflow_the_error_names_the_tf_extra(tmp_path):
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('tensorflow', 'tf2onnx'):\n"
+        "            raise ImportError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from policyport.cli import main\n"
+        "sys.argv = ['policyport', 'convert', sys.argv[1], '-o', sys.argv[2]]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "mlp_norm.keras"), str(tmp_path / "o.onnx")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4, proc.stderr
+    assert "policyport[tf]" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_subclassed_and_nested_models_name_their_inner_layers(keras, obs):
+    layers = keras.layers
+
+    class Policy(keras.Model):
+        def __init__(self):
+            super().__init__(name="policy")
+            self.fc_1 = layers.Dense(16, activation="tanh", name="fc_1")
+            self.bn = layers.BatchNormalization(name="bn", epsilon=0.01)
+            self.fc_out = layers.Dense(4, name="fc_out")
+
+        def call(self, x, training=False):
+            return self.fc_out(self.bn(self.fc_1(x), training=training))
+
+    keras.utils.set_random_seed(4)
+    sub = Policy()
+    sub(obs[:2])
+    trunk = keras.Sequential([layers.Dense(8, activation="relu", name="a"), layers.Dense(8, activation="elu", name="b")],
+                             name="trunk")
+    inp = keras.Input((6,))
+    nested = keras.Model(inp, layers.Dense(2, name="head")(trunk(inp)))
+    for model, names in ((sub, ["fc_1", "bn", "fc_out"]), (nested, ["a", "b", "head"])):
+        c = convert_source(model)
+        report = pp.verify(c.model, obs, reference=c.reference)
+        assert report.passed
+        assert {x.tensor for x in report.comparisons if x.reference == "source"} >= set(names)
+        weights = pp.extract_weights(c.model)
+        assert list(weights) == [f"{layer}/{w.name}" for layer in names for w in _leaf(model, layer).weights]
+    bn = next(n for n in convert_source(sub).model.graph.node if n.op_type == "BatchNormalization")
+    assert onnx.helper.get_attribute_value(bn.attribute[0]) == np.float32(0.01)
+
+
+def _leaf(model, name):
+    return next(layer for layer in model._flatten_layers() if layer.name == name)
+
+
+def test_a_savedmodel_whose_signature_writes_files_is_refused(keras, tmp_path):
+    import tensorflow as tf
+
+    marker = tmp_path / "signature-ran"
+
+    class Writes(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec((None, 3), tf.float32)])
+        def __call__(self, x):
+            tf.io.write_file(str(marker), "ran")
+            return {"y": x * 2.0}
+
+    module = Writes()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    with pytest.raises(pp.UntrustedFileError, match="WriteFile"):
+        pp.convert(tmp_path / "sm")
+    assert not marker.exists()

@@ -1,0 +1,258 @@
+"""RLlib checkpoints: read without Ray and without running pickled code; filters baked in; Ray's own outputs matched."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+from policyport.converter import convert_source
+from policyport.converter.rllib import EPSILON_RS, EPSILON_RUNNING_STATS, _filter, read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+RLLIB = ROOT / "fixtures" / "rllib"
+LEGACY = RLLIB / "legacy" / "checkpoint_000120" / "checkpoint-120"
+MALICIOUS = RLLIB / "malicious" / "checkpoint-1"
+RAY = RLLIB / "ray"
+
+runner = CliRunner()
+
+# A meta-path finder that makes `import ray` fail, as on a machine without Ray.
+BLOCK_RAY = (
+    "import sys\n"
+    "class NoRay:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'ray':\n"
+    "            raise ImportError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, NoRay())\n"
+)
+
+
+class _StandInUnpickler(pickle.Unpickler):
+    """The test's own reading of the legacy fixture: RLlib's filter classes as plain objects."""
+
+    def find_class(self, module, name):
+        if module == "ray.rllib.utils.filter":
+            return type(name, (), {})
+        return super().find_class(module, name)
+
+
+@pytest.fixture(scope="module")
+def legacy_worker():
+    with open(LEGACY, "rb") as f:
+        outer = _StandInUnpickler(f).load()
+    import io
+
+    return _StandInUnpickler(io.BytesIO(outer["worker"])).load()
+
+
+def _ray1_filter(obs: np.ndarray, filt) -> np.ndarray:
+    """Ray 1.x MeanStdFilter.__call__ (float64, then the observation's dtype)."""
+    rs = filt.rs
+    var = rs._S / (rs._n - 1) if rs._n > 1 else np.square(rs._M)
+    y = (obs.astype(np.float64) - rs._M) / (np.sqrt(var) + 1e-8)
+    return np.clip(y, -filt.clip, filt.clip).astype(obs.dtype)
+
+
+def _fcnet(weights: dict, x: np.ndarray, prefix="default_policy/", value=False) -> np.ndarray:
+    h = x
+    stem = "fc_value_" if value else "fc_"
+    i = 1
+    while f"{prefix}{stem}{i}/kernel" in weights:
+        h = np.tanh(h @ weights[f"{prefix}{stem}{i}/kernel"] + weights[f"{prefix}{stem}{i}/bias"])
+        i += 1
+    out = "value_out" if value else "fc_out"
+    return h @ weights[f"{prefix}{out}/kernel"] + weights[f"{prefix}{out}/bias"]
+
+
+def test_legacy_checkpoint_converts_without_ray_and_matches_the_filtered_metadrive_forward(
+        tmp_path, legacy_worker, metadrive_weights, metadrive_obs):
+    out = tmp_path / "metadrive.onnx"
+    code = BLOCK_RAY + (
+        "from policyport.cli import main\n"
+        "sys.argv = ['policyport', 'convert', sys.argv[1], '-o', sys.argv[2], '--head', 'diag-gaussian', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    assert not [m for m in sys.modules if m.split('.')[0] == 'ray'], 'ray was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(LEGACY), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verification"]["passed"] and doc["kind"] == "rllib"
+    assert any("MeanStdFilter" in n for n in doc["notes"]) and any("value branch" in n for n in doc["notes"])
+
+    filt = legacy_worker["filters"]["default_policy"]
+    filtered = _ray1_filter(metadrive_obs, filt)
+    assert (np.abs(filtered) == filt.clip).any()  # the clip is exercised
+    logits = _fcnet(metadrive_weights, filtered)
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(out, backend=backend).record({"obs": metadrive_obs}, "*")
+        np.testing.assert_allclose(got["obs_filter/clip"], filtered, atol=1e-5, rtol=1e-5)
+        for name, expected in (("logits", logits), ("action", logits[:, :2]), ("log_std", logits[:, 2:])):
+            assert np.abs(got[name] - expected).max() <= 1e-5, (backend, name)
+        assert "value" not in got
+
+
+def test_value_branch_only_with_keep_value(legacy_worker, metadrive_obs):
+    plain = pp.convert(LEGACY)
+    assert [o.name for o in plain.graph.output] == ["logits"]
+    kept = pp.convert(LEGACY, keep_value=True)
+    assert [o.name for o in kept.graph.output] == ["logits", "value"]
+    state = legacy_worker["state"]["default_policy"]
+    expected = _fcnet(state, _ray1_filter(metadrive_obs, legacy_worker["filters"]["default_policy"]), value=True)
+    got = pp.load(kept, backend="onnxruntime").run({"obs": metadrive_obs})["value"]
+    assert np.abs(got - expected).max() <= 1e-5
+    weights = pp.extract_weights(kept)
+    for name, value in state.items():
+        if name != "_optimizer_variables":
+            assert weights[name].tobytes() == value.tobytes(), name
+    assert not [k for k in weights if "optimizer" in k]
+
+
+def test_no_filter_leaves_the_filter_out(metadrive_weights, metadrive_obs):
+    model = pp.convert(LEGACY, obs_filter=False)
+    assert not [n for n in model.graph.node if n.name.startswith("obs_filter")]
+    got = pp.load(model).run({"obs": metadrive_obs})["logits"]
+    assert np.abs(got - _fcnet(metadrive_weights, metadrive_obs)).max() <= 1e-5
+
+
+def test_policy_id_picks_a_policy_and_an_unknown_one_lists_those_present(tmp_path):
+    model = pp.convert(LEGACY, policy_id="opponent")
+    assert [i.dims for i in model.graph.initializer if i.name == "opponent/fc_out/kernel"] == [[4, 2]]
+    result = runner.invoke(app, ["convert", str(LEGACY), "-o", str(tmp_path / "x.onnx"), "--policy-id", "hero"])
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert "'hero'" in result.output and "default_policy, opponent" in result.output
+
+
+def test_a_malicious_pickle_is_refused_naming_the_global_and_never_runs(tmp_path):
+    marker = tmp_path / "policyport-pickle-ran"
+    proc = subprocess.run([sys.executable, "-m", "policyport", "convert", str(MALICIOUS), "-o", "out.onnx"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "posix.system" in proc.stderr and "--trust" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists() and not (tmp_path / "out.onnx").exists()
+    with pytest.raises(pp.UntrustedFileError, match="posix.system"):
+        pp.convert(MALICIOUS)
+    assert not marker.exists() and not Path("policyport-pickle-ran").exists()
+
+
+@pytest.mark.parametrize("name", ["ppo_new", "ppo_new_msgpack", "ppo_old_torch"])
+def test_ray_written_checkpoints_match_rays_own_filter_and_forward(name):
+    expected = dict(np.load(RAY / f"{name}_expected.npz"))
+    model = pp.convert(RAY / name, keep_value="value" in expected)
+    logits = expected.get("action_dist_inputs", expected.get("logits"))
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": expected["obs"]}, "*")
+        filtered = got.get("obs_filter/clip", got.get("obs_filter/destd"))
+        assert np.abs(filtered - expected["filtered_obs"]).max() <= 1e-5
+        assert np.abs(got["logits"] - logits).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))  # CartPole: Discrete(2)
+        if "value" in expected:
+            assert np.abs(got["value"].ravel() - expected["value"].ravel()).max() <= 1e-5
+
+
+def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
+    a, b = read_checkpoint(RAY / "ppo_new"), read_checkpoint(RAY / "ppo_new_msgpack")
+    assert list(a.weights) == list(b.weights)
+    for k in a.weights:
+        assert a.weights[k].tobytes() == b.weights[k].tobytes()
+    assert b.obs_filter is not None and np.array_equal(a.obs_filter.mean, b.obs_filter.mean)
+
+
+@pytest.mark.skipif(not (RAY / "dqn_new").is_dir(), reason="no Ray DQN checkpoint")
+def test_dqn_action_is_argmax_of_dueling_q_values():
+    expected = dict(np.load(RAY / "dqn_new_expected.npz"))
+    model = pp.convert(RAY / "dqn_new")
+    assert [o.name for o in model.graph.output][-2:] == ["q_values", "action"]
+    got = pp.load(model, backend="onnxruntime").run({"obs": expected["obs"]})
+    assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
+
+
+def test_filter_forms_and_their_epsilons():
+    rs = _filter({"demean": True, "destd": True, "clip": 5.0,
+                  "rs": {"_n": 1, "_M": np.array([2.0, -1.0]), "_S": np.array([0.0, 0.0])}})
+    assert rs.epsilon == EPSILON_RS == 1e-8 and rs.form == "rs"
+    np.testing.assert_array_equal(rs.std, [2.0, 1.0])  # n <= 1: variance is _M ** 2
+    new = _filter({"de_mean_to_zero": True, "de_std_to_one": False, "clip_by_value": None,
+                   "running_stats": [{"num_pushes": 5, "mean_array": np.array([1.0]), "sum_sq_diff_array": np.array([16.0])}]})
+    assert new.epsilon == EPSILON_RUNNING_STATS == 1e-6 and new.form == "running_stats"
+    assert (new.destd, new.clip) == (False, None) and new.std[0] == 2.0
+    assert _filter({"running_stats": [{"num_pushes": 1, "mean_array": np.array([3.0]),
+                                       "sum_sq_diff_array": np.array([0.0])}]}).std[0] == 0.0
+
+
+def _policy_folder(tmp_path: Path, policy_state: dict) -> Path:
+    folder = tmp_path / "ckpt"
+    (folder / "policies" / "default_policy").mkdir(parents=True)
+    (folder / "rllib_checkpoint.json").write_text('{"type": "Algorithm", "checkpoint_version": "1.1"}')
+    (folder / "policies" / "default_policy" / "policy_state.pkl").write_bytes(pickle.dumps(policy_state))
+    return folder
+
+
+def test_a_discrete_observation_is_one_hot_encoded_in_the_graph(tmp_path):
+    rng = np.random.default_rng(0)
+    w = {"_hidden_layers.0._model.0.weight": rng.normal(size=(6, 5)).astype(np.float32),
+         "_hidden_layers.0._model.0.bias": rng.normal(size=6).astype(np.float32),
+         "_logits._model.0.weight": rng.normal(size=(3, 6)).astype(np.float32),
+         "_logits._model.0.bias": rng.normal(size=3).astype(np.float32)}
+    folder = _policy_folder(tmp_path, {
+        "weights": w,
+        "policy_spec": {"observation_space": {"space": {"space": "discrete", "n": 5, "start": 0}},
+                        "action_space": {"space": {"space": "discrete", "n": 3, "start": 0}},
+                        "config": {"model": {"fcnet_activation": "relu"}}}})
+    model = pp.convert(folder)
+    obs = np.array([0, 4, 2, 2, 1], dtype=np.int64)
+    one_hot = np.eye(5, dtype=np.float32)[obs]
+    h = np.maximum(one_hot @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"], 0)
+    logits = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).run({"obs": obs})
+        assert np.abs(got["logits"] - logits).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))
+
+
+def test_an_unnamed_tf2_weight_list_is_named_in_rllibs_variable_order(tmp_path, metadrive_weights, metadrive_obs):
+    rng = np.random.default_rng(1)
+    w = {k.split("/", 1)[1]: v for k, v in metadrive_weights.items()}
+    value = {"fc_value_1/kernel": rng.normal(size=(275, 256)), "fc_value_1/bias": rng.normal(size=256),
+             "fc_value_2/kernel": rng.normal(size=(256, 256)), "fc_value_2/bias": rng.normal(size=256),
+             "value_out/kernel": rng.normal(size=(256, 1)), "value_out/bias": rng.normal(size=1)}
+    w.update({k: v.astype(np.float32) for k, v in value.items()})
+    order = ["fc_1", "fc_value_1", "fc_2", "fc_value_2", "fc_out", "value_out"]
+    listed = [w[f"{layer}/{p}"] for layer in order for p in ("kernel", "bias")]
+    folder = _policy_folder(tmp_path, {"weights": listed, "policy_spec": {"config": {"model": {
+        "fcnet_hiddens": [256, 256], "vf_share_layers": False, "fcnet_activation": "tanh"}}}})
+    model = pp.convert(folder, head="diag-gaussian")
+    got = pp.load(model).run({"obs": metadrive_obs})["logits"]
+    assert np.abs(got - _fcnet(metadrive_weights, metadrive_obs)).max() <= 1e-5
+    assert set(pp.extract_weights(model)) == {f"default_policy/{k}" for k in ("fc_1/kernel", "fc_1/bias", "fc_2/kernel",
+                                                                           "fc_2/bias", "fc_out/kernel", "fc_out/bias")}
+
+
+def test_packed_folder_records_the_filter(tmp_path):
+    model = pp.convert(LEGACY, head="diag-gaussian")
+    folder = pp.pack(model, tmp_path / "bundle", samples=8)
+    policy = json.loads((folder / "policy.json").read_text())
+    filt = policy["observation_filter"]
+    assert filt["type"] == "MeanStdFilter" and filt["clip"] == 5.0 and filt["epsilon"] == 1e-8
+    assert filt["count"] == 12000 and len(filt["mean"]) == len(filt["std"]) == 275
+    assert pp.verify_bundle(folder).passed
+
+
+def test_verify_against_the_checkpoint_rebuilds_the_recorded_options(tmp_path):
+    out = tmp_path / "md.onnx"
+    assert runner.invoke(app, ["convert", str(LEGACY), "-o", str(out), "--keep-value", "--no-filter"]).exit_code == 0
+    result = runner.invoke(app, ["verify", str(out), "--source", str(LEGACY), "--json"])
+    assert result.exit_code == 0, result.output
+    compared = {c["tensor"] for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"}
+    assert {"fc_1/tanh", "logits", "value"} <= compared and not [t for t in compared if t.startswith("obs_filter")]

@@ -1,0 +1,345 @@
+"""export-numpy: one readable numpy module per policy, bit for bit the numpy backend, written only
+after it is checked, and no string from the model in it but as a quoted literal."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport import export as exporter
+from policyport.cli import app
+from numpy_venv import make_venv, run
+
+ROOT = Path(__file__).parents[1]
+EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"
+NODE_ORDER = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
+#: A hand-written numpy forward of the MetaDrive expert (load the weights, three layers, split the
+#: head) with activation recording runs to about this many lines.
+HAND_WRITTEN_LINES = 60
+
+
+def load_module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"exported_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def ruff(path: Path) -> subprocess.CompletedProcess:
+    """ruff's default rules, then pycodestyle, pyflakes, isort and pyupgrade (line length aside)."""
+    default = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--output-format", "concise", str(path)],
+                             capture_output=True, text=True)
+    if default.returncode:
+        return default
+    return subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--output-format", "concise",
+                           "--select", "E,W,F,I,UP", "--ignore", "E501", str(path)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def expert(metadrive_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "metadrive_policy.py"
+    return pp.export_numpy(metadrive_model, out), load_module(out)
+
+
+# -------------------------------------------------------------------------------------- MetaDrive
+
+
+def test_the_expert_module_is_as_short_as_a_hand_written_one_and_imports_numpy_only(expert):
+    done, _ = expert
+    text = done.module.read_text()
+    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 5
+    assert (done.tensors, done.samples) == (7, 64)
+    imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"numpy", "pathlib"}
+    body = text[text.index("def forward"):].splitlines()
+    assert body[4:11] == [
+        "    fc_1_linear = tap('fc_1/linear', np.dot(obs, FC_1_KERNEL) + FC_1_BIAS)  # Gemm",
+        "    fc_1_tanh = tap('fc_1/tanh', np.tanh(fc_1_linear))  # Tanh",
+        "    fc_2_linear = tap('fc_2/linear', np.dot(fc_1_tanh, FC_2_KERNEL) + FC_2_BIAS)  # Gemm",
+        "    fc_2_tanh = tap('fc_2/tanh', np.tanh(fc_2_linear))  # Tanh",
+        "    logits = tap('logits', np.dot(fc_2_tanh, FC_OUT_KERNEL) + FC_OUT_BIAS)  # Gemm",
+        "    action = tap('action', logits[:, 0:2])  # Slice",
+        "    log_std = tap('log_std', logits[:, 2:4])  # Slice",
+    ]
+
+
+def test_the_expert_module_passes_ruff(expert):
+    result = ruff(expert[0].module)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_forward_is_the_numpy_backend_bit_for_bit_and_records_every_tensor(expert, metadrive_model, metadrive_obs):
+    _, module = expert
+    session = pp.load(metadrive_model, backend="numpy")
+    record: dict = {}
+    got = module.forward(metadrive_obs, record=record)
+    want = session.record({"obs": metadrive_obs}, "*")
+    assert list(record) == NODE_ORDER == list(want)
+    assert all(same_bits(record[k], want[k]) for k in want)
+    assert list(got) == ["logits", "action", "log_std"]
+    assert all(same_bits(got[k], v) for k, v in session.run({"obs": metadrive_obs}).items())
+    ort = pp.load(metadrive_model, backend="onnxruntime").run({"obs": metadrive_obs})
+    assert max(float(np.abs(got[k] - ort[k]).max()) for k in ort) <= 1e-5
+
+
+def test_the_weights_file_is_the_source_npz_under_its_own_names(expert, metadrive_weights):
+    with np.load(expert[0].weights, allow_pickle=False) as f:
+        stored = {k: f[k] for k in f.files}
+    assert list(stored) == list(metadrive_weights)
+    assert all(same_bits(stored[k], v) for k, v in metadrive_weights.items())
+
+
+def test_overrides_set_neurons_as_an_observer_of_the_backend_does(expert, metadrive_model, metadrive_obs):
+    _, module = expert
+    session = pp.load(metadrive_model, backend="numpy")
+    obs = metadrive_obs[:32]
+
+    def steer(node_index, output_index, value):
+        if session.backend.graph.nodes[node_index].outputs[output_index] == "fc_2/tanh":
+            value = value.copy()
+            value[..., 17] = 1.0
+        return value
+
+    want = session.observe({"obs": obs}, steer)
+    record: dict = {}
+    got = module.forward(obs, record=record, overrides={"fc_2/tanh": {"17": 1.0}})
+    assert all(same_bits(got[k], want[k]) for k in want)
+    assert (record["fc_2/tanh"][:, 17] == 1.0).all() and not (record["fc_2/linear"][:, 17] == 1.0).all()
+    plain = module.forward(obs)
+    assert not np.array_equal(plain["action"], got["action"])  # the override moves the action
+
+
+def test_the_module_runs_where_only_numpy_exists(expert, metadrive_model, tmp_path):
+    python = make_venv(tmp_path / "venv")
+    done, _ = expert
+    script = ("import importlib.util, json, sys, numpy as np\n"
+              "spec = importlib.util.spec_from_file_location('policy', sys.argv[1])\n"
+              "policy = importlib.util.module_from_spec(spec); spec.loader.exec_module(policy)\n"
+              "out = policy.forward(np.full((2, 275), 0.25, np.float32))\n"
+              "print(json.dumps({'action': out['action'].tolist(), 'modules': sorted(m for m in sys.modules if '.' not in m)}))\n")
+    result = run(python, "-c", script, done.module)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    want = pp.load(metadrive_model, backend="numpy").run({"obs": np.full((2, 275), 0.25, np.float32)})
+    assert doc["action"] == want["action"].tolist()
+    third_party = [m for m in doc["modules"] if m not in sys.stdlib_module_names and not m.startswith("_")]
+    assert third_party == ["numpy"]
+
+
+# -------------------------------------------------------------------------------------- injection
+
+
+PAYLOAD = '"); __import__("pathlib").Path("PWNED").touch() #'
+NASTY = {
+    "obs": 'obs"""\n__import__("os")',
+    "h1": PAYLOAD,
+    "h2": "a/b\nimport os\r\u2028\u202e",
+    "h3": "a_b",  # sanitizes like "a/b..."
+    "h4": "lambda",
+    "out": "forward",  # a name the module defines itself
+    "np": "np",
+}
+
+
+def _nasty_model():
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "np")
+    b = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b'''\nos.system('x')")
+    nodes = [
+        helper.make_node("Gemm", [NASTY["obs"], "np", b.name], [NASTY["h1"]], name=PAYLOAD, transB=1),
+        helper.make_node("Tanh", [NASTY["h1"]], [NASTY["h2"]], name="n2"),
+        helper.make_node("Relu", [NASTY["h2"]], [NASTY["h3"]], name="n3"),
+        helper.make_node("Neg", [NASTY["h3"]], [NASTY["h4"]], name="n4"),
+        helper.make_node("Add", [NASTY["h4"], NASTY["h2"]], [NASTY["out"]], name="n5"),
+    ]
+    graph = helper.make_graph(nodes, "g\"\"\"", [helper.make_tensor_value_info(NASTY["obs"], TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info(NASTY["out"], TensorProto.FLOAT, ["batch", 4])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_names_from_the_model_reach_the_code_only_as_literals(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    done = pp.export_numpy(_nasty_model(), tmp_path / "nasty.py", low=-1, high=1)
+    assert not (tmp_path / "PWNED").exists()
+    text = done.module.read_text()
+    tree = ast.parse(text)
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert not any("import" in c or "system" in c or "touch" in c for c in calls)
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert set(NASTY.values()) - {"np"} <= strings  # the record keys and OUTPUTS, quoted
+    module = load_module(done.module)
+    record: dict = {}
+    out = module.forward(np.ones((2, 4), np.float32), record=record)
+    assert list(out) == ["forward"] and list(record) == [NASTY[k] for k in ("h1", "h2", "h3", "h4", "out")]
+    assert not (tmp_path / "PWNED").exists()
+    assert ruff(done.module).returncode == 0, ruff(done.module).stdout
+
+
+# ----------------------------------------------------------------------------------- the op set
+
+
+def _single(op: str, inputs: dict[str, np.ndarray], opset: int = 17, out_type=TensorProto.FLOAT, chain=(), **attrs):
+    """x -> [chain ops] -> op(x, *initializers) -> y."""
+    names = list(inputs)
+    nodes, current = [], "x"
+    for i, step in enumerate(chain):
+        nodes.append(helper.make_node(step, [current], [f"pre{i}"], name=f"pre{i}"))
+        current = f"pre{i}"
+    nodes.append(helper.make_node(op, [current, *names[1:]], ["y"], name="node", **attrs))
+    x = inputs[names[0]]
+    inits = [numpy_helper.from_array(v, k) for k, v in list(inputs.items())[1:]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *x.shape[1:]])],
+                              [helper.make_tensor_value_info("y", out_type, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+X = np.zeros((4, 6), np.float32)
+V6 = np.linspace(-1, 1, 6, dtype=np.float32)
+W = np.linspace(-1, 1, 30, dtype=np.float32).reshape(5, 6)
+I64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+OPS = {
+    "Gemm fast path, transB": ("Gemm", {"x": X, "w": W, "c": V6[:5]}, {"transB": 1}),
+    "Gemm alpha beta": ("Gemm", {"x": X, "w": W, "c": V6[:5]}, {"transB": 1, "alpha": 0.5, "beta": 2.0}),
+    "MatMul": ("MatMul", {"x": X, "w": W.T.copy()}, {}),
+    "Add": ("Add", {"x": X, "v": V6}, {}), "Sub": ("Sub", {"x": X, "v": V6}, {}),
+    "Mul": ("Mul", {"x": X, "v": V6}, {}), "Div": ("Div", {"x": X, "v": V6 + 2}, {}),
+    **{op: (op, {"x": X}, {}) for op in ("Relu", "Sigmoid", "HardSwish", "Tanh", "Softplus", "Softsign", "Exp",
+                                         "Neg", "Abs", "Erf", "Identity")},
+    "LeakyRelu": ("LeakyRelu", {"x": X}, {"alpha": 0.2}),
+    "PRelu": ("PRelu", {"x": X, "slope": V6}, {}),
+    "Elu": ("Elu", {"x": X}, {"alpha": 0.7}), "Selu": ("Selu", {"x": X}, {}), "Celu": ("Celu", {"x": X}, {"alpha": 2.0}),
+    "ThresholdedRelu": ("ThresholdedRelu", {"x": X}, {"alpha": 0.3}),
+    "HardSigmoid": ("HardSigmoid", {"x": X}, {"alpha": 0.3, "beta": 0.4}),
+    "Mish opset 18": ("Mish", {"x": X}, {"opset": 18}),
+    "Gelu opset 20": ("Gelu", {"x": X}, {"opset": 20}),
+    "Gelu tanh opset 20": ("Gelu", {"x": X}, {"opset": 20, "approximate": "tanh"}),
+    "Log": ("Log", {"x": X}, {"chain": ("Abs",)}), "Sqrt": ("Sqrt", {"x": X}, {"chain": ("Abs",)}),
+    "Reciprocal": ("Reciprocal", {"x": X}, {"chain": ("Exp",)}),
+    "Slice constant": ("Slice", {"x": X, "s": I64(1), "e": I64(4), "a": I64(1)}, {}),
+    "Slice negative axis and step": ("Slice", {"x": X, "s": I64(5), "e": I64(0), "a": I64(-1), "st": I64(-2)}, {}),
+    "Slice opset 9": ("Slice", {"x": X}, {"opset": 9, "starts": [0], "ends": [3], "axes": [1]}),
+    "Concat": ("Concat", {"x": X}, {"axis": 1, "twice": True}),
+    "Clip opset 6": ("Clip", {"x": X}, {"opset": 6, "min": -0.5, "max": 0.5}),
+    "Clip opset 13": ("Clip", {"x": X, "lo": np.array(-0.5, np.float32), "hi": np.array(0.5, np.float32)}, {"opset": 13}),
+    "Reshape": ("Reshape", {"x": X, "shape": I64(0, 3, 2)}, {}),
+    "Flatten": ("Flatten", {"x": X}, {"axis": 0}),
+    "Softmax opset 11": ("Softmax", {"x": X}, {"opset": 11, "axis": 1}),
+    "Softmax": ("Softmax", {"x": X}, {"axis": -1}),
+    "LogSoftmax": ("LogSoftmax", {"x": X}, {}),
+    "ArgMax": ("ArgMax", {"x": X}, {"axis": 1, "keepdims": 0, "out_type": TensorProto.INT64}),
+    "BatchNormalization": ("BatchNormalization", {"x": X, "s": V6 + 2, "b": V6, "m": V6 / 3, "v": V6 * V6 + 1}, {"opset": 15}),
+    "LayerNormalization": ("LayerNormalization", {"x": X, "s": V6 + 2, "b": V6}, {}),
+    "Dropout": ("Dropout", {"x": X}, {"opset": 13}),
+    "Cast": ("Cast", {"x": X}, {"to": TensorProto.DOUBLE, "out_type": TensorProto.DOUBLE}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPS))
+def test_every_op_of_the_set_exports_bit_for_bit(case, tmp_path):
+    op, inputs, attrs = OPS[case]
+    attrs = dict(attrs)
+    opset, out_type, chain = attrs.pop("opset", 17), attrs.pop("out_type", TensorProto.FLOAT), attrs.pop("chain", ())
+    twice = attrs.pop("twice", False)
+    model = _single(op, inputs, opset, out_type, chain, **attrs)
+    if twice:
+        model.graph.node[-1].input.append("x")  # x concatenated with itself
+    done = pp.export_numpy(model, tmp_path / "m.py", low=-3, high=3)
+    module = load_module(done.module)
+    obs = np.random.default_rng(9).uniform(-3, 3, (7, 6)).astype(np.float32)
+    record: dict = {}
+    got = module.forward(obs, record=record)
+    want = pp.load(model, backend="numpy").record({"x": obs}, "*")
+    assert list(record) == list(want) and all(same_bits(record[k], want[k]) for k in want)
+    assert same_bits(got["y"], want["y"])
+    assert ruff(done.module).returncode == 0, ruff(done.module).stdout
+
+
+# -------------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("model,pattern", [
+    (lambda: _single("Transpose", {"x": X}), r'Transpose node "node" is outside the op set export-numpy writes \(Abs, '),
+    (lambda: _single("Dropout", {"x": X, "r": np.array(0.5, np.float32), "t": np.array(True)}, 13),
+     r'Dropout node "node" may run in training mode'),
+    (lambda: _single("LayerNormalization", {"x": X, "s": V6}), None),
+])
+def test_what_it_cannot_write_is_refused_naming_the_node_and_nothing_is_written(model, pattern, tmp_path):
+    m = model()
+    if pattern is None:  # a second output
+        m.graph.node[-1].output.append("mean")
+        pattern = r'LayerNormalization node "node" has 2 outputs'
+    with pytest.raises(pp.UnsupportedOpError, match=pattern):
+        pp.export_numpy(m, tmp_path / "m.py")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reshape_to_a_computed_shape_is_refused(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="r"),
+             helper.make_node("Reshape", ["r", "x_shape"], ["y"], name="reshape")]
+    shape = helper.make_node("Constant", [], ["x_shape"], name="shape", value=numpy_helper.from_array(I64(0, 6)))
+    graph = helper.make_graph([shape, *nodes], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    with pytest.raises(pp.UnsupportedOpError, match=r"Reshape node \"reshape\" takes its shape from tensor 'x_shape'"):
+        pp.export_numpy(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.py")
+
+
+def test_a_module_that_does_not_reproduce_the_backend_is_not_written(metadrive_model, tmp_path, monkeypatch):
+    (tmp_path / "p.py").write_text("old module")
+    (tmp_path / "p.npz").write_bytes(b"old weights")
+    real = exporter.generate
+
+    def off_by_a_bit(model, samples=64):
+        source, arrays = real(model, samples)
+        return source.replace("np.tanh(fc_2_linear)", "np.tanh(fc_2_linear * np.float32(1.0000001))"), arrays
+
+    monkeypatch.setattr(exporter, "generate", off_by_a_bit)
+    with pytest.raises(pp.VerificationError, match=r"does not reproduce the numpy backend on tensor 'fc_2/tanh'"):
+        pp.export_numpy(metadrive_model, tmp_path / "p.py", force=True)
+    assert (tmp_path / "p.py").read_text() == "old module" and (tmp_path / "p.npz").read_bytes() == b"old weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "p.py"]
+
+
+def test_existing_outputs_need_force_and_are_replaced_together(metadrive_model, tmp_path):
+    (tmp_path / "p.npz").write_bytes(b"mine")
+    with pytest.raises(pp.OutputExistsError, match=r"p\.npz exists; overwrite it with --force"):
+        pp.export_numpy(metadrive_model, tmp_path / "p.py")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz"]
+    pp.export_numpy(metadrive_model, tmp_path / "p.py", force=True, samples=4)
+    assert load_module(tmp_path / "p.py").forward(np.zeros((1, 275), np.float32))["action"].shape == (1, 2)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_the_command(metadrive_model, tmp_path):
+    model = tmp_path / "m.onnx"
+    model.write_bytes(metadrive_model.SerializeToString())
+    runner = CliRunner()
+    ok = runner.invoke(app, ["export-numpy", str(model), "-o", str(tmp_path / "policy.py")])
+    assert ok.exit_code == 0, ok.output
+    assert f"policy.py: {len((tmp_path / 'policy.py').read_text().splitlines())} lines, numpy only; forward() " \
+           "reproduces the numpy backend bit for bit on 64 observations, all 7 tensors" in ok.stdout
+    as_json = runner.invoke(app, ["export-numpy", str(model), "-o", str(tmp_path / "policy.py"), "--force", "--json"])
+    assert json.loads(as_json.stdout)["tensors"] == 7
+    usage = runner.invoke(app, ["export-numpy", str(model), "-o", str(tmp_path / "policy.txt")])
+    assert usage.exit_code == 2 and "must end in .py" in usage.stderr
+    transposed = tmp_path / "t.onnx"
+    transposed.write_bytes(_single("Transpose", {"x": X}).SerializeToString())
+    refused = runner.invoke(app, ["export-numpy", str(transposed), "-o", str(tmp_path / "t.py")])
+    assert refused.exit_code == 3 and 'Transpose node "node" is outside the op set' in refused.stderr

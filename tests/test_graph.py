@@ -1,0 +1,64 @@
+"""The graph view checks what every backend relies on: each tensor defined once, before it is read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.graph import from_onnx
+
+
+def chain(order=(0, 1, 2), tanh_reads="h"):
+    """obs -> Gemm(w) -> Tanh -> Relu -> y, nodes listed in ``order``."""
+    nodes = [helper.make_node("Gemm", ["obs", "w"], ["h"], name="gemm"),
+             helper.make_node("Tanh", [tanh_reads], ["t"], name="tanh"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    graph = helper.make_graph([nodes[i] for i in order], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) / 6, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_nodes_out_of_order_are_sorted_and_run_like_onnxruntime():
+    model = chain(order=(2, 0, 1))
+    assert [n.name for n in from_onnx(model).nodes] == ["gemm", "tanh", "relu"]
+    obs = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    got = pp.load(model).run({"obs": obs})["y"]
+    want = pp.load(model, backend="onnxruntime").run({"obs": obs})["y"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(got, np.maximum(np.tanh(obs @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 6)), 0), atol=1e-6)
+
+
+def test_an_ordered_graph_keeps_its_node_list():
+    model = chain()
+    graph = from_onnx(model)
+    assert [n.name for n in graph.nodes] == ["gemm", "tanh", "relu"]
+
+
+@pytest.mark.parametrize("model,message", [
+    (lambda: chain(tanh_reads="nowhere"), 'Tanh node "tanh" reads tensor \'nowhere\', which no graph input'),
+    (lambda: chain(tanh_reads="y"), 'Tanh node "tanh" depends on its own output'),
+])
+def test_undefined_and_cyclic_tensors_are_refused_naming_the_node(model, message):
+    with pytest.raises(pp.BadModelError, match=message.replace("(", r"\(")):
+        from_onnx(model())
+
+
+def test_a_tensor_defined_twice_is_refused():
+    model = chain()
+    model.graph.node[2].output[0] = "h"
+    model.graph.output[0].name = "h"
+    with pytest.raises(pp.BadModelError, match='Relu node "relu" outputs tensor \'h\', which Gemm node "gemm" already defines'):
+        from_onnx(model)
+
+
+def test_an_undefined_graph_output_is_refused():
+    model = chain()
+    model.graph.output[0].name = "not_produced"
+    with pytest.raises(pp.BadModelError, match="graph output 'not_produced' is not defined"):
+        from_onnx(model)
