@@ -24,7 +24,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .compare import DEFAULT_ATOL, DEFAULT_RTOL
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
 from .files import write_npz
 from .folder import (
@@ -43,6 +42,7 @@ from .folder import (
     runtime_digest,
 )
 from .graph import Graph
+from .runtime.base import count_observations
 from .runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
 
 #: Modules (relative to the policyport package) whose imports, followed, make a folder's runtime.
@@ -58,7 +58,8 @@ DEFAULT_SAMPLES = 64
 
 
 def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, low: float = 0.0,
-         high: float = 1.0, seed: int = 0, force: bool = False, source=None, runtime: bool = True) -> Path:
+         high: float = 1.0, seed: int = 0, force: bool = False, source=None, runtime: bool = True,
+         atol: float | None = None, rtol: float | None = None, rounding: bool = True) -> Path:
     """Write a policy folder that runs with numpy alone (see the module docstring for its files).
 
     The folder is built in a temporary sibling of ``out_dir`` and renamed into place once every file
@@ -68,7 +69,9 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     Args:
         model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file.
         out_dir: the folder to create; its parent must exist.
-        samples: how many golden observations to draw (default 64).
+        samples: how many golden observations to draw (default 64) along the inputs' batch axis; a
+            model whose inputs have none (fixed shapes such as ``(1, 480)``) gets one, and
+            ``policy.json`` records the number actually drawn.
         low, high: the observations are drawn uniformly from ``[low, high)``, in the observation's
             own units (default ``[0, 1)``).
         seed: numpy ``default_rng`` seed of the draw (default 0).
@@ -81,6 +84,10 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         runtime: also write ``run.py`` and the numpy runtime it imports (``_policyport/``), so the
             folder runs where policyport is not installed (default); ``False`` writes the data
             files and ``policy.json`` only, for machines that install policyport.
+        atol, rtol: the tolerances of the onnxruntime-vs-numpy (and source) check for floating
+            tensors; ``None`` (default) follows the dtype (:data:`policyport.compare.TOLERANCES`).
+            A tensor that fails them still passes when a float64 run shows the difference is
+            float32 rounding, as in :func:`policyport.verify`; ``rounding=False`` turns that off.
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -114,18 +121,22 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
 
     feeds = sample_inputs(graph.inputs, samples, low, high, seed)
     session = load(graph, backend="numpy")
+    observations = count_observations(graph.inputs, feeds)
     outputs = session.run(feeds)
     activations = session.record(feeds, "*")
     golden = {f"inputs/{k}": v for k, v in feeds.items()}
     golden.update({f"outputs/{k}": v for k, v in outputs.items()})
     golden.update({f"activations/{k}": v for k, v in activations.items()})
-    parity = _parity(proto, feeds, source)
+    parity = _parity(proto, feeds, source, atol, rtol, rounding)
     if not parity["passed"]:
         f = parity["first_divergence"]
         raise VerificationError(
             f"not packing {out_dir}: the backends disagree on the golden observations; first diverging "
-            f"tensor {f['tensor']!r} ({f['candidate']} vs {f['reference']}), max abs {f['max_abs']:.3g} "
-            f"> atol {DEFAULT_ATOL:g} — run 'policyport verify' on the model for every figure"
+            f"tensor {f['tensor']!r} ({f['dtype']}, {f['candidate']} vs {f['reference']}), max abs "
+            f"{f['max_abs']:.3g} > atol {f['atol']:g} + rtol {f['rtol']:g} * |{f['reference']}|"
+            + (f", and not {f['dtype']} rounding against a float64 run" if f["rule"] == "rounding" else "")
+            + f"; if {f['dtype']} differences of this size are acceptable, pack with --atol/--rtol "
+            "(atol=, rtol= in Python) — run 'policyport verify' on the model for every figure"
         )
 
     graph_doc = json.loads(graph.to_json())
@@ -148,7 +159,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         },
         "golden": {
             "file": GOLDEN_FILE,
-            "samples": int(samples),
+            "samples": int(observations),
             "low": float(low),
             "high": float(high),
             "seed": int(seed),
@@ -197,14 +208,15 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     return out_dir
 
 
-def _parity(proto, feeds: dict[str, np.ndarray], source) -> dict[str, Any]:
+def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None,
+            rounding: bool) -> dict[str, Any]:
     """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor."""
     from .errors import require
     from .verification import verify
 
     ort = require("onnxruntime", "onnx", "packing a policy (its numpy-vs-onnxruntime check)")
-    report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source,
-                    atol=DEFAULT_ATOL, rtol=DEFAULT_RTOL)
+    report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source, atol=atol, rtol=rtol,
+                    rounding=rounding)
     vs_ort = [c for c in report.comparisons if c.candidate == "onnxruntime" and c.reference == "numpy"]
     vs_source = [c for c in report.comparisons if c.candidate == "numpy" and c.reference == "source"]
     first = report.first_divergence
@@ -213,12 +225,19 @@ def _parity(proto, feeds: dict[str, np.ndarray], source) -> dict[str, Any]:
         "onnxruntime_vs_numpy_max_abs": max((c.max_abs for c in vs_ort), default=0.0),
         "source_vs_numpy_max_abs": max((c.max_abs for c in vs_source), default=0.0) if vs_source else None,
         "tensors": len(vs_ort),
-        "atol": DEFAULT_ATOL,
-        "rtol": DEFAULT_RTOL,
+        "atol": atol,
+        "rtol": rtol,
+        "rounding_rule": rounding,
+        "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in report.tolerances().items()},
+        "rounding": [{"tensor": c.tensor, "dtype": c.dtype, "candidate": c.candidate, "reference": c.reference,
+                      "max_abs": c.max_abs,
+                      "candidate_vs_float64": c.candidate_vs_float64, "reference_vs_float64": c.reference_vs_float64}
+                     for c in report.comparisons if c.rule == "rounding" and c.passed],
+        "skipped": [{"tensor": s.tensor, "reason": s.reason} for s in report.skipped],
         "passed": report.passed,
         "first_divergence": None if first is None else
         {"tensor": first.tensor, "candidate": first.candidate, "reference": first.reference,
-         "max_abs": first.max_abs},
+         "max_abs": first.max_abs, "dtype": first.dtype, "atol": first.atol, "rtol": first.rtol, "rule": first.rule},
     }
 
 

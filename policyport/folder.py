@@ -154,6 +154,8 @@ GRAPH_SCHEMA = Obj({
         "key": NAME,
         "transpose": Null | ListOf(Int(0, 31), 32),
     })),
+}, {
+    "optional_inputs": ListOf(VALUE_INFO),
 })
 
 

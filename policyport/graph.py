@@ -66,6 +66,10 @@ DEFAULT_DOMAIN = ""
 
 Dim = int | str | None
 
+#: Ops that draw random numbers (ai.onnx): tensors computed from them differ run to run.
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                        "Multinomial", "Bernoulli"})
+
 
 def onnx_dtype(code: int) -> np.dtype:
     """The numpy dtype of an ONNX element type code.
@@ -121,7 +125,9 @@ class ValueInfo:
     """A graph input or output: its name, element type and shape.
 
     ``shape`` holds an int for a fixed dimension, a string for a named symbolic one (``"batch"``)
-    and ``None`` for an unknown one; ``shape`` itself is ``None`` when the rank is unknown.
+    and ``None`` for an unknown one; ``shape`` itself is ``None`` when the rank is unknown. A
+    dimension written as 0 or a negative number (how Paddle2ONNX and some older exporters mark a
+    free batch) is read as unknown, as onnxruntime treats a negative one.
     """
 
     name: str
@@ -138,7 +144,25 @@ class ValueInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ValueInfo:
         shape = d.get("shape")
-        return cls(d["name"], dtype_from_name(d["dtype"]), None if shape is None else tuple(shape))
+        return cls(d["name"], dtype_from_name(d["dtype"]), None if shape is None else tuple(map(free_dim, shape)))
+
+    @property
+    def has_batch_axis(self) -> bool:
+        """Whether axis 0 is free (symbolic or unknown), i.e. holds one observation per row.
+
+        A scalar, an input of fixed shape such as ``(1, 480)`` or ``(54,)``, and an input of
+        unknown rank have none: each feed of them is one observation (or, for unknown rank, as many
+        as its axis 0 says; see :func:`policyport.runtime.base.count_observations`).
+        """
+        return bool(self.shape) and not isinstance(self.shape[0], int)
+
+
+def free_dim(d: Dim) -> Dim:
+    """A dimension as policyport holds it: a fixed size ``>= 1``, a symbol, or ``None`` (unknown).
+
+    0 and negative sizes become ``None``: exporters write ``-1`` (or 0) for a free dimension.
+    """
+    return None if isinstance(d, int) and d <= 0 else d
 
 
 @dataclass(frozen=True)
@@ -168,6 +192,10 @@ class Graph:
         initializers: name -> array, exactly as stored in the model.
         opsets: domain -> opset version; ``opsets[""]`` is the default domain's.
         metadata: the model's ``metadata_props``.
+        optional_inputs: graph inputs that are initializers too (from IR version 4 on, torch's
+            ``keep_initializers_as_inputs=True``): a feed of that name overrides the initializer,
+            which is the default, as in onnxruntime. Their declared type and shape (the
+            initializer's where the input declares none) are checked like any feed's.
     """
 
     nodes: list[Node]
@@ -176,11 +204,49 @@ class Graph:
     initializers: dict[str, np.ndarray]
     opsets: dict[str, int]
     metadata: dict[str, str] = field(default_factory=dict)
+    optional_inputs: list[ValueInfo] = field(default_factory=list)
 
     @property
     def tensor_names(self) -> list[str]:
         """Every node output, in node order (what a backend's ``record`` can return)."""
         return [o for n in self.nodes for o in n.outputs if o]
+
+    def downstream(self, sources: dict[str, str]) -> dict[str, str]:
+        """Every tensor computed from one of ``sources``, with the reason of the first it depends on.
+
+        Args:
+            sources: tensor name -> reason (e.g. ``"RandomNormal node 'noise'"``).
+
+        Returns:
+            tensor name -> reason, for the sources and every node output that reads one of them,
+            directly or through other nodes, in node order.
+        """
+        found = dict(sources)
+        for n in self.nodes:
+            reason = next((found[t] for t in n.inputs if t in found), None)
+            if reason is not None:
+                for o in n.outputs:
+                    if o:
+                        found.setdefault(o, reason)
+        return found
+
+    def stochastic_tensors(self) -> dict[str, str]:
+        """Tensors that depend on a random node, with the node that makes them random.
+
+        Random nodes are those of :data:`RANDOM_OPS`, and Dropout whose ``training_mode`` input is
+        given and not a constant false (in training mode it draws a mask). Two backends, or two
+        runs, cannot be expected to draw the same numbers, so verification leaves these out.
+        """
+        sources = {}
+        for n in self.nodes:
+            training = n.op_type == "Dropout" and len(n.inputs) > 2 and n.inputs[2] != ""
+            if training and n.inputs[2] in self.initializers and not self.initializers[n.inputs[2]].any():
+                training = False
+            if (n.domain == DEFAULT_DOMAIN and n.op_type in RANDOM_OPS) or training:
+                for o in n.outputs:
+                    if o:
+                        sources[o] = f"{n.op_type} node {n.name!r}"
+        return self.downstream(sources)
 
     @property
     def opset(self) -> int:
@@ -195,6 +261,7 @@ class Graph:
                 "opsets": self.opsets,
                 "metadata": self.metadata,
                 "inputs": [v.to_dict() for v in self.inputs],
+                "optional_inputs": [v.to_dict() for v in self.optional_inputs],
                 "outputs": [v.to_dict() for v in self.outputs],
                 "initializers": [
                     {"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
@@ -257,6 +324,7 @@ class Graph:
                 initializers=inits,
                 opsets={k: int(v) for k, v in d["opsets"].items()},
                 metadata=dict(d.get("metadata", {})),
+                optional_inputs=[ValueInfo.from_dict(v) for v in d.get("optional_inputs", [])],
             ))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, BadModelError):
@@ -322,7 +390,7 @@ def sort_nodes(graph: Graph) -> Graph:
     if order == list(range(len(graph.nodes))):
         return graph
     return Graph([graph.nodes[i] for i in order], graph.inputs, graph.outputs, graph.initializers, graph.opsets,
-                 graph.metadata)
+                 graph.metadata, graph.optional_inputs)
 
 
 def _ml_view(arr: np.ndarray, name: str) -> np.ndarray:
@@ -401,7 +469,26 @@ def from_onnx(model) -> Graph:
         initializers=inits,
         opsets={(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import},
         metadata={p.key: p.value for p in model.metadata_props},
+        optional_inputs=_overridable(g, inits) if model.ir_version >= 4 else [],
     ))
+
+
+def _overridable(g, inits: dict[str, np.ndarray]) -> list[ValueInfo]:
+    """The graph inputs that are initializers too, with the initializer's type and shape where the
+    input declares none (before IR version 4 every initializer was listed as an input and none
+    could be fed, which is why only IR >= 4 models have them)."""
+    found = []
+    for v in g.input:
+        if v.name not in inits:
+            continue
+        arr = inits[v.name]
+        info = _value_info(v) if v.type.tensor_type.elem_type else ValueInfo(v.name, arr.dtype, None)
+        if info.dtype != arr.dtype:
+            raise BadModelError(
+                f"graph input {v.name!r} is declared {info.dtype.name} but its initializer is {arr.dtype.name}"
+            )
+        found.append(info if info.shape is not None else ValueInfo(v.name, arr.dtype, tuple(arr.shape)))
+    return found
 
 
 def _value_info(v) -> ValueInfo:
@@ -411,6 +498,6 @@ def _value_info(v) -> ValueInfo:
     shape = None
     if t.HasField("shape"):
         shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+            free_dim(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
         )
     return ValueInfo(v.name, onnx_dtype(t.elem_type), shape)

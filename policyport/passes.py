@@ -3,7 +3,11 @@
 * :func:`extract_weights` — the initializers as the source's parameters, under the source's names
   and in its layout;
 * :func:`expose` — intermediate tensors made graph outputs (the "mark every tensor as an output"
-  pass of Polygraphy), so any runtime can return them.
+  pass of Polygraphy), so any runtime can return them;
+* :func:`free_dims` — dimensions declared as 0 or negative made unknown, as policyport reads them;
+* :func:`prune` — only what chosen outputs need;
+* :func:`widen_to_float64` — a :class:`~policyport.graph.Graph` computed in float64, the oracle of
+  the float32-rounding rule.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 
 import numpy as np
 
-from .errors import BadModelError, require
+from .errors import BadModelError, PolicyportError, require
 from .files import ensure_model
 from .runtime.base import select_tensors
 
@@ -24,7 +28,7 @@ def parameter_map(model) -> dict[str, dict]:
 
     Read from ``metadata_props["policyport.parameters"]``, which policyport's converters write; a
     value may be a plain source name (no layout change) or such a dict. A model policyport did not
-    write maps every initializer to itself.
+    write maps each of its parameters (:func:`parameter_names`) to itself, under its initializer name.
 
     An entry may also stand for a source parameter the graph does not hold: an all-zero array an
     exporter dropped (tf2onnx removes zero biases). Its key is the source name, and ``"zeros"`` is
@@ -35,7 +39,9 @@ def parameter_map(model) -> dict[str, dict]:
     """
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
-        return {t.name: {"name": t.name, "transpose": None, "zeros": None} for t in model.graph.initializer}
+        weights = parameter_names(model.graph)
+        return {t.name: {"name": t.name, "transpose": None, "zeros": None}
+                for t in model.graph.initializer if t.name in weights}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
         mapping = {}
@@ -56,6 +62,52 @@ def parameter_map(model) -> dict[str, dict]:
         raise BadModelError(f"metadata {PARAMETERS_KEY!r} is malformed: {e}") from e
 
 
+#: Inputs that take a shape, indices, axes, scales, bounds or a ratio rather than a weight:
+#: op type -> input positions. An initializer read only there is a constant, not a parameter.
+_SETTING_INPUTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}), "Expand": frozenset({1}), "Tile": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}),
+    "Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1}), "ConstantOfShape": frozenset({0}),
+    "Range": frozenset({0, 1, 2}), "Split": frozenset({1}), "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
+    "Pad": frozenset({1, 2, 3}), "Clip": frozenset({1, 2}), "Dropout": frozenset({1, 2}), "TopK": frozenset({1}),
+    "OneHot": frozenset({1, 2}), "Gather": frozenset({1}), "GatherElements": frozenset({1}), "CumSum": frozenset({1}),
+    **{op: frozenset({1}) for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                                     "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
+}
+#: Ops that only pass a tensor on, or read its shape: reading an initializer does not make it a weight.
+_PASS_ON = frozenset({"Identity", "Shape", "Size"})
+_FLOAT_DTYPES = frozenset({10, 16, 1, 11})  # FLOAT16, BFLOAT16, FLOAT, DOUBLE
+
+
+def parameter_names(graph) -> set[str]:
+    """The initializers of an ONNX graph that are parameters (weights).
+
+    A *parameter* is a floating-point initializer (float16, bfloat16, float32, float64) that a
+    compute op reads as a weight: some node other than Identity, Shape or Size reads it — directly
+    or through a chain of Identity nodes — at an input that is not a shape, index, axis, scale,
+    bound or ratio (Reshape's ``shape``, Slice's ``starts``, Resize's ``scales``, Clip's ``min``
+    ...). Integer initializers (shapes, indices) never are, and neither are constants a graph only
+    passes on to its outputs (ML-Agents' ``version_number`` and ``memory_size``).
+
+    Args:
+        graph: an ``onnx.GraphProto``.
+
+    Returns:
+        The initializer names that are parameters.
+    """
+    floats = {t.name for t in graph.initializer if t.data_type in _FLOAT_DTYPES}
+    alias = {name: name for name in floats}  # tensor -> the initializer it passes on unchanged
+    for n in graph.node:
+        if n.op_type == "Identity" and n.input and n.input[0] in alias:
+            alias[n.output[0]] = alias[n.input[0]]
+    found = set()
+    for n in graph.node:
+        if n.op_type in _PASS_ON:
+            continue
+        settings = _SETTING_INPUTS.get(n.op_type, frozenset())
+        found.update(alias[t] for i, t in enumerate(n.input) if t in alias and i not in settings)
+    return found
+
+
 def extract_weights(model) -> dict[str, np.ndarray]:
     """The model's parameters under the source's names, in the source's layout, bit for bit.
 
@@ -67,7 +119,9 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         ``default_policy/fc_1/kernel``: float32 ``(275, 256)``), in the order of the parameter
         metadata (the source's own order; initializer order for a model without it). All-zero
         parameters the graph does not hold (see :func:`parameter_map`) are rebuilt. Constants the
-        converter added (Slice bounds of a head) are not parameters and are left out.
+        converter added (Slice bounds of a head) are not parameters and are left out; so, in a
+        model policyport did not write, is every initializer that is no parameter by
+        :func:`parameter_names` (shape constants, ``version_number``).
 
     Raises:
         BadModelError: malformed parameter metadata, or a parameter named twice.
@@ -98,6 +152,13 @@ def extract_weights(model) -> dict[str, np.ndarray]:
 def expose(model, tensors: str | list[str] | None = "*"):
     """A copy of ``model`` whose graph outputs also include intermediate tensors.
 
+    Every graph output of the copy has an element type and a shape, as ``onnx.checker`` (with
+    ``full_check=True``) demands of graph outputs: what ONNX shape inference gives it (with data
+    propagation, which resolves a Reshape to a computed shape), else — where inference cannot tell
+    the type or the rank (an op it does not know, an input of unknown rank) — the element type and
+    rank of the tensor in one run of the model on the numpy backend, with every dimension left
+    unknown. Original graph outputs that declare no shape get one the same way.
+
     Args:
         model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file (left untouched).
         tensors: ``fnmatch`` globs over node-output names, comma-separated or a list; ``"*"`` or
@@ -105,11 +166,12 @@ def expose(model, tensors: str | list[str] | None = "*"):
 
     Returns:
         A new ``onnx.ModelProto``: the original graph outputs first, then each selected node output
-        (in node order) with the element type and shape that ONNX shape inference gives it.
+        (in node order).
 
     Raises:
         InputMismatchError: a pattern matches no tensor.
-        BadModelError: shape inference cannot type a selected tensor.
+        BadModelError: shape inference fails on the model, or a tensor it cannot type cannot be
+            computed either.
     """
     onnx = require("onnx", "onnx", "exposing tensors")
     source = ensure_model(model)
@@ -117,18 +179,265 @@ def expose(model, tensors: str | list[str] | None = "*"):
     chosen = select_tensors(node_outputs, tensors)
     copy = onnx.ModelProto()
     copy.CopyFrom(source)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(copy)
-    except Exception as e:  # InferenceError and friends
-        raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
-    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
+    inferred = _infer_shapes(onnx, copy)
+    known: dict = {}
+    for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        if _typed(v) or v.name not in known:  # inference's result wins over a shapeless declaration
+            known[v.name] = v
     present = {o.name for o in copy.graph.output}
-    for name in chosen:
-        if name in present:
-            continue
-        info = known.get(name)
-        if info is None or not info.type.tensor_type.elem_type:
-            raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type")
-        copy.graph.output.append(info)
-        present.add(name)
+    added = [name for name in chosen if name not in present]
+    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]
+    probed, why = _probe(source, untyped) if untyped else ({}, "")
+
+    def info(name):
+        if _typed(known.get(name)):
+            return known[name]
+        if name in probed:
+            return probed[name]
+        if known.get(name) is not None and known[name].type.tensor_type.elem_type:
+            return known[name]  # typed but of unknown rank: all that can be said
+        raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type, {why}")
+
+    for out in copy.graph.output:
+        if not _typed(out):
+            out.CopyFrom(info(out.name))
+    for name in added:
+        copy.graph.output.append(info(name))
+    return copy
+
+
+def _typed(info) -> bool:
+    """Whether a value_info has what a graph output needs: an element type and a shape."""
+    if info is None or not info.type.HasField("tensor_type"):
+        return False
+    t = info.type.tensor_type
+    return bool(t.elem_type) and t.HasField("shape")
+
+
+def _infer_shapes(onnx, model):
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - data propagation fails where plain inference may not
+        try:
+            return onnx.shape_inference.infer_shapes(model)
+        except Exception as e:  # InferenceError and friends
+            raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
+
+
+def _probe(model, names: list[str]) -> tuple[dict, str]:
+    """value_infos of ``names`` from one run of what they need: element type, rank, unknown dims;
+    and, when no run is possible, why (else "").
+
+    The graph is pruned to ``names`` and run on the numpy backend, or on onnxruntime where numpy
+    lacks an op; the feeds are zeros in each input's declared shape, free dimensions 1.
+    """
+    from onnx import helper
+
+    from .graph import NUMPY_TO_ONNX, from_onnx
+
+    try:
+        graph = from_onnx(model)
+        feeds = {v.name: np.zeros([d if isinstance(d, int) else 1 for d in (v.shape or ())], v.dtype)
+                 for v in graph.inputs}
+        values = _run_untyped(model, graph, feeds, names)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the tensors as inference gives them
+        return {}, f"and one run of the model to find it failed ({type(e).__name__}: {e})"
+    infos = {}
+    for name, value in zip(names, values):
+        value = np.asarray(value)
+        code = NUMPY_TO_ONNX.get(value.dtype)
+        if code is not None:
+            infos[name] = helper.make_tensor_value_info(name, code, [None] * value.ndim)
+    return infos, "nor does one run of the model"
+
+
+def _run_untyped(model, graph, feeds, names: list[str]) -> list:
+    """The values of tensors ``names`` for ``feeds``, computing only what they need: on the numpy
+    backend, else on onnxruntime with ``names`` as untyped graph outputs."""
+    from dataclasses import replace
+
+    from .graph import ValueInfo
+    from .runtime import load
+
+    needed = set(names)
+    nodes = []
+    for n in reversed(graph.nodes):
+        if any(o in needed for o in n.outputs):
+            nodes.append(n)
+            needed.update(i for i in n.inputs if i)
+    wanted = replace(graph, nodes=nodes[::-1], outputs=[ValueInfo(n, np.dtype(object), None) for n in names])
+    try:
+        outputs = load(wanted, backend="numpy").run(feeds)
+        return [outputs[n] for n in names]
+    except PolicyportError:
+        onnx = require("onnx", "onnx", "finding the type of a tensor")
+        ort = require("onnxruntime", "onnx", "finding the type of a tensor")
+        bare = type(model)()
+        bare.CopyFrom(model)
+        del bare.graph.output[:]
+        bare.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+        session = ort.InferenceSession(bare.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(names, feeds)
+
+
+def free_dims(model):
+    """``model`` with every dimension declared as 0 or a negative number made unknown.
+
+    Exporters write ``-1`` (Paddle2ONNX) or 0 for a free dimension; policyport reads both as free
+    (:func:`policyport.graph.free_dim`). onnxruntime agrees for a negative one but takes 0
+    literally, refusing any other size, so the onnxruntime backend runs this copy.
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        ``model`` itself when no graph input, output or value_info declares such a dimension, else a
+        changed copy.
+    """
+    def infos(m):
+        return [*m.graph.input, *m.graph.output, *m.graph.value_info]
+
+    def non_positive(info):
+        t = info.type.tensor_type
+        return [d for d in t.shape.dim if d.HasField("dim_value") and d.dim_value <= 0] if t.HasField("shape") else []
+
+    if not any(non_positive(v) for v in infos(model)):
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    for info in infos(copy):
+        for d in non_positive(info):
+            d.ClearField("dim_value")
+    return copy
+
+
+#: Element types the float64 oracle widens: name -> ONNX ``TensorProto.DataType`` code of the wide type.
+_WIDENED = {"float16": 11, "bfloat16": 11, "float32": 11, "complex64": 15}
+#: ``TensorProto.DataType`` codes widened in ``to``/``dtype`` attributes: FLOAT, FLOAT16, BFLOAT16 -> DOUBLE,
+#: COMPLEX64 -> COMPLEX128.
+_WIDENED_CODES = {1: 11, 10: 11, 16: 11, 14: 15}
+#: Attributes that name an element type, by op type.
+_TYPE_ATTRS = {"Cast": "to", "RandomNormal": "dtype", "RandomUniform": "dtype", "RandomNormalLike": "dtype",
+               "RandomUniformLike": "dtype", "Bernoulli": "dtype", "EyeLike": "dtype",
+               "LayerNormalization": "stash_type", "Range": "stash_type"}
+
+
+def widen_to_float64(graph):
+    """The graph computed in float64: the oracle of the rounding rule (:mod:`policyport.compare`).
+
+    A pure pass over a :class:`~policyport.graph.Graph` (numpy only; the argument is unchanged).
+    float16, bfloat16 and float32 become float64 (complex64 complex128) wherever the graph fixes an
+    element type:
+
+    * initializers, graph inputs, optional inputs and outputs;
+    * attributes that hold a tensor (``Constant``'s ``value``, ``ConstantOfShape``'s ``value``) and
+      ``Constant``'s ``value_float(s)``, which would make float32;
+    * attributes that name a type: ``Cast``'s ``to`` (a Cast to float32 or float16 would round the
+      wide result back), the random ops' ``dtype``, ``LayerNormalization``'s and ``Range``'s
+      ``stash_type``;
+    * ``ConstantOfShape`` without ``value``, whose default is a float32 zero.
+
+    Everything else follows from the inputs (numpy keeps float64 through every op of the backend),
+    and integer, bool and string tensors are untouched. What a float64 run cannot reproduce —
+    a float32 comparison or rounding that lands on the other side (``Greater``, ``ArgMax``,
+    ``Floor``, a Cast to an integer) — is caught by :func:`policyport.verification.verify`, which
+    compares the oracle's integer and bool tensors with the backends' and does not use it downstream
+    of one that differs.
+
+    Args:
+        graph: the graph.
+
+    Returns:
+        A new :class:`~policyport.graph.Graph`.
+    """
+    from dataclasses import replace
+
+    def wide(array):
+        code = _WIDENED.get(array.dtype.name)
+        return array if code is None else array.astype(np.float64 if code == 11 else np.complex128)
+
+    def wide_info(v):
+        code = _WIDENED.get(v.dtype.name)
+        return v if code is None else replace(v, dtype=np.dtype(np.float64 if code == 11 else np.complex128))
+
+    nodes = []
+    for n in graph.nodes:
+        attrs = {k: wide(v) if isinstance(v, np.ndarray) else v for k, v in n.attrs.items()}
+        key = _TYPE_ATTRS.get(n.op_type)
+        if key in attrs and attrs[key] in _WIDENED_CODES:
+            attrs[key] = _WIDENED_CODES[attrs[key]]
+        if n.op_type == "LayerNormalization" and "stash_type" not in attrs:
+            attrs["stash_type"] = 11
+        for key in ("value_float", "value_floats"):
+            if n.op_type == "Constant" and key in attrs:
+                attrs["value"] = np.array(attrs.pop(key), dtype=np.float64)
+        if n.op_type == "ConstantOfShape" and "value" not in attrs:
+            attrs["value"] = np.zeros(1, np.float64)
+        nodes.append(replace(n, attrs=attrs))
+    return replace(
+        graph,
+        nodes=nodes,
+        inputs=[wide_info(v) for v in graph.inputs],
+        outputs=[wide_info(v) for v in graph.outputs],
+        optional_inputs=[wide_info(v) for v in graph.optional_inputs],
+        initializers={k: wide(v) for k, v in graph.initializers.items()},
+    )
+
+
+def prune(model, outputs: str | list[str]):
+    """A copy of ``model`` that computes only the graph outputs ``outputs`` and what they need.
+
+    Nodes no chosen output depends on are dropped, and so are the initializers and graph inputs
+    nothing reads any more (so a feed for a dropped input is refused as unexpected).
+
+    Args:
+        model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file (left untouched).
+        outputs: graph output names, a list or one comma-separated string; each must be a graph
+            output or a node output (which then becomes a graph output, typed as ONNX shape
+            inference gives it).
+
+    Returns:
+        A new ``onnx.ModelProto``.
+
+    Raises:
+        InputMismatchError: no name given, or a name that is no tensor of the model (the message
+            lists the graph outputs).
+    """
+    from .errors import InputMismatchError
+
+    source = ensure_model(model)
+    names = [o.strip() for o in outputs.split(",")] if isinstance(outputs, str) else [str(o) for o in outputs]
+    names = list(dict.fromkeys(o for o in names if o))
+    declared = [o.name for o in source.graph.output]
+    produced = {o for n in source.graph.node for o in n.output if o}
+    unknown = [o for o in names if o not in declared and o not in produced]
+    if not names or unknown:
+        raise InputMismatchError(
+            f"--outputs {unknown or names!r}: not tensors of the model; its graph outputs are {', '.join(declared)}"
+        )
+    extra = [o for o in names if o not in declared]
+    if extra:
+        source = expose(source, extra)
+    needed = set(names)
+    keep = []
+    for n in reversed(source.graph.node):
+        if any(o in needed for o in n.output):
+            keep.append(n)
+            needed.update(i for i in n.input if i)
+    copy = type(source)()
+    copy.CopyFrom(source)
+    by_name = {o.name: o for o in source.graph.output}
+    del copy.graph.node[:]
+    copy.graph.node.extend(reversed(keep))
+    del copy.graph.output[:]
+    copy.graph.output.extend(by_name[o] for o in names)
+    kept_inits = [t for t in source.graph.initializer if t.name in needed]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept_inits)
+    kept_inputs = [v for v in source.graph.input if v.name in needed]
+    del copy.graph.input[:]
+    copy.graph.input.extend(kept_inputs)
+    kept_infos = [v for v in source.graph.value_info if v.name in needed or v.name in names]
+    del copy.graph.value_info[:]
+    copy.graph.value_info.extend(kept_infos)
     return copy

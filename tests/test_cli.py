@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -155,15 +156,19 @@ def test_verify_json_pass_and_exit_1_on_mismatch(converted, obs_file, metadrive_
     ok = invoke("verify", converted, "-i", obs_file, "--source", metadrive_path, "--json")
     doc = json.loads(ok.stdout)
     assert ok.exit_code == 0 and doc["passed"] and doc["source"] == "source" and doc["samples"] == 16
-    bad = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--json")
+    bad = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--no-rounding", "--json")
     doc = json.loads(bad.stdout)
     assert bad.exit_code == 1 and not doc["passed"]
     assert doc["first_divergence"]["tensor"] == "fc_1/linear"
+    rounded = json.loads(invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--json").stdout)
+    assert rounded["passed"] and rounded["oracle"] == "numpy float64"
+    assert rounded["comparisons"][0]["rule"] == "rounding" and rounded["comparisons"][0]["atol"] == 0
 
 
 def test_verify_text_names_the_first_diverging_tensor(converted):
-    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0")
-    assert result.exit_code == 1 and "first diverging tensor 'fc_1/linear'" in result.stdout
+    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0", "--no-rounding")
+    assert result.exit_code == 1 and "first diverging tensor 'fc_1/linear' (float32, onnxruntime vs numpy)" in result.stdout
+    assert "loosen them with --atol/--rtol" in result.stdout
 
 
 def test_verify_error_with_json_is_still_one_json_document(tmp_path):
@@ -281,8 +286,23 @@ def test_verify_with_a_source_that_does_not_fit_exits_3(converted, tmp_path):
 def test_verify_of_a_folder_rejects_options_that_do_not_apply(converted, tmp_path):
     folder = tmp_path / "bundle"
     assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
-    result = invoke("verify", folder, "--samples", "5", "--backends", "onnxruntime")
-    assert result.exit_code == 2 and "--samples, --backends" in result.output
+    result = invoke("verify", folder, "--samples", "5", "--seed", "1")
+    assert result.exit_code == 2 and "--samples, --seed do not apply" in result.output
+    result = invoke("verify", folder, "--backends", "onnxruntime")
+    assert result.exit_code == 2 and "name two backends" in result.output
+    result = invoke("verify", folder, "--backends", "numpy,onnxruntime", "--low", "-1")
+    assert result.exit_code == 2 and "--low draw observations" in result.output
+
+
+def test_verify_of_a_folder_compares_backends_on_its_golden_observations(converted, tmp_path):
+    folder = tmp_path / "bundle"
+    assert invoke("pack", converted, "-o", folder, "--samples", "6").exit_code == 0
+    doc = json.loads(invoke("verify", folder, "--backends", "numpy,onnxruntime", "--json").stdout)
+    assert doc["passed"] and doc["backends"] == ["numpy", "onnxruntime"] and doc["samples"] == 6
+    assert {(c["candidate"], c["reference"]) for c in doc["comparisons"]} == {("onnxruntime", "numpy")}
+    assert {c["shape"][0] for c in doc["comparisons"]} == {6}
+    doc = json.loads(invoke("verify", folder, "--backends", "numpy,onnxruntime", "--samples", "2", "--json").stdout)
+    assert doc["samples"] == 2 and doc["notes"] == ["using the first 2 of the 6 observations given"]
 
 
 def test_pack_force_keeps_foreign_files(converted, tmp_path):
@@ -361,3 +381,25 @@ def test_pack_says_the_model_cannot_be_packed(trig_model, tmp_path):
     assert LACKS + "a packed policy runs on numpy alone, so this model cannot be packed; run it on onnxruntime with " \
                    "'policyport run --backend onnxruntime'" in " ".join(result.stderr.split())
     assert json.loads(invoke("inspect", trig_model, "--json").stdout)["numpy_backend_lacks"] == ["Cos", "Sin"]
+
+
+def test_verify_input_file_with_samples_uses_the_first_rows_and_says_so(converted, obs_file):
+    doc = json.loads(invoke("verify", converted, "-i", obs_file, "--samples", "5", "--json").stdout)
+    assert doc["passed"] and doc["samples"] == 5
+    assert doc["notes"] == ["using the first 5 of the 16 observations given"]
+    assert {c["shape"][0] for c in doc["comparisons"]} == {5}
+    doc = json.loads(invoke("verify", converted, "-i", obs_file, "--samples", "50", "--json").stdout)
+    assert doc["samples"] == 16 and doc["notes"] == ["using the first 16 of the 16 observations given (50 asked)"]
+    result = invoke("verify", converted, "-i", obs_file, "--samples", "5")
+    assert "note: using the first 5 of the 16 observations given" in result.stdout
+    assert "max abs error on 5 observations (float32: atol 1e-05, rtol 1e-05)" in result.stdout
+
+
+def test_verify_table_marks_rounding_and_gives_both_float64_figures(converted):
+    result = invoke("verify", converted, "--samples", "32", "--atol", "0", "--rtol", "0")
+    assert result.exit_code == 0
+    assert "≈" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("fc_1/linear (onnxruntime vs numpy)"))
+    assert "exceeds the tolerance, within float32 rounding: against a float64 run onnxruntime is" in line
+    assert re.search(r"PASS: 7 comparisons within atol 0, rtol 0, [1-7] by rounding against a float64 run",
+                     result.stdout)

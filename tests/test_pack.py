@@ -450,9 +450,15 @@ def test_pack_is_exported_lazily():
 def test_pack_refuses_when_numpy_and_onnxruntime_disagree(model, tmp_path, monkeypatch):
     from policyport.runtime.numpy import registry
 
+    registry.supported_ops()  # the registry is filled on first use
     versions = dict(registry._REGISTRY[("", "Tanh")])
     wrong = {v: registry.OpImpl("Tanh", v, lambda x: np.tanh(x) + np.float32(1e-3)) for v in versions}
     monkeypatch.setitem(registry._REGISTRY, ("", "Tanh"), wrong)
-    with pytest.raises(pp.VerificationError, match=r"first diverging tensor 'fc_1/tanh' \(onnxruntime vs numpy\)"):
+    with pytest.raises(pp.VerificationError, match=r"first diverging tensor 'fc_1/tanh' \(float32, onnxruntime vs "
+                       r"numpy\), max abs 0.001 > atol 1e-05 .* and not float32 rounding .* pack with --atol/--rtol"):
         pp.pack(model, tmp_path / "expert")
     assert list(tmp_path.iterdir()) == []
+    folder = pp.pack(model, tmp_path / "loose", atol=1e-2)  # the option the message suggests
+    parity = json.loads((folder / "policy.json").read_text())["parity"]
+    assert parity["passed"] and parity["atol"] == 1e-2 and parity["rtol"] is None
+    assert parity["tolerances"] == {"float32": {"atol": 1e-2, "rtol": 1e-5}}

@@ -45,9 +45,16 @@ def test_a_changed_weight_fails_at_the_first_tensor_it_touches(metadrive_model, 
 def test_tolerances_decide(metadrive_model):
     obs = sample_inputs(pp.load(metadrive_model).inputs, samples=200, seed=3)
     assert pp.verify(metadrive_model, obs).passed
-    strict = pp.verify(metadrive_model, obs, atol=0.0, rtol=0.0)
+    strict = pp.verify(metadrive_model, obs, atol=0.0, rtol=0.0, rounding=False)
     assert not strict.passed  # numpy and onnxruntime accumulate in different orders
     assert strict.first_divergence.candidate == "onnxruntime"
+    rounded = pp.verify(metadrive_model, obs, atol=0.0, rtol=0.0)  # the same differences are float32 rounding
+    assert rounded.passed and rounded.oracle == "numpy float64"
+    by_rounding = [c for c in rounded.comparisons if c.rule == "rounding"]
+    assert {c.tensor for c in by_rounding} == {c.tensor for c in strict.comparisons if not c.passed}
+    for c in by_rounding:
+        assert 0 < c.max_abs <= c.rounding_bound
+        assert c.rounding_bound >= 8 * min(c.candidate_vs_float64, c.reference_vs_float64)
 
 
 def test_sample_inputs_respects_range_seed_and_dtype(metadrive_model):

@@ -59,8 +59,8 @@ def convert(
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
-    atol: AtolOpt = 1e-5,
-    rtol: RtolOpt = 1e-5,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:

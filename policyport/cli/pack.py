@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
 from .render import add_row, literal, out, say, table
 
 
@@ -22,6 +22,9 @@ def pack(
     seed: SeedOpt = 0,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
     no_runtime: Annotated[bool, typer.Option("--no-runtime", help="Leave out run.py and the numpy runtime (for targets that install policyport).")] = False,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    rounding: RoundingOpt = True,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -34,7 +37,7 @@ def pack(
 
         check_range(low, high)
         folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                          runtime=not no_runtime)
+                          runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})
@@ -52,7 +55,16 @@ def pack(
         if runtime is not None:
             out.print(literal(f"on the target: python {folder}/run.py -i OBS.npy -o ACTIONS.npz, or --verify "
                               f"(Python {runtime['requires_python']} and numpy alone)"))
-        out.print(literal(f"golden data: {samples} observations, {parity['tensors']} tensors each; "
-                          f"onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+        count = policy["golden"]["samples"]
+        out.print(literal(f"golden data: {count} observation{'s' if count != 1 else ''}, {parity['tensors']} "
+                          f"tensors each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+        if count != samples:
+            say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
+        for r in parity["rounding"]:
+            out.print(literal(f"{r['tensor']} ({r['candidate']} vs {r['reference']}): {r['max_abs']:.2g}, {r['dtype']} "
+                              f"rounding: {r['candidate']} {r['candidate_vs_float64']:.2g} and {r['reference']} "
+                              f"{r['reference_vs_float64']:.2g} from a float64 run"))
+        for skipped in parity["skipped"]:
+            out.print(literal(f"not compared: {skipped['tensor']} ({skipped['reason']})"))
 
     guard(as_json, body, "pack", source)

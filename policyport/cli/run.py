@@ -27,7 +27,8 @@ def run(
     output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of graph outputs to write.")],
     backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
     record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
-    tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names (default: all).")] = None,
+    tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
+    chosen: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to compute, on the graph pruned to what they need (inputs it no longer reads are ignored)  [default: all]")] = None,
     force: ForceOpt = False,
 ) -> None:
     """Run a model on observations; optionally record activations."""
@@ -45,10 +46,19 @@ def run(
                 raise InputMismatchError("--record and -o name the same file")
             check_writable(record, force)
             check_distinct(record, model, inputs)
-        session = load(str(model), backend=backend.value)
+        if chosen is not None:
+            from ..files import load_onnx
+            from ..passes import prune
+
+            session = load(prune(load_onnx(model), chosen), backend=backend.value)
+        else:
+            session = load(str(model), backend=backend.value)
         feeds = load_feeds(inputs, [v.name for v in session.inputs])
+        if chosen is not None:  # inputs the pruned graph no longer reads
+            known = {v.name for v in [*session.inputs, *session.optional_inputs]}
+            feeds = {k: v for k, v in feeds.items() if k in known}
         if record is not None:
-            values = session.record(feeds, tensors or "*")
+            values = session.record(feeds, "*" if tensors is None else tensors)
             outputs = {v.name: values[v.name] for v in session.outputs}
         else:
             outputs = session.run(feeds)

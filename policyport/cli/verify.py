@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, JsonOpt, ModelArg, RtolOpt, check_range
+from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, check_range
 from .render import add_row, cell, literal, out, shape_text, table
 
 
@@ -31,42 +31,91 @@ def input_names(model: Path) -> list[str]:
 
 
 def verification_table(report):
-    """One row per tensor, one column per (candidate vs reference) pair, cells = max abs error."""
+    """One row per tensor, one column per (candidate vs reference) pair, cells = max abs error.
+
+    A comparison that passed by float32 rounding is marked ``≈`` (:func:`report_lines` gives its
+    float64 figures), a failed one ``✗``; a tensor left out (random) reads ``skipped``.
+    """
     pairs = list(dict.fromkeys((c.candidate, c.reference) for c in report.comparisons))
     rows: dict[str, dict] = {}
     for c in report.comparisons:
         rows.setdefault(c.tensor, {"shape": c.shape})[(c.candidate, c.reference)] = c
-    t = table(f"max abs error on {report.samples} samples (atol {report.atol:g}, rtol {report.rtol:g})",
+    t = table(f"max abs error on {report.samples} observation{'s' if report.samples != 1 else ''} "
+              f"({tolerance_text(report)})",
               ["tensor", "shape", *((f"{cand}\nvs {ref}", "right") for cand, ref in pairs)])
     for tensor, row in rows.items():
         cells = []
         for pair in pairs:
             c = row.get(pair)
             text = "" if c is None else c.detail or f"{c.max_abs:.2g}"
+            if c is not None and c.passed and c.rule == "rounding":
+                text += " ≈"
             cells.append(cell(text) if c is None or c.passed else cell(f"{text} ✗", "bold red"))
         add_row(t, tensor, shape_text(row["shape"]), *cells)
+    for skipped in report.skipped:
+        add_row(t, skipped.tensor, "", *(["skipped"] * len(pairs)))
     return t
 
 
+def tolerance_text(report) -> str:
+    """``atol 1e-05, rtol 1e-05`` as given, or the tolerances by dtype the comparisons used."""
+    if report.atol is not None and report.rtol is not None:
+        return f"atol {report.atol:g}, rtol {report.rtol:g}"
+    used = report.tolerances()
+    if not used:
+        return "exact"
+    return "; ".join(f"{dtype}: atol {a:g}, rtol {r:g}" for dtype, (a, r) in used.items())
+
+
+def report_lines(report) -> list[str]:
+    """What the table cannot show: notes, the float64 figures of rounding passes (and of failures
+    the float64 run judged), and why tensors were skipped."""
+    lines = [f"note: {n}" for n in report.notes]
+    for c in report.comparisons:
+        if c.rule != "rounding":
+            continue
+        verdict = "within" if c.passed else "beyond"
+        lines.append(
+            f"{c.tensor} ({c.candidate} vs {c.reference}): {c.max_abs:.2g} exceeds the tolerance, {verdict} "
+            f"{c.dtype} rounding: against a float64 run {c.candidate} is {c.candidate_vs_float64:.2g} off and "
+            f"{c.reference} {c.reference_vs_float64:.2g}, bound {c.rounding_bound:.2g}")
+    lines += [f"skipped {s.tensor}: {s.reason}" for s in report.skipped]
+    return lines
+
+
 def verdict(report) -> str:
-    """The one-line PASS/FAIL summary of a report."""
+    """The one-line PASS/FAIL summary of a report; a failure names the dtype and the options to loosen."""
+    rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
+    extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
+        (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
     if report.passed:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
         where = f"; worst {worst.max_abs:.3g} on {worst.tensor} ({worst.candidate} vs {worst.reference})" if worst else ""
-        return f"PASS: {len(report.comparisons)} comparisons within atol {report.atol:g} + rtol {report.rtol:g}{where}"
+        return f"PASS: {len(report.comparisons)} comparisons within {tolerance_text(report)}{extra}{where}"
     f = report.first_divergence
     bad = sum(not c.passed for c in report.comparisons)
-    return (f"FAIL: {bad} of {len(report.comparisons)} comparisons exceed atol {report.atol:g} + rtol {report.rtol:g}; "
-            f"first diverging tensor {f.tensor!r} ({f.candidate} vs {f.reference}): "
-            + (f.detail or f"max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}"))
+    text = (f"FAIL: {bad} of {len(report.comparisons)} comparisons fail{extra}; first diverging tensor "
+            f"{f.tensor!r} ({f.dtype}, {f.candidate} vs {f.reference}): ")
+    if f.detail:
+        return text + f.detail
+    text += f"max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}"
+    if f.rule == "exact":
+        return text + f" ({f.dtype} compares exactly)"
+    text += f" > atol {f.atol:g} + rtol {f.rtol:g} * |{f.reference}|"
+    if f.rule == "rounding":
+        text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
+                 f"off, {f.reference} {f.reference_vs_float64:.2g}")
+    return text + f"; if {f.dtype} differences of this size are acceptable, loosen them with --atol/--rtol"
 
 
 def print_report(report, as_json: bool) -> int:
-    """Render ``report`` (table and verdict, or JSON); the exit code it calls for."""
+    """Render ``report`` (table, notes and verdict, or JSON); the exit code it calls for."""
     if as_json:
         emit_json(report.to_dict())
     else:
         out.print(verification_table(report))
+        for line in report_lines(report):
+            out.print(literal(line))
         out.print(Text(literal(verdict(report)), style="" if report.passed else "bold red"))
     return 0 if report.passed else 1
 
@@ -81,30 +130,36 @@ def verify_cmd(
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the drawn observations  [default: 0]")] = None,
     backends: Annotated[Optional[str], typer.Option(help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare (graph outputs always are).")] = "*",
-    atol: AtolOpt = 1e-5,
-    rtol: RtolOpt = 1e-5,
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare; graph outputs always are, so an empty list ('' or ',') compares the graph outputs only.")] = "*",
+    outputs: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    rounding: RoundingOpt = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare every tensor across backends (and the source); exit 1 on a mismatch.
 
-    A packed folder on its own is re-run on the numpy backend against the golden data it carries.
+    With -i, --samples N uses the first N observations of the file. A packed folder on its own is
+    re-run on the numpy backend against the golden data it carries; with --backends naming two
+    backends they are compared on its golden observations.
     """
 
     def body():
         from ..runtime import BACKENDS
         from ..verification import verify as run_verify
 
-        if model.is_dir() and inputs is None and source is None:  # a packed folder: its golden data
+        packed = model.is_dir() and inputs is None and source is None
+        if packed and backends is None:  # a packed folder: its golden data
             from ..runtime.packed import verify_bundle
 
             given = [f"--{n}" for n, v in (("samples", samples), ("low", low), ("high", high), ("seed", seed),
-                                            ("backends", backends)) if v is not None]
+                                            ("outputs", outputs)) if v is not None]
             if given or tensors != "*":
                 raise typer.BadParameter(
                     f"a packed folder is checked on the numpy backend against its own golden data, so "
                     f"{', '.join(given + (['--tensors'] if tensors != '*' else []))} do not apply; "
-                    "give -i or --source to compare backends on other observations", param_hint="MODEL")
+                    "give -i or --source to compare backends on other observations, or --backends to "
+                    "compare them on the golden observations", param_hint="MODEL")
             return print_report(verify_bundle(model, atol=atol, rtol=rtol), as_json)
         backend_list = backends if backends is not None else "numpy,onnxruntime"
         names = [b.strip() for b in backend_list.split(",") if b.strip()]
@@ -116,11 +171,19 @@ def verify_cmd(
         lo, hi = (0.0 if low is None else low), (1.0 if high is None else high)
         check_range(lo, hi)
         feeds = None
-        if inputs is not None:
+        if packed:  # compare backends on the folder's golden observations
+            from ..runtime.packed import read_golden
+
+            drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
+            if drawn:
+                raise typer.BadParameter(f"{', '.join(drawn)} draw observations; a packed folder brings its own "
+                                         "golden observations (give -i for others)", param_hint="MODEL")
+            feeds = read_golden(model)["inputs"]
+        elif inputs is not None:
             feeds = load_feeds(inputs, input_names(model))
-        report = run_verify(str(model), feeds, backends=names, source=source,
-                            samples=1000 if samples is None else samples, low=lo, high=hi,
-                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
+        report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
+                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
+                            rounding=rounding)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)

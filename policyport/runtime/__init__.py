@@ -35,7 +35,7 @@ class Session:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self._check = compile_feed_check(backend.inputs)
+        self._check = compile_feed_check(backend.inputs, backend.optional_inputs)
         self._run = backend.run
         self._selections: dict[object, list[str]] = {}
 
@@ -43,6 +43,11 @@ class Session:
     def inputs(self) -> list[ValueInfo]:
         """The graph inputs (name, dtype, shape)."""
         return self.backend.inputs
+
+    @property
+    def optional_inputs(self) -> list[ValueInfo]:
+        """Inputs that may be fed to override their default (initializers that are graph inputs too)."""
+        return self.backend.optional_inputs
 
     @property
     def outputs(self) -> list[ValueInfo]:

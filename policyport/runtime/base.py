@@ -22,6 +22,8 @@ class Backend(ABC):
 
     name: str = ""
     inputs: list[ValueInfo]
+    #: Inputs that may be fed but need not be: initializers that are graph inputs too.
+    optional_inputs: list[ValueInfo] = []
     outputs: list[ValueInfo]
     #: Every node output, in node order: the tensors :meth:`record` can return.
     tensor_names: list[str]
@@ -83,18 +85,20 @@ def feeds_from_arrays(arrays: Mapping[str, np.ndarray], names: list[str], source
     return dict(arrays)
 
 
-def compile_feed_check(inputs: list[ValueInfo]) -> Callable[[Mapping[str, object]], Mapping[str, np.ndarray]]:
+def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = ()
+                       ) -> Callable[[Mapping[str, object]], Mapping[str, np.ndarray]]:
     """:func:`check_feeds` compiled for one model's inputs, with a fast path for valid feeds.
 
-    The returned function gives back a feed dict that names exactly the inputs with ``np.ndarray``
-    values of the right dtype, rank and fixed dimensions as is, testing exactly those conditions in
-    generated code; anything else (or inputs sharing a symbolic dimension) goes through
-    :func:`check_feeds`, which raises the detailed error. Input names reach the generated source
-    only as bound constants.
+    The returned function gives back a feed dict that names exactly the required inputs with
+    ``np.ndarray`` values of the right dtype, rank and fixed dimensions as is, testing exactly those
+    conditions in generated code; anything else (feeds of ``optional`` inputs, or inputs sharing a
+    symbolic dimension) goes through :func:`check_feeds`, which raises the detailed error. Input
+    names reach the generated source only as bound constants.
     """
+    optional = list(optional)
 
     def slow(feeds: Mapping[str, object]) -> Mapping[str, np.ndarray]:
-        return check_feeds(feeds, inputs)
+        return check_feeds(feeds, inputs, optional)
 
     symbols = [d for v in inputs if v.shape for d in v.shape if isinstance(d, str)]
     if any(v.shape is None for v in inputs) or len(symbols) != len(set(symbols)):
@@ -112,32 +116,37 @@ def compile_feed_check(inputs: list[ValueInfo]) -> Callable[[Mapping[str, object
     return env["check"]
 
 
-def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[str, np.ndarray]:
+def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
+                optional: list[ValueInfo] = ()) -> dict[str, np.ndarray]:
     """Validate feeds against the graph inputs and return them as numpy arrays.
 
-    Checks, in order: every input is fed and nothing else is; each array has the input's dtype
-    (no silent casts) and rank; each fixed dimension matches; a symbolic dimension (``"batch"``)
-    has one size across all inputs that share it.
+    Checks, in order: every input is fed and nothing else is (an ``optional`` input may be); each
+    array has the input's dtype (no silent casts) and rank; each fixed dimension matches; a symbolic
+    dimension (``"batch"``) has one size across all inputs that share it.
 
     Args:
         feeds: input name -> array-like.
         inputs: the graph inputs.
+        optional: inputs that may be fed (initializers that are graph inputs too).
 
     Returns:
-        input name -> ``np.ndarray``, in graph-input order.
+        input name -> ``np.ndarray``: the required inputs in graph-input order, then the optional
+        ones fed.
 
     Raises:
         InputMismatchError: with the input's name, what was expected and what was found.
     """
     names = [v.name for v in inputs]
+    allowed = names + [v.name for v in optional]
     missing = [n for n in names if n not in feeds]
-    extra = [n for n in feeds if n not in names]
+    extra = [n for n in feeds if n not in allowed]
     if missing or extra:
         problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
-        raise InputMismatchError(f"the model's inputs are {names}; the feeds have {' and '.join(problems)}")
+        also = f" (and optionally {[v.name for v in optional]})" if optional else ""
+        raise InputMismatchError(f"the model's inputs are {names}{also}; the feeds have {' and '.join(problems)}")
     out: dict[str, np.ndarray] = {}
     symbols: dict[str, tuple[int, str]] = {}
-    for v in inputs:
+    for v in [*inputs, *(o for o in optional if o.name in feeds)]:
         arr = np.asarray(feeds[v.name])
         if arr.dtype != v.dtype:
             raise InputMismatchError(
@@ -145,7 +154,7 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[st
                 f"convert it first (e.g. x.astype(np.{v.dtype.name}))"
             )
         if v.shape is not None:
-            expected = "(" + ", ".join(str(d) if d is not None else "?" for d in v.shape) + ")"
+            expected = "(" + ", ".join(str(d) if d is not None else "?" for d in v.shape) + ("," if len(v.shape) == 1 else "") + ")"
             if arr.ndim != len(v.shape):
                 hint = " (add a batch axis: x[None])" if arr.ndim == len(v.shape) - 1 else ""
                 raise InputMismatchError(
@@ -166,3 +175,25 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo]) -> dict[st
                         )
         out[v.name] = arr
     return out
+
+
+def count_observations(inputs: Iterable[ValueInfo], feeds: Mapping[str, np.ndarray]) -> int:
+    """How many observations ``feeds`` hold: the rows of the inputs that have a batch axis.
+
+    An input has a batch axis when its axis 0 is free (see :attr:`ValueInfo.has_batch_axis`); an
+    input of unknown rank counts by its feed's axis 0 (a scalar feed: 1). When no input has a batch
+    axis (only scalars and fixed shapes such as ``(1, 480)`` or ``(54,)``), a feed is one
+    observation. Inputs with a batch axis should agree (a shared symbol is checked by
+    :func:`check_feeds`); the first one counts.
+
+    Args:
+        inputs: the graph inputs.
+        feeds: input name -> array, as checked by :func:`check_feeds`.
+
+    Returns:
+        The number of observations, ``>= 0``.
+    """
+    for v in inputs:
+        if v.name in feeds and (v.has_batch_axis or v.shape is None):
+            return int(np.shape(feeds[v.name])[0]) if np.ndim(feeds[v.name]) else 1
+    return 1

@@ -29,15 +29,18 @@ class OrtBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, model, graph: Graph, threads: int = 0, seed: int | None = None):
+        from ..passes import free_dims
+
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
-        self.model = model
+        self.model = free_dims(model)  # onnxruntime takes a declared 0 literally
         self.threads = threads
         self.seed = seed
         self.inputs = list(graph.inputs)
+        self.optional_inputs = list(graph.optional_inputs)
         self.outputs = list(graph.outputs)
         self.tensor_names = graph.tensor_names
         self._out_names = [v.name for v in graph.outputs]
-        self._session = self._make_session(model)
+        self._session = self._make_session(self.model)
         self._recording: dict[tuple[str, ...], object] = {}
 
     def _make_session(self, model):

@@ -44,9 +44,12 @@ The folder (format ``policyport.bundle/1``):
     (the model metadata ``policyport.observation_filter`` a converter wrote — the observation filter
     baked into the graph, such as RLlib's MeanStdFilter with its mean, std and clip — or ``null``); ``provenance`` (model metadata
     ``policyport.source`` and ``policyport.activation``, policyport and numpy versions, opset,
-    creation time in UTC ISO 8601); ``golden`` (how the observations were drawn); ``parity`` (the
-    largest onnxruntime-vs-numpy absolute difference over every tensor at pack time, and against the
-    source when :func:`policyport.bundle.pack` was given it); ``files`` (file name -> sha256 hex
+    creation time in UTC ISO 8601); ``golden`` (how the observations were drawn, and ``samples``: how
+    many observations ``golden.npz`` holds — 1 for inputs without a batch axis, whatever was asked);
+    ``parity`` (the largest onnxruntime-vs-numpy absolute difference over every tensor at pack time,
+    and against the source when :func:`policyport.bundle.pack` was given it; the tolerances by dtype,
+    the tensors that passed as float32 rounding with their float64 figures, and the random tensors
+    left out); ``files`` (file name -> sha256 hex
     digest of every other file in the folder, the runtime's included); ``runtime`` (only with a
     runtime: ``package``, ``entry_point``, ``policyport_version``, ``requires_python``,
     ``requires`` and ``digest``, the sha256 of the sorted ``name sha256`` lines of the runtime
@@ -67,7 +70,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, Report, compare
+from ..compare import Report, Skipped, compare
 from ..errors import BadModelError
 from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
     BUNDLE_FORMAT,
@@ -84,6 +87,7 @@ from ..folder import (  # noqa: F401  (the format's names, re-exported for reade
     read_policy,
 )
 from ..graph import Graph
+from .base import count_observations
 
 #: The files :func:`load_graph` reads.
 GRAPH_FILES = (GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE)
@@ -244,8 +248,8 @@ def _split_golden(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, dic
     return groups
 
 
-def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
-                  rtol: float = DEFAULT_RTOL) -> Report:
+def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
+                  rtol: float | None = None) -> Report:
     """Re-run the golden observations on this machine's numpy and compare every tensor (numpy only).
 
     Every tensor ``Session.record(feeds, "*")`` returns (node outputs in node order, graph outputs
@@ -253,10 +257,13 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
     ``Session.run`` with ``outputs/<name>``, by :func:`policyport.compare.compare`: an element
     passes when ``|numpy - golden| <= atol + rtol * |golden|``. The report holds one comparison per
     tensor, in node order; a graph output's is the worse of its record and run comparisons.
+    Tensors that depend on a random node are not compared; the report lists them as skipped.
 
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
-        atol: absolute tolerance (default 1e-5). rtol: relative tolerance (default 1e-5).
+        atol: absolute tolerance for floating tensors; ``None`` (default) follows the dtype
+            (float32 1e-5, float16 1e-3 ...: :data:`policyport.compare.TOLERANCES`).
+        rtol: relative tolerance; ``None`` (default) follows the dtype.
 
     Returns:
         A :class:`~policyport.verification.Report` with backends ``["numpy"]`` and reference ``"golden"``;
@@ -281,10 +288,12 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float = DEFAULT_ATOL,
     recorded = session.record(feeds, "*")
     _expect_keys(golden_path, "activations", golden["activations"], list(recorded))
     outputs = session.run(feeds)
-    first = next(iter(feeds.values()), None)
-    samples = int(first.shape[0]) if first is not None and first.ndim else 1
-    report = Report(["numpy"], "golden", samples, atol, rtol)
+    report = Report(["numpy"], "golden", count_observations(graph.inputs, feeds), atol, rtol)
+    random = graph.stochastic_tensors()
     for name, value in recorded.items():
+        if name in random:
+            report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
+            continue
         found = compare(name, "numpy", value, "golden", golden["activations"][name], atol, rtol)
         if name in outputs:
             ran = compare(name, "numpy", outputs[name], "golden", golden["outputs"][name], atol, rtol)

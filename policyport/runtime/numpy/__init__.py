@@ -29,18 +29,34 @@ class NumpyBackend(Backend):
 
     def __init__(self, graph: Graph, seed: int | None = None):
         self.graph = graph
+        self.seed = seed
         self.plan = Plan(graph, seed=seed)
-        self.run = self.plan.run  # the generated function itself: no wrapper call on the hot path
         self.inputs = list(graph.inputs)
+        self.optional_inputs = list(graph.optional_inputs)
         self.outputs = list(graph.outputs)
         self.tensor_names = list(self.plan.tensor_names)
         self._out_names = tuple(self.plan.output_names)
+        self._optional = frozenset(v.name for v in graph.optional_inputs)
+        self._plans = {frozenset(): self.plan}
+        if not self._optional:
+            self.run = self.plan.run  # the generated function itself: no wrapper call on the hot path
+
+    def _plan_for(self, feeds: Mapping[str, np.ndarray]) -> Plan:
+        """The plan that reads the optional inputs present in ``feeds`` (compiled once per set);
+        the plan with every initializer constant when none is fed."""
+        if not self._optional:
+            return self.plan
+        fed = self._optional.intersection(feeds)
+        plan = self._plans.get(fed)
+        if plan is None:
+            plan = self._plans[fed] = Plan(self.graph, fed, seed=self.seed)
+        return plan
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.plan.run(feeds)
+        return self._plan_for(feeds).run(feeds)
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        everything = self.plan.record(feeds)
+        everything = self._plan_for(feeds).record(feeds)
         if len(names) == len(self.tensor_names):  # every node output: names is tensor_names
             return everything
         result = {n: everything[n] for n in names}
@@ -55,5 +71,5 @@ class NumpyBackend(Backend):
         record, accumulate statistics, or override neurons. ``self.graph.nodes[node_index]`` is
         the node. An exception the observer raises propagates unchanged.
         """
-        return self.plan.observe(feeds, observer)
+        return self._plan_for(feeds).observe(feeds, observer)
 

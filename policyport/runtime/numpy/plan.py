@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 
 from ...errors import BadModelError, PolicyportError, UnsupportedOpError
-from ...graph import Graph
-from .registry import missing_ops, resolve
+from ...graph import Graph, onnx_dtype
+from .registry import Static, missing_ops, resolve
 
 #: What a node's numpy code raises on shapes or values the model cannot take.
 _NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError)
@@ -44,6 +44,20 @@ _NEW_MEMORY = {
     "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
     "Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "RNN", "GRU", "LSTM",
     "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+}
+#: Ops whose output has the shape and element type of their first input.
+_SAME_AS_INPUT = {
+    "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid", "HardSwish",
+    "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sign",
+    "Floor", "Ceil", "Round", "Erf", "Identity", "Softmax", "LogSoftmax", "Hardmax", "Clip", "Dropout", "Not",
+}
+#: Element-wise ops whose inputs broadcast and share one element type, which the output has too.
+_BROADCASTING = {"Add", "Sub", "Mul", "Div"}
+_COMPARISONS = {"Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or"}
+#: Inputs that the operator page gives one type variable (T): op -> input positions (None: all).
+_ONE_TYPE: dict[str, tuple[int, ...] | None] = {
+    **{o: (0, 1) for o in _BROADCASTING | _COMPARISONS}, "MatMul": (0, 1), "Gemm": (0, 1, 2), "PRelu": (0, 1),
+    "Concat": None, "Sum": None, "Mean": None, "Max": None, "Min": None, "Where": (1, 2),
 }
 #: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
 #: np.maximum with an out= array is slower than allocating its result.)
@@ -84,6 +98,8 @@ class Plan:
 
     Args:
         graph: the graph to compile.
+        fed: names of ``graph.optional_inputs`` that this plan reads from the feeds instead of
+            binding their initializers as constants (every feed dict it runs on holds them).
         seed: seed of the ``numpy.random.Generator`` that random ops (RandomNormal, Multinomial ...)
             draw from; None (default) seeds it from fresh OS entropy. A node with its own ``seed``
             attribute draws from a Generator of its own seeded with that (see :func:`node_generator`).
@@ -96,22 +112,22 @@ class Plan:
         BadModelError: a node reads a tensor that no graph input, initializer or earlier node makes.
     """
 
-    def __init__(self, graph: Graph, seed: int | None = None):
+    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None):
         missing = missing_ops(graph)
         if missing:
             raise UnsupportedOpError(missing)
         self.graph = graph
         self.seed = seed
         self._rng: np.random.Generator | None = None
-        self.input_names = [v.name for v in graph.inputs]
+        self.input_names = [v.name for v in graph.inputs] + [v.name for v in graph.optional_inputs if v.name in fed]
         self.output_names = [v.name for v in graph.outputs]
         self.tensor_names = graph.tensor_names
         self._consts: dict[str, object] = {}
         local: dict[str, str] = {}  # tensor name -> local/constant identifier
-        for i, name in enumerate(self.input_names):
-            local[name] = f"x{i}"
         for name, arr in graph.initializers.items():
             local[name] = self._const(arr)
+        for i, name in enumerate(self.input_names):
+            local[name] = f"x{i}"
         consumers: dict[str, int] = {}
         for n in graph.nodes:
             for t in n.inputs:
@@ -119,8 +135,17 @@ class Plan:
                     consumers[t] = consumers.get(t, 0) + 1
         self.steps: list[Step] = []
         producer: dict[str, str] = {}
+        static = {name: Static(arr.dtype, tuple(arr.shape), arr) for name, arr in graph.initializers.items()}
+        for v in [*graph.inputs, *graph.optional_inputs]:
+            if v.name in self.input_names:
+                shape = None if v.shape is None else tuple(d if isinstance(d, int) else None for d in v.shape)
+                static[v.name] = Static(v.dtype, shape)
         for idx, node in enumerate(graph.nodes):
-            impl = resolve(node.op_type, graph.opsets.get(node.domain, graph.opset), node.domain, node.name)
+            opset = graph.opsets.get(node.domain, graph.opset)
+            impl = resolve(node.op_type, opset, node.domain, node.name)
+            known = [static.get(t, Static()) if t else Static() for t in node.inputs]
+            self._check(node, impl, known, opset)
+            static.update(_infer(node, impl, known))
             args = []
             for t in node.inputs:
                 if not t:
@@ -134,7 +159,7 @@ class Plan:
                     )
             while args and args[-1] == "None":
                 args.pop()
-            kind, fn = self._specialize(node, impl, args)
+            kind, fn = self._specialize(node, impl, args, known)
             results = []
             for j, t in enumerate(node.outputs):
                 results.append(f"t{len(producer)}" if t else "_")
@@ -173,13 +198,30 @@ class Plan:
             self._rng = np.random.default_rng(self.seed)
         return self._rng
 
-    def _specialize(self, node, impl, args: list[str]) -> tuple[str, Callable | None]:
+    @staticmethod
+    def _check(node, impl, known: list[Static], opset: int) -> None:
+        """Refuse at compile time a node whose known inputs and attributes contradict its operator
+        page: inputs of one type variable with different element types, and the op's own check."""
+        try:
+            positions = _ONE_TYPE.get(node.op_type, ()) if node.domain == "" else ()
+            typed = [(i, known[i].dtype) for i in (range(len(known)) if positions is None else positions)
+                     if i < len(known) and known[i].dtype is not None]
+            if len({d for _, d in typed}) > 1:
+                found = ", ".join(f"input {i} {d.name}" for i, d in typed)
+                raise ValueError(f"its inputs must share one element type; found {found}")
+            if impl.check is not None:
+                impl.check(known, node.attrs, len(node.outputs))
+        except (ValueError, TypeError, IndexError) as e:
+            raise BadModelError(f'{node.op_type} node "{node.name}" (opset {opset}): {e}') from e
+
+    def _specialize(self, node, impl, args: list[str], known: list[Static]) -> tuple[str, Callable | None]:
         attrs = dict(node.attrs)
         if impl.wants_node_outputs:
             attrs["node_outputs"] = len(node.outputs)
         if impl.wants_rng:
             attrs["rng"] = self.rng if attrs.get("seed") is None else node_generator(attrs["seed"])
-        if node.op_type == "Gemm" and len(args) >= 2 and self._gemm_fast_path(attrs, args):
+        if (node.op_type == "Gemm" and len(args) >= 2 and known[0].rank == 2  # A's rank checked by the feeds
+                and self._gemm_fast_path(attrs, args)):
             return "gemm", None
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
             return "index", None
@@ -344,3 +386,35 @@ class Plan:
             for r in s.results:
                 shared[r] = roots
         return shared
+
+
+def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
+    """What is known of a node's outputs before running: a Constant's value; the element type and
+    shape of an op that keeps its input's; the rank of a Gemm (2) or a broadcasting op's result."""
+    outs = [o for o in node.outputs if o]
+    if not outs or node.domain != "":
+        return {}
+    first = known[0] if known else Static()
+    op_type = node.op_type
+    if op_type == "Constant":
+        try:
+            value = np.asarray(impl.fn(**node.attrs))
+        except (ValueError, TypeError, PolicyportError):
+            return {}  # the run raises the error, naming the node
+        return {outs[0]: Static(value.dtype, tuple(value.shape), value)}
+    if op_type in _SAME_AS_INPUT:
+        return {outs[0]: Static(first.dtype, first.shape)}
+    if op_type == "Gemm":
+        return {outs[0]: Static(first.dtype, (None, None))}
+    ranks = [k.rank for k in known[:2]]
+    rank = max(ranks) if len(ranks) == 2 and None not in ranks else None
+    if op_type in _BROADCASTING or (op_type == "MatMul" and rank is not None and min(ranks) >= 2):
+        return {outs[0]: Static(first.dtype, None if rank is None else (None,) * rank)}
+    if op_type in _COMPARISONS:
+        return {outs[0]: Static(np.dtype(bool), None if rank is None else (None,) * rank)}
+    if op_type == "Cast":
+        try:
+            return {outs[0]: Static(onnx_dtype(node.attrs.get("to", 0)), first.shape)}
+        except PolicyportError:
+            return {}
+    return {}

@@ -9,6 +9,14 @@ random numbers (RandomNormal, Multinomial ...) declares a keyword-only ``rng`` p
 a ``numpy.random.Generator``: the session's, or one of the node's own when the node has a ``seed``
 attribute (see :class:`~policyport.runtime.numpy.plan.Plan`).
 
+An op may also register a ``check``: a function ``check(inputs, attrs, outputs)`` that the plan calls
+once at compile time with what is known before running (:class:`Static`: dtype, shape, and the value
+of constant inputs), the node's attributes and its output count, and that raises ``ValueError``
+when they contradict the operator page (Split sizes that do not add up, a perm that is no
+permutation ...). The plan turns that into a :class:`~policyport.errors.BadModelError` naming the
+node. What only the run can tell is checked inside the op, whose ``ValueError`` the plan turns into
+the same error at run time.
+
 Version selection follows the ONNX reference evaluator: for a model whose default-domain opset is
 ``N``, the implementation used is the newest one whose ``since`` is ``<= N``. An op is registered
 again only at the opset versions where its semantics change (https://onnx.ai/onnx/operators/).
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 from ...errors import MissingOp, UnsupportedOpError
 
@@ -27,7 +37,8 @@ DEFAULT_DOMAIN = ""
 
 @dataclass(frozen=True)
 class OpImpl:
-    """One registered implementation: ``fn`` serves ``op_type`` from opset ``since`` on."""
+    """One registered implementation: ``fn`` serves ``op_type`` from opset ``since`` on; ``check``
+    (optional) validates a node at compile time (see the module docstring)."""
 
     op_type: str
     since: int
@@ -35,18 +46,46 @@ class OpImpl:
     domain: str = DEFAULT_DOMAIN
     wants_node_outputs: bool = False
     wants_rng: bool = False
+    check: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Static:
+    """What the plan knows of a node input before running it.
+
+    ``dtype`` (or ``None``), ``shape`` (a tuple of ints and ``None`` for unknown dims; ``None`` when
+    the rank is unknown) and ``value`` (the array, for initializers and Constant outputs; else
+    ``None``). An omitted optional input is ``Static()``.
+    """
+
+    dtype: np.dtype | None = None
+    shape: tuple[int | None, ...] | None = None
+    value: Any = None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    def dim(self, axis: int) -> int | None:
+        """The size of ``axis`` (negative counts from the end) when known."""
+        if self.shape is None or not -len(self.shape) <= axis < len(self.shape):
+            return None
+        return self.shape[axis]
 
 
 _REGISTRY: dict[tuple[str, str], dict[int, OpImpl]] = {}
 
 
-def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN) -> Callable[[Callable], Callable]:
+def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN, check: Callable | None = None
+       ) -> Callable[[Callable], Callable]:
     """Register the decorated function as ``op_type`` from opset version ``since`` on.
 
     Args:
         op_type: the ONNX op type, e.g. ``"Gemm"``.
         since: the opset version this implementation's semantics start at.
         domain: the operator domain, ``""`` for the default ai.onnx domain.
+        check: ``check(inputs: list[Static], attrs: dict, outputs: int)``, raising ``ValueError``
+            for a node the operator page forbids (module docstring).
 
     Raises:
         ValueError: ``(domain, op_type, since)`` is registered already.
@@ -61,7 +100,8 @@ def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN) -> Callable[[C
                 f"{fn.__module__}.{fn.__qualname__}"
             )
         params = inspect.signature(fn).parameters
-        versions[since] = OpImpl(op_type, since, fn, domain, "node_outputs" in params, "rng" in params)
+        versions[since] = OpImpl(op_type, since, fn, domain, wants_node_outputs="node_outputs" in params,
+                                 wants_rng="rng" in params, check=check)
         return fn
 
     return register

@@ -118,7 +118,12 @@ def mish(x):
     return x * np.tanh(_softplus(x))
 
 
-@op("Gelu", since=20)
+def _check_gelu(inputs, attrs, outputs):
+    if attrs.get("approximate", "none") not in ("none", "tanh"):
+        raise ValueError(f"approximate is {attrs['approximate']!r}; the operator knows 'none' and 'tanh'")
+
+
+@op("Gelu", since=20, check=_check_gelu)
 def gelu(x, *, approximate="none"):
     """x * Phi(x) = x/2 * erfc(-x / sqrt(2)); with ``approximate="tanh"``,
     x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))) = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)).
@@ -135,7 +140,10 @@ def gelu(x, *, approximate="none"):
 
 
 def _coerce_2d(x, axis):
-    """View of ``x`` as (prod(shape[:axis]), prod(shape[axis:])), as Softmax & co. do before opset 13."""
+    """View of ``x`` as (prod(shape[:axis]), prod(shape[axis:])), as Softmax & co. do before opset 13;
+    ``axis`` in [-rank, rank - 1]."""
+    if x.ndim and not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for a rank-{x.ndim} input")
     axis = axis % x.ndim if x.ndim else 0
     return x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
 
@@ -203,10 +211,19 @@ def clip_6(x, *, min=-_FLT_MAX, max=_FLT_MAX):  # noqa: A002  (the ONNX attribut
     return np.minimum(np.maximum(x, lo), hi)
 
 
-@op("Clip", since=11)
+def _check_clip_11(inputs, attrs, outputs):
+    for name, bound in zip(("min", "max"), inputs[1:]):
+        if bound.shape is not None and (len(bound.shape) > 1 or (bound.shape and bound.shape[0] not in (1, None))):
+            raise ValueError(f"{name} has shape {bound.shape}; it must be a scalar")
+
+
+@op("Clip", since=11, check=_check_clip_11)
 def clip_11(x, min=None, max=None, /):  # noqa: A002
     """Clip-11/12/13: bounds are optional scalar inputs (positional-only: never Clip-6's attributes);
     min > max gives max everywhere."""
+    for name, bound in (("min", min), ("max", max)):
+        if bound is not None and (bound.ndim > 1 or bound.size != 1):
+            raise ValueError(f"{name} has shape {bound.shape}; it must be a scalar")
     if min is not None:
         x = np.maximum(x, min)
     if max is not None:

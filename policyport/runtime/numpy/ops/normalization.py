@@ -22,6 +22,8 @@ def layer_normalization(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_typ
     ``stash_type``.
     """
     stash = onnx_dtype(stash_type)
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for a rank-{x.ndim} input")
     axes = tuple(range(axis + x.ndim if axis < 0 else axis, x.ndim))
     xw = x.astype(np.promote_types(x.dtype, stash), copy=False)
     mean = np.mean(xw, axis=axes, keepdims=True)
@@ -44,6 +46,11 @@ def _channel(p, ndim):
 def _batch_norm(x, scale, bias, mean, var, epsilon):
     """x * factor + shift with the per-channel factor = scale / sqrt(var + epsilon) and shift = bias -
     mean * factor folded first (as onnxruntime folds them): two passes over x, which may be an image."""
+    channels = x.shape[1] if x.ndim > 1 else None
+    for name, p in (("scale", scale), ("B", bias), ("mean", mean), ("var", var)):
+        if channels is None or p.ndim == 0 or p.shape[0] != channels:
+            raise ValueError(f"{name} of shape {p.shape} does not hold one value per channel of an input "
+                             f"of shape {x.shape} (axis 1)")
     factor = scale / np.sqrt(var + epsilon)
     y = x * _channel(factor, x.ndim)
     y += _channel(bias - mean * factor, x.ndim)
@@ -102,6 +109,8 @@ def dropout_12(data, ratio=None, training_mode=None, *, seed=None, node_outputs)
     reference implementation, so seeded results match it.
     """
     r = 0.5 if ratio is None else float(ratio)
+    if not 0 <= r < 1:
+        raise ValueError(f"ratio is {r}; it must be in [0, 1)")
     if training_mode is None or not training_mode or r == 0:
         out, mask = data, np.ones(data.shape, dtype=bool)
     else:

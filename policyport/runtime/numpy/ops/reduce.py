@@ -19,12 +19,12 @@ def _axes_input(axes, noop_with_empty_axes):
     """Axes given as an input tensor (or omitted) -> a numpy ``axis`` argument."""
     if axes is None or axes.size == 0:
         return () if noop_with_empty_axes else None
-    return tuple(int(a) for a in axes.ravel())
+    return tuple(dict.fromkeys(int(a) for a in axes.ravel()))  # a repeated axis counts once, as in onnxruntime
 
 
 def _axes_attr(axes):
     """Axes given as an attribute -> a numpy ``axis`` argument (absent or empty: every axis)."""
-    return tuple(axes) if axes else None
+    return tuple(dict.fromkeys(axes)) if axes else None
 
 
 def _lowest(dtype):

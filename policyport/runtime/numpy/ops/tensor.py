@@ -179,10 +179,26 @@ def cast_like(x, target_type, *, saturate=1, round_mode="up"):
     return _cast(x, target_type.dtype, saturate, round_mode)
 
 
-@op("Reshape", since=5)
+def _check_reshape_shape(new) -> None:
+    if any(d < -1 for d in new):
+        raise ValueError(f"shape {list(new)} has a dimension below -1 (only -1, inferred, may be negative)")
+    if sum(d == -1 for d in new) > 1:
+        raise ValueError(f"shape {list(new)} has more than one -1")
+
+
+def _check_reshape(inputs, attrs, outputs):
+    if inputs[1].value is not None:
+        new = np.asarray(inputs[1].value).tolist()
+        _check_reshape_shape(new)
+        if attrs.get("allowzero", 0) and 0 in new and -1 in new:
+            raise ValueError(f"shape {new} has both 0 and -1, which allowzero=1 forbids")
+
+
+@op("Reshape", since=5, check=_check_reshape)
 def reshape(data, shape, *, allowzero=0):
     """A 0 in ``shape`` copies the input dimension (unless allowzero=1, opset 14); -1 is inferred."""
     new = shape.tolist()
+    _check_reshape_shape(new)
     if not allowzero:
         new = [data.shape[i] if d == 0 else d for i, d in enumerate(new)]
     return np.reshape(data, new)
@@ -190,7 +206,9 @@ def reshape(data, shape, *, allowzero=0):
 
 @op("Flatten", since=1)
 def flatten(x, *, axis=1):
-    """To 2-D: (prod(shape[:axis]), prod(shape[axis:])); ``axis`` may be negative from opset 11."""
+    """To 2-D: (prod(shape[:axis]), prod(shape[axis:])); ``axis`` in [-rank, rank] (negative from opset 11)."""
+    if not -x.ndim <= axis <= x.ndim:
+        raise ValueError(f"axis {axis} is out of range for a rank-{x.ndim} input (allowed: {-x.ndim} to {x.ndim})")
     axis = axis + x.ndim if axis < 0 else axis
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
@@ -219,7 +237,18 @@ def unsqueeze_13(data, axes):
     return np.expand_dims(data, tuple(axes.tolist()))
 
 
-@op("Transpose", since=1)
+def _check_transpose(inputs, attrs, outputs):
+    perm = attrs.get("perm")
+    if perm is None:
+        return
+    if sorted(perm) != list(range(len(perm))):
+        raise ValueError(f"perm {list(perm)} is not a permutation of 0..{len(perm) - 1}")
+    rank = inputs[0].rank
+    if rank is not None and rank != len(perm):
+        raise ValueError(f"perm {list(perm)} has {len(perm)} entries for a rank-{rank} input")
+
+
+@op("Transpose", since=1, check=_check_transpose)
 def transpose(data, *, perm=None):
     """Permute the axes by ``perm`` (default: reverse them)."""
     return np.transpose(data, perm)
@@ -231,30 +260,79 @@ def concat(*inputs, axis):
 
 
 def _split(x, sizes, axis, node_outputs):
+    """The parts of ``x`` of ``sizes`` along ``axis``, which must add up to its length there."""
+    length = x.shape[axis]
+    _check_sizes(sizes, node_outputs, length)
     parts = tuple(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
     return parts if node_outputs > 1 else parts[0]
 
 
+def _check_sizes(sizes, outputs: int, length: int | None) -> None:
+    """Split sizes: one per output, none negative, adding up to the axis ``length`` (if known)."""
+    if len(sizes) != outputs:
+        raise ValueError(f"split sizes {list(sizes)} give {len(sizes)} parts for {outputs} outputs")
+    if any(v < 0 for v in sizes):
+        raise ValueError(f"split sizes {list(sizes)} include a negative size")
+    if length is not None and sum(sizes) != length:
+        raise ValueError(f"split sizes {list(sizes)} add up to {sum(sizes)}, but the axis has length {length}")
+
+
+def _equal_sizes(length, n):
+    """Split-2/13 without sizes: ``n`` equal parts, so ``n`` must divide ``length``."""
+    if length % n:
+        raise ValueError(f"an axis of length {length} cannot be split into {n} equal parts; give the sizes")
+    return [length // n] * n
+
+
 def _even_sizes(length, n):
-    """``n`` chunks of ceil(length / n), the last one smaller when ``n`` does not divide ``length``."""
+    """Split-18's ``num_outputs``: ``n`` chunks of ceil(length / n), the last one smaller."""
     chunk = -(-length // n)
+    if n < 1 or chunk * (n - 1) > length:
+        raise ValueError(f"an axis of length {length} cannot be split into {n} parts of ceil({length}/{n})")
     return [chunk] * (n - 1) + [length - chunk * (n - 1)]
 
 
-@op("Split", since=2)
+def _check_split(version):
+    """The compile-time check of Split-``version``: sizes from the ``split`` attribute (2, 11) or a
+    constant ``split`` input (13, 18), ``num_outputs`` (18), the axis length when it is known."""
+
+    def check(inputs, attrs, outputs):
+        axis = attrs.get("axis", 0)
+        rank = inputs[0].rank
+        if rank is not None and not -rank <= axis < rank:
+            raise ValueError(f"axis {axis} is out of range for a rank-{rank} input")
+        length = inputs[0].dim(axis)
+        given = len(inputs) > 1 and inputs[1].dtype is not None
+        sizes = attrs.get("split") if version < 13 else (
+            np.asarray(inputs[1].value).tolist() if given and inputs[1].value is not None else None)
+        num_outputs = attrs.get("num_outputs")
+        if version >= 18:
+            if given and num_outputs is not None:
+                raise ValueError("both the split input and num_outputs are given; the operator takes one")
+            if num_outputs is not None and num_outputs != outputs:
+                raise ValueError(f"num_outputs is {num_outputs} but the node has {outputs} outputs")
+        if sizes is not None:
+            _check_sizes(sizes, outputs, length)
+        elif length is not None and not given:
+            _even_sizes(length, outputs) if version >= 18 else _equal_sizes(length, outputs)
+
+    return check
+
+
+@op("Split", since=2, check=_check_split(2))
 def split_2(x, *, axis=0, split=None, node_outputs):
     """Split-2/11: sizes from the ``split`` attribute, else equal parts, one per node output."""
-    return _split(x, split or _even_sizes(x.shape[axis], node_outputs), axis, node_outputs)
+    return _split(x, split or _equal_sizes(x.shape[axis], node_outputs), axis, node_outputs)
 
 
-@op("Split", since=13)
+@op("Split", since=13, check=_check_split(13))
 def split_13(x, split=None, *, axis=0, node_outputs):
     """Split-13: sizes from the optional ``split`` input, else equal parts, one per node output."""
-    sizes = _even_sizes(x.shape[axis], node_outputs) if split is None else split.tolist()
+    sizes = _equal_sizes(x.shape[axis], node_outputs) if split is None else split.tolist()
     return _split(x, sizes, axis, node_outputs)
 
 
-@op("Split", since=18)
+@op("Split", since=18, check=_check_split(18))
 def split_18(x, split=None, *, axis=0, num_outputs=None, node_outputs):
     """Split-18: without ``split``, ``num_outputs`` parts of ceil(dim / num_outputs), the last smaller."""
     if split is None:
@@ -264,21 +342,50 @@ def split_18(x, split=None, *, axis=0, num_outputs=None, node_outputs):
     return _split(x, sizes, axis, node_outputs)
 
 
+def _check_slice_lists(starts, ends, axes, steps, rank=None) -> None:
+    """starts, ends (and axes, steps when given) of one length; axes distinct and within the rank."""
+    lengths = {len(starts), len(ends), *(len(v) for v in (axes, steps) if v is not None)}
+    if len(lengths) > 1:
+        raise ValueError(f"starts {list(starts)}, ends {list(ends)}, axes {None if axes is None else list(axes)} and "
+                         f"steps {None if steps is None else list(steps)} differ in length")
+    if axes is not None:
+        if rank is not None and any(not -rank <= a < rank for a in axes):
+            raise ValueError(f"axes {list(axes)} are out of range for a rank-{rank} input")
+        normal = [a % rank for a in axes] if rank else list(axes)
+        if len(set(normal)) != len(normal):
+            raise ValueError(f"axes {list(axes)} repeat an axis")
+    if steps is not None and 0 in list(steps):
+        raise ValueError(f"steps {list(steps)} include 0")
+
+
+def _check_slice_1(inputs, attrs, outputs):
+    _check_slice_lists(attrs.get("starts", ()), attrs.get("ends", ()), attrs.get("axes"), None, inputs[0].rank)
+
+
+def _check_slice_10(inputs, attrs, outputs):
+    values = [None if i >= len(inputs) else inputs[i].value for i in range(1, 5)]
+    if values[0] is not None and values[1] is not None and all(
+            v is not None or i + 1 >= len(inputs) or inputs[i + 1].dtype is None for i, v in enumerate(values[2:], 2)):
+        listed = [None if v is None else np.asarray(v).tolist() for v in values]
+        _check_slice_lists(*listed, rank=inputs[0].rank)
+
+
 def _slice(data, starts, ends, axes, steps):
+    _check_slice_lists(starts, ends, axes, steps, data.ndim)
     index = [slice(None)] * data.ndim
     for a, s, e, st in zip(axes, starts, ends, steps):
         index[a] = slice(s, e, st)
     return data[tuple(index)]
 
 
-@op("Slice", since=1)
+@op("Slice", since=1, check=_check_slice_1)
 def slice_1(data, *, starts, ends, axes=None):
     """Slice-1: starts, ends and axes are attributes; indices clamp as in Python slicing."""
     axes = range(len(starts)) if axes is None else axes
     return _slice(data, starts, ends, axes, [1] * len(starts))
 
 
-@op("Slice", since=10)
+@op("Slice", since=10, check=_check_slice_10)
 def slice_10(data, starts, ends, axes=None, steps=None):
     """Slice-10/11/13: starts, ends, axes and steps are inputs; indices clamp as in Python slicing."""
     n = len(starts)
@@ -299,8 +406,21 @@ def expand(x, shape):
     return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(shape.tolist()))).copy()
 
 
-@op("Tile", since=6)
+def _check_tile(inputs, attrs, outputs):
+    repeats, rank = inputs[1].value, inputs[0].rank
+    if repeats is not None:
+        repeats = np.asarray(repeats).tolist()
+        if any(r < 0 for r in repeats):
+            raise ValueError(f"repeats {repeats} include a negative count")
+        if rank is not None and len(repeats) != rank:
+            raise ValueError(f"repeats {repeats} has {len(repeats)} entries for a rank-{rank} input")
+
+
+@op("Tile", since=6, check=_check_tile)
 def tile(x, repeats):
+    """``x`` repeated ``repeats[i]`` times along axis i; one count per axis of ``x``."""
+    if repeats.size != x.ndim:
+        raise ValueError(f"repeats {repeats.tolist()} has {repeats.size} entries for a rank-{x.ndim} input")
     return np.tile(x, tuple(repeats.tolist()))
 
 
