@@ -20,23 +20,24 @@ PARAMETERS_KEY = "policyport.parameters"
 
 
 def parameter_map(model) -> dict[str, dict]:
-    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None}``.
+    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None, "also": [...]}``.
 
     Read from ``metadata_props["policyport.parameters"]``, which policyport's converters write; a
-    value may be a plain source name (no layout change) or such a dict. A model policyport did not
-    write maps every initializer to itself.
+    value may be a plain source name (no layout change) or such a dict. ``also`` lists further
+    source names holding the same array (tied weights, or equal tensors an exporter merged into one
+    initializer). A model policyport did not write maps every initializer to itself.
 
     Raises:
         BadModelError: the metadata is not valid JSON of that form.
     """
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
-        return {t.name: {"name": t.name, "transpose": None} for t in model.graph.initializer}
+        return {t.name: {"name": t.name, "transpose": None, "also": []} for t in model.graph.initializer}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
         return {
-            k: {"name": v, "transpose": None} if isinstance(v, str)
-            else {"name": str(v["name"]), "transpose": v.get("transpose")}
+            k: {"name": v, "transpose": None, "also": []} if isinstance(v, str)
+            else {"name": str(v["name"]), "transpose": v.get("transpose"), "also": [str(a) for a in v.get("also", [])]}
             for k, v in raw.items()
         }
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -69,9 +70,10 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         arr = numpy_helper.to_array(init)
         if spec["transpose"] is not None:
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
-        if spec["name"] in weights:
-            raise BadModelError(f"two initializers map to the source parameter {spec['name']!r}")
-        weights[spec["name"]] = arr
+        for name in (spec["name"], *spec["also"]):
+            if name in weights:
+                raise BadModelError(f"two initializers map to the source parameter {name!r}")
+            weights[name] = arr if name == spec["name"] else arr.copy()
     return weights
 
 

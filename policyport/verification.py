@@ -50,7 +50,8 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
 def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxruntime"), source=None,
            reference: Callable[[np.ndarray], Mapping[str, np.ndarray]] | None = None,
            samples: int = DEFAULT_SAMPLES, low: float = 0.0, high: float = 1.0, seed: int = 0,
-           atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, tensors: str | list[str] = "*") -> Report:
+           atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, tensors: str | list[str] = "*",
+           trust: bool = False) -> Report:
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -66,6 +67,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         samples, low, high, seed: see :func:`sample_inputs`.
         atol: absolute tolerance (default 1e-5). rtol: relative tolerance (default 1e-5).
         tensors: which node outputs to compare (globs); graph outputs are always compared.
+        trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch module).
 
     Returns:
         A :class:`Report`; it does not raise on a mismatch (check ``report.passed``).
@@ -91,7 +93,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raise InputMismatchError("the model has several inputs; pass a dict of feeds")
         feeds = {first.inputs[0].name: inputs}
     if source is not None and reference is None:
-        reference = _source_reference(model, source)
+        reference = _source_reference(model, source, trust)
     if len(backends) < 2 and reference is None:
         raise InputMismatchError(
             f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
@@ -124,7 +126,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     return report
 
 
-def _source_reference(model, source) -> Callable:
+def _source_reference(model, source, trust: bool = False) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion."""
     from .converter import OPTIONS_KEY, ConvertOptions, convert_source
     from .files import ensure_model
@@ -137,7 +139,7 @@ def _source_reference(model, source) -> Callable:
         options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     try:
-        converted = convert_source(source, options=options)
+        converted = convert_source(source, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     return converted.reference

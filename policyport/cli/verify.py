@@ -86,6 +86,7 @@ def verify_cmd(
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the drawn observations  [default: 0]")] = None,
     backends: Annotated[Optional[str], typer.Option(help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
+    trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
     tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare (graph outputs always are).")] = "*",
     atol: AtolOpt = 1e-5,
     rtol: RtolOpt = 1e-5,
@@ -125,7 +126,7 @@ def verify_cmd(
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source,
                             samples=1000 if samples is None else samples, low=lo, high=hi,
-                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors)
+                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, trust=trust)
         return print_report(report, as_json)
 
     guard(as_json, body)
