@@ -605,7 +605,9 @@ def convert_torchscript(source, options):
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
     try:
-        module = torch.jit.load(str(path), map_location="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript itself
+            module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError for anything unreadable
         raise UnreadableFileError(f"{path} is not a readable TorchScript file: {str(e).strip().splitlines()[0]}") from e
     export = export_module(module, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
