@@ -66,6 +66,7 @@ class Export:
     Attributes:
         model: the renamed ``onnx.ModelProto``.
         module_tensors: module path -> the graph tensor holding that module's output.
+        module_inputs: leaf module path -> the graph tensor it reads (its one non-constant input).
         output_names: the graph outputs, in the order the module returns them.
         notes: what a user should hear about.
     """
@@ -74,6 +75,7 @@ class Export:
     module_tensors: dict[str, str]
     output_names: list[str]
     notes: list[str] = field(default_factory=list)
+    module_inputs: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,13 +238,13 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     params = state_dict if state_dict is not None else {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
     module_names = {name for name, _ in module.named_modules()}
     classes = {name: _class_name(sub) for name, sub in module.named_modules()}
-    leaves = {name for name, sub in module.named_modules() if not list(sub.children())}
-    model, module_tensors = rename_graph(raw, exporter, names, module_names, classes, leaves)
+    leaves = [name for name, sub in module.named_modules() if name and not list(sub.children())]
+    model, module_tensors, module_inputs = rename_graph(raw, exporter, names, module_names, classes, leaves)
     model, unmatched = match_parameters(model, params)
     if unmatched:
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
                      f"graph as stored (unused, or folded by the exporter): {', '.join(unmatched)}")
-    return Export(model, module_tensors, names, notes)
+    return Export(model, module_tensors, names, notes, module_inputs)
 
 
 def _class_name(module) -> str:
@@ -323,11 +325,12 @@ def _scope_of_dynamo_node(node, module_names: set[str]) -> str | None:
 
 
 def rename_graph(model, exporter: str, output_names: list[str], module_names: set[str], classes: dict[str, str],
-                 leaves: set[str]):
+                 leaves: list[str]):
     """Rename the exported graph's nodes and tensors by module path and role.
 
     Returns:
-        ``(model, module_tensors)``: a new ``onnx.ModelProto`` and module path -> its output tensor.
+        ``(model, module_tensors, module_inputs)``: a new ``onnx.ModelProto``, module path -> its
+        output tensor, and leaf module path -> the one non-constant tensor it reads.
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     out = onnx.ModelProto()
@@ -339,11 +342,15 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
     # group nodes by the module that computed them
     groups: dict[tuple, list] = {}
     order: list[tuple] = []
+    leaf_set, initializers, previous = set(leaves), {t.name for t in graph.initializer}, None
     for i, node in enumerate(graph.node):
         scope = (_scope_of_dynamo_node(node, module_names) if exporter == "dynamo"
                  else _scope_of_ts_name(node.name, module_names))
         scope = scope or ""
-        if scope in leaves and scope:
+        if scope not in leaf_set:  # a scope the exporter lost (TorchScript shares one type's methods)
+            scope = _leaf_of(node, scope, previous, leaves, classes, initializers) or scope
+        previous = scope if scope in leaf_set else previous
+        if scope in leaf_set and scope:
             key = (scope, ROLES.get(classes[scope], _snake(classes[scope])))
         else:
             key = (scope, _snake(node.op_type), i)  # a functional op in a custom forward: its own group
@@ -354,6 +361,8 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
     used: set[str] = set(protected)
     renames: dict[str, str] = {}
     module_tensors: dict[str, str] = {}
+    module_inputs: dict[str, str] = {}
+    constants = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
 
     def unique(name: str) -> str:
         candidate, n = name, 1
@@ -378,6 +387,11 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
             node.name = (renames.get(node.output[0], node.output[0]) if node.output else unique(base))
         if len(key) == 2:
             module_tensors[scope] = renames.get(last.output[0], last.output[0])
+            inside = {o for node in nodes for o in node.output}
+            outside = list(dict.fromkeys(i for node in nodes for i in node.input
+                                         if i and i not in inside and i not in constants))
+            if len(outside) == 1:
+                module_inputs[scope] = outside[0]
     for node in graph.node:
         node.input[:] = [renames.get(i, i) for i in node.input]
         node.output[:] = [renames.get(o, o) for o in node.output]
@@ -390,7 +404,7 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
             if d.HasField("dim_param") or not d.HasField("dim_value"):
                 d.dim_param = "batch"
     del out.metadata_props[:]
-    return out, module_tensors
+    return out, module_tensors, {path: renames.get(t, t) for path, t in module_inputs.items()}
 
 
 def _separate_initializers(graph) -> None:
@@ -407,6 +421,25 @@ def _separate_initializers(graph) -> None:
             old, init.name = init.name, new
             for node in graph.node:
                 node.input[:] = [new if i == old else i for i in node.input]
+
+
+def _leaf_of(node, scope: str, previous: str | None, leaves: list[str], classes: dict[str, str],
+             initializers: set[str]) -> str | None:
+    """The leaf module under ``scope`` that computed ``node``, when the exporter named only an
+    ancestor: the module owning a parameter the node reads (``<path>.weight``), or else the leaf
+    right after the previous node's, when that leaf has no parameters and its role is the node's op."""
+    under = (lambda path: path.startswith(scope + ".")) if scope else (lambda path: True)
+    for name in node.input:
+        path = name.rsplit(".", 1)[0]
+        if name in initializers and path in leaves and under(path):
+            return path
+    if previous in leaves:
+        following = leaves.index(previous) + 1
+        if following < len(leaves) and under(leaves[following]):
+            leaf = leaves[following]
+            if ROLES.get(classes[leaf], _snake(classes[leaf])) == _snake(node.op_type):
+                return leaf
+    return None
 
 
 def _drop_initializer_identities(graph) -> None:
@@ -517,11 +550,16 @@ def match_parameters(model, state_dict: dict[str, np.ndarray]):
 # the reference: torch with forward hooks
 
 
-def module_reference(module, module_tensors: dict[str, str], output_names: list[str]) -> Callable:
+def module_reference(module, export: Export) -> Callable:
     """``obs -> {tensor name: array}``: the module run in torch (eval mode, no grad), every mapped
-    submodule's output recorded by a forward hook (a TorchScript module: its ``nn.Sequential``
-    parts run child by child), and the outputs under the graph's output names."""
+    submodule's output recorded by a forward hook, and the outputs under the graph's output names.
+
+    A TorchScript module takes no hooks: an ``nn.Sequential`` root runs child by child; inside a
+    scripted custom ``forward``, each leaf module runs on the input the graph gives it (recorded
+    by policyport's numpy backend), so that each layer is compared on its own.
+    """
     torch = _torch()
+    module_tensors, output_names = export.module_tensors, export.output_names
 
     def forward(obs: np.ndarray) -> dict[str, np.ndarray]:
         recorded: dict[str, np.ndarray] = {}
@@ -534,6 +572,8 @@ def module_reference(module, module_tensors: dict[str, str], output_names: list[
         with _eval_mode(module, []), torch.no_grad():
             if isinstance(module, torch.jit.ScriptModule):
                 result = _run_scripted(module, "", x, keep)
+                if not recorded:  # a scripted custom forward: each leaf on the graph's own input
+                    _run_leaves_on_graph_inputs(module, export, obs, keep)
             else:
                 hooks = [sub.register_forward_hook(lambda m, i, o, path=path: keep(path, o))
                          for path, sub in module.named_modules() if path in module_tensors]
@@ -548,6 +588,20 @@ def module_reference(module, module_tensors: dict[str, str], output_names: list[
         return recorded
 
     return forward
+
+
+def _run_leaves_on_graph_inputs(module, export: Export, obs: np.ndarray, keep) -> None:
+    from ..runtime import load
+
+    torch = _torch()
+    inputs = {p: t for p, t in export.module_inputs.items() if p in export.module_tensors}
+    wanted = sorted(set(inputs.values()) - {"obs"})
+    recorded = load(export.model, backend="numpy").record({"obs": np.asarray(obs)}, tensors=wanted) if wanted else {}
+    submodules = dict(module.named_modules())  # get_submodule is not supported on ScriptModules
+    for path, tensor in inputs.items():
+        if (tensor in recorded or tensor == "obs") and path in submodules:
+            value = np.asarray(obs) if tensor == "obs" else recorded[tensor]
+            keep(path, submodules[path](torch.as_tensor(value)))
 
 
 def _run_scripted(module, path: str, x, keep):
@@ -583,7 +637,7 @@ def convert_torch(source, options):
     export = export_module(source, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
-    reference = module_reference(source, export.module_tensors, export.output_names)
+    reference = module_reference(source, export)
     return Converted(export.model, reference, "torch", export.notes)
 
 
@@ -613,7 +667,7 @@ def convert_torchscript(source, options):
     export = export_module(module, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
-    reference = module_reference(module, export.module_tensors, export.output_names)
+    reference = module_reference(module, export)
     return Converted(export.model, reference, "torchscript", export.notes)
 
 

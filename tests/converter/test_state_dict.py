@@ -148,39 +148,14 @@ def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
         pp.convert(path)
 
 
-class SlimFC(torch.nn.Module):
-    def __init__(self, n_in, n_out, act):
-        super().__init__()
-        self._model = torch.nn.Sequential(torch.nn.Linear(n_in, n_out), *([act()] if act else []))
-
-    def forward(self, x):
-        return self._model(x)
-
-
-class RllibFCNet(torch.nn.Module):
-    """RLlib's torch FullyConnectedNetwork as its state_dict names it (ray/rllib/models/torch/fcnet.py)."""
-
-    def __init__(self):
-        super().__init__()
-        self._hidden_layers = torch.nn.Sequential(SlimFC(6, 16, torch.nn.Tanh), SlimFC(16, 16, torch.nn.Tanh))
-        self._logits = SlimFC(16, 4, None)
-        self._value_branch_separate = torch.nn.Sequential(SlimFC(6, 8, torch.nn.Tanh))
-        self._value_branch = SlimFC(8, 1, None)
-
-    def forward(self, obs):
-        return self._logits(self._hidden_layers(obs)), self._value_branch(self._value_branch_separate(obs))
-
-
 @pytest.mark.parametrize("kind", ["state-dict", "rllib-torch"])
-def test_rllib_torch_weights_match_the_network(kind, tmp_path):
-    torch.manual_seed(3)
-    net = RllibFCNet().eval()
-    path = tmp_path / "rllib.pt"
-    torch.save(net.state_dict(), path)
+def test_rllib_torch_weights_match_the_network(kind):
+    net, shape = load_module("rllib_fcnet")
+    path = TORCH_DIR / "rllib_fcnet.state_dict.pt"
     c = convert_source(path, kind=kind, keep_value=True, head="diag-gaussian")
     names = {n.output[0] for n in c.model.graph.node}
     assert {"_hidden_layers.0._model.0/linear", "_hidden_layers.0._model.1/tanh", "_value_branch_separate.0._model.1/tanh"} <= names
-    obs = observations((6,), 7)
+    obs = observations(shape, 7)
     assert pp.verify(c.model, obs, reference=c.reference).passed
     with torch.no_grad():
         logits, value = net(torch.as_tensor(obs))
