@@ -255,5 +255,6 @@ def _action_head(spec, family: str, space: dict) -> ActionHead:
         if spec.free_log_std is None:
             raise BadModelError("a Box action space, but the policy has no log_std: not a Gaussian policy")
         return ActionHead("clip", low, high)
-    scope = f"actor.mu.{int(spec.output.name.rsplit('.', 1)[1]) + 1}" if family == "td3" else "action"
-    return ActionHead("squash", low, high, tanh_scope=scope)
+    from .state_dict import td3_tanh_scope
+
+    return ActionHead("squash", low, high, tanh_scope=td3_tanh_scope(spec) if family == "td3" else "action")

@@ -45,7 +45,7 @@ SEQ_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?)(?P<index>\d+)\.(?P<param>weight|bi
 
 
 def read_arrays(path, trust: bool = False):
-    """The arrays of a ``.pt``/``.pth``/``.safetensors``/``.npz`` file and provenance.
+    """The arrays of a ``.pt``/``.pth``/``.safetensors``/``.npz`` file (or a dict of arrays) and provenance.
 
     Returns:
         ``(arrays or a torch module, provenance)``: a whole pickled module (``trust`` only) comes
@@ -54,6 +54,8 @@ def read_arrays(path, trust: bool = False):
     from ..files import load_arrays
     from .torch_files import as_state_dict, load_torch_file, read_safetensors
 
+    if isinstance(path, Mapping):  # a dict of arrays (RLlib's policy.get_weights())
+        return as_state_dict({str(k): np.asarray(v) for k, v in path.items()}, "the weights"), {}
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
@@ -62,10 +64,23 @@ def read_arrays(path, trust: bool = False):
         value = load_arrays(path)
     else:
         value = load_torch_file(path, trust=trust)
-    if trust and type(value).__module__.split(".")[0] != "builtins" and hasattr(value, "state_dict") and callable(getattr(value, "forward", None)):
+    if trust and _is_module(value):
         return value, {"kind": "torch", "file": path.name}
     provenance = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     return as_state_dict(value, path), provenance
+
+
+def _is_module(value) -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(value, torch.nn.Module)
+
+
+def td3_tanh_scope(spec: MlpSpec) -> str:
+    """The module path of the ``nn.Tanh`` that ends a TD3/DDPG ``actor.mu`` (after its last Linear)."""
+    return f"actor.mu.{int(spec.output.name.rsplit('.', 1)[1]) + 1}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +391,7 @@ def bare_actor_head(spec: MlpSpec, family: str | None, notes: list[str]) -> None
     if family in ("sac", "td3"):
         n = spec.output.out_features
         one = np.ones(n, spec.dtype)
-        scope = f"actor.mu.{int(spec.output.name.rsplit('.', 1)[1]) + 1}" if family == "td3" else "action"
+        scope = td3_tanh_scope(spec) if family == "td3" else "action"
         spec.action = ActionHead("squash", -one, one, tanh_scope=scope)
         notes.append("the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] "
                      "(convert the SB3 zip to rescale it to the action space)")

@@ -90,11 +90,11 @@ def input_shape_of(module, given: tuple[int, ...] | None) -> tuple[int, ...]:
     """
     if given:
         return tuple(int(d) for d in given)
-    torch = _torch()
-    for name, sub in module.named_modules():
-        if isinstance(sub, torch.nn.Flatten) or type(sub).__name__ in ("Flatten", "Conv1d", "Conv2d"):
+    for _, sub in module.named_modules():
+        kind = _class_name(sub)
+        if kind in ("Flatten", "Unflatten", "Conv1d", "Conv2d", "Embedding"):
             break
-        if isinstance(sub, torch.nn.Linear) or getattr(sub, "original_name", None) == "Linear":
+        if kind == "Linear":
             return (int(sub.weight.shape[1]),)
     raise BadModelError(
         "cannot tell the observation shape from the module (its first layer is not a Linear); "
@@ -185,12 +185,38 @@ def _export_raw(module, example, names: list[str], exporter: str, opset: int):
         )
         return program.model_proto
     f = io.BytesIO()
-    torch.onnx.export(
-        module, (example,), f, dynamo=False, input_names=["obs"], output_names=names, opset_version=opset,
-        dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=True,
-    )
+    torch.onnx.register_custom_op_symbolic("aten::softplus", _softplus_symbolic, opset)
+    try:
+        torch.onnx.export(
+            module, (example,), f, dynamo=False, input_names=["obs"], output_names=names, opset_version=opset,
+            dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=True,
+        )
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::softplus", opset)
     onnx = require("onnx", "onnx", "building an ONNX model")
     return onnx.load_from_string(f.getvalue())
+
+
+def _softplus_symbolic(g, x, beta, threshold):
+    """``nn.Softplus(beta, threshold)`` exactly: ``x`` where ``beta * x > threshold``, else
+    ``log(1 + exp(beta * x)) / beta`` (``torch.nn.functional.softplus``). The TorchScript exporter's
+    own form drops the threshold; ONNX ``Softplus`` has neither parameter, and onnxruntime runs it in
+    float32 only, so a float64 graph spells it with Exp and Log."""
+    torch = _torch()
+    from torch.onnx import symbolic_helper
+
+    dtype = {"Double": torch.float64, "Half": torch.float16}.get(x.type().scalarType(), torch.float32)
+    beta_v = float(symbolic_helper._maybe_get_const(beta, "f"))
+    threshold_v = float(symbolic_helper._maybe_get_const(threshold, "f"))
+    const = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=dtype))  # noqa: E731
+    scaled = x if beta_v == 1 else g.op("Mul", x, const(beta_v))
+    if dtype == torch.float64:
+        soft = g.op("Log", g.op("Add", g.op("Exp", scaled), const(1.0)))
+    else:
+        soft = g.op("Softplus", scaled)
+    if beta_v != 1:
+        soft = g.op("Div", soft, const(beta_v))
+    return g.op("Where", g.op("Greater", scaled, const(threshold_v)), x, soft)
 
 
 def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
@@ -271,18 +297,23 @@ def _export_error(module, example, exporter: str, opset: int, error: Exception) 
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()  # the dynamo exporter colours its messages
     message = text.splitlines()[0] if text else type(error).__name__
     op = re.search(r"(aten::\w+|aten\.\w+)", str(error))
+    failing, exported = None, False
     for name, x in inputs.items():
         sub = module.get_submodule(name)
         try:
             with _quiet():
                 _export_raw(sub, x, ["y"], exporter, opset)
+            exported = True
         except Exception:  # noqa: BLE001
-            what = f"op {op.group(1)}" if op else "its op"
-            return UnsupportedOpError(
-                f"module {name!r} ({_class_name(sub)}) cannot be exported to ONNX opset {opset} by the {exporter} "
-                f"exporter: {what} has no ONNX form there ({message}); try another --opset or --exporter"
-            )
-    return BadModelError(f"torch.onnx.export ({exporter}) failed: {message}")
+            failing = failing or (name, sub)
+    if failing and exported:  # some layers export, this one does not: it is the culprit
+        name, sub = failing
+        what = f"op {op.group(1)}" if op else "its op"
+        return UnsupportedOpError(
+            f"module {name!r} ({_class_name(sub)}) cannot be exported to ONNX opset {opset} by the {exporter} "
+            f"exporter: {what} has no ONNX form there ({message}); try another --opset or --exporter"
+        )
+    return BadModelError(f"torch.onnx.export ({exporter} exporter, opset {opset}) failed: {message}")
 
 
 # ---------------------------------------------------------------------------------------------

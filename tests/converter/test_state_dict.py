@@ -206,3 +206,13 @@ def test_the_cli_converts_a_state_dict_and_verifies_it_against_the_source(tmp_pa
     assert {c["tensor"] for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"} >= {"5/batch_norm", "logits"}
     result = runner.invoke(app, ["convert", str(TORCH_DIR / "norms.state_dict.pt"), "-o", str(tmp_path / "x.onnx")])
     assert result.exit_code == 3 and "--activation" in result.stderr and not (tmp_path / "x.onnx").exists()
+
+
+def test_rllib_weights_as_a_dict_of_arrays_convert_like_the_file():
+    """RLlib's ``policy.get_weights()`` hands the torch layout over as a dict of numpy arrays."""
+    net, shape = load_module("rllib_fcnet")
+    weights = {k: v.numpy() for k, v in net.state_dict().items()}
+    from_dict = convert_source(weights, kind="rllib-torch", head="diag-gaussian")
+    from_file = convert_source(TORCH_DIR / "rllib_fcnet.state_dict.pt", kind="rllib-torch", head="diag-gaussian")
+    assert from_dict.model.graph == from_file.model.graph
+    assert pp.verify(from_dict.model, observations(shape, 7), reference=from_dict.reference).passed

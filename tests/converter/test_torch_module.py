@@ -199,3 +199,24 @@ def test_a_whole_pickled_module_needs_trust(tmp_path):
     c = convert_source(path, trust=True)
     assert c.kind == "state-dict" and "1/layer_norm" in {n.output[0] for n in c.model.graph.node}
     assert pp.verify(c.model, observations(shape, 7), reference=c.reference).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softplus_keeps_its_beta_and_threshold_exactly(dtype):
+    """torch's Softplus is x past beta * x > threshold; the exported form keeps that (the plain ONNX
+    Softplus has neither parameter), so float64 agrees to 1e-12 on inputs on both sides."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Softplus(beta=2), torch.nn.Linear(8, 8),
+                                 torch.nn.Softplus(), torch.nn.Linear(8, 2)).to(dtype)
+    with torch.no_grad():
+        module[0].weight.mul_(20)  # pre-activations far beyond the threshold too
+    c = convert_source(module)
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    obs = observations((4,), 64, np_dtype)
+    tol = tolerance(np_dtype)
+    report = pp.verify(c.model, obs, reference=c.reference, atol=tol, rtol=tol)
+    assert report.passed, report.first_divergence
+    assert "Where" in {n.op_type for n in c.model.graph.node}
+    with torch.no_grad():
+        pre = module[0](torch.as_tensor(obs)) * 2
+    assert (pre > 20).any() and (pre < 20).any()
