@@ -73,7 +73,7 @@ def convert(
     src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", help="Source kind; detected from SRC when omitted (see 'Sources' in the README).")] = None,
-    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, linear  [default: the source's own; tanh for an .npz]")] = None,
+    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
     head: Annotated[Optional[str], typer.Option(help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
     exporter: Annotated[str, typer.Option(help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",

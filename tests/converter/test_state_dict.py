@@ -216,3 +216,48 @@ def test_rllib_weights_as_a_dict_of_arrays_convert_like_the_file():
     from_file = convert_source(TORCH_DIR / "rllib_fcnet.state_dict.pt", kind="rllib-torch", head="diag-gaussian")
     assert from_dict.model.graph == from_file.model.graph
     assert pp.verify(from_dict.model, observations(shape, 7), reference=from_dict.reference).passed
+
+
+def test_sb3_policy_state_dicts_without_their_zip(tmp_path):
+    """policy.pth alone: the layout is SB3's, the action space unknown, which the notes say."""
+    cartpole = convert_source(sb3_policy_pth(CARTPOLE, tmp_path))
+    assert [o.name for o in cartpole.model.graph.output] == ["logits", "action"]
+    assert any("Discrete" in n for n in cartpole.notes)
+    obs = observations((4,), 7)
+    got = pp.load(cartpole.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], np.argmax(got["logits"], axis=1))
+    pendulum = convert_source(sb3_policy_pth(SB3_DIR / "ppo_pendulum.zip", tmp_path))
+    assert any("unclipped Gaussian mean" in n for n in pendulum.notes)
+    obs = observations((3,), 7) * 100  # far outside the bounds: nothing clips
+    got = pp.load(pendulum.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], got["logits"][:, :1])
+    sac = convert_source(sb3_policy_pth(SB3_DIR / "sac_pendulum.zip", tmp_path))
+    got = pp.load(sac.model).run({"obs": obs})
+    assert np.all(np.abs(got["action"]) <= 1) and any("[-1, 1]" in n for n in sac.notes)
+    np.testing.assert_allclose(got["action"], np.tanh(got["logits"]), rtol=1e-6, atol=1e-6)
+
+
+def test_sb3_shared_layers_feed_both_branches(tmp_path):
+    """SB3 < 1.8 wrote net_arch=[64, dict(pi=[...], vf=[...])] as mlp_extractor.shared_net before both branches."""
+    torch.manual_seed(1)
+    shared = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh())
+    pi = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
+    vf = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
+    action_net, value_net = torch.nn.Linear(8, 3), torch.nn.Linear(8, 1)
+    state = {**{f"mlp_extractor.shared_net.{k}": v for k, v in shared.state_dict().items()},
+             **{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
+             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
+             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
+             **{f"value_net.{k}": v for k, v in value_net.state_dict().items()}}
+    path = tmp_path / "shared.pt"
+    torch.save(state, path)
+    c = convert_source(path, keep_value=True)
+    obs = observations((5,), 7)
+    with torch.no_grad():
+        latent = shared(torch.as_tensor(obs))
+        logits, value = action_net(pi(latent)).numpy(), value_net(vf(latent)).numpy()
+    got = pp.load(c.model, backend="onnxruntime").run({"obs": obs})
+    np.testing.assert_allclose(got["logits"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["value"], value, rtol=1e-5, atol=1e-5)
+    assert "mlp_extractor.shared_net.1/tanh" in {n.output[0] for n in c.model.graph.node}
+    assert pp.verify(c.model, obs, reference=c.reference).passed
