@@ -220,3 +220,15 @@ def test_softplus_keeps_its_beta_and_threshold_exactly(dtype):
     with torch.no_grad():
         pre = module[0](torch.as_tensor(obs)) * 2
     assert (pre > 20).any() and (pre < 20).any()
+
+
+@pytest.mark.parametrize("opset", [11, 13, 14, 17, 20])
+def test_every_activation_has_an_exact_form_at_every_opset(opset):
+    """GELU(tanh) before Gelu-20, Mish before Mish-18, Hardswish before HardSwish-14: decompositions that
+    agree with torch layer by layer."""
+    module, shape = load_module("activations")
+    c = convert_source(module, input_shape=shape, opset=opset)
+    ops = {n.op_type for n in c.model.graph.node}
+    assert ("HardSwish" in ops) == (opset >= 14) and ("Gelu" in ops) == (opset >= 20)
+    report = pp.verify(c.model, observations(shape, 7), reference=c.reference)
+    assert report.passed and len({x.tensor for x in report.comparisons if x.reference == "source"}) == 20
