@@ -14,7 +14,10 @@ source's own parameter names; :func:`build_mlp` lays them out so that no array i
 Heads (``head=``): ``None`` outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
 half of ``logits``: the deterministic action) and ``log_std`` (the other half), as RLlib's
 ``DiagGaussian`` splits its inputs (``ray/rllib/models/tf/tf_action_dist.py``); ``"categorical"``
-adds ``action`` = argmax of ``logits`` (int64).
+adds ``action`` = argmax of ``logits`` (int64). Without ``head``, a spec's own :class:`ActionHead`
+(SB3's deterministic action: argmax, one argmax per MultiDiscrete sub-space, the Gaussian mean clipped
+to the bounds, tanh rescaled to the bounds) is built by :func:`add_action_head`; SB3's VecNormalize
+by :func:`add_obs_norm`.
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ class Dense:
         bias: float array, shape ``(out,)``, or ``None`` for a layer without bias.
         bias_name: the source's parameter name of ``bias``.
         activation: applied after the affine map; ``None`` for a linear layer.
-        post: what follows the affine map, in order, when it is more than one activation named
-            after the layer (a torch ``nn.Sequential``'s ``LayerNorm``, ``BatchNorm1d`` and
-            activation modules, each named by its own module path); empty means ``activation``.
+        post: the modules after the affine map, in order, each named by its own module path (a
+            torch ``nn.Sequential``'s ``LayerNorm``, ``BatchNorm1d`` and activation modules); empty
+            means ``activation`` alone, named after the layer.
     """
 
     name: str
@@ -133,8 +136,8 @@ class ActionHead:
         kind: ``"argmax"`` (Discrete: argmax of ``logits``, int64 ``(batch,)``); ``"multi_argmax"``
             (MultiDiscrete: one argmax per sub-space of ``logits``, int64 ``(batch, len(nvec))``);
             ``"clip"`` (Box, Gaussian: the mean clipped to ``[low, high]``); ``"squash"`` (Box,
-            squashed: ``tanh`` of ``logits`` rescaled from [-1, 1] to ``[low, high]``);
-            ``"rescale"`` (Box: an actor whose last module already is ``tanh``, rescaled).
+            squashed: ``tanh`` of ``logits`` rescaled from [-1, 1] to ``[low, high]``; SAC's squashed
+            Gaussian, and TD3/DDPG, whose actor ends in an ``nn.Tanh``).
         low, high: the Box bounds, arrays of shape ``(action_dim,)`` in the policy's dtype.
         nvec: the MultiDiscrete sizes.
         tanh_scope: the module path naming the squashing tanh (``actor.mu.5`` for TD3) or
@@ -460,9 +463,8 @@ def add_action_head(b: MlpBuilder, spec: MlpSpec, logits: str, elem: int) -> lis
             b.node("Slice", [logits, start, end, axes], "log_std")
             outputs.append(helper.make_tensor_value_info("log_std", elem, ["batch", n]))
         return outputs
-    if head.kind in ("squash", "rescale"):
-        squashed = logits if head.kind == "rescale" else b.node("Tanh", [logits], f"{head.tanh_scope}/tanh")
-        add_rescale(b, squashed, head.low, head.high)
+    if head.kind == "squash":
+        add_rescale(b, b.node("Tanh", [logits], f"{head.tanh_scope}/tanh"), head.low, head.high)
         return [helper.make_tensor_value_info("action", elem, ["batch", n])]
     raise BadModelError(f"unknown action head {head.kind!r}")
 

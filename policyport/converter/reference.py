@@ -106,8 +106,8 @@ def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.
             keep("action", ops.clip(mean, ops.asarray(action.low, mean), ops.asarray(action.high, mean)))
             if spec.free_log_std is not None:
                 keep("log_std", logits[:, half:])
-        else:  # squash / rescale: SB3's unscale_action, low + 0.5 * (a + 1) * (high - low)
-            a = logits if action.kind == "rescale" else keep(f"{action.tanh_scope}/tanh", ops.tanh(logits))
+        else:  # squash: tanh, then SB3's unscale_action, low + 0.5 * (a + 1) * (high - low)
+            a = keep(f"{action.tanh_scope}/tanh", ops.tanh(logits))
             low, high = np.asarray(action.low, spec.dtype), np.asarray(action.high, spec.dtype)
             keep("action", ops.asarray(low, a) + (a + 1) * ops.asarray(spec.dtype.type(0.5), a) * ops.asarray(high - low, a))
     if spec.value_output is not None:

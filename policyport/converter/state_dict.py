@@ -269,7 +269,7 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
     """The actor of SB3's SAC (``actor.latent_pi``, ``actor.mu``) or TD3/DDPG (``actor.mu.<i>``).
 
     Returns:
-        ``(spec, algorithm family "sac" or "td3", notes)``; the action head (squash / rescale) is
+        ``(spec, algorithm family "sac" or "td3", notes)``; the action head (tanh, rescaled) is
         the caller's, which knows the bounds.
     """
     extractor = sorted(k for k in arrays if k.startswith("actor.features_extractor."))
