@@ -178,6 +178,8 @@ from policyport.converter import convert_source
 for src, opts in [({str(TORCH_DIR / 'norms.state_dict.pt')!r}, dict(activation="tanh,relu")), ({str(CARTPOLE)!r}, {{}})]:
     c = convert_source(src, **opts)
     assert pp.verify(c.model, reference=c.reference, samples=50).passed
+    report = pp.verify(c.model, source=src, samples=50)  # what verify --source does: the numpy forward
+    assert report.passed and report.reference == "source"
     open({str(tmp_path)!r} + "/" + src.rsplit("/", 1)[1] + ".onnx", "wb").write(c.model.SerializeToString())
 assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None and m.split(".")[0] == "torch"]
 """
