@@ -24,11 +24,14 @@ PARAMETERS_KEY = "policyport.parameters"
 
 
 def parameter_map(model) -> dict[str, dict]:
-    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None, "zeros": None}``.
+    """Initializer name -> ``{"name": source parameter name, "transpose": perm or None, "zeros": None,
+    "also": [...]}``.
 
     Read from ``metadata_props["policyport.parameters"]``, which policyport's converters write; a
-    value may be a plain source name (no layout change) or such a dict. A model policyport did not
-    write maps each of its parameters (:func:`parameter_names`) to itself, under its initializer name.
+    value may be a plain source name (no layout change) or such a dict. ``also`` lists further
+    source names holding the same array (tied weights, or equal tensors an exporter merged into one
+    initializer). A model policyport did not write maps each of its parameters
+    (:func:`parameter_names`) to itself, under its initializer name.
 
     An entry may also stand for a source parameter the graph does not hold: an all-zero array an
     exporter dropped (tf2onnx removes zero biases). Its key is the source name, and ``"zeros"`` is
@@ -40,14 +43,14 @@ def parameter_map(model) -> dict[str, dict]:
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
         weights = parameter_names(model.graph)
-        return {t.name: {"name": t.name, "transpose": None, "zeros": None}
+        return {t.name: {"name": t.name, "transpose": None, "zeros": None, "also": []}
                 for t in model.graph.initializer if t.name in weights}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
         mapping = {}
         for k, v in raw.items():
             if isinstance(v, str):
-                mapping[k] = {"name": v, "transpose": None, "zeros": None}
+                mapping[k] = {"name": v, "transpose": None, "zeros": None, "also": []}
                 continue
             zeros = v.get("zeros")
             if zeros is not None:
@@ -56,7 +59,8 @@ def parameter_map(model) -> dict[str, dict]:
                 if dtype.kind not in "biuf" or any(d < 0 for d in shape):
                     raise ValueError(f"{k!r} rebuilds zeros of dtype {dtype} and shape {shape}")
                 zeros = {"shape": shape, "dtype": dtype.name}
-            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros}
+            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros,
+                          "also": [str(a) for a in v.get("also", [])]}
         return mapping
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise BadModelError(f"metadata {PARAMETERS_KEY!r} is malformed: {e}") from e
@@ -143,9 +147,10 @@ def extract_weights(model) -> dict[str, np.ndarray]:
             continue
         if spec["transpose"] is not None:
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
-        if spec["name"] in weights:
-            raise BadModelError(f"two initializers map to the source parameter {spec['name']!r}")
-        weights[spec["name"]] = arr
+        for name in (spec["name"], *spec["also"]):
+            if name in weights:
+                raise BadModelError(f"two initializers map to the source parameter {name!r}")
+            weights[name] = arr if name == spec["name"] else arr.copy()
     return weights
 
 

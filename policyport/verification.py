@@ -83,7 +83,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            reference: Callable[[np.ndarray], Mapping[str, np.ndarray]] | None = None,
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
-           outputs: str | list[str] | None = None, rounding: bool = True) -> Report:
+           outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False) -> Report:
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -109,6 +109,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         rounding: apply the float32-rounding rule (default) to floating tensors that fail the
             tolerance: a float64 run of the graph on the numpy backend tells rounding from a real
             difference (:mod:`policyport.compare`). ``False``: the tolerance alone decides.
+        trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch module).
 
     Returns:
         A :class:`Report`; it does not raise on a mismatch (check ``report.passed``).
@@ -151,7 +152,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
                 notes.append(f"using the first {min(samples, given)} of the {given} observations given"
                              + (f" ({samples} asked)" if samples > given else ""))
     if source is not None and reference is None:
-        reference = _source_reference(model, source)
+        reference = _source_reference(model, source, trust)
     if len(backends) < 2 and reference is None:
         raise InputMismatchError(
             f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
@@ -245,7 +246,7 @@ def _graph(model, sessions) -> Graph:
     return from_onnx(ensure_model(model))
 
 
-def _source_reference(model, source) -> Callable:
+def _source_reference(model, source, trust: bool = False) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion."""
     from .converter import OPTIONS_KEY, ConvertOptions, convert_source
     from .files import ensure_model
@@ -258,7 +259,7 @@ def _source_reference(model, source) -> Callable:
         options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     try:
-        converted = convert_source(source, options=options)
+        converted = convert_source(source, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     return converted.reference

@@ -21,9 +21,14 @@ def check_convert_options(kind, activation, head, opset, exporter) -> str | None
 
     if kind is not None and kind not in KINDS:
         raise typer.BadParameter(f"{kind!r}; choose one of {', '.join(KINDS)}", param_hint="--from")
+    if kind == "torch":
+        raise typer.BadParameter("'torch' is a live nn.Module, given through the Python API (pp.convert(module)); "
+                                 "for a file use torchscript, state-dict, or --trust with a whole pickled module",
+                                 param_hint="--from")
     if activation is not None:
         try:
-            parse_activation(activation)
+            for one in activation.split(","):  # one per parameter-free module of an nn.Sequential state_dict
+                parse_activation(one)
         except BadModelError as e:
             raise typer.BadParameter(str(e), param_hint="--activation") from None
     if head is not None and head not in (*HEADS, "none"):
@@ -36,6 +41,29 @@ def check_convert_options(kind, activation, head, opset, exporter) -> str | None
     return None if head in (None, "none") else head
 
 
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``"2,3"`` -> ``(2, 3)``; a usage error (exit 2) unless positive integers."""
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise typer.BadParameter(f"{text!r}; give positive integers separated by commas, e.g. 2,3", param_hint="--input-shape")
+    return shape
+
+
+def parse_names(text: str | None) -> tuple[str, ...] | None:
+    """``"mean,value"`` -> ``("mean", "value")``; a usage error unless non-empty and distinct."""
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise typer.BadParameter(f"{text!r}; give distinct, non-empty names separated by commas", param_hint="--output-names")
+    return names
+
+
 #: Exporters for live torch modules (``--exporter``).
 EXPORTERS = ("torchscript", "dynamo")
 
@@ -45,7 +73,7 @@ def convert(
     src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", help="Source kind; detected from SRC when omitted (see 'Sources' in the README).")] = None,
-    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, linear  [default: the source's own; tanh for an .npz]")] = None,
+    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
     head: Annotated[Optional[str], typer.Option(help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
     exporter: Annotated[str, typer.Option(help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
@@ -54,6 +82,8 @@ def convert(
     obs_filter: Annotated[bool, typer.Option("--filter/--no-filter", help="Bake the source's observation filter into the graph.")] = True,
     obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading files that can run code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
+    input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
+    output_names: Annotated[Optional[str], typer.Option("--output-names", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
     samples: Annotated[int, typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high).")] = 1000,
     low: LowOpt = 0.0,
@@ -77,7 +107,8 @@ def convert(
         check_distinct(output, src, obs_norm)
         options = ConvertOptions(activation=activation, head=chosen_head, opset=opset, keep_value=keep_value,
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
-                                 obs_norm=None if obs_norm is None else str(obs_norm), trust=trust)
+                                 obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
+                                 input_shape=parse_shape(input_shape), output_names=parse_names(output_names))
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)

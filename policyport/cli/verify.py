@@ -130,6 +130,7 @@ def verify_cmd(
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the drawn observations  [default: 0]")] = None,
     backends: Annotated[Optional[str], typer.Option(help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
+    trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
     tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare; graph outputs always are, so an empty list ('' or ',') compares the graph outputs only.")] = "*",
     outputs: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
     atol: AtolOpt = None,
@@ -183,7 +184,7 @@ def verify_cmd(
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
-                            rounding=rounding)
+                            rounding=rounding, trust=trust)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)

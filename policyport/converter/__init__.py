@@ -29,6 +29,11 @@ from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 #: and returns a :class:`Converted`.
 SOURCES: dict[str, str] = {
     "npz": "policyport.converter.rllib_weights:convert_npz",
+    "torch": "policyport.converter.torch_module:convert_torch",
+    "torchscript": "policyport.converter.torch_module:convert_torchscript",
+    "state-dict": "policyport.converter.state_dict:convert_state_dict",
+    "sb3": "policyport.converter.sb3:convert_sb3",
+    "rllib-torch": "policyport.converter.state_dict:convert_rllib_torch",
     "keras": "policyport.converter.keras:convert_keras",
     "savedmodel": "policyport.converter.keras:convert_savedmodel",
     "rllib": "policyport.converter.rllib:convert_rllib",
@@ -58,6 +63,10 @@ class ConvertOptions:
         obs_filter: bake the source's observation filter into the graph (default true).
         obs_norm: an observation-normalisation file to bake in (SB3's ``vecnormalize.pkl``).
         trust: allow unpickling files that can run code (a whole pickled module).
+        input_shape: the observation's shape without the batch axis, for torch modules whose first
+            layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
+        output_names: names for a torch module's outputs, in the order it returns them; ``None``:
+            ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
     """
 
     activation: str | None = None
@@ -69,6 +78,8 @@ class ConvertOptions:
     obs_filter: bool = True
     obs_norm: str | None = None
     trust: bool = False
+    input_shape: tuple[int, ...] | None = None
+    output_names: tuple[str, ...] | None = None
 
     def to_metadata(self) -> str:
         """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
@@ -92,7 +103,11 @@ class ConvertOptions:
         except ValueError as e:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
         known = {f.name for f in dataclasses.fields(cls)} - {"trust"}
-        return cls(**{k: v for k, v in recorded.items() if k in known})
+        values = {k: v for k, v in recorded.items() if k in known}
+        for key in ("input_shape", "output_names"):  # JSON lists back to tuples
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
+        return cls(**values)
 
 
 @dataclass

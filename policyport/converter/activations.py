@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import BadModelError
 
 ALIASES = {"silu": "swish", "identity": "linear", "none": "linear", "leakyrelu": "leaky_relu"}
-NAMES = ("tanh", "relu", "elu", "selu", "swish", "silu", "softplus", "leaky_relu", "gelu", "linear")
+NAMES = ("tanh", "relu", "elu", "selu", "swish", "silu", "softplus", "leaky_relu", "gelu", "mish", "hardswish",
+         "sigmoid", "linear")
 
 
 @dataclass(frozen=True)
@@ -76,5 +77,9 @@ _REFERENCE: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
     "softplus": lambda x, a: np.logaddexp(0, x.astype(np.float64)).astype(x.dtype),
     "leaky_relu": lambda x, a: np.where(x >= 0, x, x * x.dtype.type(a.alpha)),
     "gelu": lambda x, a: (0.5 * x * (1 + _erf(x / np.sqrt(2)))).astype(x.dtype),
+    # torch.nn.Mish: x * tanh(softplus(x)); torch.nn.Hardswish: x * relu6(x + 3) / 6
+    "mish": lambda x, a: (x * np.tanh(np.logaddexp(0, x.astype(np.float64)))).astype(x.dtype),
+    "hardswish": lambda x, a: (x * np.clip(x.astype(np.float64) + 3, 0, 6) / 6).astype(x.dtype),
+    "sigmoid": lambda x, a: (1 / (1 + np.exp(-x.astype(np.float64)))).astype(x.dtype),
     "linear": lambda x, a: x,
 }

@@ -14,7 +14,10 @@ source's own parameter names; :func:`build_mlp` lays them out so that no array i
 Heads (``head=``): ``None`` outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
 half of ``logits``: the deterministic action) and ``log_std`` (the other half), as RLlib's
 ``DiagGaussian`` splits its inputs (``ray/rllib/models/tf/tf_action_dist.py``); ``"categorical"``
-adds ``action`` = argmax of ``logits`` (int64).
+adds ``action`` = argmax of ``logits`` (int64). Without ``head``, a spec's own :class:`ActionHead`
+(SB3's deterministic action: argmax, one argmax per MultiDiscrete sub-space, the Gaussian mean clipped
+to the bounds, tanh rescaled to the bounds) is built by :func:`add_action_head`; SB3's VecNormalize
+by :func:`add_obs_norm`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ class Dense:
         bias: float array, shape ``(out,)``, or ``None`` for a layer without bias.
         bias_name: the source's parameter name of ``bias``.
         activation: applied after the affine map; ``None`` for a linear layer.
+        post: the modules after the affine map, in order, each named by its own module path (a
+            torch ``nn.Sequential``'s ``LayerNorm``, ``BatchNorm1d`` and activation modules); empty
+            means ``activation`` alone, named after the layer.
     """
 
     name: str
@@ -54,6 +60,7 @@ class Dense:
     bias_name: str | None = None
     weight_layout: str = "in_out"
     activation: Activation | None = None
+    post: list[Step] = field(default_factory=list)
 
     @property
     def in_features(self) -> int:
@@ -62,6 +69,85 @@ class Dense:
     @property
     def out_features(self) -> int:
         return self.weight.shape[1 if self.weight_layout == "in_out" else 0]
+
+    def steps(self) -> list[Step]:
+        """What follows the affine map: ``post``, or the one ``activation`` named after the layer."""
+        if self.post:
+            return self.post
+        return [Step("activation", self.name, self.activation)] if self.activation is not None else []
+
+
+@dataclass
+class Step:
+    """One module applied after a layer's affine map, named by its module path.
+
+    Attributes:
+        kind: ``"activation"``, ``"layer_norm"`` (torch ``nn.LayerNorm`` over the last axis) or
+            ``"batch_norm"`` (torch ``nn.BatchNorm1d`` in eval mode: running statistics).
+        scope: the module path; the step's output tensor is ``<scope>/<role>`` (role: the
+            activation's label, ``layer_norm`` or ``batch_norm``).
+        activation: the activation, for ``kind == "activation"``.
+        params: role -> (source parameter name, array): ``weight``, ``bias`` (and
+            ``running_mean``, ``running_var`` for batch_norm), float arrays of shape ``(features,)``.
+        eps: the normalisation's epsilon (torch's default 1e-5).
+    """
+
+    kind: str
+    scope: str
+    activation: Activation | None = None
+    params: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
+    eps: float = 1e-5
+
+    @property
+    def role(self) -> str:
+        return self.activation.label if self.kind == "activation" else self.kind
+
+    @property
+    def tensor(self) -> str:
+        return f"{self.scope}/{self.role}"
+
+
+@dataclass
+class ObsNorm:
+    """Observation normalisation as SB3's ``VecNormalize.normalize_obs`` applies it
+    (``stable_baselines3/common/vec_env/vec_normalize.py``): in float64,
+    ``clip((obs - mean) / sqrt(var + epsilon), -clip_obs, clip_obs)``, then cast to the policy's dtype.
+
+    Attributes:
+        mean, var: float64 arrays, shape ``(obs_dim,)`` (``obs_rms.mean``, ``obs_rms.var``).
+        epsilon: added to ``var`` (SB3's default 1e-8). clip_obs: the clip bound (default 10).
+        mean_name, var_name: parameter names recorded for ``extract``.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    epsilon: float = 1e-8
+    clip_obs: float = 10.0
+    mean_name: str = "obs_rms.mean"
+    var_name: str = "obs_rms.var"
+
+
+@dataclass
+class ActionHead:
+    """The deterministic action as an SB3 policy's ``predict(obs, deterministic=True)`` computes it.
+
+    Attributes:
+        kind: ``"argmax"`` (Discrete: argmax of ``logits``, int64 ``(batch,)``); ``"multi_argmax"``
+            (MultiDiscrete: one argmax per sub-space of ``logits``, int64 ``(batch, len(nvec))``);
+            ``"clip"`` (Box, Gaussian: the mean clipped to ``[low, high]``); ``"squash"`` (Box,
+            squashed: ``tanh`` of ``logits`` rescaled from [-1, 1] to ``[low, high]``; SAC's squashed
+            Gaussian, and TD3/DDPG, whose actor ends in an ``nn.Tanh``).
+        low, high: the Box bounds, arrays of shape ``(action_dim,)`` in the policy's dtype.
+        nvec: the MultiDiscrete sizes.
+        tanh_scope: the module path naming the squashing tanh (``actor.mu.5`` for TD3) or
+            ``"action"`` when the tanh is part of the distribution (SAC).
+    """
+
+    kind: str
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+    nvec: tuple[int, ...] = ()
+    tanh_scope: str = "action"
 
 
 @dataclass
@@ -76,6 +162,12 @@ class MlpSpec:
         free_log_std: RLlib's state-independent ``log_std`` vector, concatenated after the mean.
         free_log_std_name: its source parameter name.
         source: provenance recorded in the model metadata (kind, file, sha256 ...).
+        obs_shape: the observation's shape without the batch axis when it is not ``(obs_dim,)``:
+            the graph input then has that shape and is flattened first (torch ``nn.Flatten``).
+        flatten_scope: the module path naming that flatten (``<scope>/flatten``).
+        obs_norm: observation normalisation applied first (SB3's VecNormalize), or ``None``.
+        trunk: layers shared by the policy and value branches, before both (SB3's ``shared_net``).
+        action: the source's own action head (SB3), used when no ``head`` is asked for.
     """
 
     hidden: list[Dense]
@@ -85,10 +177,20 @@ class MlpSpec:
     free_log_std: np.ndarray | None = None
     free_log_std_name: str | None = None
     source: dict = field(default_factory=dict)
+    obs_shape: tuple[int, ...] | None = None
+    flatten_scope: str = "flatten"
+    obs_norm: ObsNorm | None = None
+    trunk: list[Dense] = field(default_factory=list)
+    action: ActionHead | None = None
 
     @property
     def obs_dim(self) -> int:
-        return (self.hidden[0] if self.hidden else self.output).in_features
+        return (self.trunk[0] if self.trunk else self.hidden[0] if self.hidden else self.output).in_features
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The observation's shape without the batch axis."""
+        return tuple(self.obs_shape) if self.obs_shape else (self.obs_dim,)
 
     @property
     def dtype(self) -> np.dtype:
@@ -143,12 +245,30 @@ class MlpBuilder:
         inputs = [x, w]
         if layer.bias is not None:
             inputs.append(self.initializer(layer.bias, layer.bias_name, layer.bias_name))
-        linear = output if output and layer.activation is None else f"{layer.name}/linear"
+        steps = layer.steps()
+        linear = output if output and not steps else f"{layer.name}/linear"
         trans_b = 1 if layer.weight_layout == "out_in" else 0
         y = self.node("Gemm", inputs, linear, transB=trans_b)
-        if layer.activation is not None:
-            y = self.activation(layer.activation, y, output or f"{layer.name}/{layer.activation.label}")
+        for i, step in enumerate(steps):
+            y = self.step(step, y, output if output and i == len(steps) - 1 else step.tensor)
         return y
+
+    def step(self, step: Step, x: str, out: str) -> str:
+        """The ONNX nodes of one :class:`Step` applied to ``x``; the last one is named ``out``."""
+        if step.kind == "activation":
+            return self.activation(step.activation, x, out)
+        params = [self.initializer(a, name, name) for name, a in
+                  (step.params[k] for k in ("weight", "bias", "running_mean", "running_var") if k in step.params)]
+        if step.kind == "layer_norm":
+            if self.opset < 17:
+                raise BadModelError(
+                    f"LayerNorm module {step.scope!r} needs ONNX LayerNormalization, which opset {self.opset} lacks "
+                    "(it exists from opset 17); convert with --opset 17 or newer"
+                )
+            return self.node("LayerNormalization", [x, *params], out, axis=-1, epsilon=step.eps)
+        if step.kind == "batch_norm":
+            return self.node("BatchNormalization", [x, *params], out, epsilon=step.eps)
+        raise BadModelError(f"unknown layer step {step.kind!r} for {step.scope!r}")
 
     def activation(self, act: Activation, x: str, out: str) -> str:
         """The ONNX nodes of ``act`` applied to ``x``; the last one is named ``out``."""
@@ -157,6 +277,18 @@ class MlpBuilder:
             return self.node(simple[act.name], [x], out)
         if act.name == "leaky_relu":
             return self.node("LeakyRelu", [x], out, alpha=act.alpha)
+        if act.name == "sigmoid":
+            return self.node("Sigmoid", [x], out)
+        if act.name == "mish":
+            if self.opset >= 18:
+                return self.node("Mish", [x], out)
+            # x * tanh(softplus(x)), Mish's definition (the form torch.onnx exports before Mish-18)
+            t = self.node("Tanh", [self.node("Softplus", [x], f"{out}/softplus")], f"{out}/tanh")
+            return self.node("Mul", [x, t], out)
+        if act.name == "hardswish":
+            if self.opset >= 14:
+                return self.node("HardSwish", [x], out)
+            return self.node("Mul", [x, self.node("HardSigmoid", [x], f"{out}/hard_sigmoid", alpha=1 / 6, beta=0.5)], out)
         if act.name == "swish":
             s = self.node("Sigmoid", [x], f"{out}/sigmoid")
             return self.node("Mul", [x, s], out)
@@ -207,20 +339,29 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
         raise BadModelError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
-    _check_chain([*spec.hidden, spec.output], "policy")
+    _check_chain([*spec.trunk, *spec.hidden, spec.output], "policy")
     if spec.value_output is not None:
         branch = spec.value_hidden or spec.hidden
-        _check_chain([*branch, spec.value_output], "value")
-        if branch and branch[0].in_features != spec.obs_dim:
+        _check_chain([*spec.trunk, *branch, spec.value_output], "value")
+        if not spec.trunk and branch and branch[0].in_features != spec.obs_dim:
             raise BadModelError(
                 f"value branch layer {branch[0].name!r} takes {branch[0].in_features} inputs, the observation has {spec.obs_dim}"
             )
+    if spec.obs_shape and math.prod(spec.obs_shape) != spec.obs_dim:
+        raise BadModelError(f"an observation of shape {tuple(spec.obs_shape)} flattens to {math.prod(spec.obs_shape)} "
+                            f"features, but the first layer takes {spec.obs_dim}")
     dtype = spec.dtype
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype)
 
     x = input_name if prelude is None else prelude.build(b, input_name)
-    first = x
+    if spec.obs_shape and len(spec.obs_shape) != 1:
+        x = b.node("Flatten", [x], f"{spec.flatten_scope}/flatten", axis=1)
+    if spec.obs_norm is not None:
+        x = add_obs_norm(b, x, spec.obs_norm)
+    for layer in spec.trunk:
+        x = b.dense(layer, x)
+    trunk_out = x
     for layer in spec.hidden:
         x = b.dense(layer, x)
     n_logits = spec.output.out_features
@@ -250,9 +391,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     elif head == "categorical":
         b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
         outputs.append(helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"]))
+    elif head is None and spec.action is not None:
+        outputs += add_action_head(b, spec, logits, elem)
 
     if spec.value_output is not None:
-        v = first
+        v = trunk_out
         for layer in spec.value_hidden:
             v = b.dense(layer, v)
         if not spec.value_hidden:
@@ -262,7 +405,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     if postlude is not None:
         postlude(b, logits, "value" if spec.value_output is not None else None, outputs)
 
-    graph_input = (helper.make_tensor_value_info(input_name, elem, ["batch", spec.obs_dim]) if prelude is None
+    graph_input = (helper.make_tensor_value_info(input_name, elem, ["batch", *spec.input_shape]) if prelude is None
                    else prelude.graph_input(helper, input_name, elem, spec.obs_dim))
     graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
     model = helper.make_model(
@@ -283,6 +426,88 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the details
         raise BadModelError(f"the built model fails onnx.checker: {e}") from e
     return model
+
+
+def add_obs_norm(b: MlpBuilder, x: str, norm: ObsNorm) -> str:
+    """VecNormalize's observation normalisation (see :class:`ObsNorm`) as ONNX nodes on ``x``.
+
+    Computed in float64 as SB3 computes it (``obs - mean`` promotes the float32 observation), then
+    cast back to the policy's dtype; tensors ``vec_normalize/...``, the last ``vec_normalize/obs``.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    f64 = onnx.TensorProto.DOUBLE
+    mean = b.initializer(np.asarray(norm.mean, np.float64), norm.mean_name, norm.mean_name)
+    var = b.initializer(np.asarray(norm.var, np.float64), norm.var_name, norm.var_name)
+    eps = b.initializer(np.array(norm.epsilon, np.float64), "vec_normalize/epsilon")
+    lo = b.initializer(np.array(-norm.clip_obs, np.float64), "vec_normalize/clip_low")
+    hi = b.initializer(np.array(norm.clip_obs, np.float64), "vec_normalize/clip_high")
+    x64 = b.node("Cast", [x], "vec_normalize/obs_float64", to=f64)
+    centered = b.node("Sub", [x64, mean], "vec_normalize/centered")
+    std = b.node("Sqrt", [b.node("Add", [var, eps], "vec_normalize/var_eps")], "vec_normalize/std")
+    scaled = b.node("Div", [centered, std], "vec_normalize/scaled")
+    clipped = b.node("Clip", [scaled, lo, hi], "vec_normalize/clipped")
+    return b.node("Cast", [clipped], "vec_normalize/obs", to=onnx.helper.np_dtype_to_tensor_dtype(b.dtype))
+
+
+def add_action_head(b: MlpBuilder, spec: MlpSpec, logits: str, elem: int) -> list:
+    """The nodes of ``spec.action`` (an SB3 action head, :class:`ActionHead`) reading ``logits``.
+
+    Returns:
+        The value infos of the outputs added: ``action`` (and ``log_std`` for a Gaussian with a
+        state-independent ``log_std``).
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    helper, head = onnx.helper, spec.action
+    int64 = onnx.TensorProto.INT64
+    if head.kind == "argmax":
+        b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
+        return [helper.make_tensor_value_info("action", int64, ["batch"])]
+    if head.kind == "multi_argmax":
+        return [add_multi_argmax(b, logits, head.nvec)]
+    n = spec.output.out_features
+    if head.kind == "clip":
+        mean = f"{spec.output.name}/mean" if spec.free_log_std is not None else logits
+        low = b.initializer(np.asarray(head.low, b.dtype), "action/low")
+        high = b.initializer(np.asarray(head.high, b.dtype), "action/high")
+        b.node("Min", [b.node("Max", [mean, low], "action/above_low"), high], "action")  # np.clip's order
+        outputs = [helper.make_tensor_value_info("action", elem, ["batch", n])]
+        if spec.free_log_std is not None:
+            axes, start, end = b.constant([1], "log_std/axes"), b.constant([n], "log_std/start"), b.constant([2 * n], "log_std/end")
+            b.node("Slice", [logits, start, end, axes], "log_std")
+            outputs.append(helper.make_tensor_value_info("log_std", elem, ["batch", n]))
+        return outputs
+    if head.kind == "squash":
+        add_rescale(b, b.node("Tanh", [logits], f"{head.tanh_scope}/tanh"), head.low, head.high)
+        return [helper.make_tensor_value_info("action", elem, ["batch", n])]
+    raise BadModelError(f"unknown action head {head.kind!r}")
+
+
+def add_rescale(b: MlpBuilder, x: str, low: np.ndarray, high: np.ndarray) -> str:
+    """``low + 0.5 * (x + 1) * (high - low)``: SB3's ``unscale_action`` from [-1, 1] to the Box
+    bounds, in its operation order and the policy's dtype; output ``action``."""
+    dt = b.dtype
+    low, high = np.asarray(low, dt), np.asarray(high, dt)
+    one = b.initializer(np.array(1, dt), "action/one")
+    half = b.initializer(np.array(0.5, dt), "action/half")
+    width = b.initializer((high - low).astype(dt), "action/width")
+    lo = b.initializer(low, "action/low")
+    shifted = b.node("Mul", [b.node("Add", [x, one], "action/plus_one"), half], "action/unit")
+    return b.node("Add", [lo, b.node("Mul", [shifted, width], "action/scaled")], "action")
+
+
+def add_multi_argmax(b: MlpBuilder, logits: str, nvec: tuple[int, ...]):
+    """One argmax per MultiDiscrete sub-space of ``logits`` (SB3's ``MultiCategoricalDistribution``
+    splits the logits by ``nvec``): ``action``, int64 ``(batch, len(nvec))``."""
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    axes = b.constant([1], "action/axes")
+    branches, start = [], 0
+    for i, n in enumerate(nvec):
+        part = b.node("Slice", [logits, b.constant([start], f"action/start_{i}"), b.constant([start + n], f"action/end_{i}"), axes],
+                      f"action/logits_{i}")
+        branches.append(b.node("ArgMax", [part], f"action/argmax_{i}", axis=1, keepdims=1))
+        start += n
+    b.node("Concat", branches, "action", axis=1)
+    return onnx.helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch", len(nvec)])
 
 
 def _check_chain(layers: list[Dense], branch: str) -> None:

@@ -1,22 +1,123 @@
-"""The plain numpy forward pass of an :class:`~policyport.converter.build.MlpSpec`.
+"""The source's own forward pass of an :class:`~policyport.converter.build.MlpSpec`, in numpy or torch.
 
 This is the source's own computation for a weights file (RLlib's ``FullyConnectedNetwork``:
-``h = act(h @ kernel + bias)`` per hidden layer, then ``fc_out``; ``ray/rllib/models/tf/fcnet.py``),
-written directly from the arrays and independent of policyport's ONNX interpreter, so that
-verification has something to compare both backends against.
+``h = act(h @ kernel + bias)`` per hidden layer, then ``fc_out``; ``ray/rllib/models/tf/fcnet.py``;
+SB3's ``ActorCriticPolicy``: ``mlp_extractor`` then ``action_net``, and ``predict``'s deterministic
+action, ``stable_baselines3/common/policies.py``), written directly from the arrays and independent
+of policyport's ONNX interpreter, so that verification has something to compare both backends against.
+
+:func:`reference_forward` computes it with numpy; :func:`torch_forward` runs the same layers as torch
+modules (``nn.Linear``, the activation and normalisation modules, with the source's parameters
+loaded) and records each module's output with forward hooks, keyed by module path.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .build import Dense, MlpSpec
+from .build import Dense, MlpSpec, Step
 
 
-def _affine(layer: Dense, x: np.ndarray) -> np.ndarray:
-    w = layer.weight if layer.weight_layout == "in_out" else layer.weight.T
-    y = x @ w
-    return y + layer.bias if layer.bias is not None else y
+class _NumpyOps:
+    """The forward pass's primitives in numpy (the source frameworks' definitions)."""
+
+    @staticmethod
+    def affine(layer: Dense, x):
+        w = layer.weight if layer.weight_layout == "in_out" else layer.weight.T
+        y = x @ w
+        return y + layer.bias if layer.bias is not None else y
+
+    @staticmethod
+    def step(step: Step, x):
+        if step.kind == "activation":
+            return step.activation.reference(x)
+        p = {k: a for k, (_, a) in step.params.items()}
+        if step.kind == "layer_norm":
+            mean = x.mean(axis=-1, keepdims=True)
+            var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+            y = (x - mean) / np.sqrt(var + x.dtype.type(step.eps))
+            return y * p["weight"] + p["bias"] if "weight" in p else y
+        y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + x.dtype.type(step.eps))
+        return y * p["weight"] + p["bias"] if "weight" in p else y
+
+    @staticmethod
+    def flatten(x):
+        return x.reshape(x.shape[0], -1)
+
+    @staticmethod
+    def obs_norm(norm, x):
+        y = np.clip((x.astype(np.float64) - norm.mean) / np.sqrt(norm.var + norm.epsilon), -norm.clip_obs, norm.clip_obs)
+        return y.astype(x.dtype)
+
+    concat = staticmethod(lambda xs: np.concatenate(xs, axis=1))
+    broadcast = staticmethod(lambda v, like: np.broadcast_to(v, like.shape))
+    argmax = staticmethod(lambda x: np.argmax(x, axis=1).astype(np.int64))
+    clip = staticmethod(lambda x, low, high: np.minimum(np.maximum(x, low), high))
+    tanh = staticmethod(np.tanh)
+    asarray = staticmethod(lambda x, like: np.asarray(x, like.dtype))
+    to_numpy = staticmethod(np.asarray)
+
+
+def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.ndarray]:
+    """The forward pass of ``spec`` through ``ops``; ``record(name, value)`` keeps each tensor."""
+    out: dict[str, np.ndarray] = {}
+
+    def keep(name, value):
+        out[name] = record(name, value)
+        return value
+
+    def dense(layer: Dense, h, output: str | None = None):
+        steps = layer.steps()
+        h = keep(output if output and not steps else f"{layer.name}/linear", ops.affine(layer, h))
+        for i, step in enumerate(steps):
+            h = keep(output if output and i == len(steps) - 1 else step.tensor, ops.step(step, h))
+        return h
+
+    h = obs
+    if spec.obs_shape and len(spec.obs_shape) != 1:
+        h = keep(f"{spec.flatten_scope}/flatten", ops.flatten(h))
+    if spec.obs_norm is not None:
+        h = keep("vec_normalize/obs", ops.obs_norm(spec.obs_norm, h))
+    for layer in spec.trunk:
+        h = dense(layer, h)
+    trunk = h
+    for layer in spec.hidden:
+        h = dense(layer, h)
+    if spec.free_log_std is not None:
+        mean = dense(spec.output, h, f"{spec.output.name}/mean")
+        logits = keep("logits", ops.concat([mean, ops.broadcast(ops.asarray(spec.free_log_std, mean), mean)]))
+    else:
+        logits = mean = dense(spec.output, h, "logits")
+    half = spec.output.out_features
+    if head == "diag-gaussian":
+        half = logits.shape[1] // 2
+        keep("action", logits[:, :half])
+        keep("log_std", logits[:, half:])
+    elif head == "categorical":
+        keep("action", ops.argmax(logits))
+    elif head is None and spec.action is not None:
+        action = spec.action
+        if action.kind == "argmax":
+            keep("action", ops.argmax(logits))
+        elif action.kind == "multi_argmax":
+            bounds = np.cumsum([0, *action.nvec])
+            keep("action", ops.concat([ops.argmax(logits[:, a:b])[:, None] for a, b in zip(bounds, bounds[1:])]))
+        elif action.kind == "clip":
+            keep("action", ops.clip(mean, ops.asarray(action.low, mean), ops.asarray(action.high, mean)))
+            if spec.free_log_std is not None:
+                keep("log_std", logits[:, half:])
+        else:  # squash: tanh, then SB3's unscale_action, low + 0.5 * (a + 1) * (high - low)
+            a = keep(f"{action.tanh_scope}/tanh", ops.tanh(logits))
+            low, high = np.asarray(action.low, spec.dtype), np.asarray(action.high, spec.dtype)
+            keep("action", ops.asarray(low, a) + (a + 1) * ops.asarray(spec.dtype.type(0.5), a) * ops.asarray(high - low, a))
+    if spec.value_output is not None:
+        v = trunk
+        for layer in spec.value_hidden:
+            v = dense(layer, v)
+        if not spec.value_hidden:
+            v = h
+        dense(spec.value_output, v, "value")
+    return out
 
 
 def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -> dict[str, np.ndarray]:
@@ -24,35 +125,29 @@ def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -
 
     Args:
         spec: the network.
-        obs: float array, shape ``(batch, obs_dim)``, in the weights' dtype.
+        obs: float array, shape ``(batch, *spec.input_shape)``, in the weights' dtype.
         head: as given to :func:`~policyport.converter.build.build_mlp`.
 
     Returns:
-        tensor name -> array: ``<layer>/linear`` and ``<layer>/<activation>`` for each hidden layer,
-        ``logits``, and the head's ``action``/``log_std`` and ``value`` where the graph has them.
+        tensor name -> array: ``<layer>/linear`` and each step's ``<module path>/<role>`` for every
+        hidden layer, ``logits``, and the head's ``action``/``log_std`` and ``value`` where the graph
+        has them.
     """
-    out: dict[str, np.ndarray] = {}
+    return _forward(spec, np.asarray(obs), head, _NumpyOps, lambda name, value: value)
 
-    def hidden(layers, h):
-        for layer in layers:
-            h = out[f"{layer.name}/linear"] = _affine(layer, h)
-            if layer.activation is not None:
-                h = out[f"{layer.name}/{layer.activation.label}"] = layer.activation.reference(h)
-        return h
 
-    h = hidden(spec.hidden, obs)
-    if spec.free_log_std is not None:
-        mean = out[f"{spec.output.name}/mean"] = _affine(spec.output, h)
-        out["logits"] = np.concatenate([mean, np.broadcast_to(spec.free_log_std, mean.shape)], axis=1)
-    else:
-        out["logits"] = _affine(spec.output, h)
-    logits = out["logits"]
-    if head == "diag-gaussian":
-        half = logits.shape[1] // 2
-        out["action"], out["log_std"] = logits[:, :half], logits[:, half:]
-    elif head == "categorical":
-        out["action"] = np.argmax(logits, axis=1).astype(np.int64)
-    if spec.value_output is not None:
-        v = hidden(spec.value_hidden, obs) if spec.value_hidden else h
-        out["value"] = _affine(spec.value_output, v)
-    return out
+def torch_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -> dict[str, np.ndarray]:
+    """The same tensors as :func:`reference_forward`, computed by torch.
+
+    Every layer runs as the torch module the source used (``nn.Linear`` with the source's ``[out, in]``
+    weight, ``nn.Tanh`` ..., ``nn.LayerNorm``, ``nn.BatchNorm1d`` in eval mode) under its module path;
+    a forward hook on each records its output. The action head and observation normalisation use
+    the torch functions SB3 and VecNormalize apply.
+
+    Raises:
+        MissingDependencyError: torch is not installed.
+    """
+    from .torch_module import torch_ops
+
+    ops = torch_ops()
+    return _forward(spec, ops.tensor(obs), head, ops, lambda name, value: ops.to_numpy(value))

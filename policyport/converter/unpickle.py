@@ -30,7 +30,7 @@ import io
 import os
 import pickle
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -195,6 +195,7 @@ INERT_FUNCTIONS = frozenset({
     ("numpy.random._pickle", "__randomstate_ctor"),
     ("numpy.random._pickle", "__bit_generator_ctor"),
     ("numpy.random._pickle", "__generator_ctor"),
+    ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),  # a gymnasium space's Generator seed
 })
 
 
@@ -203,10 +204,13 @@ def _is_dangerous(module: str) -> bool:
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file, what: str, inert_modules: Iterable[str]):
+    def __init__(self, file, what: str, inert_modules: Iterable[str], rebuilders: Mapping[tuple[str, str], Any] | None = None,
+                 persistent_load: Callable[[Any], Any] | None = None):
         super().__init__(file)
         self._what = what
         self._allowed = _allowed()
+        self._allowed.update(rebuilders or {})
+        self._persistent_load = persistent_load
         self._inert_modules = tuple(inert_modules)
         self._stand_ins: dict[tuple[str, str], type] = {}
 
@@ -232,11 +236,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return self._stand_ins[key]
 
     def persistent_load(self, pid):
+        if self._persistent_load is not None:
+            return self._persistent_load(pid)
         raise UntrustedFileError(f"{self._what} uses persistent ids ({type(pid).__name__}), which this reader does not rebuild")
 
 
 def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | None = None,
-         inert_modules: Iterable[str] = ()) -> Any:
+         inert_modules: Iterable[str] = (), rebuilders: Mapping[tuple[str, str], Any] | None = None,
+         persistent_load: Callable[[Any], Any] | None = None) -> Any:
     """Unpickle ``source`` without running anything from it (see the module docstring).
 
     Args:
@@ -245,6 +252,11 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         what: how to name the file in messages (default: its path, or "the pickle").
         inert_modules: module prefixes whose functions are recorded as inert :class:`Record` s
             instead of refused (for readers that must walk, never call, framework helpers).
+        rebuilders: (module, name) -> a function of policyport's own that rebuilds that global
+            from plain arguments (the torch reader's ``torch._utils._rebuild_tensor_v2`` -> a numpy
+            array); the file's own callables are never reached this way.
+        persistent_load: resolves the pickle's persistent ids (torch's storages in the archive);
+            without it a persistent id is refused.
 
     Returns:
         The unpickled object: numpy arrays, builtin containers and scalars, and :class:`Record` s.
@@ -265,7 +277,7 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
     try:
         if trust:
             return pickle.loads(data)  # noqa: S301 — the user said they trust this file
-        return _RestrictedUnpickler(io.BytesIO(data), what, inert_modules).load()
+        return _RestrictedUnpickler(io.BytesIO(data), what, inert_modules, rebuilders, persistent_load).load()
     except UntrustedFileError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,

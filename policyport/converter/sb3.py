@@ -1,0 +1,260 @@
+"""Stable-Baselines3 ``.zip`` saves, read without SB3 and without unpickling anything they pickled.
+
+An SB3 zip (``stable_baselines3/common/save_util.py``) holds ``policy.pth`` (a plain ``state_dict``,
+read as :mod:`policyport.converter.state_dict` reads one), ``data`` (JSON) and files policyport
+ignores (``policy.optimizer.pth``, ``pytorch_variables.pth``). ``data`` stores each non-JSON value as
+a base64 cloudpickle (``:serialized:``) beside its readable attributes; only the readable ones are
+used: the spaces' ``shape``/``_shape``, ``low``, ``high``, ``dtype``, ``n``, ``nvec``, and
+``policy_kwargs``' ``net_arch``, ``activation_fn`` (its class as text), ``squash_output``. The policy
+class name is read from the opcodes of its pickle (``pickletools``), which never runs it.
+
+The action head is what ``policy.predict(obs, deterministic=True)`` returns
+(``stable_baselines3/common/policies.py``): Discrete -> argmax of the logits; MultiDiscrete -> one
+argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds, plus ``log_std``
+expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
+tanh output rescaled. ``VecNormalize`` statistics (``--obs-norm FILE``, or ``<zip stem>/vecnormalize.pkl``
+beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import pickletools
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BadModelError, UnreadableFileError
+from .build import ActionHead, ObsNorm
+
+#: SB3's default activation per policy family when ``policy_kwargs`` names none.
+DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu"}
+
+#: ``torch.nn`` activation class -> policyport activation name.
+TORCH_ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "silu", "GELU": "gelu",
+                     "LeakyReLU": "leaky_relu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
+                     "Sigmoid": "sigmoid", "Identity": "linear"}
+
+
+def pickled_global(serialized: str) -> str | None:
+    """``"module.Name"`` of a base64 pickle that holds a reference to one global (a class), read
+    from its opcodes without unpickling; ``None`` when it holds anything else first."""
+    try:
+        ops = list(pickletools.genops(base64.b64decode(serialized)))
+    except Exception:  # noqa: BLE001 - not a pickle we can read: no name
+        return None
+    strings: list[str] = []
+    for op, arg, _ in ops:
+        if op.name == "GLOBAL":
+            return str(arg).replace(" ", ".")
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            return ".".join(strings[-2:]) if len(strings) >= 2 else None
+        elif op.name not in ("PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+            return None
+    return None
+
+
+def _array(text, what: str) -> np.ndarray:
+    """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), as float64."""
+    if isinstance(text, (list, int, float)):
+        return np.asarray(text, dtype=np.float64)
+    if not isinstance(text, str) or "..." in text:
+        raise BadModelError(f"the zip's {what} is not readable text ({str(text)[:60]!r}); cannot read the action bounds")
+    try:
+        return np.array([float(t) for t in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)
+    except ValueError as e:
+        raise BadModelError(f"the zip's {what} is not a list of numbers: {text[:60]!r}") from e
+
+
+def _space(data: dict, key: str) -> dict:
+    """``{"type": "Box"|"Discrete"|..., "shape", "low", "high", "n", "nvec", "dtype"}`` of a space."""
+    entry = data.get(key)
+    if not isinstance(entry, dict):
+        raise BadModelError(f"the zip's data has no readable {key}")
+    type_text = str(entry.get(":type:", ""))
+    kind = re.sub(r".*\.", "", type_text.strip("<>'\" ").replace("class '", ""))
+    shape = entry.get("_shape", entry.get("shape"))
+    space = {"type": kind, "shape": tuple(shape) if isinstance(shape, list) else None, "dtype": entry.get("dtype")}
+    if kind == "Box":
+        space["low"], space["high"] = _array(entry.get("low"), f"{key}.low"), _array(entry.get("high"), f"{key}.high")
+    elif kind == "Discrete":
+        space["n"] = int(entry["n"])
+    elif kind == "MultiDiscrete":
+        space["nvec"] = tuple(int(v) for v in _array(entry.get("nvec"), f"{key}.nvec"))
+    return space
+
+
+def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
+    """``(data JSON, policy.pth bytes, SB3 version)`` of an SB3 zip.
+
+    Raises:
+        UnreadableFileError: not a zip, or no ``data``/``policy.pth``.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if not {"data", "policy.pth"} <= names:
+                raise UnreadableFileError(f"{path} is not a Stable-Baselines3 save: it lacks {sorted({'data', 'policy.pth'} - names)}")
+            data = json.loads(zf.read("data"))
+            policy = zf.read("policy.pth")
+            version = zf.read("_stable_baselines3_version").decode().strip() if "_stable_baselines3_version" in names else None
+    except (zipfile.BadZipFile, OSError) as e:
+        raise UnreadableFileError(f"{path} is not a readable zip archive: {e}") from e
+    except ValueError as e:
+        raise UnreadableFileError(f"{path}: its data member is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise UnreadableFileError(f"{path}: its data member is not a JSON object")
+    return data, policy, version
+
+
+def _policy_kwargs(data: dict) -> dict:
+    kwargs = data.get("policy_kwargs") or {}
+    return {k: v for k, v in kwargs.items() if not k.startswith(":")} if isinstance(kwargs, dict) else {}
+
+
+def _activation_name(kwargs: dict) -> str | None:
+    text = kwargs.get("activation_fn")
+    if text is None:
+        return None
+    m = re.search(r"(\w+)'?>?\s*$", str(text))
+    name = m.group(1) if m else str(text)
+    if name not in TORCH_ACTIVATIONS:
+        raise BadModelError(f"the policy's activation_fn is {text!r}, which policyport does not map; name it with --activation")
+    return TORCH_ACTIVATIONS[name]
+
+
+def read_vecnormalize(path: Path) -> ObsNorm | None:
+    """The observation statistics of a ``vecnormalize.pkl``, read with the restricted unpickler.
+
+    Returns:
+        An :class:`ObsNorm`, or ``None`` when the file normalises no observation (``norm_obs`` false).
+
+    Raises:
+        UntrustedFileError: the pickle asks to call a function.
+        BadModelError: dict observations, or statistics missing.
+    """
+    from .unpickle import Record, load
+
+    venv = load(path, what=str(path))
+    if not isinstance(venv, Record):
+        raise BadModelError(f"{path} holds a {type(venv).__name__}, not a pickled VecNormalize")
+    if not venv.get("norm_obs", True):
+        return None
+    rms = venv.get("obs_rms")
+    if isinstance(rms, dict):
+        raise BadModelError(f"{path} normalises a dict observation ({', '.join(map(str, rms))}); policyport converts Box observations")
+    if not isinstance(rms, Record) or not isinstance(rms.get("mean"), np.ndarray) or not isinstance(rms.get("var"), np.ndarray):
+        raise BadModelError(f"{path} has no obs_rms mean/var arrays; is it a VecNormalize save?")
+    return ObsNorm(mean=np.asarray(rms.mean, np.float64), var=np.asarray(rms.var, np.float64),
+                   epsilon=float(venv.get("epsilon", 1e-8)), clip_obs=float(venv.get("clip_obs", 10.0)))
+
+
+def convert_sb3(source, options):
+    """Convert a Stable-Baselines3 ``.zip`` (PPO, A2C; the actor of SAC, TD3, DDPG) to ONNX.
+
+    Args:
+        source: the zip's path.
+        options: :class:`~policyport.converter.ConvertOptions`: ``activation`` (default: the zip's
+            ``policy_kwargs``, else SB3's default), ``keep_value``, ``obs_norm`` (a
+            ``vecnormalize.pkl``), ``obs_filter`` (false: no VecNormalize picked up), ``opset``.
+
+    Returns:
+        A :class:`~policyport.converter.Converted`: outputs ``logits``, ``action`` as ``predict``
+        returns it (``log_std`` for a Gaussian), ``value`` with ``keep_value``.
+
+    Raises:
+        BadModelError: gSDE, CNN feature extractors, dict observations, recurrent policies and
+            action spaces without a deterministic head policyport builds, each said so.
+        UnreadableFileError: not an SB3 zip.
+    """
+    from . import Converted
+    from .build import build_mlp
+    from .state_dict import parse_layout, reference_for
+    from .torch_files import as_state_dict, load_torch_file
+
+    path = Path(source)
+    if options.head is not None:
+        raise BadModelError("--head does not apply to an SB3 zip: its action head comes from its action space")
+    data, policy_bytes, version = read_zip(path)
+    policy_class = pickled_global((data.get("policy_class") or {}).get(":serialized:", "")) or "?"
+    kwargs = _policy_kwargs(data)
+    obs_space, act_space = _space(data, "observation_space"), _space(data, "action_space")
+    _refuse_unsupported(data, kwargs, policy_class, obs_space, act_space)
+    arrays = as_state_dict(load_torch_file(policy_bytes, what=f"{path}:policy.pth"), f"{path}:policy.pth")
+    layout = "sb3-actor" if any(k.startswith("actor.") for k in arrays) else "sb3"
+    if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in arrays):
+        raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
+    activation = options.activation or _activation_name(kwargs)
+    spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
+    spec.action = _action_head(spec, family, act_space)
+    if obs_space["shape"] and len(obs_space["shape"]) > 1:
+        spec.obs_shape = tuple(obs_space["shape"])
+        spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
+    norm_path = Path(options.obs_norm) if options.obs_norm else None
+    beside = path.parent / path.stem / "vecnormalize.pkl"
+    if norm_path is None and options.obs_filter and beside.is_file():
+        norm_path = beside
+        notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} (--no-filter skips them)")
+    if norm_path is not None:
+        if not norm_path.is_file():
+            raise UnreadableFileError(f"{norm_path}: no such file")
+        spec.obs_norm = read_vecnormalize(norm_path)
+        if spec.obs_norm is not None and spec.obs_norm.mean.shape != (spec.obs_dim,):
+            raise BadModelError(f"{norm_path} normalises observations of shape {spec.obs_norm.mean.shape}, "
+                                f"the policy takes {spec.obs_dim} features")
+    spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                   "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
+                   **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
+    model = build_mlp(spec, opset=options.opset, metadata={
+        "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
+    return Converted(model, reference_for(spec, None), "sb3", notes)
+
+
+def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: dict, act_space: dict) -> None:
+    if data.get("use_sde") or kwargs.get("use_sde"):
+        raise BadModelError(
+            "the policy uses gSDE (use_sde=True): its exploration noise depends on the latent features and its "
+            "log_std is a matrix; policyport converts the plain Gaussian and squashed policies"
+        )
+    name = policy_class.rsplit(".", 1)[-1]
+    if "Cnn" in name or obs_space["type"] == "Box" and obs_space["shape"] and len(obs_space["shape"]) == 3:
+        raise BadModelError(f"{policy_class} takes image observations {obs_space['shape']} through a CNN features "
+                            "extractor; policyport converts MLP policies")
+    if "MultiInput" in name or obs_space["type"] == "Dict":
+        raise BadModelError("the policy takes dict observations (MultiInputPolicy); policyport converts a single Box observation")
+    if "Recurrent" in name or "sb3_contrib" in policy_class and "Recurrent" in policy_class:
+        raise BadModelError(f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies")
+    if obs_space["type"] not in ("Box",):
+        raise BadModelError(f"the observation space is {obs_space['type']}, which SB3 preprocesses (one-hot) before the "
+                            "network; policyport converts Box observations")
+    if act_space["type"] not in ("Box", "Discrete", "MultiDiscrete"):
+        raise BadModelError(f"the action space is {act_space['type']}; policyport builds the deterministic action of "
+                            "Box, Discrete and MultiDiscrete spaces")
+
+
+def _action_head(spec, family: str, space: dict) -> ActionHead:
+    n = spec.output.out_features
+    if space["type"] == "Discrete":
+        if family != "ac" or spec.free_log_std is not None or n != space["n"]:
+            raise BadModelError(f"a Discrete({space['n']}) action space, but the action network outputs {n} values")
+        return ActionHead("argmax")
+    if space["type"] == "MultiDiscrete":
+        if family != "ac" or sum(space["nvec"]) != n:
+            raise BadModelError(f"a MultiDiscrete{list(space['nvec'])} action space, but the action network outputs {n} logits")
+        return ActionHead("multi_argmax", nvec=space["nvec"])
+    low, high = space["low"].astype(spec.dtype), space["high"].astype(spec.dtype)
+    if low.shape != (n,) or high.shape != (n,):
+        raise BadModelError(f"a Box action space of shape {space['shape']}, but the action network outputs {n} values")
+    if family == "ac":
+        if spec.free_log_std is None:
+            raise BadModelError("a Box action space, but the policy has no log_std: not a Gaussian policy")
+        return ActionHead("clip", low, high)
+    from .state_dict import td3_tanh_scope
+
+    return ActionHead("squash", low, high, tanh_scope=td3_tanh_scope(spec) if family == "td3" else "action")

@@ -1,0 +1,252 @@
+"""Reading torch ``.pt``/``.pth`` files and ``.safetensors`` into numpy arrays, safely.
+
+* ``.pt``/``.pth`` with torch installed: ``torch.load(map_location="cpu", weights_only=True)``, which
+  rebuilds tensors and plain containers only; a file that needs more (a whole pickled module) is
+  refused, naming the global it asked for, unless ``trust`` is given.
+* ``.pt``/``.pth`` without torch: the zip archive torch writes (``<name>/data.pkl`` plus one raw
+  file per storage under ``<name>/data/``, ``<name>/byteorder``; ``torch/serialization.py``) is read
+  through policyport's restricted unpickler, whose only torch globals are rebuilt by policyport's
+  own functions (``torch._utils._rebuild_tensor_v2`` -> a numpy view of the storage bytes, copied;
+  ``torch.<Type>Storage`` -> its dtype). Nothing from the file is called.
+* ``.safetensors``: the ``safetensors`` package when installed, else a reader of its documented
+  layout (an 8-byte little-endian header length, a JSON header of dtype/shape/data_offsets, raw
+  little-endian bytes), checking every offset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BadModelError, UnreadableFileError, UntrustedFileError
+
+#: torch storage class -> numpy dtype (``torch/storage.py``'s legacy typed storages).
+STORAGE_DTYPES = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "LongStorage": "int64",
+    "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8",
+    "BoolStorage": "bool", "BFloat16Storage": "bfloat16",
+}
+
+#: safetensors dtype -> numpy dtype (https://github.com/huggingface/safetensors, "Format").
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+}
+
+
+def _numpy_dtype(name: str, what: str) -> np.dtype:
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            raise UnreadableFileError(f"{what} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+                                      "(pip install ml_dtypes)") from None
+    return np.dtype(name)
+
+
+def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str | None = None):
+    """The object a ``.pt``/``.pth`` file holds, tensors as numpy arrays (see the module docstring).
+
+    Args:
+        path: the file, or its bytes (a member of an SB3 zip).
+        trust: unpickle whatever the file holds (runs its code).
+        what: how to name the file in messages (default: the path).
+
+    Returns:
+        Usually a dict name -> array (a state_dict); with ``trust``, whatever the file pickled
+        (a whole ``nn.Module`` stays a torch object).
+
+    Raises:
+        UntrustedFileError: the file needs more than tensors and containers, and ``trust`` is false.
+        UnreadableFileError: not a torch file, a missing storage, bad offsets.
+    """
+    if isinstance(path, (bytes, bytearray)):
+        source, path = io.BytesIO(path), what or "the torch file"
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise UnreadableFileError(f"{path}: no such file")
+        source = str(path)
+    try:
+        import torch
+    except ImportError:
+        if trust:
+            from ..errors import MissingDependencyError
+
+            raise MissingDependencyError("torch", "torch", "loading a whole pickled torch module (--trust)") from None
+        return read_torch_zip(source, what=str(path))
+    try:
+        loaded = torch.load(source, map_location="cpu", weights_only=not trust)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError for refused globals, RuntimeError for junk
+        text = str(e)
+        refused = re.search(r"GLOBAL ([\w.]+)", text)
+        if not trust and (refused or "weights_only" in text.lower() or "Weights only load failed" in text):
+            what = refused.group(1) if refused else "objects beyond tensors and containers"
+            raise UntrustedFileError(
+                f"{path} asks for {what} while unpickling; torch.load(weights_only=True) rebuilds only tensors and "
+                "plain containers and refused it (nothing from the file ran). A whole pickled module runs code "
+                "when loaded: if you trust this file, pass --trust (trust=True)"
+            ) from e
+        raise UnreadableFileError(f"{path} is not a readable torch file: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}") from e
+    return _tensors_to_numpy(loaded)
+
+
+def _tensors_to_numpy(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(_numpy_dtype("bfloat16", "the file"))
+        return t.numpy().copy()
+    if isinstance(value, dict) and not isinstance(value, torch.nn.Module):
+        return {k: _tensors_to_numpy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors_to_numpy(v) for v in value)
+    return value
+
+
+class _StorageType:
+    """What ``torch.<Type>Storage`` stands for in the pickle: its element dtype."""
+
+    def __init__(self, name: str):
+        self.name, self.dtype_name = name, STORAGE_DTYPES[name]
+
+
+def read_torch_zip(source, what: str | None = None) -> object:
+    """Read torch's zip serialization without torch (see the module docstring).
+
+    Raises:
+        UnreadableFileError: the legacy (pre-1.6) format, a missing ``data.pkl`` or storage, a
+            tensor reaching outside its storage.
+        UntrustedFileError: the pickle asks for anything but tensors and containers.
+    """
+    from .unpickle import load
+
+    path = what or str(source)
+    try:
+        zf = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError):
+        raise UnreadableFileError(
+            f"{path} is not a torch zip archive (torch >= 1.6 writes one); reading the legacy format needs torch "
+            "installed: pip install 'policyport[torch]'"
+        ) from None
+    with zf:
+        names = zf.namelist()
+        pickles = [n for n in names if n == "data.pkl" or n.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            raise UnreadableFileError(f"{path} is a zip archive but not a torch file (no single data.pkl)")
+        prefix = pickles[0][: -len("data.pkl")]
+        order = zf.read(f"{prefix}byteorder").decode().strip() if f"{prefix}byteorder" in names else "little"
+        storages: dict[str, np.ndarray] = {}
+
+        def persistent_load(pid):
+            if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+                raise UntrustedFileError(f"{path} holds a persistent id this reader does not rebuild: {pid!r:.80}")
+            _, storage_type, key, _location, numel = pid
+            if key not in storages:
+                member = f"{prefix}data/{key}"
+                if member not in names:
+                    raise UnreadableFileError(f"{path} lacks the storage {member}")
+                dtype = _numpy_dtype(storage_type.dtype_name, str(path)).newbyteorder("<" if order == "little" else ">")
+                raw = zf.read(member)
+                if len(raw) < int(numel) * dtype.itemsize:
+                    raise UnreadableFileError(f"{path}: storage {key} holds {len(raw)} bytes, expected {numel} x {dtype.itemsize}")
+                storages[key] = np.frombuffer(raw, dtype=dtype, count=int(numel))
+            return storages[key]
+
+        def rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+            size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
+            if not isinstance(storage, np.ndarray) or len(size) != len(stride) or offset < 0 or any(s < 0 for s in (*size, *stride)):
+                raise UnreadableFileError(f"{path} holds a malformed tensor (size {size}, stride {stride}, offset {offset})")
+            if math.prod(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size:
+                raise UnreadableFileError(f"{path} holds a tensor reaching outside its storage (size {size}, stride {stride})")
+            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * storage.itemsize for s in stride], writeable=False)
+            return np.array(view, dtype=storage.dtype.newbyteorder("="))
+
+        rebuilders = {
+            ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor,
+            ("torch._utils", "_rebuild_parameter"): lambda data, requires_grad=False, hooks=None: data,
+            ("torch._utils", "_rebuild_parameter_with_state"): lambda data, requires_grad, hooks, state: data,
+            **{("torch", name): _StorageType(name) for name in STORAGE_DTYPES},
+        }
+        return load(zf.read(pickles[0]), what=str(path), rebuilders=rebuilders, persistent_load=persistent_load)
+
+
+def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a ``.safetensors`` file, by name, in file order.
+
+    Raises:
+        UnreadableFileError: a malformed header, an unknown dtype, offsets outside the data.
+    """
+    path = Path(path)
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        return _read_safetensors_layout(path)
+    try:
+        return dict(load_file(str(path)))
+    except Exception as e:  # noqa: BLE001 - SafetensorError and friends
+        raise UnreadableFileError(f"{path} is not a readable .safetensors file: {e}") from e
+
+
+def _read_safetensors_layout(path: Path) -> dict[str, np.ndarray]:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UnreadableFileError(f"cannot read {path}: {e}") from e
+    if len(data) < 8:
+        raise UnreadableFileError(f"{path} is not a .safetensors file: {len(data)} bytes")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise UnreadableFileError(f"{path} is not a .safetensors file: header length {n} exceeds the file")
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise UnreadableFileError(f"{path} is not a .safetensors file: header is not JSON ({e})") from e
+    body = memoryview(data)[8 + n:]
+    arrays = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _numpy_dtype(SAFETENSORS_DTYPES[entry["dtype"]], str(path)).newbyteorder("<")
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise UnreadableFileError(f"{path}: tensor {name!r} has a malformed header entry {entry!r:.120}") from e
+        if not 0 <= begin <= end <= len(body) or end - begin != math.prod(shape) * dtype.itemsize:
+            raise UnreadableFileError(f"{path}: tensor {name!r} offsets {begin}..{end} do not fit shape {shape} {dtype} "
+                                      f"within {len(body)} data bytes")
+        arrays[name] = np.frombuffer(body[begin:end], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    return arrays
+
+
+def as_state_dict(value, path) -> dict[str, np.ndarray]:
+    """``value`` as a flat name -> array mapping, or a refusal saying what the file holds instead.
+
+    Raises:
+        BadModelError: not a mapping of arrays (a pickled object, nested or non-array entries).
+    """
+    from .unpickle import Record
+
+    if isinstance(value, Record):
+        raise UntrustedFileError(
+            f"{path} holds a whole pickled object ({value.global_name}), not a state_dict; loading it runs code "
+            "from the file: if you trust it, pass --trust (trust=True)"
+        )
+    if not isinstance(value, dict):
+        raise BadModelError(f"{path} holds a {type(value).__name__}, not a state_dict (a mapping of parameter names to tensors)")
+    bad = [str(k) for k, v in value.items() if not isinstance(v, np.ndarray)]
+    if bad:
+        raise BadModelError(f"{path} is not a flat state_dict: {', '.join(bad[:10])} {'is' if len(bad) == 1 else 'are'} not tensors")
+    return {str(k): v for k, v in value.items()}

@@ -1,0 +1,793 @@
+"""Live ``torch.nn.Module`` s and TorchScript files to ONNX, named by module path, verified with hooks.
+
+The module is exported with ``torch.onnx.export`` — the TorchScript-based exporter
+(``dynamo=False``, the default here) or the ``torch.export``-based one (``dynamo=True``, which needs
+``onnxscript`` and writes opset 18 or newer) — in eval mode (each submodule's mode is restored
+afterwards), with a dynamic batch axis. Then one graph pass makes the result read like the source,
+whichever exporter ran:
+
+* every node is attributed to the module that computed it — the TorchScript exporter encodes the
+  module scope in node names (``/mlp_extractor/policy_net/policy_net.0/Gemm``), the dynamo exporter
+  records it in each node's ``pkg.torch.onnx.name_scopes`` metadata — and its output tensor is
+  renamed ``<module path>/<role>`` (``mlp_extractor.policy_net.0/linear``,
+  ``mlp_extractor.policy_net.1/tanh``); the nodes inside one module call (a GELU decomposition) are
+  ``<module path>/<role>/<op>``; functional ops in a custom ``forward`` are ``<module path>/<op>``;
+* graph input ``obs``, outputs ``logits`` (one tensor), the names given, ``output_<i>`` (a tuple)
+  or the keys (a dict);
+* each initializer is matched to the ``state_dict`` tensor it holds, by bytes, directly or
+  transposed (a bias-free ``Linear`` becomes ``MatMul`` on a pre-transposed constant named
+  ``onnx::MatMul_<n>``), renamed to that key where no other tensor has the name, and recorded in
+  ``metadata_props["policyport.parameters"]`` (with the transpose, and the other keys of a tied or
+  de-duplicated tensor), so that :func:`policyport.passes.extract_weights` returns the state_dict.
+
+The reference forward pass runs the module in torch with a forward hook on every submodule and
+names each submodule's output as the graph names it. A TorchScript module takes no hooks; its
+``nn.Sequential`` parts are run child by child instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BadModelError, UnsupportedOpError, require
+
+#: Output-tensor roles of common leaf modules (any other class: its name in snake_case).
+ROLES = {
+    "Linear": "linear", "Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "LeakyReLU": "leaky_relu",
+    "SiLU": "silu", "GELU": "gelu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
+    "Sigmoid": "sigmoid", "LayerNorm": "layer_norm", "BatchNorm1d": "batch_norm", "Flatten": "flatten",
+    "Dropout": "dropout", "Identity": "identity", "Softmax": "softmax", "ReLU6": "relu6", "Hardtanh": "hardtanh",
+}
+DYNAMO_MIN_OPSET = 18
+
+
+def _torch(purpose: str = "converting a torch module"):
+    return require("torch", "torch", purpose)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+@dataclass
+class Export:
+    """What the export pass learnt: the model, and where each module's output went.
+
+    Attributes:
+        model: the renamed ``onnx.ModelProto``.
+        module_tensors: module path -> the graph tensor holding that module's output.
+        module_inputs: leaf module path -> the graph tensor it reads (its one non-constant input).
+        output_names: the graph outputs, in the order the module returns them.
+        notes: what a user should hear about.
+    """
+
+    model: object
+    module_tensors: dict[str, str]
+    output_names: list[str]
+    notes: list[str] = field(default_factory=list)
+    module_inputs: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def input_shape_of(module, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The observation shape (without batch): ``given``, or the first ``Linear``'s ``in_features``.
+
+    Raises:
+        BadModelError: no shape given and no ``Linear`` (or a ``Flatten`` before it) to read it from.
+    """
+    if given:
+        return tuple(int(d) for d in given)
+    for _, sub in module.named_modules():
+        kind = _class_name(sub)
+        if kind in ("Flatten", "Unflatten", "Conv1d", "Conv2d", "Embedding"):
+            break
+        if kind == "Linear":
+            return (int(sub.weight.shape[1]),)
+    raise BadModelError(
+        "cannot tell the observation shape from the module (its first layer is not a Linear); "
+        "give it with --input-shape (input_shape=(2, 3) in Python), without the batch axis"
+    )
+
+
+def _param_dtype(module):
+    torch = _torch()
+    for p in list(module.parameters()) + list(module.buffers()):
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
+    torch = _torch()
+    if isinstance(result, torch.Tensor):
+        names = ["logits"]
+    elif isinstance(result, dict):
+        names = [str(k) for k in result]
+    elif isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+        names = [f"output_{i}" for i in range(len(result))]
+    else:
+        raise BadModelError(
+            f"the module returns {type(result).__name__}; policyport exports a tensor, a tuple of tensors or a dict of tensors"
+        )
+    if given:
+        if len(given) != len(names):
+            raise BadModelError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
+        names = list(given)
+    if len(set(names)) != len(names) or "obs" in names:
+        raise BadModelError(f"output names must be distinct and not 'obs': {names}")
+    return names
+
+
+@contextlib.contextmanager
+def _eval_mode(module, notes: list[str]):
+    """Eval mode for the export, each submodule's own mode restored afterwards."""
+    modes = [(m, m.training) for m in module.modules()]
+    if module.training:
+        notes.append("the module was in training mode; it was exported in eval mode (Dropout off, "
+                     "BatchNorm on running statistics) and put back in training mode afterwards")
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence the exporters' progress prints, deprecation warnings, logging and the graph dumps
+    torch's C++ side writes to file descriptors 1 and 2 on failure (library code never prints)."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "torch.export", "torch._dynamo", "torch")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    saved: dict[int, int] = {}
+    try:
+        with open(os.devnull, "w") as devnull:
+            for fd in (1, 2):  # torch's C++ logging (a graph dump on failure) writes to the descriptors
+                saved[fd] = os.dup(fd)
+                os.dup2(devnull.fileno(), fd)
+    except OSError:  # no descriptors to silence (an embedded interpreter): carry on
+        pass
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _export_raw(module, example, names: list[str], exporter: str, opset: int):
+    torch = _torch()
+    if exporter == "dynamo":
+        require("onnxscript", "torch", "the dynamo exporter (--exporter dynamo)")
+        program = torch.onnx.export(
+            module, (example,), dynamo=True, input_names=["obs"], output_names=names, opset_version=opset,
+            dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False, optimize=False,
+        )
+        return program.model_proto
+    f = io.BytesIO()
+    torch.onnx.register_custom_op_symbolic("aten::softplus", _softplus_symbolic, opset)
+    try:
+        torch.onnx.export(
+            module, (example,), f, dynamo=False, input_names=["obs"], output_names=names, opset_version=opset,
+            dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=True,
+        )
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::softplus", opset)
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    return onnx.load_from_string(f.getvalue())
+
+
+def _softplus_symbolic(g, x, beta, threshold):
+    """``nn.Softplus(beta, threshold)`` exactly: ``x`` where ``beta * x > threshold``, else
+    ``log(1 + exp(beta * x)) / beta`` (``torch.nn.functional.softplus``). The TorchScript exporter's
+    own form drops the threshold; ONNX ``Softplus`` has neither parameter, and onnxruntime runs it in
+    float32 only, so a float64 graph spells it with Exp and Log."""
+    torch = _torch()
+    from torch.onnx import symbolic_helper
+
+    dtype = {"Double": torch.float64, "Half": torch.float16}.get(x.type().scalarType(), torch.float32)
+    beta_v = float(symbolic_helper._maybe_get_const(beta, "f"))
+    threshold_v = float(symbolic_helper._maybe_get_const(threshold, "f"))
+    const = lambda v: g.op("Constant", value_t=torch.tensor(v, dtype=dtype))  # noqa: E731
+    scaled = x if beta_v == 1 else g.op("Mul", x, const(beta_v))
+    if dtype == torch.float64:
+        soft = g.op("Log", g.op("Add", g.op("Exp", scaled), const(1.0)))
+    else:
+        soft = g.op("Softplus", scaled)
+    if beta_v != 1:
+        soft = g.op("Div", soft, const(beta_v))
+    return g.op("Where", g.op("Greater", scaled, const(threshold_v)), x, soft)
+
+
+def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
+                  input_shape: tuple[int, ...] | None = None, output_names: tuple[str, ...] | None = None,
+                  state_dict: dict[str, np.ndarray] | None = None) -> Export:
+    """Export ``module`` and rename the result after the source (see the module docstring).
+
+    Args:
+        module: a ``torch.nn.Module`` or TorchScript module taking one observation tensor.
+        exporter: ``"torchscript"`` or ``"dynamo"``.
+        opset: the ONNX opset (the dynamo exporter writes 18 or newer).
+        input_shape: the observation shape without the batch axis (default: from the first Linear).
+        output_names: names for the module's outputs (default: ``logits`` / ``output_<i>`` / the dict keys).
+        state_dict: the source's parameters by name (default: ``module.state_dict()``).
+
+    Raises:
+        BadModelError: a module the exporter refuses, or outputs that cannot be named.
+        UnsupportedOpError: an op with no ONNX form at ``opset`` (names the module and the op).
+        MissingDependencyError: torch (or onnxscript for dynamo) is not installed.
+    """
+    torch = _torch()
+    notes: list[str] = []
+    if exporter not in ("torchscript", "dynamo"):
+        raise BadModelError(f"unknown exporter {exporter!r}; choose torchscript or dynamo")
+    if exporter == "dynamo" and isinstance(module, torch.jit.ScriptModule):
+        raise BadModelError("the dynamo exporter cannot trace a TorchScript module; use --exporter torchscript")
+    if exporter == "dynamo" and opset < DYNAMO_MIN_OPSET:
+        notes.append(f"the dynamo exporter writes opset {DYNAMO_MIN_OPSET} or newer; exported at opset {DYNAMO_MIN_OPSET}")
+        opset = DYNAMO_MIN_OPSET
+    shape = input_shape_of(module, input_shape)
+    dtype = _param_dtype(module)
+    example = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0)).to(dtype)
+    with _eval_mode(module, notes), torch.no_grad():
+        try:
+            result = module(example)
+        except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
+            raise BadModelError(f"the module's forward fails on an observation of shape (batch, {', '.join(map(str, shape))}): "
+                                f"{type(e).__name__}: {e}; give the shape with --input-shape") from e
+        names = _output_names(result, output_names)
+        try:
+            with _quiet():
+                raw = _export_raw(module, example, names, exporter, opset)
+        except Exception as e:  # noqa: BLE001 - the exporter's own errors: find the module behind them
+            raise _export_error(module, example, exporter, opset, e) from e
+    params = state_dict if state_dict is not None else {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    module_names = {name for name, _ in module.named_modules()}
+    classes = {name: _class_name(sub) for name, sub in module.named_modules()}
+    leaves = [name for name, sub in module.named_modules() if name and not list(sub.children())]
+    model, module_tensors, module_inputs = rename_graph(raw, exporter, names, module_names, classes, leaves)
+    model, unmatched = match_parameters(model, params)
+    if unmatched:
+        notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
+                     f"graph as stored (unused, or folded by the exporter): {', '.join(unmatched)}")
+    return Export(model, module_tensors, names, notes, module_inputs)
+
+
+def _class_name(module) -> str:
+    return getattr(module, "original_name", None) or type(module).__name__
+
+
+def _export_error(module, example, exporter: str, opset: int, error: Exception) -> Exception:
+    """The exporter's failure, attributed to the first leaf module that fails to export on its own."""
+    torch = _torch()
+    inputs: dict[str, object] = {}
+    hooks = []
+    for name, sub in module.named_modules():
+        if name and not list(sub.children()) and not isinstance(sub, torch.jit.ScriptModule):
+            hooks.append(sub.register_forward_pre_hook(
+                lambda m, args, name=name: inputs.setdefault(name, args[0]) if args and isinstance(args[0], torch.Tensor) else None))
+    try:
+        with torch.no_grad():
+            module(example)
+    except Exception:  # noqa: BLE001 - only looking for the culprit
+        pass
+    finally:
+        for h in hooks:
+            h.remove()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()  # the dynamo exporter colours its messages
+    message = text.splitlines()[0] if text else type(error).__name__
+    op = re.search(r"(aten::\w+|aten\.\w+)", str(error))
+    failing, exported = None, False
+    for name, x in inputs.items():
+        sub = module.get_submodule(name)
+        try:
+            with _quiet():
+                _export_raw(sub, x, ["y"], exporter, opset)
+            exported = True
+        except Exception:  # noqa: BLE001
+            failing = failing or (name, sub)
+    if failing and exported:  # some layers export, this one does not: it is the culprit
+        name, sub = failing
+        what = f"op {op.group(1)}" if op else "its op"
+        return UnsupportedOpError(
+            f"module {name!r} ({_class_name(sub)}) cannot be exported to ONNX opset {opset} by the {exporter} "
+            f"exporter: {what} has no ONNX form there ({message}); try another --opset or --exporter"
+        )
+    return BadModelError(f"torch.onnx.export ({exporter} exporter, opset {opset}) failed: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the renaming pass
+
+
+def _scope_of_ts_name(node_name: str, module_names: set[str]) -> str | None:
+    """The module path of a TorchScript-exporter node name ``/a/b/b.0/Gemm`` (``None``: no scope)."""
+    if not node_name.startswith("/"):
+        return None
+    parts = node_name.strip("/").split("/")[:-1]
+    path = ""
+    for part in parts:
+        joined = f"{path}.{part}" if path else part
+        if joined in module_names:
+            path = joined
+            continue
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        extended = f"{parent}.{part}" if parent else part  # Sequential children: ``policy_net.0`` under ``policy_net``
+        if extended in module_names:
+            path = extended
+            continue
+        return path  # a scope that is not a module (a function): stop at the last module
+    return path
+
+
+def _scope_of_dynamo_node(node, module_names: set[str]) -> str | None:
+    props = {p.key: p.value for p in node.metadata_props}
+    scopes = props.get("pkg.torch.onnx.name_scopes")
+    if not scopes:
+        return None
+    try:
+        names = json.loads(scopes.replace("'", '"'))
+    except ValueError:
+        return None
+    for candidate in reversed(names[:-1]):
+        if candidate in module_names:
+            return candidate
+    return None
+
+
+def rename_graph(model, exporter: str, output_names: list[str], module_names: set[str], classes: dict[str, str],
+                 leaves: list[str]):
+    """Rename the exported graph's nodes and tensors by module path and role.
+
+    Returns:
+        ``(model, module_tensors, module_inputs)``: a new ``onnx.ModelProto``, module path -> its
+        output tensor, and leaf module path -> the one non-constant tensor it reads.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    _separate_initializers(graph)
+    _drop_initializer_identities(graph)
+    protected = {i.name for i in graph.input} | {o.name for o in graph.output} | {t.name for t in graph.initializer}
+    # group nodes by the module that computed them
+    groups: dict[tuple, list] = {}
+    order: list[tuple] = []
+    leaf_set, initializers, previous = set(leaves), {t.name for t in graph.initializer}, None
+    for i, node in enumerate(graph.node):
+        scope = (_scope_of_dynamo_node(node, module_names) if exporter == "dynamo"
+                 else _scope_of_ts_name(node.name, module_names))
+        scope = scope or ""
+        if scope not in leaf_set:  # a scope the exporter lost (TorchScript shares one type's methods)
+            scope = _leaf_of(node, scope, previous, leaves, classes, initializers) or scope
+        previous = scope if scope in leaf_set else previous
+        if scope in leaf_set and scope:
+            key = (scope, ROLES.get(classes[scope], _snake(classes[scope])))
+        else:
+            key = (scope, _snake(node.op_type), i)  # a functional op in a custom forward: its own group
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(node)
+    used: set[str] = set(protected)
+    renames: dict[str, str] = {}
+    module_tensors: dict[str, str] = {}
+    module_inputs: dict[str, str] = {}
+    constants = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+    def unique(name: str) -> str:
+        candidate, n = name, 1
+        while candidate in used:
+            candidate, n = f"{name}_{n}", n + 1
+        used.add(candidate)
+        return candidate
+
+    for key in order:
+        scope, role = key[0], key[1]
+        base = f"{scope}/{role}" if scope else role
+        nodes = groups[key]
+        last = nodes[-1]
+        for node in nodes:
+            for j, o in enumerate(node.output):
+                if not o or o in protected:
+                    continue
+                if node is last and j == 0:
+                    renames[o] = unique(base)
+                else:
+                    renames[o] = unique(f"{base}/{_snake(node.op_type)}")
+            node.name = (renames.get(node.output[0], node.output[0]) if node.output else unique(base))
+        if len(key) == 2:
+            module_tensors[scope] = renames.get(last.output[0], last.output[0])
+            inside = {o for node in nodes for o in node.output}
+            outside = list(dict.fromkeys(i for node in nodes for i in node.input
+                                         if i and i not in inside and i not in constants))
+            if len(outside) == 1:
+                module_inputs[scope] = outside[0]
+    for node in graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+        node.output[:] = [renames.get(o, o) for o in node.output]
+        del node.metadata_props[:]
+    for vi in graph.value_info:
+        vi.name = renames.get(vi.name, vi.name)
+    for v in [*graph.input, *graph.output]:
+        del v.metadata_props[:]
+        for d in v.type.tensor_type.shape.dim[:1]:
+            if d.HasField("dim_param") or not d.HasField("dim_value"):
+                d.dim_param = "batch"
+    del out.metadata_props[:]
+    return out, module_tensors, {path: renames.get(t, t) for path, t in module_inputs.items()}
+
+
+def _separate_initializers(graph) -> None:
+    """Rename initializers that share a name with a node output (the dynamo exporter can name a
+    parameter and the output computed from it alike, e.g. ``log_std``), in place."""
+    produced = {o for node in graph.node for o in node.output}
+    taken = produced | {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    for init in graph.initializer:
+        if init.name in produced:
+            new, n = f"{init.name}.param", 1
+            while new in taken:
+                new, n = f"{init.name}.param{n}", n + 1
+            taken.add(new)
+            old, init.name = init.name, new
+            for node in graph.node:
+                node.input[:] = [new if i == old else i for i in node.input]
+
+
+def _leaf_of(node, scope: str, previous: str | None, leaves: list[str], classes: dict[str, str],
+             initializers: set[str]) -> str | None:
+    """The leaf module under ``scope`` that computed ``node``, when the exporter named only an
+    ancestor: the module owning a parameter the node reads (``<path>.weight``), or else the leaf
+    right after the previous node's, when that leaf has no parameters and its role is the node's op."""
+    under = (lambda path: path.startswith(scope + ".")) if scope else (lambda path: True)
+    for name in node.input:
+        path = name.rsplit(".", 1)[0]
+        if name in initializers and path in leaves and under(path):
+            return path
+    if previous in leaves:
+        following = leaves.index(previous) + 1
+        if following < len(leaves) and under(leaves[following]):
+            leaf = leaves[following]
+            if ROLES.get(classes[leaf], _snake(classes[leaf])) == _snake(node.op_type):
+                return leaf
+    return None
+
+
+def _drop_initializer_identities(graph) -> None:
+    """Remove ``Identity`` nodes that only alias an initializer (exporters' de-duplication), in place."""
+    inits = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    alias = {}
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in outputs:
+            alias[node.output[0]] = alias.get(node.input[0], node.input[0])
+        else:
+            keep.append(node)
+    if not alias:
+        return
+    for node in keep:
+        node.input[:] = [alias.get(i, i) for i in node.input]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters: initializer -> state_dict key
+
+
+def match_parameters(model, state_dict: dict[str, np.ndarray]):
+    """Name each initializer after the state_dict tensor it holds and record the mapping.
+
+    An initializer matches a state_dict entry when dtype, shape and bytes are equal, or when it is
+    the entry transposed (2-D). Its own name wins when it is one of the matching keys; otherwise
+    the first unclaimed matching key in state_dict order. Keys left over whose bytes equal a
+    claimed initializer (tied weights, equal tensors the exporter merged) become its aliases.
+
+    Returns:
+        ``(model, unmatched keys)``: a new model with initializers renamed to their key where no
+        other tensor has that name, and ``metadata_props["policyport.parameters"]`` set.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    numpy_helper = onnx.numpy_helper
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+
+    def fingerprint(a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        return a.dtype.str, a.shape, a.tobytes()
+
+    by_print: dict[tuple, list[str]] = {}
+    for key, arr in state_dict.items():
+        arr = np.asarray(arr)
+        if arr.dtype.kind not in "fiub" or arr.size == 0:
+            continue
+        by_print.setdefault(fingerprint(arr), []).append(key)
+    claimed: dict[str, dict] = {}
+    taken: set[str] = set()
+    entries: list[tuple[object, dict]] = []
+    for init in graph.initializer:
+        arr = numpy_helper.to_array(init)
+        direct = by_print.get(fingerprint(arr), [])
+        transposed = by_print.get(fingerprint(arr.T), []) if arr.ndim == 2 else []
+        choice, transpose = None, None
+        for keys, perm in ((direct, None), (transposed, [1, 0])):
+            free = [k for k in keys if k not in taken]
+            if init.name in free:
+                choice, transpose = init.name, perm
+                break
+            if free and choice is None:
+                choice, transpose = free[0], perm
+        if choice is None:
+            continue
+        taken.add(choice)
+        entry = {"name": choice, "transpose": transpose, "also": []}
+        claimed[init.name] = entry
+        entries.append((init, entry))
+    for init, entry in entries:  # aliases: tied or merged tensors
+        arr = numpy_helper.to_array(init)
+        if entry["transpose"]:
+            arr = arr.T
+        for key in by_print.get(fingerprint(arr), []):
+            if key not in taken:
+                entry["also"].append(key)
+                taken.add(key)
+    names = {n for node in graph.node for n in [*node.input, *node.output]} | {i.name for i in graph.input}
+    renames = {}
+    for init, entry in entries:
+        if init.name != entry["name"] and entry["name"] not in names and entry["name"] not in renames.values():
+            renames[init.name] = entry["name"]
+    for init in graph.initializer:
+        init.name = renames.get(init.name, init.name)
+    for node in graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+    for vi in graph.input:
+        vi.name = renames.get(vi.name, vi.name)
+    mapping = {}
+    for old, entry in claimed.items():
+        value = {"name": entry["name"]}
+        if entry["transpose"]:
+            value["transpose"] = entry["transpose"]
+        if entry["also"]:
+            value["also"] = entry["also"]
+        mapping[renames.get(old, old)] = value if len(value) > 1 else entry["name"]
+    unmatched = [k for k, a in state_dict.items() if k not in taken]
+    onnx.helper.set_model_props(out, {"policyport.parameters": json.dumps(mapping)})
+    return out, unmatched
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference: torch with forward hooks
+
+
+def module_reference(module, export: Export) -> Callable:
+    """``obs -> {tensor name: array}``: the module run in torch (eval mode, no grad), every mapped
+    submodule's output recorded by a forward hook, and the outputs under the graph's output names.
+
+    A TorchScript module takes no hooks: an ``nn.Sequential`` root runs child by child; inside a
+    scripted custom ``forward``, each leaf module runs on the input the graph gives it (recorded
+    by policyport's numpy backend), so that each layer is compared on its own.
+    """
+    torch = _torch()
+    module_tensors, output_names = export.module_tensors, export.output_names
+
+    def forward(obs: np.ndarray) -> dict[str, np.ndarray]:
+        recorded: dict[str, np.ndarray] = {}
+        x = torch.as_tensor(np.asarray(obs)).to(_param_dtype(module))
+
+        def keep(path: str, value) -> None:
+            if path in module_tensors and isinstance(value, torch.Tensor):
+                recorded[module_tensors[path]] = value.detach().clone().cpu().numpy()
+
+        with _eval_mode(module, []), torch.no_grad():
+            if isinstance(module, torch.jit.ScriptModule):
+                result = _run_scripted(module, "", x, keep)
+                if not recorded:  # a scripted custom forward: each leaf on the graph's own input
+                    _run_leaves_on_graph_inputs(module, export, obs, keep)
+            else:
+                hooks = [sub.register_forward_hook(lambda m, i, o, path=path: keep(path, o))
+                         for path, sub in module.named_modules() if path in module_tensors]
+                try:
+                    result = module(x)
+                finally:
+                    for h in hooks:
+                        h.remove()
+        values = [result] if isinstance(result, torch.Tensor) else list(result.values()) if isinstance(result, dict) else list(result)
+        for name, value in zip(output_names, values):
+            recorded[name] = value.detach().cpu().numpy()
+        return recorded
+
+    return forward
+
+
+def _run_leaves_on_graph_inputs(module, export: Export, obs: np.ndarray, keep) -> None:
+    from ..runtime import load
+
+    torch = _torch()
+    inputs = {p: t for p, t in export.module_inputs.items() if p in export.module_tensors}
+    wanted = sorted(set(inputs.values()) - {"obs"})
+    recorded = load(export.model, backend="numpy").record({"obs": np.asarray(obs)}, tensors=wanted) if wanted else {}
+    submodules = dict(module.named_modules())  # get_submodule is not supported on ScriptModules
+    for path, tensor in inputs.items():
+        if (tensor in recorded or tensor == "obs") and path in submodules:
+            value = np.asarray(obs) if tensor == "obs" else recorded[tensor]
+            keep(path, submodules[path](torch.as_tensor(value)))
+
+
+def _run_scripted(module, path: str, x, keep):
+    """Run a TorchScript module, descending into ``nn.Sequential`` children to see their outputs."""
+    children = list(module.named_children())
+    if getattr(module, "original_name", None) == "Sequential" and children:
+        for name, child in children:
+            x = _run_scripted(child, f"{path}.{name}" if path else name, x, keep)
+    else:
+        x = module(x)
+    keep(path, x)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# converters
+
+
+def convert_torch(source, options):
+    """Convert a live ``torch.nn.Module`` (see the module docstring).
+
+    Args:
+        source: the module; it takes one observation tensor ``(batch, *obs_shape)``.
+        options: :class:`~policyport.converter.ConvertOptions`: ``exporter``, ``opset``,
+            ``input_shape``, ``output_names``.
+
+    Returns:
+        A :class:`~policyport.converter.Converted` whose reference runs the module with forward hooks.
+    """
+    from . import Converted
+
+    _refuse_weight_options(options, "a torch module")
+    export = export_module(source, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
+                           output_names=options.output_names)
+    _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
+    reference = module_reference(source, export)
+    return Converted(export.model, reference, "torch", export.notes)
+
+
+def convert_torchscript(source, options):
+    """Convert a TorchScript file (``torch.jit.save``), loaded with ``torch.jit.load`` on the CPU.
+
+    TorchScript holds TorchScript code, which torch's own interpreter runs; no Python pickle
+    of the file is executed.
+
+    Raises:
+        UnreadableFileError: not a TorchScript archive.
+    """
+    from pathlib import Path
+
+    from ..errors import UnreadableFileError
+    from . import Converted
+
+    torch = _torch("converting a TorchScript file")
+    _refuse_weight_options(options, "a TorchScript file")
+    path = Path(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript itself
+            module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError for anything unreadable
+        raise UnreadableFileError(f"{path} is not a readable TorchScript file: {str(e).strip().splitlines()[0]}") from e
+    export = export_module(module, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
+                           output_names=options.output_names)
+    _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
+    reference = module_reference(module, export)
+    return Converted(export.model, reference, "torchscript", export.notes)
+
+
+def _refuse_weight_options(options, what: str) -> None:
+    if options.head is not None:
+        raise BadModelError(f"--head applies to weight files; {what} exports its own outputs")
+    if options.obs_norm is not None:
+        raise BadModelError(f"an observation-normalisation file applies to SB3 sources, not to {what}")
+    if options.activation is not None:
+        raise BadModelError(f"--activation applies to weight files; {what} carries its own activations")
+
+
+def _sha256(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _finish(model, source: dict) -> None:
+    """Provenance metadata and the checker."""
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    from .build import _version
+
+    model.producer_name, model.producer_version = "policyport", _version()
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update({"policyport.head": "none", "policyport.source": json.dumps(source)})
+    onnx.helper.set_model_props(model, props)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise BadModelError(f"the exported model fails onnx.checker: {e}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# torch primitives for the weight-only reference forward (reference.torch_forward)
+
+
+def torch_ops():
+    """The forward primitives of :mod:`policyport.converter.reference` computed by torch modules."""
+    torch = _torch("the torch reference forward pass")
+    nn, F = torch.nn, torch.nn.functional
+
+    def activation_module(act):
+        table = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "selu": nn.SELU, "swish": nn.SiLU,
+                 "softplus": nn.Softplus, "gelu": nn.GELU, "mish": nn.Mish, "hardswish": nn.Hardswish,
+                 "sigmoid": nn.Sigmoid, "linear": nn.Identity}
+        if act.name == "leaky_relu":
+            return nn.LeakyReLU(act.alpha)
+        return table[act.name]()
+
+    class TorchOps:
+        tensor = staticmethod(lambda x: torch.as_tensor(np.asarray(x)))
+        to_numpy = staticmethod(lambda x: x.detach().cpu().numpy())
+
+        @staticmethod
+        def affine(layer, x):
+            w = torch.as_tensor(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy())
+            b = None if layer.bias is None else torch.as_tensor(layer.bias)
+            linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(w)
+                if b is not None:
+                    linear.bias.copy_(b)
+                return linear(x)
+
+        @staticmethod
+        def step(step, x):
+            with torch.no_grad():
+                if step.kind == "activation":
+                    return activation_module(step.activation)(x)
+                p = {k: torch.as_tensor(a) for k, (_, a) in step.params.items()}
+                if step.kind == "layer_norm":
+                    return F.layer_norm(x, (x.shape[-1],), p.get("weight"), p.get("bias"), step.eps)
+                return F.batch_norm(x, p["running_mean"], p["running_var"], p.get("weight"), p.get("bias"),
+                                    training=False, eps=step.eps)
+
+        flatten = staticmethod(lambda x: nn.Flatten()(x))
+
+        @staticmethod
+        def obs_norm(norm, x):  # VecNormalize runs in numpy, outside the policy
+            from .reference import _NumpyOps
+
+            return torch.as_tensor(_NumpyOps.obs_norm(norm, x.numpy()))
+
+        concat = staticmethod(lambda xs: torch.cat(xs, dim=1))
+        broadcast = staticmethod(lambda v, like: v.expand_as(like))
+        argmax = staticmethod(lambda x: torch.argmax(x, dim=1))
+        clip = staticmethod(lambda x, low, high: torch.minimum(torch.maximum(x, low), high))
+        tanh = staticmethod(torch.tanh)
+        asarray = staticmethod(lambda x, like: torch.as_tensor(np.asarray(x), dtype=like.dtype))
+
+    return TorchOps

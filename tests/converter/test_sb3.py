@@ -1,0 +1,229 @@
+"""Stable-Baselines3 zips: the action equals SB3's own predict(obs, deterministic=True) on 1,000
+observations; conversion imports neither SB3 nor gymnasium and unpickles nothing the zip pickled;
+VecNormalize statistics become graph nodes; what cannot be converted is refused saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import policyport as pp
+from policyport.converter import convert_source
+
+from torch_fixtures import CARTPOLE, ROOT, SB3_DIR
+
+sb3 = pytest.importorskip("stable_baselines3")
+gym = pytest.importorskip("gymnasium")
+
+ZIPS = {
+    "cartpole": (CARTPOLE, "PPO"),
+    "ppo_pendulum": (SB3_DIR / "ppo_pendulum.zip", "PPO"),
+    "a2c_multidiscrete": (SB3_DIR / "a2c_multidiscrete.zip", "A2C"),
+    "sac_pendulum": (SB3_DIR / "sac_pendulum.zip", "SAC"),
+    "td3_pendulum": (SB3_DIR / "td3_pendulum.zip", "TD3"),
+    "ppo_pendulum_vecnorm": (SB3_DIR / "ppo_pendulum_vecnorm.zip", "PPO"),
+}
+
+
+def load_sb3(path, algo):
+    """SB3's own loader; the 2021 CartPole zip pickled ``gym`` spaces, given here as gymnasium's."""
+    custom = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
+    if path == CARTPOLE:
+        big = np.finfo(np.float32).max
+        high = np.array([4.8, big, 0.41887903, big], np.float32)
+        custom.update(observation_space=gym.spaces.Box(-high, high, (4,), np.float32), action_space=gym.spaces.Discrete(2))
+    return getattr(sb3, algo).load(path, device="cpu", custom_objects=custom)
+
+
+def observations(model_proto, n=1000, seed=7):
+    """Observations spread beyond the training range (uniform in [-3, 3] per feature)."""
+    d = model_proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    return np.random.default_rng(seed).uniform(-3, 3, (n, d)).astype(np.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ZIPS))
+def test_action_equals_sb3_predict_on_1000_observations(name):
+    path, algo = ZIPS[name]
+    c = convert_source(path)
+    obs = observations(c.model)
+    agent = load_sb3(path, algo)
+    policy_obs = obs
+    if name.endswith("vecnorm"):
+        from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+        venv = VecNormalize.load(str(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"),
+                                 DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+        policy_obs = venv.normalize_obs(obs)
+    expected, _ = agent.predict(policy_obs, deterministic=True)
+    for backend in ("numpy", "onnxruntime"):
+        action = pp.load(c.model, backend=backend).run({"obs": obs})["action"]
+        assert action.dtype == expected.dtype and action.shape == expected.shape
+        if expected.dtype.kind == "i":
+            assert np.array_equal(action, expected), f"{np.sum(action != expected)} of 1000 actions differ"
+        else:
+            np.testing.assert_allclose(action, expected, rtol=1e-5, atol=1e-5)
+    report = pp.verify(c.model, obs, reference=c.reference)
+    assert report.passed, report.first_divergence
+
+
+def test_conversion_never_imports_sb3_or_gymnasium():
+    script = """
+import sys, json
+from policyport.converter import convert_source
+kinds = [convert_source(p).kind for p in sys.argv[1:]]
+print(json.dumps({"kinds": kinds, "loaded": sorted(m for m in ("stable_baselines3", "gymnasium", "gym", "cloudpickle") if m in sys.modules)}))
+"""
+    paths = [str(p) for p, _ in ZIPS.values()]
+    result = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc == {"kinds": ["sb3"] * len(paths), "loaded": []}
+
+
+def test_heads_and_names_follow_the_action_space():
+    outputs = {name: [o.name for o in convert_source(path).model.graph.output] for name, (path, _) in ZIPS.items()}
+    assert outputs["cartpole"] == ["logits", "action"]
+    assert outputs["ppo_pendulum"] == ["logits", "action", "log_std"]
+    assert outputs["a2c_multidiscrete"] == ["logits", "action"]
+    assert outputs["sac_pendulum"] == outputs["td3_pendulum"] == ["logits", "action"]
+    c = convert_source(ZIPS["ppo_pendulum"][0], keep_value=True)
+    nodes = [n.output[0] for n in c.model.graph.node]
+    assert "mlp_extractor.policy_net.1/relu" in nodes and "mlp_extractor.value_net.3/relu" in nodes
+    assert [o.name for o in c.model.graph.output][-1] == "value"
+    obs = observations(c.model, 5)
+    got = pp.load(c.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["log_std"], np.broadcast_to(got["logits"][:, 1:], (5, 1)))
+    td3 = [n.output[0] for n in convert_source(ZIPS["td3_pendulum"][0]).model.graph.node]
+    assert "actor.mu.5/tanh" in td3 and td3[-1] == "action"
+
+
+def test_extract_gives_policy_pth_and_the_normalisation_back_bit_for_bit():
+    import torch
+
+    c = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], keep_value=True)
+    weights = pp.extract_weights(c.model)
+    with zipfile.ZipFile(ZIPS["ppo_pendulum_vecnorm"][0]) as zf:
+        import io
+
+        state = torch.load(io.BytesIO(zf.read("policy.pth")), weights_only=True)
+    for key, tensor in state.items():
+        assert weights[key].dtype == tensor.numpy().dtype and weights[key].tobytes() == tensor.numpy().tobytes(), key
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    venv = VecNormalize.load(str(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("Pendulum-v1")]))
+    assert weights["obs_rms.mean"].tobytes() == venv.obs_rms.mean.tobytes()
+    assert weights["obs_rms.var"].tobytes() == venv.obs_rms.var.tobytes()
+
+
+def test_vecnormalize_beside_the_zip_is_said_and_can_be_skipped_or_named(tmp_path):
+    c = convert_source(ZIPS["ppo_pendulum_vecnorm"][0])
+    assert any("VecNormalize" in n and "vecnormalize.pkl" in n for n in c.notes)
+    assert "vec_normalize/obs" in {n.output[0] for n in c.model.graph.node}
+    plain = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_filter=False)
+    assert not any(n.output[0].startswith("vec_normalize") for n in plain.model.graph.node)
+    moved = tmp_path / "policy.zip"
+    shutil.copy(ZIPS["ppo_pendulum_vecnorm"][0], moved)
+    named = convert_source(moved, obs_norm=str(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"))
+    assert pp.extract_weights(named.model)["obs_rms.mean"].tobytes() == pp.extract_weights(c.model)["obs_rms.mean"].tobytes()
+
+
+class _Hostile:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def cli(*args):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_a_hostile_vecnormalize_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps({"obs_rms": _Hostile(marker)}))
+    result = cli("convert", ZIPS["ppo_pendulum"][0], "-o", tmp_path / "m.onnx", "--obs-norm", pkl)
+    assert result.exit_code == 3 and "system" in result.stderr and "--trust" in result.stderr
+    assert not marker.exists() and not (tmp_path / "m.onnx").exists()
+
+
+def rewrite_zip(src, dst, *, data=None, state=None):
+    """A copy of an SB3 zip with its ``data`` JSON changed by ``data(dict)`` or its policy.pth replaced."""
+    import io
+
+    import torch
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            content = zin.read(name)
+            if name == "data" and data is not None:
+                doc = json.loads(content)
+                data(doc)
+                content = json.dumps(doc).encode()
+            if name == "policy.pth" and state is not None:
+                sd = torch.load(io.BytesIO(content), weights_only=True)
+                buf = io.BytesIO()
+                torch.save(state(sd), buf)
+                content = buf.getvalue()
+            zout.writestr(name, content)
+    return dst
+
+
+def test_what_cannot_be_converted_is_refused_saying_why(tmp_path):
+    import torch
+
+    pendulum = ZIPS["ppo_pendulum"][0]
+    cases = {
+        "gSDE": rewrite_zip(pendulum, tmp_path / "sde.zip", data=lambda d: d.update(use_sde=True)),
+        "dict observations": rewrite_zip(pendulum, tmp_path / "dict.zip", data=lambda d: d["observation_space"].update(
+            {":type:": "<class 'gymnasium.spaces.dict.Dict'>"})),
+        "image observations": rewrite_zip(pendulum, tmp_path / "cnn.zip", data=lambda d: d["observation_space"].update(
+            _shape=[3, 64, 64])),
+        "CNN or custom extractor": rewrite_zip(pendulum, tmp_path / "extractor.zip", state=lambda sd: {
+            **sd, "features_extractor.cnn.0.weight": torch.zeros(8, 3, 3, 3)}),
+        "recurrent": rewrite_zip(pendulum, tmp_path / "lstm.zip", state=lambda sd: {
+            **sd, "lstm_actor.weight_ih_l0": torch.zeros(4, 3)}),
+        "MultiBinary": rewrite_zip(pendulum, tmp_path / "mb.zip", data=lambda d: d["action_space"].update(
+            {":type:": "<class 'gymnasium.spaces.multi_binary.MultiBinary'>"})),
+    }
+    for why, path in cases.items():
+        result = cli("convert", path, "-o", tmp_path / "m.onnx")
+        assert result.exit_code == 3, (why, result.output)
+        assert why in result.stderr, (why, result.stderr)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.slow
+def test_a_real_gsde_policy_is_refused(tmp_path):
+    sb3.PPO("MlpPolicy", "Pendulum-v1", use_sde=True, n_steps=64, batch_size=32, device="cpu", seed=0).save(tmp_path / "sde.zip")
+    result = cli("convert", tmp_path / "sde.zip", "-o", tmp_path / "m.onnx")
+    assert result.exit_code == 3 and "gSDE" in result.stderr
+
+
+def test_verify_against_the_zip_finds_a_different_policy(tmp_path):
+    out = tmp_path / "pendulum.onnx"
+    assert cli("convert", ZIPS["ppo_pendulum"][0], "-o", out, "--samples", "32").exit_code == 0
+    same = cli("verify", out, "--source", ZIPS["ppo_pendulum"][0], "--low", "-3", "--high", "3", "--json")
+    assert same.exit_code == 0 and json.loads(same.stdout)["passed"]
+    other = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "other.zip",
+                        state=lambda sd: {**sd, "mlp_extractor.policy_net.2.bias": sd["mlp_extractor.policy_net.2.bias"] + 0.01})
+    result = cli("verify", out, "--source", other, "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and not doc["passed"]
+    assert doc["first_divergence"]["tensor"] == "mlp_extractor.policy_net.2/linear"

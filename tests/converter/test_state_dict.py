@@ -1,0 +1,265 @@
+"""state_dict files: read safely with or without torch, laid out from their keys (nn.Sequential, SB3,
+RLlib torch), converted by build.py, verified against torch, and given back bit for bit by extract."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import policyport as pp
+from policyport.converter import convert_source
+from policyport.converter.reference import reference_forward, torch_forward
+from policyport.converter.torch_files import _read_safetensors_layout, read_safetensors, read_torch_zip
+
+from torch_fixtures import CARTPOLE, ROOT, SB3_DIR, TORCH_DIR, load_module, observations
+
+torch = pytest.importorskip("torch")
+
+STATE_DICTS = sorted(TORCH_DIR.glob("*.state_dict.pt"))
+
+
+def sb3_policy_pth(zip_path, tmp_path):
+    out = tmp_path / f"{zip_path.stem}.pth"
+    with zipfile.ZipFile(zip_path) as zf:
+        out.write_bytes(zf.read("policy.pth"))
+    return out
+
+
+@pytest.mark.parametrize("path", [*STATE_DICTS, CARTPOLE, *sorted(SB3_DIR.glob("*.zip"))], ids=lambda p: p.name)
+def test_the_reader_without_torch_matches_torch_load_bit_for_bit(path, tmp_path):
+    if path.suffix == ".zip":
+        path = sb3_policy_pth(path, tmp_path)
+    ours = read_torch_zip(path)
+    theirs = torch.load(path, weights_only=True)
+    assert list(ours) == list(theirs)
+    for key, tensor in theirs.items():
+        expected = tensor.numpy()
+        assert ours[key].dtype == expected.dtype and ours[key].shape == expected.shape, key
+        assert ours[key].tobytes() == expected.tobytes(), key
+
+
+def test_the_reader_without_torch_reads_views_and_refuses_what_it_cannot_rebuild(tmp_path):
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    path = tmp_path / "views.pt"
+    torch.save({"t": base.t(), "slice": base[1:3, 2:], "half": torch.ones(3, dtype=torch.float16)}, path)
+    got = read_torch_zip(path)
+    np.testing.assert_array_equal(got["t"], base.t().numpy())
+    np.testing.assert_array_equal(got["slice"], base[1:3, 2:].numpy())
+    assert got["half"].dtype == np.float16
+    module_path = tmp_path / "module.pt"
+    torch.save(torch.nn.Linear(2, 2), module_path)
+    from policyport.converter.torch_files import as_state_dict
+
+    with pytest.raises(pp.UntrustedFileError, match=r"torch\.nn\.modules\.linear\.Linear.*--trust"):
+        as_state_dict(read_torch_zip(module_path), module_path)
+
+
+def test_a_tensor_reaching_outside_its_storage_is_refused(tmp_path):
+    import collections
+    import io
+
+    class Storage:
+        pass
+
+    class Tensor:
+        def __reduce__(self):  # what torch writes for a tensor, but claiming 400 elements of 4
+            return torch._utils._rebuild_tensor_v2, (storage, 0, (400,), (1,), False, collections.OrderedDict())
+
+    storage = Storage()
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", 4) if obj is storage else None
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump({"w": Tensor()})
+    path = tmp_path / "bad.pt"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("bad/data.pkl", buf.getvalue())
+        zf.writestr("bad/data/0", np.zeros(4, np.float32).tobytes())
+    with pytest.raises(pp.UnreadableFileError, match="outside its storage"):
+        read_torch_zip(path)
+
+
+def test_safetensors_library_and_layout_reader_agree(tmp_path):
+    from safetensors.numpy import save_file
+
+    state = {k: v.numpy() for k, v in load_module("norms")[0].state_dict().items()}
+    path = tmp_path / "norms.safetensors"
+    save_file(state, str(path))
+    for reader in (read_safetensors, _read_safetensors_layout):
+        got = reader(path)
+        assert sorted(got) == sorted(state)
+        assert all(got[k].dtype == state[k].dtype and got[k].tobytes() == state[k].tobytes() for k in state)
+    from_pt = pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu")
+    from_st = pp.convert(path, activation="tanh,relu")
+    assert {t.name: t.raw_data for t in from_pt.graph.initializer} == {t.name: t.raw_data for t in from_st.graph.initializer}
+    truncated = tmp_path / "cut.safetensors"
+    truncated.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(pp.UnreadableFileError, match="offsets|do not fit"):
+        _read_safetensors_layout(truncated)
+
+
+@pytest.mark.parametrize("name, activation", [("norms", "tanh,relu"), ("float64", "tanh,relu")])
+@pytest.mark.parametrize("batch", [1, 7])
+def test_a_sequential_state_dict_matches_the_module_layer_by_layer(name, activation, batch):
+    module, shape = load_module(name)
+    dtype = np.float64 if name == "float64" else np.float32
+    c = convert_source(TORCH_DIR / f"{name}.state_dict.pt", activation=activation)
+    obs = observations(shape, batch, dtype)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    report = pp.verify(c.model, obs, reference=c.reference, atol=tol, rtol=tol)
+    assert report.passed
+    with torch.no_grad():
+        expected = module(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(pp.load(c.model, backend="onnxruntime").run({"obs": obs})["logits"], expected, rtol=tol, atol=tol)
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], expected, rtol=tol, atol=tol)
+    weights = pp.extract_weights(c.model)
+    state = {k: v.numpy() for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert sorted(weights) == sorted(state) and all(weights[k].tobytes() == state[k].tobytes() for k in state)
+
+
+def test_numpy_and_torch_references_agree_on_every_tensor():
+    from policyport.converter.state_dict import parse_layout, read_arrays
+
+    arrays, _ = read_arrays(TORCH_DIR / "norms.state_dict.pt")
+    spec, _, _ = parse_layout(arrays, "sequential", "tanh,relu", False)
+    obs = observations((5,), 7)
+    a, b = reference_forward(spec, obs), torch_forward(spec, obs)
+    assert list(a) == list(b) == ["0/linear", "1/layer_norm", "2/tanh", "4/linear", "5/batch_norm", "6/relu", "logits"]
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-5)
+
+
+def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
+    with pytest.raises(pp.BadModelError, match=r"activation modules sit at 2, 6.*--activation"):
+        pp.convert(TORCH_DIR / "norms.state_dict.pt")
+    with pytest.raises(pp.BadModelError, match=r"3 activations given for 2"):
+        pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu,elu")
+    path = tmp_path / "odd.pt"
+    torch.save({"0.weight": torch.zeros(3, 2), "encoder.gamma": torch.zeros(3), "head.kernel": torch.zeros(3, 3)}, path)
+    with pytest.raises(pp.BadModelError, match=r"2 key\(s\) do not fit: encoder\.gamma, head\.kernel"):
+        pp.convert(path)
+
+
+@pytest.mark.parametrize("kind", ["state-dict", "rllib-torch"])
+def test_rllib_torch_weights_match_the_network(kind):
+    net, shape = load_module("rllib_fcnet")
+    path = TORCH_DIR / "rllib_fcnet.state_dict.pt"
+    c = convert_source(path, kind=kind, keep_value=True, head="diag-gaussian")
+    names = {n.output[0] for n in c.model.graph.node}
+    assert {"_hidden_layers.0._model.0/linear", "_hidden_layers.0._model.1/tanh", "_value_branch_separate.0._model.1/tanh"} <= names
+    obs = observations(shape, 7)
+    assert pp.verify(c.model, obs, reference=c.reference).passed
+    with torch.no_grad():
+        logits, value = net(torch.as_tensor(obs))
+    got = pp.load(c.model, backend="onnxruntime").run({"obs": obs})
+    np.testing.assert_allclose(got["logits"], logits.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["value"], value.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got["action"], got["logits"][:, :2])
+    weights = pp.extract_weights(c.model)
+    assert all(weights[k].tobytes() == v.numpy().tobytes() for k, v in net.state_dict().items())
+
+
+def test_conversion_without_torch_gives_the_same_model(tmp_path):
+    """A state_dict and an SB3 zip convert with torch unimportable (the zip reader and the numpy
+    reference), to the very model the torch path gives."""
+    script = f"""
+import sys
+sys.modules["torch"] = None  # import torch fails
+import policyport as pp
+from policyport.converter import convert_source
+for src, opts in [({str(TORCH_DIR / 'norms.state_dict.pt')!r}, dict(activation="tanh,relu")), ({str(CARTPOLE)!r}, {{}})]:
+    c = convert_source(src, **opts)
+    assert pp.verify(c.model, reference=c.reference, samples=50).passed
+    report = pp.verify(c.model, source=src, samples=50)  # what verify --source does: the numpy forward
+    assert report.passed and report.reference == "source"
+    open({str(tmp_path)!r} + "/" + src.rsplit("/", 1)[1] + ".onnx", "wb").write(c.model.SerializeToString())
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None and m.split(".")[0] == "torch"]
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for src, opts in [(TORCH_DIR / "norms.state_dict.pt", dict(activation="tanh,relu")), (CARTPOLE, {})]:
+        with_torch = pp.convert(src, **opts)
+        without = (tmp_path / f"{src.name}.onnx").read_bytes()
+        assert with_torch.SerializeToString() == without
+
+
+def test_the_cli_converts_a_state_dict_and_verifies_it_against_the_source(tmp_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    out = tmp_path / "norms.onnx"
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(TORCH_DIR / "norms.state_dict.pt"), "-o", str(out),
+                                 "--activation", "tanh,relu", "--samples", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "state-dict" and doc["verification"]["passed"]
+    result = runner.invoke(app, ["verify", str(out), "--source", str(TORCH_DIR / "norms.state_dict.pt"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert {c["tensor"] for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"} >= {"5/batch_norm", "logits"}
+    result = runner.invoke(app, ["convert", str(TORCH_DIR / "norms.state_dict.pt"), "-o", str(tmp_path / "x.onnx")])
+    assert result.exit_code == 3 and "--activation" in result.stderr and not (tmp_path / "x.onnx").exists()
+
+
+def test_rllib_weights_as_a_dict_of_arrays_convert_like_the_file():
+    """RLlib's ``policy.get_weights()`` hands the torch layout over as a dict of numpy arrays."""
+    net, shape = load_module("rllib_fcnet")
+    weights = {k: v.numpy() for k, v in net.state_dict().items()}
+    from_dict = convert_source(weights, kind="rllib-torch", head="diag-gaussian")
+    from_file = convert_source(TORCH_DIR / "rllib_fcnet.state_dict.pt", kind="rllib-torch", head="diag-gaussian")
+    assert from_dict.model.graph == from_file.model.graph
+    assert pp.verify(from_dict.model, observations(shape, 7), reference=from_dict.reference).passed
+
+
+def test_sb3_policy_state_dicts_without_their_zip(tmp_path):
+    """policy.pth alone: the layout is SB3's, the action space unknown, which the notes say."""
+    cartpole = convert_source(sb3_policy_pth(CARTPOLE, tmp_path))
+    assert [o.name for o in cartpole.model.graph.output] == ["logits", "action"]
+    assert any("Discrete" in n for n in cartpole.notes)
+    obs = observations((4,), 7)
+    got = pp.load(cartpole.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], np.argmax(got["logits"], axis=1))
+    pendulum = convert_source(sb3_policy_pth(SB3_DIR / "ppo_pendulum.zip", tmp_path))
+    assert any("unclipped Gaussian mean" in n for n in pendulum.notes)
+    obs = observations((3,), 7) * 100  # far outside the bounds: nothing clips
+    got = pp.load(pendulum.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], got["logits"][:, :1])
+    sac = convert_source(sb3_policy_pth(SB3_DIR / "sac_pendulum.zip", tmp_path))
+    got = pp.load(sac.model).run({"obs": obs})
+    assert np.all(np.abs(got["action"]) <= 1) and any("[-1, 1]" in n for n in sac.notes)
+    np.testing.assert_allclose(got["action"], np.tanh(got["logits"]), rtol=1e-6, atol=1e-6)
+
+
+def test_sb3_shared_layers_feed_both_branches(tmp_path):
+    """SB3 < 1.8 wrote net_arch=[64, dict(pi=[...], vf=[...])] as mlp_extractor.shared_net before both branches."""
+    torch.manual_seed(1)
+    shared = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh())
+    pi = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
+    vf = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
+    action_net, value_net = torch.nn.Linear(8, 3), torch.nn.Linear(8, 1)
+    state = {**{f"mlp_extractor.shared_net.{k}": v for k, v in shared.state_dict().items()},
+             **{f"mlp_extractor.policy_net.{k}": v for k, v in pi.state_dict().items()},
+             **{f"mlp_extractor.value_net.{k}": v for k, v in vf.state_dict().items()},
+             **{f"action_net.{k}": v for k, v in action_net.state_dict().items()},
+             **{f"value_net.{k}": v for k, v in value_net.state_dict().items()}}
+    path = tmp_path / "shared.pt"
+    torch.save(state, path)
+    c = convert_source(path, keep_value=True)
+    obs = observations((5,), 7)
+    with torch.no_grad():
+        latent = shared(torch.as_tensor(obs))
+        logits, value = action_net(pi(latent)).numpy(), value_net(vf(latent)).numpy()
+    got = pp.load(c.model, backend="onnxruntime").run({"obs": obs})
+    np.testing.assert_allclose(got["logits"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["value"], value, rtol=1e-5, atol=1e-5)
+    assert "mlp_extractor.shared_net.1/tanh" in {n.output[0] for n in c.model.graph.node}
+    assert pp.verify(c.model, obs, reference=c.reference).passed

@@ -1,0 +1,80 @@
+"""The CLI on torch sources: every kind converts, refusals have their exit codes and say why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from policyport.cli import app
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_DIR = ROOT / "fixtures" / "torch"
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.mark.parametrize("args, kind", [
+    ([TORCH_DIR / "gaussian.torchscript.pt", "--output-names", "mean,value,log_std"], "torchscript"),
+    ([TORCH_DIR / "activations.torchscript.pt", "--input-shape", "2,3"], "torchscript"),
+    ([TORCH_DIR / "float64.state_dict.pt", "--activation", "tanh,relu"], "state-dict"),
+    ([TORCH_DIR / "rllib_fcnet.state_dict.pt", "--from", "rllib-torch", "--keep-value"], "rllib-torch"),
+    ([ROOT / "fixtures" / "sb3" / "a2c_multidiscrete.zip"], "sb3"),
+])
+def test_every_kind_converts_and_passes_its_check(args, kind, tmp_path):
+    out = tmp_path / "m.onnx"
+    result = invoke("convert", *args, "-o", out, "--samples", "64", "--low", "-2", "--high", "2", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == kind and doc["verification"]["passed"] and out.exists()
+    assert any(c["reference"] == "source" for c in doc["verification"]["comparisons"])
+
+
+def test_a_whole_pickled_module_needs_trust_to_convert_and_to_verify(tmp_path):
+    module = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ELU(), torch.nn.Linear(8, 2))
+    src = tmp_path / "whole.pt"
+    torch.save(module, src)
+    out = tmp_path / "m.onnx"
+    refused = invoke("convert", src, "-o", out)
+    assert refused.exit_code == 3 and "torch.nn.modules.container.Sequential" in refused.stderr
+    assert "--trust" in refused.stderr and not out.exists()
+    assert invoke("convert", src, "-o", out, "--trust", "--samples", "16").exit_code == 0
+    assert invoke("verify", out, "--source", src, "--samples", "16").exit_code == 3
+    result = invoke("verify", out, "--source", src, "--trust", "--samples", "16", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["passed"]
+    assert {c["tensor"] for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"} >= {"0/linear", "1/elu", "logits"}
+
+
+@pytest.mark.parametrize("args, exit_code, says", [
+    (["--from", "torch"], 2, "Python API"),
+    (["--input-shape", "2,x"], 2, "--input-shape"),
+    (["--output-names", "a,a"], 2, "--output-names"),
+    (["--exporter", "dynamo"], 3, "dynamo exporter cannot trace a TorchScript module"),
+    (["--activation", "relu"], 3, "--activation applies to weight files"),
+    (["--output-names", "a,b"], 3, "2 output names given"),
+])
+def test_torch_refusals(args, exit_code, says, tmp_path):
+    result = invoke("convert", TORCH_DIR / "gaussian.torchscript.pt", "-o", tmp_path / "m.onnx", *args)
+    assert result.exit_code == exit_code, result.output
+    assert says in result.output
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_without_torch_a_torchscript_file_asks_for_the_extra(tmp_path):
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from policyport.cli import main\nsys.argv = ['policyport', *sys.argv[1:]]\nmain()")
+    result = subprocess.run([sys.executable, "-c", script, "convert", str(TORCH_DIR / "tied.torchscript.pt"),
+                             "-o", str(tmp_path / "m.onnx")], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 4, result.stderr
+    assert "policyport[torch]" in result.stderr and "Traceback" not in result.stderr
