@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import BadModelError, require
 from .files import ensure_model
+from .graph import tensor_array
 from .runtime.base import select_tensors
 
 PARAMETERS_KEY = "policyport.parameters"
@@ -58,7 +59,7 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         BadModelError: malformed parameter metadata, or a parameter named twice.
         UnreadableFileError: the path cannot be read.
     """
-    numpy_helper = require("onnx.numpy_helper", "onnx", "extracting weights")
+    require("onnx", "onnx", "extracting weights")
     model = ensure_model(model)
     mapping = parameter_map(model)
     weights: dict[str, np.ndarray] = {}
@@ -66,7 +67,7 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         if init.name not in mapping:
             continue
         spec = mapping[init.name]
-        arr = numpy_helper.to_array(init)
+        arr = tensor_array(init)
         if spec["transpose"] is not None:
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
         if spec["name"] in weights:
@@ -75,13 +76,15 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     return weights
 
 
-def expose(model, tensors: str | list[str] | None = "*"):
+def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False):
     """A copy of ``model`` whose graph outputs also include intermediate tensors.
 
     Args:
         model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file (left untouched).
-        tensors: ``fnmatch`` globs over node-output names, comma-separated or a list; ``"*"`` or
-            ``None`` exposes every node output.
+        tensors: node-output names or ``fnmatch`` globs over them, comma-separated or a list (a
+            pattern that is a tensor's exact name selects that tensor only: see
+            :func:`policyport.runtime.base.select_tensors`); ``"*"`` or ``None`` exposes every node output.
+        exact: take every entry of ``tensors`` as a name, never as a glob.
 
     Returns:
         A new ``onnx.ModelProto``: the original graph outputs first, then each selected node output
@@ -94,7 +97,7 @@ def expose(model, tensors: str | list[str] | None = "*"):
     onnx = require("onnx", "onnx", "exposing tensors")
     source = ensure_model(model)
     node_outputs = [o for n in source.graph.node for o in n.output if o]
-    chosen = select_tensors(node_outputs, tensors)
+    chosen = select_tensors(node_outputs, tensors, exact=exact)
     copy = onnx.ModelProto()
     copy.CopyFrom(source)
     try:

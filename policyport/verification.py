@@ -9,12 +9,14 @@ only at the same position. The first diverging tensor is the earliest in node or
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, Report, compare  # noqa: F401  (re-exported)
 from .errors import BadModelError, InputMismatchError
+from .files import check_memory
 from .graph import ValueInfo
 
 DEFAULT_SAMPLES = 1000
@@ -32,19 +34,23 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
 
     Raises:
         InputMismatchError: an input with unknown rank or a non-float dtype.
+        LimitExceededError: the observations would need more memory than this process can get
+            (see :func:`policyport.files.check_memory`).
     """
     if samples < 1 or not low < high:
         raise InputMismatchError(f"need samples >= 1 and low < high; got samples={samples}, range [{low}, {high})")
     rng = np.random.default_rng(seed)
-    feeds = {}
+    shapes = {}
     for v in inputs:
         if v.shape is None or not np.issubdtype(v.dtype, np.floating):
             raise InputMismatchError(
                 f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape}); give inputs with -i"
             )
-        shape = tuple(d if isinstance(d, int) else samples for d in v.shape)
-        feeds[v.name] = rng.uniform(low, high, size=shape).astype(v.dtype)
-    return feeds
+        shapes[v.name] = tuple(d if isinstance(d, int) else samples for d in v.shape)
+    # drawn as float64, then cast: both live at once
+    need = sum(math.prod(shape) * (8 + v.dtype.itemsize) for v, shape in zip(inputs, shapes.values()))
+    check_memory(need, f"drawing {samples:,} observations for {len(shapes)} input(s)")
+    return {v.name: rng.uniform(low, high, size=shapes[v.name]).astype(v.dtype) for v in inputs}
 
 
 def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxruntime"), source=None,
@@ -72,7 +78,9 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
 
     Raises:
         InputMismatchError: bad inputs or backend names. BadModelError, UnsupportedOpError,
-        MissingDependencyError: as :func:`policyport.load`.
+        MissingDependencyError: as :func:`policyport.load`. LimitExceededError: the tensors of
+        every backend (measured on one and two rows, :meth:`policyport.runtime.Session.memory_needed`)
+        would need more memory than this process can get.
     """
     from .runtime import BACKENDS, load
 
@@ -99,6 +107,9 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     n = next(iter(feeds.values())).shape[0] if feeds and np.ndim(next(iter(feeds.values()))) else 0
     if n == 0:
         raise InputMismatchError("no observations to verify on: the inputs hold 0 rows")
+    copies = len(sessions) + (reference is not None)  # each backend's tensors, and the source's
+    check_memory(first.memory_needed(feeds, tensors) * copies,
+                 f"verifying {n:,} observations ({copies} sets of recorded tensors)")
     recorded = {b: s.record(feeds, tensors) for b, s in sessions.items()}
     order = list(recorded[backends[0]])
     report = Report(backends, None, int(n), atol, rtol)
