@@ -549,9 +549,9 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
         raise OutputExistsError(f"the outputs {[str(p) for p in paths]} name one file twice; give each its own path")
     pending: list[_Output] = []
     try:
-        for path, write in zip(paths, outputs.values()):
-            out = _Output(path, _open_folder(path.parent))
-            pending.append(out)
+        for path in paths:  # every folder opened before anything is written
+            pending.append(_Output(path, _open_folder(path.parent)))
+        for out, write in zip(pending, outputs.values()):
             _write_temp(out, write)
         for out in pending:
             _check_target(out, force)  # nothing appeared there while we wrote
