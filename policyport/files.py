@@ -499,12 +499,20 @@ def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None)
 Writer = Callable[[BinaryIO], None]
 
 
+#: Whether this platform can create, rename and remove files relative to a folder's descriptor
+#: (POSIX); elsewhere (Windows) outputs are written by path, with the same all-or-none rule.
+_AT_FOLDER = all(f in os.supports_dir_fd for f in (os.open, os.stat, os.rename, os.unlink))
+
+
 @dataclass
 class _Output:
-    """One file of :func:`write_outputs` on its way: its folder's descriptor and the names in it."""
+    """One file of :func:`write_outputs` on its way: its folder (opened once) and the names in it.
+
+    Every file operation goes through a method that works relative to the folder's descriptor.
+    """
 
     path: Path
-    folder: int
+    folder: int | None  # the descriptor; None where the platform has none (paths are used)
     tmp: str | None = None
     backup: str | None = None
     placed: bool = False
@@ -513,11 +521,34 @@ class _Output:
     def name(self) -> str:
         return self.path.name
 
+    def at(self, name: str) -> str:
+        return name if self.folder is not None else str(self.path.parent / name)
+
     def stat(self) -> os.stat_result | None:
+        """The output's own entry in the folder (a symlink itself, not what it points to), if any."""
         try:
-            return os.stat(self.name, dir_fd=self.folder, follow_symlinks=False)
+            return os.stat(self.at(self.name), dir_fd=self.folder, follow_symlinks=False)
         except FileNotFoundError:
             return None
+
+    def create(self, name: str, flags: int) -> int:
+        return os.open(self.at(name), flags, 0o600, dir_fd=self.folder)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(self.at(src), self.at(dst), src_dir_fd=self.folder, dst_dir_fd=self.folder, follow_symlinks=False)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(self.at(src), self.at(dst), src_dir_fd=self.folder, dst_dir_fd=self.folder)
+
+    def unlink(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.at(name), dir_fd=self.folder)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.folder)
+            self.folder = None
 
 
 def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = False) -> list[Path]:
@@ -559,14 +590,15 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
             _place(out)
     except BaseException as e:
         _undo(pending)
-        _close(pending)
+        for out in pending:
+            out.close()
         if isinstance(e, OSError) and not isinstance(e, PolicyportError):
             raise UnreadableFileError(f"writing {', '.join(map(str, paths))} failed: {e}; nothing was written") from e
         raise
     for out in pending:
         if out.backup is not None:
-            _unlink(out, out.backup)
-    _close(pending)
+            out.unlink(out.backup)
+        out.close()
     return paths
 
 
@@ -575,7 +607,9 @@ def write_atomic(path: str | os.PathLike, write: Writer, force: bool = False) ->
     return write_outputs({path: write}, force)[0]
 
 
-def _open_folder(folder: Path) -> int:
+def _open_folder(folder: Path) -> int | None:
+    if not _AT_FOLDER:
+        return None
     try:
         return os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -598,7 +632,7 @@ def _write_temp(out: _Output, write: Writer) -> None:
     for _ in range(100):
         name = f".{out.name}.{secrets.token_hex(4)}.tmp"
         try:
-            fd = os.open(name, flags, 0o600, dir_fd=out.folder)
+            fd = out.create(name, flags)
         except FileExistsError:
             continue
         out.tmp = name
@@ -628,14 +662,14 @@ def _place(out: _Output) -> None:
         for _ in range(100):
             backup = f".{out.name}.{secrets.token_hex(4)}.old"
             try:
-                os.link(out.name, backup, src_dir_fd=out.folder, dst_dir_fd=out.folder, follow_symlinks=False)
+                out.link(out.name, backup)
             except FileExistsError:
                 continue
-            except OSError:  # no hard links here: move the old file aside instead
-                os.rename(out.name, backup, src_dir_fd=out.folder, dst_dir_fd=out.folder)
+            except (OSError, NotImplementedError):  # no hard links here: move the old file aside instead
+                out.rename(out.name, backup)
             out.backup = backup
             break
-    os.replace(out.tmp, out.name, src_dir_fd=out.folder, dst_dir_fd=out.folder)
+    out.rename(out.tmp, out.name)
     out.tmp, out.placed = None, True
 
 
@@ -643,24 +677,12 @@ def _undo(pending: list[_Output]) -> None:
     """Put every output back as it was and remove every temporary file (best effort, never raises)."""
     for out in reversed(pending):
         if out.tmp is not None:
-            _unlink(out, out.tmp)
+            out.unlink(out.tmp)
         with contextlib.suppress(OSError):
             if out.backup is not None:  # restore the replaced file (or drop a link to it, if still in place)
-                os.replace(out.backup, out.name, src_dir_fd=out.folder, dst_dir_fd=out.folder)
+                out.rename(out.backup, out.name)
             elif out.placed:
-                os.unlink(out.name, dir_fd=out.folder)
-
-
-def _unlink(out: _Output, name: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=out.folder)
-
-
-def _close(pending: list[_Output]) -> None:
-    for out in pending:
-        with contextlib.suppress(OSError):
-            os.close(out.folder)
-        out.folder = -1
+                out.unlink(out.name)
 
 
 def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:

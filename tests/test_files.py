@@ -217,6 +217,16 @@ def test_a_failing_writer_leaves_no_output_and_no_temporary_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
 
 
+def test_where_folders_have_no_descriptors_outputs_are_still_written_all_or_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "_AT_FOLDER", False)  # as on Windows
+    (tmp_path / "a.bin").write_bytes(b"old")
+    with pytest.raises(UnreadableFileError):
+        files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _fails}, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
+    files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _writes(b"B")}, force=True)
+    assert [(tmp_path / n).read_bytes() for n in ("a.bin", "b.bin")] == [b"A", b"B"] and len(list(tmp_path.iterdir())) == 2
+
+
 def test_a_failed_rename_puts_back_the_outputs_already_in_place(tmp_path, monkeypatch):
     (tmp_path / "a.bin").write_bytes(b"old A")
     real, calls = os.replace, []
