@@ -289,7 +289,7 @@ def load_arrays(path: str | os.PathLike, *, max_bytes: int | None = None) -> dic
             return {"": read_npy(f, str(path), size, max_bytes=max_bytes)}
         if head[:4] in _ZIP_MAGICS:
             return read_npz(f, str(path), max_bytes=max_bytes)
-        raise UnreadableFileError(f"{path} {_what_it_is(f.read(4096))}")
+        raise UnreadableFileError(f"{path} {_what_it_is(f.read(4096), path)}")
 
 
 def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dict[str, np.ndarray]:
@@ -426,7 +426,7 @@ def _open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def _what_it_is(head: bytes) -> str:
+def _what_it_is(head: bytes, path: Path) -> str:
     """The rest of the message "PATH ..." for a file that is neither an npy nor an npz."""
     hint = "save arrays with numpy.save (.npy) or numpy.savez (.npz)"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
@@ -439,8 +439,9 @@ def _what_it_is(head: bytes) -> str:
     if text is not None:
         first = text.splitlines()[0] if text.strip() else ""
         kind = "a text file of comma-separated values (CSV)" if "," in first else "a text file"
-        return (f"is {kind}, not an .npy or .npz file; convert it first, e.g. "
-                "numpy.save('obs.npy', numpy.loadtxt(path, delimiter=',', dtype=numpy.float32, ndmin=2))")
+        delimiter = ", delimiter=','" if "," in first else ""
+        return (f"is {kind}, not an .npy or .npz file; convert it first, e.g. with numpy.save("
+                f"{str(path.with_suffix('.npy'))!r}, numpy.loadtxt({str(path)!r}{delimiter}, dtype=numpy.float32, ndmin=2))")
     return (f"is not an .npy or .npz file: it starts with {head[:8]!r} (an .npy starts with "
             f"{NPY_MAGIC!r}, an .npz with b'PK'); {hint}")
 

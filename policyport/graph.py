@@ -359,10 +359,17 @@ def check_tensor(tensor, subject: str = "initializer") -> int:
         expected, unit = (count * per if per > 0 else -(-count // -per)), f"entries of {field_name}"
     if found != expected:
         raise BadModelError(
-            f"{name} has dims {dims} ({count:,} elements of type {code}), which take {expected:,} {unit}, "
+            f"{name} has dims {dims} ({count:,} {_type_name(code)} elements), which take {expected:,} {unit}, "
             f"but it holds {found:,}; the model is damaged or was not written by an ONNX exporter"
         )
     return nbytes
+
+
+def _type_name(code: int) -> str:
+    """``float32``, ``bfloat16``, ``string``: an ONNX element type's name (numpy's spelling)."""
+    if code == 8:
+        return "string"
+    return ONNX_TO_NUMPY[code].name if code in ONNX_TO_NUMPY else ONNX_TO_ML_DTYPES.get(code, f"type-{code}")
 
 
 def tensor_array(tensor, subject: str = "initializer") -> np.ndarray:

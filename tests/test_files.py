@@ -157,7 +157,9 @@ def test_each_kind_of_unreadable_input_is_told_for_what_it_is(tmp_path):
         tmp_path / "pipe.npy": "pipe.npy is a FIFO (named pipe), not a file",
         tmp_path / "missing.npy": "missing.npy: no such file",
         tmp_path / "empty.npy": "empty.npy is empty (0 bytes)",
-        tmp_path / "obs.csv": "obs.csv is a text file of comma-separated values (CSV), not an .npy or .npz file",
+        tmp_path / "obs.csv": "obs.csv is a text file of comma-separated values (CSV), not an .npy or .npz file; "
+                              f"convert it first, e.g. with numpy.save('{tmp_path}/obs.npy', numpy.loadtxt("
+                              f"'{tmp_path}/obs.csv', delimiter=',', dtype=numpy.float32, ndmin=2))",
         tmp_path / "notes.txt": "notes.txt is a text file, not an .npy or .npz file",
         tmp_path / "obs.pkl": "obs.pkl is a Python pickle, which can only be loaded by running code from it",
         tmp_path / "obs.h5": "obs.h5 is an HDF5 file, not an .npy or .npz file",

@@ -37,7 +37,7 @@ def test_tensors_that_hold_what_their_dims_say_pass(tensor, nbytes):
 
 
 @pytest.mark.parametrize("tensor,message", [
-    (raw(TensorProto.FLOAT, [4, 4], b"\0" * 63), "initializer 'W' has dims [4, 4] (16 elements of type 1), which take 64 bytes of raw_data, but it holds 63"),
+    (raw(TensorProto.FLOAT, [4, 4], b"\0" * 63), "initializer 'W' has dims [4, 4] (16 float32 elements), which take 64 bytes of raw_data, but it holds 63"),
     (raw(TensorProto.FLOAT, [10**6, 10**6], b""), "which take 4,000,000,000,000 bytes of raw_data, but it holds 0"),
     (raw(TensorProto.DOUBLE, [2], b"\0" * 24), "take 16 bytes of raw_data, but it holds 24"),
     (TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[3], float_data=[1.0, 2.0]), "take 3 entries of float_data, but it holds 2"),

@@ -319,8 +319,8 @@ def make_corpus(folder: str | os.PathLike) -> list[Case]:
          "the graph has 1,001 nodes, more than the numpy backend's limit of 1,000", env={"POLICYPORT_MAX_NODES": "1000"})
     # initializers whose data does not match their dims: refused by every command
     for kind, path in bad_initializer_models(folder).items():
-        said = ("has dims [4, 4] (16 elements of type 1), which take 64 bytes of raw_data, but it holds 63" if kind == "short"
-                else "has dims [1000000, 1000000] (1,000,000,000,000 elements of type 1), which take 4,000,000,000,000")
+        said = ("has dims [4, 4] (16 float32 elements), which take 64 bytes of raw_data, but it holds 63" if kind == "short"
+                else "has dims [1000000, 1000000] (1,000,000,000,000 float32 elements), which take 4,000,000,000,000")
         exposed, extracted, packed = folder / f"exposed_{kind}.onnx", folder / f"w_{kind}.npz", folder / f"pack_{kind}"
         case(f"initializer {kind}: inspect", ["inspect", path], 3, said)
         case(f"initializer {kind}: run", ["run", path, "-i", arrays["rows.npy"], "-o", out], 3, said, absent=[out])
