@@ -20,6 +20,7 @@ from __future__ import annotations
 from .errors import (
     BadModelError,
     InputMismatchError,
+    LimitExceededError,
     MissingDependencyError,
     OutputExistsError,
     PolicyportError,
@@ -49,6 +50,7 @@ _LAZY = {
 __all__ = [
     "BadModelError",
     "InputMismatchError",
+    "LimitExceededError",
     "MissingDependencyError",
     "OutputExistsError",
     "PolicyportError",

@@ -124,6 +124,16 @@ class UnsupportedOpError(PolicyportError, NotImplementedError):
         return f"{reexport}use --backend onnxruntime (policyport inspect lists the ops it has)"
 
 
+class LimitExceededError(BadModelError, MemoryError):
+    """A file, model or command that would need more memory (or nodes) than a limit allows (exit 3).
+
+    Raised before anything that large is allocated: an array whose header claims more bytes than
+    the limit, a node whose output would be too large, a graph with too many nodes, a command whose
+    data would not fit. The message names the size needed, the limit and how to raise it (see
+    :class:`policyport.files.Limits`).
+    """
+
+
 class InputMismatchError(PolicyportError, ValueError):
     """Feeds whose names, rank, widths or dtypes do not match the graph inputs (exit 3)."""
 

@@ -1,21 +1,467 @@
-"""Reading and writing the files policyport handles, safely.
+"""Reading and writing the files policyport handles, safely and within limits.
 
-Outputs are written atomically (a temporary file in the same folder, then ``os.replace``) and an
-existing file is never overwritten unless asked. Arrays are loaded with ``allow_pickle=False``.
+* **Limits** (:class:`Limits`, :func:`limits`): what one file or model may cost. Every size a file
+  declares (an array header, a zip member, an ONNX tensor's dims) is checked against the actual
+  bytes and against these limits before anything that large is allocated.
+* **Arrays** (:func:`load_arrays`, :func:`read_npz`, :func:`read_npy`): ``.npy``/``.npz`` read with
+  their headers checked first; pickles, object, structured and wide raw-byte dtypes refused; an
+  unreadable file is told apart from a folder, a FIFO or device, an empty file, a pickle, a text file.
+* **Outputs** (:func:`write_outputs`, :func:`write_atomic`): all of a command's files or none. Each is
+  written to a temporary file in its folder, which is opened once: creating, writing and renaming
+  all happen relative to that one descriptor, so swapping the folder for a symlink meanwhile cannot
+  redirect an output, and no temporary file survives a failure (Ctrl-C and SIGTERM included). An
+  existing file is never replaced unless asked.
+* **ONNX** (:func:`load_onnx`, :func:`ensure_model`): every initializer and tensor attribute must hold
+  exactly the data its dims call for; external data is size-checked before it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
+import math
 import os
-import tempfile
+import re
+import secrets
+import stat
 import zipfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, require
+from .errors import (BadModelError, InputMismatchError, LimitExceededError, OutputExistsError, PolicyportError,
+                     UnreadableFileError, require)
+
+# ------------------------------------------------------------------------------------------- limits
+
+KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+#: Environment variables that set the limits (a size: ``4G``, ``512M``, ``1.5GiB``, ``1000000``).
+ENV_ARRAY_BYTES = "POLICYPORT_MAX_ARRAY_BYTES"
+ENV_MEMORY = "POLICYPORT_MAX_MEMORY"
+ENV_NODES = "POLICYPORT_MAX_NODES"
+
+DEFAULT_ARRAY_BYTES = 1 * GIB
+DEFAULT_NODES = 200_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What policyport lets one file, one model or one command cost.
+
+    Attributes:
+        array_bytes: the most bytes the arrays of one file may take once read — an ``.npy``, all
+            members of an ``.npz`` together, the external data of an ONNX model together — and the
+            most one tensor may take that the numpy backend sizes from a value in the model
+            (ConstantOfShape, Expand, Tile, Range). Default 1 GiB; ``POLICYPORT_MAX_ARRAY_BYTES``;
+            the CLI's ``--max-bytes``.
+        memory_bytes: the most memory a command may be computed to need before it starts (drawn
+            observations, recorded activations). ``None`` (default): what this process can still
+            get, measured when asked (:func:`available_memory`); ``POLICYPORT_MAX_MEMORY``.
+        nodes: the most nodes a graph may have on the numpy backend (compiling its plan takes time
+            and memory in proportion). Default 200,000; ``POLICYPORT_MAX_NODES``.
+    """
+
+    array_bytes: int = DEFAULT_ARRAY_BYTES
+    memory_bytes: int | None = None
+    nodes: int = DEFAULT_NODES
+
+
+_SET_LIMITS: contextvars.ContextVar[dict] = contextvars.ContextVar("policyport_limits", default={})
+
+
+def limits() -> Limits:
+    """The limits in force: those set with :func:`using_limits`, else the environment's, else the defaults.
+
+    Raises:
+        InputMismatchError: an environment variable that is not a size (or count).
+    """
+    found: dict[str, int | None] = {}
+    for field, env in (("array_bytes", ENV_ARRAY_BYTES), ("memory_bytes", ENV_MEMORY), ("nodes", ENV_NODES)):
+        text = os.environ.get(env)
+        if text:
+            try:
+                found[field] = parse_size(text)
+            except ValueError as e:
+                raise InputMismatchError(f"environment variable {env}={text!r}: {e}") from None
+    found.update(_SET_LIMITS.get())
+    return Limits(**found)
+
+
+@contextlib.contextmanager
+def using_limits(**values: int | None) -> Iterator[Limits]:
+    """Set limits (fields of :class:`Limits`) for the code run inside the ``with`` block.
+
+    Example: ``with using_limits(array_bytes=8 * GIB): pp.load(...)``.
+    """
+    unknown = set(values) - {f.name for f in dataclasses.fields(Limits)}
+    if unknown:
+        raise TypeError(f"unknown limit(s) {sorted(unknown)}; the limits are {[f.name for f in dataclasses.fields(Limits)]}")
+    token = _SET_LIMITS.set({**_SET_LIMITS.get(), **values})
+    try:
+        yield limits()
+    finally:
+        _SET_LIMITS.reset(token)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE]\d+)?)\s*(?:([KMGT])(i?)B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes from text: ``1000000``, ``1e9``, ``512K``, ``4G``, ``1.5GiB`` (binary: K = 1024),
+    ``4GB`` (decimal: 10**9).
+
+    Raises:
+        ValueError: not a non-negative size.
+    """
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size; write e.g. 4G, 512M, 1.5GiB or 1000000 (bytes)")
+    number, unit, binary = float(m[1]), (m[2] or "").upper(), m[3]
+    if unit:
+        power = "KMGT".index(unit) + 1
+        decimal = text.strip().upper().endswith("B") and not binary
+        number *= (1000 if decimal else 1024) ** power
+    if not math.isfinite(number):
+        raise ValueError(f"{text!r} is not a finite size")
+    return int(number)
+
+
+def format_size(nbytes: int) -> str:
+    """``3.64 TiB``, ``512 MiB``, ``72 B``, ``29,104 TiB``: a byte count for people (binary units)."""
+    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def physical_memory() -> int:
+    """The machine's physical memory in bytes (a very large number where it cannot be told)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def _suggest(nbytes: int) -> str:
+    """A round size at or above ``nbytes`` to suggest as a new limit: ``4G``, ``300M``."""
+    if nbytes >= GIB:
+        return f"{math.ceil(nbytes / GIB)}G"
+    return f"{max(1, math.ceil(nbytes / MIB))}M"
+
+
+def check_array_bytes(nbytes: int, what: str, limit: int | None = None, *,
+                      purpose: str = "arrays read from a file") -> None:
+    """Refuse ``nbytes`` of arrays above the array limit.
+
+    Args:
+        nbytes: the bytes the arrays would take.
+        what: the subject of the message, e.g. ``"obs.npz: array 'obs' (float32, shape (10, 4))"``.
+        limit: the limit; default ``limits().array_bytes``.
+        purpose: what the limit is for, in the message.
+
+    Raises:
+        LimitExceededError: naming the size, the limit and how to raise it.
+    """
+    limit = limits().array_bytes if limit is None else limit
+    if nbytes > limit:
+        physical = physical_memory()
+        if nbytes > physical:
+            advice = f"more than this machine's {format_size(physical)} of memory, too"
+        else:
+            advice = (f"if you trust it and have the memory, raise the limit with --max-bytes {_suggest(nbytes)} "
+                      f"(or {ENV_ARRAY_BYTES}={_suggest(nbytes)})")
+        raise LimitExceededError(
+            f"{what} would take {format_size(nbytes)} ({nbytes:,} bytes), above the limit of {format_size(limit)} "
+            f"for {purpose}; {advice}"
+        )
+
+
+def check_tensor_shape(shape, dtype) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints, checked before an array of it is allocated.
+
+    For ops whose output size comes from a value in the model (ConstantOfShape, Expand, Tile,
+    Range): the size is computed with Python integers, so no product can overflow.
+
+    Raises:
+        ValueError: a negative dimension.
+        LimitExceededError: the array would take more than ``limits().array_bytes``.
+    """
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimension in the output shape {dims}")
+    dtype = np.dtype(dtype)
+    check_array_bytes(math.prod(dims) * dtype.itemsize, f"its output ({dtype.name}, shape {dims})",
+                      purpose="one tensor sized from a value in the model")
+    return dims
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate, roughly: the system's available memory (Linux
+    ``MemAvailable``; elsewhere the physical memory), and no more than the address-space limit
+    (``RLIMIT_AS``) less what the process has mapped already."""
+    available = None
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    available = int(line.split()[1]) * KIB
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        available = physical_memory()
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm", "rb") as f:
+                mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            available = min(available, max(soft - mapped, 0))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return available
+
+
+def check_memory(nbytes: int, what: str) -> None:
+    """Refuse to start work that is computed to need ``nbytes`` when the memory limit is lower.
+
+    Args:
+        nbytes: the bytes the work needs.
+        what: what needs it, e.g. ``"verifying 100,000,000 samples (1 input, 7 tensors, 2 backends)"``.
+
+    Raises:
+        LimitExceededError: naming the size needed and the memory there is.
+    """
+    set_limit = limits().memory_bytes
+    limit = available_memory() if set_limit is None else set_limit
+    if nbytes > limit:
+        source = (f"the limit {ENV_MEMORY} sets" if set_limit is not None
+                  else "the memory this process can get")
+        raise LimitExceededError(
+            f"{what} needs about {format_size(nbytes)}, more than {format_size(limit)} ({source}); "
+            f"use fewer samples or a smaller input, or a machine with more memory (or set {ENV_MEMORY})"
+        )
+
+
+# ------------------------------------------------------------------------------------------- arrays
+
+NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+#: Raw-byte elements numpy writes for the ml_dtypes types (bfloat16 is ``|V2``); wider ones are refused.
+MAX_RAW_ITEMSIZE = 2
+
+
+def load_arrays(path: str | os.PathLike, *, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays from an ``.npz`` (every key) or an ``.npy`` (under the key ``""``), checked before reading.
+
+    The file's kind is told from its first bytes, not its name. Every array header is read first:
+    its dtype must be a plain one (numbers, bools, strings, or raw 1- or 2-byte elements, as numpy
+    stores bfloat16); its shape times the item size must fit in the bytes the file (or zip member)
+    actually holds; and the arrays together must fit in ``max_bytes`` — for an ``.npz`` the sum of
+    the members' uncompressed sizes is checked before anything is decompressed.
+
+    Args:
+        path: the file.
+        max_bytes: the most the arrays may take; default :func:`limits` ``.array_bytes`` (1 GiB).
+
+    Returns:
+        key -> array, in the file's order.
+
+    Raises:
+        UnreadableFileError: missing; a folder, FIFO, device or socket; empty; a pickle, a text
+            (CSV) file or anything else that is not an npy/npz; damaged or truncated; an object,
+            structured or wide raw-byte array.
+        LimitExceededError: the arrays would take more than ``max_bytes``.
+    """
+    path = Path(path)
+    with _open_regular(path) as f:
+        head = f.read(len(NPY_MAGIC))
+        f.seek(0)
+        if head == NPY_MAGIC:
+            size = os.fstat(f.fileno()).st_size
+            return {"": read_npy(f, str(path), size, max_bytes=max_bytes)}
+        if head[:4] in _ZIP_MAGICS:
+            return read_npz(f, str(path), max_bytes=max_bytes)
+        raise UnreadableFileError(f"{path} {_what_it_is(f.read(4096), path)}")
+
+
+def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` open as a seekable binary file, with the checks of :func:`load_arrays`.
+
+    Args:
+        file: the archive (a file, or ``io.BytesIO`` of its bytes).
+        where: how to name the file in messages (its path).
+        max_bytes: as for :func:`load_arrays`.
+
+    Raises:
+        As :func:`load_arrays`; also for a member that is not an ``.npy`` or a name held twice.
+    """
+    limit = limits().array_bytes if max_bytes is None else max_bytes
+    try:
+        with zipfile.ZipFile(file) as zf:
+            members = zf.infolist()
+            total = sum(m.file_size for m in members)
+            check_array_bytes(total, f"the arrays of {where}", limit)
+            arrays: dict[str, np.ndarray] = {}
+            for m in members:
+                key = m.filename[:-4] if m.filename.endswith(".npy") else None
+                if key is None or m.is_dir():
+                    raise UnreadableFileError(
+                        f"{where} holds {m.filename!r}, which is not an .npy array; an .npz holds arrays only")
+                if key in arrays:
+                    raise UnreadableFileError(f"{where} holds two arrays named {key!r}")
+                label = f"{where}: array {key!r}"
+                with zf.open(m) as member:
+                    _check_npy_header(member, label, m.file_size, limit)
+                with zf.open(m) as member:
+                    arrays[key] = np.lib.format.read_array(member, allow_pickle=False)
+            return arrays
+    except PolicyportError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
+            NotImplementedError, ValueError) as e:  # damaged, encrypted, unknown compression ...
+        raise UnreadableFileError(f"{where} is a damaged .npz file: {e}") from e
+
+
+def read_npy(file: BinaryIO, where: str, size: int, *, max_bytes: int | None = None) -> np.ndarray:
+    """The array of an ``.npy`` open as a seekable binary file of ``size`` bytes (read from its
+    current position), checked as :func:`load_arrays` checks one.
+
+    Raises:
+        As :func:`load_arrays`.
+    """
+    start = file.tell()
+    _check_npy_header(file, where, size - start, limits().array_bytes if max_bytes is None else max_bytes)
+    file.seek(start)
+    try:
+        return np.lib.format.read_array(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise UnreadableFileError(f"{where} is a damaged .npy file: {e}") from e
+
+
+def _check_npy_header(file: BinaryIO, where: str, size: int, limit: int) -> tuple[np.dtype, tuple, int]:
+    """Parse an npy header at the file's position (nothing more is read) and check it against the
+    ``size`` bytes there and the limit.
+
+    Returns:
+        dtype, shape and the bytes of data the header describes.
+    """
+    fmt = np.lib.format
+    start = file.tell()
+    try:
+        version = fmt.read_magic(file)
+        if version == (1, 0):
+            shape, _, dtype = fmt.read_array_header_1_0(file)
+        elif version == (2, 0):
+            shape, _, dtype = fmt.read_array_header_2_0(file)
+        else:  # 3.0 (a UTF-8 header) has no public reader
+            shape, _, dtype = fmt._read_array_header(file, version)
+        header = file.tell() - start
+    except Exception as e:  # noqa: BLE001 - numpy's parser raises ValueError, SyntaxError, TypeError ... on hostile bytes
+        raise UnreadableFileError(f"{where} has a damaged .npy header: {type(e).__name__}: {e}") from e
+    if dtype.hasobject:
+        raise UnreadableFileError(
+            f"{where} is an object array ({dtype}), which numpy can only load by unpickling it (running code "
+            "from the file); policyport refuses that — save plain numeric arrays"
+        )
+    if dtype.names is not None or dtype.subdtype is not None:
+        raise UnreadableFileError(f"{where} is a structured array (dtype {dtype}); policyport reads plain arrays only")
+    if dtype.kind == "V" and dtype.itemsize > MAX_RAW_ITEMSIZE:
+        raise UnreadableFileError(
+            f"{where} has elements of {dtype.itemsize:,} raw bytes (dtype {dtype.str}); policyport reads plain "
+            f"arrays only (raw elements of at most {MAX_RAW_ITEMSIZE} bytes, as numpy stores bfloat16)"
+        )
+    if any(d < 0 for d in shape):
+        raise UnreadableFileError(f"{where} has a damaged .npy header: shape {shape}")
+    nbytes = math.prod(shape) * dtype.itemsize
+    held = max(size - header, 0)
+    if nbytes > held:
+        raise UnreadableFileError(
+            f"{where} is truncated or damaged: its header describes {dtype.name} {shape} "
+            f"({format_size(nbytes)}), but it holds {format_size(held)} of data"
+        )
+    check_array_bytes(nbytes, f"{where} ({dtype.name}, shape {shape})", limit)
+    return dtype, shape, nbytes
+
+
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOT_FILES = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+              (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
+              (stat.S_ISSOCK, "is a socket"))
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused unless it is a non-empty regular file.
+
+    Opened without blocking (a FIFO with no writer would wait forever) and never as a controlling
+    terminal; what it is is read from the open descriptor, so it cannot change in between.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise UnreadableFileError(f"{path}: no such file") from None
+    except PermissionError:
+        raise UnreadableFileError(f"{path}: permission denied") from None
+    except OSError as e:
+        raise UnreadableFileError(f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        for test, what in _NOT_FILES:
+            if test(st.st_mode):
+                raise UnreadableFileError(f"{path} {what}, not a file; expected an .npy or .npz file")
+        if st.st_size == 0:
+            raise UnreadableFileError(f"{path} is empty (0 bytes); expected an .npy or .npz file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _what_it_is(head: bytes, path: Path) -> str:
+    """The rest of the message "PATH ..." for a file that is neither an npy nor an npz."""
+    hint = "save arrays with numpy.save (.npy) or numpy.savez (.npz)"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return (f"is a Python pickle, which can only be loaded by running code from it; policyport never "
+                f"unpickles an input — {hint}")
+    for magic, kind in ((b"\x1f\x8b", "a gzip file"), (b"\x89HDF", "an HDF5 file"), (b"PAR1", "a Parquet file")):
+        if head.startswith(magic):
+            return f"is {kind}, not an .npy or .npz file; {hint}"
+    text = _as_text(head)
+    if text is not None:
+        first = text.splitlines()[0] if text.strip() else ""
+        kind = "a text file of comma-separated values (CSV)" if "," in first else "a text file"
+        delimiter = ", delimiter=','" if "," in first else ""
+        return (f"is {kind}, not an .npy or .npz file; convert it first, e.g. with numpy.save("
+                f"{str(path.with_suffix('.npy'))!r}, numpy.loadtxt({str(path)!r}{delimiter}, dtype=numpy.float32, ndmin=2))")
+    return (f"is not an .npy or .npz file: it starts with {head[:8]!r} (an .npy starts with "
+            f"{NPY_MAGIC!r}, an .npz with b'PK'); {hint}")
+
+
+def _as_text(head: bytes) -> str | None:
+    """``head`` as text if it decodes as UTF-8 (a character cut at the end allowed) and holds no
+    control characters besides whitespace."""
+    for cut in range(4):
+        try:
+            text = head[: len(head) - cut].decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        return None
+    return text if all(c.isprintable() or c in "\t\r\n\f" for c in text) else None
+
+
+# ------------------------------------------------------------------------------------------ outputs
 
 
 def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
@@ -52,62 +498,208 @@ def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None)
             raise OutputExistsError(f"the output {output} is also an input of this command; choose another path")
 
 
-def _file_mode(path: Path) -> int:
-    """The mode a new file gets from the umask, or the mode of the file it replaces."""
-    if path.is_file():
-        return path.stat().st_mode & 0o7777
+Writer = Callable[[BinaryIO], None]
+
+
+#: Whether this platform can create, rename and remove files relative to a folder's descriptor
+#: (POSIX); elsewhere (Windows) outputs are written by path, with the same all-or-none rule.
+_AT_FOLDER = all(f in os.supports_dir_fd for f in (os.open, os.stat, os.rename, os.unlink))
+
+
+@dataclass
+class _Output:
+    """One file of :func:`write_outputs` on its way: its folder (opened once) and the names in it.
+
+    Every file operation goes through a method that works relative to the folder's descriptor.
+    """
+
+    path: Path
+    folder: int | None  # the descriptor; None where the platform has none (paths are used)
+    tmp: str | None = None
+    backup: str | None = None
+    placed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def at(self, name: str) -> str:
+        return name if self.folder is not None else str(self.path.parent / name)
+
+    def stat(self) -> os.stat_result | None:
+        """The output's own entry in the folder (a symlink itself, not what it points to), if any."""
+        try:
+            return os.stat(self.at(self.name), dir_fd=self.folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def create(self, name: str, flags: int) -> int:
+        return os.open(self.at(name), flags, 0o600, dir_fd=self.folder)
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(self.at(src), self.at(dst), src_dir_fd=self.folder, dst_dir_fd=self.folder, follow_symlinks=False)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(self.at(src), self.at(dst), src_dir_fd=self.folder, dst_dir_fd=self.folder)
+
+    def unlink(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.at(name), dir_fd=self.folder)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.folder)
+            self.folder = None
+
+
+def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = False) -> list[Path]:
+    """Write several files together: every one of them, or none.
+
+    Each ``write(file)`` writes one whole file into the binary file object it is given (a temporary
+    file in the output's folder). Only when every file is complete are they renamed into place; if a
+    rename fails, those already renamed are undone (a file replaced with ``force`` is restored). Each
+    output's folder is opened once, and the temporary file is created, written, checked and renamed
+    relative to that descriptor, so a folder swapped for a symlink meanwhile cannot redirect it. On
+    any failure — an exception in a writer, a full disk, Ctrl-C or SIGTERM — no temporary file is
+    left and every output path is as it was. A new file gets the mode the umask gives; a replaced
+    one keeps its mode.
+
+    Args:
+        outputs: destination -> writer, in the order they are renamed into place.
+        force: allow replacing existing regular files.
+
+    Returns:
+        The destinations.
+
+    Raises:
+        OutputExistsError: see :func:`check_writable`; an output named twice; or an output that
+            appeared while the files were written.
+        UnreadableFileError: a folder that does not exist or cannot be written.
+    """
+    paths = [check_writable(p, force) for p in outputs]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise OutputExistsError(f"the outputs {[str(p) for p in paths]} name one file twice; give each its own path")
+    pending: list[_Output] = []
+    try:
+        for path in paths:  # every folder opened before anything is written
+            pending.append(_Output(path, _open_folder(path.parent)))
+        for out, write in zip(pending, outputs.values()):
+            _write_temp(out, write)
+        for out in pending:
+            _check_target(out, force)  # nothing appeared there while we wrote
+        for out in pending:
+            _place(out)
+    except BaseException as e:
+        _undo(pending)
+        for out in pending:
+            out.close()
+        if isinstance(e, OSError) and not isinstance(e, PolicyportError):
+            raise UnreadableFileError(f"writing {', '.join(map(str, paths))} failed: {e}; nothing was written") from e
+        raise
+    for out in pending:
+        if out.backup is not None:
+            out.unlink(out.backup)
+        out.close()
+    return paths
+
+
+def write_atomic(path: str | os.PathLike, write: Writer, force: bool = False) -> Path:
+    """Write one file through ``write(file)`` atomically: see :func:`write_outputs`."""
+    return write_outputs({path: write}, force)[0]
+
+
+def _open_folder(folder: Path) -> int | None:
+    if not _AT_FOLDER:
+        return None
+    try:
+        return os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UnreadableFileError(f"cannot write in {folder}: {e.strerror or e}") from e
+
+
+def _new_mode(out: _Output) -> int:
+    """The mode of the file being replaced, or the one the umask gives a new file."""
+    found = out.stat()
+    if found is not None and stat.S_ISREG(found.st_mode):
+        return found.st_mode & 0o7777
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[str], None], force: bool = False) -> Path:
-    """Call ``write(tmp_path)`` then move the result onto ``path`` in one step.
-
-    Nothing is left at ``path`` (nor a temporary file) if ``write`` raises. The file gets the mode
-    of the file it replaces, or the one the umask gives a new file.
-
-    Args:
-        path: destination.
-        write: writes the whole file at the temporary path it is given.
-        force: allow replacing an existing regular file at ``path``.
-
-    Raises:
-        OutputExistsError: see :func:`check_writable`.
-        UnreadableFileError: the folder does not exist or cannot be written.
-    """
-    path = check_writable(path, force)
-    mode = _file_mode(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise UnreadableFileError(f"cannot write in {path.parent}: {e}") from e
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, mode)
-        check_writable(path, force)  # nothing appeared there while we wrote
-        os.replace(tmp, path)
-    except PolicyportError:
-        raise
-    except OSError as e:
-        raise UnreadableFileError(f"writing {path} failed: {e}; nothing was written") from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+def _write_temp(out: _Output, write: Writer) -> None:
+    mode = _new_mode(out)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        name = f".{out.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = out.create(name, flags)
+        except FileExistsError:
+            continue
+        out.tmp = name
+        break
+    else:
+        raise OutputExistsError(f"cannot find a free temporary name beside {out.path}")
+    with os.fdopen(fd, "w+b") as f:
+        write(f)
+        f.flush()
+        os.fchmod(f.fileno(), mode)
+        os.fsync(f.fileno())
 
 
-def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+def _check_target(out: _Output, force: bool) -> None:
+    found = out.stat()
+    if found is None:
+        return
+    if not stat.S_ISREG(found.st_mode):
+        raise OutputExistsError(f"{out.path} appeared while writing and is not a regular file; nothing was written")
+    if not force:
+        raise OutputExistsError(f"{out.path} appeared while writing; nothing was written (overwrite it with --force)")
+
+
+def _place(out: _Output) -> None:
+    """Rename the finished temporary file onto the output, keeping a hard link to a replaced file."""
+    if out.stat() is not None:
+        for _ in range(100):
+            backup = f".{out.name}.{secrets.token_hex(4)}.old"
+            try:
+                out.link(out.name, backup)
+            except FileExistsError:
+                continue
+            except (OSError, NotImplementedError):  # no hard links here: move the old file aside instead
+                out.rename(out.name, backup)
+            out.backup = backup
+            break
+    out.rename(out.tmp, out.name)
+    out.tmp, out.placed = None, True
+
+
+def _undo(pending: list[_Output]) -> None:
+    """Put every output back as it was and remove every temporary file (best effort, never raises)."""
+    for out in reversed(pending):
+        if out.tmp is not None:
+            out.unlink(out.tmp)
+        with contextlib.suppress(OSError):
+            if out.backup is not None:  # restore the replaced file (or drop a link to it, if still in place)
+                out.rename(out.backup, out.name)
+            elif out.placed:
+                out.unlink(out.name)
+
+
+def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
     """An uncompressed ``.npz`` that ``numpy.load`` reads, keeping every key (with ``/``, or ``file``).
 
     Written entry by entry rather than with ``numpy.savez(**arrays)``, whose own parameter names
     (``file``, ``allow_pickle``) would collide with such keys.
 
+    Args:
+        file: a path, or a seekable binary file object open for writing.
+
     Raises:
         BadModelError: an object array, which could only be stored as a pickle.
     """
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             array = np.asarray(array)
             if array.dtype.hasobject:
@@ -116,9 +708,14 @@ def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None
                 np.lib.format.write_array(f, array, allow_pickle=False)
 
 
+def npz_writer(arrays: Mapping[str, np.ndarray]) -> Writer:
+    """A writer of ``arrays`` as an ``.npz`` for :func:`write_outputs` (see :func:`write_npz`)."""
+    return lambda f: write_npz(f, arrays)
+
+
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False) -> Path:
     """Write ``arrays`` to an uncompressed ``.npz`` atomically (see :func:`write_npz`)."""
-    return write_atomic(path, lambda tmp: write_npz(tmp, arrays), force)
+    return write_atomic(path, npz_writer(arrays), force)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -137,41 +734,21 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Arrays from an ``.npz`` (every key) or a ``.npy`` (under the key ``""``), pickles refused.
-
-    Raises:
-        UnreadableFileError: missing file, not an npy/npz, or an object array (which would need pickle).
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise UnreadableFileError(f"{path} is a folder; expected an .npy or .npz file")
-    if not path.is_file():
-        raise UnreadableFileError(f"{path}: no such file")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            return {"": loaded}
-        with loaded:
-            return {k: loaded[k] for k in loaded.files}
-    except ValueError as e:
-        if "pickle" in str(e).lower():
-            raise UnreadableFileError(
-                f"{path} holds object arrays, which numpy can only load by unpickling (running code "
-                "from the file); policyport refuses that — save plain numeric arrays"
-            ) from e
-        raise UnreadableFileError(f"{path} is not a readable .npy/.npz file: {e}") from e
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise UnreadableFileError(f"{path} is not a readable .npy/.npz file: {e}") from e
+# --------------------------------------------------------------------------------------------- onnx
 
 
 def load_onnx(path: str | os.PathLike):
     """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder
     (whose every file is checked by :func:`policyport.folder.open_bundle` first).
 
+    Every initializer and tensor attribute is checked against its dims (:func:`check_model_tensors`);
+    external data, which onnx reads only from the model's folder, is size-checked before it is read.
+
     Raises:
-        BadModelError: a packed folder that fails its check (a changed, missing or refused file).
+        BadModelError: a packed folder that fails its check (a changed, missing or refused file); a
+            tensor whose data does not match its dims, or external data that does.
         UnreadableFileError: missing, unparsable, or without a graph (an empty file parses as one).
+        LimitExceededError: external data larger than the array limit.
         MissingDependencyError: onnx is not installed.
     """
     onnx = require("onnx", "onnx", "reading an .onnx file")
@@ -188,33 +765,64 @@ def load_onnx(path: str | os.PathLike):
     else:
         data = None
     try:
-        model = onnx.load(str(path)) if data is None else onnx.load_model_from_string(data)
+        model = onnx.load(str(path), load_external_data=False) if data is None else onnx.load_model_from_string(data)
     except Exception as e:  # protobuf DecodeError, onnx ValidationError, OSError ...
         raise UnreadableFileError(f"{path} is not a readable ONNX model: {e}") from e
     if not model.graph.output:
         raise UnreadableFileError(f"{path} is not an ONNX model: it holds no graph with outputs")
+    external = check_model_tensors(model)
+    if external:
+        check_array_bytes(external, f"{path}: its external data", None)
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except Exception as e:  # onnx refuses paths outside the folder, links, short files ...
+            raise UnreadableFileError(f"{path}: cannot read its external data: {e}") from e
+        check_model_tensors(model)
     return model
+
+
+def check_model_tensors(model) -> int:
+    """Check every initializer and tensor attribute of the main graph against its dims.
+
+    Returns:
+        The bytes the tensors stored in external files take (0 when there are none).
+
+    Raises:
+        BadModelError: a tensor whose data does not match its dims (see
+            :func:`policyport.graph.check_tensor`), naming it.
+    """
+    from .graph import EXTERNAL, check_tensor
+
+    AttributeProto = require("onnx", "onnx", "checking an ONNX model").AttributeProto  # noqa: N806
+
+    external = 0
+    for t in model.graph.initializer:
+        nbytes = check_tensor(t, "initializer")
+        external += nbytes if t.data_location == EXTERNAL else 0
+    for n in model.graph.node:
+        for a in n.attribute:
+            tensors = [a.t] if a.type == AttributeProto.TENSOR else list(a.tensors) if a.type == AttributeProto.TENSORS else []
+            for t in tensors:
+                nbytes = check_tensor(t, f'{n.op_type} node "{n.name}" attribute {a.name!r}: tensor')
+                external += nbytes if t.data_location == EXTERNAL else 0
+    return external
 
 
 def save_onnx(path: str | os.PathLike, model, force: bool = False) -> Path:
     """Serialize ``model`` to ``path`` atomically."""
     data = model.SerializeToString()
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    return write_atomic(path, write, force)
+    return write_atomic(path, lambda f: f.write(data), force)
 
 
 def ensure_model(model):
-    """An ``onnx.ModelProto`` from a ModelProto or a path to an ``.onnx`` file.
+    """An ``onnx.ModelProto`` from a ModelProto or a path to an ``.onnx`` file, its tensors checked.
 
     Raises:
-        BadModelError: ``model`` is neither.
+        BadModelError: ``model`` is neither, or a tensor's data does not match its dims.
     """
     if isinstance(model, (str, os.PathLike)):
         return load_onnx(model)
     if type(model).__name__ == "ModelProto":
+        check_model_tensors(model)
         return model
     raise BadModelError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")

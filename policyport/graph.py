@@ -422,6 +422,108 @@ def _attr_from_json(v: Any) -> Any:
     return v
 
 
+#: Bits one element of each ``TensorProto.DataType`` takes in ``raw_data`` (STRING has none: it is
+#: stored in ``string_data``). The 4-, 2- and 6-bit types are packed, the last byte padded (onnx.proto).
+RAW_BITS: dict[int, int] = {
+    1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64, 14: 64, 15: 128,
+    16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4, 24: 8, 25: 2, 26: 2, 27: 6, 28: 6,
+}
+#: The typed field that holds each element type when ``raw_data`` is not used, and how many of the
+#: field's entries one element takes (a complex number is two), or for the packed integer types how
+#: many elements one entry holds (as a negative number).
+_TYPED_FIELD: dict[int, tuple[str, int]] = {
+    1: ("float_data", 1), 14: ("float_data", 2), 11: ("double_data", 1), 15: ("double_data", 2),
+    7: ("int64_data", 1), 12: ("uint64_data", 1), 13: ("uint64_data", 1), 8: ("string_data", 1),
+    21: ("int32_data", -2), 22: ("int32_data", -2), 23: ("int32_data", -2), 25: ("int32_data", -4),
+    26: ("int32_data", -4),
+    **{code: ("int32_data", 1) for code in (2, 3, 4, 5, 6, 9, 10, 16, 17, 18, 19, 20, 24, 27, 28)},
+}
+#: The most axes numpy arrays may have (numpy 2's limit; numpy 1's was 32).
+MAX_RANK = 64
+#: ``TensorProto.DataLocation.EXTERNAL``.
+EXTERNAL = 1
+
+
+def check_tensor(tensor, subject: str = "initializer") -> int:
+    """Check that an ``onnx.TensorProto`` holds exactly the data its dims and element type call for.
+
+    Nothing is allocated: the dims are multiplied as Python integers and compared with the length
+    of ``raw_data`` (the packed 4-, 2- and 6-bit types rounded up to whole bytes) or with the number
+    of entries of the typed field (``float_data``, ``int32_data`` ...), as onnx.proto lays them out.
+    A tensor whose data lives in an external file is checked only for its dims here (its length is
+    checked where the file is read, :func:`policyport.files.load_onnx`).
+
+    Args:
+        tensor: the ``TensorProto``.
+        subject: what the tensor is, for the message (``"initializer"``, ``'Constant node "c" attribute value'``).
+
+    Returns:
+        The number of bytes the tensor's elements take in ``raw_data`` (0 for strings).
+
+    Raises:
+        BadModelError: negative dims, too many axes, an unknown or UNDEFINED element type, a
+            ``segment``, or data whose length does not match the dims (the message names the tensor,
+            the dims and both lengths).
+    """
+    name = f"{subject} {tensor.name!r}"
+    dims = [int(d) for d in tensor.dims]
+    if any(d < 0 for d in dims) or len(dims) > MAX_RANK:
+        raise BadModelError(f"{name} has dims {dims}; dims must be non-negative, at most {MAX_RANK} of them")
+    code = int(tensor.data_type)
+    if code not in _TYPED_FIELD:
+        raise BadModelError(f"{name} has element type {code}, which is not an ONNX tensor element type")
+    if tensor.HasField("segment"):
+        raise BadModelError(f"{name} is stored in segments, which policyport does not read")
+    count = 1
+    for d in dims:
+        count *= d
+    nbytes = -(-count * RAW_BITS.get(code, 0) // 8)
+    if tensor.data_location == EXTERNAL:
+        return nbytes
+    field_name, per = _TYPED_FIELD[code]
+    if tensor.HasField("raw_data") and code != 8:
+        found, expected, unit = len(tensor.raw_data), nbytes, "bytes of raw_data"
+    else:
+        found = len(getattr(tensor, field_name))
+        expected, unit = (count * per if per > 0 else -(-count // -per)), f"entries of {field_name}"
+    if found != expected:
+        raise BadModelError(
+            f"{name} has dims {dims} ({count:,} {_type_name(code)} elements), which take {expected:,} {unit}, "
+            f"but it holds {found:,}; the model is damaged or was not written by an ONNX exporter"
+        )
+    return nbytes
+
+
+def _type_name(code: int) -> str:
+    """``float32``, ``bfloat16``, ``string``: an ONNX element type's name (numpy's spelling)."""
+    if code == 8:
+        return "string"
+    return ONNX_TO_NUMPY[code].name if code in ONNX_TO_NUMPY else ONNX_TO_ML_DTYPES.get(code, f"type-{code}")
+
+
+def tensor_array(tensor, subject: str = "initializer") -> np.ndarray:
+    """An ``onnx.TensorProto`` as a numpy array, after :func:`check_tensor` (imports ``onnx``).
+
+    Raises:
+        BadModelError: as :func:`check_tensor`; data still in an external file (load the model with
+            :func:`policyport.files.load_onnx`, which reads it from the model's folder); an element
+            type numpy cannot hold; strings that are not UTF-8.
+    """
+    numpy_helper = require("onnx.numpy_helper", "onnx", "reading an ONNX tensor")
+    check_tensor(tensor, subject)
+    if tensor.data_location == EXTERNAL:
+        raise BadModelError(
+            f"{subject} {tensor.name!r} is stored in an external file that was not loaded; read the model "
+            "with policyport.files.load_onnx (or onnx.load from its folder) first"
+        )
+    if tensor.data_type in ONNX_TO_ML_DTYPES:
+        onnx_dtype(tensor.data_type)  # says which package is missing, if one is
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as e:  # a string that is not UTF-8, an element type numpy lacks
+        raise BadModelError(f"{subject} {tensor.name!r} cannot be read: {e}") from e
+
+
 def from_onnx(model) -> Graph:
     """Read an ``onnx.ModelProto`` into a :class:`Graph` (imports ``onnx``).
 
@@ -435,11 +537,13 @@ def from_onnx(model) -> Graph:
         BadModelError: a node has a graph-valued attribute, or an element type numpy cannot hold.
     """
     onnx = require("onnx", "onnx", "reading an ONNX model")
-    AttributeProto, helper, numpy_helper = onnx.AttributeProto, onnx.helper, onnx.numpy_helper  # noqa: N806
+    AttributeProto, helper = onnx.AttributeProto, onnx.helper  # noqa: N806
     g = model.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    inits = {t.name: tensor_array(t) for t in g.initializer}
     nodes = []
     for n in g.node:
+        where = f'{n.op_type} node "{n.name}"'
+
         attrs = {}
         for a in n.attribute:
             if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
@@ -451,13 +555,13 @@ def from_onnx(model) -> Graph:
                 raise BadModelError(f"{n.op_type} node {n.name!r}: attribute references are not supported")
             value = helper.get_attribute_value(a)
             if a.type == AttributeProto.TENSOR:
-                value = numpy_helper.to_array(value)
+                value = tensor_array(value, f"{where} attribute {a.name!r}: tensor")
             elif a.type == AttributeProto.TENSORS:
-                value = tuple(numpy_helper.to_array(t) for t in value)
+                value = tuple(tensor_array(t, f"{where} attribute {a.name!r}: tensor") for t in value)
             elif a.type == AttributeProto.STRING:
-                value = value.decode("utf-8")
+                value = _utf8(value, where, a.name)
             elif a.type == AttributeProto.STRINGS:
-                value = tuple(s.decode("utf-8") for s in value)
+                value = tuple(_utf8(s, where, a.name) for s in value)
             elif isinstance(value, list):
                 value = tuple(value)
             attrs[a.name] = value
@@ -489,6 +593,13 @@ def _overridable(g, inits: dict[str, np.ndarray]) -> list[ValueInfo]:
             )
         found.append(info if info.shape is not None else ValueInfo(v.name, arr.dtype, tuple(arr.shape)))
     return found
+
+
+def _utf8(value: bytes, where: str, attribute: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadModelError(f"{where}: attribute {attribute!r} is not UTF-8 text ({e})") from e
 
 
 def _value_info(v) -> ValueInfo:

@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import BadModelError, PolicyportError, require
 from .files import ensure_model
+from .graph import tensor_array
 from .runtime.base import select_tensors
 
 PARAMETERS_KEY = "policyport.parameters"
@@ -131,7 +132,7 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         BadModelError: malformed parameter metadata, or a parameter named twice.
         UnreadableFileError: the path cannot be read.
     """
-    numpy_helper = require("onnx.numpy_helper", "onnx", "extracting weights")
+    require("onnx", "onnx", "extracting weights")
     model = ensure_model(model)
     mapping = parameter_map(model)
     initializers = {init.name: init for init in model.graph.initializer}
@@ -142,7 +143,7 @@ def extract_weights(model) -> dict[str, np.ndarray]:
                 raise BadModelError(f"metadata {PARAMETERS_KEY!r} rebuilds {key!r} as zeros, but the graph holds it")
             arr = np.zeros(spec["zeros"]["shape"], dtype=spec["zeros"]["dtype"])
         elif key in initializers:
-            arr = numpy_helper.to_array(initializers[key])
+            arr = tensor_array(initializers[key])
         else:
             continue
         if spec["transpose"] is not None:
@@ -154,7 +155,7 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     return weights
 
 
-def expose(model, tensors: str | list[str] | None = "*"):
+def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False):
     """A copy of ``model`` whose graph outputs also include intermediate tensors.
 
     Every graph output of the copy has an element type and a shape, as ``onnx.checker`` (with
@@ -166,8 +167,10 @@ def expose(model, tensors: str | list[str] | None = "*"):
 
     Args:
         model: an ``onnx.ModelProto`` or a path to an ``.onnx`` file (left untouched).
-        tensors: ``fnmatch`` globs over node-output names, comma-separated or a list; ``"*"`` or
-            ``None`` exposes every node output.
+        tensors: node-output names or ``fnmatch`` globs over them, comma-separated or a list (a
+            pattern that is a tensor's exact name selects that tensor only: see
+            :func:`policyport.runtime.base.select_tensors`); ``"*"`` or ``None`` exposes every node output.
+        exact: take every entry of ``tensors`` as a name, never as a glob.
 
     Returns:
         A new ``onnx.ModelProto``: the original graph outputs first, then each selected node output
@@ -181,7 +184,7 @@ def expose(model, tensors: str | list[str] | None = "*"):
     onnx = require("onnx", "onnx", "exposing tensors")
     source = ensure_model(model)
     node_outputs = [o for n in source.graph.node for o in n.output if o]
-    chosen = select_tensors(node_outputs, tensors)
+    chosen = select_tensors(node_outputs, tensors, exact=exact)
     copy = onnx.ModelProto()
     copy.CopyFrom(source)
     inferred = _infer_shapes(onnx, copy)

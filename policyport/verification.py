@@ -18,12 +18,14 @@ row; scalars and inputs of fixed shape (``(1, 480)``, ``(54,)``) are one observa
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, Report, Skipped, compare, is_floating  # noqa: F401
 from .errors import BadModelError, InputMismatchError, PolicyportError
+from .files import check_memory
 from .graph import Graph, ValueInfo
 from .runtime.base import count_observations
 
@@ -53,23 +55,27 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
     Raises:
         InputMismatchError: ``samples < 1``, an empty or non-finite range, an input with unknown
             rank or a non-float dtype (give such inputs with ``-i``).
+        LimitExceededError: the observations would need more memory than this process can get
+            (see :func:`policyport.files.check_memory`).
     """
     if samples < 1 or not low < high or not (np.isfinite(low) and np.isfinite(high)):
         raise InputMismatchError(f"need samples >= 1 and finite low < high; got samples={samples}, range [{low}, {high})")
     rng = np.random.default_rng(seed)
     batch_symbols = {v.shape[0] for v in inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
-    feeds = {}
+    shapes = {}
     for v in inputs:
         if v.shape is None or not np.issubdtype(v.dtype, np.floating):
             raise InputMismatchError(
                 f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape}); give inputs with -i"
             )
-        shape = tuple(
+        shapes[v.name] = tuple(
             d if isinstance(d, int) else samples if (axis == 0 or d in batch_symbols) else 1
             for axis, d in enumerate(v.shape)
         )
-        feeds[v.name] = np.asarray(rng.uniform(low, high, size=shape)).astype(v.dtype)
-    return feeds
+    # drawn as float64, then cast: both live at once
+    need = sum(math.prod(shape) * (8 + v.dtype.itemsize) for v, shape in zip(inputs, shapes.values()))
+    check_memory(need, f"drawing {samples:,} observations for {len(shapes)} input(s)")
+    return {v.name: np.asarray(rng.uniform(low, high, size=shapes[v.name])).astype(v.dtype) for v in inputs}
 
 
 def first_rows(inputs: Sequence[ValueInfo], feeds: Mapping[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
@@ -117,6 +123,8 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     Raises:
         InputMismatchError: bad inputs, backend or output names, or nothing left to compare.
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`.
+        LimitExceededError: the tensors of every backend (measured on one and two rows,
+        :meth:`policyport.runtime.Session.memory_needed`) would need more memory than this process can get.
     """
     from .runtime import BACKENDS, load
 
@@ -165,6 +173,9 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
 
         fixed = ", ".join(f"{v.name} {format_shape(v.shape)}" for v in first.inputs)
         notes.append(f"the inputs have no batch axis ({fixed}): {n} observation, not the {asked} asked")
+    copies = len(sessions) + (reference is not None)  # each backend's tensors, and the source's
+    check_memory(first.memory_needed(feeds, tensors) * copies,
+                 f"verifying {n:,} observations ({copies} sets of recorded tensors)")
     recorded = {b: s.record(feeds, tensors) for b, s in sessions.items()}
     graph = _graph(model, sessions)
     random = graph.stochastic_tensors()

@@ -112,12 +112,11 @@ def test_tables_are_not_cut_when_stdout_is_a_pipe(tmp_path):
 SLOW_WRITE = """
 import sys, time
 import policyport.files as files
-def slow_write(path, arrays):  # half a file, then a long wait: SIGTERM arrives mid-write
-    with open(path, "wb") as f:
-        f.write(b"PK partial")
-        f.flush()
-        print("writing", flush=True)
-        time.sleep(60)
+def slow_write(file, arrays):  # half a file, then a long wait: SIGTERM arrives mid-write
+    file.write(b"PK partial")
+    file.flush()
+    print("writing", flush=True)
+    time.sleep(60)
 files.write_npz = slow_write
 from policyport.cli import main
 sys.argv = ["policyport", *sys.argv[1:]]

@@ -9,8 +9,8 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range
-from .render import out, say
-from .verify import verdict, verification_table
+from .render import say
+from .verify import print_report
 
 
 def check_convert_options(kind, activation, head, opset, exporter) -> str | None:
@@ -118,8 +118,6 @@ def convert(
                                 high=high, seed=seed, atol=atol, rtol=rtol)
         if report is not None and not report.passed:
             say(f"not writing {output}: the converted model does not match the source")
-            from .verify import print_report
-
             return print_report(report, as_json)
         save_onnx(output, converted.model, force)
         if as_json:
@@ -128,8 +126,7 @@ def convert(
         else:
             say(f"wrote {output}")
             if report is not None:
-                out.print(verification_table(report))
-                out.print(verdict(report))
+                print_report(report, as_json=False)
         return 0
 
     guard(as_json, body, "convert")

@@ -21,6 +21,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
+from ..files import using_limits
 from .render import err, literal, say_error
 
 from typer import Abort, Exit
@@ -50,6 +51,47 @@ def _json_requested(args: list[str]) -> bool:
     return "--json" in (args[: args.index("--")] if "--" in args else args)
 
 
+MAX_BYTES_HELP = ("The most the arrays of one file may take once read (an .npy, an .npz's members together, "
+                  "a model's external data), and one tensor the numpy backend sizes from a value in the model: "
+                  "4G, 512M, 1.5GiB ...; also POLICYPORT_MAX_ARRAY_BYTES. Given anywhere on the command line. "
+                  "[default: 1G]")
+
+
+def _take_max_bytes(argv: list[str]) -> str | None:
+    """Remove ``--max-bytes SIZE`` / ``--max-bytes=SIZE`` (anywhere before ``--``) from ``argv``; its value."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    for i, arg in enumerate(argv[:end]):
+        if arg == "--max-bytes":
+            value = argv[i + 1] if i + 1 < end else ""
+            del argv[i:i + 2]
+            return value
+        if arg.startswith("--max-bytes="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _limits_from(max_bytes: str | None) -> dict:
+    """The limits ``--max-bytes`` sets; the environment's checked too.
+
+    Raises:
+        click BadParameter: not a size (a usage error, exit 2).
+    """
+    from ..errors import InputMismatchError
+    from ..files import limits, parse_size
+
+    try:
+        limits()
+    except InputMismatchError as e:
+        raise typer.BadParameter(str(e), param_hint="environment") from None
+    if max_bytes is None:
+        return {}
+    try:
+        return {"array_bytes": parse_size(max_bytes)}
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--max-bytes") from None
+
+
 class PolicyportGroup(TyperGroup):
     """The command group; its ``main`` is the edge for errors raised outside a command's body
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
@@ -61,7 +103,9 @@ class PolicyportGroup(TyperGroup):
             argv.remove("--debug")
         as_json = _json_requested(argv)
         try:
-            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            max_bytes = _take_max_bytes(argv)
+            with using_limits(**_limits_from(max_bytes)):
+                code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except ClickException as e:
             code = e.exit_code
             if as_json:
@@ -110,6 +154,7 @@ def root(
     debug: Annotated[bool, typer.Option("--debug", help="Print the traceback of an unexpected error (exit 70).")] = False,
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
+    max_bytes: Annotated[Optional[str], typer.Option("--max-bytes", metavar="SIZE", help=MAX_BYTES_HELP)] = None,
 ) -> None:
     """Carry trained policy networks across frameworks."""
     state.debug = state.debug or debug

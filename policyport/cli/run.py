@@ -34,7 +34,7 @@ def run(
     """Run a model on observations; optionally record activations."""
 
     def body():
-        from ..files import check_distinct, check_writable, save_npz
+        from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
         from ..runtime import load
 
         if tensors is not None and record is None:
@@ -57,14 +57,19 @@ def run(
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}
             feeds = {k: v for k, v in feeds.items() if k in known}
+        selection = ("*" if tensors is None else tensors) if record is not None else None
+        rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
+        check_memory(session.memory_needed(feeds, selection),
+                     f"{'recording' if record is not None else 'running'} {rows:,} rows of {inputs}")
         if record is not None:
-            values = session.record(feeds, "*" if tensors is None else tensors)
+            values = session.record(feeds, selection)
             outputs = {v.name: values[v.name] for v in session.outputs}
         else:
             outputs = session.run(feeds)
-        save_npz(output, outputs, force)
+        writers = {output: npz_writer(outputs)}
         if record is not None:
-            save_npz(record, values, force)
+            writers[record] = npz_writer(values)
+        write_outputs(writers, force)  # both files, or neither
         t = table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
                   ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")])
         for k, v in (values if record is not None else outputs).items():

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError
+from ..errors import BadModelError, PolicyportError
 from ..graph import Graph, ValueInfo
 from .base import Backend, compile_feed_check, select_tensors
 
@@ -90,7 +90,8 @@ class Session:
 
         Args:
             feeds: as for :meth:`run`.
-            tensors: ``fnmatch`` glob(s) over node-output names, comma-separated or a list;
+            tensors: node-output names or ``fnmatch`` globs over them, comma-separated or a list
+                (a tensor's exact name selects that tensor only, even with ``[`` or ``*`` in it);
                 ``"*"`` (default) records every node output.
 
         Returns:
@@ -105,6 +106,42 @@ class Session:
         if names is None:
             names = self._selections[key] = select_tensors(self.tensor_names, tensors)
         return self.backend.record(self._feeds(feeds), names)
+
+    def memory_needed(self, feeds: Feeds, tensors: str | list[str] | None = None) -> int:
+        """About how many bytes a run (``tensors=None``) or :meth:`record` of ``tensors`` on ``feeds``
+        will hold in results, measured on one and two of their rows and extrapolated to all.
+
+        A tensor that grows with the batch grows in proportion to it, so two small runs tell the
+        bytes per row and the bytes that do not depend on the batch. A run on the numpy backend
+        holds every node output until it returns, so it is measured as a record of everything.
+
+        Args:
+            feeds: as for :meth:`run`; the inputs whose first dimension is not fixed are the batched ones.
+            tensors: what :meth:`record` would be asked for; ``None`` for :meth:`run`.
+
+        Returns:
+            The estimate in bytes; 0 when it cannot be told (no batched input, inputs of different
+            row counts, at most two rows, or a model that does not run on one or two rows).
+        """
+        feeds = self._feeds(feeds)
+        batched = [v.name for v in self.inputs if v.shape and not isinstance(v.shape[0], int)]
+        counts = {np.shape(feeds[n])[0] for n in batched if np.ndim(feeds[n])}
+        if len(counts) != 1 or min(counts) <= 2:
+            return 0
+        rows = counts.pop()
+        if tensors is None and self.backend.name == "numpy":
+            tensors = "*"
+
+        def held(k: int) -> int:
+            part = {n: a[:k] if n in batched else a for n, a in feeds.items()}
+            results = self.run(part) if tensors is None else self.record(part, tensors)
+            return sum(np.asarray(v).nbytes for v in results.values())
+
+        try:
+            one, two = held(1), held(2)
+        except PolicyportError:
+            return 0
+        return one + max(two - one, 0) * (rows - 1)
 
     def observe(self, feeds: Feeds, observer: Callable) -> dict[str, np.ndarray]:
         """Run on the numpy backend calling ``observer(node_index, output_index, value) -> value``

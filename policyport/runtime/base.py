@@ -37,13 +37,20 @@ class Backend(ABC):
         """Graph outputs and the node outputs ``names``, by tensor name."""
 
 
-def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None) -> list[str]:
-    """The tensor names in ``available`` that match any of ``patterns``, in ``available``'s order.
+def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None, *,
+                   exact: bool = False) -> list[str]:
+    """The tensor names in ``available`` that ``patterns`` select, in ``available``'s order.
+
+    Names are names: a pattern that is exactly the name of an available tensor selects that tensor
+    alone, so ``h[0]`` or ``fc*`` written as a tensor's full name means that tensor; any other
+    pattern is an ``fnmatch`` glob (``fc_1/*``).
 
     Args:
         available: candidate tensor names.
-        patterns: ``fnmatch`` globs, as one comma-separated string (``"fc_1/*,logits"``) or an
+        patterns: names or globs, as one comma-separated string (``"fc_1/*,logits"``) or an
             iterable; ``None`` or ``"*"`` selects everything.
+        exact: every pattern is a name, never a glob (for callers passing names they took from
+            the model; a string is then one name).
 
     Raises:
         InputMismatchError: a pattern matches no tensor (the message lists what exists).
@@ -52,14 +59,19 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
     if patterns is None:
         return available
     if isinstance(patterns, str):
-        patterns = [p.strip() for p in patterns.split(",") if p.strip()]
+        patterns = [patterns] if exact else [p.strip() for p in patterns.split(",") if p.strip()]
     patterns = list(patterns)
-    chosen = [t for t in available if any(fnmatch.fnmatchcase(t, p) for p in patterns)]
-    unmatched = [p for p in patterns if p != "*" and not any(fnmatch.fnmatchcase(t, p) for t in available)]
+    present = set(available)
+    names = {p for p in patterns if p in present}
+    globs = [] if exact else [p for p in patterns if p not in present]
+    chosen = [t for t in available if t in names or any(fnmatch.fnmatchcase(t, g) for g in globs)]
+    if exact:
+        unmatched = [p for p in patterns if p not in present]
+    else:
+        unmatched = [g for g in globs if g != "*" and not any(fnmatch.fnmatchcase(t, g) for t in available)]
     if unmatched:
-        raise InputMismatchError(
-            f"tensor pattern(s) {unmatched} match no tensor of the model; it has: {', '.join(available)}"
-        )
+        what = "tensor name(s)" if exact else "tensor pattern(s)"
+        raise InputMismatchError(f"{what} {unmatched} match no tensor of the model; it has: {', '.join(available)}")
     return chosen
 
 

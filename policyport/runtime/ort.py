@@ -74,7 +74,7 @@ class OrtBackend(Backend):
             return self.run(feeds)
         key = tuple(names)
         if key not in self._recording:
-            self._recording[key] = self._make_session(expose(self.model, tensors=list(names)))
+            self._recording[key] = self._make_session(expose(self.model, tensors=list(names), exact=True))
         sess = self._recording[key]
         wanted = list(dict.fromkeys([*names, *self._out_names]))
         return dict(zip(wanted, self._call(sess, wanted, feeds)))

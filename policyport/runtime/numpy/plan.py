@@ -16,22 +16,35 @@ A Gemm with constant weights becomes ``dot`` plus an in-place ``add`` of the bia
 constant bounds one indexing with a prebuilt tuple; every other node calls its registered function.
 The generated source names only locals (``x0``, ``t0`` ...) and bound constants (``k0``, ``n0`` ...,
 tensor names among them); no string from the model ever reaches the source text.
+
+A large graph is compiled in pieces: CPython compiles one huge function in superlinear time and
+memory, so past :data:`CHUNK_LINES` generated lines the tensors live in a list (``s[3]`` for
+``t3``) and the lines are split into functions of at most that many lines, called in turn. A graph
+of more nodes than :attr:`policyport.files.Limits.nodes` (``POLICYPORT_MAX_NODES``) is refused.
+``record`` and ``observe`` are compiled on first use.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from ...errors import BadModelError, PolicyportError, UnsupportedOpError
+from ...errors import BadModelError, LimitExceededError, PolicyportError, UnsupportedOpError
+from ...files import ENV_NODES, limits
 from ...graph import Graph, onnx_dtype
 from .registry import Static, missing_ops, resolve
 
-#: What a node's numpy code raises on shapes or values the model cannot take.
-_NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError)
+#: What a node's numpy code raises on shapes or values the model cannot take (MemoryError: numpy
+#: could not allocate a result).
+_NODE_FAILURES = (ArithmeticError, ValueError, TypeError, IndexError, KeyError, MemoryError)
+#: The most generated lines in one function; a larger plan is split into functions of this size.
+CHUNK_LINES = 2000
+#: A local of the generated code (a feed ``x3`` or a node output ``t3``), as it appears in its text.
+_LOCAL = re.compile(r"\b([xt])(\d+)\b")
 #: Producers whose result is a fresh array that nothing else references (Gemm: always 2-D).
 _FRESH = {"Gemm", "Conv"}
 #: Producers whose result is fresh but may be a numpy scalar (0-d operands): in-place is guarded.
@@ -113,6 +126,13 @@ class Plan:
     """
 
     def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None):
+        limit = limits().nodes
+        if len(graph.nodes) > limit:
+            raise LimitExceededError(
+                f"the graph has {len(graph.nodes):,} nodes, more than the numpy backend's limit of {limit:,}; "
+                f"if you trust the model, raise the limit with {ENV_NODES}={len(graph.nodes)} (loading takes "
+                "some 3 s of CPU and 250 MB per 100,000 nodes), or run it with --backend onnxruntime"
+            )
         missing = missing_ops(graph)
         if missing:
             raise UnsupportedOpError(missing)
@@ -175,10 +195,23 @@ class Plan:
         self._producer = producer
         self._consumers = consumers
         self._shared = self._memory_roots()
-        self._line_steps: dict[str, dict[int, Step]] = {}  # mode -> generated line number -> step
+        self._line_steps: dict[str, dict[int, Step]] = {}  # function -> generated line number -> step
+        self._compiled: dict[str, Callable] = {}
         self.run = self._compile("run")
-        self.record = self._compile("record")
-        self.observe = self._compile("observe")
+
+    @property
+    def record(self) -> Callable:
+        """``record(feeds)``: every node output in node order, then the graph outputs that are not."""
+        if "record" not in self._compiled:
+            self._compiled["record"] = self._compile("record")
+        return self._compiled["record"]
+
+    @property
+    def observe(self) -> Callable:
+        """``observe(feeds, observer)``: the graph outputs, ``observer`` called after every node."""
+        if "observe" not in self._compiled:
+            self._compiled["observe"] = self._compile("observe")
+        return self._compiled["observe"]
 
     def _const(self, value) -> str:
         """Bind ``value`` as a constant of the generated code; arrays through a read-only view, so
@@ -280,22 +313,28 @@ class Plan:
             env[ident] = text
             return ident
 
-        line_steps = self._line_steps[mode] = {}
         env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
-                   FAILURES=_NODE_FAILURES, explain=self.explain)
-        guarded = mode != "observe"  # an observer's own exceptions propagate unchanged
-        pad = "        " if guarded else "    "
-        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + "):"]
-        if guarded:
-            lines.append("    try:")
-        lines += [f"{pad}x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
+                   LimitExceededError=LimitExceededError, FAILURES=_NODE_FAILURES, explain=self.explain)
+        feeds = [f"x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
+        body: list[tuple[str, Step]] = []  # generated line, the step it computes
         outputs = set(self.output_names)
         for s in self.steps:
-            emitted = self._emit(s, mode, env, outputs)
-            line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
-            lines += [f"{pad}{line}" for line in emitted]
+            body += [(line, s) for line in self._emit(s, mode, env, outputs)]
             if mode == "observe":
-                lines += [f"{pad}{r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
+                body += [(f"{r} = observer({s.index}, {j}, {r})", s) for j, r in enumerate(s.results) if r != "_"]
+        results = self._results(mode, key)
+        if len(feeds) + len(body) + len(results) <= CHUNK_LINES:
+            lines = feeds + [line for line, _ in body]
+            first = len(feeds)
+            steps = {first + k: step for k, (_, step) in enumerate(body)}
+            lines.append(f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
+        else:
+            lines, steps = self._chunks(mode, env, feeds, body, results), {}
+        params = "feeds, observer" if mode == "observe" else "feeds"
+        return self._define(mode, mode, params, lines, steps, env, guarded=mode != "observe")
+
+    def _results(self, mode: str, key: Callable[[str], str]) -> list[tuple[str, str]]:
+        """(name constant, value expression) of each tensor the mode returns, in order."""
         if mode == "record":
             names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
         else:
@@ -312,14 +351,52 @@ class Plan:
             else:
                 value = loc
             returned.add(loc)
-            items.append(f"{key(n)}: {value}")
-        lines.append(f"{pad}return {{{', '.join(items)}}}")
+            items.append((key(n), value))
+        return items
+
+    def _chunks(self, mode: str, env: dict, feeds: list[str], body: list[tuple[str, Step]],
+                results: list[tuple[str, str]]) -> list[str]:
+        """The lines of a large plan's main function, which calls the chunk functions it defines.
+
+        Every tensor lives in the list ``s`` (feed ``x{i}`` at ``s[i]``, node output ``t{j}`` after
+        the feeds), the result dict is ``r``; each chunk holds whole steps, at most
+        :data:`CHUNK_LINES` lines unless one step has more.
+        """
+        inputs = len(self.input_names)
+
+        def slot(line: str) -> str:
+            return _LOCAL.sub(lambda m: f"s[{int(m[2]) + (inputs if m[1] == 't' else 0)}]", line)
+
+        pieces: list[list[tuple[str, Step | None]]] = [[]]
+        for line, step in [*body, *((f"r[{k}] = {v}", None) for k, v in results)]:
+            starts_step = step is None or not pieces[-1] or pieces[-1][-1][1] is not step
+            if len(pieces[-1]) >= CHUNK_LINES and starts_step:
+                pieces.append([])
+            pieces[-1].append((line, step))
+        main = [f"s = [None] * {inputs + len(self._producer)}", "r = {}", *map(slot, feeds)]
+        for c, piece in enumerate(pieces):
+            name = f"c{c}"
+            steps = {k: step for k, (_, step) in enumerate(piece) if step is not None}
+            self._define(name, f"{mode}.{c}", "s, r, observer", [slot(line) for line, _ in piece], steps, env,
+                         guarded=False)
+            main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'})")
+        return main + ["return r"]
+
+    def _define(self, name: str, label: str, params: str, lines: list[str], steps: dict[int, Step], env: dict,
+                guarded: bool) -> Callable:
+        """Compile ``def name(params):`` with ``lines`` as its body into ``env``; ``steps`` maps body
+        line indexes to the step they compute, for :meth:`explain`."""
+        pad = "        " if guarded else "    "
+        source = [f"def {name}({params}):", *(["    try:"] if guarded else []), *(pad + line for line in lines)]
         if guarded:  # a numpy error inside the model becomes a BadModelError naming the node
-            lines += ["    except PolicyportError:", "        raise",
-                      "    except FAILURES as e:", "        raise explain(e) from e"]
-        code = compile("\n".join(lines), f"<policyport plan:{mode}:{id(self)}>", "exec")
+            source += ["    except LimitExceededError as e:", "        raise explain(e) from e",
+                       "    except PolicyportError:", "        raise",
+                       "    except FAILURES as e:", "        raise explain(e) from e"]
+        offset = 3 if guarded else 2  # the line number of body line 0
+        self._line_steps[label] = {offset + k: step for k, step in steps.items()}
+        code = compile("\n".join(source), f"<policyport plan:{label}:{id(self)}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
-        return env[mode]
+        return env[name]
 
     def _emit(self, s: Step, mode: str, env: dict, outputs: set[str]) -> list[str]:
         """The generated lines of one step."""
@@ -357,13 +434,17 @@ class Plan:
         while tb is not None:
             filename = tb.tb_frame.f_code.co_filename
             if filename.startswith("<policyport plan:") and filename.endswith(f":{id(self)}>"):
-                mode = filename.split(":")[1]
-                step = self._line_steps[mode].get(tb.tb_lineno, step)
+                label = filename.split(":")[1]
+                step = self._line_steps[label].get(tb.tb_lineno, step)
             tb = tb.tb_next
         where = "the numpy backend"
         if step is not None:
             node = self.graph.nodes[step.index]
             where = f'{node.op_type} node "{node.name}" on the numpy backend'
+        if isinstance(error, LimitExceededError):
+            return LimitExceededError(f"{where}: {error}")
+        if isinstance(error, MemoryError):
+            return LimitExceededError(f"{where} ran out of memory: {error or 'MemoryError'}")
         return BadModelError(f"{where} failed: {type(error).__name__}: {error}")
 
     def _memory_roots(self) -> dict[str, set[str]]:

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ....files import check_tensor_shape
 from ....graph import ML_DTYPE_NAMES, onnx_dtype
 from ..registry import op
 
@@ -39,8 +40,8 @@ def constant(*, value=None, value_float=None, value_floats=None, value_int=None,
 def constant_of_shape(shape, *, value=None):
     """A tensor of shape ``shape`` filled with the one element of ``value`` (default float32 0)."""
     if value is None:
-        return np.zeros(tuple(shape.tolist()), dtype=np.float32)
-    return np.full(tuple(shape.tolist()), value.reshape(-1)[0], dtype=value.dtype)
+        return np.zeros(check_tensor_shape(shape.tolist(), np.float32), dtype=np.float32)
+    return np.full(check_tensor_shape(shape.tolist(), value.dtype), value.reshape(-1)[0], dtype=value.dtype)
 
 
 @op("Shape", since=1)
@@ -403,7 +404,8 @@ def gather(data, indices, *, axis=0):
 @op("Expand", since=8)
 def expand(x, shape):
     """Broadcast ``x`` with ``shape`` in both directions (a dim of 1 in ``shape`` keeps x's dim)."""
-    return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(shape.tolist()))).copy()
+    out = check_tensor_shape(np.broadcast_shapes(x.shape, tuple(shape.tolist())), x.dtype)
+    return np.broadcast_to(x, out).copy()
 
 
 def _check_tile(inputs, attrs, outputs):
@@ -418,10 +420,12 @@ def _check_tile(inputs, attrs, outputs):
 
 @op("Tile", since=6, check=_check_tile)
 def tile(x, repeats):
-    """``x`` repeated ``repeats[i]`` times along axis i; one count per axis of ``x``."""
-    if repeats.size != x.ndim:
-        raise ValueError(f"repeats {repeats.tolist()} has {repeats.size} entries for a rank-{x.ndim} input")
-    return np.tile(x, tuple(repeats.tolist()))
+    """``x`` repeated ``repeats[i]`` times along axis i (one repeat per axis)."""
+    repeats = repeats.tolist()
+    if len(repeats) != x.ndim:
+        raise ValueError(f"Tile needs one repeat per axis: {len(repeats)} repeats for {x.ndim} axes")
+    check_tensor_shape([d * r for d, r in zip(x.shape, repeats)], x.dtype)
+    return np.tile(x, tuple(repeats))
 
 
 @op("Where", since=9)
@@ -443,4 +447,10 @@ def range_(start, limit, delta, *, stash_type=1):
         work = np.float64
     else:
         work = dtype
-    return np.arange(start.item(), limit.item(), delta.item(), dtype=work).astype(dtype, copy=False)
+    first, last, step = start.item(), limit.item(), delta.item()
+    if step == 0:
+        raise ZeroDivisionError("Range: delta is 0")
+    # exact for integers; an infinite or NaN float count raises OverflowError or ValueError
+    count = -(-(last - first) // step) if isinstance(step, int) else math.ceil((last - first) / step)
+    check_tensor_shape([max(count, 0)], dtype)
+    return np.arange(first, last, step, dtype=work).astype(dtype, copy=False)
