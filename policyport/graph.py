@@ -541,8 +541,10 @@ def from_onnx(model) -> Graph:
     g = model.graph
     inits = {t.name: tensor_array(t) for t in g.initializer}
     nodes = []
+    opsets = {(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import}
     for n in g.node:
         where = f'{n.op_type} node "{n.name}"'
+        _check_attributes(onnx, n, opsets.get(n.domain, opsets.get(DEFAULT_DOMAIN, 0)), where)
 
         attrs = {}
         for a in n.attribute:
@@ -571,7 +573,7 @@ def from_onnx(model) -> Graph:
         inputs=[_value_info(v) for v in g.input if v.name not in inits],
         outputs=[_value_info(v) for v in g.output],
         initializers=inits,
-        opsets={(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import},
+        opsets=opsets,
         metadata={p.key: p.value for p in model.metadata_props},
         optional_inputs=_overridable(g, inits) if model.ir_version >= 4 else [],
     ))
@@ -600,6 +602,32 @@ def _utf8(value: bytes, where: str, attribute: str) -> str:
         return value.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadModelError(f"{where}: attribute {attribute!r} is not UTF-8 text ({e})") from e
+
+
+_ATTRIBUTE_TYPES = {0: "undefined", 1: "a float", 2: "an int", 3: "a string", 4: "a tensor", 5: "a graph",
+                    6: "a list of floats", 7: "a list of ints", 8: "a list of strings", 9: "a list of tensors",
+                    10: "a list of graphs", 11: "a sparse tensor", 12: "a list of sparse tensors",
+                    13: "a type proto", 14: "a list of type protos"}
+
+
+def _check_attributes(onnx, node, opset: int, where: str) -> None:
+    """Refuse attributes whose type contradicts the operator's schema at ``opset``, and missing
+    required ones (what onnxruntime refuses on load); ops onnx has no schema for are left alone."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    except Exception:  # SchemaError: an op or domain onnx does not know (a backend says so later)
+        return
+    for a in node.attribute:
+        spec = schema.attributes.get(a.name)
+        if spec is not None and a.type != spec.type.value:
+            raise BadModelError(
+                f"{where}: attribute {a.name!r} is {_ATTRIBUTE_TYPES.get(a.type, f'of type {a.type}')}; "
+                f"{node.op_type}-{schema.since_version} makes it {_ATTRIBUTE_TYPES.get(spec.type.value, spec.type.name)}")
+    given = {a.name for a in node.attribute}
+    missing = [name for name, spec in schema.attributes.items() if spec.required and name not in given]
+    if missing:
+        raise BadModelError(f"{where}: required attribute(s) {', '.join(missing)} missing "
+                            f"({node.op_type}-{schema.since_version})")
 
 
 def _value_info(v) -> ValueInfo:

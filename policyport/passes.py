@@ -187,7 +187,7 @@ def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False)
     chosen = select_tensors(node_outputs, tensors, exact=exact)
     copy = onnx.ModelProto()
     copy.CopyFrom(source)
-    inferred = _infer_shapes(onnx, copy)
+    inferred = infer_shapes(copy)
     known: dict = {}
     for v in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
         if _typed(v) or v.name not in known:  # inference's result wins over a shapeless declaration
@@ -222,7 +222,17 @@ def _typed(info) -> bool:
     return bool(t.elem_type) and t.HasField("shape")
 
 
-def _infer_shapes(onnx, model):
+def infer_shapes(model):
+    """``onnx.shape_inference.infer_shapes`` of ``model`` (with data propagation where it works).
+
+    Dimensions declared as 0 or negative are made free first (:func:`free_dims`): policyport reads
+    them so, and onnx's C++ inference aborts the whole process on some negative ones.
+
+    Raises:
+        BadModelError: shape inference fails.
+    """
+    onnx = require("onnx", "onnx", "inferring tensor shapes")
+    model = free_dims(model)
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - data propagation fails where plain inference may not

@@ -22,12 +22,12 @@ def summarize(model) -> dict:
     """
     onnx = require("onnx", "onnx", "inspecting a model")
     from .graph import from_onnx
-    from .passes import parameter_map
+    from .passes import infer_shapes, parameter_map
     from .runtime.numpy.registry import missing_ops
 
     graph = from_onnx(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
         infos = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
     except Exception:  # a model shape inference cannot handle still gets a summary, without shapes
         infos = {}

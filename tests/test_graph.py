@@ -62,3 +62,35 @@ def test_an_undefined_graph_output_is_refused():
     model.graph.output[0].name = "not_produced"
     with pytest.raises(pp.BadModelError, match="graph output 'not_produced' is not defined"):
         from_onnx(model)
+
+
+def _single(node, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph([node], "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_omitted_required_input_is_refused_naming_the_node_and_input():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])
+    model = _single(helper.make_node("Slice", ["x", "starts", ""], ["y"], name="cut"), [x], [y],
+                    [numpy_helper.from_array(np.array([0], np.int64), "starts")])
+    with pytest.raises(pp.BadModelError, match=r'Slice node "cut" \(opset 17\): input 2 \(ends\) is required but omitted'):
+        pp.load(model)
+    too_many = _single(helper.make_node("Tanh", ["x", "x"], ["y"], name="t"), [x], [y])
+    with pytest.raises(pp.BadModelError, match=r'Tanh node "t" \(opset 17\): it has 2 inputs; the operator takes at most 1'):
+        pp.load(too_many)
+
+
+def test_attributes_of_the_wrong_type_or_missing_are_refused_as_onnxruntime_refuses_them():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 4])
+    wrong = _single(helper.make_node("Cast", ["x"], ["y"], name="c", to=[0.5, 1.5]), [x], [y])
+    with pytest.raises(pp.BadModelError, match=r'Cast node "c": attribute \'to\' is a list of floats; Cast-13 makes it an int'):
+        from_onnx(wrong)
+    with pytest.raises(pp.BadModelError):
+        pp.load(wrong, backend="onnxruntime")  # onnxruntime refuses it too
+    missing = _single(helper.make_node("Cast", ["x"], ["y"], name="c"), [x], [y])
+    with pytest.raises(pp.BadModelError, match=r'Cast node "c": required attribute\(s\) to missing \(Cast-13\)'):
+        from_onnx(missing)

@@ -36,7 +36,7 @@ import numpy as np
 from ...errors import BadModelError, LimitExceededError, PolicyportError, UnsupportedOpError
 from ...files import ENV_NODES, limits
 from ...graph import Graph, onnx_dtype
-from .registry import Static, missing_ops, resolve
+from .registry import NEWEST_OPSET, Static, missing_ops, resolve
 
 #: What a node's numpy code raises on shapes or values the model cannot take (MemoryError: numpy
 #: could not allocate a result).
@@ -133,6 +133,11 @@ class Plan:
                 f"if you trust the model, raise the limit with {ENV_NODES}={len(graph.nodes)} (loading takes "
                 "some 3 s of CPU and 250 MB per 100,000 nodes), or run it with --backend onnxruntime"
             )
+        if graph.opsets.get("", 0) > NEWEST_OPSET:
+            raise UnsupportedOpError(
+                f"the model declares default-domain opset {graph.opsets['']}, newer than the operator sets the "
+                f"numpy backend knows (up to {NEWEST_OPSET}); its ops may mean something else there — re-export "
+                f"it with --opset {NEWEST_OPSET} or older")
         missing = missing_ops(graph)
         if missing:
             raise UnsupportedOpError(missing)
@@ -236,6 +241,17 @@ class Plan:
         """Refuse at compile time a node whose known inputs and attributes contradict its operator
         page: inputs of one type variable with different element types, and the op's own check."""
         try:
+            given = len(node.inputs)
+            if impl.max_inputs is not None and given > impl.max_inputs:
+                raise ValueError(f"it has {given} inputs; the operator takes at most {impl.max_inputs} "
+                                 f"({', '.join(impl.input_names)})")
+            for i, name in enumerate(impl.input_names[:impl.required_inputs]):
+                if i >= given or not node.inputs[i]:
+                    raise ValueError(f"input {i} ({name}) is required but {'omitted' if i < given else 'missing'}")
+            unknown = sorted(set(node.attrs) - impl.attribute_names) if impl.attribute_names is not None else []
+            if unknown:
+                raise ValueError(f"attribute(s) {', '.join(unknown)} are not attributes of {node.op_type}-{impl.since} "
+                                 f"(it takes {', '.join(sorted(impl.attribute_names)) or 'none'})")
             positions = _ONE_TYPE.get(node.op_type, ()) if node.domain == "" else ()
             typed = [(i, known[i].dtype) for i in (range(len(known)) if positions is None else positions)
                      if i < len(known) and known[i].dtype is not None]

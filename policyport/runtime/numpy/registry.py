@@ -47,6 +47,13 @@ class OpImpl:
     wants_node_outputs: bool = False
     wants_rng: bool = False
     check: Callable | None = None
+    #: The function's positional parameters (the node's inputs, in order), and how many of them
+    #: must be given (those without a default); ``None`` for ``max_inputs`` when it takes ``*inputs``.
+    input_names: tuple[str, ...] = ()
+    required_inputs: int = 0
+    max_inputs: int | None = None
+    #: The attributes the function takes (its keyword-only parameters), or ``None`` for any.
+    attribute_names: frozenset[str] | None = frozenset()
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,10 @@ class Static:
 
 _REGISTRY: dict[tuple[str, str], dict[int, OpImpl]] = {}
 
+#: The newest default-domain opset whose operator semantics the registry follows (onnx 1.23's). A
+#: model declaring a newer one is refused: its ops may mean something the registry does not know.
+NEWEST_OPSET = 28
+
 
 def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN, check: Callable | None = None
        ) -> Callable[[Callable], Callable]:
@@ -100,8 +111,16 @@ def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN, check: Callabl
                 f"{fn.__module__}.{fn.__qualname__}"
             )
         params = inspect.signature(fn).parameters
-        versions[since] = OpImpl(op_type, since, fn, domain, wants_node_outputs="node_outputs" in params,
-                                 wants_rng="rng" in params, check=check)
+        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        variadic = any(p.kind == p.VAR_POSITIONAL for p in params.values())
+        versions[since] = OpImpl(
+            op_type, since, fn, domain, wants_node_outputs="node_outputs" in params, wants_rng="rng" in params,
+            check=check, input_names=tuple(p.name for p in positional),
+            required_inputs=sum(p.default is p.empty for p in positional),
+            max_inputs=None if variadic else len(positional),
+            attribute_names=None if any(p.kind == p.VAR_KEYWORD for p in params.values()) else frozenset(
+                p.name for p in params.values() if p.kind == p.KEYWORD_ONLY and p.name not in ("node_outputs", "rng")),
+        )
         return fn
 
     return register
