@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ...graph import Graph
 from ..base import Backend
+from ..overrides import Steering
 from .plan import Plan
 from .registry import op, resolve, supported_ops
 
@@ -34,18 +36,34 @@ class NumpyBackend(Backend):
         self.outputs = list(graph.outputs)
         self.tensor_names = list(self.plan.tensor_names)
         self._out_names = tuple(self.plan.output_names)
+        self._steered: dict[tuple, Callable] = {}  # (mode, overridden tensors) -> compiled function
+        self._writable = functools.lru_cache(maxsize=None)(self.plan.writable)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.plan.run(feeds)
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        everything = self.plan.record(feeds)
+        return self._select(self.plan.record(feeds), names)
+
+    def _select(self, everything: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         if len(names) == len(self.tensor_names):  # every node output: names is tensor_names
             return everything
         result = {n: everything[n] for n in names}
         for n in self._out_names:
             result[n] = everything[n]
         return result
+
+    def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
+                       steering: Steering) -> dict[str, np.ndarray]:
+        """Run (``names=None``) or record with overrides, on a variant of the plan compiled once
+        per set of overridden tensors (see :meth:`Plan.steered`)."""
+        mode = "run" if names is None else "record"
+        key = (mode, steering.tensors)
+        fn = self._steered.get(key)
+        if fn is None:
+            fn = self._steered[key] = self.plan.steered(mode, steering.tensors)
+        result = fn(feeds, steering.appliers(self._writable))
+        return result if names is None else self._select(result, names)
 
     def observe(self, feeds: Mapping[str, np.ndarray], observer: Callable) -> dict[str, np.ndarray]:
         """Run with ``observer(node_index, output_index, value) -> value`` called after every node.

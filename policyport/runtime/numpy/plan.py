@@ -188,11 +188,31 @@ class Plan:
         args[1:] = [self._const(tuple(index))]
         return True
 
-    def _compile(self, mode: str) -> Callable:
+    def steered(self, mode: str, tensors: tuple[str, ...]) -> Callable:
+        """``run`` or ``record`` compiled with an override hook: ``f(feeds, edits)``.
+
+        Right after the node that produces ``tensors[i]``, the generated code continues with
+        ``edits[i](value)`` in its place, so every later node, and the recorded or returned value,
+        sees the steered tensor. The plain ``run``/``record`` are not touched; callers cache the
+        result per tuple of tensors (the edit functions are arguments, so new values need no new
+        compilation). ``edits[i]`` may write in place only where :meth:`writable` says so.
+        """
+        return self._compile(mode, hooks={t: i for i, t in enumerate(tensors)})
+
+    def writable(self, tensor: str) -> bool:
+        """Whether a run owns the memory of ``tensor``: made fresh by its node and shared with no
+        feed, weight or other tensor (an override may then write into it in place)."""
+        loc = self._local.get(tensor)
+        step = next((s for s in self.steps if loc in s.results), None)
+        return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
+
+    def _compile(self, mode: str, hooks: dict[str, int] | None = None) -> Callable:
         """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
 
         Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
-        in node order followed by any graph output that is not a node output.
+        in node order followed by any graph output that is not a node output. With ``hooks``
+        (tensor -> position), the function takes ``(feeds, edits)`` and replaces each hooked tensor
+        by ``edits[position](value)`` right after its node (see :meth:`steered`).
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
         for name in _IN_PLACE.values():
@@ -203,12 +223,13 @@ class Plan:
             env[ident] = text
             return ident
 
-        line_steps = self._line_steps[mode] = {}
+        label = f"{mode}+{len(self._line_steps)}" if hooks else mode  # names the code object
+        line_steps = self._line_steps[label] = {}
         env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
                    FAILURES=_NODE_FAILURES, explain=self.explain)
         guarded = mode != "observe"  # an observer's own exceptions propagate unchanged
         pad = "        " if guarded else "    "
-        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + "):"]
+        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks else "") + "):"]
         if guarded:
             lines.append("    try:")
         lines += [f"{pad}x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
@@ -217,6 +238,10 @@ class Plan:
             emitted = self._emit(s, mode, env, outputs)
             line_steps.update({len(lines) + 1 + k: s for k in range(len(emitted))})
             lines += [f"{pad}{line}" for line in emitted]
+            if hooks:
+                hooked = [(r, hooks[self._tensor_of[r]]) for r in s.results if self._tensor_of.get(r) in hooks]
+                line_steps.update({len(lines) + 1 + k: s for k in range(len(hooked))})
+                lines += [f"{pad}{r} = edits[{i}]({r})" for r, i in hooked]
             if mode == "observe":
                 lines += [f"{pad}{r} = observer({s.index}, {j}, {r})" for j, r in enumerate(s.results) if r != "_"]
         if mode == "record":
@@ -240,7 +265,7 @@ class Plan:
         if guarded:  # a numpy error inside the model becomes a BadModelError naming the node
             lines += ["    except PolicyportError:", "        raise",
                       "    except FAILURES as e:", "        raise explain(e) from e"]
-        code = compile("\n".join(lines), f"<policyport plan:{mode}:{id(self)}>", "exec")
+        code = compile("\n".join(lines), f"<policyport plan:{label}:{id(self)}>", "exec")
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[mode]
 
