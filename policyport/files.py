@@ -148,6 +148,23 @@ def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise UnreadableFileError(f"{path} is not a readable .npy/.npz file: {e}") from e
 
 
+def read_json(path: str | os.PathLike):
+    """The JSON document in a file.
+
+    Raises:
+        UnreadableFileError: missing, unreadable or not JSON.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UnreadableFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise UnreadableFileError(f"{path} is not a readable JSON file: {e}") from e
+
+
 def load_onnx(path: str | os.PathLike):
     """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder.
 

@@ -10,8 +10,8 @@ import typer
 
 from ..errors import InputMismatchError
 from .core import app, guard
-from .options import ForceOpt, ModelArg
-from .render import add_row, out, shape_text, table
+from .options import ForceOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, overrides_from
+from .render import add_row, out, say, shape_text, table
 from .verify import load_feeds
 
 
@@ -28,11 +28,15 @@ def run(
     backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
     record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
     tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names (default: all).")] = None,
+    override: OverrideOpt = None,
+    steer: SteerOpt = None,
+    overrides: OverridesFileOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run a model on observations; optionally record activations."""
+    """Run a model on observations; optionally record activations and override neurons."""
 
     def body():
+        from ..analysis.statistics import nonfinite_rows
         from ..files import check_distinct, check_writable, save_npz
         from ..runtime import load
 
@@ -45,13 +49,19 @@ def run(
                 raise InputMismatchError("--record and -o name the same file")
             check_writable(record, force)
             check_distinct(record, model, inputs)
+        edits = overrides_from(override, steer, overrides)
         session = load(str(model), backend=backend.value)
         feeds = load_feeds(inputs, [v.name for v in session.inputs])
+        for name, array in feeds.items():
+            bad = nonfinite_rows(array)
+            if bad:
+                say(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
+                    "the outputs of those rows are likely NaN too")
         if record is not None:
-            values = session.record(feeds, tensors or "*")
+            values = session.record(feeds, tensors or "*", overrides=edits)
             outputs = {v.name: values[v.name] for v in session.outputs}
         else:
-            outputs = session.run(feeds)
+            outputs = session.run(feeds, overrides=edits)
         save_npz(output, outputs, force)
         if record is not None:
             save_npz(record, values, force)
@@ -61,5 +71,7 @@ def run(
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
             add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
         out.print(t)
+        if edits:
+            say("with overrides: " + "; ".join(e.spec for e in edits))
 
     guard(False, body)

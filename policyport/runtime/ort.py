@@ -30,6 +30,7 @@ class OrtBackend(Backend):
     def __init__(self, model, graph: Graph, threads: int = 0):
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = model
+        self.graph = graph
         self.threads = threads
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)

@@ -21,7 +21,6 @@ text specs is accepted too. Edits of one tensor apply in the order given. Needs 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -238,15 +237,9 @@ def load_override_sets(path) -> dict[str, list[Edit]]:
         UnreadableFileError: the file is missing or not JSON.
         InputMismatchError: the JSON is not an object of sets, or a set is malformed.
     """
-    from ..errors import UnreadableFileError
+    from ..files import read_json
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UnreadableFileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise UnreadableFileError(f"{path} is not a readable JSON file: {e}") from e
+    doc = read_json(path)
     if not isinstance(doc, dict) or not doc:
         raise InputMismatchError(f"{path} must hold a JSON object of named override sets, e.g. "
                                  '{"brake": {"fc_2/tanh": {"17": 1.0}}}')
