@@ -14,5 +14,7 @@ from __future__ import annotations
 
 from .engines import ENGINES, RecordSummary, record_dataset
 from .recording import FORMATS, Recording, TensorInfo, open_recording
+from .statistics import Statistics, TensorStats, statistics
 
-__all__ = ["ENGINES", "FORMATS", "RecordSummary", "Recording", "TensorInfo", "open_recording", "record_dataset"]
+__all__ = ["ENGINES", "FORMATS", "RecordSummary", "Recording", "Statistics", "TensorInfo", "TensorStats",
+           "open_recording", "record_dataset", "statistics"]

@@ -169,17 +169,20 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
     summary = RecordSummary(out, fmt, table.rows, [])
     started = time.perf_counter()
 
+    sizes = [0]  # rows of the block being computed
+
     def blocks():
         if table.rows == 0:  # still learn the tensors' shapes, from an empty block
             yield {i: np.empty((0, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
         for block in table.iter_batches(batch_size, list(dict.fromkeys(columns.values()))):
+            sizes[0] = len(next(iter(block.values())))
             yield {i: block[c] for i, c in columns.items()}
 
     def write(tmp: str) -> None:
         writer, done = None, 0
         try:
             for values in session.record_iter(blocks(), names, steering):
-                rows = len(next(iter(values.values()))) if values else 0
+                rows = sizes[0]
                 if writer is None:
                     summary.tensors, summary.skipped = _batched(values, rows, ops)
                     writer = Background(WRITERS[fmt](tmp, table.rows, summary.tensors,
@@ -311,24 +314,19 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
                         backend="numpy", batch_size=batch_size, overrides=specs, engine="ray")
     check_out_folder(out, force, (".parquet",))
     started = time.perf_counter()
-    if not ray.is_initialized():
-        ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False, configure_logging=True)
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
+    ray_data = start_ray(ray)
+    ray_data.DataContext.get_current().execution_options.preserve_order = True
     files = [str(p.path) for p in parts]
-    ds = ray.data.read_parquet(files, columns=sorted(set(columns.values()))) if ".parquet" in kinds \
-        else ray.data.read_numpy(files)
+    ds = ray_data.read_parquet(files, columns=sorted(set(columns.values()))) if ".parquet" in kinds \
+        else ray_data.read_numpy(files)
     source_column = {i: ("data" if ".npy" in kinds else c) for i, c in columns.items()}
     recorded = ds.map_batches(RecordBatch, fn_constructor_kwargs={
         "model": model_bytes, "names": names, "overrides": specs, "columns": source_column,
         "tensors": infos, "metadata": metadata}, batch_size=batch_size, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(min_size=1), zero_copy_batch=True)
+        compute=ray_data.ActorPoolStrategy(min_size=1), zero_copy_batch=True)
     tmp = temporary_folder(out, "recording")
     try:
-        recorded.write_parquet(str(tmp), filename_provider=_ordered_names(), min_rows_per_file=batch_size)
+        recorded.write_parquet(str(tmp), min_rows_per_file=batch_size)  # file names sort in block order
         if progress is not None:
             progress(table.rows, table.rows)
         commit_folder(tmp, out, force, (".parquet",))
@@ -337,6 +335,21 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     seconds = time.perf_counter() - started
     size = sum(p.stat().st_size for p in out.iterdir())
     return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds, size)
+
+
+def start_ray(ray):
+    """``ray.data``, after joining the running Ray instance, or ``ray.init()`` (the cluster that
+    ``RAY_ADDRESS`` names, else a local one) with Ray's own logging kept to warnings."""
+    import logging
+
+    if not ray.is_initialized():
+        ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    import ray.data
+
+    for name in ("ray", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return ray.data
 
 
 class RecordBatch:
@@ -367,17 +380,6 @@ class RecordBatch:
 def _stacked(column: np.ndarray) -> np.ndarray:
     """A numpy batch column as one array (Ray gives variable-shaped tensors as an object array of rows)."""
     return np.stack(column) if column.dtype == object else column
-
-
-def _ordered_names():
-    """A Ray ``FilenameProvider`` whose file names sort in row order (``part-<task>-<block>.parquet``)."""
-    from ray.data.datasource import FilenameProvider
-
-    class OrderedNames(FilenameProvider):
-        def get_filename_for_block(self, block, write_uuid, task_index, block_index):
-            return f"part-{task_index:08d}-{block_index:06d}.parquet"
-
-    return OrderedNames()
 
 
 def _model_bytes(model) -> bytes:

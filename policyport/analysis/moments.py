@@ -62,8 +62,9 @@ class Moments:
     @classmethod
     def of_block(cls, block: np.ndarray, saturation: str | None = None) -> Moments:
         """The moments of one block ``(rows, *shape)`` of any real dtype, computed in float64."""
+        block = np.asarray(block)
         rows = len(block)
-        x = np.asarray(block).reshape(rows, -1).astype(np.float64)
+        x = block.reshape(rows, int(np.prod(block.shape[1:], dtype=np.int64))).astype(np.float64)
         sat = saturation if saturation in SATURATION else None
         finite = np.isfinite(x)
         if finite.all():

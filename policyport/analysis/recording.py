@@ -34,7 +34,7 @@ from .tables import META_KEY, Table, open_table
 FORMAT = "policyport.recording/1"
 #: Output formats of :func:`policyport.analysis.record_dataset`.
 FORMATS = ("npz", "parquet")
-_COPY_BLOCK = 16 << 20  # bytes per read when storing the .npy parts into the .npz
+_COPY_BLOCK = 1 << 20  # bytes per read when storing the .npy parts into the .npz
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ values, min, max, NaN and ±inf counts, the fraction of finite values that are a
 or ``x > 0.99`` after a Sigmoid; the op type of the producing node tells which). From those:
 
 * **dead** neurons: after a ReLU-like op (Relu, LeakyRelu, Elu, Gelu ...), never active; elsewhere,
-  constant over every observation (min == max), so they carry no information;
+  constant over every observation (min == max), so they carry no information — except a Tanh or
+  Sigmoid unit stuck in saturation, which is listed as always-saturated instead;
 * **always-saturated** neurons (Tanh/Sigmoid): saturated on every observation.
 
 The figures of a layer pool all its neurons. Blocks are read and reduced one at a time
@@ -56,6 +57,8 @@ class TensorStats:
             flags = (m.count > 0) & (m.active == 0)
         else:
             flags = (m.count > 1) & (m.minimum == m.maximum)
+            if m.saturation is not None:
+                flags &= m.saturated != m.count
         return np.flatnonzero(flags).tolist()
 
     @property
@@ -175,14 +178,12 @@ def _moments_ray(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> 
     parts = rec.table.parts if isinstance(rec.table, FolderTable) else [rec.table]
     if not all(isinstance(p, ParquetTable) for p in parts):
         raise InputMismatchError("the ray engine reads .parquet recordings; this one is not")
-    if not ray.is_initialized():
-        ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False)
-    import ray.data
+    from .engines import start_ray
 
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    ds = ray.data.read_parquet([str(p.path) for p in parts], columns=[t.name for t in tensors])
+    ray_data = start_ray(ray)
+    ds = ray_data.read_parquet([str(p.path) for p in parts], columns=[t.name for t in tensors])
     reduced = ds.map_batches(BlockMoments, fn_constructor_kwargs={"tensors": tensors}, batch_size=batch_size,
-                             batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(min_size=1))
+                             batch_format="pyarrow", compute=ray_data.ActorPoolStrategy(min_size=1))
     total = {t.name: Moments.empty(int(np.prod(t.shape, dtype=np.int64)), t.op_type) for t in tensors}
     for row in reduced.iter_rows():
         for i, t in enumerate(tensors):
