@@ -317,7 +317,7 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     ray_data = start_ray(ray)
     ray_data.DataContext.get_current().execution_options.preserve_order = True
     files = [str(p.path) for p in parts]
-    ds = ray_data.read_parquet(files, columns=sorted(set(columns.values()))) if ".parquet" in kinds \
+    ds = ray_data.read_parquet(files).select_columns(sorted(set(columns.values()))) if ".parquet" in kinds \
         else ray_data.read_numpy(files)
     source_column = {i: ("data" if ".npy" in kinds else c) for i, c in columns.items()}
     recorded = ds.map_batches(RecordBatch, fn_constructor_kwargs={

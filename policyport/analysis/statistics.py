@@ -181,7 +181,7 @@ def _moments_ray(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> 
     from .engines import start_ray
 
     ray_data = start_ray(ray)
-    ds = ray_data.read_parquet([str(p.path) for p in parts], columns=[t.name for t in tensors])
+    ds = ray_data.read_parquet([str(p.path) for p in parts]).select_columns([t.name for t in tensors])
     reduced = ds.map_batches(BlockMoments, fn_constructor_kwargs={"tensors": tensors}, batch_size=batch_size,
                              batch_format="pyarrow", compute=ray_data.ActorPoolStrategy(min_size=1))
     total = {t.name: Moments.empty(int(np.prod(t.shape, dtype=np.int64)), t.op_type) for t in tensors}
