@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import BadModelError, InputMismatchError, require
 from ..files import check_distinct, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
-from .recording import FORMATS, WRITERS, TensorInfo, describe, open_recording
+from .recording import FORMATS, PARQUET_OPTIONS, WRITERS, TensorInfo, describe
 from .tables import Table, open_table
 
 #: Engines of :func:`record_dataset`.
@@ -326,7 +326,8 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
         compute=ray_data.ActorPoolStrategy(min_size=1), zero_copy_batch=True)
     tmp = temporary_folder(out, "recording")
     try:
-        recorded.write_parquet(str(tmp), min_rows_per_file=batch_size)  # file names sort in block order
+        recorded.write_parquet(str(tmp), min_rows_per_file=batch_size,  # file names sort in block order
+                               **PARQUET_OPTIONS)
         if progress is not None:
             progress(table.rows, table.rows)
         commit_folder(tmp, out, force, (".parquet",))
@@ -346,8 +347,8 @@ def start_ray(ray):
         ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False)
     import ray.data
 
-    for name in ("ray", "ray.data"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notes on progress bars and deprecations
     ray.data.DataContext.get_current().enable_progress_bars = False
     return ray.data
 

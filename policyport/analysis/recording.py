@@ -173,6 +173,11 @@ class NpzWriter:
         shutil.rmtree(self._parts, ignore_errors=True)
 
 
+#: How recordings are written to parquet: activations barely compress, and dictionaries and
+#: statistics of float columns cost time for nothing.
+PARQUET_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+
+
 class ParquetWriter:
     """Streams blocks into a ``.parquet`` file at ``path``: one row group per block (see the module docstring)."""
 
@@ -181,8 +186,7 @@ class ParquetWriter:
         pq = require("pyarrow.parquet", "analysis", "writing .parquet recordings")
         self.tensors = tensors
         self.schema = arrow_schema(tensors, metadata)
-        self._writer = pq.ParquetWriter(str(path), self.schema, compression="none", use_dictionary=False,
-                                        write_statistics=False)
+        self._writer = pq.ParquetWriter(str(path), self.schema, **PARQUET_OPTIONS)
 
     def append(self, block: dict[str, np.ndarray]) -> None:
         self._writer.write_table(arrow_table(block, self.tensors, self.schema))

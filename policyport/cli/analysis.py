@@ -108,7 +108,7 @@ def record(
             say("with overrides: " + "; ".join(e.spec for e in edits))
         if summary.skipped:
             say(f"left out (no batch axis): {', '.join(summary.skipped)}")
-        t = table(f"{summary.path}", ["tensor", "op", "dtype", "shape"])
+        t = table("", ["tensor", "op", "dtype", "shape"])
         for info in summary.tensors:
             add_row(t, info.name, info.op_type or "", info.dtype, shape_text((summary.rows, *info.shape)))
         out.print(t)
@@ -189,7 +189,7 @@ def plot(
             with progress_bar("plotting", quiet) as callback:
                 written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
                                                progress=callback)
-        say(f"wrote {len(written)} PNG files to {output}")
+        say(f"wrote {len(written)} PNG file{'s' if len(written) != 1 else ''} to {output}")
         for path in written:
             out.print(literal(str(path)))
 
