@@ -5,9 +5,10 @@ Two engines run the same recording:
 * ``local`` (:func:`record_local`): one process; blocks of ``batch_size`` rows go through
   :meth:`Session.record_iter <policyport.runtime.Session.record_iter>` and into a streaming writer,
   so at most one block of observations and of activations is held at a time;
-* ``ray`` (:func:`record_ray`): Ray Data reads the files (``read_parquet``/``read_numpy``), runs
-  ``map_batches`` with a callable class that builds the numpy session once per worker, and
-  writes a folder of ``.parquet`` files (``write_parquet``), for datasets beyond one machine.
+* ``ray`` (:func:`record_ray`): a Ray dataset of row blocks, ``map_batches`` with a callable class
+  that builds the numpy session once per worker, reads its block, records it and writes it as one
+  ``.parquet`` file named by its first row: a folder of files in row order, for datasets beyond one
+  machine.
 
 Either way the output appears all at once (written under a temporary name and renamed) or not at
 all, also when the run is interrupted.
@@ -27,7 +28,7 @@ import numpy as np
 from ..errors import BadModelError, InputMismatchError, require
 from ..files import check_distinct, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
-from .recording import FORMATS, PARQUET_OPTIONS, WRITERS, TensorInfo, describe
+from .recording import FORMATS, WRITERS, TensorInfo, describe
 from .tables import Table, open_table
 
 #: Engines of :func:`record_dataset`.
@@ -165,7 +166,7 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
     ops = producers(session)
     made = {"data": str(data), "model": str(model) if isinstance(model, (str, os.PathLike)) else None,
             "backend": session.backend.name, "batch_size": batch_size,
-            "overrides": [] if steering is None else [e.spec for t in steering.tensors for e in steering.edits[t]]}
+            "overrides": [] if steering is None else steering.specs}
     summary = RecordSummary(out, fmt, table.rows, [])
     started = time.perf_counter()
 
@@ -287,10 +288,18 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
                force: bool = False, progress: Progress | None = None) -> RecordSummary:
     """The ``ray`` engine of :func:`record_dataset`: Ray Data, the numpy backend on every worker.
 
+    The dataset is split into blocks of ``batch_size`` rows of one file each, a Ray dataset of
+    ``(file, first row, last row, global first row)``; ``map_batches`` runs :class:`RecordBatch`, a
+    callable class that builds the numpy session once per worker, reads its block, records it and
+    writes it as ``part-<global first row>.parquet`` with the recording's schema. The workers write
+    the files themselves rather than through ``Dataset.write_parquet``, which hands the blocks of a
+    write task to ``pyarrow.dataset.write_dataset`` with ``use_threads=True`` and may change their
+    row order; named by first row, the files list in row order. The data files and the output folder
+    must be reachable from every worker (a shared filesystem).
+
     Uses the running Ray instance if there is one, else ``ray.init()`` (which joins the cluster that
-    ``RAY_ADDRESS`` names, or starts a local one). ``data`` is ``.npy`` or ``.parquet`` files (or a
-    folder of them); ``out`` becomes a folder of ``.parquet`` files in row order, each carrying the
-    recording's description.
+    ``RAY_ADDRESS`` names, or starts a local one). ``data`` is ``.npy`` or ``.parquet`` files, or a
+    folder of them.
     """
     ray = require("ray", "ray", "recording with --engine ray")
     from ..runtime import load
@@ -299,37 +308,38 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     table = open_table(data)
     parts = table.parts if isinstance(table, FolderTable) else [table]
     kinds = {p.path.suffix for p in parts}
-    if not kinds <= {".npy", ".parquet"} or len(kinds) != 1:
-        raise InputMismatchError(f"the ray engine reads .npy or .parquet files (one kind); {data} holds {sorted(kinds)}")
+    if not kinds <= {".npy", ".parquet"}:
+        raise InputMismatchError(f"the ray engine reads .npy and .parquet files; {data} holds {sorted(kinds)}")
     model_bytes = _model_bytes(model)
     session = load(_proto(model_bytes), backend="numpy")  # checks tensors and overrides before Ray starts
     columns = feed_columns(table, [v.name for v in session.inputs])
     names = session.selection(tensors)
-    steering = None if overrides is None else session.steering(overrides)
-    specs = [] if steering is None else [e.spec for t in steering.tensors for e in steering.edits[t]]
+    specs = [] if overrides is None else session.steering(overrides).specs
     probe_feeds = {i: np.zeros((2, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
-    probe = session.record(probe_feeds, names, overrides=specs or None)
-    infos, skipped = _batched(probe, 2, producers(session))
+    infos, skipped = _batched(session.record(probe_feeds, names, overrides=specs or None), 2, producers(session))
     metadata = describe(table.rows, infos, data=str(data), model=str(model) if isinstance(model, (str, os.PathLike)) else None,
                         backend="numpy", batch_size=batch_size, overrides=specs, engine="ray")
     check_out_folder(out, force, (".parquet",))
     started = time.perf_counter()
-    ray_data = start_ray(ray)
-    ray_data.DataContext.get_current().execution_options.preserve_order = True
-    files = [str(p.path) for p in parts]
-    ds = ray_data.read_parquet(files).select_columns(sorted(set(columns.values()))) if ".parquet" in kinds \
-        else ray_data.read_numpy(files)
-    source_column = {i: ("data" if ".npy" in kinds else c) for i, c in columns.items()}
-    recorded = ds.map_batches(RecordBatch, fn_constructor_kwargs={
-        "model": model_bytes, "names": names, "overrides": specs, "columns": source_column,
-        "tensors": infos, "metadata": metadata}, batch_size=batch_size, batch_format="numpy",
-        compute=ray_data.ActorPoolStrategy(min_size=1), zero_copy_batch=True)
+    blocks, first = [], 0
+    for part in parts:
+        blocks += [{"path": str(part.path), "start": s, "stop": min(s + batch_size, part.rows), "row": first + s}
+                   for s in range(0, part.rows, batch_size)]
+        first += part.rows
     tmp = temporary_folder(out, "recording")
     try:
-        recorded.write_parquet(str(tmp), min_rows_per_file=batch_size,  # file names sort in block order
-                               **PARQUET_OPTIONS)
-        if progress is not None:
-            progress(table.rows, table.rows)
+        ray_data = start_ray(ray)
+        recorded = ray_data.from_items(blocks).map_batches(RecordBatch, fn_constructor_kwargs={
+            "model": model_bytes, "names": names, "overrides": specs, "columns": columns, "tensors": infos,
+            "metadata": metadata, "folder": str(tmp)}, batch_size=1, batch_format="numpy",
+            compute=ray_data.ActorPoolStrategy(min_size=1))
+        done = 0
+        for written in recorded.iter_rows():
+            done += int(written["rows"])
+            if progress is not None:
+                progress(done, table.rows)
+        if done != table.rows:
+            raise BadModelError(f"the Ray workers recorded {done} rows of {table.rows}; nothing was written")
         commit_folder(tmp, out, force, (".parquet",))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -354,33 +364,34 @@ def start_ray(ray):
 
 
 class RecordBatch:
-    """The Ray Data map of :func:`record_ray`: one numpy session per worker, built once.
-
-    Returns each block as a pyarrow table of the recording's schema (fixed-size lists, description
-    in the schema metadata), so Ray writes exactly what the local engine writes.
-    """
+    """The Ray Data map of :func:`record_ray`: one numpy session per worker, built once; each call
+    records one block of rows and writes it as one ``.parquet`` file of the recording's schema."""
 
     def __init__(self, model: bytes, names: list[str], overrides: list[str], columns: dict[str, str],
-                 tensors: list[TensorInfo], metadata: dict):
+                 tensors: list[TensorInfo], metadata: dict, folder: str):
         from ..runtime import load
-        from .recording import arrow_schema
 
         self.session = load(_proto(model), backend="numpy")
-        self.names, self.columns, self.tensors = names, columns, tensors
+        self.names, self.columns, self.tensors, self.metadata = names, columns, tensors, metadata
         self.steering = self.session.steering(overrides) if overrides else None
-        self.schema = arrow_schema(tensors, metadata)
+        self.folder = Path(folder)
+        self._tables: dict[str, Table] = {}
 
-    def __call__(self, batch: dict[str, np.ndarray]):
-        from .recording import arrow_table
+    def __call__(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .recording import ParquetWriter
 
-        feeds = {i: np.ascontiguousarray(_stacked(batch[c])) for i, c in self.columns.items()}
+        path, start, stop, row = (item[k][0] for k in ("path", "start", "stop", "row"))
+        table = self._tables.get(path) or self._tables.setdefault(path, open_table(path))
+        block = table.read_rows(int(start), int(stop), list(dict.fromkeys(self.columns.values())))
+        feeds = {i: block[c] for i, c in self.columns.items()}
         values = self.session.record(feeds, self.names, overrides=self.steering)
-        return arrow_table(values, self.tensors, self.schema)
-
-
-def _stacked(column: np.ndarray) -> np.ndarray:
-    """A numpy batch column as one array (Ray gives variable-shaped tensors as an object array of rows)."""
-    return np.stack(column) if column.dtype == object else column
+        name = self.folder / f"part-{int(row):012d}.parquet"
+        writer = ParquetWriter(name, int(stop - start), self.tensors, self.metadata)
+        try:
+            writer.append(values)
+        finally:
+            writer.close()
+        return {"row": np.array([row]), "rows": np.array([stop - start])}
 
 
 def _model_bytes(model) -> bytes:

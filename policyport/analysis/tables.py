@@ -56,6 +56,14 @@ class Table:
         ``(rows_in_block, *shape)``, C-contiguous and owned by the caller."""
         raise NotImplementedError
 
+    def read_rows(self, start: int, stop: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows ``start`` to ``stop`` (excluded) of each column, read without the rows before them.
+
+        Raises:
+            UnreadableFileError: the format cannot seek to a row (``.npz`` members are streams).
+        """
+        raise UnreadableFileError(f"{self.path}: rows cannot be read from the middle of this kind of file")
+
 
 def _read_exactly(f, buf: np.ndarray, path: Path) -> None:
     view = memoryview(buf).cast("B")
@@ -102,6 +110,14 @@ class NpyTable(Table):
         expected = self._offset + self.rows * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         if path.stat().st_size < expected:
             raise UnreadableFileError(f"{path} is truncated: its header says {shape}, which needs {expected} bytes")
+
+    def read_rows(self, start, stop, names=None):
+        col = self.columns[""]
+        with open(self.path, "rb") as f:
+            f.seek(self._offset + start * col.dtype.itemsize * int(np.prod(col.shape, dtype=np.int64)))
+            buf = np.empty((stop - start, *col.shape), col.dtype)
+            _read_exactly(f, buf, self.path)
+        return {"": buf}
 
     def iter_batches(self, batch_size, names=None):
         col = self.columns[""]
@@ -193,6 +209,18 @@ class ParquetTable(Table):
         names = list(self.columns) if names is None else names
         for batch in self._file.iter_batches(batch_size=batch_size, columns=names, use_threads=False):
             yield {n: _to_numpy(batch.column(n), self.columns[n], self.path) for n in names}
+
+    def read_rows(self, start, stop, names=None):
+        names = list(self.columns) if names is None else names
+        meta, groups, first, at = self._file.metadata, [], None, 0
+        for g in range(meta.num_row_groups):  # only the row groups that hold the rows
+            rows = meta.row_group(g).num_rows
+            if at < stop and at + rows > start:
+                groups.append(g)
+                first = at if first is None else first
+            at += rows
+        table = self._file.read_row_groups(groups, columns=names, use_threads=False).slice(start - (first or 0), stop - start)
+        return {n: _to_numpy(table.column(n).combine_chunks(), self.columns[n], self.path) for n in names}
 
 
 def _arrow_column(field, shape, path) -> Column:

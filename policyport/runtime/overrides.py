@@ -276,8 +276,13 @@ class Steering:
         self.tensors: tuple[str, ...] = tuple(t for t in tensor_names if t in by_tensor)
         self.edits: dict[str, tuple[Edit, ...]] = {t: tuple(by_tensor[t]) for t in self.tensors}
 
+    @property
+    def specs(self) -> list[str]:
+        """Every edit in the text grammar, tensor by tensor in node order."""
+        return [e.spec for t in self.tensors for e in self.edits[t]]
+
     def __repr__(self) -> str:
-        return f"Steering({', '.join(e.spec for t in self.tensors for e in self.edits[t])})"
+        return f"Steering({', '.join(self.specs)})"
 
     def appliers(self, writable: Callable[[str], bool]) -> tuple[Callable[[np.ndarray], np.ndarray], ...]:
         """One function per overridden tensor (in :attr:`tensors` order): value -> steered value.

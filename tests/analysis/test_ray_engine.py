@@ -49,9 +49,11 @@ def test_the_ray_engine_records_what_the_local_engine_records(tmp_path, local_ra
     a, b = open_recording(out), open_recording(local)
     assert a.rows == b.rows == 3000 and a.tensors == b.tensors
     assert a.metadata["engine"] == "ray" and a.metadata["overrides"] == ["fc_2/tanh[17]=1"]
+    assert sorted(os.listdir(out))[:3] == ["part-000000000000.parquet", "part-000000000512.parquet",
+                                           "part-000000001024.parquet"]
     got, expected = a.head(3000), b.head(3000)
-    for name in expected:  # same rows in the same order; BLAS may sum in another order per block size
-        np.testing.assert_allclose(got[name], expected[name], atol=1e-5, rtol=0, err_msg=name)
+    for name in expected:  # the same rows in the same order, in the same blocks: bit for bit
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
     np.testing.assert_array_equal(got["fc_2/tanh"][:, 17], 1.0)
 
 
@@ -71,7 +73,7 @@ def test_ray_statistics_merge_to_the_local_ones(tmp_path, local_ray, metadrive_o
 
 def test_ray_refuses_npz_data(tmp_path, local_ray, metadrive_onnx, dataset):
     np.savez(tmp_path / "obs.npz", obs=dataset[1][:10])
-    with pytest.raises(pp.InputMismatchError, match="the ray engine reads .npy or .parquet"):
+    with pytest.raises(pp.InputMismatchError, match="the ray engine reads .npy and .parquet"):
         record_dataset(metadrive_onnx, tmp_path / "obs.npz", tmp_path / "out", engine="ray")
     assert sorted(os.listdir(tmp_path)) == ["obs.npz"]
 

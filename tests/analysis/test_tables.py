@@ -93,3 +93,16 @@ def test_a_truncated_npy_is_refused(tmp_path, rows):
     (tmp_path / "x.npy").write_bytes(data[:-100])
     with pytest.raises(pp.UnreadableFileError, match="truncated"):
         open_table(tmp_path / "x.npy")
+
+
+def test_rows_are_read_from_the_middle_without_the_rest(tmp_path, rows):
+    np.save(tmp_path / "x.npy", rows[0])
+    flat = pa.array(rows[0].reshape(-1))
+    pq.write_table(pa.table({"obs": pa.FixedSizeListArray.from_arrays(flat, 6)}), tmp_path / "x.parquet", row_group_size=128)
+    for path, key in ((tmp_path / "x.npy", ""), (tmp_path / "x.parquet", "obs")):
+        table = open_table(path)
+        for start, stop in ((0, 1), (100, 300), (127, 129), (990, 1000)):
+            np.testing.assert_array_equal(table.read_rows(start, stop)[key], rows[0][start:stop])
+    np.savez(tmp_path / "x.npz", obs=rows[0])
+    with pytest.raises(pp.UnreadableFileError, match="cannot be read from the middle"):
+        open_table(tmp_path / "x.npz").read_rows(5, 10)
