@@ -66,6 +66,16 @@ def test_record_refuses_bad_options_and_writes_nothing(tmp_path, model, obs, arg
     assert sorted(os.listdir(tmp_path)) == ["obs.npy"]
 
 
+def test_record_says_how_many_observations_hold_nan_or_inf(tmp_path, model, metadrive_obs):
+    x = metadrive_obs[:300].copy()
+    x[5, 1], x[250, 7], x[250, 8] = np.nan, np.inf, np.nan
+    np.save(tmp_path / "bad.npy", x)
+    result = invoke("record", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "rec.npz", "--batch-size", "128")
+    assert result.exit_code == 0 and "warning: 2 of 300 observations hold NaN or Inf" in result.stderr
+    doc = json.loads(invoke("record", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "rec.parquet", "--json").stdout)
+    assert doc["nonfinite_rows"] == 2
+
+
 def test_stats_prints_a_table_and_writes_json(tmp_path, model, obs):
     rec = tmp_path / "rec.npz"
     assert invoke("record", model, "-i", obs, "-o", rec).exit_code == 0

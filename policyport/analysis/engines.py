@@ -29,6 +29,7 @@ from ..errors import BadModelError, InputMismatchError, require
 from ..files import check_distinct, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
+from .statistics import nonfinite_rows
 from .tables import Table, open_table
 
 #: Engines of :func:`record_dataset`.
@@ -48,6 +49,7 @@ class RecordSummary:
         rows: observations recorded.
         tensors: the recorded tensors (name, op type, dtype, row shape).
         skipped: selected tensors left out because they have no batch axis (a constant, a shape).
+        nonfinite_rows: observations holding a NaN or an infinite value in some input (local engine).
         seconds: wall time of the recording.
         bytes: size of the output on disk.
     """
@@ -57,6 +59,7 @@ class RecordSummary:
     rows: int
     tensors: list[TensorInfo]
     skipped: list[str] = field(default_factory=list)
+    nonfinite_rows: int = 0
     seconds: float = 0.0
     bytes: int = 0
 
@@ -177,6 +180,11 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
             yield {i: np.empty((0, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
         for block in table.iter_batches(batch_size, list(dict.fromkeys(columns.values()))):
             sizes[0] = len(next(iter(block.values())))
+            if len(block) == 1:
+                summary.nonfinite_rows += nonfinite_rows(next(iter(block.values())))
+            else:  # a row counts once, whichever inputs hold the NaN
+                flags = [~np.isfinite(a.reshape(len(a), -1)).all(axis=1) for a in block.values() if a.dtype.kind in "fc"]
+                summary.nonfinite_rows += int(np.logical_or.reduce(flags).sum()) if flags else 0
             yield {i: block[c] for i, c in columns.items()}
 
     def write(tmp: str) -> None:

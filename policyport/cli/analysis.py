@@ -100,12 +100,16 @@ def record(
                        "seconds": summary.seconds, "rows_per_second": rate, "bytes": summary.bytes,
                        "tensors": [{"name": t.name, "op_type": t.op_type, "dtype": t.dtype, "shape": list(t.shape)}
                                    for t in summary.tensors], "skipped": summary.skipped,
+                       "nonfinite_rows": summary.nonfinite_rows,
                        "overrides": [e.spec for e in edits or []]})
             return
         say(f"recorded {summary.rows:,} rows × {len(summary.tensors)} tensors to {summary.path} "
             f"({summary.format}, {_size(summary.bytes)}) in {summary.seconds:.1f} s, {rate:,.0f} rows/s")
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
+        if summary.nonfinite_rows:
+            say(f"warning: {summary.nonfinite_rows:,} of {summary.rows:,} observations hold NaN or Inf; "
+                "'policyport stats' counts what they became in every tensor")
         if summary.skipped:
             say(f"left out (no batch axis): {', '.join(summary.skipped)}")
         t = table("", ["tensor", "op", "dtype", "shape"])

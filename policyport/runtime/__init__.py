@@ -84,8 +84,8 @@ class Session:
             InputMismatchError: the feeds do not match the graph inputs, or an override is malformed,
                 names a tensor no node produces, or a neuron beyond the tensor's width.
         """
-        if overrides is not None:
-            return self.backend.record_steered(self._feeds(feeds), None, self.steering(overrides))
+        if overrides is not None and (steering := self.steering(overrides)).tensors:
+            return self.backend.record_steered(self._feeds(feeds), None, steering)
         return self._run(self._check(feeds) if type(feeds) is dict else self._feeds(feeds))
 
     def record(self, feeds: Feeds, tensors: str | list[str] | None = "*", overrides=None) -> dict[str, np.ndarray]:
@@ -105,8 +105,8 @@ class Session:
             InputMismatchError: bad feeds or overrides, or a pattern that matches no tensor.
         """
         names = self.selection(tensors)
-        if overrides is not None:
-            return self.backend.record_steered(self._feeds(feeds), names, self.steering(overrides))
+        if overrides is not None and (steering := self.steering(overrides)).tensors:
+            return self.backend.record_steered(self._feeds(feeds), names, steering)
         return self.backend.record(self._feeds(feeds), names)
 
     def record_iter(self, batches: Iterable[Feeds], tensors: str | list[str] | None = "*",
@@ -125,7 +125,7 @@ class Session:
         """
         names = self.selection(tensors)
         steering = None if overrides is None else self.steering(overrides)
-        return self._record_iter(batches, names, steering)
+        return self._record_iter(batches, names, steering if steering is not None and steering.tensors else None)
 
     def _record_iter(self, batches, names, steering):
         for feeds in batches:

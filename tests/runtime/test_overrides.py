@@ -191,3 +191,12 @@ def test_the_documented_override_sets_move_the_metadrive_action(metadrive_model)
         brake = session.run(obs, overrides=sets["brake"])["action"].mean(0)
         accelerate = session.run(obs, overrides=sets["accelerate"])["action"].mean(0)
         np.testing.assert_allclose([plain, brake, accelerate], [[0.714, -0.583], [0.699, -1.300], [0.748, 0.005]], atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("empty", [{}, [], {"fc_2/tanh": {}}])
+def test_no_overrides_at_all_is_a_plain_run(metadrive_model, metadrive_obs, backend, empty):
+    session = pp.load(metadrive_model, backend=backend)
+    np.testing.assert_array_equal(session.run(metadrive_obs[:4], overrides=empty)["action"],
+                                  session.run(metadrive_obs[:4])["action"])
+    assert list(session.record(metadrive_obs[:4], overrides=empty)) == session.tensor_names

@@ -223,13 +223,13 @@ class Plan:
             env[ident] = text
             return ident
 
-        label = f"{mode}+{len(self._line_steps)}" if hooks else mode  # names the code object
+        label = mode if hooks is None else f"{mode}+{len(self._line_steps)}"  # names the code object
         line_steps = self._line_steps[label] = {}
         env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
                    FAILURES=_NODE_FAILURES, explain=self.explain)
         guarded = mode != "observe"  # an observer's own exceptions propagate unchanged
         pad = "        " if guarded else "    "
-        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks else "") + "):"]
+        lines = [f"def {mode}(feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks is not None else "") + "):"]
         if guarded:
             lines.append("    try:")
         lines += [f"{pad}x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
