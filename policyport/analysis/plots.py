@@ -173,9 +173,10 @@ def _plot_heatmap(s, values: np.ndarray) -> object:
     fig = _figure(min(12.0, 4 + observations / 25), min(9.0, 2.5 + neurons / 40))
     ax = fig.add_subplot()
     image = ax.imshow(data, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
-    ax.set_title(f"{_title(s.name, s.op_type)}: first {observations:,} observations")
+    ax.set_title(f"{_title(s.name, s.op_type)}: first {observations:,} observations", fontsize=10)
     ax.set_xlabel("observation")
     ax.set_ylabel("neuron")
+    _integer_ticks(ax.yaxis)
     fig.colorbar(image, ax=ax, label="activation")
     return fig
 
@@ -185,11 +186,17 @@ def _plot_neurons(s, rows: int) -> object:
     neurons = np.arange(len(m.count))
     mean = np.where(m.count > 0, m.mean, np.nan)
     std = m.std
-    fig = _figure(min(14.0, 5 + len(neurons) / 40), 3.8)
+    fig = _figure(min(14.0, 7 + len(neurons) / 40), 3.8)
     ax = fig.add_subplot()
-    ax.fill_between(neurons, m.minimum, m.maximum, step="mid", color="#DDDDDD", label="min … max")
-    ax.fill_between(neurons, mean - std, mean + std, step="mid", color="#8FB3DE", label="mean ± std")
-    ax.plot(neurons, mean, drawstyle="steps-mid", color="#1F4E8C", linewidth=0.9, label="mean")
+    if len(neurons) > 32:  # bands over many neurons
+        ax.fill_between(neurons, m.minimum, m.maximum, step="mid", color="#DDDDDD", label="min … max")
+        ax.fill_between(neurons, mean - std, mean + std, step="mid", color="#8FB3DE", label="mean ± std")
+        ax.plot(neurons, mean, drawstyle="steps-mid", color="#1F4E8C", linewidth=0.9, label="mean")
+    else:  # a bar per neuron
+        ax.vlines(neurons, m.minimum, m.maximum, color="#BBBBBB", linewidth=6, label="min … max")
+        ax.errorbar(neurons, mean, yerr=std, fmt="o", color="#1F4E8C", ecolor="#5A8AC6", elinewidth=2, capsize=4,
+                    label="mean ± std")
+        _integer_ticks(ax.xaxis)
     dead, saturated = s.dead, s.always_saturated
     if dead:
         ax.scatter(dead, mean[dead], marker="x", color="#C44E52", zorder=3, label=f"dead ({len(dead)})")
@@ -197,11 +204,17 @@ def _plot_neurons(s, rows: int) -> object:
         ax.scatter(saturated, mean[saturated], marker="^", color="#DD8452", zorder=3,
                    label=f"always saturated ({len(saturated)})")
     ax.set_xlim(-0.5, len(neurons) - 0.5)
-    ax.set_title(f"{_title(s.name, s.op_type)}: per-neuron mean ± std over {rows:,} observations")
+    ax.set_title(f"{_title(s.name, s.op_type)}: per-neuron mean ± std over {rows:,} observations", fontsize=10)
     ax.set_xlabel("neuron")
     ax.set_ylabel("activation")
     ax.legend(loc="upper right", fontsize=8, ncols=2, framealpha=0.9)
     return fig
+
+
+def _integer_ticks(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
