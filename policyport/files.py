@@ -737,6 +737,23 @@ def sha256_file(path: str | os.PathLike) -> str:
 # --------------------------------------------------------------------------------------------- onnx
 
 
+def read_json(path: str | os.PathLike):
+    """The JSON document in a file.
+
+    Raises:
+        UnreadableFileError: missing, unreadable or not JSON.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise UnreadableFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise UnreadableFileError(f"{path} is not a readable JSON file: {e}") from e
+
+
 def load_onnx(path: str | os.PathLike):
     """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder
     (whose every file is checked by :func:`policyport.folder.open_bundle` first).

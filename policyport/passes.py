@@ -8,15 +8,19 @@
 * :func:`prune` — only what chosen outputs need;
 * :func:`widen_to_float64` — a :class:`~policyport.graph.Graph` computed in float64, the oracle of
   the float32-rounding rule.
+* :func:`split_at` — the graph cut into stages at chosen tensors, so a runtime that executes a
+  whole graph at once (onnxruntime) can hand those tensors to the caller, who may change them (neuron
+  overrides), before the rest of the graph reads them.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadModelError, PolicyportError, require
+from .errors import BadModelError, InputMismatchError, PolicyportError, require
 from .files import ensure_model
 from .graph import tensor_array
 from .runtime.base import select_tensors
@@ -459,3 +463,82 @@ def prune(model, outputs: str | list[str]):
     del copy.graph.value_info[:]
     copy.graph.value_info.extend(kept_infos)
     return copy
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One piece of a split graph: a model that reads ``inputs`` and returns ``outputs``."""
+
+    model: object  # onnx.ModelProto
+    inputs: list[str]
+    outputs: list[str]
+
+
+def split_at(model, tensors, keep=()) -> list[Stage]:
+    """The model cut into stages that end at each of ``tensors``, to run one after the other.
+
+    A node's stage is the highest stage among its inputs, where a graph input or initializer is in
+    stage 0 and a tensor of ``tensors`` becomes available only in the stage after its producer's.
+    So every consumer of a cut tensor runs in a later stage than its producer, and the caller can
+    replace the tensor between the two. Each stage reads the graph inputs and earlier tensors it
+    uses (typed by ONNX shape inference) and returns the tensors that later stages read, the cut
+    tensors, and those of ``keep`` (graph outputs, recorded tensors) it produces. Nodes keep their
+    order; each stage holds the initializers its nodes read. The same idea as
+    ``onnx.utils.extract_model``, for several cuts at once and without files.
+
+    Args:
+        model: an ``onnx.ModelProto`` or a path (left untouched).
+        tensors: node-output names to cut at.
+        keep: further tensor names to return from the stage that makes them.
+
+    Returns:
+        The stages in execution order (a stage that would return nothing is left out).
+
+    Raises:
+        InputMismatchError: a name of ``tensors`` is not a node output.
+        BadModelError: shape inference cannot type a tensor that crosses a cut.
+    """
+    onnx = require("onnx", "onnx", "splitting a model")
+    source = ensure_model(model)
+    g = source.graph
+    cut = set(tensors)
+    producers = {o for n in g.node for o in n.output if o}
+    unknown = [t for t in tensors if t not in producers]
+    if unknown:
+        raise InputMismatchError(f"cannot split at {unknown}: no node produces them")
+    level: dict[str, int] = {}
+    stage_of = []
+    for n in g.node:
+        k = max((level.get(t, 0) for t in n.input if t), default=0)
+        stage_of.append(k)
+        level.update({o: k + (o in cut) for o in n.output if o})
+    made_in = {o: k for n, k in zip(g.node, stage_of) for o in n.output if o}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(source)
+    except Exception as e:  # InferenceError and friends
+        raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
+    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    inits = {t.name: t for t in g.initializer}
+    wanted = cut | set(keep) | {o.name for o in g.output}
+
+    def info(name: str):
+        v = known.get(name)
+        if v is None or not v.type.tensor_type.elem_type:
+            raise BadModelError(f"cannot split the model at {name!r}: ONNX shape inference gives it no element type")
+        return v
+
+    stages = []
+    for k in range(max(stage_of, default=-1) + 1):
+        nodes = [n for n, s in zip(g.node, stage_of) if s == k]
+        read = list(dict.fromkeys(t for n in nodes for t in n.input if t))
+        inputs = [t for t in read if t not in inits and made_in.get(t, -1) < k]
+        later = {t for n, s in zip(g.node, stage_of) if s > k for t in n.input}
+        outputs = [o for n in nodes for o in n.output if o and (o in later or o in wanted)]
+        if not outputs:
+            continue
+        graph = onnx.helper.make_graph(nodes, f"{g.name or 'graph'}_stage{k}", [info(t) for t in inputs],
+                                       [info(o) for o in outputs], [inits[t] for t in read if t in inits])
+        piece = onnx.helper.make_model(graph, opset_imports=source.opset_import, ir_version=source.ir_version)
+        piece.functions.extend(source.functions)
+        stages.append(Stage(piece, inputs, outputs))
+    return stages

@@ -12,7 +12,7 @@ import sys
 
 
 def _app():
-    from . import convert, handoff, model, pack, run, verify  # noqa: F401  (each registers its commands)
+    from . import analysis, convert, handoff, model, pack, run, verify  # noqa: F401  (each registers its commands)
     from .core import app
 
     return app

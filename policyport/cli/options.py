@@ -26,3 +26,36 @@ def check_range(low: float, high: float) -> None:
         raise typer.BadParameter(f"--low {low} and --high {high} must be finite numbers", param_hint="--low/--high")
     if not low < high:
         raise typer.BadParameter(f"--low {low} must be below --high {high}", param_hint="--low/--high")
+
+
+OverrideOpt = Annotated[Optional[list[str]], typer.Option(
+    "--override", metavar="SPEC",
+    help="Set, scale or clamp neurons before the rest of the graph reads them: 'fc_2/tanh[17]=1.0', "
+         "'fc_1/tanh[*]*=0.5', 'fc_2/tanh[0:8]=clip(-0.5,0.5)' (repeatable).")]
+SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
+OverridesFileOpt = Annotated[Optional[Path], typer.Option(
+    "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+
+
+def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None):
+    """The overrides ``--override``, ``--steer`` and ``--overrides`` ask for (the named set first),
+    or None. A malformed spec or an unknown set is a usage error (exit 2)."""
+    from ..errors import InputMismatchError
+    from ..runtime.overrides import load_override_sets, parse_spec
+
+    if (steer is None) != (file is None):
+        raise typer.BadParameter("--steer NAME and --overrides FILE go together: the file holds named sets, "
+                                 "--steer picks one", param_hint="--steer/--overrides")
+    edits = []
+    if file is not None:
+        sets = load_override_sets(file)
+        if steer not in sets:
+            raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {', '.join(sets)}", param_hint="--steer")
+        edits += sets[steer]
+    for spec in specs or []:
+        try:
+            edits.append(parse_spec(spec))
+        except InputMismatchError as e:
+            raise typer.BadParameter(str(e), param_hint="--override") from None
+    return edits or None

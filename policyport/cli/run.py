@@ -10,8 +10,8 @@ import typer
 
 from ..errors import InputMismatchError
 from .core import app, guard
-from .options import ForceOpt, ModelArg
-from .render import add_row, out, shape_text, table
+from .options import ForceOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, overrides_from
+from .render import add_row, out, say, shape_text, table
 from .verify import load_feeds
 
 
@@ -29,11 +29,15 @@ def run(
     record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
     tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
     chosen: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to compute, on the graph pruned to what they need (inputs it no longer reads are ignored)  [default: all]")] = None,
+    override: OverrideOpt = None,
+    steer: SteerOpt = None,
+    overrides: OverridesFileOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run a model on observations; optionally record activations."""
+    """Run a model on observations; optionally record activations and override neurons."""
 
     def body():
+        from ..analysis.statistics import nonfinite_rows
         from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
         from ..runtime import load
 
@@ -46,6 +50,7 @@ def run(
                 raise InputMismatchError("--record and -o name the same file")
             check_writable(record, force)
             check_distinct(record, model, inputs)
+        edits = overrides_from(override, steer, overrides)
         if chosen is not None:
             from ..files import load_onnx
             from ..passes import prune
@@ -57,15 +62,20 @@ def run(
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}
             feeds = {k: v for k, v in feeds.items() if k in known}
+        for name, array in feeds.items():
+            bad = nonfinite_rows(array)
+            if bad:
+                say(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
+                    "the outputs of those rows are likely NaN too")
         selection = ("*" if tensors is None else tensors) if record is not None else None
         rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
         check_memory(session.memory_needed(feeds, selection),
                      f"{'recording' if record is not None else 'running'} {rows:,} rows of {inputs}")
         if record is not None:
-            values = session.record(feeds, selection)
+            values = session.record(feeds, selection, overrides=edits)
             outputs = {v.name: values[v.name] for v in session.outputs}
         else:
-            outputs = session.run(feeds)
+            outputs = session.run(feeds, overrides=edits)
         writers = {output: npz_writer(outputs)}
         if record is not None:
             writers[record] = npz_writer(values)
@@ -76,5 +86,7 @@ def run(
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
             add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
         out.print(t)
+        if edits:
+            say("with overrides: " + "; ".join(e.spec for e in edits))
 
     guard(False, body, "run")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Callable
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import BadModelError, PolicyportError
 from ..graph import Graph, ValueInfo
 from .base import Backend, compile_feed_check, select_tensors
+from .overrides import Steering, parse_overrides
 
 #: Backend name -> one-line description. ``"numpy"`` needs numpy only at run time.
 BACKENDS: dict[str, str] = {
@@ -70,22 +71,29 @@ class Session:
             feeds = {self.inputs[0].name: feeds}
         return self._check(feeds)
 
-    def run(self, feeds: Feeds) -> dict[str, np.ndarray]:
+    def run(self, feeds: Feeds, overrides=None) -> dict[str, np.ndarray]:
         """Run the model.
 
         Args:
             feeds: input name -> array (for a single-input model, the array alone), e.g.
                 ``{"obs": float32 array, shape (batch, obs_dim)}``.
+            overrides: neurons to set, scale or clamp, by tensor name: ``{"fc_2/tanh": {17: 1.0}}``,
+                a text spec ``"fc_1/tanh[*]*=0.5"`` or a list of them (grammar in
+                :mod:`policyport.runtime.overrides`); applied right after the producing node, on
+                every backend alike. Default: none.
 
         Returns:
             graph output name -> array, in graph-output order.
 
         Raises:
-            InputMismatchError: the feeds do not match the graph inputs.
+            InputMismatchError: the feeds do not match the graph inputs, or an override is malformed,
+                names a tensor no node produces, or a neuron beyond the tensor's width.
         """
+        if overrides is not None and (steering := self.steering(overrides)).tensors:
+            return self.backend.record_steered(self._feeds(feeds), None, steering)
         return self._run(self._check(feeds) if type(feeds) is dict else self._feeds(feeds))
 
-    def record(self, feeds: Feeds, tensors: str | list[str] | None = "*") -> dict[str, np.ndarray]:
+    def record(self, feeds: Feeds, tensors: str | list[str] | None = "*", overrides=None) -> dict[str, np.ndarray]:
         """Run the model and return every requested intermediate tensor as well as the outputs.
 
         Args:
@@ -93,19 +101,66 @@ class Session:
             tensors: node-output names or ``fnmatch`` globs over them, comma-separated or a list
                 (a tensor's exact name selects that tensor only, even with ``[`` or ``*`` in it);
                 ``"*"`` (default) records every node output.
+            overrides: as for :meth:`run`; the recorded tensors are the steered ones.
 
         Returns:
             tensor name -> array: the matching node outputs in node order, then any graph output
             not among them. Each array has the batch axis first, as the graph computes it.
 
         Raises:
-            InputMismatchError: bad feeds, or a pattern that matches no tensor.
+            InputMismatchError: bad feeds or overrides, or a pattern that matches no tensor.
+        """
+        names = self.selection(tensors)
+        if overrides is not None and (steering := self.steering(overrides)).tensors:
+            return self.backend.record_steered(self._feeds(feeds), names, steering)
+        return self.backend.record(self._feeds(feeds), names)
+
+    def record_iter(self, batches: Iterable[Feeds], tensors: str | list[str] | None = "*",
+                    overrides=None) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`record` over a stream of batches, one result per batch, computed as it is consumed.
+
+        Nothing is kept between batches, so memory is bounded by one batch however long the stream
+        (``policyport.analysis.record_dataset`` streams the results to disk).
+
+        Args:
+            batches: an iterable of feeds (each as for :meth:`run`).
+            tensors, overrides: as for :meth:`record`; checked before the first batch is read.
+
+        Yields:
+            tensor name -> array for each batch, as :meth:`record` returns it.
+        """
+        names = self.selection(tensors)
+        steering = None if overrides is None else self.steering(overrides)
+        return self._record_iter(batches, names, steering if steering is not None and steering.tensors else None)
+
+    def _record_iter(self, batches, names, steering):
+        for feeds in batches:
+            if steering is None:
+                yield self.backend.record(self._feeds(feeds), names)
+            else:
+                yield self.backend.record_steered(self._feeds(feeds), names, steering)
+
+    def selection(self, tensors: str | list[str] | None = "*") -> list[str]:
+        """The node outputs that ``tensors`` (globs, as for :meth:`record`) select, in node order.
+
+        Raises:
+            InputMismatchError: a pattern matches no tensor.
         """
         key = tensors if isinstance(tensors, (str, type(None))) else tuple(tensors)
         names = self._selections.get(key)
         if names is None:
             names = self._selections[key] = select_tensors(self.tensor_names, tensors)
-        return self.backend.record(self._feeds(feeds), names)
+        return names
+
+    def steering(self, overrides) -> Steering:
+        """``overrides`` (any form :meth:`run` takes) checked against this model.
+
+        Raises:
+            InputMismatchError: a malformed override, or one naming a tensor no node produces.
+        """
+        if isinstance(overrides, Steering):
+            return overrides
+        return Steering(parse_overrides(overrides), self.tensor_names)
 
     def memory_needed(self, feeds: Feeds, tensors: str | list[str] | None = None) -> int:
         """About how many bytes a run (``tensors=None``) or :meth:`record` of ``tensors`` on ``feeds``

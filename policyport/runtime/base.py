@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputMismatchError
 from ..graph import ValueInfo
+from .overrides import Steering
 
 
 class Backend(ABC):
@@ -35,6 +36,12 @@ class Backend(ABC):
     @abstractmethod
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         """Graph outputs and the node outputs ``names``, by tensor name."""
+
+    @abstractmethod
+    def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
+                       steering: Steering) -> dict[str, np.ndarray]:
+        """As :meth:`record` (``names=None``: as :meth:`run`), with ``steering``'s overrides applied
+        to each overridden tensor right after the node that produces it."""
 
 
 def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None, *,

@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import BadModelError, require
 from ..graph import Graph
 from .base import Backend
+from .overrides import Steering
 
 
 class OrtBackend(Backend):
@@ -33,6 +34,7 @@ class OrtBackend(Backend):
 
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = free_dims(model)  # onnxruntime takes a declared 0 literally
+        self.graph = graph
         self.threads = threads
         self.seed = seed
         self.inputs = list(graph.inputs)
@@ -42,6 +44,7 @@ class OrtBackend(Backend):
         self._out_names = [v.name for v in graph.outputs]
         self._session = self._make_session(self.model)
         self._recording: dict[tuple[str, ...], object] = {}
+        self._steered: dict[tuple, list] = {}  # (overridden tensors, returned tensors) -> stages
 
     def _make_session(self, model):
         opts = self._ort.SessionOptions()
@@ -78,3 +81,24 @@ class OrtBackend(Backend):
         sess = self._recording[key]
         wanted = list(dict.fromkeys([*names, *self._out_names]))
         return dict(zip(wanted, self._call(sess, wanted, feeds)))
+
+    def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
+                       steering: Steering) -> dict[str, np.ndarray]:
+        """Run the graph split at the overridden tensors (:func:`policyport.passes.split_at`) stage by
+        stage, replacing each overridden tensor between the stage that makes it and those that read it.
+        The split models and their onnxruntime sessions are built once per set of tensors."""
+        wanted = list(self._out_names if names is None else dict.fromkeys([*names, *self._out_names]))
+        key = (steering.tensors, tuple(wanted))
+        stages = self._steered.get(key)
+        if stages is None:
+            from ..passes import split_at
+
+            pieces = split_at(self.model, steering.tensors, keep=wanted)
+            stages = self._steered[key] = [(p, self._make_session(p.model)) for p in pieces]
+        steer = dict(zip(steering.tensors, steering.appliers(lambda tensor: True)))  # onnxruntime's arrays are ours
+        values = dict(feeds)
+        for piece, session in stages:
+            results = self._call(session, piece.outputs, {n: values[n] for n in piece.inputs})
+            for name, value in zip(piece.outputs, results):
+                values[name] = steer[name](value) if name in steer else value
+        return {n: np.array(values[n]) if n in feeds else values[n] for n in wanted}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ...graph import Graph
 from ..base import Backend
+from ..overrides import Steering
 from .plan import Plan
 from .registry import op, resolve, supported_ops
 
@@ -38,6 +40,8 @@ class NumpyBackend(Backend):
         self._out_names = tuple(self.plan.output_names)
         self._optional = frozenset(v.name for v in graph.optional_inputs)
         self._plans = {frozenset(): self.plan}
+        self._steered: dict[tuple, Callable] = {}  # (mode, overridden tensors[, optional inputs fed]) -> function
+        self._writable = functools.lru_cache(maxsize=None)(self.plan.writable)
         if not self._optional:
             self.run = self.plan.run  # the generated function itself: no wrapper call on the hot path
 
@@ -56,13 +60,29 @@ class NumpyBackend(Backend):
         return self._plan_for(feeds).run(feeds)
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        everything = self._plan_for(feeds).record(feeds)
+        return self._select(self._plan_for(feeds).record(feeds), names)
+
+    def _select(self, everything: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         if len(names) == len(self.tensor_names):  # every node output: names is tensor_names
             return everything
         result = {n: everything[n] for n in names}
         for n in self._out_names:
             result[n] = everything[n]
         return result
+
+    def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
+                       steering: Steering) -> dict[str, np.ndarray]:
+        """Run (``names=None``) or record with overrides, on a variant of the plan compiled once
+        per set of overridden tensors (see :meth:`Plan.steered`)."""
+        plan = self._plan_for(feeds)
+        mode = "run" if names is None else "record"
+        fed = self._optional.intersection(feeds)
+        key = (mode, steering.tensors, fed) if fed else (mode, steering.tensors)
+        fn = self._steered.get(key)
+        if fn is None:
+            fn = self._steered[key] = plan.steered(mode, steering.tensors)
+        result = fn(feeds, steering.appliers(self._writable))
+        return result if names is None else self._select(result, names)
 
     def observe(self, feeds: Mapping[str, np.ndarray], observer: Callable) -> dict[str, np.ndarray]:
         """Run with ``observer(node_index, output_index, value) -> value`` called after every node.

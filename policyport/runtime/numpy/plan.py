@@ -314,11 +314,31 @@ class Plan:
         args[1:] = [self._const(tuple(index))]
         return True
 
-    def _compile(self, mode: str) -> Callable:
+    def steered(self, mode: str, tensors: tuple[str, ...]) -> Callable:
+        """``run`` or ``record`` compiled with an override hook: ``f(feeds, edits)``.
+
+        Right after the node that produces ``tensors[i]``, the generated code continues with
+        ``edits[i](value)`` in its place, so every later node, and the recorded or returned value,
+        sees the steered tensor. The plain ``run``/``record`` are not touched; callers cache the
+        result per tuple of tensors (the edit functions are arguments, so new values need no new
+        compilation). ``edits[i]`` may write in place only where :meth:`writable` says so.
+        """
+        return self._compile(mode, hooks={t: i for i, t in enumerate(tensors)})
+
+    def writable(self, tensor: str) -> bool:
+        """Whether a run owns the memory of ``tensor``: made fresh by its node and shared with no
+        feed, weight or other tensor (an override may then write into it in place)."""
+        loc = self._local.get(tensor)
+        step = next((s for s in self.steps if loc in s.results), None)
+        return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
+
+    def _compile(self, mode: str, hooks: dict[str, int] | None = None) -> Callable:
         """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
 
         Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
-        in node order followed by any graph output that is not a node output.
+        in node order followed by any graph output that is not a node output. With ``hooks``
+        (tensor -> position), the function takes ``(feeds, edits)`` and replaces each hooked tensor
+        by ``edits[position](value)`` right after its node (see :meth:`steered`).
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
         for name in _IN_PLACE.values():
@@ -338,16 +358,20 @@ class Plan:
             body += [(line, s) for line in self._emit(s, mode, env, outputs)]
             if mode == "observe":
                 body += [(f"{r} = observer({s.index}, {j}, {r})", s) for j, r in enumerate(s.results) if r != "_"]
+            if hooks:
+                body += [(f"{r} = edits[{hooks[self._tensor_of[r]]}]({r})", s)
+                         for r in s.results if self._tensor_of.get(r) in hooks]
         results = self._results(mode, key)
+        label = mode if hooks is None else f"{mode}+{len(self._line_steps)}"  # names the code objects
         if len(feeds) + len(body) + len(results) <= CHUNK_LINES:
             lines = feeds + [line for line, _ in body]
             first = len(feeds)
             steps = {first + k: step for k, (_, step) in enumerate(body)}
             lines.append(f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
         else:
-            lines, steps = self._chunks(mode, env, feeds, body, results), {}
-        params = "feeds, observer" if mode == "observe" else "feeds"
-        return self._define(mode, mode, params, lines, steps, env, guarded=mode != "observe")
+            lines, steps = self._chunks(mode, label, env, feeds, body, results), {}
+        params = "feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks is not None else "")
+        return self._define(mode, label, params, lines, steps, env, guarded=mode != "observe")
 
     def _results(self, mode: str, key: Callable[[str], str]) -> list[tuple[str, str]]:
         """(name constant, value expression) of each tensor the mode returns, in order."""
@@ -370,7 +394,7 @@ class Plan:
             items.append((key(n), value))
         return items
 
-    def _chunks(self, mode: str, env: dict, feeds: list[str], body: list[tuple[str, Step]],
+    def _chunks(self, mode: str, label: str, env: dict, feeds: list[str], body: list[tuple[str, Step]],
                 results: list[tuple[str, str]]) -> list[str]:
         """The lines of a large plan's main function, which calls the chunk functions it defines.
 
@@ -393,9 +417,10 @@ class Plan:
         for c, piece in enumerate(pieces):
             name = f"c{c}"
             steps = {k: step for k, (_, step) in enumerate(piece) if step is not None}
-            self._define(name, f"{mode}.{c}", "s, r, observer", [slot(line) for line, _ in piece], steps, env,
+            self._define(name, f"{label}.{c}", "s, r, observer, edits", [slot(line) for line, _ in piece], steps, env,
                          guarded=False)
-            main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'})")
+            main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'}, "
+                        f"{'edits' if '+' in label else 'None'})")
         return main + ["return r"]
 
     def _define(self, name: str, label: str, params: str, lines: list[str], steps: dict[int, Step], env: dict,

@@ -1,0 +1,416 @@
+"""Recording a whole dataset: read it block by block, run every block, stream the activations to disk.
+
+Two engines run the same recording:
+
+* ``local`` (:func:`record_local`): one process; blocks of ``batch_size`` rows go through
+  :meth:`Session.record_iter <policyport.runtime.Session.record_iter>` and into a streaming writer,
+  so at most one block of observations and of activations is held at a time;
+* ``ray`` (:func:`record_ray`): a Ray dataset of row blocks, ``map_batches`` with a callable class
+  that builds the numpy session once per worker, reads its block, records it and writes it as one
+  ``.parquet`` file named by its first row: a folder of files in row order, for datasets beyond one
+  machine.
+
+Either way the output appears all at once (written under a temporary name and renamed) or not at
+all, also when the run is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import BadModelError, InputMismatchError, require
+from ..files import check_distinct, check_writable, write_atomic
+from .folders import check_out_folder, commit_folder, temporary_folder
+from .recording import FORMATS, WRITERS, TensorInfo, describe
+from .statistics import nonfinite_rows
+from .tables import Table, open_table
+
+#: Engines of :func:`record_dataset`.
+ENGINES = ("local", "ray")
+DEFAULT_BATCH = 4096
+
+Progress = Callable[[int, int], None]  # (rows done, rows in total)
+
+
+@dataclass
+class RecordSummary:
+    """What :func:`record_dataset` wrote.
+
+    Attributes:
+        path: the output (a file; a folder of ``.parquet`` files for the ray engine).
+        format: ``"npz"`` or ``"parquet"``.
+        rows: observations recorded.
+        tensors: the recorded tensors (name, op type, dtype, row shape).
+        skipped: selected tensors left out because they have no batch axis (a constant, a shape).
+        nonfinite_rows: observations holding a NaN or an infinite value in some input (local engine).
+        seconds: wall time of the recording.
+        bytes: size of the output on disk.
+    """
+
+    path: Path
+    format: str
+    rows: int
+    tensors: list[TensorInfo]
+    skipped: list[str] = field(default_factory=list)
+    nonfinite_rows: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+
+def choose_format(out: Path, fmt: str | None, engine: str) -> str:
+    """The output format: ``fmt`` if given, else from ``out``'s suffix (``.npz``/``.parquet``); the ray
+    engine writes parquet.
+
+    Raises:
+        InputMismatchError: an unknown format, or one that contradicts the suffix or the engine.
+    """
+    by_suffix = {".npz": "npz", ".parquet": "parquet"}.get(out.suffix)
+    if fmt is not None and fmt not in FORMATS:
+        raise InputMismatchError(f"unknown recording format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if engine == "ray":
+        if fmt not in (None, "parquet"):
+            raise InputMismatchError(f"the ray engine writes a folder of .parquet files, not {fmt}")
+        return "parquet"
+    chosen = fmt or by_suffix
+    if chosen is None:
+        raise InputMismatchError(f"cannot tell the format from {out.name!r}; name it .npz or .parquet, or give the format")
+    if by_suffix is not None and by_suffix != chosen:
+        raise InputMismatchError(f"{out.name} ends in {out.suffix} but the format asked is {chosen}")
+    return chosen
+
+
+def feed_columns(table: Table, inputs: list[str]) -> dict[str, str]:
+    """Graph input -> the table column that feeds it: the only column for a single-input model,
+    else the column named like the input (other columns are ignored).
+
+    Raises:
+        InputMismatchError: an input has no column.
+    """
+    columns = list(table.columns)
+    if len(inputs) == 1 and len(columns) == 1:
+        return {inputs[0]: columns[0]}
+    missing = [n for n in inputs if n not in table.columns]
+    if missing:
+        raise InputMismatchError(f"{table.path} has columns {columns} but the model's inputs are {inputs}; "
+                                 f"no column for {missing}")
+    return {n: n for n in inputs}
+
+
+def producers(session) -> dict[str, str]:
+    """Tensor name -> op type of the node that produces it."""
+    return {o: n.op_type for n in session.backend.graph.nodes for o in n.outputs if o}
+
+
+def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_BATCH, format: str | None = None,
+                   engine: str = "local", backend: str = "numpy", overrides=None, force: bool = False,
+                   progress: Progress | None = None) -> RecordSummary:
+    """Record the activations of every observation of a dataset into one file (or folder).
+
+    Args:
+        model: an ``onnx.ModelProto``, a path to an ``.onnx`` file or a packed folder, or a loaded
+            :class:`~policyport.runtime.Session` (local engine only).
+        data: an ``.npy``, ``.npz`` or ``.parquet`` file, or a folder of them, of any size (see
+            :mod:`policyport.analysis.tables`); a single-input model takes the only column, else
+            columns are matched to inputs by name. The dtype must be the input's (no silent casts).
+        out: the output: ``.npz`` or ``.parquet`` file (local), a folder (ray).
+        tensors: ``fnmatch`` globs over node-output names (default every tensor); graph outputs are
+            always recorded.
+        batch_size: rows per block (default 4096); memory is bounded by one block.
+        format: ``"npz"`` or ``"parquet"``; default from ``out``'s suffix.
+        engine: ``"local"`` (default) or ``"ray"`` (needs the ``ray`` extra; numpy backend).
+        backend: the local engine's backend, ``"numpy"`` (default) or ``"onnxruntime"``.
+        overrides: neuron overrides applied while recording (any form
+            :meth:`Session.run <policyport.runtime.Session.run>` takes); the steered activations are recorded.
+        force: replace an existing output file (a folder only if it holds a previous recording).
+        progress: called as ``progress(rows_done, rows_total)`` after each block.
+
+    Returns:
+        A :class:`RecordSummary`.
+
+    Raises:
+        InputMismatchError: bad tensors, overrides, format, batch size, or data that does not fit the model.
+        UnreadableFileError: unreadable data.
+        OutputExistsError: ``out`` exists (without ``force``) or is one of the inputs.
+        MissingDependencyError: pyarrow (parquet) or ray missing.
+    """
+    if engine not in ENGINES:
+        raise InputMismatchError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if batch_size < 1:
+        raise InputMismatchError(f"the batch size must be at least 1, got {batch_size}")
+    out = Path(out)
+    fmt = choose_format(out, format, engine)
+    check_distinct(out, data, model if isinstance(model, (str, os.PathLike)) else None)
+    if engine == "ray":
+        return record_ray(model, data, out, tensors=tensors, batch_size=batch_size, overrides=overrides,
+                          force=force, progress=progress)
+    return record_local(model, data, out, fmt, tensors=tensors, batch_size=batch_size, backend=backend,
+                        overrides=overrides, force=force, progress=progress)
+
+
+def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: int = DEFAULT_BATCH,
+                 backend: str = "numpy", overrides=None, force: bool = False,
+                 progress: Progress | None = None) -> RecordSummary:
+    """The ``local`` engine of :func:`record_dataset` (arguments as there)."""
+    from ..runtime import Session, load
+
+    check_writable(out, force)
+    session = model if isinstance(model, Session) else load(model, backend=backend)
+    table = open_table(data)
+    columns = feed_columns(table, [v.name for v in session.inputs])
+    names = session.selection(tensors)
+    steering = None if overrides is None else session.steering(overrides)
+    ops = producers(session)
+    made = {"data": str(data), "model": str(model) if isinstance(model, (str, os.PathLike)) else None,
+            "backend": session.backend.name, "batch_size": batch_size,
+            "overrides": [] if steering is None else steering.specs}
+    summary = RecordSummary(out, fmt, table.rows, [])
+    started = time.perf_counter()
+
+    sizes = [0]  # rows of the block being computed
+
+    def blocks():
+        if table.rows == 0:  # still learn the tensors' shapes, from an empty block
+            yield {i: np.empty((0, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
+        for block in table.iter_batches(batch_size, list(dict.fromkeys(columns.values()))):
+            sizes[0] = len(next(iter(block.values())))
+            if len(block) == 1:
+                summary.nonfinite_rows += nonfinite_rows(next(iter(block.values())))
+            else:  # a row counts once, whichever inputs hold the NaN
+                flags = [~np.isfinite(a.reshape(len(a), -1)).all(axis=1) for a in block.values() if a.dtype.kind in "fc"]
+                summary.nonfinite_rows += int(np.logical_or.reduce(flags).sum()) if flags else 0
+            yield {i: block[c] for i, c in columns.items()}
+
+    def write(file) -> None:  # the output's temporary file, open for writing
+        writer, done = None, 0
+        try:
+            for values in session.record_iter(blocks(), names, steering):
+                rows = sizes[0]
+                if writer is None:
+                    summary.tensors, summary.skipped = _batched(values, rows, ops)
+                    writer = Background(WRITERS[fmt](file, table.rows, summary.tensors,
+                                                     describe(table.rows, summary.tensors, **made),
+                                                     scratch=out.parent))
+                _check_block(values, rows, summary.tensors)
+                writer.append({t.name: values[t.name] for t in summary.tensors})
+                done += rows
+                if progress is not None:
+                    progress(done, table.rows)
+            writer.close()
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+
+    write_atomic(out, write, force)
+    summary.seconds = time.perf_counter() - started
+    summary.bytes = out.stat().st_size
+    return summary
+
+
+class Background:
+    """A writer whose ``append`` runs on a thread, so that computing the next block overlaps writing
+    this one (numpy's BLAS calls and the file writes both release the GIL).
+
+    At most ``depth`` blocks wait in the queue: with the block being written and the one being
+    computed, ``depth + 2`` blocks of activations are alive at the most.
+    """
+
+    def __init__(self, writer, depth: int = 1):
+        import queue
+        import threading
+
+        self.writer = writer
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="policyport-writer", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            block = self._queue.get()
+            if block is None:
+                return
+            if self._error is None:
+                try:
+                    self.writer.append(block)
+                except BaseException as e:  # re-raised in the caller's thread
+                    self._error = e
+
+    def append(self, block: dict[str, np.ndarray]) -> None:
+        self._raise()
+        self._queue.put(block)
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Wait for every block to be written, then close the writer."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+        self.writer.close()
+
+    def abort(self) -> None:
+        """Drop what is queued, stop the thread and remove what the writer made."""
+        self._error = self._error or InterruptedError("aborted")
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.1)
+            except Exception:  # queue.Full: the thread is busy writing; try again
+                continue
+            self._thread.join(0.1)
+        self.writer.abort()
+
+
+def _batched(values: dict[str, np.ndarray], rows: int, ops: dict[str, str]) -> tuple[list[TensorInfo], list[str]]:
+    """The tensors of the first block that have the batch axis first, and the names of those that do not."""
+    kept, skipped = [], []
+    for name, v in values.items():
+        if v.ndim >= 1 and v.shape[0] == rows:
+            kept.append(TensorInfo(name, ops.get(name), v.dtype.name, tuple(v.shape[1:])))
+        else:
+            skipped.append(name)
+    return kept, skipped
+
+
+def _check_block(values: dict[str, np.ndarray], rows: int, tensors: list[TensorInfo]) -> None:
+    for t in tensors:
+        v = values[t.name]
+        if v.shape != (rows, *t.shape) or v.dtype.name != t.dtype:
+            raise BadModelError(f"tensor {t.name!r} is {v.dtype.name}{tuple(v.shape)} in a block of {rows} rows; "
+                                f"the first block gave {t.dtype}(rows, {', '.join(map(str, t.shape))}): "
+                                "a recording needs the same row shape in every block")
+
+
+# ------------------------------------------------------------------------------------------------ ray
+
+
+def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT_BATCH, overrides=None,
+               force: bool = False, progress: Progress | None = None) -> RecordSummary:
+    """The ``ray`` engine of :func:`record_dataset`: Ray Data, the numpy backend on every worker.
+
+    The dataset is split into blocks of ``batch_size`` rows of one file each, a Ray dataset of
+    ``(file, first row, last row, global first row)``; ``map_batches`` runs :class:`RecordBatch`, a
+    callable class that builds the numpy session once per worker, reads its block, records it and
+    writes it as ``part-<global first row>.parquet`` with the recording's schema. The workers write
+    the files themselves rather than through ``Dataset.write_parquet``, which hands the blocks of a
+    write task to ``pyarrow.dataset.write_dataset`` with ``use_threads=True`` and may change their
+    row order; named by first row, the files list in row order. The data files and the output folder
+    must be reachable from every worker (a shared filesystem).
+
+    Uses the running Ray instance if there is one, else ``ray.init()`` (which joins the cluster that
+    ``RAY_ADDRESS`` names, or starts a local one). ``data`` is ``.npy`` or ``.parquet`` files, or a
+    folder of them.
+    """
+    ray = require("ray", "ray", "recording with --engine ray")
+    from ..runtime import load
+    from .tables import FolderTable
+
+    table = open_table(data)
+    parts = table.parts if isinstance(table, FolderTable) else [table]
+    kinds = {p.path.suffix for p in parts}
+    if not kinds <= {".npy", ".parquet"}:
+        raise InputMismatchError(f"the ray engine reads .npy and .parquet files; {data} holds {sorted(kinds)}")
+    model_bytes = _model_bytes(model)
+    session = load(_proto(model_bytes), backend="numpy")  # checks tensors and overrides before Ray starts
+    columns = feed_columns(table, [v.name for v in session.inputs])
+    names = session.selection(tensors)
+    specs = [] if overrides is None else session.steering(overrides).specs
+    probe_feeds = {i: np.zeros((2, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
+    infos, skipped = _batched(session.record(probe_feeds, names, overrides=specs or None), 2, producers(session))
+    metadata = describe(table.rows, infos, data=str(data), model=str(model) if isinstance(model, (str, os.PathLike)) else None,
+                        backend="numpy", batch_size=batch_size, overrides=specs, engine="ray")
+    check_out_folder(out, force, (".parquet",))
+    started = time.perf_counter()
+    blocks, first = [], 0
+    for part in parts:
+        blocks += [{"path": str(part.path), "start": s, "stop": min(s + batch_size, part.rows), "row": first + s}
+                   for s in range(0, part.rows, batch_size)]
+        first += part.rows
+    tmp = temporary_folder(out, "recording")
+    try:
+        ray_data = start_ray(ray)
+        recorded = ray_data.from_items(blocks).map_batches(RecordBatch, fn_constructor_kwargs={
+            "model": model_bytes, "names": names, "overrides": specs, "columns": columns, "tensors": infos,
+            "metadata": metadata, "folder": str(tmp)}, batch_size=1, batch_format="numpy",
+            compute=ray_data.ActorPoolStrategy(min_size=1))
+        done = 0
+        for written in recorded.iter_rows():
+            done += int(written["rows"])
+            if progress is not None:
+                progress(done, table.rows)
+        if done != table.rows:
+            raise BadModelError(f"the Ray workers recorded {done} rows of {table.rows}; nothing was written")
+        commit_folder(tmp, out, force, (".parquet",))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    size = sum(p.stat().st_size for p in out.iterdir())
+    return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds, size)
+
+
+def start_ray(ray):
+    """``ray.data``, after joining the running Ray instance, or ``ray.init()`` (the cluster that
+    ``RAY_ADDRESS`` names, else a local one) with Ray's own logging kept to warnings."""
+    import logging
+
+    if not ray.is_initialized():
+        ray.init(logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    import ray.data
+
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notes on progress bars and deprecations
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return ray.data
+
+
+class RecordBatch:
+    """The Ray Data map of :func:`record_ray`: one numpy session per worker, built once; each call
+    records one block of rows and writes it as one ``.parquet`` file of the recording's schema."""
+
+    def __init__(self, model: bytes, names: list[str], overrides: list[str], columns: dict[str, str],
+                 tensors: list[TensorInfo], metadata: dict, folder: str):
+        from ..runtime import load
+
+        self.session = load(_proto(model), backend="numpy")
+        self.names, self.columns, self.tensors, self.metadata = names, columns, tensors, metadata
+        self.steering = self.session.steering(overrides) if overrides else None
+        self.folder = Path(folder)
+        self._tables: dict[str, Table] = {}
+
+    def __call__(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .recording import ParquetWriter
+
+        path, start, stop, row = (item[k][0] for k in ("path", "start", "stop", "row"))
+        table = self._tables.get(path) or self._tables.setdefault(path, open_table(path))
+        block = table.read_rows(int(start), int(stop), list(dict.fromkeys(self.columns.values())))
+        feeds = {i: block[c] for i, c in self.columns.items()}
+        values = self.session.record(feeds, self.names, overrides=self.steering)
+        name = self.folder / f"part-{int(row):012d}.parquet"
+        writer = ParquetWriter(name, int(stop - start), self.tensors, self.metadata)
+        try:
+            writer.append(values)
+        finally:
+            writer.close()
+        return {"row": np.array([row]), "rows": np.array([stop - start])}
+
+
+def _model_bytes(model) -> bytes:
+    from ..files import ensure_model, load_onnx
+
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
+        return load_onnx(model).SerializeToString()
+    return ensure_model(model).SerializeToString()
+
+
+def _proto(data: bytes):
+    onnx = require("onnx", "onnx", "loading a model")
+    return onnx.load_from_string(data)

@@ -1,0 +1,302 @@
+"""Reading arrays row block by row block from files of any size: ``.npy``, ``.npz``, ``.parquet``,
+and folders of them.
+
+A file is a *table*: named columns of equal row count, each row of a column an array of one dtype and
+shape. Rows are read in blocks with plain file reads (never a memory map, whose touched pages would
+count against the process), so memory is bounded by the block, not the file. Observation datasets
+(``policyport record -i``) and recordings are both read through here.
+
+* ``.npy``: one column named ``""``; read with the header's offset and ``readinto`` (C order only);
+* ``.npz``: one column per member (``numpy.lib.format`` header, then the member's rows streamed from
+  the zip, stored or deflated);
+* ``.parquet``: one column per field (pyarrow ``ParquetFile.iter_batches``); a fixed-size list column
+  is a ``(rows, width)`` array, reshaped to the row shape that the file's ``policyport.recording``
+  metadata gives, if any;
+* a folder: its ``.npy``/``.npz``/``.parquet`` files in name order, concatenated; they must agree on
+  the columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import UnreadableFileError, require
+
+#: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
+META_KEY = "policyport.recording"
+SUFFIXES = (".npy", ".npz", ".parquet")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: every row is an array of ``dtype`` and ``shape``."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+class Table:
+    """Rows of named columns in one file; subclasses read one format."""
+
+    path: Path
+    rows: int
+    columns: dict[str, Column]
+    metadata: dict | None = None
+
+    def iter_batches(self, batch_size: int, names: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Blocks of ``batch_size`` rows (the last may be shorter): column name -> array
+        ``(rows_in_block, *shape)``, C-contiguous and owned by the caller."""
+        raise NotImplementedError
+
+    def read_rows(self, start: int, stop: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows ``start`` to ``stop`` (excluded) of each column, read without the rows before them.
+
+        Raises:
+            UnreadableFileError: the format cannot seek to a row (``.npz`` members are streams).
+        """
+        raise UnreadableFileError(f"{self.path}: rows cannot be read from the middle of this kind of file")
+
+
+def _read_exactly(f, buf: np.ndarray, path: Path) -> None:
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
+            raise UnreadableFileError(f"{path} ends early: expected {len(view)} more bytes of rows")
+        done += n
+
+
+def _npy_header(f, where: str, scalar: bool = False) -> tuple[np.dtype, tuple[int, ...]]:
+    """dtype and shape from an open ``.npy`` stream positioned at its start (format 1.0/2.0)."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(f)
+        reader = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
+        if reader is None:
+            raise ValueError(f"npy format version {version} is not read here (save it again with numpy.save)")
+        shape, fortran, dtype = reader(f)
+    except ValueError as e:
+        raise UnreadableFileError(f"{where} is not a readable .npy array: {e}") from e
+    if dtype.hasobject:
+        raise UnreadableFileError(f"{where} holds an object array, which numpy can only read by unpickling "
+                                  "(running code from the file); policyport refuses that — save plain numeric arrays")
+    if fortran and len(shape) > 1:
+        raise UnreadableFileError(f"{where} is stored in Fortran order; rows can be streamed from C order only "
+                                  "(save numpy.ascontiguousarray(x))")
+    if not shape and not scalar:
+        raise UnreadableFileError(f"{where} holds a scalar; expected an array with one row per observation")
+    return dtype, tuple(shape)
+
+
+class NpyTable(Table):
+    """An ``.npy`` file: one column named ``""``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with open(path, "rb") as f:
+            dtype, shape = _npy_header(f, str(path))
+            self._offset = f.tell()
+        self.rows = shape[0]
+        self.columns = {"": Column("", dtype, shape[1:])}
+        expected = self._offset + self.rows * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        if path.stat().st_size < expected:
+            raise UnreadableFileError(f"{path} is truncated: its header says {shape}, which needs {expected} bytes")
+
+    def read_rows(self, start, stop, names=None):
+        col = self.columns[""]
+        with open(self.path, "rb") as f:
+            f.seek(self._offset + start * col.dtype.itemsize * int(np.prod(col.shape, dtype=np.int64)))
+            buf = np.empty((stop - start, *col.shape), col.dtype)
+            _read_exactly(f, buf, self.path)
+        return {"": buf}
+
+    def iter_batches(self, batch_size, names=None):
+        col = self.columns[""]
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            for start in range(0, self.rows, batch_size):
+                buf = np.empty((min(batch_size, self.rows - start), *col.shape), col.dtype)
+                _read_exactly(f, buf, self.path)
+                yield {"": buf}
+
+
+class NpzTable(Table):
+    """An ``.npz`` file: one column per member; a ``policyport.recording`` member is metadata."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.columns, self._members, self.metadata = {}, {}, None
+        rows_of: dict[str, int] = {}
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                    with zf.open(info) as f:
+                        if name == META_KEY:
+                            self.metadata = _metadata(np.lib.format.read_array(f, allow_pickle=False), path)
+                            continue
+                        dtype, shape = _npy_header(f, f"{path} member {name!r}")
+                    self._members[name] = info.filename
+                    self.columns[name] = Column(name, dtype, shape[1:])
+                    rows_of[name] = shape[0]
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            if isinstance(e, UnreadableFileError):
+                raise
+            raise UnreadableFileError(f"{path} is not a readable .npz file: {e}") from e
+        counts = set(rows_of.values())
+        if len(counts) > 1:
+            raise UnreadableFileError(f"{path}: the arrays have different numbers of rows {sorted(counts)}")
+        self.rows = counts.pop() if counts else 0
+
+    def iter_batches(self, batch_size, names=None):
+        names = list(self.columns) if names is None else names
+        with zipfile.ZipFile(self.path) as zf:
+            streams = {}
+            try:
+                for n in names:
+                    streams[n] = zf.open(self._members[n])
+                    _npy_header(streams[n], str(self.path))
+                for start in range(0, self.rows, batch_size):
+                    count = min(batch_size, self.rows - start)
+                    block = {}
+                    for n in names:
+                        col = self.columns[n]
+                        block[n] = np.empty((count, *col.shape), col.dtype)
+                        _read_exactly(streams[n], block[n], self.path)
+                    yield block
+            finally:
+                for s in streams.values():
+                    s.close()
+
+
+def _metadata(value, path) -> dict:
+    try:
+        doc = json.loads(str(value.item() if isinstance(value, np.ndarray) else value))
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        return doc
+    except ValueError as e:
+        raise UnreadableFileError(f"{path}: its {META_KEY} metadata is not a JSON object: {e}") from e
+
+
+class ParquetTable(Table):
+    """A ``.parquet`` file: one column per field."""
+
+    def __init__(self, path: Path):
+        pq = require("pyarrow.parquet", "analysis", "reading .parquet files")
+        self.path = path
+        try:
+            self._file = pq.ParquetFile(path)
+        except Exception as e:  # ArrowInvalid, OSError ...
+            raise UnreadableFileError(f"{path} is not a readable .parquet file: {e}") from e
+        schema = self._file.schema_arrow
+        raw = (schema.metadata or {}).get(META_KEY.encode())
+        self.metadata = _metadata(raw.decode("utf-8"), path) if raw else None
+        shapes = {t["name"]: tuple(t["shape"]) for t in (self.metadata or {}).get("tensors", [])}
+        self.rows = self._file.metadata.num_rows
+        self.columns = {f.name: _arrow_column(f, shapes.get(f.name), path) for f in schema}
+
+    def iter_batches(self, batch_size, names=None):
+        names = list(self.columns) if names is None else names
+        for batch in self._file.iter_batches(batch_size=batch_size, columns=names, use_threads=False):
+            yield {n: _to_numpy(batch.column(n), self.columns[n], self.path) for n in names}
+
+    def read_rows(self, start, stop, names=None):
+        names = list(self.columns) if names is None else names
+        meta, groups, first, at = self._file.metadata, [], None, 0
+        for g in range(meta.num_row_groups):  # only the row groups that hold the rows
+            rows = meta.row_group(g).num_rows
+            if at < stop and at + rows > start:
+                groups.append(g)
+                first = at if first is None else first
+            at += rows
+        table = self._file.read_row_groups(groups, columns=names, use_threads=False).slice(start - (first or 0), stop - start)
+        return {n: _to_numpy(table.column(n).combine_chunks(), self.columns[n], self.path) for n in names}
+
+
+def _arrow_column(field, shape, path) -> Column:
+    pa = require("pyarrow", "analysis", "reading .parquet files")
+    t = field.type
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        inner = t.value_type
+        width = t.list_size if pa.types.is_fixed_size_list(t) else None
+        if shape is None:
+            shape = (width,) if width is not None else None
+    else:
+        inner, shape = t, ()
+    try:
+        dtype = np.dtype(inner.to_pandas_dtype())
+    except (NotImplementedError, TypeError):
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf":
+        raise UnreadableFileError(f"{path}: column {field.name!r} has type {t}; expected numbers or lists of numbers")
+    return Column(field.name, dtype, shape)  # shape None: a variable-length list, checked per block
+
+
+def _to_numpy(array, col: Column, path) -> np.ndarray:
+    pa = require("pyarrow", "analysis", "reading .parquet files")
+    if array.null_count:
+        raise UnreadableFileError(f"{path}: column {col.name!r} has {array.null_count} missing values")
+    if not pa.types.is_list(array.type) and not pa.types.is_large_list(array.type) and not pa.types.is_fixed_size_list(array.type):
+        return array.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
+    values = array.flatten().to_numpy(zero_copy_only=False)
+    rows = len(array)
+    width = values.size // rows if rows else 0
+    if rows and values.size != rows * width:
+        raise UnreadableFileError(f"{path}: column {col.name!r} holds lists of different lengths")
+    shape = col.shape if col.shape is not None else (width,)
+    return np.ascontiguousarray(values.reshape((rows, *shape)))
+
+
+class FolderTable(Table):
+    """A folder of tables, concatenated in file-name order (hidden files and others ignored)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and not p.name.startswith((".", "_")))
+        if not files:
+            raise UnreadableFileError(f"{path} holds no .npy, .npz or .parquet file")
+        self.parts = [open_table(p) for p in files]
+        first = self.parts[0]
+        for part in self.parts[1:]:
+            if part.columns != first.columns:
+                raise UnreadableFileError(
+                    f"{part.path} does not match {first.path}: columns {_describe(part.columns)} vs {_describe(first.columns)}")
+        self.columns, self.metadata = first.columns, first.metadata
+        self.rows = sum(p.rows for p in self.parts)
+
+    def iter_batches(self, batch_size, names=None):
+        for part in self.parts:  # blocks do not span files: the last of each file may be shorter
+            yield from part.iter_batches(batch_size, names)
+
+
+def _describe(columns: dict[str, Column]) -> str:
+    return ", ".join(f"{c.name or '(array)'} {c.dtype.name}{list(c.shape) if c.shape is not None else '[?]'}"
+                     for c in columns.values())
+
+
+def open_table(path: str | os.PathLike) -> Table:
+    """The table in ``path``: an ``.npy``, ``.npz`` or ``.parquet`` file, or a folder of them.
+
+    Raises:
+        UnreadableFileError: missing, of another kind, malformed, or an object (pickle) array.
+        MissingDependencyError: a ``.parquet`` file without pyarrow installed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return FolderTable(path)
+    if not path.is_file():
+        raise UnreadableFileError(f"{path}: no such file or folder")
+    kinds = {".npy": NpyTable, ".npz": NpzTable, ".parquet": ParquetTable}
+    if path.suffix not in kinds:
+        raise UnreadableFileError(f"{path}: expected an .npy, .npz or .parquet file, or a folder of them")
+    return kinds[path.suffix](path)

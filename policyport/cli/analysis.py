@@ -1,0 +1,200 @@
+"""``policyport record``, ``stats`` and ``plot``: looking inside a policy over whole datasets."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from .core import app, emit_json, guard
+from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt,
+                      overrides_from)
+from .render import add_row, err, literal, out, say, shape_text, table
+
+
+class RecordFormat(str, Enum):
+    npz = "npz"
+    parquet = "parquet"
+
+
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+class RecordBackend(str, Enum):
+    numpy = "numpy"
+    onnxruntime = "onnxruntime"
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool):
+    """A Rich progress bar on stderr (rows, rows/s, ETA) fed by ``callback(done, total)``; nothing
+    when ``quiet`` or stderr is not a terminal."""
+    if quiet or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeRemainingColumn
+
+    class Rate(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:,.0f} rows/s" if task.speed else "… rows/s")
+
+    with Progress(literal(label), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:
+        task = None
+
+        def callback(done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task(label, total=total)
+            bar.update(task, completed=done)
+
+        yield callback
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+        n /= 1000
+    return f"{n} B"
+
+
+@app.command()
+def record(
+    model: ModelArg,
+    data: Annotated[Path, typer.Option("-i", "--input", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The recording: .npz or .parquet (a folder with --engine ray).")],
+    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per block; memory is bounded by one block.")] = 4096,
+    fmt: Annotated[Optional[RecordFormat], typer.Option("--format", help="Output format  [default: from the suffix of -o]")] = None,
+    engine: Annotated[Engine, typer.Option(help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
+    backend: Annotated[RecordBackend, typer.Option(help="Runtime of the local engine.")] = RecordBackend.numpy,
+    override: OverrideOpt = None,
+    steer: SteerOpt = None,
+    overrides: OverridesFileOpt = None,
+    quiet: QuietOpt = False,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stream every activation of a whole dataset to disk, block by block, with bounded memory."""
+
+    def body():
+        from ..analysis import record_dataset
+
+        if engine is Engine.ray and backend is not RecordBackend.numpy:
+            raise typer.BadParameter("the ray engine runs the numpy backend on every worker", param_hint="--backend")
+        edits = overrides_from(override, steer, overrides)
+        with progress_bar("recording", quiet or as_json) as callback:
+            summary = record_dataset(str(model), data, output, tensors=tensors, batch_size=batch_size,
+                                     format=None if fmt is None else fmt.value, engine=engine.value,
+                                     backend=backend.value, overrides=edits, force=force, progress=callback)
+        rate = summary.rows / summary.seconds if summary.seconds else 0.0
+        if as_json:
+            emit_json({"output": str(summary.path), "format": summary.format, "rows": summary.rows,
+                       "seconds": summary.seconds, "rows_per_second": rate, "bytes": summary.bytes,
+                       "tensors": [{"name": t.name, "op_type": t.op_type, "dtype": t.dtype, "shape": list(t.shape)}
+                                   for t in summary.tensors], "skipped": summary.skipped,
+                       "nonfinite_rows": summary.nonfinite_rows,
+                       "overrides": [e.spec for e in edits or []]})
+            return
+        say(f"recorded {summary.rows:,} rows × {len(summary.tensors)} tensors to {summary.path} "
+            f"({summary.format}, {_size(summary.bytes)}) in {summary.seconds:.1f} s, {rate:,.0f} rows/s")
+        if edits:
+            say("with overrides: " + "; ".join(e.spec for e in edits))
+        if summary.nonfinite_rows:
+            say(f"warning: {summary.nonfinite_rows:,} of {summary.rows:,} observations hold NaN or Inf; "
+                "'policyport stats' counts what they became in every tensor")
+        if summary.skipped:
+            say(f"left out (no batch axis): {', '.join(summary.skipped)}")
+        t = table("", ["tensor", "op", "dtype", "shape"])
+        for info in summary.tensors:
+            add_row(t, info.name, info.op_type or "", info.dtype, shape_text((summary.rows, *info.shape)))
+        out.print(t)
+
+    guard(as_json, body)
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def _fig(value) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+@app.command()
+def stats(
+    recording: Annotated[Path, typer.Argument(metavar="REC", help="A recording: .npz, .parquet or a folder of .parquet files.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write every per-neuron figure to this JSON file.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(help="Comma-separated globs over the recorded tensors (default: all).")] = None,
+    engine: Annotated[Engine, typer.Option(help="local: this process; ray: Ray workers reduce blocks, moments merged.")] = Engine.local,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows read per block.")] = 16384,
+    quiet: QuietOpt = False,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per-layer and per-neuron statistics of a recording, in one pass: mean, std, min, max, NaN/Inf,
+    fraction active (> 0), fraction saturated (tanh |x| > 0.99; sigmoid < 0.01 or > 0.99), dead and
+    always-saturated neurons."""
+
+    def body():
+        from ..analysis.statistics import statistics, write_json
+        from ..files import check_distinct, check_writable
+
+        if output is not None:
+            check_writable(output, force)
+            check_distinct(output, recording)
+        with progress_bar("statistics", quiet or as_json) as callback:
+            result = statistics(recording, tensors, batch_size=batch_size, engine=engine.value, progress=callback)
+        if output is not None:
+            write_json(output, result, force)
+        if as_json:
+            emit_json(result.to_dict())
+            return
+        t = table(f"{recording}: {result.rows:,} observations" + (f" (per-neuron figures in {output})" if output else ""),
+                  ["tensor", "op", ("neurons", "right"), ("mean", "right"), ("std", "right"), ("min", "right"),
+                   ("max", "right"), ("NaN", "right"), ("Inf", "right"), ("active", "right"), ("saturated", "right"),
+                   ("dead", "right"), ("always sat.", "right")])
+        for s in result.tensors:
+            layer = s.layer()
+            add_row(t, s.name, s.op_type or "", f"{s.neurons:,}", _fig(layer["mean"]), _fig(layer["std"]),
+                    _fig(layer["min"]), _fig(layer["max"]), f"{layer['nan']:,}", f"{layer['inf']:,}",
+                    _pct(layer["active_fraction"]), _pct(layer["saturated_fraction"]), f"{layer['dead']:,}",
+                    "" if layer["always_saturated"] is None else f"{layer['always_saturated']:,}")
+        out.print(t)
+
+    guard(as_json, body)
+
+
+@app.command()
+def plot(
+    source: Annotated[Path, typer.Argument(metavar="REC|REPORT", help="A recording, or the JSON of 'policyport verify --json'.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The folder of PNG files to create.")],
+    tensors: Annotated[Optional[str], typer.Option(help="Comma-separated globs over the recorded tensors (default: all).")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, help="Observations shown in each heatmap (the first N).")] = 200,
+    quiet: QuietOpt = False,
+    force: ForceOpt = False,
+) -> None:
+    """PNG plots: per-layer activation histograms, neuron × observation heatmaps and per-neuron
+    mean ± std of a recording; or the per-tensor error of a verification report."""
+
+    def body():
+        from ..analysis import plots
+
+        if source.suffix == ".json":
+            written = plots.plot_report(source, output, force=force)
+        else:
+            with progress_bar("plotting", quiet) as callback:
+                written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
+                                               progress=callback)
+        say(f"wrote {len(written)} PNG file{'s' if len(written) != 1 else ''} to {output}")
+        for path in written:
+            out.print(literal(str(path)))
+
+    guard(False, body)

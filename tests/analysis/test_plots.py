@@ -1,0 +1,81 @@
+"""PNG plots: the files a person expects, drawn from the right figures, written all at once."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import policyport as pp
+from policyport.analysis import plots, record_dataset
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory, metadrive_onnx, dataset):
+    out = tmp_path_factory.mktemp("rec") / "rec.npz"
+    record_dataset(metadrive_onnx, dataset[0], out, batch_size=1000)
+    return out
+
+
+def test_a_recording_gives_histograms_heatmaps_and_neuron_plots(tmp_path, recording):
+    out = tmp_path / "plots"
+    written = plots.plot_recording(recording, out, tensors="fc_2/*,action", heatmap_rows=50)
+    assert [p.name for p in written] == ["histograms.png", "heatmap-fc_2-linear.png", "neurons-fc_2-linear.png",
+                                         "heatmap-fc_2-tanh.png", "neurons-fc_2-tanh.png", "heatmap-action.png",
+                                         "neurons-action.png"]
+    assert sorted(os.listdir(out)) == sorted(p.name for p in written)
+    width, height = png_size(out / "histograms.png")
+    assert width > 1000 and height > 250  # three panels side by side
+    assert all(png_size(p)[0] >= 400 for p in written)
+    assert sorted(os.listdir(tmp_path)) == ["plots"]  # no temporary folder left
+
+
+def test_histograms_count_every_value_of_the_recording(recording):
+    rec = pp.analysis.open_recording(recording)
+    stats = pp.analysis.statistics(rec, "fc_1/*")
+    hists = plots._histograms(rec, stats, 512, None)
+    values = rec.head(3000)
+    for name, (counts, edges) in hists.items():
+        assert counts.sum() == values[name].size
+        np.testing.assert_array_equal(counts, np.histogram(values[name].astype(np.float64), bins=edges)[0])
+    assert hists["fc_1/tanh"][1][0] == -1 and hists["fc_1/tanh"][1][-1] == 1  # a tanh's full range
+
+
+def test_a_verification_report_gives_the_error_plot(tmp_path, metadrive_model):
+    report = pp.verify(metadrive_model, samples=16)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report.to_dict()))
+    written = plots.plot_report(path, tmp_path / "errors")
+    assert [p.name for p in written] == ["errors.png"] and png_size(written[0])[0] > 500
+    with pytest.raises(pp.UnreadableFileError, match="not a 'policyport verify --json' report"):
+        plots.plot_report({"passed": True}, tmp_path / "other")
+
+
+def test_an_existing_folder_is_kept_unless_it_holds_only_plots(tmp_path, recording):
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(pp.OutputExistsError, match="--force"):
+        plots.plot_recording(recording, out, tensors="logits")
+    with pytest.raises(pp.OutputExistsError, match="not a folder of .png files only"):
+        plots.plot_recording(recording, out, tensors="logits", force=True)
+    assert os.listdir(out) == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    (out / "old.png").write_bytes(PNG)
+    plots.plot_recording(recording, out, tensors="logits", force=True)
+    assert sorted(os.listdir(out)) == ["heatmap-logits.png", "histograms.png", "neurons-logits.png"]
+
+
+def test_tensor_names_become_distinct_file_names():
+    taken: set[str] = set()
+    assert [plots.slug(n, taken) for n in ["fc_1/tanh", "fc_1:tanh", "../x", "é"]] == ["fc_1-tanh", "fc_1-tanh-2", "x", "tensor"]

@@ -1,0 +1,195 @@
+"""Streaming a dataset's activations to disk: same values as a whole-batch record, bounded memory,
+all or nothing."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.analysis import engines, open_recording, record_dataset
+from policyport.analysis.recording import WRITERS
+
+TENSORS = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
+
+
+@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_a_recording_holds_every_tensor_of_every_row(tmp_path, metadrive_onnx, metadrive_model, dataset, fmt, backend):
+    path, obs = dataset
+    out = tmp_path / f"rec.{fmt}"
+    summary = record_dataset(metadrive_onnx, path, out, batch_size=700, backend=backend)
+    assert summary.rows == 3000 and [t.name for t in summary.tensors] == TENSORS and summary.skipped == []
+    assert summary.bytes == out.stat().st_size and sorted(os.listdir(tmp_path)) == [out.name]
+    rec = open_recording(out)
+    assert rec.rows == 3000
+    assert [(t.name, t.op_type, t.dtype, t.shape) for t in rec.tensors] == [
+        ("fc_1/linear", "Gemm", "float32", (256,)), ("fc_1/tanh", "Tanh", "float32", (256,)),
+        ("fc_2/linear", "Gemm", "float32", (256,)), ("fc_2/tanh", "Tanh", "float32", (256,)),
+        ("logits", "Gemm", "float32", (4,)), ("action", "Slice", "float32", (2,)), ("log_std", "Slice", "float32", (2,))]
+    assert rec.metadata["format"] == "policyport.recording/1" and rec.metadata["backend"] == backend
+    expected = pp.load(metadrive_model, backend=backend).record(obs)
+    got = rec.head(3000)
+    for name in TENSORS:
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-5, rtol=0, err_msg=name)
+    if fmt == "npz":  # plain numpy reads it too
+        with np.load(out) as f:
+            np.testing.assert_array_equal(f["fc_2/tanh"], got["fc_2/tanh"])
+
+
+def test_tensor_globs_and_overrides_are_recorded_as_asked(tmp_path, metadrive_onnx, metadrive_model, dataset):
+    path, obs = dataset
+    out = tmp_path / "rec.parquet"
+    record_dataset(metadrive_onnx, path, out, tensors="fc_2/*", batch_size=1024, overrides="fc_2/tanh[17]=1.0")
+    rec = open_recording(out)
+    assert [t.name for t in rec.tensors] == ["fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
+    assert rec.metadata["overrides"] == ["fc_2/tanh[17]=1"]
+    got = rec.head(3000)
+    np.testing.assert_array_equal(got["fc_2/tanh"][:, 17], 1.0)
+    expected = pp.load(metadrive_model).record(obs, "fc_2/*", overrides={"fc_2/tanh": {17: 1.0}})
+    np.testing.assert_allclose(got["action"], expected["action"], atol=1e-5, rtol=0)
+
+
+class Accounting:
+    """Counts blocks read from the dataset and blocks handed to the writer, and the most in flight."""
+
+    def __init__(self, monkeypatch, fmt):
+        self.read = self.written = self.most = 0
+        table_iter = engines.open_table
+        writer_cls = WRITERS[fmt]
+        acc = self
+
+        def open_table(path):
+            table = table_iter(path)
+            inner = table.iter_batches
+
+            def iter_batches(*args, **kwargs):
+                for block in inner(*args, **kwargs):
+                    acc.read += 1
+                    acc.most = max(acc.most, acc.read - acc.written)
+                    yield block
+
+            table.iter_batches = iter_batches
+            return table
+
+        class Counted(writer_cls):
+            def append(self, block):
+                super().append(block)
+                acc.written += 1
+
+        monkeypatch.setattr(engines, "open_table", open_table)
+        monkeypatch.setitem(WRITERS, fmt, Counted)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx, fmt, monkeypatch):
+    """Chunk accounting: at most 3 blocks are alive (being computed, queued, being written), and the
+    peak of traced allocations does not grow with the number of blocks."""
+    rng = np.random.default_rng(5)
+    batch = 256
+    peaks = {}
+    for blocks in (4, 24):
+        data = tmp_path / f"obs{blocks}.npy"
+        np.save(data, rng.uniform(0, 1, (batch * blocks, 275)).astype(np.float32))
+        acc = Accounting(monkeypatch, fmt)
+        tracemalloc.start()
+        try:
+            record_dataset(metadrive_onnx, data, tmp_path / f"rec{blocks}.{fmt}", batch_size=batch)
+            peaks[blocks] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert acc.read == acc.written == blocks
+        assert acc.most <= 3, f"{acc.most} blocks in flight"
+        monkeypatch.undo()
+    block_bytes = batch * (4 * 256 + 4 + 2 + 2) * 4 + batch * 275 * 4  # one block of activations + observations
+    dataset_bytes = 24 * block_bytes
+    assert peaks[24] < peaks[4] + block_bytes, peaks  # no growth with the dataset
+    assert peaks[24] < dataset_bytes / 2, (peaks, dataset_bytes)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+def test_an_interrupted_recording_leaves_nothing(tmp_path, metadrive_onnx, dataset, fmt):
+    path, _ = dataset
+    out = tmp_path / f"rec.{fmt}"
+    calls = []
+
+    def interrupt(done, total):
+        calls.append(done)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        record_dataset(metadrive_onnx, path, out, batch_size=500, progress=interrupt)
+    assert calls == [500, 1000] and os.listdir(tmp_path) == []
+
+
+def test_data_that_does_not_fit_the_model_writes_nothing(tmp_path, metadrive_onnx):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.zeros((300, 275), np.float32))
+    np.save(folder / "b.npy", np.zeros((300, 274), np.float32))
+    with pytest.raises(pp.UnreadableFileError, match="does not match"):
+        record_dataset(metadrive_onnx, folder, tmp_path / "rec.npz")
+    np.save(folder / "b.npy", np.zeros((300, 275), np.float64))
+    with pytest.raises(pp.UnreadableFileError, match="does not match"):
+        record_dataset(metadrive_onnx, folder, tmp_path / "rec.npz")
+    (folder / "b.npy").unlink()
+    np.save(folder / "a.npy", np.zeros((300, 275), np.float64))
+    with pytest.raises(pp.InputMismatchError, match="expects dtype float32, got float64"):
+        record_dataset(metadrive_onnx, folder, tmp_path / "rec.npz")
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+
+
+def test_an_existing_output_needs_force_and_the_format_must_be_known(tmp_path, metadrive_onnx, dataset):
+    path, _ = dataset
+    out = tmp_path / "rec.npz"
+    out.write_bytes(b"precious")
+    with pytest.raises(pp.OutputExistsError, match="--force"):
+        record_dataset(metadrive_onnx, path, out)
+    assert out.read_bytes() == b"precious"
+    record_dataset(metadrive_onnx, path, out, force=True, tensors="logits")
+    assert open_recording(out).rows == 3000
+    with pytest.raises(pp.InputMismatchError, match="cannot tell the format"):
+        record_dataset(metadrive_onnx, path, tmp_path / "rec.bin")
+    with pytest.raises(pp.InputMismatchError, match="ends in .npz but the format asked is parquet"):
+        record_dataset(metadrive_onnx, path, tmp_path / "x.npz", format="parquet")
+    with pytest.raises(pp.OutputExistsError, match="also an input"):
+        record_dataset(metadrive_onnx, path, path, format="npz", force=True)
+
+
+def test_tensors_without_a_batch_axis_are_left_out_and_said(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["B"], ["bias"]), helper.make_node("Add", ["obs", "bias"], ["y"])],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    np.save(tmp_path / "obs.npy", np.ones((10, 3), np.float32))
+    summary = record_dataset(model, tmp_path / "obs.npy", tmp_path / "rec.npz", batch_size=4)
+    assert [t.name for t in summary.tensors] == ["y"] and summary.skipped == ["bias"]
+    np.testing.assert_array_equal(open_recording(tmp_path / "rec.npz").head(10)["y"], np.tile([2, 3, 4], (10, 1)))
+
+
+def test_an_empty_dataset_gives_an_empty_recording_with_its_tensors(tmp_path, metadrive_onnx):
+    np.save(tmp_path / "obs.npy", np.zeros((0, 275), np.float32))
+    summary = record_dataset(metadrive_onnx, tmp_path / "obs.npy", tmp_path / "rec.parquet")
+    rec = open_recording(tmp_path / "rec.parquet")
+    assert summary.rows == rec.rows == 0 and [t.name for t in rec.tensors] == TENSORS
+
+
+def test_a_multi_input_model_takes_columns_by_name(tmp_path):
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["r"])],
+                              "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
+                              [helper.make_tensor_value_info("r", TensorProto.FLOAT, ["batch", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    a, b = np.arange(20, dtype=np.float32).reshape(10, 2), -np.ones((10, 2), np.float32) * 5
+    np.savez(tmp_path / "feeds.npz", b=b, a=a, unused=np.zeros((10, 1)))
+    record_dataset(model, tmp_path / "feeds.npz", tmp_path / "rec.npz", batch_size=3)
+    np.testing.assert_array_equal(open_recording(tmp_path / "rec.npz").head(10)["r"], np.maximum(a + b, 0))
+    np.savez(tmp_path / "wrong.npz", a=a, c=b)
+    with pytest.raises(pp.InputMismatchError, match=r"no column for \['b'\]"):
+        record_dataset(model, tmp_path / "wrong.npz", tmp_path / "rec2.npz")

@@ -1,0 +1,202 @@
+"""Neuron overrides: the grammar, exactly the chosen neurons change, both backends agree, nothing else is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.runtime.overrides import Edit, load_override_sets, parse_overrides, parse_spec
+
+BACKENDS = list(pp.BACKENDS)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("fc_2/tanh[17]=1.0", Edit("fc_2/tanh", (17,), False, "set", (1.0,))),
+    ("fc_1/tanh[*]*=0.5", Edit("fc_1/tanh", None, False, "scale", (0.5,))),
+    ("fc_2/tanh[0:8]=clip(-0.5, 0.5)", Edit("fc_2/tanh", (0, 8), True, "clip", (-0.5, 0.5))),
+    ("logits[3,1,3]=-2e-1", Edit("logits", (3, 1), False, "set", (-0.2,))),
+    (" a[b]/c[ 2 ] *= 3 ", Edit("a[b]/c", (2,), False, "scale", (3.0,))),
+])
+def test_the_text_grammar(text, expected):
+    assert parse_spec(text) == expected
+    assert parse_spec(expected.spec) == expected  # spec round-trips
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fc_2/tanh=1", "does not read as TENSOR"),
+    ("fc_2/tanh[17]", "does not read as TENSOR"),
+    ("fc_2/tanh[x]=1", "index 'x' is not a neuron number"),
+    ("fc_2/tanh[5:2]=1", "range 5:2 is empty"),
+    ("fc_2/tanh[-1]=1", "neuron numbers start at 0"),
+    ("fc_2/tanh[1]=one", "'one' is not a number"),
+    ("fc_2/tanh[1]=clip(1,0)", r"clip\(1, 0\) needs low <= high"),
+    ("[1]=0", "does not read as TENSOR"),
+])
+def test_malformed_specs_say_what_is_wrong(text, message):
+    with pytest.raises(pp.InputMismatchError, match=message):
+        parse_spec(text)
+
+
+def test_the_mapping_form_and_override_files(tmp_path):
+    edits = parse_overrides({"fc_2/tanh": {17: 1.0, "0:8": {"clip": [-0.5, 0.5]}, "*": {"scale": 2}, "3,4": "*=0.5"}})
+    assert [e.spec for e in edits] == ["fc_2/tanh[17]=1", "fc_2/tanh[0:8]=clip(-0.5,0.5)", "fc_2/tanh[*]*=2",
+                                       "fc_2/tanh[3,4]*=0.5"]
+    path = tmp_path / "sets.json"
+    path.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}, "calm": ["fc_1/tanh[*]*=0.5"]}')
+    sets = load_override_sets(path)
+    assert [e.spec for e in sets["brake"]] == ["fc_2/tanh[17]=1"] and [e.spec for e in sets["calm"]] == ["fc_1/tanh[*]*=0.5"]
+    path.write_text('{"brake": {"fc_2/tanh": {"17": {"push": 1}}}}')
+    with pytest.raises(pp.InputMismatchError, match="set 'brake'.*not a number"):
+        load_override_sets(path)
+    with pytest.raises(pp.InputMismatchError, match="index True"):
+        parse_overrides({"fc_2/tanh": {True: 1.0}})
+
+
+CASES = [  # (overrides, tensor, neurons it touches, function of the original values)
+    ({"fc_2/tanh": {17: 1.0}}, "fc_2/tanh", [17], lambda v: np.ones_like(v)),
+    ("fc_1/tanh[*]*=0.5", "fc_1/tanh", slice(None), lambda v: v * np.float32(0.5)),
+    ("fc_2/tanh[10:20]=clip(-0.1,0.1)", "fc_2/tanh", slice(10, 20), lambda v: np.clip(v, -0.1, 0.1)),
+    ({"fc_1/linear": {"3,40,7": -2.0}}, "fc_1/linear", [3, 40, 7], lambda v: np.full_like(v, -2.0)),
+    ({"logits": {0: 0.25}}, "logits", [0], lambda v: np.full_like(v, 0.25)),
+    ({"action": {1: {"scale": -1}}}, "action", [1], lambda v: -v),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("overrides, tensor, neurons, change", CASES)
+def test_an_override_changes_exactly_the_chosen_neurons(metadrive_model, metadrive_obs, backend, overrides, tensor,
+                                                        neurons, change):
+    session = pp.load(metadrive_model, backend=backend)
+    obs = metadrive_obs[:50]
+    plain, steered = session.record(obs), session.record(obs, overrides=overrides)
+    chosen = np.zeros(plain[tensor].shape[-1], bool)
+    chosen[neurons] = True
+    np.testing.assert_array_equal(steered[tensor][:, ~chosen], plain[tensor][:, ~chosen])
+    np.testing.assert_allclose(steered[tensor][:, chosen], change(plain[tensor][:, chosen]), rtol=1e-6)
+    order = session.tensor_names
+    for name in order[:order.index(tensor)]:  # everything before is untouched
+        np.testing.assert_array_equal(steered[name], plain[name])
+    outputs = session.run(obs, overrides=overrides)
+    for name, value in outputs.items():
+        np.testing.assert_array_equal(value, steered[name])
+    assert not np.array_equal(outputs["logits"], plain["logits"]) or tensor == "action"
+
+
+@pytest.mark.parametrize("overrides", [c[0] for c in CASES] + [
+    ["fc_1/tanh[0:128]*=0", "fc_2/linear[5]=clip(0,0.3)", "logits[*]*=2", "action[0]=1"],
+])
+def test_numpy_and_onnxruntime_agree_on_steered_outputs_and_activations(metadrive_model, metadrive_obs, overrides):
+    results = [pp.load(metadrive_model, backend=b).record(metadrive_obs, overrides=overrides) for b in BACKENDS]
+    assert list(results[0]) == list(results[1])
+    for name in results[0]:
+        np.testing.assert_allclose(results[1][name], results[0][name], atol=1e-5, rtol=0, err_msg=name)
+
+
+def test_the_recorded_activation_is_the_steered_one_downstream_too(metadrive_model, metadrive_obs):
+    session = pp.load(metadrive_model)
+    steered = session.record(metadrive_obs[:8], overrides={"fc_1/tanh": {"*": 0.0}})
+    weights = pp.extract_weights(metadrive_model)
+    np.testing.assert_allclose(steered["fc_2/linear"], np.broadcast_to(weights["default_policy/fc_2/bias"], (8, 256)), rtol=1e-6)
+
+
+def aliasing_model():
+    """``view`` is the feed itself and ``bias`` the weight itself (Identity returns its input)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["obs"], ["view"]), helper.make_node("Identity", ["B"], ["bias"]),
+         helper.make_node("Add", ["view", "bias"], ["y"]), helper.make_node("Tanh", ["y"], ["z"])],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(np.array([0.5, -0.5, 0.25], np.float32), "B")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overrides_never_write_into_feeds_or_weights(backend):
+    session = pp.load(aliasing_model(), backend=backend)
+    obs = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    kept = obs.copy()
+    steered = session.record(obs, overrides=["view[*]=0", "bias[1]=9", "y[0]*=10"])
+    np.testing.assert_array_equal(obs, kept)
+    np.testing.assert_array_equal(steered["view"], np.zeros((2, 3)))
+    np.testing.assert_array_equal(steered["bias"], [0.5, 9, 0.25])
+    np.testing.assert_allclose(steered["z"], np.tanh([[5, 9, 0.25], [5, 9, 0.25]]), rtol=1e-6)
+    np.testing.assert_allclose(session.run(obs)["z"], np.tanh(kept + [0.5, -0.5, 0.25]), rtol=1e-6)
+
+
+def test_a_steered_output_does_not_share_memory_with_later_calls(metadrive_model, metadrive_obs):
+    session = pp.load(metadrive_model)
+    first = session.run(metadrive_obs[:4], overrides={"logits": {0: 1.0}})
+    kept = {k: v.copy() for k, v in first.items()}
+    session.run(metadrive_obs[4:8], overrides={"logits": {0: 2.0}})
+    for k in kept:
+        np.testing.assert_array_equal(first[k], kept[k])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_overrides_name_the_problem(metadrive_model, metadrive_obs, backend):
+    session = pp.load(metadrive_model, backend=backend)
+    with pytest.raises(pp.InputMismatchError, match=r"name \['fc_3/tanh'\], which no node .* fc_1/linear, fc_1/tanh"):
+        session.run(metadrive_obs[:2], overrides={"fc_3/tanh": {0: 1}})
+    with pytest.raises(pp.InputMismatchError, match=r"fc_2/tanh\[250:260\]=0: tensor 'fc_2/tanh' has 256 neurons .*0 to 255"):
+        session.run(metadrive_obs[:2], overrides="fc_2/tanh[250:260]=0")
+    with pytest.raises(pp.InputMismatchError, match="does not read as"):
+        session.record(metadrive_obs[:2], overrides="fc_2/tanh")
+
+
+def test_the_numpy_plan_compiles_once_per_set_of_tensors_and_keeps_the_plain_path(metadrive_model, metadrive_obs):
+    session = pp.load(metadrive_model)
+    assert session._run is session.backend.plan.run  # run without overrides calls the generated function itself
+    for value in (0.0, 0.5, 1.0):
+        session.run(metadrive_obs[:2], overrides={"fc_2/tanh": {17: value}})
+        session.record(metadrive_obs[:2], overrides={"fc_2/tanh": {3: value}})
+    session.run(metadrive_obs[:2], overrides={"fc_1/tanh": {17: 1.0}})
+    assert sorted(session.backend._steered) == [("record", ("fc_2/tanh",)), ("run", ("fc_1/tanh",)), ("run", ("fc_2/tanh",))]
+
+
+def test_a_failing_node_is_still_named_with_overrides():
+    graph = helper.make_graph(
+        [helper.make_node("Tanh", ["x"], ["h"], name="act"), helper.make_node("Gemm", ["h", "W", "C"], ["y"], name="fc")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.ones((3, 4), np.float32), "W"), numpy_helper.from_array(np.ones((3, 4), np.float32), "C")])
+    session = pp.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(pp.BadModelError, match='Gemm node "fc" on the numpy backend failed'):
+        session.run(np.ones((2, 3), np.float32), overrides={"h": {0: 1.0}})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_record_iter_yields_what_record_gives_batch_by_batch(metadrive_model, metadrive_obs, backend):
+    session = pp.load(metadrive_model, backend=backend)
+    batches = (metadrive_obs[i:i + 300] for i in range(0, 1000, 300))
+    results = list(session.record_iter(batches, tensors="fc_2/*", overrides={"fc_1/tanh": {0: 1.0}}))
+    assert [len(r["fc_2/tanh"]) for r in results] == [300, 300, 300, 100]
+    whole = session.record(metadrive_obs, tensors="fc_2/*", overrides={"fc_1/tanh": {0: 1.0}})
+    for name in whole:  # BLAS may sum in another order for another batch size: ~1e-6
+        np.testing.assert_allclose(np.concatenate([r[name] for r in results]), whole[name], atol=1e-5, rtol=0)
+    with pytest.raises(pp.InputMismatchError, match="match no tensor"):
+        session.record_iter(iter(()), tensors="nothing*")  # checked before any batch is read
+
+
+def test_the_documented_override_sets_move_the_metadrive_action(metadrive_model):
+    """docs/metadrive_steer.json, as the README shows it: the throttle moves, the steering stays."""
+    from pathlib import Path
+
+    sets = load_override_sets(Path(__file__).resolve().parents[2] / "docs" / "metadrive_steer.json")
+    obs = np.random.default_rng(0).uniform(0, 1, (1000, 275)).astype(np.float32)
+    for backend in BACKENDS:
+        session = pp.load(metadrive_model, backend=backend)
+        plain = session.run(obs)["action"].mean(0)
+        brake = session.run(obs, overrides=sets["brake"])["action"].mean(0)
+        accelerate = session.run(obs, overrides=sets["accelerate"])["action"].mean(0)
+        np.testing.assert_allclose([plain, brake, accelerate], [[0.714, -0.583], [0.699, -1.300], [0.748, 0.005]], atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("empty", [{}, [], {"fc_2/tanh": {}}])
+def test_no_overrides_at_all_is_a_plain_run(metadrive_model, metadrive_obs, backend, empty):
+    session = pp.load(metadrive_model, backend=backend)
+    np.testing.assert_array_equal(session.run(metadrive_obs[:4], overrides=empty)["action"],
+                                  session.run(metadrive_obs[:4])["action"])
+    assert list(session.record(metadrive_obs[:4], overrides=empty)) == session.tensor_names

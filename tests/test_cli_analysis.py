@@ -1,0 +1,162 @@
+"""The record, stats and plot commands, and run's overrides: exit codes, JSON, files, no partial output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_cli import converted, invoke  # noqa: F401  (the converted MetaDrive model is a fixture)
+
+import policyport as pp
+
+
+@pytest.fixture
+def model(converted):
+    return converted
+
+
+@pytest.fixture
+def obs(tmp_path, metadrive_obs):
+    path = tmp_path / "obs.npy"
+    np.save(path, metadrive_obs[:500])
+    return path
+
+
+def test_record_writes_the_recording_and_reports_it(tmp_path, model, obs, metadrive_obs, metadrive_model):
+    out = tmp_path / "rec.npz"
+    result = invoke("record", model, "-i", obs, "-o", out, "--batch-size", "128", "--tensors", "fc_2/*")
+    assert result.exit_code == 0, result.output
+    assert f"recorded 500 rows × 5 tensors to {out} (npz" in result.stderr
+    assert "fc_2/tanh" in result.stdout and "(500, 256)" in result.stdout
+    assert "rows/s" in result.stderr and "━" not in result.stderr  # no progress bar when not a terminal
+    with np.load(out) as f:
+        np.testing.assert_allclose(f["action"], pp.load(metadrive_model).run(metadrive_obs[:500])["action"], atol=1e-5)
+    again = invoke("record", model, "-i", obs, "-o", out)
+    assert again.exit_code == 3 and "exists" in again.stderr
+
+
+def test_record_json_and_overrides(tmp_path, model, obs, metadrive_obs, metadrive_model):
+    out = tmp_path / "rec.parquet"
+    result = invoke("record", model, "-i", obs, "-o", out, "--override", "fc_2/tanh[17]=1.0", "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["rows"] == 500 and doc["format"] == "parquet"
+    assert doc["overrides"] == ["fc_2/tanh[17]=1"] and [t["name"] for t in doc["tensors"]][:2] == ["fc_1/linear", "fc_1/tanh"]
+    rec = pp.analysis.open_recording(out).head(500)
+    expected = pp.load(metadrive_model).run(metadrive_obs[:500], overrides={"fc_2/tanh": {17: 1.0}})
+    np.testing.assert_allclose(rec["action"], expected["action"], atol=1e-5)
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--format", "zarr"], 2, "'zarr' is not one of"),
+    (["--engine", "ray", "--backend", "onnxruntime"], 2, "numpy backend on every worker"),
+    (["--batch-size", "0"], 2, "greater than or equal to 1"),
+    (["--override", "fc_2/tanh[x]=1"], 2, "index 'x' is not a neuron number"),
+    (["--override", "fc_7/tanh[1]=1"], 3, "which no node of the model produces"),
+    (["--tensors", "nothing*"], 3, "match no tensor"),
+])
+def test_record_refuses_bad_options_and_writes_nothing(tmp_path, model, obs, args, code, message):
+    result = invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npz", *args)
+    assert result.exit_code == code and message in " ".join(result.stderr.split())
+    assert sorted(os.listdir(tmp_path)) == ["obs.npy"]
+
+
+def test_record_says_how_many_observations_hold_nan_or_inf(tmp_path, model, metadrive_obs):
+    x = metadrive_obs[:300].copy()
+    x[5, 1], x[250, 7], x[250, 8] = np.nan, np.inf, np.nan
+    np.save(tmp_path / "bad.npy", x)
+    result = invoke("record", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "rec.npz", "--batch-size", "128")
+    assert result.exit_code == 0 and "warning: 2 of 300 observations hold NaN or Inf" in result.stderr
+    doc = json.loads(invoke("record", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "rec.parquet", "--json").stdout)
+    assert doc["nonfinite_rows"] == 2
+
+
+def test_stats_prints_a_table_and_writes_json(tmp_path, model, obs):
+    rec = tmp_path / "rec.npz"
+    assert invoke("record", model, "-i", obs, "-o", rec).exit_code == 0
+    result = invoke("stats", rec, "-o", tmp_path / "stats.json")
+    assert result.exit_code == 0
+    lines = [line for line in result.stdout.splitlines() if "fc_2/tanh" in line]
+    assert len(lines) == 1 and "Tanh" in lines[0] and "256" in lines[0]
+    doc = json.loads((tmp_path / "stats.json").read_text())
+    assert doc["rows"] == 500 and len(doc["tensors"][1]["per_neuron"]["mean"]) == 256
+    as_json = invoke("stats", rec, "--json", "--tensors", "logits")
+    doc = json.loads(as_json.stdout)
+    assert [t["name"] for t in doc["tensors"]] == ["logits"] and doc["tensors"][0]["layer"]["values"] == 2000
+    missing = invoke("stats", tmp_path / "none.npz", "--json")
+    assert missing.exit_code == 3 and json.loads(missing.stdout)["exit_code"] == 3
+
+
+def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):
+    rec = tmp_path / "rec.npz"
+    assert invoke("record", model, "-i", obs, "-o", rec, "--tensors", "fc_1/tanh").exit_code == 0
+    result = invoke("plot", rec, "-o", tmp_path / "plots", "--rows", "40")
+    assert result.exit_code == 0 and "wrote 9 PNG files" in result.stderr
+    assert sorted(os.listdir(tmp_path / "plots"))[:2] == ["heatmap-action.png", "heatmap-fc_1-tanh.png"]
+    report = tmp_path / "report.json"
+    report.write_text(invoke("verify", model, "--samples", "8", "--json").stdout)
+    assert invoke("plot", report, "-o", tmp_path / "errors").exit_code == 0
+    assert os.listdir(tmp_path / "errors") == ["errors.png"]
+    assert invoke("plot", report, "-o", tmp_path / "errors").exit_code == 3  # exists
+
+
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_run_with_overrides_steers_the_action(tmp_path, model, obs, metadrive_obs, metadrive_model, backend):
+    sets = tmp_path / "sets.json"
+    sets.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}, "calm": ["fc_1/tanh[*]*=0.5"]}')
+    out = tmp_path / "o.npz"
+    result = invoke("run", model, "-i", obs, "-o", out, "--backend", backend, "--steer", "calm", "--overrides", sets,
+                    "--override", "fc_2/tanh[0:8]=clip(-0.1,0.1)", "--record", tmp_path / "acts.npz")
+    assert result.exit_code == 0, result.output
+    assert "with overrides: fc_1/tanh[*]*=0.5; fc_2/tanh[0:8]=clip(-0.1,0.1)" in result.stderr
+    expected = pp.load(metadrive_model).record(metadrive_obs[:500], overrides=["fc_1/tanh[*]*=0.5", "fc_2/tanh[0:8]=clip(-0.1,0.1)"])
+    with np.load(out) as o, np.load(tmp_path / "acts.npz") as a:
+        np.testing.assert_allclose(o["action"], expected["action"], atol=1e-5)
+        np.testing.assert_allclose(a["fc_2/tanh"], expected["fc_2/tanh"], atol=1e-5)
+        assert np.abs(a["fc_2/tanh"][:, :8]).max() <= np.float32(0.1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steer", "brake"], "--steer NAME and --overrides FILE go together"),
+    (["--steer", "fast", "--overrides", "SETS"], "has no set 'fast'; it has: brake"),
+    (["--override", "fc_2/tanh[17]"], "does not read as TENSOR[INDEX]=VALUE"),
+])
+def test_run_override_usage_errors_exit_2(tmp_path, model, obs, args, message):
+    sets = tmp_path / "sets.json"
+    sets.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}}')
+    result = invoke("run", model, "-i", obs, "-o", tmp_path / "o.npz", *[str(sets) if a == "SETS" else a for a in args])
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split())
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_run_says_how_many_rows_hold_nan_or_inf(tmp_path, model, metadrive_obs):
+    x = metadrive_obs[:50].copy()
+    x[3, 0], x[7, 1], x[7, 2], x[9, 4] = np.nan, np.inf, np.nan, -np.inf
+    np.save(tmp_path / "bad.npy", x)
+    result = invoke("run", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "o.npz")
+    assert result.exit_code == 0
+    assert "warning: 3 of 50 rows of input 'obs' hold NaN or Inf" in result.stderr
+    clean = invoke("run", model, "-i", tmp_path / "bad.npy", "-o", tmp_path / "o2.npz")
+    assert "warning" in clean.stderr  # the same file, the same warning
+    np.save(tmp_path / "good.npy", metadrive_obs[:50])
+    assert "warning" not in invoke("run", model, "-i", tmp_path / "good.npy", "-o", tmp_path / "o3.npz").stderr
+
+
+def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
+    np.save(tmp_path / "obs.npy", np.random.default_rng(0).uniform(0, 1, (40000, 275)).astype(np.float32))
+    out = tmp_path / "rec.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "policyport", "record", str(model), "-i", str(tmp_path / "obs.npy"),
+                             "-o", str(out), "--batch-size", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".parts") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated; nothing was written" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["obs.npy"]
