@@ -62,7 +62,6 @@ npz files are plain uncompressed numpy archives (``numpy.load(path, allow_pickle
 from __future__ import annotations
 
 import io
-import math
 import os
 import zipfile
 from pathlib import Path
@@ -71,7 +70,8 @@ from typing import Mapping
 import numpy as np
 
 from ..compare import Report, Skipped, compare
-from ..errors import BadModelError
+from ..errors import BadModelError, UnreadableFileError
+from ..files import read_npz
 from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -82,6 +82,7 @@ from ..folder import (  # noqa: F401  (the format's names, re-exported for reade
     MODEL_FILE,
     POLICY_FILE,
     WEIGHTS_FILE,
+    data_limit,
     open_bundle,
     parse_json,
     read_policy,
@@ -157,56 +158,27 @@ def _graph_from(blobs: Mapping[str, bytes], directory: Path) -> Graph:
 def _read_npz(data: bytes, path: Path) -> dict[str, np.ndarray]:
     """Every array of a bundle's ``.npz`` held in memory, each header checked before it is read.
 
-    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them), so an
-    array can take no more memory than its bytes in the file: each member's ``.npy`` header must
-    declare a plain element type (no objects, no records, no strings) and a shape whose size is
-    exactly the member's data.
+    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them) and hold
+    at most :data:`MAX_NPZ_ARRAYS` arrays; each member is then read as every ``.npz`` policyport reads
+    (:func:`policyport.files.read_npz`: plain element types only, headers checked against the bytes
+    there, sizes against the folder's data limit), so an array takes no more memory than the file.
     """
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             infos = zf.infolist()
-            if len(infos) > MAX_NPZ_ARRAYS:
-                raise BadModelError(f"{path} holds {len(infos)} arrays; a bundle's .npz may hold at most {MAX_NPZ_ARRAYS}")
-            arrays: dict[str, np.ndarray] = {}
-            for info in infos:
-                key = info.filename[:-4]
-                if not info.filename.endswith(".npy") or key in arrays:
-                    raise BadModelError(f"{path}: member {info.filename!r} is not one .npy array of the archive")
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
-                                        "uncompressed (as policyport pack writes them)")
-                with zf.open(info) as f:
-                    arrays[key] = _read_npy(f, info.file_size, f"{path}: array {key!r}")
-            return arrays
+        if len(infos) > MAX_NPZ_ARRAYS:
+            raise BadModelError(f"{path} holds {len(infos)} arrays; a bundle's .npz may hold at most {MAX_NPZ_ARRAYS}")
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
+                                    "uncompressed (as policyport pack writes them)")
+        return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit())
+    except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad
+        raise BadModelError(str(e)) from e
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         if isinstance(e, BadModelError):
             raise
         raise BadModelError(f"{path} is not a readable .npz of plain arrays: {e}") from e
-
-
-def _read_npy(f, size: int, what: str) -> np.ndarray:
-    """One ``.npy`` of ``size`` bytes from an open member, its header checked first."""
-    fmt = np.lib.format
-    version = fmt.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = fmt.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = fmt.read_array_header_2_0(f)
-    else:
-        raise BadModelError(f"{what} has .npy format version {version}; a bundle's arrays use 1.0 or 2.0")
-    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufcV" \
-            or dtype.itemsize == 0 or (dtype.kind == "V" and dtype.itemsize > 16):
-        raise BadModelError(f"{what} has element type {dtype.str!r}; a bundle's arrays hold plain numbers")
-    count = math.prod(shape)
-    nbytes = count * dtype.itemsize
-    if nbytes != size - f.tell():
-        raise BadModelError(f"{what}: its header declares shape {shape} of {dtype.str} ({nbytes:,} bytes) but "
-                            f"the archive holds {size - f.tell():,} bytes of data")
-    buffer = bytearray(nbytes)
-    if f.readinto(memoryview(buffer)) != nbytes:
-        raise BadModelError(f"{what} is truncated")
-    array = np.frombuffer(buffer, dtype=dtype, count=count)
-    return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
 
 
 def place_initializer(array: np.ndarray, perm: list[int] | None) -> np.ndarray:
