@@ -46,6 +46,7 @@ from . import msgpack_decode, unpickle
 from .activations import Activation, parse_activation
 from .build import Dense, MlpSpec, ObsFilter, Prelude
 from .rllib_weights import parse_rllib_fcnet
+from .state_dict import parse_rllib_torch
 
 #: Modules whose classes and helper functions a checkpoint names; recorded inertly, never imported.
 INERT_MODULES = ("ray", "gymnasium", "gym", "torch", "cloudpickle", "numpy.random", "tree")
@@ -422,55 +423,6 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpo
 # -------------------------------------------------------------------------------- weights -> MLP
 
 
-_TORCH_FCNET = re.compile(r"^(?P<layer>_hidden_layers\.\d+|_logits|_value_branch_separate\.\d+|_value_branch)\._model\.0\.(?P<param>weight|bias)$")
-
-
-def parse_torch_fcnet(arrays: dict[str, np.ndarray], activation: Activation | None, keep_value: bool) -> MlpSpec:
-    """RLlib's old-stack torch ``FullyConnectedNetwork`` (``ray/rllib/models/torch/fcnet.py``):
-    ``_hidden_layers.<i>._model.0`` (Linear ``(out, in)`` + activation), ``_logits._model.0``,
-    ``_value_branch_separate.<i>._model.0``, ``_value_branch._model.0``, optional
-    ``_append_free_log_std.log_std``.
-
-    Raises:
-        BadModelError: arrays that fit no layer (listed), or no ``_logits`` layer.
-    """
-    placed: dict[str, dict[str, tuple[str, np.ndarray]]] = {}
-    unplaced, log_std = [], None
-    for name, arr in arrays.items():
-        m = _TORCH_FCNET.match(name)
-        if m:
-            placed.setdefault(m["layer"], {})[m["param"]] = (name, arr)
-        elif name == "_append_free_log_std.log_std":
-            log_std = (name, arr)
-        else:
-            unplaced.append(name)
-    if unplaced:
-        raise BadModelError(f"cannot place {len(unplaced)} array(s) in RLlib's torch FullyConnectedNetwork layout: "
-                            f"{', '.join(sorted(unplaced))}")
-    if "_logits" not in placed:
-        raise BadModelError(f"no _logits layer among {', '.join(sorted(arrays))}")
-
-    def dense(layer: str, act: Activation | None) -> Dense:
-        params = placed[layer]
-        if "weight" not in params:
-            raise BadModelError(f"layer {layer!r} has no weight")
-        wname, w = params["weight"]
-        bname, b = params.get("bias", (None, None))
-        return Dense(layer, w, wname, b, bname, "out_in", act)
-
-    def numbered(stem: str) -> list[str]:
-        return sorted((k for k in placed if k.startswith(stem + ".")), key=lambda k: int(k.rsplit(".", 1)[1]))
-
-    hidden = [dense(k, activation) for k in numbered("_hidden_layers")]
-    value_hidden = [dense(k, activation) for k in numbered("_value_branch_separate")]
-    has_value = "_value_branch" in placed
-    if keep_value and not has_value:
-        raise BadModelError("a value branch was asked for (--keep-value), but the weights hold no _value_branch")
-    return MlpSpec(hidden, dense("_logits", None), value_hidden if keep_value else [],
-                   dense("_value_branch", None) if keep_value and has_value else None,
-                   None if log_std is None else log_std[1], None if log_std is None else log_std[0])
-
-
 _MODULE_LAYER = re.compile(r"^(?P<module>.+)\.net\.mlp\.(?P<index>\d+)\.(?P<param>weight|bias)$")
 
 
@@ -600,8 +552,8 @@ def convert_rllib(source, options):
              + (f" (it also holds {', '.join(p for p in ckpt.policy_ids if p != ckpt.policy_id)})" if len(ckpt.policy_ids) > 1 else "")]
     if ckpt.layout == "new-stack":
         spec, dueling = parse_rl_module(ckpt.weights, config, act, head_act, options.keep_value, dqn)
-    elif ckpt.framework == "torch":
-        spec, dueling = parse_torch_fcnet(ckpt.weights, act, options.keep_value), False
+    elif ckpt.framework == "torch":  # the same state_dict layout a plain rllib-torch file holds
+        spec, dueling = parse_rllib_torch(ckpt.weights, act, keep_value=options.keep_value)[0], False
     else:
         spec, dueling = parse_rllib_fcnet(ckpt.weights, act, options.keep_value), False
     value_layers = _value_layer_names(ckpt.weights)
@@ -656,4 +608,4 @@ def _value_layer_names(weights: dict[str, np.ndarray]) -> list[str]:
     return names
 
 
-__all__ = ["Checkpoint", "read_checkpoint", "convert_rllib", "parse_torch_fcnet", "parse_rl_module", "INERT_MODULES"]
+__all__ = ["Checkpoint", "read_checkpoint", "convert_rllib", "parse_rl_module", "INERT_MODULES"]
