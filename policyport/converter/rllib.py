@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import re
 import zlib
 from dataclasses import dataclass, field

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.converter import convert_source
 from policyport.converter.rllib import EPSILON_RS, EPSILON_RUNNING_STATS, _filter, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
