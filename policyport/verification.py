@@ -258,8 +258,15 @@ def _graph(model, sessions) -> Graph:
 
 
 def _source_reference(model, source, trust: bool = False) -> Callable:
-    """The source's forward pass, rebuilt with the options recorded in the model at conversion."""
-    from .converter import OPTIONS_KEY, ConvertOptions, convert_source
+    """The source's forward pass, rebuilt with the options recorded in the model at conversion.
+
+    A source of another kind than the model was converted from (the TorchScript file of a module
+    whose ``state_dict`` was converted, say) carries its own architecture: only the options that
+    choose what it outputs (``keep_value``) carry over, and it is run as it is.
+    """
+    import dataclasses
+
+    from .converter import OPTIONS_KEY, ConvertOptions, convert_source, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -269,8 +276,12 @@ def _source_reference(model, source, trust: bool = False) -> Callable:
         head = props.get("policyport.head", "none")
         options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
+    recorded_kind = props.get("policyport.source_kind")
+    kind = detect_kind(source)
+    if recorded_kind and kind != recorded_kind:
+        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
     try:
-        converted = convert_source(source, options=options, trust=trust)
+        converted = convert_source(source, kind=kind, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     return converted.reference

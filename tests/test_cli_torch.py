@@ -78,3 +78,18 @@ def test_without_torch_a_torchscript_file_asks_for_the_extra(tmp_path):
                              "-o", str(tmp_path / "m.onnx")], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 4, result.stderr
     assert "policyport[torch]" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("activation,code", [("tanh,relu", 0), ("relu,tanh", 1)])
+def test_a_state_dict_conversion_is_checked_against_its_torchscript_module(tmp_path, activation, code):
+    """The module's own TorchScript carries the real activations: a wrong --activation given for the
+    state_dict is caught by verifying against it, tensor by tensor."""
+    model = tmp_path / "norms.onnx"
+    assert invoke("convert", TORCH_DIR / "norms.state_dict.pt", "-o", model, "--activation", activation).exit_code == 0
+    result = invoke("verify", model, "--source", TORCH_DIR / "norms.torchscript.pt", "--samples", "16", "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == code and doc["source"] == "source"
+    compared = {c["tensor"] for c in doc["comparisons"] if c["reference"] == "source"}
+    assert {"0/linear", "4/linear", "logits"} <= compared
+    if code:  # the model names its wrong activation 2/relu, the module's own is 2/tanh: the next layer differs
+        assert doc["first_divergence"]["tensor"] == "4/linear" and doc["first_divergence"]["reference"] == "source"

@@ -83,3 +83,31 @@ _REFERENCE: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
     "sigmoid": lambda x, a: (1 / (1 + np.exp(-x.astype(np.float64)))).astype(x.dtype),
     "linear": lambda x, a: x,
 }
+
+
+def choose_activation(given: str | None, recorded: str | None, what: str) -> tuple[str | None, list[str]]:
+    """The activation of a source that may record its own: ``recorded`` wins, ``given`` fills a gap.
+
+    Args:
+        given: ``--activation`` (``ConvertOptions.activation``), or ``None``.
+        recorded: the activation the source's own files name (SB3's ``activation_fn``, RLlib's
+            ``fcnet_activation``), or ``None`` when they name none.
+        what: the source, for messages (``"the SB3 zip's policy_kwargs"``).
+
+    Returns:
+        The activation to use (``None``: the source kind's default), and notes for the user.
+
+    Raises:
+        BadModelError: ``given`` contradicts ``recorded`` (converting with it would export another
+            network than the one trained, and the source check could not tell, since it would use
+            the same wrong activation).
+    """
+    if given is None:
+        return recorded, []
+    if recorded is None:
+        return given, [f"{what} names no activation; using --activation {given} (the source check cannot tell "
+                       "whether that is the one the policy was trained with)"]
+    if parse_activation(given) != parse_activation(recorded):
+        raise BadModelError(f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
+                            "to use the recorded one")
+    return recorded, []

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import BadModelError, UnreadableFileError
 from . import msgpack_decode, unpickle
-from .activations import Activation, parse_activation
+from .activations import Activation, choose_activation, parse_activation
 from .build import Dense, MlpSpec, ObsFilter, Prelude
 from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
@@ -541,13 +541,15 @@ def convert_rllib(source, options):
         raise BadModelError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
     ckpt = read_checkpoint(source, options.policy_id, options.trust)
     config = ckpt.model_config
-    activation_name = options.activation or config.get("fcnet_activation") or "tanh"
-    act = parse_activation(str(activation_name))
+    recorded = config.get("fcnet_activation")
+    activation_name, chosen = choose_activation(options.activation, None if recorded is None else str(recorded),
+                                                "the checkpoint's model config (fcnet_activation)")
+    act = parse_activation(str(activation_name or "tanh"))
     act = None if act.name == "linear" else act
     head_act = parse_activation(str(config.get("head_fcnet_activation") or "relu"))
     head_act = None if head_act.name == "linear" else head_act
     dqn = bool(ckpt.module_class and "DQN" in ckpt.module_class)
-    notes = [f"{ckpt.layout} checkpoint: converted policy {ckpt.policy_id!r}"
+    notes = chosen + [f"{ckpt.layout} checkpoint: converted policy {ckpt.policy_id!r}"
              + (f" (it also holds {', '.join(p for p in ckpt.policy_ids if p != ckpt.policy_id)})" if len(ckpt.policy_ids) > 1 else "")]
     if ckpt.layout == "new-stack":
         spec, dueling = parse_rl_module(ckpt.weights, config, act, head_act, options.keep_value, dqn)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadModelError, UnreadableFileError
+from .activations import choose_activation
 from .build import ActionHead, ObsNorm
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
@@ -190,8 +191,15 @@ def convert_sb3(source, options):
     layout = "sb3-actor" if any(k.startswith("actor.") for k in arrays) else "sb3"
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in arrays):
         raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
-    activation = options.activation or _activation_name(kwargs)
+    recorded, what = _activation_name(kwargs), "the zip's policy_kwargs"
+    raw = data.get("policy_kwargs")
+    if recorded is None and not (isinstance(raw, dict) and ":serialized:" in raw and not kwargs):
+        # policy_kwargs readable and naming no activation_fn: the policy class's default built it
+        recorded = "tanh" if layout == "sb3" else "relu"
+        what = "SB3's default for this policy (its policy_kwargs name no activation_fn)"
+    activation, chosen = choose_activation(options.activation, recorded, what)
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
+    notes = chosen + notes
     spec.action = _action_head(spec, family, act_space)
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import policyport as pp
+from policyport.converter import convert_source
 from policyport.cli import app
 from policyport.converter.rllib import EPSILON_RS, EPSILON_RUNNING_STATS, _filter, read_checkpoint
 
@@ -255,3 +256,10 @@ def test_verify_against_the_checkpoint_rebuilds_the_recorded_options(tmp_path):
     assert result.exit_code == 0, result.output
     compared = {c["tensor"] for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"}
     assert {"fc_1/tanh", "logits", "value"} <= compared and not [t for t in compared if t.startswith("obs_filter")]
+
+
+def test_an_activation_contradicting_the_model_config_is_refused():
+    with pytest.raises(pp.BadModelError, match="--activation relu contradicts the checkpoint's model config "
+                                               r"\(fcnet_activation\), which names tanh"):
+        pp.convert(RAY / "ppo_new", activation="relu")
+    assert convert_source(RAY / "ppo_new", activation="tanh").kind == "rllib"

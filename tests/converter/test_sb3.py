@@ -227,3 +227,16 @@ def test_verify_against_the_zip_finds_a_different_policy(tmp_path):
     doc = json.loads(result.stdout)
     assert result.exit_code == 1 and not doc["passed"]
     assert doc["first_divergence"]["tensor"] == "mlp_extractor.policy_net.2/linear"
+
+
+@pytest.mark.parametrize("path,given,recorded", [
+    (CARTPOLE, "relu", "tanh"),  # policy_kwargs {}: SB3's ActorCriticPolicy default built it
+    (SB3_DIR / "ppo_pendulum.zip", "tanh", "relu"),  # policy_kwargs names activation_fn ReLU
+    (SB3_DIR / "sac_pendulum.zip", "tanh", "relu"),  # an actor: SAC's default
+])
+def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded):
+    with pytest.raises(pp.BadModelError, match=f"--activation {given} contradicts .* which names {recorded}"):
+        pp.convert(path, activation=given)
+    agreeing = convert_source(path, activation=recorded)
+    assert not any("names no activation" in n for n in agreeing.notes)
+    assert [n.op_type for n in agreeing.model.graph.node if n.op_type in ("Relu", "Tanh")][0].lower() == recorded
