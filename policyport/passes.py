@@ -26,6 +26,10 @@ from .graph import tensor_array
 from .runtime.base import select_tensors
 
 PARAMETERS_KEY = "policyport.parameters"
+#: Metadata listing the source's parameter names in the source's own order (see :func:`parameter_map`).
+ORDER_KEY = "policyport.parameter_order"
+#: The most numbers a ``"value"`` entry of the parameter metadata may hold.
+MAX_VALUE_ELEMENTS = 64
 
 
 def parameter_map(model) -> dict[str, dict]:
@@ -39,8 +43,12 @@ def parameter_map(model) -> dict[str, dict]:
     (:func:`parameter_names`) to itself, under its initializer name.
 
     An entry may also stand for a source parameter the graph does not hold: an all-zero array an
-    exporter dropped (tf2onnx removes zero biases). Its key is the source name, and ``"zeros"`` is
-    ``{"shape": [...], "dtype": "float32"}``, from which :func:`extract_weights` rebuilds it.
+    exporter dropped (tf2onnx removes zero biases), or a small buffer no computation reads (torch's
+    ``BatchNorm.num_batches_tracked``). Its key is the source name, and ``"zeros"`` is
+    ``{"shape": [...], "dtype": "float32"}``, or ``"value"`` is ``{"shape": [...], "dtype": "int64",
+    "data": [...]}`` (at most :data:`MAX_VALUE_ELEMENTS` numbers), from which :func:`extract_weights`
+    rebuilds it. ``metadata_props["policyport.parameter_order"]``, when present, lists the source
+    names in the source's own order, which :func:`extract_weights` follows.
 
     Raises:
         BadModelError: the metadata is not valid JSON of that form.
@@ -48,14 +56,14 @@ def parameter_map(model) -> dict[str, dict]:
     props = {p.key: p.value for p in model.metadata_props}
     if PARAMETERS_KEY not in props:
         weights = parameter_names(model.graph)
-        return {t.name: {"name": t.name, "transpose": None, "zeros": None, "also": []}
+        return {t.name: {"name": t.name, "transpose": None, "zeros": None, "value": None, "also": []}
                 for t in model.graph.initializer if t.name in weights}
     try:
         raw = json.loads(props[PARAMETERS_KEY])
         mapping = {}
         for k, v in raw.items():
             if isinstance(v, str):
-                mapping[k] = {"name": v, "transpose": None, "zeros": None, "also": []}
+                mapping[k] = {"name": v, "transpose": None, "zeros": None, "value": None, "also": []}
                 continue
             zeros = v.get("zeros")
             if zeros is not None:
@@ -64,7 +72,14 @@ def parameter_map(model) -> dict[str, dict]:
                 if dtype.kind not in "biuf" or any(d < 0 for d in shape):
                     raise ValueError(f"{k!r} rebuilds zeros of dtype {dtype} and shape {shape}")
                 zeros = {"shape": shape, "dtype": dtype.name}
-            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros,
+            value = v.get("value")
+            if value is not None:
+                dtype, shape, data = np.dtype(value["dtype"]), [int(d) for d in value["shape"]], list(value["data"])
+                if dtype.kind not in "biuf" or any(d < 0 for d in shape) or len(data) != int(np.prod(shape)) \
+                        or len(data) > MAX_VALUE_ELEMENTS:
+                    raise ValueError(f"{k!r} rebuilds {len(data)} values of dtype {dtype} and shape {shape}")
+                value = np.array(data, dtype=dtype).reshape(shape)
+            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros, "value": value,
                           "also": [str(a) for a in v.get("also", [])]}
         return mapping
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -146,6 +161,8 @@ def extract_weights(model) -> dict[str, np.ndarray]:
             if key in initializers:
                 raise BadModelError(f"metadata {PARAMETERS_KEY!r} rebuilds {key!r} as zeros, but the graph holds it")
             arr = np.zeros(spec["zeros"]["shape"], dtype=spec["zeros"]["dtype"])
+        elif spec.get("value") is not None:
+            arr = spec["value"].copy()
         elif key in initializers:
             arr = tensor_array(initializers[key])
         else:
@@ -156,6 +173,13 @@ def extract_weights(model) -> dict[str, np.ndarray]:
             if name in weights:
                 raise BadModelError(f"two initializers map to the source parameter {name!r}")
             weights[name] = arr if name == spec["name"] else arr.copy()
+    order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
+    if order:
+        try:
+            rank = {str(name): i for i, name in enumerate(json.loads(order))}
+        except (ValueError, TypeError) as e:
+            raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: {e}") from e
+        weights = dict(sorted(weights.items(), key=lambda kv: rank.get(kv[0], len(rank))))
     return weights
 
 

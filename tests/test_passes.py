@@ -81,3 +81,39 @@ def test_expose_leaves_the_file_untouched(tmp_path, metadrive_model):
     before = path.read_bytes()
     exposed = pp.expose(path)
     assert path.read_bytes() == before and len(exposed.graph.output) == 7
+
+
+def _with_metadata(model, **props):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.helper.set_model_props(copy, {**{p.key: p.value for p in copy.metadata_props}, **props})
+    return copy
+
+
+def test_value_entries_and_the_recorded_order_rebuild_buffers_the_graph_does_not_hold(metadrive_model):
+    import json
+
+    props = {p.key: p.value for p in metadrive_model.metadata_props}
+    mapping = json.loads(props["policyport.parameters"])
+    mapping["bn.num_batches_tracked"] = {"name": "bn.num_batches_tracked",
+                                         "value": {"dtype": "int64", "shape": [], "data": [1234]}}
+    order = ["bn.num_batches_tracked", *reversed([v if isinstance(v, str) else v["name"] for v in mapping.values()][:-1])]
+    model = _with_metadata(metadrive_model, **{"policyport.parameters": json.dumps(mapping),
+                                               "policyport.parameter_order": json.dumps(order)})
+    weights = pp.extract_weights(model)
+    assert list(weights) == order
+    assert weights["bn.num_batches_tracked"].dtype == np.int64 and weights["bn.num_batches_tracked"].shape == ()
+    assert int(weights["bn.num_batches_tracked"]) == 1234
+
+
+@pytest.mark.parametrize("value", [
+    {"dtype": "object", "shape": [], "data": [1]},
+    {"dtype": "int64", "shape": [2], "data": [1]},
+    {"dtype": "int64", "shape": [100], "data": list(range(100))},
+])
+def test_a_malformed_value_entry_is_refused(metadrive_model, value):
+    import json
+
+    mapping = {"x": {"name": "x", "value": value}}
+    with pytest.raises(pp.BadModelError, match="policyport.parameters' is malformed"):
+        pp.extract_weights(_with_metadata(metadrive_model, **{"policyport.parameters": json.dumps(mapping)}))

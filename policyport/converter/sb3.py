@@ -177,7 +177,7 @@ def convert_sb3(source, options):
     from . import Converted
     from .build import build_mlp
     from .state_dict import parse_layout, reference_for
-    from .torch_files import as_state_dict, load_torch_file
+    from .torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
 
     path = Path(source)
     if options.head is not None:
@@ -221,6 +221,7 @@ def convert_sb3(source, options):
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
     model = build_mlp(spec, opset=options.opset, metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
+    keep_state_dict_layout(model, arrays)
     return Converted(model, reference_for(spec, None), "sb3", notes)
 
 

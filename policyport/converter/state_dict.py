@@ -447,6 +447,9 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     activation = options.activation or {"sb3": "tanh", "sb3-actor": "relu", "rllib-torch": "tanh"}.get(layout)
     model = build_mlp(spec, head=options.head, opset=options.opset,
                       metadata={"policyport.activation": activation or "none", "policyport.layout": layout})
+    from .torch_files import keep_state_dict_layout
+
+    keep_state_dict_layout(model, arrays)
     return Converted(model, reference_for(spec, options.head), kind, notes)
 
 

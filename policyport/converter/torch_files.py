@@ -250,3 +250,37 @@ def as_state_dict(value, path) -> dict[str, np.ndarray]:
     if bad:
         raise BadModelError(f"{path} is not a flat state_dict: {', '.join(bad[:10])} {'is' if len(bad) == 1 else 'are'} not tensors")
     return {str(k): v for k, v in value.items()}
+
+
+def keep_state_dict_layout(model, state_dict) -> None:
+    """Make ``extract`` give back the whole ``state_dict`` in its own order (changes ``model``'s metadata).
+
+    Small integer buffers that no computation reads (``BatchNorm.num_batches_tracked``), and so are
+    not in the graph, are recorded as ``"value"`` entries of the parameter metadata; the order of
+    the state_dict's keys is recorded as ``policyport.parameter_order``
+    (see :func:`policyport.passes.parameter_map`).
+
+    Args:
+        model: an ``onnx.ModelProto`` whose ``policyport.parameters`` metadata a converter wrote.
+        state_dict: the source's arrays, name -> array, in the source's order.
+    """
+    from ..passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
+
+    props = {p.key: p for p in model.metadata_props}
+    mapping = json.loads(props[PARAMETERS_KEY].value) if PARAMETERS_KEY in props else {}
+    mapped = {v if isinstance(v, str) else v["name"] for v in mapping.values()}
+    mapped |= {a for v in mapping.values() if isinstance(v, dict) for a in v.get("also", [])}
+    for name, array in state_dict.items():
+        array = np.asarray(array)
+        if name not in mapped and name.endswith("num_batches_tracked") and array.dtype.kind in "iu" \
+                and array.size <= MAX_VALUE_ELEMENTS:
+            mapping[name] = {"name": name, "value": {"dtype": array.dtype.name, "shape": list(array.shape),
+                                                     "data": array.ravel().tolist()}}
+            mapped.add(name)
+    order = [name for name in state_dict if name in mapped]
+    for key, value in ((PARAMETERS_KEY, json.dumps(mapping)), (ORDER_KEY, json.dumps(order))):
+        if key in props:
+            props[key].value = value
+        else:
+            entry = model.metadata_props.add()
+            entry.key, entry.value = key, value

@@ -267,6 +267,10 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     leaves = [name for name, sub in module.named_modules() if name and not list(sub.children())]
     model, module_tensors, module_inputs = rename_graph(raw, exporter, names, module_names, classes, leaves)
     model, unmatched = match_parameters(model, params)
+    from .torch_files import keep_state_dict_layout
+
+    keep_state_dict_layout(model, params)
+    unmatched = [k for k in unmatched if not k.endswith("num_batches_tracked")]
     if unmatched:
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
                      f"graph as stored (unused, or folded by the exporter): {', '.join(unmatched)}")

@@ -121,8 +121,9 @@ def test_a_sequential_state_dict_matches_the_module_layer_by_layer(name, activat
     np.testing.assert_allclose(pp.load(c.model, backend="onnxruntime").run({"obs": obs})["logits"], expected, rtol=tol, atol=tol)
     np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], expected, rtol=tol, atol=tol)
     weights = pp.extract_weights(c.model)
-    state = {k: v.numpy() for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
-    assert sorted(weights) == sorted(state) and all(weights[k].tobytes() == state[k].tobytes() for k in state)
+    state = {k: v.numpy() for k, v in module.state_dict().items()}
+    assert list(weights) == list(state)  # num_batches_tracked included, in the state_dict's order
+    assert all(weights[k].dtype == state[k].dtype and weights[k].tobytes() == state[k].tobytes() for k in state)
 
 
 def test_numpy_and_torch_references_agree_on_every_tensor():
