@@ -403,3 +403,15 @@ def test_verify_table_marks_rounding_and_gives_both_float64_figures(converted):
     assert "exceeds the tolerance, within float32 rounding: against a float64 run onnxruntime is" in line
     assert re.search(r"PASS: 7 comparisons within atol 0, rtol 0, [1-7] by rounding against a float64 run",
                      result.stdout)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_run_on_an_input_of_no_rows_writes_empty_outputs(converted, tmp_path, backend):
+    empty = tmp_path / "empty.npy"
+    np.save(empty, np.zeros((0, 275), np.float32))
+    result = invoke("run", converted, "-i", empty, "-o", tmp_path / "out.npz", "--backend", backend,
+                    "--record", tmp_path / "acts.npz")
+    assert result.exit_code == 0, result.output
+    with np.load(tmp_path / "out.npz") as out, np.load(tmp_path / "acts.npz") as acts:
+        assert out["logits"].shape == (0, 4) and out["action"].shape == (0, 2)
+        assert acts["fc_1/tanh"].shape == (0, 256)

@@ -354,7 +354,7 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
         shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.perf_counter() - started
     size = sum(p.stat().st_size for p in out.iterdir())
-    return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds, size)
+    return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds=seconds, bytes=size)
 
 
 def start_ray(ray):

@@ -213,6 +213,8 @@ def nonfinite_rows(array: np.ndarray) -> int:
     array = np.asarray(array)
     if array.dtype.kind not in "fc" or array.ndim == 0:
         return int(array.dtype.kind in "fc" and not np.isfinite(array))
+    if array.size == 0:  # no rows, or rows of nothing
+        return 0
     return int((~np.isfinite(array.reshape(len(array), -1))).any(axis=1).sum())
 
 

@@ -43,6 +43,8 @@ def test_the_ray_engine_records_what_the_local_engine_records(tmp_path, local_ra
     summary = record_dataset(metadrive_onnx, data, out, engine="ray", batch_size=512,
                              overrides={"fc_2/tanh": {17: 1.0}})
     assert summary.rows == 3000 and summary.format == "parquet" and out.is_dir()
+    assert summary.nonfinite_rows == 0 and 0 < summary.seconds < 600  # each field in its place
+    assert summary.bytes == sum(p.stat().st_size for p in out.iterdir()) > 3000 * 4 * 256
     assert all(p.suffix == ".parquet" for p in out.iterdir()) and sorted(os.listdir(tmp_path)) == ["ray_rec"]
     local = tmp_path / "local.parquet"
     record_dataset(metadrive_onnx, data, local, batch_size=512, overrides={"fc_2/tanh": {17: 1.0}})
