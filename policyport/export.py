@@ -90,17 +90,44 @@ file of the same name beside this one, under the source's own parameter names. N
 import numpy as np
 '''
 
-_TAP = '''def observer(record, overrides):
+_TAP = '''def checked(name, value):
+    """The input ``name`` as an array, after checking its dtype and shape against INPUTS."""
+    value = np.asarray(value)
+    dtype, shape = INPUTS[name]
+    fits = shape is None or (value.ndim == len(shape) and all(
+        not isinstance(d, int) or d <= 0 or d == n for d, n in zip(shape, value.shape)))
+    if value.dtype != np.dtype(dtype) or not fits:
+        hint = " (add a batch axis: x[None])" if shape is not None and value.ndim == len(shape) - 1 else ""
+        raise ValueError(f"input {name!r} expects {dtype} of shape {shape}, got {value.dtype} of shape "
+                         f"{value.shape}{hint}")
+    return value
+
+
+def observer(record, overrides):
     """What forward does with each tensor: set the chosen neurons (last axis), then record it."""
     if record is None and not overrides:
         return lambda name, value: value
+    settings = {}  # tensor -> [(neuron, value)]; neurons given as ints or as text "17" / "3,17"
+    for name, chosen in (overrides or {}).items():
+        if name not in TENSORS:
+            raise KeyError(f"overrides name tensor {name!r}, which this policy does not compute; it has: "
+                           + ", ".join(TENSORS))
+        for key, setting in chosen.items():
+            parts = str(key).split(",") if isinstance(key, str) else [key]
+            if not all(isinstance(n, (int, np.integer)) and n >= 0 or isinstance(n, str) and n.strip().isdigit()
+                       for n in parts):
+                raise ValueError(f"overrides of {name!r}: {key!r} is not a neuron number (or a comma list of them)")
+            settings.setdefault(name, []).extend((int(n), setting) for n in parts)
 
     def seen(name, value):
-        chosen = overrides.get(name) if overrides else None
+        chosen = settings.get(name)
         if chosen:
             value = np.array(value)  # a copy: the tensor it came from stays as computed
-            for neuron, setting in chosen.items():
-                value[..., int(neuron)] = setting
+            for neuron, setting in chosen:
+                if neuron >= value.shape[-1]:
+                    raise IndexError(f"overrides of {name!r}: neuron {neuron} is out of range; it has "
+                                     f"{value.shape[-1]}")
+                value[..., neuron] = setting
         if record is not None:
             record[name] = value
         return value
@@ -408,8 +435,9 @@ class _Writer:
             return {v.name: (v.dtype.name, None if v.shape is None else tuple(v.shape)) for v in values}
 
         helpers = [source for source in self.helpers.values()]
+        tensors = tuple(dict.fromkeys(o for n in self.graph.nodes for o in n.outputs if o))
         statements = [
-            f"INPUTS = {info(self.graph.inputs)!r}\nOUTPUTS = {info(self.graph.outputs)!r}",
+            f"INPUTS = {info(self.graph.inputs)!r}\nOUTPUTS = {info(self.graph.outputs)!r}\nTENSORS = {tensors!r}",
             'WEIGHTS = dict(np.load(Path(__file__).with_suffix(".npz"), allow_pickle=False))',
             "\n".join(self.constant_lines),
             "\n".join(self.values.values()),
@@ -421,6 +449,7 @@ class _Writer:
             '    """The graph outputs by name; ``record`` (a dict) receives every tensor, ``overrides``\n'
             '    ({tensor name: {neuron: value}}) sets neurons of tensors before the rest of the graph sees them."""\n'
             "    tap = observer(record, overrides)\n"
+            + "".join(f"    {p} = checked({v.name!r}, {p})\n" for p, v in zip(self.params, self.graph.inputs))
             + "\n".join(body) + f"\n    return {{{returned}}}"
         )
         imports = "import math\n" if any("math." in h for h in helpers) else ""

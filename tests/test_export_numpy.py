@@ -62,13 +62,15 @@ def expert(metadrive_model, tmp_path_factory):
 def test_the_expert_module_is_as_short_as_a_hand_written_one_and_imports_numpy_only(expert):
     done, _ = expert
     text = done.module.read_text()
-    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 5
+    # about a hand-written one's length, plus the input and override checks one usually leaves out
+    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 32
     assert (done.tensors, done.samples) == (7, 64)
     imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
     assert imported == {"numpy", "pathlib"}
     body = text[text.index("def forward"):].splitlines()
-    assert body[4:11] == [
+    assert body[4] == "    obs = checked('obs', obs)"
+    assert body[5:12] == [
         "    fc_1_linear = tap('fc_1/linear', np.dot(obs, FC_1_KERNEL) + FC_1_BIAS)  # Gemm",
         "    fc_1_tanh = tap('fc_1/tanh', np.tanh(fc_1_linear))  # Tanh",
         "    fc_2_linear = tap('fc_2/linear', np.dot(fc_1_tanh, FC_2_KERNEL) + FC_2_BIAS)  # Gemm",
@@ -343,3 +345,25 @@ def test_the_command(metadrive_model, tmp_path):
     transposed.write_bytes(_single("Transpose", {"x": X}).SerializeToString())
     refused = runner.invoke(app, ["export-numpy", str(transposed), "-o", str(tmp_path / "t.py")])
     assert refused.exit_code == 3 and 'Transpose node "node" is outside the op set' in refused.stderr
+
+
+def test_the_module_checks_its_inputs_and_overrides(tmp_path):
+    model = pp.convert(EXPERT, head="diag-gaussian")
+    done = pp.export_numpy(model, tmp_path / "policy.py")
+    policy = load_module(done.module)
+    obs = np.random.default_rng(0).uniform(0, 1, (3, 275)).astype(np.float32)
+    base = policy.forward(obs)["action"]
+    with pytest.raises(ValueError, match=r"input 'obs' expects float32 of shape \('batch', 275\), got float64"):
+        policy.forward(obs.astype(np.float64))
+    with pytest.raises(ValueError, match=r"got float32 of shape \(275,\) \(add a batch axis: x\[None\]\)"):
+        policy.forward(obs[0])
+    with pytest.raises(KeyError, match="overrides name tensor 'fc2/tanh', which this policy does not compute"):
+        policy.forward(obs, overrides={"fc2/tanh": {17: 1.0}})
+    for bad in (-1, 1.5, "x"):
+        with pytest.raises(ValueError, match="is not a neuron number"):
+            policy.forward(obs, overrides={"fc_2/tanh": {bad: 1.0}})
+    with pytest.raises(IndexError, match="neuron 256 is out of range; it has 256"):
+        policy.forward(obs, overrides={"fc_2/tanh": {256: 1.0}})
+    steered = policy.forward(obs, overrides={"fc_2/tanh": {"3,17": 1.0}}, record=(rec := {}))
+    np.testing.assert_array_equal(rec["fc_2/tanh"][:, [3, 17]], 1.0)
+    assert not np.array_equal(steered["action"], base)

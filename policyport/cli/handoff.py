@@ -39,6 +39,9 @@ def export_numpy(
                        "tensors": done.tensors, "samples": done.samples})
             return
         say(f"wrote {done.module} and {done.weights}")
+        if not output.stem.isidentifier():
+            say(f"note: {output.stem!r} is not a Python identifier, so 'import {output.stem}' cannot load it; load it "
+                "by path (importlib.util.spec_from_file_location) or rename both files")
         out.print(literal(f"{done.module}: {done.lines} lines, numpy only; forward() reproduces the numpy backend "
                           f"bit for bit on {done.samples} observations, all {done.tensors} tensors"))
 
