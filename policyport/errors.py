@@ -16,6 +16,13 @@ class PolicyportError(Exception):
     exit_code = 3
 
 
+class OptionError(PolicyportError, ValueError):
+    """An option value policyport refuses, or an option that does not apply to what it was given
+    (exit 2, a usage error)."""
+
+    exit_code = 2
+
+
 class BadModelError(PolicyportError, ValueError):
     """A model, weights file or source that cannot be read or placed (exit 3)."""
 

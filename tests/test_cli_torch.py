@@ -61,7 +61,7 @@ def test_a_whole_pickled_module_needs_trust_to_convert_and_to_verify(tmp_path):
     (["--input-shape", "2,x"], 2, "--input-shape"),
     (["--output-names", "a,a"], 2, "--output-names"),
     (["--exporter", "dynamo"], 3, "dynamo exporter cannot trace a TorchScript module"),
-    (["--activation", "relu"], 3, "--activation applies to weight files"),
+    (["--activation", "relu"], 2, "--activation does not apply to torchscript sources"),
     (["--output-names", "a,b"], 3, "2 output names given"),
 ])
 def test_torch_refusals(args, exit_code, says, tmp_path):

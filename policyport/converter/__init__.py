@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError
+from ..errors import BadModelError, OptionError, UnreadableFileError
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
@@ -41,6 +41,28 @@ SOURCES: dict[str, str] = {
 
 #: Source kinds ``--from`` accepts, in the order the help lists them.
 KINDS = tuple(SOURCES)
+
+#: The :class:`ConvertOptions` fields each source kind reads; any other field given a value is
+#: refused before conversion rather than ignored (an SB3 zip's head comes from its action space, a
+#: Keras model records its own activations ...). ``trust`` is a permission, not a setting, and is
+#: accepted everywhere.
+READS: dict[str, frozenset[str]] = {
+    "npz": frozenset({"activation", "head", "opset", "keep_value"}),
+    "torch": frozenset({"opset", "exporter", "input_shape", "output_names"}),
+    "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names"}),
+    "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "exporter",
+                             "output_names"}),  # the last two for a whole pickled module loaded with trust
+    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm"}),
+    "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape"}),
+    "keras": frozenset({"head", "opset"}),
+    "savedmodel": frozenset({"head", "opset"}),
+    "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
+}
+
+#: How the CLI spells each option, for messages.
+_FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
+          "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
+          "input_shape": "--input-shape", "output_names": "--output-names"}
 
 #: The model metadata key under which a converter records the options it was run with, so that
 #: ``verify --source`` can rebuild the same source forward pass.
@@ -228,10 +250,28 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     kind = kind or detect_kind(source)
     if kind not in SOURCES:
         raise BadModelError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
+    _check_applies(options, kind)
     module, function = SOURCES[kind].split(":")
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
     return converted
+
+
+def _check_applies(options: ConvertOptions, kind: str) -> None:
+    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do.
+
+    Raises:
+        OptionError: such an option (exit 2).
+    """
+    defaults = ConvertOptions()
+    given = [f.name for f in dataclasses.fields(options)
+             if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+    ignored = [name for name in given if name not in READS.get(kind, frozenset(given))]
+    if ignored:
+        where = "; ".join(f"{_FLAGS.get(n, n)} applies to {', '.join(sorted(k for k, r in READS.items() if n in r))}"
+                          for n in ignored)
+        flags = ", ".join(_FLAGS.get(n, n) for n in ignored)
+        raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
 
 
 def _record_options(model, kind: str, options: ConvertOptions) -> None:
