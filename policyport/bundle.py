@@ -130,8 +130,10 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     parity = _parity(proto, feeds, source, atol, rtol, rounding)
     if not parity["passed"]:
         f = parity["first_divergence"]
+        against = "the source disagrees with the numpy backend" if f["reference"] == "source" or f["candidate"] == "source" \
+            else "the backends disagree"
         raise VerificationError(
-            f"not packing {out_dir}: the backends disagree on the golden observations; first diverging "
+            f"not packing {out_dir}: {against} on the golden observations; first diverging "
             f"tensor {f['tensor']!r} ({f['dtype']}, {f['candidate']} vs {f['reference']}), max abs "
             f"{f['max_abs']:.3g} > atol {f['atol']:g} + rtol {f['rtol']:g} * |{f['reference']}|"
             + (f", and not {f['dtype']} rounding against a float64 run" if f["rule"] == "rounding" else "")

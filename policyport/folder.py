@@ -301,7 +301,8 @@ def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
             if found != policy["files"][name]:
                 raise BadModelError(
                     f"{directory / name}: its content differs from the sha256 {POLICY_FILE} records; the "
-                    "file was changed or damaged after packing — re-pack the model or restore the file"
+                    "file was changed or damaged after packing — restore the file, or pack the model again into a new "
+                    "folder (pack --force replaces only an intact bundle)"
                 )
     runtime = policy.get("runtime")
     if runtime is not None and runtime_digest(policy["files"]) != runtime["digest"]:

@@ -462,3 +462,13 @@ def test_pack_refuses_when_numpy_and_onnxruntime_disagree(model, tmp_path, monke
     parity = json.loads((folder / "policy.json").read_text())["parity"]
     assert parity["passed"] and parity["atol"] == 1e-2 and parity["rtol"] is None
     assert parity["tolerances"] == {"float32": {"atol": 1e-2, "rtol": 1e-5}}
+
+
+def test_pack_says_when_it_is_the_source_that_disagrees(model, source_weights, tmp_path):
+    perturbed = dict(source_weights)
+    perturbed["default_policy/fc_2/bias"] = perturbed["default_policy/fc_2/bias"] + np.float32(1e-2)
+    np.savez(tmp_path / "perturbed.npz", **perturbed)
+    with pytest.raises(pp.VerificationError, match=r"the source disagrees with the numpy backend on the golden "
+                                                    r"observations; first diverging tensor 'fc_2/linear'"):
+        pp.pack(model, tmp_path / "b", source=tmp_path / "perturbed.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["perturbed.npz"]

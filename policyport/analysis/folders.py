@@ -19,8 +19,14 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
         UnreadableFileError: the parent folder does not exist.
     """
     if out.exists() or out.is_symlink():
-        if not force:
+        replaceable = out.is_dir() and not out.is_symlink() and all(p.suffix in suffixes and not p.is_dir()
+                                                                    for p in out.iterdir())
+        if not force and replaceable:
             raise OutputExistsError(f"{out} exists; overwrite it with --force (force=True in Python)")
+        if not replaceable:
+            raise OutputExistsError(f"{out} exists and is not a folder of {'/'.join(suffixes)} files only (a previous "
+                                    "output of this command), so it is never replaced — remove it yourself or choose "
+                                    "another name")
         if not out.is_dir() or out.is_symlink() or any(p.suffix not in suffixes or p.is_dir() for p in out.iterdir()):
             raise OutputExistsError(f"{out} is not a folder of {'/'.join(suffixes)} files only; force replaces only a "
                                     "previous output of this command — remove it yourself or choose another name")

@@ -65,13 +65,15 @@ def test_an_existing_folder_is_kept_unless_it_holds_only_plots(tmp_path, recordi
     out = tmp_path / "plots"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(pp.OutputExistsError, match="--force"):
-        plots.plot_recording(recording, out, tensors="logits")
-    with pytest.raises(pp.OutputExistsError, match="not a folder of .png files only"):
-        plots.plot_recording(recording, out, tensors="logits", force=True)
+    for force in (False, True):  # a folder of other files: never offered --force, never replaced
+        with pytest.raises(pp.OutputExistsError, match="is not a folder of .png files only .* never replaced") as e:
+            plots.plot_recording(recording, out, tensors="logits", force=force)
+        assert "--force" not in str(e.value)
     assert os.listdir(out) == ["notes.txt"]
     (out / "notes.txt").unlink()
     (out / "old.png").write_bytes(PNG)
+    with pytest.raises(pp.OutputExistsError, match="exists; overwrite it with --force"):
+        plots.plot_recording(recording, out, tensors="logits")
     plots.plot_recording(recording, out, tensors="logits", force=True)
     assert sorted(os.listdir(out)) == ["heatmap-logits.png", "histograms.png", "neurons-logits.png"]
 
