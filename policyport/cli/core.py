@@ -18,7 +18,7 @@ import traceback
 from typing import Annotated, Callable, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
 from ..files import using_limits
@@ -97,6 +97,7 @@ class PolicyportGroup(TyperGroup):
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        prog_name = "policyport"  # also under python -m policyport, and in shell completion's variable
         argv = list(sys.argv[1:] if args is None else args)
         if "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]:
             state.debug = True
@@ -129,7 +130,56 @@ def _show_usage_error(e: ClickException) -> None:
     err.print(f"error: {literal(e.format_message())}", markup=False)
 
 
-app = typer.Typer(
+class PolicyportCommand(TyperCommand):
+    """A command whose help reads as Click's always has, whatever Typer's own style: the usage line
+    ``policyport run [OPTIONS] MODEL`` (an optional argument ``[NAME]``), an option's value by its
+    metavar (``-i, --input OBS``; its upper-cased name when it has none), flags bare, arguments by
+    their metavar. Only Click's public parameter attributes are read."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = _value_name(param) + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                sections["Arguments"].append((_value_name(param), record[1]))
+            else:
+                value = "" if param.is_flag or param.count else f" {_value_name(param)}"
+                names = [", ".join(sorted(opts, key=_prefix_length)) for opts in (param.opts, param.secondary_opts)]
+                sections["Options"].append((" / ".join(n + value for n in names if n), record[1]))
+        for title, rows in sections.items():
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _prefix_length(opt: str) -> int:
+    """``1`` for ``-h``, ``2`` for ``--help``: short names are listed first, as Click does."""
+    return len(opt) - len(opt.lstrip("-/"))
+
+
+def _value_name(param) -> str:
+    """What a parameter's value is called in help: its metavar, else its name upper-cased."""
+    return param.metavar or (param.name or "value").upper()
+
+
+class PolicyportTyper(typer.Typer):
+    """The application; every command it registers renders its help with :class:`PolicyportCommand`."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or PolicyportCommand, **kwargs)
+
+
+app = PolicyportTyper(
     cls=PolicyportGroup,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -15,8 +15,8 @@ from .render import literal, out, say
 @app.command("export-numpy")
 def export_numpy(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The module to write (.py); its weights go beside it as .npz.")],
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Observations the module is checked on before it is written.")] = 64,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="MODULE.py", help="The module to write (.py); its weights go beside it as .npz.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
