@@ -1,0 +1,93 @@
+"""Run mutmut over one group of modules at a time, each in its own copy of the tree (see mutation.sh).
+
+A group names the modules to mutate and the tests that exercise them; mutmut runs, for each mutant,
+only those of the group's tests that reach the mutated function. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".mutation"
+
+#: group -> (modules to mutate, tests that cover them). Slow framework tests (torch, TensorFlow
+#: exporters) are left to the groups that need them.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "compare": (["policyport/compare.py"],
+                ["tests/test_tolerances.py", "tests/test_rounding.py", "tests/test_verify.py", "tests/test_stochastic.py"]),
+    "verification": (["policyport/verification.py"],
+                     ["tests/test_verify.py", "tests/test_tolerances.py", "tests/test_rounding.py",
+                      "tests/test_stochastic.py", "tests/test_inputs.py", "tests/test_spine.py"]),
+    "passes": (["policyport/passes.py"],
+               ["tests/test_passes.py", "tests/test_foreign_models.py", "tests/test_tensor_names.py",
+                "tests/test_onnx_tensors.py", "tests/test_spine.py"]),
+    "cli": (["policyport/cli/*"],
+            ["tests/test_cli.py", "tests/test_cli_edge.py", "tests/test_cli_usage.py", "tests/test_cli_misuse.py",
+             "tests/test_hostile_names.py", "tests/test_inputs.py"]),
+    "runtime": (["policyport/runtime/*"],
+                ["tests/runtime", "tests/test_inputs.py", "tests/test_spine.py", "tests/test_handoff.py",
+                 "tests/test_stochastic.py"]),
+    "converter": (["policyport/converter/*"],
+                  ["tests/converter", "tests/test_layers.py", "tests/test_spine.py"]),
+}
+
+#: Files the tests read besides the package and tests/.
+ALSO_COPY = ["fixtures", "README.md", "SECURITY.md", "scripts", "benchmarks"]
+
+
+def prepare(group: str) -> Path:
+    """A fresh copy of the tracked tree (and untracked test files) under .mutation/GROUP with its setup.cfg."""
+    modules, tests = GROUPS[group]
+    folder = WORK / group
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if name.startswith(".mutation/") or not (ROOT / name).is_file():
+            continue
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    # mutmut's trampolines make a module several times larger: let packed folders hold such copies.
+    folder_py = folder / "policyport" / "folder.py"
+    folder_py.write_text(folder_py.read_text().replace("MAX_CODE_BYTES = 1 << 20", "MAX_CODE_BYTES = 1 << 26"))
+    existing = [t for t in tests if (folder / t).exists()]
+    lines = ["[mutmut]", "source_paths = policyport", "only_mutate ="]
+    lines += [f"    {m}" for m in modules]
+    lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in existing]
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider", "also_copy ="]
+    lines += [f"    {c}" for c in ALSO_COPY]
+    (folder / "setup.cfg").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--list"]:
+        for name, (modules, tests) in GROUPS.items():
+            print(f"{name}: mutates {' '.join(modules)}; tests {' '.join(tests)}")
+        return 0
+    groups = argv or list(GROUPS)
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        print(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    mutmut = Path(sys.executable).with_name("mutmut")
+    for group in groups:
+        folder = prepare(group)
+        print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
+        code = subprocess.run([str(mutmut), "run", "--max-children", "2"], cwd=folder).returncode
+        if code:
+            print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
+            return code
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "mutation_report.py"), *groups], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
