@@ -471,10 +471,15 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
     Raises:
         OutputExistsError: the path exists and ``force`` is false, or it is a folder, a device, a
             FIFO or anything else that is not a regular file (never replaced, even with ``force``).
-        UnreadableFileError: the parent folder does not exist.
+        UnreadableFileError: the parent folder does not exist or is a file; a name the file system
+            refuses (too long).
     """
     path = Path(path)
-    if path.exists() or path.is_symlink():
+    try:
+        exists = path.exists() or path.is_symlink()
+    except OSError as e:  # a name too long for the file system, a loop of links ...
+        raise UnreadableFileError(f"cannot write {path}: {e.strerror or e}") from None
+    if exists:
         if path.is_dir():
             raise OutputExistsError(f"{path} is a folder; give a file name for the output")
         if not path.is_file() or path.is_symlink():
@@ -482,7 +487,8 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
         if not force:
             raise OutputExistsError(f"{path} exists; overwrite it with --force (force=True in Python)")
     if not path.parent.is_dir():
-        raise UnreadableFileError(f"cannot write {path}: folder {path.parent} does not exist")
+        there = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UnreadableFileError(f"cannot write {path}: {path.parent} {there}")
     return path
 
 

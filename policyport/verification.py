@@ -53,12 +53,13 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
         input name -> array of the input's dtype, in input order.
 
     Raises:
-        InputMismatchError: ``samples < 1``, an empty or non-finite range, an input with unknown
-            rank or a non-float dtype (give such inputs with ``-i``).
+        InputMismatchError: ``samples < 1``, an empty or non-finite range (``high - low`` too),
+            a range beyond what an input's dtype holds (float32: about ±3.4e38), an input with
+            unknown rank or a non-float dtype (give such inputs with ``-i``).
         LimitExceededError: the observations would need more memory than this process can get
             (see :func:`policyport.files.check_memory`).
     """
-    if samples < 1 or not low < high or not (np.isfinite(low) and np.isfinite(high)):
+    if samples < 1 or not low < high or not np.isfinite(high - low):
         raise InputMismatchError(f"need samples >= 1 and finite low < high; got samples={samples}, range [{low}, {high})")
     rng = np.random.default_rng(seed)
     batch_symbols = {v.shape[0] for v in inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
@@ -68,6 +69,10 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
             raise InputMismatchError(
                 f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape}); give inputs with -i"
             )
+        largest = float(np.finfo(v.dtype).max)
+        if max(-low, high) > largest:
+            raise InputMismatchError(f"cannot draw {v.dtype.name} observations for input {v.name!r} from [{low:g}, {high:g}): "
+                                     f"{v.dtype.name} holds at most ±{largest:.4g}; narrow --low/--high")
         shapes[v.name] = tuple(
             d if isinstance(d, int) else samples if (axis == 0 or d in batch_symbols) else 1
             for axis, d in enumerate(v.shape)
@@ -259,7 +264,7 @@ def _graph(model, sessions) -> Graph:
 
 def _source_reference(model, source, trust: bool = False) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion."""
-    from .converter import OPTIONS_KEY, ConvertOptions, convert_source
+    from .converter import FILE_KINDS, OPTIONS_KEY, ConvertOptions, UnknownKindError, convert_source
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -270,7 +275,13 @@ def _source_reference(model, source, trust: bool = False) -> Callable:
         options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     try:
-        converted = convert_source(source, options=options, trust=trust)
+        try:
+            converted = convert_source(source, options=options, trust=trust)
+        except UnknownKindError:  # a source named unlike its kind: the kind convert recorded
+            recorded = props.get("policyport.source_kind")
+            if recorded not in FILE_KINDS:
+                raise
+            converted = convert_source(source, kind=recorded, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     return converted.reference

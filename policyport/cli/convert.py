@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range, given_options
 from .render import say
 from .verify import print_report
 
@@ -70,9 +70,10 @@ EXPORTERS = ("torchscript", "dynamo")
 
 @app.command()
 def convert(
+    ctx: typer.Context,
     src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
     output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
-    kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind; detected from SRC when omitted (see 'Sources' in the README).")] = None,
+    kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
     activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
     head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(metavar="N", help="ONNX opset of the default domain.")] = 17,
@@ -102,6 +103,10 @@ def convert(
         from ..verification import verify as run_verify
 
         chosen_head = check_convert_options(kind, activation, head, opset, exporter)
+        unchecked = given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol") if not verify else []
+        if unchecked:
+            raise typer.BadParameter(f"--no-verify skips the check against the source that {', '.join(unchecked)} "
+                                     "would shape; drop one or the other", param_hint="--no-verify")
         check_range(low, high)
         check_writable(output, force)
         check_distinct(output, src, obs_norm)

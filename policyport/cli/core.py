@@ -2,7 +2,8 @@
 
 Every way a command can end is decided here: 0 ok; 1 verification found a mismatch; 2 usage error
 (Click's, and option values policyport refuses); 3 bad model or input (:class:`PolicyportError`,
-and a run out of memory); 4 missing optional dependency; 70 an unexpected exception, which is a bug
+a run out of memory, and an OS error about the user's paths or machine: a name too long, a
+permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
 Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
@@ -10,6 +11,7 @@ holds exactly one JSON document, failures included: ``{"error": ..., "exit_code"
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -249,6 +251,15 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
             print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
         err.print(f"{message}; nothing was written")
         raise typer.Exit(code) from None
+    except OSError as e:
+        if e.errno not in USER_OS_ERRORS:
+            return _bug(e, as_json)
+        where = f" {literal(e.filename)}" if e.filename is not None else ""
+        message = f"cannot use{where}: {e.strerror or e}; nothing was written"
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": 3}))
+        say_error(message)
+        raise typer.Exit(3) from None
     except MemoryError as e:
         detail = f" ({literal(str(e))})" if str(e) else ""
         message = (f"not enough memory to finish{detail}; nothing was written — use fewer samples, a smaller "
@@ -258,20 +269,32 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
         say_error(message)
         raise typer.Exit(3) from None
     except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
-        message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written. "
-                   + ("" if state.debug else "Re-run with --debug for the traceback, and please report it."))
-        if as_json:
-            print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
-        if state.debug:
-            for line in "".join(traceback.format_exception(e)).splitlines():
-                err.print(literal(line), markup=False)
-        say_error(message)
-        raise typer.Exit(EXIT_BUG) from None
+        _bug(e, as_json)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if code:
         raise typer.Exit(code)
+
+
+#: OS errors that say something about the user's paths or machine, not about policyport: a name too
+#: long or looping through links, a permission, a full or read-only disk, an I/O error (exit 3).
+USER_OS_ERRORS = frozenset(getattr(errno, n) for n in (
+    "ENAMETOOLONG", "ELOOP", "EACCES", "EPERM", "ENOSPC", "EDQUOT", "EROFS", "EIO", "ENOTDIR", "EISDIR",
+    "ENXIO", "ENODEV", "ETXTBSY", "EFBIG", "EMFILE", "ENFILE", "ESTALE") if hasattr(errno, n))
+
+
+def _bug(e: BaseException, as_json: bool) -> None:
+    """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug."""
+    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written. "
+               + ("" if state.debug else "Re-run with --debug for the traceback, and please report it."))
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
+    if state.debug:
+        for line in "".join(traceback.format_exception(e)).splitlines():
+            err.print(literal(line), markup=False)
+    say_error(message)
+    raise typer.Exit(EXIT_BUG) from None
 
 
 def _in_main_thread() -> bool:

@@ -21,6 +21,7 @@ def inspect(
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
 
     def body():
+        from ..errors import BadModelError
         from ..files import load_onnx
         from ..summary import format_shape, summarize
 
@@ -28,9 +29,16 @@ def inspect(
         if bundle or model.suffix == ".onnx" or not model.exists():
             proto = load_onnx(model)
         else:
-            from ..converter import convert
+            from ..converter import FILE_KINDS, UnknownKindError, convert
 
-            proto = convert(model)
+            try:
+                proto = convert(model)
+            except UnknownKindError:
+                raise BadModelError(
+                    f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
+                    f"kind policyport can tell from its name; convert a source of another name with 'policyport "
+                    f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
+                ) from None
         s = summarize(proto)
         if as_json:
             emit_json(s)

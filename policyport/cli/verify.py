@@ -181,6 +181,10 @@ def verify_cmd(
                                          "golden observations (give -i for others)", param_hint="MODEL")
             feeds = read_golden(model)["inputs"]
         elif inputs is not None:
+            drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
+            if drawn:
+                raise typer.BadParameter(f"-i gives the observations, so {', '.join(drawn)} (which shape random draws) "
+                                         "do not apply; --samples N takes the first N rows of the file", param_hint="-i")
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
