@@ -486,10 +486,19 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
             raise OutputExistsError(f"{path} is not a regular file (a device, FIFO or link); policyport never replaces one")
         if not force:
             raise OutputExistsError(f"{path} exists; overwrite it with --force (force=True in Python)")
+    check_parent(path)
+    return path
+
+
+def check_parent(path: Path) -> None:
+    """Refuse an output whose parent is not an existing folder, saying which it is.
+
+    Raises:
+        UnreadableFileError: the parent does not exist, or is a file.
+    """
     if not path.parent.is_dir():
         there = "is not a folder" if path.parent.exists() else "does not exist"
         raise UnreadableFileError(f"cannot write {path}: {path.parent} {there}")
-    return path
 
 
 def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:

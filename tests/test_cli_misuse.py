@@ -215,6 +215,8 @@ def test_an_output_beneath_a_file_says_that_it_is_not_a_folder(place, tmp_path):
     fails(3, f"cannot write {place / 'obs.npy' / 'o.npz'}: {place / 'obs.npy'} is not a folder",
           "run", place / "md.onnx", "-i", place / "obs.npy", "-o", place / "obs.npy" / "o.npz")
     fails(3, f"{tmp_path / 'no'} does not exist", "extract", place / "md.onnx", "-o", tmp_path / "no" / "w.npz")
+    fails(3, f"{place / 'obs.npy'} is not a folder", "pack", place / "md.onnx", "-o", place / "obs.npy" / "b")
+    fails(3, f"{place / 'obs.npy'} is not a folder", "export-numpy", place / "md.onnx", "-o", place / "obs.npy" / "p.py")
 
 
 @pytest.mark.parametrize("make,message", [
