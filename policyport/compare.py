@@ -135,7 +135,7 @@ class Comparison:
     """One tensor, one candidate against one reference.
 
     ``max_abs`` is the largest absolute difference; ``max_rel`` the largest ``|diff| / |reference|``
-    over elements whose reference is non-zero (0 when there are none); both ``inf`` on a shape,
+    over elements whose reference is non-zero and finite (0 when there are none); both ``inf`` on a shape,
     dtype or NaN-pattern mismatch, which ``detail`` then describes. ``atol``/``rtol`` are the
     tolerances that applied (0 for an exact comparison). ``rule`` says how it was decided:
     ``"tolerance"``, ``"exact"`` (integers, bools, strings) or ``"rounding"`` (failed the tolerance
@@ -284,7 +284,7 @@ def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.nd
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is masked out just below
         diff = np.where(ok & ~same_inf, np.abs(af - bf), 0.0)
     scale = np.abs(np.where(ok, bf, 0.0))
-    nonzero = scale > 0
+    nonzero = (scale > 0) & ~np.isinf(scale)  # no error is relative to an infinite reference
     with np.errstate(over="ignore"):
         max_rel = float((diff[nonzero] / scale[nonzero]).max()) if nonzero.any() else 0.0
         within = diff <= atol + rtol * np.where(np.isinf(scale), 0.0, scale)
