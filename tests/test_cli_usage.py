@@ -294,3 +294,11 @@ def _tiny(path):
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, path)
+
+
+def test_the_from_help_lists_the_kinds_a_file_can_be():
+    from policyport.converter import FILE_KINDS, KINDS
+
+    assert set(KINDS) - set(FILE_KINDS) == {"torch"}
+    text = " ".join(invoke("convert", "-h").stdout.split())
+    assert f"Source kind: {', '.join(FILE_KINDS[:-1])} or {FILE_KINDS[-1]}" in text
