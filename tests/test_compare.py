@@ -87,10 +87,10 @@ def test_empty_float_tensors_pass_with_the_tolerance_of_their_dtype():
 
 
 def test_nan_patterns_must_match_and_the_detail_counts_each_side():
-    a = np.array([np.nan, np.nan, 1.0, 2.0], np.float32)
-    b = np.array([np.nan, 0.0, np.nan, np.nan], np.float32)
+    a = np.array([np.nan, np.nan, np.nan, 1.0, 2.0], np.float32)
+    b = np.array([np.nan, 0.0, 1.0, np.nan, 3.0], np.float32)
     c = compare("t", "cand", a, "ref", b)
-    assert not c.passed and c.detail == "NaN in 1 places of cand only, 2 of ref only"
+    assert not c.passed and c.detail == "NaN in 2 places of cand only, 1 of ref only"
     same = compare("t", "cand", np.array([np.nan, 1.0]), "ref", np.array([np.nan, 1.0]))
     assert same.passed and same.max_abs == 0.0 and same.max_rel == 0.0
 
@@ -123,6 +123,27 @@ def test_given_tolerances_replace_the_dtype_defaults_and_are_reported():
     assert c.passed and (c.atol, c.rtol) == (0.0, 0.2)
     c = compare("t", "c", a, "r", b, atol=0.0, rtol=0.19)
     assert not c.passed
+
+
+def test_the_coarser_dtype_of_candidate_and_reference_sets_the_tolerance_either_way():
+    c = compare("t", "c", np.array([1.0]), "r", np.array([1.0 + 2e-6], np.float32))
+    assert c.dtype == "float32" and (c.atol, c.rtol) == (1e-5, 1e-5) and c.passed
+    c = compare("t", "c", np.array([1.0], np.float32), "r", np.array([1.0 + 2e-6]))
+    assert c.dtype == "float32" and c.passed
+
+
+def test_comparisons_raise_no_floating_point_warnings():
+    import warnings
+
+    inf = np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not compare("t", "c", np.array([inf, 1e308, 1.0]), "r", np.array([-inf, -1e308, inf])).passed
+        assert compare("t", "c", np.array([inf, -inf]), "r", np.array([inf, -inf])).passed
+        c = compare("t", "c", np.array([1e-300, 1.0]), "r", np.array([1e-310, 1.0]), atol=0.0, rtol=0.0)
+        assert not c.passed and c.max_rel > 1e9
+        c = compare("t", "c", np.array([1e300]), "r", np.array([1e-10]))  # |diff| / |ref| overflows to inf
+        assert not c.passed and c.max_rel == inf
 
 
 def test_complex_tensors_compare_the_modulus_of_the_difference():
@@ -169,6 +190,16 @@ def test_compare_passes_by_rounding_and_reports_both_float64_errors():
     assert c.candidate_vs_float64 == pytest.approx(3e-5) and c.reference_vs_float64 == pytest.approx(2e-5)
     assert c.rounding_bound == pytest.approx(ROUNDING_FACTOR * max(2e-5, 2.0**-23 * 1000.0))
     assert c.max_abs == pytest.approx(5e-5) and (c.atol, c.rtol) == (1e-5, 1e-5)
+
+
+def test_a_difference_equal_to_the_rounding_bound_passes():
+    # E_a = 0.4375, E_b = 0.0625: bound 8 * 0.0625 = 0.5, exactly |a - b|
+    c = compare("t", "cand", np.array([0.5]), "ref", np.array([0.0]), atol=0.0, rtol=0.0, oracle=np.array([0.0625]))
+    assert (c.tensor, c.candidate, c.reference, c.shape, c.dtype) == ("t", "cand", "ref", (1,), "float64")
+    assert c.rule == "rounding" and c.rounding_bound == 0.5 and c.max_abs == 0.5 and c.passed
+    assert (c.candidate_vs_float64, c.reference_vs_float64, c.max_rel) == (0.4375, 0.0625, 0.0)
+    assert not compare("t", "c", np.array([0.5 + 1e-12]), "r", np.array([0.0]), atol=0.0, rtol=0.0,
+                       oracle=np.array([0.0625])).passed
 
 
 def test_compare_fails_by_rounding_when_one_side_moved_away():
@@ -255,5 +286,9 @@ def test_report_to_dict_is_json_with_non_finite_figures_as_strings():
     assert doc["comparisons"][2]["rule"] == "tolerance" and doc["comparisons"][1]["rule"] == "exact"
     assert doc["skipped"] == [{"tensor": "noise", "reason": "depends on RandomNormal node 'r'"}]
     assert doc["notes"] == ["2 observations"]
+    direct = _report().to_dict()["comparisons"][0]
+    assert isinstance(direct["shape"], list) and set(direct) == {
+        "tensor", "candidate", "reference", "shape", "dtype", "max_abs", "max_rel", "passed", "detail", "atol",
+        "rtol", "rule", "candidate_vs_float64", "reference_vs_float64", "rounding_bound"}
     passing = Report(["numpy"], None, 1, 1e-3, 1e-4, [_report().comparisons[0]]).to_dict()
     assert passing["passed"] is True and passing["first_divergence"] is None and (passing["atol"], passing["rtol"]) == (1e-3, 1e-4)
