@@ -19,7 +19,8 @@ WORK = ROOT / ".mutation"
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "compare": (["policyport/compare.py"], ["tests/test_compare.py", "tests/test_tolerances.py"]),
     "verification": (["policyport/verification.py"],
-                     ["tests/test_verify_rules.py", "tests/test_verify.py", "tests/test_inputs.py", "tests/test_stochastic.py",
+                     ["tests/test_verify_rules.py", "tests/test_verify_source.py", "tests/test_rounding.py",
+                      "tests/test_verify.py", "tests/test_inputs.py", "tests/test_stochastic.py",
                       "tests/test_tolerances.py"]),
     "passes": (["policyport/passes.py"],
                ["tests/test_passes.py", "tests/test_tensor_names.py", "tests/test_onnx_tensors.py",
