@@ -1,0 +1,193 @@
+"""What the CLI prints, piece by piece: the verification table, notes and verdict for every kind of
+result, the option helpers (--max-bytes, --json detection, shapes and names), and the help layout."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import typer
+from rich.console import Console
+
+from policyport.cli import core
+from policyport.cli.convert import check_convert_options, parse_names, parse_shape
+from policyport.cli.options import check_range
+from policyport.cli.render import add_row, cell, literal, shape_text, table
+from policyport.cli.verify import report_lines, tolerance_text, verdict, verification_table
+from policyport.compare import Comparison, Report, Skipped
+
+
+def _text(renderable) -> str:
+    console = Console(file=io.StringIO(), width=200, color_system=None, markup=False, highlight=False)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def _cmp(tensor="t", cand="onnxruntime", ref="numpy", passed=True, **kw) -> Comparison:
+    values = {"shape": (4, 2), "dtype": "float32", "max_abs": 2.5e-6, "max_rel": 1e-6, "atol": 1e-5, "rtol": 1e-5}
+    values.update(kw)
+    shape, dtype, max_abs, max_rel = values.pop("shape"), values.pop("dtype"), values.pop("max_abs"), values.pop("max_rel")
+    return Comparison(tensor, cand, ref, shape, dtype, max_abs, max_rel, passed, **values)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def test_the_table_has_one_column_per_pair_and_marks_rounding_and_failures():
+    report = Report(["numpy", "onnxruntime"], "source", 4, None, None, [
+        _cmp("fc_1", max_abs=2.5e-6),
+        _cmp("fc_1", "numpy", "source", max_abs=0.0),
+        _cmp("fc_2", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4,
+             rounding_bound=2.3e-3),
+        _cmp("ids", dtype="int64", passed=False, rule="exact", max_abs=1.0, detail="1 of 4 elements differ"),
+    ], [Skipped("noise", "depends on the random RandomNormal node 'r'")])
+    text = _text(verification_table(report))
+    assert "max abs error on 4 observations (float32: atol 1e-05, rtol 1e-05)" in " ".join(text.split())
+    lines = [line for line in text.splitlines() if "│" in line]
+    assert [c.strip() for c in lines[0].split("│")[1:-1]] == ["fc_1", "(4, 2)", "2.5e-06", "0"]
+    assert [c.strip() for c in lines[1].split("│")[1:-1]] == ["fc_2", "(4, 2)", "0.00037 ≈", ""]
+    assert [c.strip() for c in lines[2].split("│")[1:-1]] == ["ids", "(4, 2)", "1 of 4 elements differ ✗", ""]
+    assert [c.strip() for c in lines[3].split("│")[1:-1]] == ["noise", "", "skipped", "skipped"]
+    header = text.split("┡")[0]
+    assert "onnxruntime" in header and "vs numpy" in header and "vs source" in header
+    one = Report(["numpy"], None, 1, None, None, [_cmp()])
+    assert "on 1 observation (" in " ".join(_text(verification_table(one)).split())
+
+
+def test_tolerance_text_given_by_dtype_or_exact():
+    assert tolerance_text(Report(["numpy"], None, 1, 1e-3, 2e-4)) == "atol 0.001, rtol 0.0002"
+    mixed = Report(["numpy"], None, 1, None, None, [_cmp(dtype="float16", atol=1e-3, rtol=1e-3), _cmp()])
+    assert tolerance_text(mixed) == "float16: atol 0.001, rtol 0.001; float32: atol 1e-05, rtol 1e-05"
+    exact = Report(["numpy"], None, 1, None, None, [_cmp(dtype="int64", rule="exact", atol=0.0, rtol=0.0)])
+    assert tolerance_text(exact) == "exact"
+    half_given = Report(["numpy"], None, 1, 1e-3, None, [_cmp()])
+    assert tolerance_text(half_given) == "float32: atol 1e-05, rtol 1e-05"
+
+
+def test_report_lines_notes_rounding_figures_and_skipped():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("a", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4, rounding_bound=2.3e-3),
+        _cmp("b", rule="rounding", passed=False, max_abs=1e-2, candidate_vs_float64=1e-2, reference_vs_float64=1e-7,
+             rounding_bound=8e-7),
+        _cmp("c")], [Skipped("noise", "depends on the random RandomNormal node 'r'")], ["using the first 4 of 9"])
+    assert report_lines(report) == [
+        "note: using the first 4 of 9",
+        "a (onnxruntime vs numpy): 0.00037 exceeds the tolerance, within float32 rounding: against a float64 run "
+        "onnxruntime is 0.0004 off and numpy 0.00029, bound 0.0023",
+        "b (onnxruntime vs numpy): 0.01 exceeds the tolerance, beyond float32 rounding: against a float64 run "
+        "onnxruntime is 0.01 off and numpy 1e-07, bound 8e-07",
+        "skipped noise: depends on the random RandomNormal node 'r'",
+    ]
+
+
+def test_the_verdict_of_a_pass():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("a", max_abs=1e-6), _cmp("b", max_abs=3e-6), _cmp("c", rule="rounding", max_abs=2e-6)],
+        [Skipped("n", "random")])
+    assert verdict(report) == ("PASS: 3 comparisons within float32: atol 1e-05, rtol 1e-05, 1 by rounding against a "
+                               "float64 run; 1 random tensor(s) skipped; worst 3e-06 on b (onnxruntime vs numpy)")
+    assert verdict(Report(["numpy"], None, 1, None, None, [])) == "PASS: 0 comparisons within exact"
+
+
+def test_the_verdict_of_each_kind_of_failure():
+    tolerance = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("a"), _cmp("b", passed=False, max_abs=2e-3, max_rel=0.5), _cmp("c", passed=False)])
+    assert verdict(tolerance) == (
+        "FAIL: 2 of 3 comparisons fail; first diverging tensor 'b' (float32, onnxruntime vs numpy): max abs 0.002, "
+        "max rel 0.5 > atol 1e-05 + rtol 1e-05 * |numpy|; if float32 differences of this size are acceptable, "
+        "loosen them with --atol/--rtol")
+    exact = Report(["numpy"], "source", 4, None, None, [
+        _cmp("ids", "numpy", "source", passed=False, dtype="int64", rule="exact", max_abs=3.0, max_rel=1.0)])
+    assert verdict(exact).endswith("first diverging tensor 'ids' (int64, numpy vs source): max abs 3, max rel 1 "
+                                   "(int64 compares exactly)")
+    detail = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("s", passed=False, detail="shape (4, 2) vs (2, 4)", max_abs=np.inf)])
+    assert verdict(detail).endswith("first diverging tensor 's' (float32, onnxruntime vs numpy): shape (4, 2) vs (2, 4)")
+    rounding = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("r", passed=False, rule="rounding", max_abs=1e-2, max_rel=0.1, candidate_vs_float64=1e-2,
+             reference_vs_float64=1e-7, rounding_bound=8e-7)])
+    assert verdict(rounding) == (
+        "FAIL: 1 of 1 comparisons fail; first diverging tensor 'r' (float32, onnxruntime vs numpy): max abs 0.01, "
+        "max rel 0.1 > atol 1e-05 + rtol 1e-05 * |numpy|, and not float32 rounding: against a float64 run "
+        "onnxruntime is 0.01 off, numpy 1e-07; if float32 differences of this size are acceptable, loosen them "
+        "with --atol/--rtol")
+
+
+# ------------------------------------------------------------------------------------ option helpers
+
+
+@pytest.mark.parametrize("argv,value,left", [
+    (["--max-bytes", "4G", "run"], "4G", ["run"]),
+    (["run", "--max-bytes=1M", "-i", "x"], "1M", ["run", "-i", "x"]),
+    (["run", "--max-bytes"], "", ["run"]),
+    (["run", "--", "--max-bytes", "4G"], None, ["run", "--", "--max-bytes", "4G"]),
+    (["run", "x"], None, ["run", "x"]),
+])
+def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left):
+    argv = list(argv)
+    assert core._take_max_bytes(argv) == value and argv == left
+
+
+def test_max_bytes_values():
+    assert core._limits_from(None) == {}
+    assert core._limits_from("1K") == {"array_bytes": 1024}
+    with pytest.raises(typer.BadParameter, match="is not a size"):
+        core._limits_from("lots")
+
+
+def test_json_is_requested_only_before_a_double_dash():
+    assert core._json_requested(["inspect", "m", "--json"])
+    assert not core._json_requested(["inspect", "--", "--json"])
+    assert not core._json_requested(["inspect", "m"])
+
+
+@pytest.mark.parametrize("text,shape", [("2,3", (2, 3)), ("2x3", (2, 3)), ("7", (7,)), (None, None)])
+def test_parse_shape(text, shape):
+    assert parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "0", "2,-1", "a", "2,,3"])
+def test_parse_shape_refuses(text):
+    with pytest.raises(typer.BadParameter, match="give positive integers separated by commas"):
+        parse_shape(text)
+
+
+def test_parse_names():
+    assert parse_names(" mean , value ") == ("mean", "value") and parse_names(None) is None
+    for bad in ("a,,b", "a,a", ""):
+        with pytest.raises(typer.BadParameter, match="give distinct, non-empty names"):
+            parse_names(bad)
+
+
+def test_check_convert_options_returns_the_head():
+    assert check_convert_options(None, None, None, 17, "torchscript") is None
+    assert check_convert_options("npz", "tanh,relu", "none", 11, "dynamo") is None
+    assert check_convert_options(None, None, "categorical", 17, "torchscript") == "categorical"
+
+
+def test_check_range_accepts_a_finite_non_empty_range():
+    check_range(-1.0, 1.0)
+    for low, high in ((1.0, 1.0), (0.0, float("inf")), (-1e308, 1e308)):
+        with pytest.raises(typer.BadParameter):
+            check_range(low, high)
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def test_cells_tables_and_shapes_are_literal():
+    t = table("title [bold]x[/bold]", ["name", ("n", "right")])
+    add_row(t, "a[red]b", 3)
+    add_row(t, cell("kept", "bold"), "")
+    text = _text(t)
+    assert "title [bold]x[/bold]" in " ".join(text.split()) and "a[red]b" in text and "kept" in text
+    assert t.columns[1].justify == "right" and t.columns[0].justify == "left"
+    assert t.columns[0].overflow == "fold"
+    assert shape_text((1000, 256)) == "(1000, 256)" and shape_text([256]) == "(256,)"
+    assert literal(3) == "3" and literal("\x1b") == "\\x1b"
+
+
+def test_option_names_list_short_ones_first():
+    assert sorted(["--help", "-h"], key=core._prefix_length) == ["-h", "--help"]
+    assert core._prefix_length("/x") == 1 and core._prefix_length("--x") == 2 and core._prefix_length("x") == 0
