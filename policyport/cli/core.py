@@ -101,6 +101,7 @@ class PolicyportGroup(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         prog_name = "policyport"  # also under python -m policyport, and in shell completion's variable
         argv = list(sys.argv[1:] if args is None else args)
+        state.debug = bool(os.environ.get("POLICYPORT_DEBUG"))  # each invocation decides for itself
         if "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]:
             state.debug = True
             argv.remove("--debug")
