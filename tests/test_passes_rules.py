@@ -288,3 +288,122 @@ def test_expose_says_why_a_tensor_cannot_be_typed():
                                             r"and one run of the model to find it failed"):
         expose(model, "g")
     onnx.checker.check_model(expose(_linear(), "*"), full_check=True)
+
+
+# ------------------------------------------------------------------------------------ more rules
+
+
+def test_each_pass_names_the_extra_that_installs_onnx(monkeypatch):
+    import policyport.passes as passes
+    from policyport.errors import MissingDependencyError
+
+    def missing(module, extra, purpose):
+        raise MissingDependencyError(module, extra, purpose)
+
+    monkeypatch.setattr(passes, "require", missing)
+    for call, purpose in [(lambda: extract_weights(_linear()), "extracting weights"),
+                          (lambda: expose(_linear()), "exposing tensors"),
+                          (lambda: passes.infer_shapes(_linear()), "inferring tensor shapes")]:
+        with pytest.raises(MissingDependencyError) as caught:
+            call()
+        assert str(caught.value) == (f"{purpose} needs the Python package 'onnx', which is not installed; "
+                                     "install it with: pip install 'policyport[onnx]'")
+
+
+def test_typing_by_onnxruntime_names_its_extra_too(monkeypatch):
+    import policyport.passes as passes
+    from policyport.errors import MissingDependencyError, require
+
+    model = _fast_gelu()
+    graph = from_onnx(model)
+    feeds = {"x": np.zeros((2, 3), np.float32)}
+    for absent in ("onnx", "onnxruntime"):
+        def partly(module, extra, purpose, absent=absent):
+            if module == absent:
+                raise MissingDependencyError(module, extra, purpose)
+            return require(module, extra, purpose)
+
+        monkeypatch.setattr(passes, "require", partly)
+        with pytest.raises(MissingDependencyError) as caught:
+            passes._run_untyped(model, graph, feeds, ["g"])
+        assert str(caught.value) == (f"finding the type of a tensor needs the Python package '{absent}', which is "
+                                     "not installed; install it with: pip install 'policyport[onnx]'")
+
+
+def _fast_gelu():
+    nodes = [helper.make_node("FastGelu", ["x"], ["g"], name="g", domain="com.microsoft"),
+             helper.make_node("Relu", ["g"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "g", [_vi("x", shape=(2, 3))], [_vi("y", shape=None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
+
+
+def test_run_untyped_computes_only_what_the_names_need_on_numpy():
+    import policyport.passes as passes
+
+    model = _branches()
+    feeds = {"x": np.array([[-1.0, 2.0]], np.float32), "x2": np.array([[0.5, 0.0]], np.float32)}
+    values = passes._run_untyped(model, from_onnx(model), feeds, ["b", "a"])
+    assert np.array_equal(values[0], np.tanh(feeds["x2"])) and np.array_equal(values[1], [[0.0, 2.0]])
+    assert passes._run_untyped(_fast_gelu(), from_onnx(_fast_gelu()), {"x": np.zeros((2, 3), np.float32)},
+                               ["g"])[0].shape == (2, 3)
+
+
+def test_zero_parameters_may_be_empty_and_unplaced_entries_are_skipped():
+    meta = {PARAMETERS_KEY: json.dumps({"gone": "nowhere", "empty": {"name": "e", "zeros": {"shape": [0, 2], "dtype": "int64"}},
+                                        "W": "w"})}
+    weights = extract_weights(_linear(meta))
+    assert list(weights) == ["e", "w"] and weights["e"].shape == (0, 2) and weights["e"].dtype == np.int64
+
+
+def test_expose_exact_takes_patterns_as_names():
+    with pytest.raises(InputMismatchError):
+        expose(_branches(), "y*", exact=True)
+    assert [o.name for o in expose(_branches(), "a", exact=True).graph.output] == ["y1", "y2", "a"]
+    assert [o.name for o in expose(_branches(), "[ab]").graph.output] == ["y1", "y2", "a", "b"]
+
+
+def test_a_shapeless_graph_output_gets_the_shape_inference_gives():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="y")], [_vi("x", shape=("batch", 4))], [_vi("y", shape=None)])
+    out = expose(model).graph.output[0]
+    assert [d.dim_param or d.dim_value for d in out.type.tensor_type.shape.dim] == ["batch", 4]
+
+
+def _computed_reshape():
+    """y = Reshape(x, Concat(Shape(x)[0:1], [6])): only data propagation tells y is (batch, 6)."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="s"),
+             helper.make_node("Slice", ["s", "zero", "one"], ["b"], name="b"),
+             helper.make_node("Concat", ["b", "six"], ["shape"], name="shape", axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"], name="y")]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([6], np.int64), "six")]
+    return _model(nodes, [_vi("x", shape=("batch", 2, 3))], [_vi("y", shape=None)], inits)
+
+
+def test_infer_shapes_propagates_computed_shapes():
+    import policyport.passes as passes
+
+    inferred = passes.infer_shapes(_computed_reshape())
+    y = next(o for o in inferred.graph.output if o.name == "y")
+    assert [d.dim_param or d.dim_value for d in y.type.tensor_type.shape.dim] == ["batch", 6]
+
+
+def test_widen_complex_and_integer_inputs_and_layer_norm_only():
+    inits = [numpy_helper.from_array(np.array([1 + 2j], np.complex64), "c")]
+    model = _model([helper.make_node("Add", ["x", "c"], ["y"], name="y"), helper.make_node("Identity", ["i"], ["j"], name="j")],
+                   [_vi("x", TensorProto.COMPLEX64, (1,)), _vi("i", TensorProto.INT64, (1,))],
+                   [_vi("y", TensorProto.COMPLEX64, (1,)), _vi("j", TensorProto.INT64, (1,))], inits)
+    wide = widen_to_float64(from_onnx(model))
+    assert wide.initializers["c"].dtype == np.complex128 and wide.initializers["c"].tolist() == [1 + 2j]
+    assert [v.dtype for v in wide.inputs] == [np.complex128, np.int64]
+    assert [v.dtype for v in wide.outputs] == [np.complex128, np.int64]
+    assert all("stash_type" not in n.attrs for n in wide.nodes)
+
+
+def test_free_dims_keeps_dims_of_one():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="y")], [_vi("x", shape=(1, -1))], [_vi("y", shape=(1, 3))])
+    freed = free_dims(model)
+    assert [d.dim_value for d in freed.graph.input[0].type.tensor_type.shape.dim] == [1, 0]
+    assert not freed.graph.input[0].type.tensor_type.shape.dim[1].HasField("dim_value")
+    assert [d.dim_value for d in freed.graph.output[0].type.tensor_type.shape.dim] == [1, 3]
