@@ -35,11 +35,20 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                  "tests/runtime/test_session.py", "tests/runtime/test_strict_ops.py", "tests/runtime/test_recurrent.py",
                  "tests/runtime/test_conv_pool.py", "tests/runtime/test_sampling.py", "tests/test_inputs.py",
                  "tests/test_pack.py"]),
-    "converter": (["policyport/converter/*"],
+    "converter": (["policyport/converter/__init__.py", "policyport/converter/activations.py",
+                   "policyport/converter/build.py", "policyport/converter/msgpack_decode.py",
+                   "policyport/converter/reference.py", "policyport/converter/rllib.py",
+                   "policyport/converter/rllib_weights.py", "policyport/converter/sb3.py",
+                   "policyport/converter/state_dict.py", "policyport/converter/torch_files.py",
+                   "policyport/converter/unpickle.py"],
                   ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py",
                    "tests/converter/test_unpickle.py", "tests/converter/test_rllib.py",
                    "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py", "tests/test_layers.py",
-                   "tests/converter/test_torch_module.py", "tests/converter/test_keras.py"]),
+                   "tests/test_spine.py"]),
+    # The exporters of live torch modules and Keras/TensorFlow models: their tests run the frameworks.
+    "converter-frameworks": (["policyport/converter/torch_module.py", "policyport/converter/keras.py"],
+                             ["tests/converter/test_torch_module.py", "tests/converter/test_keras.py",
+                              "tests/test_cli_torch.py"]),
 }
 
 #: Tests that read the package's source text rather than run it: under mutmut they read its
