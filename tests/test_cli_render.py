@@ -4,6 +4,7 @@ result, the option helpers (--max-bytes, --json detection, shapes and names), an
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,98 @@ def test_cells_tables_and_shapes_are_literal():
 def test_option_names_list_short_ones_first():
     assert sorted(["--help", "-h"], key=core._prefix_length) == ["-h", "--help"]
     assert core._prefix_length("/x") == 1 and core._prefix_length("--x") == 2 and core._prefix_length("x") == 0
+
+
+# ------------------------------------------------------------------------------------ set-up
+
+
+def test_consoles_are_plain_and_unbounded_when_not_a_terminal(monkeypatch):
+    from policyport.cli import render
+
+    made = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.is_terminal = terminal
+
+    monkeypatch.setattr(render, "Console", Recorder)
+    plain = {"highlight": False, "soft_wrap": True, "markup": False, "emoji": False}
+    terminal = True
+    render._console(stderr=True)
+    assert made == [{"stderr": True, **plain}]
+    made.clear()
+    terminal = False
+    render._console(stderr=False)
+    assert made == [{"stderr": False, **plain}, {"stderr": False, **plain, "width": 1_000_000}]
+
+
+def test_commands_of_the_application_render_help_plainly_unless_they_choose_otherwise():
+    from typer.core import TyperCommand
+    from typer.main import get_command
+
+    app = core.PolicyportTyper()
+
+    @app.command()
+    def first(model: Path) -> None:
+        """First."""
+
+    @app.command(cls=TyperCommand)
+    def second(model: Path) -> None:
+        """Second."""
+
+    commands = get_command(app).commands
+    assert type(commands["first"]) is core.PolicyportCommand and type(commands["second"]) is TyperCommand
+
+
+def test_given_options_are_those_written_on_the_command_line():
+    class Source:
+        def __init__(self, name):
+            self.name = name
+
+    class Context:
+        sources = {"samples": Source("COMMANDLINE"), "low": Source("DEFAULT"), "high": Source("ENVIRONMENT"),
+                   "output_names": Source("COMMANDLINE")}
+
+        def get_parameter_source(self, name):
+            return self.sources.get(name)
+
+    from policyport.cli.options import given_options
+
+    assert given_options(Context(), "samples", "low", "high", "seed", "output_names") == ["--samples", "--output-names"]
+
+
+def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkeypatch, capsys):
+    import sys
+
+    import policyport.cli as cli
+
+    monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
+
+    def no_typer():
+        raise ImportError("No module named 'typer'", name="typer")
+
+    monkeypatch.setattr(cli, "_app", no_typer)
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 4
+    assert capsys.readouterr().err == ("error: the policyport command needs the Python package 'typer', which is not "
+                                       "installed; install it with: pip install 'policyport[cli]'\n")
+
+    def broken():
+        raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")
+
+    monkeypatch.setattr(cli, "_app", broken)
+    with pytest.raises(ImportError, match="somethingelse"):
+        cli.main()
+
+
+def test_the_app_attribute_and_no_other():
+    import policyport.cli as cli
+
+    assert cli.app is core.app
+    with pytest.raises(AttributeError, match="^module 'policyport.cli' has no attribute 'nope'$"):
+        cli.nope  # noqa: B018
