@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Annotated, List, Optional
 
 import numpy as np
 import pytest
@@ -68,6 +69,7 @@ def test_tolerance_text_given_by_dtype_or_exact():
 
 def test_report_lines_notes_rounding_figures_and_skipped():
     report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("plain"),
         _cmp("a", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4, rounding_bound=2.3e-3),
         _cmp("b", rule="rounding", passed=False, max_abs=1e-2, candidate_vs_float64=1e-2, reference_vs_float64=1e-7,
              rounding_bound=8e-7),
@@ -287,3 +289,100 @@ def test_the_app_attribute_and_no_other():
     assert cli.app is core.app
     with pytest.raises(AttributeError, match="^module 'policyport.cli' has no attribute 'nope'$"):
         cli.nope  # noqa: B018
+
+
+def test_usage_lines_of_variadic_and_optional_arguments_and_hidden_options():
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    app = core.PolicyportTyper(cls=core.PolicyportGroup, context_settings={"help_option_names": ["-h", "--help"]},
+                               rich_markup_mode=None)
+
+    @app.command()
+    def go(files: Annotated[List[Path], typer.Argument(help="Files.")],
+           secret: Annotated[int, typer.Option(hidden=True)] = 1,
+           count: Annotated[int, typer.Option(help="How many.")] = 2) -> None:
+        """Go."""
+
+    @app.command()
+    def maybe(name: Annotated[Optional[str], typer.Argument()] = None) -> None:
+        """Maybe."""
+
+    result = CliRunner().invoke(app, ["go", "-h"])
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Usage: policyport go [OPTIONS] FILES..."
+    assert "Arguments:" in lines and "Options:" in lines
+    assert any(line.startswith("  FILES  Files.") for line in lines)
+    assert any(line.startswith("  --count COUNT  How many.") for line in lines) and "--secret" not in result.stdout
+    usage = get_command(app).commands["maybe"].collect_usage_pieces(get_command(app).make_context("maybe", []))
+    assert usage == ["[OPTIONS]", "[NAME]"]
+
+
+def test_usage_errors_print_their_message_literally():
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    result = CliRunner().invoke(app, ["run", "m.onnx", "-i", "x", "-o", "y", "--backend", "[red]x[/red]"])
+    assert result.exit_code == 2 and "'[red]x[/red]' is not one of 'numpy', 'onnxruntime'" in result.stderr
+
+
+def test_a_bug_report_in_json_and_with_debug(capsys, monkeypatch):
+    import json
+
+    with pytest.raises(typer.Exit) as ended:
+        core._bug(KeyError("k"), as_json=True)
+    assert ended.value.exit_code == 70
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": "this is a bug in policyport: KeyError: 'k'. Nothing was written. Re-run with "
+                                        "--debug for the traceback, and please report it.", "exit_code": 70}
+    monkeypatch.setattr(core.state, "debug", True)
+    try:
+        raise ValueError("[bold]deep[/bold]")
+    except ValueError as e:
+        with pytest.raises(typer.Exit):
+            core._bug(e, as_json=False)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "ValueError: [bold]deep[/bold]" in lines
+    assert lines[-1] == "error: this is a bug in policyport: ValueError: [bold]deep[/bold]. Nothing was written."
+
+
+def test_emit_json_is_indented_by_one(capsys):
+    core.emit_json({"a": [1, "é"]})
+    assert capsys.readouterr().out == '{\n "a": [\n  1,\n  "\\u00e9"\n ]\n}\n'
+
+
+def test_array_summaries_of_bools_and_strings():
+    from policyport.cli.run import array_summary
+
+    assert array_summary("b", np.array([True, False])) == {"name": "b", "dtype": "bool", "shape": [2], "min": False,
+                                                            "max": True}
+    assert array_summary("s", np.array(["a", "b"])) | {"dtype": ""} == {"name": "s", "dtype": "", "shape": [2],
+                                                                          "min": None, "max": None}
+
+
+def test_one_array_for_several_inputs_names_the_file(tmp_path):
+    from policyport.cli.verify import load_feeds
+    from policyport.errors import InputMismatchError
+
+    path = tmp_path / "obs.npy"
+    np.save(path, np.zeros((2, 3), np.float32))
+    with pytest.raises(InputMismatchError, match=f"^{path} holds one array but the model has inputs"):
+        load_feeds(path, ["a", "b"])
+
+
+def test_the_table_columns_and_the_style_of_a_failure():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [_cmp("a", passed=False)])
+    t = verification_table(report)
+    assert [c.header for c in t.columns] == ["tensor", "shape", "onnxruntime\nvs numpy"]
+    assert [c.justify for c in t.columns] == ["left", "left", "right"]
+    failed = list(t.columns[2].cells)[0]
+    assert failed.plain == "2.5e-06 ✗" and str(failed.style) == "bold red"
+
+
+def test_parse_errors_name_their_option():
+    for call, hint in ((lambda: parse_names("a,a"), "--output-names"), (lambda: parse_shape("x"), "--input-shape")):
+        with pytest.raises(typer.BadParameter) as caught:
+            call()
+        assert caught.value.param_hint == hint

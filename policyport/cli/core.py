@@ -126,11 +126,11 @@ class PolicyportGroup(TyperGroup):
 
 def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
-    ctx = getattr(e, "ctx", None)
+    ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
         err.print(literal(ctx.get_usage()))
         err.print(literal(f"Try '{ctx.command_path} -h' for help."))
-    err.print(f"error: {literal(e.format_message())}", markup=False)
+    err.print(f"error: {literal(e.format_message())}")
 
 
 class PolicyportCommand(TyperCommand):
@@ -140,7 +140,7 @@ class PolicyportCommand(TyperCommand):
     their metavar. Only Click's public parameter attributes are read."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
-        pieces = [self.options_metavar] if self.options_metavar else []
+        pieces = [self.options_metavar] if self.options_metavar else []  # pragma: no mutate (every command has [OPTIONS])
         for param in self.get_params(ctx):
             if param.param_type_name == "argument":
                 name = _value_name(param) + ("..." if param.nargs != 1 else "")
@@ -172,7 +172,7 @@ def _prefix_length(opt: str) -> int:
 
 def _value_name(param) -> str:
     """What a parameter's value is called in help: its metavar, else its name upper-cased."""
-    return param.metavar or (param.name or "value").upper()
+    return param.metavar or param.name.upper()
 
 
 class PolicyportTyper(typer.Typer):
@@ -287,13 +287,13 @@ USER_OS_ERRORS = frozenset(getattr(errno, n) for n in (
 
 def _bug(e: BaseException, as_json: bool) -> None:
     """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug."""
-    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written. "
-               + ("" if state.debug else "Re-run with --debug for the traceback, and please report it."))
+    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written."
+               + ("" if state.debug else " Re-run with --debug for the traceback, and please report it."))
     if as_json:
         print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
     if state.debug:
         for line in "".join(traceback.format_exception(e)).splitlines():
-            err.print(literal(line), markup=False)
+            err.print(literal(line))
     say_error(message)
     raise typer.Exit(EXIT_BUG) from None
 

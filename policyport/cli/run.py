@@ -98,7 +98,7 @@ def array_summary(name: str, value) -> dict:
 
 
 def _json_number(x):
+    import math
+
     x = x.item()
-    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
-        return str(x)
-    return x
+    return str(x) if isinstance(x, float) and not math.isfinite(x) else x
