@@ -43,6 +43,8 @@ def fails(code: int, message: str, *args):
     result = invoke(*args)
     assert result.exit_code == code, result.output
     assert message in result.stderr.replace("\n", " "), result.stderr
+    last = result.stderr.split("Try 'policyport ")[-1].split("\n", 1)[-1] if code == 2 else result.stderr
+    assert last.startswith("error: "), result.stderr  # usage errors: after the usage lines
     return result
 
 
@@ -79,7 +81,8 @@ def test_negative_zero_tolerance_reads_as_zero(place):
     (["--samples", "-5"], "-5 is not in the range x>=1"),
     (["--samples", "abc"], "'abc' is not a valid"),
     (["--seed", "-1"], "-1 is not in the range x>=0"),
-    (["--low", "1", "--high", "0"], "--low 1.0 must be below --high 0.0"),
+    (["--low", "1", "--high", "0"], "Invalid value for --low/--high: --low 1.0 must be below --high 0.0"),
+    (["--low", "0", "--high", "inf"], "Invalid value for --low/--high: --low 0.0 and --high inf must be finite"),
     (["--backends", "numpy"], "name two backends, or give --source"),
     (["--backends", "numpy,tf"], "['tf']; choose from numpy, onnxruntime"),
     (["--backends", ","], "choose from numpy, onnxruntime"),
@@ -96,14 +99,19 @@ def test_a_huge_sample_count_names_the_memory_it_would_need(place, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--opset", "5"], "5; policyport builds opset 11 to"),
-    (["--opset", "-1"], "-1; policyport builds opset 11 to"),
+    (["--opset", "5"], "Invalid value for --opset: 5; policyport builds opset 11 to"),
+    (["--opset", "-1"], "Invalid value for --opset: -1; policyport builds opset 11 to"),
     (["--opset", "99999999999999999999"], "policyport builds opset 11 to"),
-    (["--input-shape", "0"], "give positive integers separated by commas"),
-    (["--output-names", "a,a"], "give distinct, non-empty names"),
-    (["--activation", "leaky_relu:abc"], "leaky_relu slope must be a number"),
-    (["--from", "torch"], "'torch' is a live nn.Module"),
-    (["--from", "nope"], "'nope'; choose one of npz"),
+    (["--input-shape", "0"], "Invalid value for --input-shape: '0'; give positive integers separated by commas, e.g. 2,3"),
+    (["--output-names", "a,a"], "Invalid value for --output-names: 'a,a'; give distinct, non-empty names"),
+    (["--activation", "leaky_relu:abc"], "Invalid value for --activation: leaky_relu slope must be a number"),
+    (["--from", "torch"], "Invalid value for --from: 'torch' is a live nn.Module, given through the Python API "
+                          "(pp.convert(module)); for a file use torchscript, state-dict, or --trust with a whole "
+                          "pickled module"),
+    (["--from", "nope"], "Invalid value for --from: 'nope'; choose one of npz, torch, torchscript, state-dict, sb3, "
+                         "rllib-torch, keras, savedmodel, rllib"),
+    (["--head", "nope"], "Invalid value for --head: 'nope'; choose one of none, diag-gaussian, categorical"),
+    (["--exporter", "nope"], "Invalid value for --exporter: 'nope'; choose one of torchscript, dynamo"),
 ])
 def test_convert_refuses_values_as_usage_errors(place, args, message, tmp_path):
     fails(2, message, "convert", place / "src.npz", "-o", tmp_path / "x.onnx", *args)
@@ -316,3 +324,28 @@ def test_an_unreadable_model_is_refused(place, tmp_path):
     shutil.copy(place / "md.onnx", model)
     model.chmod(0)
     fails(3, "ermission denied", "inspect", model)
+
+
+def test_the_newest_opset_is_accepted_and_one_past_it_refused():
+    import onnx
+    import typer
+
+    from policyport.cli.convert import check_convert_options
+
+    newest = onnx.defs.onnx_opset_version()
+    check_convert_options(None, None, None, newest, "torchscript")
+    check_convert_options(None, None, None, 11, "torchscript")
+    for opset in (newest + 1, 10):
+        with pytest.raises(typer.BadParameter):
+            check_convert_options(None, None, None, opset, "torchscript")
+
+
+def test_convert_without_onnx_says_which_extra(monkeypatch, tmp_path, place):
+    import policyport.errors as errors
+
+    def missing(module, extra, purpose):
+        raise errors.MissingDependencyError(module, extra, purpose)
+
+    monkeypatch.setattr(errors, "require", missing)
+    fails(4, "converting a policy needs the Python package 'onnx', which is not installed; install it with: "
+             "pip install 'policyport[onnx]'", "convert", place / "src.npz", "-o", tmp_path / "x.onnx")

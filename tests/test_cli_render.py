@@ -145,12 +145,12 @@ def test_json_is_requested_only_before_a_double_dash():
     assert not core._json_requested(["inspect", "m"])
 
 
-@pytest.mark.parametrize("text,shape", [("2,3", (2, 3)), ("2x3", (2, 3)), ("7", (7,)), (None, None)])
+@pytest.mark.parametrize("text,shape", [("2,3", (2, 3)), ("2x3", (2, 3)), ("7", (7,)), ("1, 2", (1, 2)), (None, None)])
 def test_parse_shape(text, shape):
     assert parse_shape(text) == shape
 
 
-@pytest.mark.parametrize("text", ["", "0", "2,-1", "a", "2,,3"])
+@pytest.mark.parametrize("text", ["", "0", "2,-1", "a", "2,,3", "+2", "2.5"])
 def test_parse_shape_refuses(text):
     with pytest.raises(typer.BadParameter, match="give positive integers separated by commas"):
         parse_shape(text)
@@ -386,3 +386,31 @@ def test_parse_errors_name_their_option():
         with pytest.raises(typer.BadParameter) as caught:
             call()
         assert caught.value.param_hint == hint
+
+
+def test_errors_are_prefixed_and_styled(monkeypatch):
+    from rich.text import Text
+
+    from policyport.cli import render
+
+    shown = []
+    monkeypatch.setattr(render, "err", type("Recorder", (), {"print": lambda self, *a, **k: shown.append((a, k))})())
+    render.say_error("x [bold]y")
+    render.say("status\x1b")
+    (error,), _ = shown[0]
+    assert isinstance(error, Text) and error.plain == "error: x [bold]y"
+    assert [(error.plain[s.start:s.end], str(s.style)) for s in error.spans] == [("error:", "bold red")]
+    assert shown[1][0] == ("status\\x1b",)
+
+
+def test_the_verdict_is_styled_by_its_outcome(monkeypatch):
+    from policyport.cli import verify
+
+    shown = []
+    monkeypatch.setattr(verify, "out", type("Recorder", (), {"print": lambda self, *a, **k: shown.append(a[0])})())
+    assert verify.print_report(Report(["numpy"], None, 1, None, None, [_cmp()]), as_json=False) == 0
+    assert verify.print_report(Report(["numpy"], None, 1, None, None, [_cmp(passed=False)]), as_json=False) == 1
+    passed, failed = shown[1], shown[3]
+    assert passed.plain.startswith("PASS") and str(passed.style) == ""
+    assert failed.plain.startswith("FAIL") and str(failed.style) == "bold red"
+    assert str(cell("x").style) == "" and str(cell("x", "bold").style) == "bold"

@@ -45,13 +45,10 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     """``"2,3"`` -> ``(2, 3)``; a usage error (exit 2) unless positive integers."""
     if text is None:
         return None
-    try:
-        shape = tuple(int(d) for d in text.replace("x", ",").split(","))
-    except ValueError:
-        shape = ()
-    if not shape or any(d < 1 for d in shape):
+    dims = [d.strip() for d in text.replace("x", ",").split(",")]
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
         raise typer.BadParameter(f"{text!r}; give positive integers separated by commas, e.g. 2,3", param_hint="--input-shape")
-    return shape
+    return tuple(int(d) for d in dims)
 
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:
