@@ -414,3 +414,76 @@ def test_the_verdict_is_styled_by_its_outcome(monkeypatch):
     assert passed.plain.startswith("PASS") and str(passed.style) == ""
     assert failed.plain.startswith("FAIL") and str(failed.style) == "bold red"
     assert str(cell("x").style) == "" and str(cell("x", "bold").style) == "bold"
+
+
+# ------------------------------------------------------------------------------------ the error edge
+
+
+def _guarded(capsys, as_json, body):
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(as_json, body)
+    out, err = capsys.readouterr()
+    return ended.value.exit_code, out, err
+
+
+def _raise(error):
+    def body():
+        raise error
+    return body
+
+
+@pytest.mark.parametrize("error,code,word", [(KeyboardInterrupt(), 130, "interrupted"), (core.Terminated(), 143, "terminated")])
+def test_interruptions_exit_with_their_code_and_say_nothing_was_written(capsys, error, code, word):
+    import json
+
+    assert _guarded(capsys, False, _raise(error)) == (code, "", f"{word}; nothing was written\n")
+    exit_code, out, err = _guarded(capsys, True, _raise(error))
+    assert exit_code == code and json.loads(out) == {"error": f"{word}; nothing was written", "exit_code": code}
+
+
+def test_os_errors_about_the_users_paths_are_bad_input(capsys):
+    import errno
+    import json
+
+    long = OSError(errno.ENAMETOOLONG, "File name too long", "a\x1b/b.npz")
+    assert _guarded(capsys, False, _raise(long)) == (
+        3, "", "error: cannot use a\\x1b/b.npz: File name too long; nothing was written\n")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    exit_code, out, err = _guarded(capsys, True, _raise(full))
+    assert exit_code == 3 and json.loads(out) == {"error": "cannot use: No space left on device; nothing was written",
+                                                  "exit_code": 3}
+    other = OSError(errno.EBADF, "Bad file descriptor")
+    exit_code, out, err = _guarded(capsys, True, _raise(other))
+    assert exit_code == 70 and json.loads(out)["error"].startswith("this is a bug in policyport: OSError: [Errno 9]")
+    bare = OSError(errno.EACCES, None)
+    assert "cannot use: [Errno 13] None; nothing was written" in _guarded(capsys, False, _raise(bare))[2]
+
+
+def test_running_out_of_memory_is_bad_input_with_the_size_when_known(capsys):
+    import json
+
+    exit_code, out, err = _guarded(capsys, True, _raise(MemoryError("Unable to allocate 3.00 GiB")))
+    assert exit_code == 3 and json.loads(out) == {
+        "error": "not enough memory to finish (Unable to allocate 3.00 GiB); nothing was written — use fewer samples, "
+                 "a smaller input, or a machine with more memory", "exit_code": 3}
+    assert _guarded(capsys, False, _raise(MemoryError()))[2] == (
+        "error: not enough memory to finish; nothing was written — use fewer samples, a smaller input, or a machine "
+        "with more memory\n")
+
+
+def test_sigterm_is_caught_only_while_a_body_runs_in_the_main_thread():
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    core.guard(False, lambda: seen.append(signal.getsignal(signal.SIGTERM)))
+    assert seen == [core._on_sigterm] and signal.getsignal(signal.SIGTERM) is before
+    assert core._in_main_thread()
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append((core._in_main_thread(), core.guard(False, lambda: None))))
+    thread.start()
+    thread.join()
+    assert elsewhere == [(False, None)] and signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(core.Terminated):
+        core._on_sigterm(signal.SIGTERM, None)
