@@ -234,8 +234,13 @@ def test_commands_of_the_application_render_help_plainly_unless_they_choose_othe
     def second(model: Path) -> None:
         """Second."""
 
+    @app.command("third-name", help="Named and helped.")
+    def third(model: Path) -> None:
+        pass
+
     commands = get_command(app).commands
     assert type(commands["first"]) is core.PolicyportCommand and type(commands["second"]) is TyperCommand
+    assert type(commands["third-name"]) is core.PolicyportCommand and commands["third-name"].help == "Named and helped."
 
 
 def test_given_options_are_those_written_on_the_command_line():
@@ -265,15 +270,16 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
         cli.main()
     assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
 
-    def no_typer():
-        raise ImportError("No module named 'typer'", name="typer")
+    for name, package in (("typer", "typer"), ("typer.core", "typer"), ("rich.console", "rich"), ("click", "click")):
+        def no_package(name=name):
+            raise ImportError(f"No module named {name!r}", name=name)
 
-    monkeypatch.setattr(cli, "_app", no_typer)
-    with pytest.raises(SystemExit) as ended:
-        cli.main()
-    assert ended.value.code == 4
-    assert capsys.readouterr().err == ("error: the policyport command needs the Python package 'typer', which is not "
-                                       "installed; install it with: pip install 'policyport[cli]'\n")
+        monkeypatch.setattr(cli, "_app", no_package)
+        with pytest.raises(SystemExit) as ended:
+            cli.main()
+        assert ended.value.code == 4
+        assert capsys.readouterr().err == (f"error: the policyport command needs the Python package '{package}', which "
+                                           "is not installed; install it with: pip install 'policyport[cli]'\n")
 
     def broken():
         raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")
@@ -487,3 +493,34 @@ def test_sigterm_is_caught_only_while_a_body_runs_in_the_main_thread():
     assert elsewhere == [(False, None)] and signal.getsignal(signal.SIGTERM) is before
     with pytest.raises(core.Terminated):
         core._on_sigterm(signal.SIGTERM, None)
+
+
+def test_literal_keeps_printable_text_around_what_it_escapes():
+    assert literal("é\x1b漢 x") == "é\\x1b漢 x"
+
+
+def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    model = tmp_path / "m.onnx"
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Tanh", ["obs"], ["y"], name="y")], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, model)
+    np.save(tmp_path / "obs.npy", np.zeros((2, 4), np.float32))
+    run = ["run", str(model), "-i", str(tmp_path / "obs.npy"), "-o", str(tmp_path / "o.npz")]
+    limited = CliRunner().invoke(app, ["--max-bytes", "1", *run])
+    assert limited.exit_code == 3 and "above the limit of 1 B" in limited.stderr and not (tmp_path / "o.npz").exists()
+    import policyport.summary
+
+    monkeypatch.setattr(policyport.summary, "summarize", lambda model: {}["boom"])
+    shown = CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": "1"})
+    assert shown.exit_code == 70 and "Traceback" in shown.stderr
+    assert "Traceback" not in CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": ""}).stderr
