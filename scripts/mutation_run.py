@@ -42,9 +42,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                    "policyport/converter/state_dict.py", "policyport/converter/torch_files.py",
                    "policyport/converter/unpickle.py"],
                   ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py",
-                   "tests/converter/test_unpickle.py", "tests/converter/test_rllib.py",
-                   "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py", "tests/test_layers.py",
-                   "tests/test_spine.py"]),
+                   "tests/converter/test_msgpack_decode.py", "tests/converter/test_unpickle.py",
+                   "tests/converter/test_rllib.py", "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py",
+                   "tests/test_layers.py", "tests/test_spine.py"]),
     # The exporters of live torch modules and Keras/TensorFlow models: their tests run the frameworks.
     "converter-frameworks": (["policyport/converter/torch_module.py", "policyport/converter/keras.py"],
                              ["tests/converter/test_torch_module.py", "tests/converter/test_keras.py",
