@@ -593,7 +593,11 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
         UnreadableFileError: a folder that does not exist or cannot be written.
     """
     paths = [check_writable(p, force) for p in outputs]
-    if len({p.resolve() for p in paths}) != len(paths):
+    try:
+        resolved = {p.resolve() for p in paths}
+    except OSError as e:  # a folder on the way swapped or removed while it is read
+        raise UnreadableFileError(f"cannot write {e.filename or paths[0]}: {e.strerror or e}") from None
+    if len(resolved) != len(paths):
         raise OutputExistsError(f"the outputs {[str(p) for p in paths]} name one file twice; give each its own path")
     pending: list[_Output] = []
     try:
