@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import write_npz
+from .files import check_parent, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -281,8 +281,7 @@ def _check_round_trip(expected: Graph, packed: Graph) -> None:
 def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
     """What replacing ``out_dir`` deletes: ``None`` if it does not exist, else the files of the
     bundle it provably is (none for an empty folder). Anything else is refused."""
-    if not out_dir.parent.is_dir():
-        raise UnreadableFileError(f"cannot write {out_dir}: folder {out_dir.parent} does not exist")
+    check_parent(out_dir)
     if not os.path.lexists(out_dir):
         return None
     if not force:

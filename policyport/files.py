@@ -471,19 +471,34 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
     Raises:
         OutputExistsError: the path exists and ``force`` is false, or it is a folder, a device, a
             FIFO or anything else that is not a regular file (never replaced, even with ``force``).
-        UnreadableFileError: the parent folder does not exist.
+        UnreadableFileError: the parent folder does not exist or is a file; a name the file system
+            refuses (too long).
     """
     path = Path(path)
-    if path.exists() or path.is_symlink():
+    try:
+        exists = path.exists() or path.is_symlink()
+    except OSError as e:  # a name too long for the file system, a loop of links ...
+        raise UnreadableFileError(f"cannot write {path}: {e.strerror or e}") from None
+    if exists:
         if path.is_dir():
             raise OutputExistsError(f"{path} is a folder; give a file name for the output")
         if not path.is_file() or path.is_symlink():
             raise OutputExistsError(f"{path} is not a regular file (a device, FIFO or link); policyport never replaces one")
         if not force:
             raise OutputExistsError(f"{path} exists; overwrite it with --force (force=True in Python)")
-    if not path.parent.is_dir():
-        raise UnreadableFileError(f"cannot write {path}: folder {path.parent} does not exist")
+    check_parent(path)
     return path
+
+
+def check_parent(path: Path) -> None:
+    """Refuse an output whose parent is not an existing folder, saying which it is.
+
+    Raises:
+        UnreadableFileError: the parent does not exist, or is a file.
+    """
+    if not path.parent.is_dir():
+        there = "is not a folder" if path.parent.exists() else "does not exist"
+        raise UnreadableFileError(f"cannot write {path}: {path.parent} {there}")
 
 
 def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None) -> None:
@@ -578,7 +593,11 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
         UnreadableFileError: a folder that does not exist or cannot be written.
     """
     paths = [check_writable(p, force) for p in outputs]
-    if len({p.resolve() for p in paths}) != len(paths):
+    try:
+        resolved = {p.resolve() for p in paths}
+    except OSError as e:  # a folder on the way swapped or removed while it is read
+        raise UnreadableFileError(f"cannot write {e.filename or paths[0]}: {e.strerror or e}") from None
+    if len(resolved) != len(paths):
         raise OutputExistsError(f"the outputs {[str(p) for p in paths]} name one file twice; give each its own path")
     pending: list[_Output] = []
     try:

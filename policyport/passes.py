@@ -69,7 +69,7 @@ def parameter_map(model) -> dict[str, dict]:
             if zeros is not None:
                 dtype = np.dtype(zeros["dtype"])
                 shape = [int(d) for d in zeros["shape"]]
-                if dtype.kind not in "biuf" or any(d < 0 for d in shape):
+                if dtype.kind not in ("b", "i", "u", "f") or any(d < 0 for d in shape):
                     raise ValueError(f"{k!r} rebuilds zeros of dtype {dtype} and shape {shape}")
                 zeros = {"shape": shape, "dtype": dtype.name}
             value = v.get("value")
@@ -169,10 +169,10 @@ def extract_weights(model) -> dict[str, np.ndarray]:
             continue
         if spec["transpose"] is not None:
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
-        for name in (spec["name"], *spec["also"]):
+        for name, value in ((spec["name"], arr), *((also, arr.copy()) for also in spec["also"])):
             if name in weights:
                 raise BadModelError(f"two initializers map to the source parameter {name!r}")
-            weights[name] = arr if name == spec["name"] else arr.copy()
+            weights[name] = value
     order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
     if order:
         try:
@@ -223,7 +223,7 @@ def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False)
     present = {o.name for o in copy.graph.output}
     added = [name for name in chosen if name not in present]
     untyped = [n for n in [*present, *added] if not _typed(known.get(n))]
-    probed, why = _probe(source, untyped) if untyped else ({}, "")
+    probed, why = _probe(source, untyped) if untyped else ({}, "")  # pragma: no mutate (probing nothing finds nothing)
 
     def info(name):
         if _typed(known.get(name)):
@@ -283,7 +283,7 @@ def _probe(model, names: list[str]) -> tuple[dict, str]:
 
     try:
         graph = from_onnx(model)
-        feeds = {v.name: np.zeros([d if isinstance(d, int) else 1 for d in (v.shape or ())], v.dtype)
+        feeds = {v.name: np.zeros([d if isinstance(d, int) else 1 for d in (v.shape or ())], v.dtype)  # pragma: no mutate (any size: only type and rank are kept)
                  for v in graph.inputs}
         values = _run_untyped(model, graph, feeds, names)
     except Exception as e:  # noqa: BLE001 - any failure leaves the tensors as inference gives them
@@ -322,8 +322,8 @@ def _run_untyped(model, graph, feeds, names: list[str]) -> list:
         bare.CopyFrom(model)
         del bare.graph.output[:]
         bare.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
-        session = ort.InferenceSession(bare.SerializeToString(), providers=["CPUExecutionProvider"])
-        return session.run(names, feeds)
+        session = ort.InferenceSession(bare.SerializeToString(), providers=["CPUExecutionProvider"])  # pragma: no mutate (the CPU provider is the one this package installs)
+        return session.run(names, feeds)  # pragma: no mutate (names are all the outputs, in order)
 
 
 def free_dims(model):
@@ -345,7 +345,8 @@ def free_dims(model):
 
     def non_positive(info):
         t = info.type.tensor_type
-        return [d for d in t.shape.dim if d.HasField("dim_value") and d.dim_value <= 0] if t.HasField("shape") else []
+        dims = t.shape.dim if t.HasField("shape") else []  # pragma: no mutate (a type without a shape has no dims)
+        return [d for d in dims if d.HasField("dim_value") and d.dim_value <= 0]
 
     if not any(non_positive(v) for v in infos(model)):
         return model
@@ -412,13 +413,13 @@ def widen_to_float64(graph):
         key = _TYPE_ATTRS.get(n.op_type)
         if key in attrs and attrs[key] in _WIDENED_CODES:
             attrs[key] = _WIDENED_CODES[attrs[key]]
-        if n.op_type == "LayerNormalization" and "stash_type" not in attrs:
-            attrs["stash_type"] = 11
+        if n.op_type == "LayerNormalization":  # its default stash_type is float32
+            attrs.setdefault("stash_type", 11)
         for key in ("value_float", "value_floats"):
             if n.op_type == "Constant" and key in attrs:
-                attrs["value"] = np.array(attrs.pop(key), dtype=np.float64)
+                attrs["value"] = np.array(attrs.pop(key), dtype=np.float64)  # pragma: no mutate (float64 is numpy's default)
         if n.op_type == "ConstantOfShape" and "value" not in attrs:
-            attrs["value"] = np.zeros(1, np.float64)
+            attrs["value"] = np.zeros(1, np.float64)  # pragma: no mutate (float64 is numpy's default)
         nodes.append(replace(n, attrs=attrs))
     return replace(
         graph,
@@ -463,7 +464,7 @@ def prune(model, outputs: str | list[str]):
         )
     extra = [o for o in names if o not in declared]
     if extra:
-        source = expose(source, extra)
+        source = expose(source, extra)  # pragma: no mutate (exposing more is undone below: only names stay outputs)
     needed = set(names)
     keep = []
     for n in reversed(source.graph.node):

@@ -53,12 +53,13 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
         input name -> array of the input's dtype, in input order.
 
     Raises:
-        InputMismatchError: ``samples < 1``, an empty or non-finite range, an input with unknown
-            rank or a non-float dtype (give such inputs with ``-i``).
+        InputMismatchError: ``samples < 1``, an empty or non-finite range (``high - low`` too),
+            a range beyond what an input's dtype holds (float32: about ±3.4e38), an input with
+            unknown rank or a non-float dtype (give such inputs with ``-i``).
         LimitExceededError: the observations would need more memory than this process can get
             (see :func:`policyport.files.check_memory`).
     """
-    if samples < 1 or not low < high or not (np.isfinite(low) and np.isfinite(high)):
+    if samples < 1 or not low < high or not np.isfinite(high - low):
         raise InputMismatchError(f"need samples >= 1 and finite low < high; got samples={samples}, range [{low}, {high})")
     rng = np.random.default_rng(seed)
     batch_symbols = {v.shape[0] for v in inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
@@ -68,6 +69,10 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
             raise InputMismatchError(
                 f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape}); give inputs with -i"
             )
+        largest = float(np.finfo(v.dtype).max)
+        if max(-low, high) > largest:
+            raise InputMismatchError(f"cannot draw {v.dtype.name} observations for input {v.name!r} from [{low:g}, {high:g}): "
+                                     f"{v.dtype.name} holds at most ±{largest:.4g}; narrow --low/--high")
         shapes[v.name] = tuple(
             d if isinstance(d, int) else samples if (axis == 0 or d in batch_symbols) else 1
             for axis, d in enumerate(v.shape)
@@ -152,7 +157,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raise InputMismatchError("the model has several inputs; pass a dict of feeds")
         else:
             feeds = {first.inputs[0].name: inputs}
-        asked = samples
+        asked = samples  # pragma: no mutate (read only for drawn observations, a branch not taken here)
         if samples is not None:
             given = count_observations(first.inputs, feeds)
             feeds = first_rows(first.inputs, feeds, samples)
@@ -224,10 +229,10 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
     from .runtime import load
 
     try:
-        session = load(widen_to_float64(graph), backend="numpy")
+        session = load(widen_to_float64(graph), backend="numpy")  # pragma: no mutate (numpy is load's default)
         wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")
                     else v.astype(np.complex128) if v.dtype == np.complex64 else v) for k, v in feeds.items()}
-        values = session.record(wide, "*")
+        values = session.record(wide, "*")  # pragma: no mutate ("*" is record's default)
     except PolicyportError as e:
         report.notes.append(f"no float64 oracle for the rounding rule: {e}")
         return {}
@@ -235,9 +240,9 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
     # A float32 comparison, ArgMax or Cast to an integer can land on the other side in float64: the
     # oracle is then no oracle for what depends on it.
     differ = {name: f"its {name!r} differs from {report.backends[0]}'s" for name, value in values.items()
-              if name in baseline and not is_floating(value.dtype) and value.dtype.kind not in "OSU"
+              if name in baseline and not is_floating(value.dtype) and value.dtype.kind not in ("O", "S", "U")
               and (value.shape != baseline[name].shape or not np.array_equal(value, baseline[name]))}
-    invalid = graph.downstream(differ) if differ else {}
+    invalid = graph.downstream(differ) if differ else {}  # pragma: no mutate (downstream of nothing is nothing)
     blind = sorted(t for t in wanted if t in invalid)
     if blind:
         report.notes.append(f"the float64 run took other branches ({invalid[blind[0]]}); "
@@ -248,7 +253,7 @@ def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str
 def _graph(model, sessions) -> Graph:
     """The :class:`Graph` view of the model (the numpy session's, else read from the model)."""
     for s in sessions.values():
-        graph = getattr(s.backend, "graph", None)
+        graph = getattr(s.backend, "graph", None)  # pragma: no mutate (without it the same graph is read from the model)
         if isinstance(graph, Graph):
             return graph
     from .files import ensure_model
@@ -262,25 +267,31 @@ def _source_reference(model, source, trust: bool = False) -> Callable:
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
-    choose what it outputs (``keep_value``) carry over, and it is run as it is.
+    choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
+    cannot be told from its name is taken to be of the kind the conversion recorded.
     """
     import dataclasses
 
-    from .converter import OPTIONS_KEY, ConvertOptions, convert_source, detect_kind
+    from .converter import FILE_KINDS, OPTIONS_KEY, ConvertOptions, UnknownKindError, convert_source, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
     props = {p.key: p.value for p in proto.metadata_props}
     options = ConvertOptions.from_metadata(props.get(OPTIONS_KEY))
     if OPTIONS_KEY not in props:  # written before the options were recorded: what the metadata tells
-        head = props.get("policyport.head", "none")
-        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head == "none" else head,
+        head = props.get("policyport.head")
+        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head in (None, "none") else head,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     recorded_kind = props.get("policyport.source_kind")
-    kind = detect_kind(source)
-    if recorded_kind and kind != recorded_kind:
-        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
     try:
+        try:
+            kind = detect_kind(source)
+        except UnknownKindError:  # a source named unlike its kind: the kind convert recorded
+            if recorded_kind not in FILE_KINDS:
+                raise
+            kind = recorded_kind
+        if recorded_kind and kind != recorded_kind:
+            options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
         converted = convert_source(source, kind=kind, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e

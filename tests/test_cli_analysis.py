@@ -55,7 +55,7 @@ def test_record_json_and_overrides(tmp_path, model, obs, metadrive_obs, metadriv
 @pytest.mark.parametrize("args, code, message", [
     (["--format", "zarr"], 2, "'zarr' is not one of"),
     (["--engine", "ray", "--backend", "onnxruntime"], 2, "numpy backend on every worker"),
-    (["--batch-size", "0"], 2, "greater than or equal to 1"),
+    (["--batch-size", "0"], 2, "is not in the range x>=1"),
     (["--override", "fc_2/tanh[x]=1"], 2, "index 'x' is not a neuron number"),
     (["--override", "fc_7/tanh[1]=1"], 3, "which no node of the model produces"),
     (["--tensors", "nothing*"], 3, "match no tensor"),

@@ -42,6 +42,8 @@ def test_an_unexpected_exception_is_exit_70_naming_a_bug_without_a_traceback(mon
     assert debug.exit_code == 70 and "Traceback" in debug.stderr and "broken" in debug.stderr
     anywhere = invoke("inspect", model, "--debug")  # --debug after the command works too
     assert anywhere.exit_code == 70 and "Traceback" in anywhere.stderr
+    after = invoke("inspect", model)  # --debug holds for its own invocation only
+    assert after.exit_code == 70 and "Traceback" not in after.stderr
 
 
 @pytest.mark.parametrize("args", [

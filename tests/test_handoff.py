@@ -132,7 +132,8 @@ def test_run_py_refuses_a_tampered_folder_and_fails_a_changed_golden_file(target
     result = run(target, copied / "run.py", "--verify")
     assert result.returncode == 3
     assert result.stderr.endswith("weights.npz: its content differs from the sha256 policy.json records; the file "
-                                  "was changed or damaged after packing — re-pack the model or restore the file\n")
+                                  "was changed or damaged after packing — restore the file, or pack the model again into a "
+                                  "new folder (pack --force replaces only an intact bundle)\n")
 
 
 def test_run_py_verify_exits_1_when_the_golden_data_disagrees(target, copied):

@@ -68,13 +68,13 @@ def _size(n: int) -> str:
 @app.command()
 def record(
     model: ModelArg,
-    data: Annotated[Path, typer.Option("-i", "--input", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The recording: .npz or .parquet (a folder with --engine ray).")],
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per block; memory is bounded by one block.")] = 4096,
-    fmt: Annotated[Optional[RecordFormat], typer.Option("--format", help="Output format  [default: from the suffix of -o]")] = None,
-    engine: Annotated[Engine, typer.Option(help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
-    backend: Annotated[RecordBackend, typer.Option(help="Runtime of the local engine.")] = RecordBackend.numpy,
+    data: Annotated[Path, typer.Option("-i", "--input", metavar="DATA", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT", help="The recording: .npz or .parquet (a folder with --engine ray).")],
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help="Rows per block; memory is bounded by one block.")] = 4096,
+    fmt: Annotated[Optional[RecordFormat], typer.Option("--format", metavar="[npz|parquet]", help="Output format  [default: from the suffix of -o]")] = None,
+    engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
+    backend: Annotated[RecordBackend, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime of the local engine.")] = RecordBackend.numpy,
     override: OverrideOpt = None,
     steer: SteerOpt = None,
     overrides: OverridesFileOpt = None,
@@ -131,10 +131,10 @@ def _fig(value) -> str:
 @app.command()
 def stats(
     recording: Annotated[Path, typer.Argument(metavar="REC", help="A recording: .npz, .parquet or a folder of .parquet files.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write every per-neuron figure to this JSON file.")] = None,
-    tensors: Annotated[Optional[str], typer.Option(help="Comma-separated globs over the recorded tensors (default: all).")] = None,
-    engine: Annotated[Engine, typer.Option(help="local: this process; ray: Ray workers reduce blocks, moments merged.")] = Engine.local,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows read per block.")] = 16384,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="STATS.json", help="Also write every per-neuron figure to this JSON file.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
+    engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray workers reduce blocks, moments merged.")] = Engine.local,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help="Rows read per block.")] = 16384,
     quiet: QuietOpt = False,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
@@ -175,9 +175,9 @@ def stats(
 @app.command()
 def plot(
     source: Annotated[Path, typer.Argument(metavar="REC|REPORT", help="A recording, or the JSON of 'policyport verify --json'.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The folder of PNG files to create.")],
-    tensors: Annotated[Optional[str], typer.Option(help="Comma-separated globs over the recorded tensors (default: all).")] = None,
-    rows: Annotated[int, typer.Option("--rows", min=1, help="Observations shown in each heatmap (the first N).")] = 200,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The folder of PNG files to create.")],
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, metavar="N", help="Observations shown in each heatmap (the first N).")] = 200,
     quiet: QuietOpt = False,
     force: ForceOpt = False,
 ) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range
+from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range, given_options
 from .render import say
 from .verify import print_report
 
@@ -45,13 +45,10 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     """``"2,3"`` -> ``(2, 3)``; a usage error (exit 2) unless positive integers."""
     if text is None:
         return None
-    try:
-        shape = tuple(int(d) for d in text.replace("x", ",").split(","))
-    except ValueError:
-        shape = ()
-    if not shape or any(d < 1 for d in shape):
+    dims = [d.strip() for d in text.replace("x", ",").split(",")]
+    if not all(d.isdigit() and int(d) > 0 for d in dims):
         raise typer.BadParameter(f"{text!r}; give positive integers separated by commas, e.g. 2,3", param_hint="--input-shape")
-    return shape
+    return tuple(int(d) for d in dims)
 
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:
@@ -70,22 +67,23 @@ EXPORTERS = ("torchscript", "dynamo")
 
 @app.command()
 def convert(
+    ctx: typer.Context,
     src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
-    kind: Annotated[Optional[str], typer.Option("--from", help="Source kind; detected from SRC when omitted (see 'Sources' in the README).")] = None,
-    activation: Annotated[Optional[str], typer.Option(help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
-    head: Annotated[Optional[str], typer.Option(help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
-    opset: Annotated[int, typer.Option(help="ONNX opset of the default domain.")] = 17,
-    exporter: Annotated[str, typer.Option(help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
-    policy_id: Annotated[Optional[str], typer.Option("--policy-id", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
+    kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
+    activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
+    head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
+    opset: Annotated[int, typer.Option(metavar="N", help="ONNX opset of the default domain.")] = 17,
+    exporter: Annotated[str, typer.Option(metavar="NAME", help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
+    policy_id: Annotated[Optional[str], typer.Option("--policy-id", metavar="ID", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
     keep_value: Annotated[bool, typer.Option("--keep-value", help="Also export the value function as output 'value'.")] = False,
     obs_filter: Annotated[bool, typer.Option("--filter/--no-filter", help="Bake the source's observation filter into the graph.")] = True,
-    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
+    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", metavar="FILE", help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading files that can run code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
-    input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
-    output_names: Annotated[Optional[str], typer.Option("--output-names", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
+    input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
+    output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
-    samples: Annotated[int, typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high).")] = 1000,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high).")] = 1000,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
@@ -102,6 +100,10 @@ def convert(
         from ..verification import verify as run_verify
 
         chosen_head = check_convert_options(kind, activation, head, opset, exporter)
+        unchecked = given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol") if not verify else []
+        if unchecked:
+            raise typer.BadParameter(f"--no-verify skips the check against the source that {', '.join(unchecked)} "
+                                     "would shape; drop one or the other", param_hint="--no-verify")
         check_range(low, high)
         check_writable(output, force)
         check_distinct(output, src, obs_norm)

@@ -2,7 +2,8 @@
 
 Every way a command can end is decided here: 0 ok; 1 verification found a mismatch; 2 usage error
 (Click's, and option values policyport refuses); 3 bad model or input (:class:`PolicyportError`,
-and a run out of memory); 4 missing optional dependency; 70 an unexpected exception, which is a bug
+a run out of memory, and an OS error about the user's paths or machine: a name too long, a
+permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
 Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
@@ -10,6 +11,7 @@ holds exactly one JSON document, failures included: ``{"error": ..., "exit_code"
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -18,7 +20,7 @@ import traceback
 from typing import Annotated, Callable, Optional
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
 from ..files import using_limits
@@ -97,7 +99,9 @@ class PolicyportGroup(TyperGroup):
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        prog_name = "policyport"  # also under python -m policyport, and in shell completion's variable
         argv = list(sys.argv[1:] if args is None else args)
+        state.debug = bool(os.environ.get("POLICYPORT_DEBUG"))  # each invocation decides for itself
         if "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]:
             state.debug = True
             argv.remove("--debug")
@@ -122,14 +126,63 @@ class PolicyportGroup(TyperGroup):
 
 def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
-    ctx = getattr(e, "ctx", None)
+    ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
         err.print(literal(ctx.get_usage()))
         err.print(literal(f"Try '{ctx.command_path} -h' for help."))
-    err.print(f"error: {literal(e.format_message())}", markup=False)
+    err.print(f"error: {literal(e.format_message())}")
 
 
-app = typer.Typer(
+class PolicyportCommand(TyperCommand):
+    """A command whose help reads as Click's always has, whatever Typer's own style: the usage line
+    ``policyport run [OPTIONS] MODEL`` (an optional argument ``[NAME]``), an option's value by its
+    metavar (``-i, --input OBS``; its upper-cased name when it has none), flags bare, arguments by
+    their metavar. Only Click's public parameter attributes are read."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []  # pragma: no mutate (every command has [OPTIONS])
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = _value_name(param) + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                sections["Arguments"].append((_value_name(param), record[1]))
+            else:
+                value = "" if param.is_flag or param.count else f" {_value_name(param)}"
+                names = [", ".join(sorted(opts, key=_prefix_length)) for opts in (param.opts, param.secondary_opts)]
+                sections["Options"].append((" / ".join(n + value for n in names if n), record[1]))
+        for title, rows in sections.items():
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _prefix_length(opt: str) -> int:
+    """``1`` for ``-h``, ``2`` for ``--help``: short names are listed first, as Click does."""
+    return len(opt) - len(opt.lstrip("-/"))
+
+
+def _value_name(param) -> str:
+    """What a parameter's value is called in help: its metavar, else its name upper-cased."""
+    return param.metavar or param.name.upper()
+
+
+class PolicyportTyper(typer.Typer):
+    """The application; every command it registers renders its help with :class:`PolicyportCommand`."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or PolicyportCommand, **kwargs)
+
+
+app = PolicyportTyper(
     cls=PolicyportGroup,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -199,6 +252,15 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
             print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
         err.print(f"{message}; nothing was written")
         raise typer.Exit(code) from None
+    except OSError as e:
+        if e.errno not in USER_OS_ERRORS:
+            return _bug(e, as_json)
+        where = f" {literal(e.filename)}" if e.filename is not None else ""
+        message = f"cannot use{where}: {e.strerror or e}; nothing was written"
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": 3}))
+        say_error(message)
+        raise typer.Exit(3) from None
     except MemoryError as e:
         detail = f" ({literal(str(e))})" if str(e) else ""
         message = (f"not enough memory to finish{detail}; nothing was written — use fewer samples, a smaller "
@@ -208,20 +270,32 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
         say_error(message)
         raise typer.Exit(3) from None
     except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
-        message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written. "
-                   + ("" if state.debug else "Re-run with --debug for the traceback, and please report it."))
-        if as_json:
-            print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
-        if state.debug:
-            for line in "".join(traceback.format_exception(e)).splitlines():
-                err.print(literal(line), markup=False)
-        say_error(message)
-        raise typer.Exit(EXIT_BUG) from None
+        _bug(e, as_json)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if code:
         raise typer.Exit(code)
+
+
+#: OS errors that say something about the user's paths or machine, not about policyport: a name too
+#: long or looping through links, a permission, a full or read-only disk, an I/O error (exit 3).
+USER_OS_ERRORS = frozenset(getattr(errno, n) for n in (
+    "ENAMETOOLONG", "ELOOP", "EACCES", "EPERM", "ENOSPC", "EDQUOT", "EROFS", "EIO", "ENOTDIR", "EISDIR",
+    "ENXIO", "ENODEV", "ETXTBSY", "EFBIG", "EMFILE", "ENFILE", "ESTALE") if hasattr(errno, n))
+
+
+def _bug(e: BaseException, as_json: bool) -> None:
+    """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug."""
+    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written."
+               + ("" if state.debug else " Re-run with --debug for the traceback, and please report it."))
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
+    if state.debug:
+        for line in "".join(traceback.format_exception(e)).splitlines():
+            err.print(literal(line))
+    say_error(message)
+    raise typer.Exit(EXIT_BUG) from None
 
 
 def _in_main_thread() -> bool:

@@ -15,8 +15,8 @@ from .render import literal, out, say
 @app.command("export-numpy")
 def export_numpy(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The module to write (.py); its weights go beside it as .npz.")],
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Observations the module is checked on before it is written.")] = 64,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="MODULE.py", help="The module to write (.py); its weights go beside it as .npz.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
@@ -30,9 +30,9 @@ def export_numpy(
         from ..export import export_numpy as run_export
 
         check_range(low, high)
-        if output.suffix != ".py":
-            raise typer.BadParameter(f"{literal(output)}: the module must end in .py (its weights go beside it as .npz)",
-                                     param_hint="-o/--output")
+        if not output.name.endswith(".py") or output.name == ".py":
+            raise typer.BadParameter(f"{literal(output)}: the module's file name must end in .py after a name, e.g. "
+                                     "policy.py (its weights go beside it as policy.npz)", param_hint="-o/--output")
         done = run_export(model, output, samples=samples, low=low, high=high, seed=seed, force=force)
         if as_json:
             emit_json({"module": str(done.module), "weights": str(done.weights), "lines": done.lines,

@@ -10,17 +10,18 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import ForceOpt, JsonOpt, ModelArg
-from .render import add_row, literal, out, shape_text, table
+from .render import add_row, literal, out, say, shape_text, table
 
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model, a packed folder, or a source (converted in memory with defaults).")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
 
     def body():
+        from ..errors import BadModelError
         from ..files import load_onnx
         from ..summary import format_shape, summarize
 
@@ -28,9 +29,16 @@ def inspect(
         if bundle or model.suffix == ".onnx" or not model.exists():
             proto = load_onnx(model)
         else:
-            from ..converter import convert
+            from ..converter import FILE_KINDS, UnknownKindError, convert
 
-            proto = convert(model)
+            try:
+                proto = convert(model)
+            except UnknownKindError:
+                raise BadModelError(
+                    f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
+                    f"kind policyport can tell from its name; convert a source of another name with 'policyport "
+                    f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
+                ) from None
         s = summarize(proto)
         if as_json:
             emit_json(s)
@@ -56,8 +64,9 @@ def inspect(
 @app.command()
 def extract(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of weights to write.")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of weights to write.")],
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write the model's parameters to .npz under the source's names, in the source's layout."""
 
@@ -69,35 +78,49 @@ def extract(
         check_distinct(output, model)
         weights = extract_weights(model)
         save_npz(output, weights, force)
+        if as_json:
+            emit_json({"output": str(output), "parameters": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
+                                                             for k, v in weights.items()]})
+            return
         t = table(f"{len(weights)} parameters written to {output}", ["name", "dtype", "shape"])
         for k, v in weights.items():
             add_row(t, k, v.dtype.name, shape_text(v.shape))
         out.print(t)
 
-    guard(False, body)
+    guard(as_json, body)
 
 
 @app.command()
 def expose(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a packed folder (left untouched).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx file to write.")],
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names.")] = "*",
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a folder written by 'policyport pack' (left untouched).")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names.")] = "*",
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write a copy of the model whose intermediate tensors are graph outputs too."""
 
     def body():
         from ..files import check_distinct, check_writable, load_onnx, save_onnx
+        from ..graph import from_onnx
         from ..passes import expose as expose_pass
+        from ..summary import format_shape
 
         check_writable(output, force)
         check_distinct(output, model)
         exposed = expose_pass(load_onnx(model), tensors)
         save_onnx(output, exposed, force)
-        out.print(literal(f"wrote {output} with {len(exposed.graph.output)} graph outputs: "
-                          + ", ".join(o.name for o in exposed.graph.output)))
+        described = [v.to_dict() for v in from_onnx(exposed).outputs]
+        if as_json:
+            emit_json({"output": str(output), "outputs": described})
+            return
+        say(f"wrote {output}")
+        t = table(f"{len(described)} graph outputs of {output}", ["tensor", "dtype", "shape"])
+        for v in described:
+            add_row(t, v["name"], v["dtype"] or "?", format_shape(v["shape"]))
+        out.print(t)
 
-    guard(False, body)
+    guard(as_json, body)
 
 
 @app.command()

@@ -7,12 +7,21 @@ from typing import Annotated, Optional
 
 import typer
 
-AtolOpt = Annotated[Optional[float], typer.Option("--atol", min=0.0, help="Absolute tolerance for floating tensors  [default: by dtype: float32 1e-5, float16 1e-3, bfloat16 1e-2, float64 1e-9]")]
-RtolOpt = Annotated[Optional[float], typer.Option("--rtol", min=0.0, help="Relative tolerance, times |reference|  [default: by dtype, as --atol]")]
+def finite_tolerance(value: Optional[float]) -> Optional[float]:
+    """A tolerance option's callback: NaN would fail every comparison and infinity pass all of them (exit 2)."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return None if value is None else abs(value)  # -0.0 (already refused below 0) reads as 0
+
+
+AtolOpt = Annotated[Optional[float], typer.Option("--atol", min=0.0, metavar="A", callback=finite_tolerance, help="Absolute tolerance for floating tensors  [default: by dtype: float32 1e-5, float16 1e-3, bfloat16 1e-2, float64 1e-9]")]
+RtolOpt = Annotated[Optional[float], typer.Option("--rtol", min=0.0, metavar="R", callback=finite_tolerance, help="Relative tolerance, times |reference|  [default: by dtype, as --atol]")]
 RoundingOpt = Annotated[bool, typer.Option("--rounding/--no-rounding", help="Also pass a floating tensor that fails the tolerance when a float64 run shows the difference is float32 rounding (see 'Verification' in the README).")]
-LowOpt = Annotated[float, typer.Option("--low", help="Lower end of the range observations are drawn from.")]
-HighOpt = Annotated[float, typer.Option("--high", help="Upper end of the range observations are drawn from.")]
-SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of the drawn observations.")]
+LowOpt = Annotated[float, typer.Option("--low", metavar="L", help="Lower end of the range observations are drawn from.")]
+HighOpt = Annotated[float, typer.Option("--high", metavar="H", help="Upper end of the range observations are drawn from.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a folder written by 'policyport pack'.")]
@@ -22,8 +31,9 @@ def check_range(low: float, high: float) -> None:
     """Refuse a sampling range that is empty or not finite (a usage error, exit 2)."""
     import math
 
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise typer.BadParameter(f"--low {low} and --high {high} must be finite numbers", param_hint="--low/--high")
+    if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(high - low)):
+        raise typer.BadParameter(f"--low {low} and --high {high} must be finite numbers, and so must --high minus --low",
+                                 param_hint="--low/--high")
     if not low < high:
         raise typer.BadParameter(f"--low {low} must be below --high {high}", param_hint="--low/--high")
 
@@ -59,3 +69,10 @@ def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None
         except InputMismatchError as e:
             raise typer.BadParameter(str(e), param_hint="--override") from None
     return edits or None
+
+
+def given_options(ctx, *names: str) -> list[str]:
+    """Of the parameters ``names`` (Python names), the options the user wrote on the command line, as
+    ``--samples`` ..., so that options a command would ignore can be refused instead."""
+    return [f"--{n.replace('_', '-')}" for n in names
+            if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]

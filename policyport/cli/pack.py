@@ -15,12 +15,12 @@ from .render import add_row, literal, out, say, table
 @app.command()
 def pack(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="The bundle folder to write.")],
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Golden observations to record.")] = 64,
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The bundle folder to write.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Golden observations to record.")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
-    source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from; its parity is recorded too.")] = None,
+    source: Annotated[Optional[Path], typer.Option(metavar="SRC", help="The source the model was converted from; its parity is recorded too.")] = None,
     no_runtime: Annotated[bool, typer.Option("--no-runtime", help="Leave out run.py and the numpy runtime (for targets that install policyport).")] = False,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,

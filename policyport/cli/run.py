@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InputMismatchError
-from .core import app, guard
-from .options import ForceOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, overrides_from
+from .core import app, emit_json, guard
+from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, overrides_from
 from .render import add_row, out, say, shape_text, table
 from .verify import load_feeds
 
@@ -23,16 +23,17 @@ class BackendName(str, Enum):
 @app.command()
 def run(
     model: ModelArg,
-    inputs: Annotated[Path, typer.Option("-i", "--input", help=".npy (single-input model) or .npz keyed by input name.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The .npz of graph outputs to write.")],
-    backend: Annotated[BackendName, typer.Option(help="Runtime.")] = BackendName.numpy,
-    record: Annotated[Optional[Path], typer.Option(help="Also write every recorded activation to this .npz.")] = None,
-    tensors: Annotated[Optional[str], typer.Option(help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
-    chosen: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to compute, on the graph pruned to what they need (inputs it no longer reads are ignored)  [default: all]")] = None,
+    inputs: Annotated[Path, typer.Option("-i", "--input", metavar="OBS", help=".npy (single-input model) or .npz keyed by input name.")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of graph outputs to write.")],
+    backend: Annotated[BackendName, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime.")] = BackendName.numpy,
+    record: Annotated[Optional[Path], typer.Option(metavar="ACTS.npz", help="Also write every recorded activation to this .npz.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
+    chosen: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to compute, on the graph pruned to what they need (inputs it no longer reads are ignored)  [default: all]")] = None,
     override: OverrideOpt = None,
     steer: SteerOpt = None,
     overrides: OverridesFileOpt = None,
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run a model on observations; optionally record activations and override neurons."""
 
@@ -80,13 +81,36 @@ def run(
         if record is not None:
             writers[record] = npz_writer(values)
         write_outputs(writers, force)  # both files, or neither
+        shown = values if record is not None else outputs
+        if as_json:
+            emit_json({"backend": backend.value, "output": str(output), "record": None if record is None else str(record),
+                       "tensors": [array_summary(k, v) for k, v in shown.items()]})
+            return
         t = table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
                   ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")])
-        for k, v in (values if record is not None else outputs).items():
+        for k, v in shown.items():
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
             add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
         out.print(t)
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
 
-    guard(False, body, "run")
+    guard(as_json, body, "run")
+
+
+def array_summary(name: str, value) -> dict:
+    """``{"name", "dtype", "shape", "min", "max"}`` of one array, for ``--json`` (min/max ``None``
+    when the array is empty or holds no numbers; NaN and infinities as strings, which JSON lacks)."""
+    import numpy as np
+
+    lo = hi = None
+    if value.size and (np.issubdtype(value.dtype, np.number) or value.dtype == bool):
+        lo, hi = (_json_number(x) for x in (value.min(), value.max()))
+    return {"name": name, "dtype": value.dtype.name, "shape": list(value.shape), "min": lo, "max": hi}
+
+
+def _json_number(x):
+    import math
+
+    x = x.item()
+    return str(x) if isinstance(x, float) and not math.isfinite(x) else x

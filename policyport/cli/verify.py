@@ -123,16 +123,16 @@ def print_report(report, as_json: bool) -> int:
 @app.command("verify")
 def verify_cmd(
     model: ModelArg,
-    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="How many observations to draw uniformly from [--low, --high)  [default: 1000]")] = None,
-    low: Annotated[Optional[float], typer.Option("--low", help="Lower end of the range observations are drawn from  [default: 0.0]")] = None,
-    high: Annotated[Optional[float], typer.Option("--high", help="Upper end of the range observations are drawn from  [default: 1.0]")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the drawn observations  [default: 0]")] = None,
-    backends: Annotated[Optional[str], typer.Option(help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
-    source: Annotated[Optional[Path], typer.Option(help="The source the model was converted from, as a further reference.")] = None,
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high)  [default: 1000]")] = None,
+    low: Annotated[Optional[float], typer.Option("--low", metavar="L", help="Lower end of the range observations are drawn from  [default: 0.0]")] = None,
+    high: Annotated[Optional[float], typer.Option("--high", metavar="H", help="Upper end of the range observations are drawn from  [default: 1.0]")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations  [default: 0]")] = None,
+    backends: Annotated[Optional[str], typer.Option(metavar="NAME,NAME", help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
+    source: Annotated[Optional[Path], typer.Option(metavar="SRC", help="The source the model was converted from, as a further reference.")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
-    tensors: Annotated[str, typer.Option(help="Comma-separated globs over node-output names to compare; graph outputs always are, so an empty list ('' or ',') compares the graph outputs only.")] = "*",
-    outputs: Annotated[Optional[str], typer.Option("--outputs", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names to compare; graph outputs always are, so an empty list ('' or ',') compares the graph outputs only.")] = "*",
+    outputs: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     rounding: RoundingOpt = True,
@@ -181,6 +181,10 @@ def verify_cmd(
                                          "golden observations (give -i for others)", param_hint="MODEL")
             feeds = read_golden(model)["inputs"]
         elif inputs is not None:
+            drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
+            if drawn:
+                raise typer.BadParameter(f"-i gives the observations, so {', '.join(drawn)} (which shape random draws) "
+                                         "do not apply; --samples N takes the first N rows of the file", param_hint="-i")
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,

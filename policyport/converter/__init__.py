@@ -64,6 +64,19 @@ _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "k
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
           "input_shape": "--input-shape", "output_names": "--output-names"}
 
+#: Source kinds that are files or folders (``torch`` is a live module), as ``--from`` takes them.
+FILE_KINDS = tuple(k for k in KINDS if k != "torch")
+
+#: How :func:`detect_kind` tells each kind of file, for messages.
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), "
+                   "state-dict (.safetensors), keras (.keras, .h5), savedmodel (a folder with saved_model.pb) and "
+                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
+
+
+class UnknownKindError(BadModelError):
+    """A source whose kind cannot be told from its name or layout (exit 3); ``kind=`` / ``--from`` names it."""
+
+
 #: The model metadata key under which a converter records the options it was run with, so that
 #: ``verify --source`` can rebuild the same source forward pass.
 OPTIONS_KEY = "policyport.convert_options"
@@ -186,9 +199,10 @@ def detect_kind(source) -> str:
         kind = _detect_path(path)
         if kind is None:
             what = "folder" if path.is_dir() else "file"
-            raise BadModelError(
-                f"cannot tell what kind of policy the {what} {path} is; supported: {', '.join(KINDS)} "
-                "(name the kind with --from)"
+            raise UnknownKindError(
+                f"cannot tell what kind of policy the {what} {path} is: policyport tells {FILE_KINDS_TEXT}; "
+                f"name the kind of a source named otherwise with --from KIND (kind=KIND in Python), one of "
+                f"{', '.join(FILE_KINDS)}"
             )
         return kind
     module = type(source).__module__.split(".")[0]
@@ -316,5 +330,5 @@ def convert(source, *, kind: str | None = None, **options):
     return convert_source(source, kind=kind, **options).model
 
 
-__all__ = ["KINDS", "HEADS", "MIN_OPSET", "DEFAULT_OPSET", "SOURCES", "OPTIONS_KEY", "ConvertOptions",
+__all__ = ["KINDS", "FILE_KINDS", "HEADS", "UnknownKindError", "MIN_OPSET", "DEFAULT_OPSET", "SOURCES", "OPTIONS_KEY", "ConvertOptions",
            "Converted", "convert", "convert_source", "detect_kind"]

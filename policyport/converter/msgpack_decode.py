@@ -18,7 +18,9 @@ import numpy as np
 
 from ..errors import UnreadableFileError
 
-_MAX_DEPTH = 512
+#: How deep arrays and maps may nest (RLlib's states nest a few levels); each level takes two Python
+#: frames, so this stays well inside the interpreter's recursion limit.
+_MAX_DEPTH = 200
 
 
 class _Reader:

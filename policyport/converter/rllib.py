@@ -233,8 +233,8 @@ def find_legacy_file(path: Path) -> Path | None:
     """The ``checkpoint-<N>`` file of a legacy checkpoint given as the file or its folder."""
     if path.is_file():
         return path if re.fullmatch(r"checkpoint-\d+", path.name) else None
-    files = sorted(p for p in path.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_file())
-    return files[-1] if files else None
+    files = [p for p in path.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name) and p.is_file()]
+    return max(files, key=lambda p: int(p.name.split("-")[1]), default=None)  # the latest: 10 after 9
 
 
 def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool = False) -> Checkpoint:

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Mutation testing (not part of CI): mutmut changes one operator, constant or call at a time in a
+# group of modules and runs the tests that cover the changed function; a change no test notices
+# ("survived") is a test missing. Each group runs in its own copy of the tree, .mutation/GROUP/,
+# with only the tests that exercise it, so one group finishes in minutes to an hour on two cores.
+#
+#   scripts/mutation.sh                   every group, one after the other
+#   scripts/mutation.sh compare cli       the groups named
+#   scripts/mutation.sh --list            the groups, their modules and tests
+#
+# Afterwards: .venv/bin/python scripts/mutation_report.py [GROUP...] prints killed/total per module
+# and every surviving mutant; `cd .mutation/GROUP && ../../.venv/bin/mutmut show NAME` shows one.
+# Mutants that cannot change behaviour are marked in the code with `# pragma: no mutate` and a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh test,mutation
+exec .venv/bin/python scripts/mutation_run.py "$@"

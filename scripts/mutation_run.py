@@ -1,0 +1,118 @@
+"""Run mutmut over one group of modules at a time, each in its own copy of the tree (see mutation.sh).
+
+A group names the modules to mutate and the tests that exercise them; mutmut runs, for each mutant,
+only those of the group's tests that reach the mutated function. Not part of CI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".mutation"
+
+#: group -> (modules to mutate, the tests that pin their behaviour). mutmut runs, per mutant, the
+#: ones of these that reach the mutated function; fewer, faster files keep a group within the hour.
+#: Tests that run the package in another interpreter (a numpy-only venv, run.py of a copied folder)
+#: cannot import mutmut's rewritten modules and are left out.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "compare": (["policyport/compare.py"], ["tests/test_compare.py", "tests/test_tolerances.py"]),
+    "verification": (["policyport/verification.py"],
+                     ["tests/test_verify_rules.py", "tests/test_verify_source.py", "tests/test_rounding.py",
+                      "tests/test_verify.py", "tests/test_inputs.py", "tests/test_stochastic.py",
+                      "tests/test_tolerances.py"]),
+    "passes": (["policyport/passes.py"],
+               ["tests/test_passes_rules.py", "tests/test_passes.py", "tests/test_tensor_names.py",
+                "tests/test_onnx_tensors.py", "tests/test_foreign_models.py", "tests/test_stochastic.py"]),
+    "cli": (["policyport/cli/*"],
+            ["tests/test_cli_render.py", "tests/test_cli.py", "tests/test_cli_edge.py", "tests/test_cli_usage.py",
+             "tests/test_cli_misuse.py"]),
+    "runtime": (["policyport/runtime/*"],
+                ["tests/runtime/test_entry.py", "tests/test_readme.py", "tests/runtime/test_ops.py",
+                 "tests/runtime/test_onnx_conformance.py", "tests/runtime/test_plan.py",
+                 "tests/runtime/test_session.py", "tests/runtime/test_strict_ops.py", "tests/runtime/test_recurrent.py",
+                 "tests/runtime/test_conv_pool.py", "tests/runtime/test_sampling.py", "tests/test_inputs.py",
+                 "tests/test_pack.py"]),
+    "converter": (["policyport/converter/__init__.py", "policyport/converter/activations.py",
+                   "policyport/converter/build.py", "policyport/converter/msgpack_decode.py",
+                   "policyport/converter/reference.py", "policyport/converter/rllib.py",
+                   "policyport/converter/rllib_weights.py", "policyport/converter/sb3.py",
+                   "policyport/converter/state_dict.py", "policyport/converter/torch_files.py",
+                   "policyport/converter/unpickle.py"],
+                  ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py",
+                   "tests/converter/test_msgpack_decode.py", "tests/converter/test_unpickle.py",
+                   "tests/converter/test_rllib.py", "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py",
+                   "tests/test_layers.py", "tests/test_spine.py"]),
+    # The exporters of live torch modules and Keras/TensorFlow models: their tests run the frameworks.
+    "converter-frameworks": (["policyport/converter/torch_module.py", "policyport/converter/keras.py"],
+                             ["tests/converter/test_torch_module.py", "tests/converter/test_keras.py",
+                              "tests/test_cli_torch.py"]),
+}
+
+#: Tests that read the package's source text rather than run it (under mutmut they would read its
+#: rewritten modules), or run it where mutmut cannot be imported: left out of every group.
+STATIC = ["tests/test_cli_usage.py::test_every_install_hint_names_an_extra_that_installs_the_module",
+          # runs the package in an interpreter started with -S -I, where mutmut cannot be imported
+          "tests/test_pack.py::test_the_packed_expert_runs_where_only_numpy_can_be_imported"]
+
+#: Files the tests read besides the package and tests/.
+ALSO_COPY = ["fixtures", "README.md", "SECURITY.md", "scripts", "benchmarks"]
+
+
+def prepare(group: str) -> Path:
+    """A fresh copy of the tracked tree (and untracked test files) under .mutation/GROUP with its setup.cfg."""
+    modules, tests = GROUPS[group]
+    folder = WORK / group
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if name.startswith(".mutation/") or not (ROOT / name).is_file():
+            continue
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    # mutmut's trampolines make a module several times larger: let packed folders hold such copies.
+    folder_py = folder / "policyport" / "folder.py"
+    folder_py.write_text(folder_py.read_text().replace("MAX_CODE_BYTES = 1 << 20", "MAX_CODE_BYTES = 1 << 26"))
+    existing = [t for t in tests if (folder / t).exists()]
+    lines = ["[mutmut]", "source_paths = policyport", "only_mutate ="]
+    lines += [f"    {m}" for m in modules]
+    lines += ["pytest_add_cli_args_test_selection ="] + [f"    {t}" for t in existing]
+    lines += ["pytest_add_cli_args =", "    -p", "    no:cacheprovider"]
+    lines += [f"    --deselect\n    {t}" for t in STATIC]
+    lines += ["also_copy ="]
+    lines += [f"    {c}" for c in ALSO_COPY]
+    (folder / "setup.cfg").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--list"]:
+        for name, (modules, tests) in GROUPS.items():
+            print(f"{name}: mutates {' '.join(modules)}; tests {' '.join(tests)}")
+        return 0
+    groups = argv or list(GROUPS)
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        print(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    mutmut = Path(sys.executable).with_name("mutmut")
+    for group in groups:
+        folder = prepare(group)
+        print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
+        code = subprocess.run([str(mutmut), "run", "--max-children", "2"], cwd=folder).returncode
+        if code:
+            print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
+            return code
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "mutation_report.py"), *groups], check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

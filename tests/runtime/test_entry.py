@@ -1,0 +1,190 @@
+"""A packed folder's command line (run.py, policyport.runtime.entry) run in this process: its outputs,
+tables and JSON, usage errors, and every way it ends with its exit code and message."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.runtime import entry
+from policyport.runtime.packed import read_golden
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """obs (batch, 3) -> h = obs @ W -> y = Tanh(h), packed with 4 golden observations."""
+    w = numpy_helper.from_array(np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.5]], np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "W"], ["h"], name="h"), helper.make_node("Tanh", ["h"], ["y"], name="y")],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out = tmp_path_factory.mktemp("entry") / "bundle"
+    pp.pack(model, out, samples=4, runtime=False)
+    return out
+
+
+@pytest.fixture
+def obs(tmp_path):
+    path = tmp_path / "obs.npy"
+    np.save(path, np.array([[1.0, 0.0, 0.0], [0.0, 1.0, -1.0]], np.float32))
+    return path
+
+
+def test_run_writes_outputs_and_prints_a_table(folder, obs, tmp_path, capsys):
+    out = tmp_path / "y.npz"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"numpy: outputs written to {out}"
+    assert lines[1].split() == ["tensor", "dtype", "shape", "min", "max"]
+    y = np.load(out)["y"]
+    assert y.shape == (2, 2) and lines[2].split() == ["y", "float32", "(2,", "2)", f"{y.min():.4g}", f"{y.max():.4g}"]
+    assert lines[2].endswith(f"{y.max():.4g}") and len(lines) == 3
+
+
+def test_run_records_chosen_tensors_and_speaks_json(folder, obs, tmp_path, capsys):
+    out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--record", str(acts), "--tensors", "h", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["output"] == str(out) and doc["record"] == str(acts)
+    assert [t["name"] for t in doc["tensors"]] == ["h", "y"] and doc["tensors"][0]["shape"] == "(2, 2)"
+    with np.load(acts) as f:
+        assert sorted(f.files) == ["h", "y"] and np.allclose(f["h"], [[0.5, -1.0], [1.0, 1.5]])
+    assert list(np.load(out).files) == ["y"]
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--force"]) == 0  # replaced with --force
+
+
+def test_verify_passes_with_a_table_and_json(folder, capsys):
+    assert entry.main(folder, ["--verify"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "max abs error on 4 samples (atol 1e-05, rtol 1e-05)"
+    assert [line.split()[0] for line in lines[2:4]] == ["h", "y"] and lines[2].split()[-1] == "0"
+    assert lines[-1] == "PASS: 2 tensors match the golden data within atol 1e-05 + rtol 1e-05; worst 0 on h"
+    assert entry.main(folder, ["--verify", "--json", "--atol", "0.5", "--rtol", "0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] is True and (doc["atol"], doc["rtol"]) == (0.5, 0.0)
+
+
+def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    golden = dict(np.load(copy / "golden.npz"))
+    golden["activations/h"] = golden["activations/h"] + np.float32(0.01)
+    np.savez(copy / "golden.npz", **golden)
+    policy = json.loads((copy / "policy.json").read_text())
+    policy["files"]["golden.npz"] = hashlib.sha256((copy / "golden.npz").read_bytes()).hexdigest()
+    (copy / "policy.json").write_text(json.dumps(policy))
+    assert read_golden(copy)["inputs"]["obs"].shape == (4, 3)
+    assert entry.main(copy, ["--verify"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[-1] == "FAIL" and lines[2].split()[0] == "h"
+    assert lines[-1].startswith("FAIL: 1 of 2 tensors differ from the golden data beyond atol 1e-05 + rtol 1e-05; "
+                                "first: 'h', max abs 0.01")
+    assert entry.main(copy, ["--verify", "--json"]) == 1 and json.loads(capsys.readouterr().out)["passed"] is False
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-i", "x.npy"], "give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it"),
+    (["-o", "x.npz"], "give -i INPUT and -o OUTPUT"),
+    (["--verify", "-o", "x.npz", "--record", "r.npz"], "so -o, --record do not apply"),
+    (["-i", "a", "-o", "b", "--tensors", "h"], "--tensors selects what --record writes; give --record too"),
+    (["--verify", "--atol", "nan"], "--atol must be a finite number >= 0, not nan"),
+    (["--verify", "--rtol", "-1"], "--rtol must be a finite number >= 0, not -1.0"),
+])
+def test_usage_errors_exit_2(folder, argv, message, capsys):
+    with pytest.raises(SystemExit) as ended:
+        entry.main(folder, argv)
+    assert ended.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tmp_path, capsys):
+    (tmp_path / "y.npz").write_bytes(b"mine")
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz")]) == 3
+    assert "exists; overwrite it with --force" in capsys.readouterr().err
+    assert entry.main(folder, ["-i", str(obs), "-o", str(folder / "y.npz")]) == 3
+    assert capsys.readouterr().err.startswith(f"error: {folder / 'y.npz'} is inside the packed folder {folder}")
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "a.npz"), "--record", str(tmp_path / "a.npz")]) == 3
+    assert capsys.readouterr().err == "error: --record and -o name the same file\n"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(obs), "--force"]) == 3
+    np.save(tmp_path / "bad.npy", np.zeros((2, 4), np.float32))
+    assert entry.main(folder, ["-i", str(tmp_path / "bad.npy"), "-o", str(tmp_path / "z.npz"), "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 3 and doc["error"].startswith("input 'obs' expects shape (batch, 3), got (2, 4)")
+    assert not (tmp_path / "z.npz").exists()
+
+
+def test_a_failed_record_removes_the_output_it_wrote(folder, obs, tmp_path, monkeypatch):
+    import policyport.files as files
+
+    real = files.save_npz
+
+    def fail_second(path, arrays, force=False):
+        if path.name == "acts.npz":
+            raise files.UnreadableFileError("disk full")
+        return real(path, arrays, force)
+
+    monkeypatch.setattr(files, "save_npz", fail_second)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--record", str(tmp_path / "acts.npz")]) == 3
+    assert not (tmp_path / "y.npz").exists()
+
+
+@pytest.mark.parametrize("error,code,message", [
+    (KeyboardInterrupt(), 130, "interrupted; nothing was written"),
+    (entry._Terminated(), 143, "terminated; nothing was written"),
+    (MemoryError(), 3, "not enough memory to finish; nothing was written — use a smaller input"),
+    (ValueError("odd"), 70, "this is a bug in policyport: ValueError: odd. Nothing was written. Re-run with --debug "
+                            "for the traceback, and please report it."),
+])
+def test_every_other_end_has_its_code(folder, obs, tmp_path, monkeypatch, capsys, error, code, message):
+    def broken(folder, args):
+        raise error
+
+    monkeypatch.setattr(entry, "_run", broken)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz")]) == code
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--json"]) == code
+    assert json.loads(capsys.readouterr().out) == {"error": message, "exit_code": code}
+
+
+def test_debug_prints_the_traceback_literally(folder, obs, tmp_path, monkeypatch, capsys):
+    def broken(folder, args):
+        raise ValueError("x\x1by")
+
+    monkeypatch.setattr(entry, "_run", broken)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--debug"]) == 70
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "Traceback (most recent call last):" and "ValueError: x\\x1by" in err
+    assert err[-1] == "error: this is a bug in policyport: ValueError: x\\x1by. Nothing was written."
+
+
+def test_sigterm_is_handled_only_while_main_runs(folder, monkeypatch):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    monkeypatch.setattr(entry, "_verify", lambda folder, args: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    assert entry.main(folder, ["--verify"]) == 0
+    assert seen == [entry._on_sigterm] and signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(entry._Terminated):
+        entry._on_sigterm(signal.SIGTERM, None)
+
+
+def test_the_parser_and_table():
+    p = entry.parser("go.py")
+    assert p.prog == "go.py" and "exit codes: 0 ok; 1 the golden data does not match" in p.epilog
+    args = p.parse_args(["--verify"])
+    assert (args.atol, args.rtol, args.force, args.json, args.debug) == (1e-5, 1e-5, False, False, False)
+    assert entry.literal("a\x1bb é") == "a\\x1bb é" and entry.literal("plain") == "plain"
+
+
+def test_table_layout(capsys):
+    entry._table(("name", "n"), [("a", "1"), ("long\x07", "100")], right=(1,))
+    assert capsys.readouterr().out.splitlines() == ["name        n", "a           1", "long\\x07  100"]

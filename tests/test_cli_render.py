@@ -1,0 +1,526 @@
+"""What the CLI prints, piece by piece: the verification table, notes and verdict for every kind of
+result, the option helpers (--max-bytes, --json detection, shapes and names), and the help layout."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import numpy as np
+import pytest
+import typer
+from rich.console import Console
+
+from policyport.cli import core
+from policyport.cli.convert import check_convert_options, parse_names, parse_shape
+from policyport.cli.options import check_range
+from policyport.cli.render import add_row, cell, literal, shape_text, table
+from policyport.cli.verify import report_lines, tolerance_text, verdict, verification_table
+from policyport.compare import Comparison, Report, Skipped
+
+
+def _text(renderable) -> str:
+    console = Console(file=io.StringIO(), width=200, color_system=None, markup=False, highlight=False)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def _cmp(tensor="t", cand="onnxruntime", ref="numpy", passed=True, **kw) -> Comparison:
+    values = {"shape": (4, 2), "dtype": "float32", "max_abs": 2.5e-6, "max_rel": 1e-6, "atol": 1e-5, "rtol": 1e-5}
+    values.update(kw)
+    shape, dtype, max_abs, max_rel = values.pop("shape"), values.pop("dtype"), values.pop("max_abs"), values.pop("max_rel")
+    return Comparison(tensor, cand, ref, shape, dtype, max_abs, max_rel, passed, **values)
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def test_the_table_has_one_column_per_pair_and_marks_rounding_and_failures():
+    report = Report(["numpy", "onnxruntime"], "source", 4, None, None, [
+        _cmp("fc_1", max_abs=2.5e-6),
+        _cmp("fc_1", "numpy", "source", max_abs=0.0),
+        _cmp("fc_2", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4,
+             rounding_bound=2.3e-3),
+        _cmp("ids", dtype="int64", passed=False, rule="exact", max_abs=1.0, detail="1 of 4 elements differ"),
+    ], [Skipped("noise", "depends on the random RandomNormal node 'r'")])
+    text = _text(verification_table(report))
+    assert "max abs error on 4 observations (float32: atol 1e-05, rtol 1e-05)" in " ".join(text.split())
+    lines = [line for line in text.splitlines() if "│" in line]
+    assert [c.strip() for c in lines[0].split("│")[1:-1]] == ["fc_1", "(4, 2)", "2.5e-06", "0"]
+    assert [c.strip() for c in lines[1].split("│")[1:-1]] == ["fc_2", "(4, 2)", "0.00037 ≈", ""]
+    assert [c.strip() for c in lines[2].split("│")[1:-1]] == ["ids", "(4, 2)", "1 of 4 elements differ ✗", ""]
+    assert [c.strip() for c in lines[3].split("│")[1:-1]] == ["noise", "", "skipped", "skipped"]
+    header = text.split("┡")[0]
+    assert "onnxruntime" in header and "vs numpy" in header and "vs source" in header
+    one = Report(["numpy"], None, 1, None, None, [_cmp()])
+    assert "on 1 observation (" in " ".join(_text(verification_table(one)).split())
+
+
+def test_tolerance_text_given_by_dtype_or_exact():
+    assert tolerance_text(Report(["numpy"], None, 1, 1e-3, 2e-4)) == "atol 0.001, rtol 0.0002"
+    mixed = Report(["numpy"], None, 1, None, None, [_cmp(dtype="float16", atol=1e-3, rtol=1e-3), _cmp()])
+    assert tolerance_text(mixed) == "float16: atol 0.001, rtol 0.001; float32: atol 1e-05, rtol 1e-05"
+    exact = Report(["numpy"], None, 1, None, None, [_cmp(dtype="int64", rule="exact", atol=0.0, rtol=0.0)])
+    assert tolerance_text(exact) == "exact"
+    half_given = Report(["numpy"], None, 1, 1e-3, None, [_cmp()])
+    assert tolerance_text(half_given) == "float32: atol 1e-05, rtol 1e-05"
+
+
+def test_report_lines_notes_rounding_figures_and_skipped():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("plain"),
+        _cmp("a", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4, rounding_bound=2.3e-3),
+        _cmp("b", rule="rounding", passed=False, max_abs=1e-2, candidate_vs_float64=1e-2, reference_vs_float64=1e-7,
+             rounding_bound=8e-7),
+        _cmp("c")], [Skipped("noise", "depends on the random RandomNormal node 'r'")], ["using the first 4 of 9"])
+    assert report_lines(report) == [
+        "note: using the first 4 of 9",
+        "a (onnxruntime vs numpy): 0.00037 exceeds the tolerance, within float32 rounding: against a float64 run "
+        "onnxruntime is 0.0004 off and numpy 0.00029, bound 0.0023",
+        "b (onnxruntime vs numpy): 0.01 exceeds the tolerance, beyond float32 rounding: against a float64 run "
+        "onnxruntime is 0.01 off and numpy 1e-07, bound 8e-07",
+        "skipped noise: depends on the random RandomNormal node 'r'",
+    ]
+
+
+def test_the_verdict_of_a_pass():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("a", max_abs=1e-6), _cmp("b", max_abs=3e-6), _cmp("c", rule="rounding", max_abs=2e-6)],
+        [Skipped("n", "random")])
+    assert verdict(report) == ("PASS: 3 comparisons within float32: atol 1e-05, rtol 1e-05, 1 by rounding against a "
+                               "float64 run; 1 random tensor(s) skipped; worst 3e-06 on b (onnxruntime vs numpy)")
+    assert verdict(Report(["numpy"], None, 1, None, None, [])) == "PASS: 0 comparisons within exact"
+
+
+def test_the_verdict_of_each_kind_of_failure():
+    tolerance = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("a"), _cmp("b", passed=False, max_abs=2e-3, max_rel=0.5), _cmp("c", passed=False)])
+    assert verdict(tolerance) == (
+        "FAIL: 2 of 3 comparisons fail; first diverging tensor 'b' (float32, onnxruntime vs numpy): max abs 0.002, "
+        "max rel 0.5 > atol 1e-05 + rtol 1e-05 * |numpy|; if float32 differences of this size are acceptable, "
+        "loosen them with --atol/--rtol")
+    exact = Report(["numpy"], "source", 4, None, None, [
+        _cmp("ids", "numpy", "source", passed=False, dtype="int64", rule="exact", max_abs=3.0, max_rel=1.0)])
+    assert verdict(exact).endswith("first diverging tensor 'ids' (int64, numpy vs source): max abs 3, max rel 1 "
+                                   "(int64 compares exactly)")
+    detail = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("s", passed=False, detail="shape (4, 2) vs (2, 4)", max_abs=np.inf)])
+    assert verdict(detail).endswith("first diverging tensor 's' (float32, onnxruntime vs numpy): shape (4, 2) vs (2, 4)")
+    rounding = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("r", passed=False, rule="rounding", max_abs=1e-2, max_rel=0.1, candidate_vs_float64=1e-2,
+             reference_vs_float64=1e-7, rounding_bound=8e-7)])
+    assert verdict(rounding) == (
+        "FAIL: 1 of 1 comparisons fail; first diverging tensor 'r' (float32, onnxruntime vs numpy): max abs 0.01, "
+        "max rel 0.1 > atol 1e-05 + rtol 1e-05 * |numpy|, and not float32 rounding: against a float64 run "
+        "onnxruntime is 0.01 off, numpy 1e-07; if float32 differences of this size are acceptable, loosen them "
+        "with --atol/--rtol")
+
+
+# ------------------------------------------------------------------------------------ option helpers
+
+
+@pytest.mark.parametrize("argv,value,left", [
+    (["--max-bytes", "4G", "run"], "4G", ["run"]),
+    (["run", "--max-bytes=1M", "-i", "x"], "1M", ["run", "-i", "x"]),
+    (["run", "--max-bytes"], "", ["run"]),
+    (["run", "--", "--max-bytes", "4G"], None, ["run", "--", "--max-bytes", "4G"]),
+    (["run", "x"], None, ["run", "x"]),
+])
+def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left):
+    argv = list(argv)
+    assert core._take_max_bytes(argv) == value and argv == left
+
+
+def test_max_bytes_values():
+    assert core._limits_from(None) == {}
+    assert core._limits_from("1K") == {"array_bytes": 1024}
+    with pytest.raises(typer.BadParameter, match="is not a size"):
+        core._limits_from("lots")
+
+
+def test_json_is_requested_only_before_a_double_dash():
+    assert core._json_requested(["inspect", "m", "--json"])
+    assert not core._json_requested(["inspect", "--", "--json"])
+    assert not core._json_requested(["inspect", "m"])
+
+
+@pytest.mark.parametrize("text,shape", [("2,3", (2, 3)), ("2x3", (2, 3)), ("7", (7,)), ("1, 2", (1, 2)), (None, None)])
+def test_parse_shape(text, shape):
+    assert parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "0", "2,-1", "a", "2,,3", "+2", "2.5"])
+def test_parse_shape_refuses(text):
+    with pytest.raises(typer.BadParameter, match="give positive integers separated by commas"):
+        parse_shape(text)
+
+
+def test_parse_names():
+    assert parse_names(" mean , value ") == ("mean", "value") and parse_names(None) is None
+    for bad in ("a,,b", "a,a", ""):
+        with pytest.raises(typer.BadParameter, match="give distinct, non-empty names"):
+            parse_names(bad)
+
+
+def test_check_convert_options_returns_the_head():
+    assert check_convert_options(None, None, None, 17, "torchscript") is None
+    assert check_convert_options("npz", "tanh,relu", "none", 11, "dynamo") is None
+    assert check_convert_options(None, None, "categorical", 17, "torchscript") == "categorical"
+
+
+def test_check_range_accepts_a_finite_non_empty_range():
+    check_range(-1.0, 1.0)
+    for low, high in ((1.0, 1.0), (0.0, float("inf")), (-1e308, 1e308)):
+        with pytest.raises(typer.BadParameter):
+            check_range(low, high)
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def test_cells_tables_and_shapes_are_literal():
+    t = table("title [bold]x[/bold]", ["name", ("n", "right")])
+    add_row(t, "a[red]b", 3)
+    add_row(t, cell("kept", "bold"), "")
+    text = _text(t)
+    assert "title [bold]x[/bold]" in " ".join(text.split()) and "a[red]b" in text and "kept" in text
+    assert t.columns[1].justify == "right" and t.columns[0].justify == "left"
+    assert t.columns[0].overflow == "fold"
+    assert shape_text((1000, 256)) == "(1000, 256)" and shape_text([256]) == "(256,)"
+    assert literal(3) == "3" and literal("\x1b") == "\\x1b"
+
+
+def test_option_names_list_short_ones_first():
+    assert sorted(["--help", "-h"], key=core._prefix_length) == ["-h", "--help"]
+    assert core._prefix_length("/x") == 1 and core._prefix_length("--x") == 2 and core._prefix_length("x") == 0
+
+
+# ------------------------------------------------------------------------------------ set-up
+
+
+def test_consoles_are_plain_and_unbounded_when_not_a_terminal(monkeypatch):
+    from policyport.cli import render
+
+    made = []
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            made.append(kwargs)
+            self.is_terminal = terminal
+
+    monkeypatch.setattr(render, "Console", Recorder)
+    plain = {"highlight": False, "soft_wrap": True, "markup": False, "emoji": False}
+    terminal = True
+    render._console(stderr=True)
+    assert made == [{"stderr": True, **plain}]
+    made.clear()
+    terminal = False
+    render._console(stderr=False)
+    assert made == [{"stderr": False, **plain}, {"stderr": False, **plain, "width": 1_000_000}]
+
+
+def test_commands_of_the_application_render_help_plainly_unless_they_choose_otherwise():
+    from typer.core import TyperCommand
+    from typer.main import get_command
+
+    app = core.PolicyportTyper()
+
+    @app.command()
+    def first(model: Path) -> None:
+        """First."""
+
+    @app.command(cls=TyperCommand)
+    def second(model: Path) -> None:
+        """Second."""
+
+    @app.command("third-name", help="Named and helped.")
+    def third(model: Path) -> None:
+        pass
+
+    commands = get_command(app).commands
+    assert type(commands["first"]) is core.PolicyportCommand and type(commands["second"]) is TyperCommand
+    assert type(commands["third-name"]) is core.PolicyportCommand and commands["third-name"].help == "Named and helped."
+
+
+def test_given_options_are_those_written_on_the_command_line():
+    class Source:
+        def __init__(self, name):
+            self.name = name
+
+    class Context:
+        sources = {"samples": Source("COMMANDLINE"), "low": Source("DEFAULT"), "high": Source("ENVIRONMENT"),
+                   "output_names": Source("COMMANDLINE")}
+
+        def get_parameter_source(self, name):
+            return self.sources.get(name)
+
+    from policyport.cli.options import given_options
+
+    assert given_options(Context(), "samples", "low", "high", "seed", "output_names") == ["--samples", "--output-names"]
+
+
+def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkeypatch, capsys):
+    import sys
+
+    import policyport.cli as cli
+
+    monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
+
+    for name, package in (("typer", "typer"), ("typer.core", "typer"), ("rich.console", "rich"), ("click", "click")):
+        def no_package(name=name):
+            raise ImportError(f"No module named {name!r}", name=name)
+
+        monkeypatch.setattr(cli, "_app", no_package)
+        with pytest.raises(SystemExit) as ended:
+            cli.main()
+        assert ended.value.code == 4
+        assert capsys.readouterr().err == (f"error: the policyport command needs the Python package '{package}', which "
+                                           "is not installed; install it with: pip install 'policyport[cli]'\n")
+
+    def broken():
+        raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")
+
+    monkeypatch.setattr(cli, "_app", broken)
+    with pytest.raises(ImportError, match="somethingelse"):
+        cli.main()
+
+
+def test_the_app_attribute_and_no_other():
+    import policyport.cli as cli
+
+    assert cli.app is core.app
+    with pytest.raises(AttributeError, match="^module 'policyport.cli' has no attribute 'nope'$"):
+        cli.nope  # noqa: B018
+
+
+def test_usage_lines_of_variadic_and_optional_arguments_and_hidden_options():
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    app = core.PolicyportTyper(cls=core.PolicyportGroup, context_settings={"help_option_names": ["-h", "--help"]},
+                               rich_markup_mode=None)
+
+    @app.command()
+    def go(files: Annotated[List[Path], typer.Argument(help="Files.")],
+           secret: Annotated[int, typer.Option(hidden=True)] = 1,
+           count: Annotated[int, typer.Option(help="How many.")] = 2) -> None:
+        """Go."""
+
+    @app.command()
+    def maybe(name: Annotated[Optional[str], typer.Argument()] = None) -> None:
+        """Maybe."""
+
+    result = CliRunner().invoke(app, ["go", "-h"])
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Usage: policyport go [OPTIONS] FILES..."
+    assert "Arguments:" in lines and "Options:" in lines
+    assert any(line.startswith("  FILES  Files.") for line in lines)
+    assert any(line.startswith("  --count COUNT  How many.") for line in lines) and "--secret" not in result.stdout
+    usage = get_command(app).commands["maybe"].collect_usage_pieces(get_command(app).make_context("maybe", []))
+    assert usage == ["[OPTIONS]", "[NAME]"]
+
+
+def test_usage_errors_print_their_message_literally():
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    result = CliRunner().invoke(app, ["run", "m.onnx", "-i", "x", "-o", "y", "--backend", "[red]x[/red]"])
+    assert result.exit_code == 2 and "'[red]x[/red]' is not one of 'numpy', 'onnxruntime'" in result.stderr
+
+
+def test_a_bug_report_in_json_and_with_debug(capsys, monkeypatch):
+    import json
+
+    with pytest.raises(typer.Exit) as ended:
+        core._bug(KeyError("k"), as_json=True)
+    assert ended.value.exit_code == 70
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"error": "this is a bug in policyport: KeyError: 'k'. Nothing was written. Re-run with "
+                                        "--debug for the traceback, and please report it.", "exit_code": 70}
+    monkeypatch.setattr(core.state, "debug", True)
+    try:
+        raise ValueError("[bold]deep[/bold]")
+    except ValueError as e:
+        with pytest.raises(typer.Exit):
+            core._bug(e, as_json=False)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "ValueError: [bold]deep[/bold]" in lines
+    assert lines[-1] == "error: this is a bug in policyport: ValueError: [bold]deep[/bold]. Nothing was written."
+
+
+def test_emit_json_is_indented_by_one(capsys):
+    core.emit_json({"a": [1, "é"]})
+    assert capsys.readouterr().out == '{\n "a": [\n  1,\n  "\\u00e9"\n ]\n}\n'
+
+
+def test_array_summaries_of_bools_and_strings():
+    from policyport.cli.run import array_summary
+
+    assert array_summary("b", np.array([True, False])) == {"name": "b", "dtype": "bool", "shape": [2], "min": False,
+                                                            "max": True}
+    assert array_summary("s", np.array(["a", "b"])) | {"dtype": ""} == {"name": "s", "dtype": "", "shape": [2],
+                                                                          "min": None, "max": None}
+
+
+def test_one_array_for_several_inputs_names_the_file(tmp_path):
+    from policyport.cli.verify import load_feeds
+    from policyport.errors import InputMismatchError
+
+    path = tmp_path / "obs.npy"
+    np.save(path, np.zeros((2, 3), np.float32))
+    with pytest.raises(InputMismatchError, match=f"^{path} holds one array but the model has inputs"):
+        load_feeds(path, ["a", "b"])
+
+
+def test_the_table_columns_and_the_style_of_a_failure():
+    report = Report(["numpy", "onnxruntime"], None, 4, None, None, [_cmp("a", passed=False)])
+    t = verification_table(report)
+    assert [c.header for c in t.columns] == ["tensor", "shape", "onnxruntime\nvs numpy"]
+    assert [c.justify for c in t.columns] == ["left", "left", "right"]
+    failed = list(t.columns[2].cells)[0]
+    assert failed.plain == "2.5e-06 ✗" and str(failed.style) == "bold red"
+
+
+def test_parse_errors_name_their_option():
+    for call, hint in ((lambda: parse_names("a,a"), "--output-names"), (lambda: parse_shape("x"), "--input-shape")):
+        with pytest.raises(typer.BadParameter) as caught:
+            call()
+        assert caught.value.param_hint == hint
+
+
+def test_errors_are_prefixed_and_styled(monkeypatch):
+    from rich.text import Text
+
+    from policyport.cli import render
+
+    shown = []
+    monkeypatch.setattr(render, "err", type("Recorder", (), {"print": lambda self, *a, **k: shown.append((a, k))})())
+    render.say_error("x [bold]y")
+    render.say("status\x1b")
+    (error,), _ = shown[0]
+    assert isinstance(error, Text) and error.plain == "error: x [bold]y"
+    assert [(error.plain[s.start:s.end], str(s.style)) for s in error.spans] == [("error:", "bold red")]
+    assert shown[1][0] == ("status\\x1b",)
+
+
+def test_the_verdict_is_styled_by_its_outcome(monkeypatch):
+    from policyport.cli import verify
+
+    shown = []
+    monkeypatch.setattr(verify, "out", type("Recorder", (), {"print": lambda self, *a, **k: shown.append(a[0])})())
+    assert verify.print_report(Report(["numpy"], None, 1, None, None, [_cmp()]), as_json=False) == 0
+    assert verify.print_report(Report(["numpy"], None, 1, None, None, [_cmp(passed=False)]), as_json=False) == 1
+    passed, failed = shown[1], shown[3]
+    assert passed.plain.startswith("PASS") and str(passed.style) == ""
+    assert failed.plain.startswith("FAIL") and str(failed.style) == "bold red"
+    assert str(cell("x").style) == "" and str(cell("x", "bold").style) == "bold"
+
+
+# ------------------------------------------------------------------------------------ the error edge
+
+
+def _guarded(capsys, as_json, body):
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(as_json, body)
+    out, err = capsys.readouterr()
+    return ended.value.exit_code, out, err
+
+
+def _raise(error):
+    def body():
+        raise error
+    return body
+
+
+@pytest.mark.parametrize("error,code,word", [(KeyboardInterrupt(), 130, "interrupted"), (core.Terminated(), 143, "terminated")])
+def test_interruptions_exit_with_their_code_and_say_nothing_was_written(capsys, error, code, word):
+    import json
+
+    assert _guarded(capsys, False, _raise(error)) == (code, "", f"{word}; nothing was written\n")
+    exit_code, out, err = _guarded(capsys, True, _raise(error))
+    assert exit_code == code and json.loads(out) == {"error": f"{word}; nothing was written", "exit_code": code}
+
+
+def test_os_errors_about_the_users_paths_are_bad_input(capsys):
+    import errno
+    import json
+
+    long = OSError(errno.ENAMETOOLONG, "File name too long", "a\x1b/b.npz")
+    assert _guarded(capsys, False, _raise(long)) == (
+        3, "", "error: cannot use a\\x1b/b.npz: File name too long; nothing was written\n")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    exit_code, out, err = _guarded(capsys, True, _raise(full))
+    assert exit_code == 3 and json.loads(out) == {"error": "cannot use: No space left on device; nothing was written",
+                                                  "exit_code": 3}
+    other = OSError(errno.EBADF, "Bad file descriptor")
+    exit_code, out, err = _guarded(capsys, True, _raise(other))
+    assert exit_code == 70 and json.loads(out)["error"].startswith("this is a bug in policyport: OSError: [Errno 9]")
+    bare = OSError(errno.EACCES, None)
+    assert "cannot use: [Errno 13] None; nothing was written" in _guarded(capsys, False, _raise(bare))[2]
+
+
+def test_running_out_of_memory_is_bad_input_with_the_size_when_known(capsys):
+    import json
+
+    exit_code, out, err = _guarded(capsys, True, _raise(MemoryError("Unable to allocate 3.00 GiB")))
+    assert exit_code == 3 and json.loads(out) == {
+        "error": "not enough memory to finish (Unable to allocate 3.00 GiB); nothing was written — use fewer samples, "
+                 "a smaller input, or a machine with more memory", "exit_code": 3}
+    assert _guarded(capsys, False, _raise(MemoryError()))[2] == (
+        "error: not enough memory to finish; nothing was written — use fewer samples, a smaller input, or a machine "
+        "with more memory\n")
+
+
+def test_sigterm_is_caught_only_while_a_body_runs_in_the_main_thread():
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    core.guard(False, lambda: seen.append(signal.getsignal(signal.SIGTERM)))
+    assert seen == [core._on_sigterm] and signal.getsignal(signal.SIGTERM) is before
+    assert core._in_main_thread()
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append((core._in_main_thread(), core.guard(False, lambda: None))))
+    thread.start()
+    thread.join()
+    assert elsewhere == [(False, None)] and signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(core.Terminated):
+        core._on_sigterm(signal.SIGTERM, None)
+
+
+def test_literal_keeps_printable_text_around_what_it_escapes():
+    assert literal("é\x1b漢 x") == "é\\x1b漢 x"
+
+
+def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    model = tmp_path / "m.onnx"
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Tanh", ["obs"], ["y"], name="y")], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, model)
+    np.save(tmp_path / "obs.npy", np.zeros((2, 4), np.float32))
+    run = ["run", str(model), "-i", str(tmp_path / "obs.npy"), "-o", str(tmp_path / "o.npz")]
+    limited = CliRunner().invoke(app, ["--max-bytes", "1", *run])
+    assert limited.exit_code == 3 and "above the limit of 1 B" in limited.stderr and not (tmp_path / "o.npz").exists()
+    import policyport.summary
+
+    monkeypatch.setattr(policyport.summary, "summarize", lambda model: {}["boom"])
+    shown = CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": "1"})
+    assert shown.exit_code == 70 and "Traceback" in shown.stderr
+    assert "Traceback" not in CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": ""}).stderr

@@ -1,0 +1,306 @@
+"""policyport.verify's bookkeeping on small graphs: which pairs are compared, notes, refusals with their
+messages, observations drawn, the float64 oracle and what it is not trusted for."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.errors import BadModelError, InputMismatchError
+from policyport.graph import ValueInfo
+from policyport.verification import ORACLE, first_rows, sample_inputs
+
+
+def _mlp(batch="batch") -> onnx.ModelProto:
+    """obs (batch, 3) -> Gemm h -> Tanh t -> y (batch, 2)."""
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) / 10, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "w"], ["h"], name="h"), helper.make_node("Tanh", ["h"], ["y"], name="y")],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [batch, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 2])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _two_inputs() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="y")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+OBS = np.linspace(0, 1, 15, dtype=np.float32).reshape(5, 3)
+
+
+def test_every_backend_after_the_first_is_compared_with_it_tensor_by_tensor():
+    report = pp.verify(_mlp(), OBS)
+    assert report.passed and report.samples == 5 and report.reference is None and report.notes == []
+    assert [(c.tensor, c.candidate, c.reference) for c in report.comparisons] == [
+        ("h", "onnxruntime", "numpy"), ("y", "onnxruntime", "numpy")]
+    assert report.backends == ["numpy", "onnxruntime"] and (report.atol, report.rtol) == (None, None)
+    flipped = pp.verify(_mlp(), OBS, backends=["onnxruntime", "numpy", "onnxruntime"])
+    assert flipped.backends == ["onnxruntime", "numpy"]
+    assert {(c.candidate, c.reference) for c in flipped.comparisons} == {("numpy", "onnxruntime")}
+
+
+def test_a_reference_is_compared_with_every_backend_on_the_tensors_it_names():
+    def reference(obs):
+        return {"h": obs @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 10), "unknown": obs}
+
+    report = pp.verify(_mlp(), OBS, reference=reference, atol=1e-6, rtol=0.0)
+    assert report.passed and report.reference == "source" and (report.atol, report.rtol) == (1e-6, 0.0)
+    assert [(c.tensor, c.candidate, c.reference) for c in report.comparisons] == [
+        ("h", "onnxruntime", "numpy"), ("h", "numpy", "source"), ("h", "onnxruntime", "source"),
+        ("y", "onnxruntime", "numpy")]
+    alone = pp.verify(_mlp(), OBS, backends=["numpy"], reference=reference)
+    assert [(c.tensor, c.candidate, c.reference) for c in alone.comparisons] == [("h", "numpy", "source")]
+
+
+def test_a_reference_that_cannot_take_the_observations_is_a_bad_source():
+    def reference(obs):
+        return {"h": obs @ np.zeros((4, 2), np.float32)}
+
+    with pytest.raises(BadModelError, match=r"the source does not fit the model: its forward pass fails on the "
+                                            r"model's inputs \(5, 3\)"):
+        pp.verify(_mlp(), OBS, reference=reference)
+    with pytest.raises(InputMismatchError, match="^a source reference takes one observation input$"):
+        pp.verify(_two_inputs(), {"a": OBS[:, :2], "b": OBS[:, :2]}, reference=lambda obs: {})
+
+
+@pytest.mark.parametrize("backends,message", [
+    (["numpy", "tf"], r"unknown backend\(s\) \['tf'\]; choose from numpy, onnxruntime"),
+    ([], r"unknown backend\(s\) \[\]"),
+    (["numpy", "numpy"], r"nothing to compare: one backend \(numpy\) and no source"),
+])
+def test_backends_that_cannot_be_compared_are_refused(backends, message):
+    with pytest.raises(InputMismatchError, match=message):
+        pp.verify(_mlp(), OBS, backends=backends)
+
+
+def test_an_array_feeds_only_a_single_input_model():
+    with pytest.raises(InputMismatchError, match="^the model has several inputs; pass a dict of feeds$"):
+        pp.verify(_two_inputs(), OBS[:, :2])
+    report = pp.verify(_two_inputs(), {"a": OBS[:, :2], "b": OBS[:, 1:]})
+    assert report.passed and report.samples == 5
+
+
+def test_samples_with_inputs_take_the_first_rows_and_say_so():
+    report = pp.verify(_mlp(), OBS, samples=3)
+    assert report.samples == 3 and report.notes == ["using the first 3 of the 5 observations given"]
+    exact = pp.verify(_mlp(), OBS, samples=5)
+    assert exact.notes == ["using the first 5 of the 5 observations given"]
+    more = pp.verify(_mlp(), OBS, samples=9)
+    assert more.samples == 5 and more.notes == ["using the first 5 of the 5 observations given (9 asked)"]
+
+
+def test_drawn_observations_follow_samples_range_and_seed():
+    report = pp.verify(_mlp(), samples=7, low=-2.0, high=-1.0, seed=3)
+    assert report.samples == 7 and report.notes == []
+    assert pp.verify(_mlp()).samples == 1000
+
+
+def test_a_fixed_shape_input_is_one_observation_and_the_report_says_so():
+    report = pp.verify(_mlp(batch=1), samples=4)
+    assert report.samples == 1
+    assert report.notes == ["the inputs have no batch axis (obs (1, 3)): 1 observation, not the 4 asked"]
+
+
+def test_zero_rows_are_refused():
+    with pytest.raises(InputMismatchError, match="^no observations to verify on: the inputs hold 0 rows$"):
+        pp.verify(_mlp(), np.zeros((0, 3), np.float32))
+
+
+def test_rounding_false_lets_the_tolerance_alone_decide():
+    report = pp.verify(_mlp(), OBS, atol=0.0, rtol=0.0, rounding=False)
+    assert report.oracle is None and all(c.rule == "tolerance" for c in report.comparisons)
+    judged = pp.verify(_mlp(), OBS, atol=0.0, rtol=0.0)
+    failed_by_tolerance = [c for c in report.comparisons if not c.passed]
+    if failed_by_tolerance:  # onnxruntime's MatMul summed in another order: the oracle judges those
+        assert judged.oracle == ORACLE and judged.passed
+        assert {c.tensor for c in judged.comparisons if c.rule == "rounding"} == {c.tensor for c in failed_by_tolerance}
+
+
+# ------------------------------------------------------------------------------------ sample_inputs
+
+
+def test_sample_inputs_shapes_dtypes_range_and_seed():
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3)), ValueInfo("mask", np.dtype(np.float64), ("batch", "n", 2)),
+              ValueInfo("t", np.dtype(np.float16), ())]
+    drawn = sample_inputs(inputs, 6, -3.0, -2.0, seed=11)
+    assert list(drawn) == ["obs", "mask", "t"]
+    assert [(a.shape, a.dtype) for a in drawn.values()] == [((6, 3), np.float32), ((6, 1, 2), np.float64), ((), np.float16)]
+    assert all(((a >= -3.0) & (a <= -2.0)).all() for a in drawn.values())
+    again = sample_inputs(inputs, 6, -3.0, -2.0, seed=11)
+    assert all(np.array_equal(drawn[k], again[k]) for k in drawn)
+    other = sample_inputs(inputs, 6, -3.0, -2.0, seed=12)
+    assert not np.array_equal(drawn["obs"], other["obs"])
+    expected = np.random.default_rng(11).uniform(-3.0, -2.0, (6, 3)).astype(np.float32)
+    assert np.array_equal(drawn["obs"], expected)
+
+
+def test_sample_inputs_gives_every_dim_named_like_the_batch_the_sample_count():
+    inputs = [ValueInfo("a", np.dtype(np.float32), ("batch", 2)), ValueInfo("b", np.dtype(np.float32), (3, "batch"))]
+    assert [a.shape for a in sample_inputs(inputs, 4).values()] == [(4, 2), (3, 4)]
+
+
+@pytest.mark.parametrize("samples,low,high", [(0, 0.0, 1.0), (5, 1.0, 1.0), (5, 2.0, 1.0), (5, 0.0, np.inf),
+                                              (5, -np.inf, 0.0), (5, np.nan, 1.0), (5, -1e308, 1e308)])
+def test_sample_inputs_refuses_what_it_cannot_draw(samples, low, high):
+    with pytest.raises(InputMismatchError, match="need samples >= 1 and finite low < high"):
+        sample_inputs([ValueInfo("obs", np.dtype(np.float32), ("batch", 3))], samples, low, high)
+
+
+def test_sample_inputs_refuses_integer_and_unranked_inputs_and_ranges_beyond_the_dtype():
+    with pytest.raises(InputMismatchError, match=r"cannot draw samples for input 'ids' \(int64, shape \('batch',\)\); give inputs with -i"):
+        sample_inputs([ValueInfo("ids", np.dtype(np.int64), ("batch",))], 2)
+    with pytest.raises(InputMismatchError, match="cannot draw samples for input 'x'"):
+        sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
+    with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
+        sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, 0.0, 1e5)
+    with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
+        sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
+    assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
+
+
+def test_first_rows_cuts_batched_inputs_only():
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3)), ValueInfo("w", np.dtype(np.float32), (2, 2)),
+              ValueInfo("t", np.dtype(np.float32), ())]
+    feeds = {"obs": np.zeros((5, 3)), "w": np.zeros((2, 2)), "t": np.float32(1.0)}
+    cut = first_rows(inputs, feeds, 1)
+    assert cut["obs"].shape == (1, 3) and cut["w"].shape == (2, 2) and cut["t"] == 1.0
+    unranked = first_rows([ValueInfo("u", np.dtype(np.float32), None)], {"u": np.zeros((5, 3))}, 2)
+    assert unranked["u"].shape == (2, 3)
+
+
+def test_the_default_seed_is_0_for_drawn_and_verified_observations():
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3))]
+    expected = np.random.default_rng(0).uniform(0.0, 1.0, (4, 3)).astype(np.float32)
+    assert np.array_equal(sample_inputs(inputs, 4)["obs"], expected)
+    seen = []
+    pp.verify(_mlp(), samples=4, reference=lambda obs: seen.append(obs) or {})
+    assert np.array_equal(seen[0], expected)
+
+
+def test_the_memory_checks_name_what_they_measure(monkeypatch):
+    import policyport.verification as verification
+
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3)), ValueInfo("t", np.dtype(np.float16), ())]
+    sample_inputs(inputs, 5)
+    assert asked == [(5 * 3 * (8 + 4) + 1 * (8 + 2), "drawing 5 observations for 2 input(s)")]
+    asked.clear()
+    pp.verify(_mlp(), OBS, reference=lambda obs: {})
+    session = pp.load(_mlp())
+    assert asked == [(session.memory_needed({"obs": OBS}, "*") * 3, "verifying 5 observations (3 sets of recorded tensors)")]
+    asked.clear()
+    pp.verify(_mlp(), OBS, tensors="")
+    assert asked == [(session.memory_needed({"obs": OBS}, "") * 2, "verifying 5 observations (2 sets of recorded tensors)")]
+    assert session.memory_needed({"obs": OBS}, "") < session.memory_needed({"obs": OBS}, "*")
+
+
+def _branches():
+    """ya = Relu(a); yb = Tanh(b): each output reads one input."""
+    nodes = [helper.make_node("Relu", ["a"], ["ya"], name="ya"), helper.make_node("Tanh", ["b"], ["yb"], name="yb")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in ("ya", "yb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_outputs_drop_the_feeds_of_inputs_the_pruned_graph_no_longer_reads():
+    feeds = {"a": OBS[:, :2], "b": OBS[:, 1:]}
+    report = pp.verify(_branches(), feeds, outputs="yb")
+    assert report.passed and [c.tensor for c in report.comparisons] == ["yb"]
+    assert [c.tensor for c in pp.verify(_branches(), feeds).comparisons] == ["ya", "yb"]
+
+
+def test_a_fixed_shape_model_given_observations_gets_no_note_and_several_are_listed():
+    fixed = pp.verify(_mlp(batch=1), OBS[:1], samples=1)
+    assert fixed.notes == [] and fixed.samples == 1
+    nodes = [helper.make_node("Add", ["a", "b"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    report = pp.verify(model, samples=3)
+    assert report.notes == ["the inputs have no batch axis (a (1, 2), b (1, 2)): 1 observation, not the 3 asked"]
+
+
+def test_trust_reaches_the_source(monkeypatch, tmp_path):
+    import policyport.converter as converter
+    import policyport.verification as verification
+
+    given = []
+    real = verification._source_reference
+    monkeypatch.setattr(verification, "_source_reference",
+                        lambda model, source, trust=False: given.append(trust) or (lambda obs: {}))
+    pp.verify(_mlp(), OBS, source="anything", trust=True)
+    pp.verify(_mlp(), OBS, source="anything")
+    assert given == [True, False]
+    monkeypatch.setattr(verification, "_source_reference", real)
+    seen = []
+
+    def fake_convert(source, kind=None, options=None, trust=None):
+        seen.append((kind, trust))
+        if kind is None:
+            raise converter.UnknownKindError("cannot tell")
+        return converter.Converted(None, lambda obs: {}, kind)
+
+    monkeypatch.setattr(converter, "convert_source", fake_convert)
+    model = _mlp()
+    entry = model.metadata_props.add()
+    entry.key, entry.value = "policyport.source_kind", "npz"
+    (tmp_path / "w.bin").write_bytes(b"")  # named unlike any kind: read as the kind convert recorded
+    pp.verify(model, OBS, source=tmp_path / "w.bin", trust=True)
+    assert seen == [("npz", True)]
+
+
+def test_given_tolerances_reach_every_comparison():
+    def ten_percent_off(obs):
+        h = obs @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 10)
+        return {"h": h * np.float32(1.1)}
+
+    obs = OBS + 1  # h well away from 0
+    assert pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.0, rtol=0.2, rounding=False).passed
+    assert not pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.0, rtol=0.05,
+                         rounding=False).passed
+    assert pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.2, rtol=0.0, rounding=False).passed
+    assert not pp.verify(_mlp(), obs, backends=["numpy"], reference=ten_percent_off, atol=0.05, rtol=0.0,
+                         rounding=False).passed
+
+
+def test_the_oracle_runs_only_for_finite_tolerance_failures():
+    assert pp.verify(_mlp(), OBS).oracle is None  # everything passed
+    wrong_shape = pp.verify(_mlp(), OBS, backends=["numpy"], reference=lambda obs: {"h": np.zeros((1, 2), np.float32)})
+    assert not wrong_shape.passed and wrong_shape.oracle is None
+    nodes = [helper.make_node("ArgMax", ["obs"], ["k"], name="k", axis=1, keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("k", TensorProto.INT64, ["batch"])])
+    argmax = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    argmax.ir_version = 8
+    exact = pp.verify(argmax, OBS, backends=["numpy"], reference=lambda obs: {"k": np.zeros(len(obs), np.int64)})
+    assert not exact.passed and exact.comparisons[0].rule == "exact" and exact.oracle is None
+    off = pp.verify(_mlp(), OBS, backends=["numpy"], reference=lambda obs: {"h": obs[:, :2] * 0})
+    assert not off.passed and off.oracle == ORACLE
+
+
+def test_without_a_numpy_session_the_graph_is_read_from_the_model_and_a_missing_oracle_is_noted():
+    nodes = [helper.make_node("FastGelu", ["obs"], ["g"], name="g", domain="com.microsoft")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("g", TensorProto.FLOAT, ["batch", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    report = pp.verify(model, OBS, backends=["onnxruntime"], reference=lambda obs: {"g": obs})
+    assert not report.passed and report.oracle is None
+    assert len(report.notes) == 1 and report.notes[0].startswith("no float64 oracle for the rounding rule: ")
+    assert "FastGelu" in report.notes[0]

@@ -1,0 +1,103 @@
+"""verify against the source: the source's forward pass is rebuilt with what the model records (the
+convert options, or the older head/activation keys), under the kind convert recorded when the file's
+name does not tell it; a source that does not fit is named as such."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import policyport as pp
+from policyport.converter import OPTIONS_KEY, UnknownKindError, convert_source
+from policyport.errors import BadModelError
+
+OBS = np.random.default_rng(5).uniform(0, 1, (6, 275)).astype(np.float32)
+
+
+def _props(model) -> dict:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _set_props(model, values: dict) -> None:
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key not in values]
+    del model.metadata_props[:]
+    for key, value in [*kept, *((k, v) for k, v in values.items() if v is not None)]:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+@pytest.fixture(scope="module")
+def relu_gaussian(metadrive_path):
+    return convert_source(metadrive_path, activation="relu", head="diag-gaussian", keep_value=False).model
+
+
+def _source_pairs(report) -> set[tuple[str, str]]:
+    return {(c.tensor, c.candidate) for c in report.comparisons if c.reference == "source"}
+
+
+def test_the_recorded_options_rebuild_the_source_forward_pass(relu_gaussian, metadrive_path):
+    report = pp.verify(relu_gaussian, OBS, source=metadrive_path)
+    assert report.passed and report.reference == "source"
+    tensors = {t for t, _ in _source_pairs(report)}
+    assert {"fc_1/relu", "fc_2/relu", "logits", "action", "log_std"} <= tensors
+    assert {c for _, c in _source_pairs(report)} == {"numpy", "onnxruntime"}
+
+
+def test_models_that_predate_the_options_key_use_the_head_and_activation_keys(relu_gaussian, metadrive_path):
+    old = type(relu_gaussian)()
+    old.CopyFrom(relu_gaussian)
+    _set_props(old, {OPTIONS_KEY: None, "policyport.head": "diag-gaussian", "policyport.activation": "relu"})
+    assert OPTIONS_KEY not in _props(old)
+    report = pp.verify(old, OBS, source=metadrive_path)
+    assert report.passed and {"fc_1/relu", "action", "log_std"} <= {t for t, _ in _source_pairs(report)}
+    _set_props(old, {"policyport.head": "none", "policyport.activation": "tanh"})  # what it records now is wrong
+    wrong = pp.verify(old, OBS, source=metadrive_path)  # a tanh source
+    assert not wrong.passed and wrong.first_divergence.tensor == "fc_2/linear"  # the first layer after the activation
+
+
+def test_a_value_output_in_an_old_model_asks_the_source_for_the_value_branch(tmp_path):
+    rng = np.random.default_rng(1)
+    arrays = {"fc_1/kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_1/bias": np.zeros(4, np.float32),
+              "fc_out/kernel": rng.normal(size=(4, 2)).astype(np.float32), "fc_out/bias": np.zeros(2, np.float32),
+              "fc_value_1/kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_value_1/bias": np.zeros(4, np.float32),
+              "value_out/kernel": rng.normal(size=(4, 1)).astype(np.float32), "value_out/bias": np.zeros(1, np.float32)}
+    src = tmp_path / "w.npz"
+    np.savez(src, **arrays)
+    model = convert_source(src, keep_value=True).model
+    _set_props(model, {OPTIONS_KEY: None})
+    report = pp.verify(model, rng.uniform(0, 1, (4, 3)).astype(np.float32), source=src)
+    assert report.passed and ("value", "numpy") in _source_pairs(report)
+
+
+def test_a_source_named_unlike_its_kind_is_read_as_the_kind_convert_recorded(relu_gaussian, metadrive_path, tmp_path):
+    renamed = tmp_path / "weights.bin"
+    shutil.copy(metadrive_path, renamed)
+    assert _props(relu_gaussian)["policyport.source_kind"] == "npz"
+    report = pp.verify(relu_gaussian, OBS, source=renamed)
+    assert report.passed and ("fc_1/relu", "numpy") in _source_pairs(report)
+    live = type(relu_gaussian)()
+    live.CopyFrom(relu_gaussian)
+    _set_props(live, {"policyport.source_kind": "torch"})  # a live module: no file kind to fall back to
+    with pytest.raises(BadModelError, match="cannot rebuild the source's forward pass for verification: cannot "
+                                            "tell what kind of policy the file") as caught:
+        pp.verify(live, OBS, source=renamed)
+    assert isinstance(caught.value.__cause__, UnknownKindError)
+
+
+def test_a_source_that_does_not_fit_is_named_as_the_source(relu_gaussian, tmp_path):
+    other = tmp_path / "other.npz"
+    np.savez(other, **{"fc_1/kernel": np.zeros((275, 8), np.float32), "fc_1/bias": np.zeros(8, np.float32),
+                       "fc_out/kernel": np.zeros((8, 4), np.float32), "fc_out/bias": np.zeros(4, np.float32)})
+    report = pp.verify(relu_gaussian, OBS, source=other)
+    assert not report.passed and report.first_divergence.reference == "source"
+    with pytest.raises(BadModelError, match=r"^cannot rebuild the source's forward pass for verification: "):
+        pp.verify(relu_gaussian, OBS, source=_observation_file(tmp_path))
+
+
+def _observation_file(folder):
+    """A file of observations, where a source belongs."""
+    path = folder / "obs.npy"
+    np.save(path, OBS)
+    return path
