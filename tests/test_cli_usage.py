@@ -302,3 +302,11 @@ def test_the_from_help_lists_the_kinds_a_file_can_be():
     assert set(KINDS) - set(FILE_KINDS) == {"torch"}
     text = " ".join(invoke("convert", "-h").stdout.split())
     assert f"Source kind: {', '.join(FILE_KINDS[:-1])} or {FILE_KINDS[-1]}" in text
+
+
+def test_policyport_alone_prints_its_help_as_lines_and_exits_2():
+    proc = subprocess.run([sys.executable, "-m", "policyport"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..." and "\\n" not in proc.stderr
+    assert any(line.startswith("Commands:") for line in lines) and any(line.strip().startswith("verify") for line in lines)

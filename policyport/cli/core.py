@@ -29,9 +29,9 @@ from .render import err, literal, say_error
 from typer import Abort, Exit
 
 try:  # newer typer vendors Click
-    from typer._click.exceptions import ClickException
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover - typer on plain Click
-    from click.exceptions import ClickException
+    from click.exceptions import ClickException, NoArgsIsHelpError
 
 
 class Terminated(KeyboardInterrupt):
@@ -126,6 +126,10 @@ class PolicyportGroup(TyperGroup):
 
 def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
+    if isinstance(e, NoArgsIsHelpError):  # 'policyport' alone: the help, line by line, exit 2 as Click has it
+        for line in e.format_message().splitlines():
+            err.print(literal(line), soft_wrap=True)
+        return
     ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
         err.print(literal(ctx.get_usage()))
