@@ -22,6 +22,11 @@ memory, so past :data:`CHUNK_LINES` generated lines the tensors live in a list (
 ``t3``) and the lines are split into functions of at most that many lines, called in turn. A graph
 of more nodes than :attr:`policyport.files.Limits.nodes` (``POLICYPORT_MAX_NODES``) is refused.
 ``record`` and ``observe`` are compiled on first use.
+
+A graph that computes row by row (followed while compiling, see :class:`_RowTracker`) runs a batch
+of :data:`~policyport.runtime.numpy.rows.SPLIT_ROWS` rows or more in row blocks, on every core: the
+first lines of ``run`` and ``record`` hand it to :class:`~policyport.runtime.numpy.rows.RowBlocks`.
+Smaller batches run the straight-line code alone, as before.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ...errors import BadModelError, LimitExceededError, PolicyportError, Unsupp
 from ...files import ENV_NODES, limits
 from ...graph import Graph, onnx_dtype
 from .registry import NEWEST_OPSET, Static, missing_ops, resolve
+from .rows import SPLIT_ROWS, RowBlocks
 
 #: What a node's numpy code raises on shapes or values the model cannot take (MemoryError: numpy
 #: could not allocate a result).
@@ -118,6 +124,8 @@ class Plan:
             attribute draws from a Generator of its own seeded with that (see :func:`node_generator`).
             Each generator is created once here, so successive runs draw successive numbers and
             two plans with the same seed draw the same sequence.
+        threads: threads sharing the row blocks of a large batch (see :mod:`.rows`); 0 (default)
+            one per usable core. An attribute: it may be changed between runs.
 
     Raises:
         UnsupportedOpError: ops (at the graph's opset) without an implementation; one error
@@ -125,7 +133,7 @@ class Plan:
         BadModelError: a node reads a tensor that no graph input, initializer or earlier node makes.
     """
 
-    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None):
+    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None, threads: int = 0):
         limit = limits().nodes
         if len(graph.nodes) > limit:
             raise LimitExceededError(
@@ -143,6 +151,7 @@ class Plan:
             raise UnsupportedOpError(missing)
         self.graph = graph
         self.seed = seed
+        self.threads = threads
         self._rng: np.random.Generator | None = None
         self.input_names = [v.name for v in graph.inputs] + [v.name for v in graph.optional_inputs if v.name in fed]
         self.output_names = [v.name for v in graph.outputs]
@@ -165,6 +174,7 @@ class Plan:
             if v.name in self.input_names:
                 shape = None if v.shape is None else tuple(d if isinstance(d, int) else None for d in v.shape)
                 static[v.name] = Static(v.dtype, shape)
+        rows = _RowTracker(graph, self.input_names)
         for idx, node in enumerate(graph.nodes):
             opset = graph.opsets.get(node.domain, graph.opset)
             impl = resolve(node.op_type, opset, node.domain, node.name)
@@ -192,6 +202,7 @@ class Plan:
                     local[t] = results[-1]
                     producer[t] = node.op_type
             self.steps.append(Step(idx, node.op_type, kind, fn, tuple(args), tuple(results)))
+            rows.node(node, impl, kind, args, known, static, self._consts)
         missing = [o for o in self.output_names if o not in local]
         if missing:
             raise BadModelError(f"graph outputs {missing} are produced by no node, input or initializer")
@@ -200,6 +211,7 @@ class Plan:
         self._producer = producer
         self._consumers = consumers
         self._shared = self._memory_roots()
+        self._rows = rows.result()
         self._line_steps: dict[str, dict[int, Step]] = {}  # function -> generated line number -> step
         self._compiled: dict[str, Callable] = {}
         self.run = self._compile("run")
@@ -332,13 +344,19 @@ class Plan:
         step = next((s for s in self.steps if loc in s.results), None)
         return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
 
-    def _compile(self, mode: str, hooks: dict[str, int] | None = None) -> Callable:
+    def _compile(self, mode: str, hooks: dict[str, int] | None = None, split: bool = True) -> Callable:
         """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
 
         Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
         in node order followed by any graph output that is not a node output. With ``hooks``
         (tensor -> position), the function takes ``(feeds, edits)`` and replaces each hooked tensor
         by ``edits[position](value)`` right after its node (see :meth:`steered`).
+
+        ``run`` and ``record`` (and their override variants) of a graph that computes row by row
+        hand a batch of :data:`~policyport.runtime.numpy.rows.SPLIT_ROWS` rows or more to a
+        :class:`~policyport.runtime.numpy.rows.RowBlocks`, which runs the same code compiled with
+        ``split=False`` on row blocks; ``observe`` runs every batch whole, so that the observer sees
+        whole tensors.
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
         for name in _IN_PLACE.values():
@@ -352,6 +370,13 @@ class Plan:
         env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
                    LimitExceededError=LimitExceededError, FAILURES=_NODE_FAILURES, explain=self.explain)
         feeds = [f"x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
+        rows = self._rows if split and mode in ("run", "record") else None
+        if rows is not None and all(rows.ranks.get(t, 0) >= 2 for t in hooks or ()):  # neurons: the last axis
+            edits = ", edits" if hooks is not None else ""
+            env["split"] = RowBlocks(lambda: self._compile(mode, hooks, split=False), rows.inputs, rows.whole,
+                                     lambda: self.threads)
+            first = self.input_names.index(rows.inputs[0])
+            feeds.append(f"if x{first}.shape[0] >= {SPLIT_ROWS}: return split(feeds{edits})")
         body: list[tuple[str, Step]] = []  # generated line, the step it computes
         outputs = set(self.output_names)
         for s in self.steps:
@@ -363,6 +388,7 @@ class Plan:
                          for r in s.results if self._tensor_of.get(r) in hooks]
         results = self._results(mode, key)
         label = mode if hooks is None else f"{mode}+{len(self._line_steps)}"  # names the code objects
+        label += "" if split or self._rows is None else "/rows"
         if len(feeds) + len(body) + len(results) <= CHUNK_LINES:
             lines = feeds + [line for line, _ in body]
             first = len(feeds)
@@ -540,3 +566,133 @@ def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
         except PolicyportError:
             return {}
     return {}
+
+
+#: Ops each of whose output elements comes from the same element of the first input alone (other
+#: inputs, if any, are attributes-like constants: Clip's bounds, Cast's nothing).
+_ROW_UNARY = (_SAME_AS_INPUT - {"Softmax", "LogSoftmax", "Hardmax", "Dropout", "PRelu"}) | {"Cast"}
+#: Element-wise ops whose inputs broadcast numpy's way.
+_ROW_BROADCAST = _BROADCASTING | _COMPARISONS | {"Pow", "PRelu", "Where", "Max", "Min", "Sum", "Mean"}
+#: Ops over axis 0 = N of an (N, C, ...) tensor, each sample on its own, with constant other inputs.
+_ROW_SAMPLES = {"Conv", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """How a graph that computes row by row is split: ``inputs``, the graph inputs whose axis 0 is
+    the batch axis; ``whole``, the tensors computed from constants alone (the same in every block);
+    ``ranks``, the rank of each batched tensor (None where unknown)."""
+
+    inputs: tuple[str, ...]
+    whole: frozenset[str]
+    ranks: dict[str, int | None]
+
+
+class _RowTracker:
+    """Follows the batch axis through a graph, node by node, while the plan compiles it.
+
+    A tensor is *batched* when its axis 0 is the batch axis of the graph inputs (row ``i`` belongs
+    to observation ``i``). The graph computes row by row when every node that reads a batched
+    tensor is known to compute row ``i`` of its outputs, all batched, from row ``i`` of its batched
+    inputs and from whole constants; anything else (a reduction or a Reshape across rows, a Shape,
+    a random op, an unknown rank where it matters, another domain) makes the whole graph run whole.
+    """
+
+    def __init__(self, graph: Graph, input_names: list[str]):
+        declared = {v.name: v for v in [*graph.inputs, *graph.optional_inputs]}
+        self.ok = True
+        self.batched: dict[str, bool] = {name: False for name in graph.initializers}
+        self.rank: dict[str, int | None] = {name: arr.ndim for name, arr in graph.initializers.items()}
+        self.inputs: list[str] = []
+        for name in input_names:
+            v = declared[name]
+            if v.shape is None:
+                self.ok = False
+                continue
+            self.rank[name], self.batched[name] = len(v.shape), v.has_batch_axis
+            if v.has_batch_axis:
+                self.inputs.append(name)
+        self.ok = self.ok and bool(self.inputs)
+
+    def node(self, node, impl, kind: str, args: list[str], known: list[Static], static: dict, consts: dict) -> None:
+        """Account for one compiled node (``static`` already holds what is known of its outputs)."""
+        if not self.ok:
+            return
+        ins = [t for t in node.inputs if t]
+        outs = [o for o in node.outputs if o]
+        flags = [self.batched.get(t, False) for t in ins]
+        if impl.wants_rng or node.op_type in ("Shape", "Size") or node.domain not in ("", "ai.onnx"):
+            self.ok = False  # draws differ per block; a batch's shape is not a block's
+            return
+        if not any(flags):
+            for o in outs:
+                self.batched[o], self.rank[o] = False, static.get(o, Static()).rank
+            return
+        ranks = _row_ranks(node, impl, kind, args, ins, flags, [self.rank.get(t) for t in ins], known, consts)
+        if ranks is None:
+            self.ok = False
+            return
+        for o in outs:
+            self.batched[o], self.rank[o] = True, ranks
+
+    def result(self) -> RowSplit | None:
+        if not self.ok:
+            return None
+        return RowSplit(tuple(self.inputs), frozenset(t for t, b in self.batched.items() if not b),
+                        {t: self.rank.get(t) for t, b in self.batched.items() if b})
+
+
+def _axis(axis: int, rank: int | None) -> int | None:
+    """``axis`` counted from the front (None when it cannot be told or is out of range)."""
+    if rank is None or not -rank <= axis < rank:
+        return None
+    return axis % rank
+
+
+def _row_ranks(node, impl, kind, args, ins, flags, ranks, known, consts) -> int | None:
+    """The rank of a row-wise node's outputs (all batched), or None when the node is not known to
+    compute row by row. ``flags`` tell which of ``ins`` are batched, ``ranks`` their ranks."""
+    op, attrs, rank = node.op_type, node.attrs, ranks[0]
+    only_first = flags[0] and not any(flags[1:])
+    if kind == "gemm":  # constant weights, transA = 0
+        return 2 if only_first else None
+    if kind == "index":  # a constant Slice: rows untouched unless axis 0 is sliced
+        index = consts[args[1]]
+        return rank if only_first and (not index or index[0] == slice(None)) else None
+    if op in _ROW_UNARY or (op == "Dropout" and len(ins) < 3):  # Dropout without training_mode
+        return rank if only_first else None
+    if op in _ROW_BROADCAST:
+        if None in ranks:
+            return None
+        out = max(ranks)
+        for t, batched, r, k in zip(ins, flags, ranks, known):
+            if (r != out) if batched else (r == out and k.dim(0) != 1):
+                return None  # a batched input without the batch axis first, or a constant along it
+        return out
+    if not only_first:
+        return None
+    if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "ArgMax", "ArgMin", "Flatten", "Concat"):
+        default = {"Flatten": 1, "ArgMax": 0, "ArgMin": 0, "LayerNormalization": -1}.get(op, 1 if impl.since < 13 else -1)
+        axis = _axis(attrs.get("axis", default), rank)
+        if not axis:  # None or 0
+            return None
+        if op == "Flatten":
+            return 2
+        if op in ("ArgMax", "ArgMin"):
+            return rank if attrs.get("keepdims", 1) else rank - 1
+        return rank
+    if op == "Gemm":  # the call form: a constant B, C broadcast along rows
+        c = ranks[2] if len(ins) > 2 else 0
+        return 2 if not attrs.get("transA", 0) and (c is not None and c < 2 or known[2].dim(0) == 1) else None
+    if op == "MatMul":
+        return rank if rank is not None and rank >= 2 and ranks[1] == 2 else None
+    if op in _ROW_SAMPLES or (op in ("MaxPool", "BatchNormalization") and len(node.outputs) == 1):
+        return rank
+    if op == "Reshape":  # a constant shape that keeps axis 0 (0 = copy the dimension)
+        shape = known[1].value
+        keeps = shape is not None and np.ndim(shape) == 1 and len(shape) > 0 and int(shape[0]) == 0
+        return len(shape) if keeps and not attrs.get("allowzero", 0) else None
+    if op == "Transpose":
+        perm = attrs.get("perm")
+        return rank if perm is not None and len(perm) > 0 and perm[0] == 0 else None
+    return None
