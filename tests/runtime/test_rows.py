@@ -176,3 +176,37 @@ def test_observe_runs_the_batch_whole_so_the_observer_sees_whole_tensors(metadri
 def test_threads_must_be_a_count(metadrive_model, threads):
     with pytest.raises(pp.InputMismatchError, match="threads must be a whole number >= 0"):
         pp.load(metadrive_model, threads=threads)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX")
+def test_a_forked_child_runs_large_batches_with_threads_of_its_own(metadrive_model, big_obs, tmp_path):
+    import multiprocessing
+
+    session = pp.load(metadrive_model, threads=2)
+    expected = session.run(big_obs)  # the parent's worker threads exist now
+
+    def child():
+        np.savez(tmp_path / "child.npz", **session.run(big_obs))
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(timeout=120)
+    if process.is_alive():  # a child using the parent's pool waits forever
+        process.kill()
+        process.join()
+    assert process.exitcode == 0
+    with np.load(tmp_path / "child.npz") as got:
+        same_bits(dict(got), expected)
+
+
+def test_a_plan_compiled_in_chunks_runs_its_blocks_bit_for_bit(metadrive_model, big_obs, monkeypatch):
+    from policyport.runtime.numpy import plan as plan_module
+
+    whole = pp.load(metadrive_model)
+    expected = (whole.run(big_obs), whole.record(big_obs), whole.record(big_obs, overrides="fc_2/tanh[3]=0.5"))
+    monkeypatch.setattr(plan_module, "CHUNK_LINES", 3)
+    chunked = pp.load(metadrive_model, threads=2)
+    got = (chunked.run(big_obs), chunked.record(big_obs), chunked.record(big_obs, overrides="fc_2/tanh[3]=0.5"))
+    assert any(label.endswith("/into.0") for label in chunked.backend.plan._line_steps)  # blocks ran chunked code
+    for a, b in zip(expected, got):
+        same_bits(a, b)

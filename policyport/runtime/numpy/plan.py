@@ -81,6 +81,10 @@ _ONE_TYPE: dict[str, tuple[int, ...] | None] = {
 #: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
 #: np.maximum with an out= array is slower than allocating its result.)
 _IN_PLACE: dict[str, str] = {"Tanh": "tanh", "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Sqrt": "sqrt"}
+#: Unary ops whose registered function is one ufunc call, written into a given array instead:
+#: op type -> the call with ``out`` (the same ufunc on the same operands: the same bits).
+_INTO: dict[str, str] = {**{op: f"{fn}({{src}}, {{out}})" for op, fn in _IN_PLACE.items()},
+                         "Relu": "maximum({src}, {src}.dtype.type(0), out={out})"}
 
 
 def node_generator(seed: float) -> np.random.Generator:
@@ -344,7 +348,8 @@ class Plan:
         step = next((s for s in self.steps if loc in s.results), None)
         return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
 
-    def _compile(self, mode: str, hooks: dict[str, int] | None = None, split: bool = True) -> Callable:
+    def _compile(self, mode: str, hooks: dict[str, int] | None = None, split: bool = True,
+                 into: list[str] | None = None) -> Callable:
         """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
 
         Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
@@ -357,6 +362,12 @@ class Plan:
         :class:`~policyport.runtime.numpy.rows.RowBlocks`, which runs the same code compiled with
         ``split=False`` on row blocks; ``observe`` runs every batch whole, so that the observer sees
         whole tensors.
+
+        With ``into`` (tensor names), the function takes ``(feeds, out[, edits])`` and, instead of
+        returning a dict, writes each of those tensors into the array at its position in ``out``
+        (a Gemm's product and an activation's ufunc straight into it, anything else copied while
+        it is in cache): how :class:`~policyport.runtime.numpy.rows.RowBlocks` fills a batch's
+        results block by block.
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
         for name in _IN_PLACE.values():
@@ -367,44 +378,62 @@ class Plan:
             env[ident] = text
             return ident
 
-        env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
+        env.update(array=np.array, asarray=np.asarray, copyto=np.copyto, maximum=np.maximum, PolicyportError=PolicyportError,
                    LimitExceededError=LimitExceededError, FAILURES=_NODE_FAILURES, explain=self.explain)
         feeds = [f"x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
         rows = self._rows if split and mode in ("run", "record") else None
         if rows is not None and all(rows.ranks.get(t, 0) >= 2 for t in hooks or ()):  # neurons: the last axis
             edits = ", edits" if hooks is not None else ""
-            env["split"] = RowBlocks(lambda: self._compile(mode, hooks, split=False), rows.inputs, rows.whole,
-                                     lambda: self.threads)
+            names = [n for n in self._returned(mode) if n not in rows.whole]
+            env["split"] = RowBlocks(lambda: self._compile(mode, hooks, split=False),
+                                     lambda: self._compile(mode, hooks, split=False, into=names),
+                                     names, rows.inputs, lambda: self.threads)
             first = self.input_names.index(rows.inputs[0])
             feeds.append(f"if x{first}.shape[0] >= {SPLIT_ROWS}: return split(feeds{edits})")
+        views: dict[str, str] = {}  # result local -> its view in out
+        copies: list[str] = []  # tensors returned twice, or feeds returned: copied at the end
+        for i, name in enumerate(into or ()):
+            loc = self._local[name]
+            if loc[0] == "t" and loc not in views:
+                views[loc] = f"out[{i}]"
+            else:
+                copies.append(f"copyto(out[{i}], {loc})")
         body: list[tuple[str, Step]] = []  # generated line, the step it computes
         outputs = set(self.output_names)
         for s in self.steps:
-            body += [(line, s) for line in self._emit(s, mode, env, outputs)]
+            body += [(line, s) for line in self._emit(s, mode, env, outputs, views)]
             if mode == "observe":
                 body += [(f"{r} = observer({s.index}, {j}, {r})", s) for j, r in enumerate(s.results) if r != "_"]
             if hooks:
-                body += [(f"{r} = edits[{hooks[self._tensor_of[r]]}]({r})", s)
-                         for r in s.results if self._tensor_of.get(r) in hooks]
-        results = self._results(mode, key)
+                for r in s.results:
+                    if self._tensor_of.get(r) in hooks:
+                        body.append((f"{r} = edits[{hooks[self._tensor_of[r]]}]({r})", s))
+                        if r in views:  # an edit that copied instead of writing in place
+                            body.append((f"if {r} is not {views[r]}: copyto({views[r]}, {r})", s))
+        body += [(line, self.steps[-1]) for line in copies]
+        results = [] if into is not None else self._results(mode, key)
         label = mode if hooks is None else f"{mode}+{len(self._line_steps)}"  # names the code objects
-        label += "" if split or self._rows is None else "/rows"
+        label += "" if split or self._rows is None else ("/into" if into is not None else "/rows")
         if len(feeds) + len(body) + len(results) <= CHUNK_LINES:
             lines = feeds + [line for line, _ in body]
             first = len(feeds)
             steps = {first + k: step for k, (_, step) in enumerate(body)}
-            lines.append(f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
+            lines.append("return None" if into is not None else f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
         else:
             lines, steps = self._chunks(mode, label, env, feeds, body, results), {}
-        params = "feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks is not None else "")
+        params = ("feeds" + (", out" if into is not None else "") + (", observer" if mode == "observe" else "")
+                  + (", edits" if hooks is not None else ""))
         return self._define(mode, label, params, lines, steps, env, guarded=mode != "observe")
+
+    def _returned(self, mode: str) -> list[str]:
+        """The tensors ``mode`` returns, in order."""
+        if mode == "record":
+            return list(dict.fromkeys([*self.tensor_names, *self.output_names]))
+        return self.output_names
 
     def _results(self, mode: str, key: Callable[[str], str]) -> list[tuple[str, str]]:
         """(name constant, value expression) of each tensor the mode returns, in order."""
-        if mode == "record":
-            names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
-        else:
-            names = self.output_names
+        names = self._returned(mode)
         declared = {v.name: v.shape for v in self.graph.outputs}
         returned: set[str] = set()
         items = []
@@ -443,10 +472,10 @@ class Plan:
         for c, piece in enumerate(pieces):
             name = f"c{c}"
             steps = {k: step for k, (_, step) in enumerate(piece) if step is not None}
-            self._define(name, f"{label}.{c}", "s, r, observer, edits", [slot(line) for line, _ in piece], steps, env,
-                         guarded=False)
+            self._define(name, f"{label}.{c}", "s, r, observer, edits, out", [slot(line) for line, _ in piece], steps,
+                         env, guarded=False)
             main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'}, "
-                        f"{'edits' if '+' in label else 'None'})")
+                        f"{'edits' if '+' in label else 'None'}, {'out' if label.endswith('/into') else 'None'})")
         return main + ["return r"]
 
     def _define(self, name: str, label: str, params: str, lines: list[str], steps: dict[int, Step], env: dict,
@@ -465,18 +494,26 @@ class Plan:
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[name]
 
-    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str]) -> list[str]:
-        """The generated lines of one step."""
+    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str], views: dict[str, str] | None = None) -> list[str]:
+        """The generated lines of one step. ``views`` (result local -> the expression of a view of
+        the batch's result array) makes the step write those results there (see :meth:`_compile`)."""
         res, args = s.results, s.args
+        views = views or {}
+        view = views.get(res[0]) if res else None
         if s.kind == "gemm":
-            lines = [f"{res[0]} = dot({args[0]}, {args[1]})"]
+            lines = [f"{res[0]} = dot({args[0]}, {args[1]}{', ' + view if view else ''})"]
             if len(args) > 2:
                 lines.append(f"add({res[0]}, {args[2]}, {res[0]})")  # out positional: less parsing
             return lines
-        if s.kind == "index":
-            return [f"{res[0]} = {args[0]}[{args[1]}]"]
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
+        if view and len(res) == 1 and s.kind == "call" and src and s.op_type in _INTO:
+            return [f"{res[0]} = {_INTO[s.op_type].format(src=src, out=view)}"]  # the op's own ufunc, into the view
+        copies = [f"copyto({views[r]}, {r})" for r in res if r in views]
+        if s.kind == "index":
+            return [f"{res[0]} = {args[0]}[{args[1]}]", *copies]
+        if copies:  # any other op: computed, then copied into the view while it is in cache
+            return [*self._emit(s, mode, env, outputs), *copies]
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
                 and self._consumers.get(self._tensor_of[src], 0) == 1 and self._tensor_of[src] not in outputs):
             in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing

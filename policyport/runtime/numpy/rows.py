@@ -7,8 +7,9 @@ on a whole batch or on its rows in pieces. From :data:`SPLIT_ROWS` rows on, the 
 ``record`` and override variants run such a graph in blocks of at most :data:`BLOCK_ROWS` rows:
 each block's activations stay in the core's cache between one node and the next (a bias added
 and a tanh taken on memory just written), and the blocks are shared among threads, since numpy's
-ufuncs and the BLAS release the GIL. Each block's result is copied into the batch's result arrays
-by the thread that made it, while it is still in cache.
+ufuncs and the BLAS release the GIL. Each block writes its rows straight into the batch's result
+arrays (a Gemm's product and an activation's ufunc into them, any other op's result copied while it
+is in cache).
 
 The blocks depend on the batch's row count alone, never on the thread count, and every block's BLAS
 call runs on its thread alone (threadpoolctl, :mod:`policyport.runtime.blas`): a batch gives the
@@ -54,18 +55,23 @@ def usable_cores() -> int:
 
 
 _POOL = None
+_POOL_SIZE = 0
+_POOL_PID = 0
 _POOL_LOCK = threading.Lock()
 
 
 def _pool(workers: int):
-    """The shared worker threads (created on first use, grown when more are asked for)."""
-    global _POOL
+    """The shared worker threads: created on first use, anew in a forked child (whose copy of the
+    parent's pool has no threads), and grown when more are asked for."""
+    global _POOL, _POOL_SIZE, _POOL_PID
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < workers:
+        if _POOL is None or _POOL_SIZE < workers or _POOL_PID != os.getpid():
             from concurrent.futures import ThreadPoolExecutor
 
-            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="policyport-rows")
-            if old is not None:
+            old, forked = _POOL, _POOL_PID != os.getpid()
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="policyport-rows")
+            _POOL_SIZE, _POOL_PID = workers, os.getpid()
+            if old is not None and not forked:
                 old.shutdown(wait=False)
         return _POOL
 
@@ -83,37 +89,66 @@ def _blas_one_thread():
 class RowBlocks:
     """Runs one compiled function of a plan over the row blocks of a large batch.
 
+    The first call for feeds of a given row shape runs the plan on two rows to learn each
+    result's dtype and row shape (kept per row shape); then every call allocates the batch's
+    result arrays and the blocks, on as many threads as there are blocks or ``threads()`` allows,
+    write their rows straight into them.
+
     Args:
-        compile_block: makes the function that computes one block (the plan's code for the mode,
-            without the jump to this driver); called on first use.
+        compile_probe: makes the function of the mode (``feeds[, edits] -> dict``) without the jump
+            to this driver; called on first use.
+        compile_into: makes the same function writing the tensors ``names`` into given arrays
+            (``feeds, out[, edits]``; see ``Plan._compile``); called on first use.
+        names: the batched tensors the mode returns (every other one is the same for every block
+            and is taken from the probe, copied).
         batched: the feed names whose axis 0 is the batch axis (sliced); other feeds go to every
             block whole.
-        whole_tensors: names of the results that are the same for every block (computed from
-            constants only): taken from the first block.
         threads: a callable returning the plan's thread setting (0 = one per usable core).
     """
 
-    def __init__(self, compile_block: Callable[[], Callable], batched: tuple[str, ...], whole_tensors: frozenset[str],
-                 threads: Callable[[], int]):
-        self._compile_block = compile_block
-        self._block: Callable | None = None
+    def __init__(self, compile_probe: Callable[[], Callable], compile_into: Callable[[], Callable], names: list[str],
+                 batched: tuple[str, ...], threads: Callable[[], int]):
+        self._compile_probe, self._compile_into = compile_probe, compile_into
+        self._probe: Callable | None = None
+        self._into: Callable | None = None
+        self.names = names
         self.batched = batched
-        self.whole_tensors = whole_tensors
         self._threads = threads
+        self._layouts: dict[tuple, tuple[list, dict]] = {}  # feed row shapes -> result layout, whole tensors
+
+    def _layout(self, feeds, extra) -> tuple[list, dict]:
+        """Each returned tensor in order, ``(name, row shape, dtype)`` (row shape None for a tensor
+        that is the same for every block), and those tensors' values."""
+        key = tuple((n, v.shape[1:] if n in self.batched else v.shape, v.dtype.str) for n, v in feeds.items())
+        found = self._layouts.get(key)
+        if found is None:
+            if self._probe is None:
+                self._probe = self._compile_probe()
+            sample = self._probe({n: (v[:2] if n in self.batched else v) for n, v in feeds.items()}, *extra)
+            wanted = set(self.names)
+            layout = [(n, v.shape[1:] if n in wanted else None, v.dtype) for n, v in sample.items()]
+            found = (layout, {n: v for n, v in sample.items() if n not in wanted})
+            if len(self._layouts) < 16:
+                self._layouts[key] = found
+        return found
 
     def __call__(self, feeds, *extra) -> dict[str, np.ndarray]:
-        block = self._block
-        if block is None:
-            block = self._block = self._compile_block()
         counts = {feeds[n].shape[0] for n in self.batched}
         if len(counts) != 1:  # batched inputs of different lengths (free dims of different names)
-            return block(feeds, *extra)
+            if self._probe is None:
+                self._probe = self._compile_probe()
+            return self._probe(feeds, *extra)
         rows = counts.pop()
+        layout, whole = self._layout(feeds, extra)
+        if self._into is None:
+            self._into = self._compile_into()
+        into = self._into
+        results = {n: (np.array(whole[n]) if shape is None else np.empty((rows, *shape), dtype))
+                   for n, shape, dtype in layout}
+        outs = [results[n] for n in self.names]
         bounds = blocks(rows)
         limit = _blas_one_thread()
         threads = min(self._threads() or usable_cores(), len(bounds)) if limit is not None else 1
-        full: list[dict[str, np.ndarray]] = []  # the batch's results, made by the first block to finish
-        lock = threading.Lock()
         claim = itertools.count()
         failed: list[BaseException] = []
 
@@ -124,17 +159,8 @@ class RowBlocks:
                     return
                 lo, hi = bounds[i]
                 try:
-                    part = {n: (v[lo:hi] if n in self.batched else v) for n, v in feeds.items()}
-                    value = block(part, *extra)
-                    if not full:
-                        with lock:
-                            if not full:
-                                full.append({name: v if name in self.whole_tensors else np.empty((rows, *v.shape[1:]), v.dtype)
-                                             for name, v in value.items()})
-                    results = full[0]
-                    for name, v in value.items():
-                        if name not in self.whole_tensors:
-                            results[name][lo:hi] = v
+                    into({n: (v[lo:hi] if n in self.batched else v) for n, v in feeds.items()},
+                         [o[lo:hi] for o in outs], *extra)
                 except BaseException as e:  # re-raised by the calling thread
                     failed.append(e)
                     return
@@ -149,4 +175,4 @@ class RowBlocks:
                     h.result()
         if failed:
             raise failed[0]
-        return full[0]
+        return results
