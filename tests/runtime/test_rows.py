@@ -210,3 +210,18 @@ def test_a_plan_compiled_in_chunks_runs_its_blocks_bit_for_bit(metadrive_model, 
     assert any(label.endswith("/into.0") for label in chunked.backend.plan._line_steps)  # blocks ran chunked code
     for a, b in zip(expected, got):
         same_bits(a, b)
+
+
+def test_a_conv_net_with_two_branches_concatenated_runs_in_blocks_bit_for_bit(tmp_path):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "synthetic" / "conv_grid.onnx"
+    session = pp.load(path, threads=2)
+    plan = session.backend.plan
+    assert plan._rows is not None  # Conv, pooling, Flatten, Concat along axis 1: row by row
+    assert [s.kind for s in plan.steps if s.op_type == "Gemm"] == ["gemm", "gemm"]  # a Flatten's rank is known
+    grid = np.random.default_rng(2).standard_normal((SPLIT_ROWS + 3, 3, 20, 20)).astype(np.float32)
+    got = session.record(grid)
+    for lo, hi in blocks(len(grid)):
+        same_bits({k: v[lo:hi] for k, v in got.items()}, session.record(grid[lo:hi]))
+    same_bits(got, pp.load(path, threads=1).record(grid))

@@ -589,8 +589,10 @@ def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
         return {outs[0]: Static(value.dtype, tuple(value.shape), value)}
     if op_type in _SAME_AS_INPUT:
         return {outs[0]: Static(first.dtype, first.shape)}
-    if op_type == "Gemm":
+    if op_type in ("Gemm", "Flatten"):
         return {outs[0]: Static(first.dtype, (None, None))}
+    if op_type == "Concat" and first.rank is not None:  # its inputs share one rank
+        return {outs[0]: Static(first.dtype, (None,) * first.rank)}
     ranks = [k.rank for k in known[:2]]
     rank = max(ranks) if len(ranks) == 2 and None not in ranks else None
     if op_type in _BROADCASTING or (op_type == "MatMul" and rank is not None and min(ranks) >= 2):
@@ -706,9 +708,12 @@ def _row_ranks(node, impl, kind, args, ins, flags, ranks, known, consts) -> int 
             if (r != out) if batched else (r == out and k.dim(0) != 1):
                 return None  # a batched input without the batch axis first, or a constant along it
         return out
+    if op == "Concat":  # along a feature axis, every input batched
+        axis = _axis(attrs.get("axis", 0), rank)
+        return rank if all(flags) and len(set(ranks)) == 1 and axis else None
     if not only_first:
         return None
-    if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "ArgMax", "ArgMin", "Flatten", "Concat"):
+    if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "ArgMax", "ArgMin", "Flatten"):
         default = {"Flatten": 1, "ArgMax": 0, "ArgMin": 0, "LayerNormalization": -1}.get(op, 1 if impl.since < 13 else -1)
         axis = _axis(attrs.get("axis", default), rank)
         if not axis:  # None or 0
