@@ -87,3 +87,9 @@ def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path
                 "policyport.cli.analysis", "policyport.cli.convert", "policyport.cli.model", "policyport.cli.pack",
                 "policyport.runtime.ort", "policyport.bundle"]
     assert [m for m in unwanted if m in modules] == []
+
+
+def test_verify_takes_threads_and_passes_on_a_large_sample(converted):
+    result = invoke("verify", converted, "--samples", 2100, "--threads", 2, "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["passed"] is True and doc["samples"] == 2100

@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, check_range
+from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
 from .render import add_row, cell, literal, out, shape_text, table
 
 
@@ -137,6 +137,7 @@ def verify_cmd(
     rtol: RtolOpt = None,
     rounding: RoundingOpt = True,
     as_json: JsonOpt = False,
+    threads: ThreadsOpt = 0,
 ) -> None:
     """Compare every tensor across backends (and the source); exit 1 on a mismatch.
 
@@ -184,7 +185,7 @@ def verify_cmd(
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
-                            rounding=rounding, trust=trust)
+                            rounding=rounding, trust=trust, threads=threads)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)
