@@ -225,3 +225,18 @@ def test_a_conv_net_with_two_branches_concatenated_runs_in_blocks_bit_for_bit(tm
     for lo, hi in blocks(len(grid)):
         same_bits({k: v[lo:hi] for k, v in got.items()}, session.record(grid[lo:hi]))
     same_bits(got, pp.load(path, threads=1).record(grid))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_relu_is_one_inline_maximum_with_the_registered_functions_bits(dtype):
+    from policyport.runtime.numpy.ops.activation import relu
+
+    elem = {np.float32: 1, np.float64: 11, np.float16: 10}[dtype]
+    m = model([helper.make_node("Relu", ["obs"], ["y"])], [helper.make_tensor_value_info("obs", elem, ["batch", 4])],
+              [helper.make_tensor_value_info("y", elem, ["batch", 4])])
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == ["relu"]
+    obs = np.array([[-1.5, -0.0, np.nan, 2.0]] * (SPLIT_ROWS + 1), dtype)
+    for rows in (1, SPLIT_ROWS + 1):
+        got = session.run(obs[:rows])["y"]
+        assert got.dtype == dtype and got.tobytes() == relu(obs[:rows]).tobytes()

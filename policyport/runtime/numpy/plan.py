@@ -104,8 +104,8 @@ class Step:
     """One compiled node.
 
     ``kind`` says how the generated line computes it: ``"call"`` (``fn(*args)``), ``"gemm"``
-    (``dot(a, b)`` then an in-place ``add`` of the bias, if any) or ``"index"`` (``a[k]`` with a
-    constant index).
+    (``dot(a, b)`` then an in-place ``add`` of the bias, if any), ``"index"`` (``a[k]`` with a
+    constant index) or ``"relu"`` (``maximum(a, zero)``, zero of the input's dtype).
     """
 
     index: int
@@ -290,6 +290,9 @@ class Plan:
             return "gemm", None
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
             return "index", None
+        if node.op_type == "Relu" and node.domain == "" and len(args) == 1 and known[0].dtype is not None:
+            args.append(self._const(known[0].dtype.type(0)))  # the registered np.maximum(x, 0), without its frame
+            return "relu", None
         return "call", functools.partial(impl.fn, **attrs) if attrs else impl.fn
 
     def _gemm_fast_path(self, attrs: dict, args: list[str]) -> bool:
@@ -507,11 +510,13 @@ class Plan:
             return lines
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
-        if view and len(res) == 1 and s.kind == "call" and src and s.op_type in _INTO:
-            return [f"{res[0]} = {_INTO[s.op_type].format(src=src, out=view)}"]  # the op's own ufunc, into the view
+        if view and len(res) == 1 and (s.kind == "relu" or s.kind == "call" and src) and s.op_type in _INTO:
+            return [f"{res[0]} = {_INTO[s.op_type].format(src=args[0], out=view)}"]  # the op's own ufunc, into the view
         copies = [f"copyto({views[r]}, {r})" for r in res if r in views]
         if s.kind == "index":
             return [f"{res[0]} = {args[0]}[{args[1]}]", *copies]
+        if s.kind == "relu":
+            return [f"{res[0]} = maximum({args[0]}, {args[1]})", *copies]
         if copies:  # any other op: computed, then copied into the view while it is in cache
             return [*self._emit(s, mode, env, outputs), *copies]
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
