@@ -160,7 +160,6 @@ def main() -> None:
     import onnx
 
     import report
-    from bench_runtime import source_state
 
     import policyport as pp
 
@@ -218,7 +217,7 @@ def main() -> None:
           f"overrides= (median of windows; fastest {now['fastest_us']:.2f} vs {before['fastest_us']:.2f}): ratio {ratio:.3f}")
     print(f"\na plain sequential write of 2 GB into the same folder, flushed to the device: {disk:,.0f} MB/s")
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    doc = {"date": date, "source": source_state(), "rows": args.rows, "batch_size": args.batch_size,
+    doc = {"date": date, "source": report.source_state(), "rows": args.rows, "batch_size": args.batch_size,
            "repeat": args.repeat, "where": str(work.parent), "bytes_per_row": BYTES_PER_ROW,
            "disk_mb_per_s": disk, "runners": summary, "batch1_latency": latency}
     text = json.dumps(doc, indent=1)

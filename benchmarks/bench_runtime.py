@@ -524,22 +524,6 @@ def _simd() -> dict:
             "not_found": [t for t in targets if not features.get(t)]}
 
 
-def source_state() -> dict:
-    """The checkout's commit and whether it has uncommitted changes (read-only git calls)."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), *args], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--", "policyport", "benchmarks/bench_runtime.py").splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": "unknown", "dirty": None}
-    return {"commit": commit, "dirty": bool(changed)}
-
-
 def environment() -> dict:
     cpu = platform.processor() or "unknown"
     flags = ""
@@ -703,7 +687,7 @@ def main(argv=None) -> int:
 
     specs, notes = runner_specs()
     env = environment()
-    source = source_state()
+    source = report.source_state()
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log(f"{report.machine_line(env)}")
     t_start, monitor = time.perf_counter(), CpuMonitor()

@@ -17,6 +17,23 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NOISY = 0.2
 
 
+def source_state(root: Path = RESULTS.parent.parent) -> dict:
+    """The checkout's short commit and whether policyport/ or benchmarks/ have uncommitted changes
+    (read-only git calls)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", "policyport", "benchmarks").splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+    return {"commit": commit, "dirty": bool(changed)}
+
+
 def newest(kind: str, folder: Path = RESULTS) -> tuple[Path, dict] | None:
     """The newest result file of ``kind`` (``"runtime"`` or ``"record"``) and its document.
 
