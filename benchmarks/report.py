@@ -154,12 +154,16 @@ def record_markdown(doc: dict, name: str | None = None) -> str:
 
 
 def readme_section(folder: Path = RESULTS) -> str:
-    """The README's generated benchmark block: the newest runtime result, then the newest recording result."""
+    """The README's generated benchmark block: the newest runtime result, then the newest recording
+    result of each folder recordings were measured in (a disk, ``/dev/shm``)."""
     parts = []
     runtime = newest("runtime", folder)
     if runtime:
         parts.append(runtime_markdown(runtime[1], f"`benchmarks/results/{runtime[0].name}`"))
-    record = newest("record", folder)
-    if record:
-        parts.append(record_markdown(record[1], f"`benchmarks/results/{record[0].name}`"))
+    by_place: dict[str, tuple[Path, dict]] = {}  # the newest recording result per folder measured in
+    for path in sorted(folder.glob("record-*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        by_place[doc.get("where", "")] = (path, doc)
+    for path, doc in sorted(by_place.values(), key=lambda pd: pd[0].name):
+        parts.append(record_markdown(doc, f"`benchmarks/results/{path.name}`"))
     return "\n".join(parts) if parts else "No result file yet: run `scripts/bench.sh`.\n"

@@ -85,6 +85,7 @@ def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path
     unwanted = ["onnxruntime", "torch", "tensorflow", "pyarrow", "matplotlib", "ray", "threadpoolctl",
                 "policyport.converter", "policyport.verification", "policyport.analysis.engines",
                 "policyport.cli.analysis", "policyport.cli.convert", "policyport.cli.model", "policyport.cli.pack",
+                "policyport.cli.verify", "policyport.cli.handoff",
                 "policyport.runtime.ort", "policyport.bundle"]
     assert [m for m in unwanted if m in modules] == []
 

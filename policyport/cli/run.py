@@ -12,7 +12,7 @@ from ..errors import InputMismatchError
 from .core import app, guard
 from .options import ForceOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
 from .render import add_row, out, say, shape_text, table
-from .verify import load_feeds
+from .inputs import load_feeds
 
 
 class BackendName(str, Enum):

@@ -9,25 +9,9 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
+from .inputs import input_names, load_feeds
 from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
 from .render import add_row, cell, literal, out, shape_text, table
-
-
-def load_feeds(path: Path, names: list[str]) -> dict:
-    """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
-    from ..files import load_arrays
-    from ..runtime.base import feeds_from_arrays
-
-    return feeds_from_arrays(load_arrays(path), names, path)
-
-
-def input_names(model: Path) -> list[str]:
-    """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
-    from ..files import load_onnx
-
-    proto = load_onnx(model)
-    inits = {t.name for t in proto.graph.initializer}
-    return [v.name for v in proto.graph.input if v.name not in inits]
 
 
 def verification_table(report):
