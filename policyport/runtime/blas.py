@@ -12,6 +12,7 @@ This module is not part of a packed folder's runtime, which stays numpy and the 
 
 from __future__ import annotations
 
+import os
 import threading
 
 
@@ -48,6 +49,13 @@ class OneThread:
         return [dict(lib.info()) for lib in self._controller.lib_controllers]
 
 
+    def _forget(self) -> None:
+        """In a forked child: no call of the parent's is running there."""
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._limiter = None
+
+
 _ONE_THREAD: OneThread | None = None
 _LOOKED = False
 _LOOK_LOCK = threading.Lock()
@@ -69,5 +77,7 @@ def one_thread() -> OneThread | None:
                     controller = ThreadpoolController().select(user_api="blas")
                     controller = controller if controller.lib_controllers else None
                 _ONE_THREAD = None if controller is None else OneThread(controller)
+                if _ONE_THREAD is not None and hasattr(os, "register_at_fork"):
+                    os.register_at_fork(after_in_child=_ONE_THREAD._forget)
                 _LOOKED = True
     return _ONE_THREAD

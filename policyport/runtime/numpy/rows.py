@@ -2,7 +2,7 @@
 
 A graph whose every node computes each row of its output from the same row of its batched inputs
 (a Gemm with constant weights, activations, a Slice along a feature axis ...; see
-:meth:`Plan._row_split <policyport.runtime.numpy.plan.Plan>`) gives the same rows whether it runs
+:class:`policyport.runtime.numpy.plan._RowTracker`) gives the same rows whether it runs
 on a whole batch or on its rows in pieces. From :data:`SPLIT_ROWS` rows on, the plan's ``run``,
 ``record`` and override variants run such a graph in blocks of at most :data:`BLOCK_ROWS` rows:
 each block's activations stay in the core's cache between one node and the next (a bias added
@@ -56,24 +56,33 @@ def usable_cores() -> int:
 
 _POOL = None
 _POOL_SIZE = 0
-_POOL_PID = 0
 _POOL_LOCK = threading.Lock()
 
 
 def _pool(workers: int):
-    """The shared worker threads: created on first use, anew in a forked child (whose copy of the
-    parent's pool has no threads), and grown when more are asked for."""
-    global _POOL, _POOL_SIZE, _POOL_PID
+    """The shared worker threads: created on first use, grown when more are asked for."""
+    global _POOL, _POOL_SIZE
     with _POOL_LOCK:
-        if _POOL is None or _POOL_SIZE < workers or _POOL_PID != os.getpid():
+        if _POOL is None or _POOL_SIZE < workers:
             from concurrent.futures import ThreadPoolExecutor
 
-            old, forked = _POOL, _POOL_PID != os.getpid()
+            old = _POOL
             _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="policyport-rows")
-            _POOL_SIZE, _POOL_PID = workers, os.getpid()
-            if old is not None and not forked:
+            _POOL_SIZE = workers
+            if old is not None:
                 old.shutdown(wait=False)
         return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's pool has no threads there (it would wait forever), and its
+    lock may have been held by a thread that does not exist there."""
+    global _POOL, _POOL_SIZE, _POOL_LOCK
+    _POOL, _POOL_SIZE, _POOL_LOCK = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _blas_one_thread():
