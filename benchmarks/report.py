@@ -94,10 +94,12 @@ def machine_line(env: dict) -> str:
     """One sentence describing the machine and the libraries a run measured."""
     v = env["versions"]
     simd = env.get("simd", {})
-    found = [t for t in ("AVX2", "AVX512F", "AVX512_SKX") if t in simd.get("found", [])]
-    missing = [t for t in ("AVX2", "AVX512F") if t in simd.get("not_found", [])]
-    simd_text = ("numpy SIMD baseline " + " ".join(simd.get("baseline", [])) + ", dispatch finds "
-                 + (" ".join(found) or "none of AVX2/AVX-512") + (f" (lacks {' '.join(missing)})" if missing else ""))
+    found, missing = simd.get("found", []), simd.get("not_found", [])
+    vector = ", ".join(f"{name} {'yes' if name in found else 'no'}" for name in ("AVX2", "AVX512F"))
+    simd_text = (f"numpy SIMD: baseline {' '.join(simd.get('baseline', [])) or '?'}, dispatch targets found "
+                 f"{' '.join(t for t in found if t not in ('AVX2', 'AVX512F')) or 'none'}"
+                 + (f", not found {' '.join(t for t in missing if t not in ('AVX2', 'AVX512F'))}" if missing else "")
+                 + f" ({vector})")
     return (f"{env['cpu_model']}, {env['usable_cores']} usable cores of {env['cores']}; {simd_text}; "
             f"BLAS {env['blas_short']}; Python {v['python']}, numpy {v['numpy']}, onnx {v['onnx']}, "
             f"onnxruntime {v['onnxruntime']}, torch {v['torch']}; threadpoolctl {v.get('threadpoolctl', 'not installed')}")
@@ -146,10 +148,16 @@ def record_markdown(doc: dict, name: str | None = None) -> str:
     for runner, s in doc["runners"].items():
         size = "" if s.get("bytes") is None else f"{s['bytes'] / 1e9:.2f} GB"
         lines.append(f"| {runner} | {s['rows_per_s']:,.0f} | {s['ratio']:.2f} | {s['peak_rss_mb']:,.0f} | {size} |")
+    forward = doc["runners"].get("forward, in memory", {}).get("rows_per_s")
     if doc.get("disk_mb_per_s"):
+        cap = doc["disk_mb_per_s"] * 1e6 / doc["bytes_per_row"]
         lines += ["", f"The folder's file system took a plain sequential write at {doc['disk_mb_per_s']:,.0f} MB/s "
-                  f"in this run: at {doc['bytes_per_row']:,} bytes per row that allows at most "
-                  f"{doc['disk_mb_per_s'] * 1e6 / doc['bytes_per_row']:,.0f} rows/s for any format."]
+                  f"in this run: at {doc['bytes_per_row']:,} bytes per row that allows at most {cap:,.0f} rows/s "
+                  "for any format" + (f", {cap / forward:.2f} of the forward pass." if forward else ".")]
+    judged = [(name, s["ratio"]) for name, s in doc["runners"].items() if name.startswith("record") and "--tensors" not in name]
+    if judged:
+        lines += ["", "Target, recording every tensor streams at >= 0.5 of the forward pass: " + "; ".join(
+            f"`{name}` {ratio:.2f} ({'PASS' if ratio >= 0.5 else 'MISS'})" for name, ratio in judged) + "."]
     return "\n".join(lines) + "\n"
 
 
