@@ -94,3 +94,20 @@ def test_verify_takes_threads_and_passes_on_a_large_sample(converted):
     result = invoke("verify", converted, "--samples", 2100, "--threads", 2, "--json")
     doc = json.loads(result.stdout)
     assert result.exit_code == 0 and doc["passed"] is True and doc["samples"] == 2100
+
+
+def test_the_profile_functions_time_every_node_in_order_and_check_the_feeds(metadrive_model):
+    import policyport as pp
+    from policyport.runtime.profile import profile_numpy, profile_onnxruntime
+
+    obs = np.random.default_rng(4).uniform(0, 1, (64, 275)).astype(np.float32)
+    numpy_profile = profile_numpy(pp.load(metadrive_model), obs, budget=0.05)
+    assert [n.node for n in numpy_profile.nodes] == [n.name for n in metadrive_model.graph.node]
+    assert all(n.seconds > 0 for n in numpy_profile.nodes) and numpy_profile.run_seconds > 0
+    assert numpy_profile.node_seconds == pytest.approx(sum(n.seconds for n in numpy_profile.nodes))
+    ort_profile = profile_onnxruntime(pp.load(metadrive_model, backend="onnxruntime"), obs, budget=0.05)
+    assert {n.tensor for n in ort_profile.nodes} >= {"fc_1/linear", "fc_2/linear", "logits"}  # fused or not
+    for profile in (profile_numpy, profile_onnxruntime):
+        with pytest.raises(pp.InputMismatchError, match="expects shape"):
+            profile(pp.load(metadrive_model, backend="numpy" if profile is profile_numpy else "onnxruntime"),
+                    obs[:, :10])

@@ -109,10 +109,9 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
 
     if edits:
         raise InputMismatchError("--profile times the model as it is; leave out the overrides")
-    checked = session._feeds(feeds)
     profiles = []
     if session.backend.name == "numpy":
-        profiles.append(profile_numpy(session, checked))
+        profiles.append(profile_numpy(session, feeds))
         try:
             if chosen is not None:
                 from ..files import load_onnx
@@ -124,13 +123,14 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
         except MissingDependencyError as e:
             say(f"onnxruntime's figures are left out: {e}")
         else:
-            profiles.append(profile_onnxruntime(ort_session, checked))
+            profiles.append(profile_onnxruntime(ort_session, feeds))
     else:
-        profiles.append(profile_onnxruntime(session, checked))
+        profiles.append(profile_onnxruntime(session, feeds))
     columns = ["tensor", "op"]
     for p in profiles:
         columns += [(f"{p.backend} µs", "right"), (f"{p.backend} %", "right")]
-    t = table(f"where the time goes: {len(next(iter(checked.values())))} rows", columns)
+    rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
+    t = table(f"where the time goes: {rows:,} rows", columns)
     keyed = [{_node_key(n.node): n for n in p.nodes} for p in profiles]
     order = list(dict.fromkeys(k for by in keyed for k in by))
     for key in order:

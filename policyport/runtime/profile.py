@@ -19,9 +19,6 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
-
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -76,14 +73,18 @@ def _median_run(call, runs: int) -> float:
     return statistics.median(times)
 
 
-def profile_numpy(session, feeds: Mapping[str, np.ndarray], budget: float = 0.5) -> Profile:
-    """Per-node times of the numpy backend on ``feeds`` (checked feeds, as ``Session`` passes them).
+def profile_numpy(session, feeds, budget: float = 0.5) -> Profile:
+    """Per-node times of the numpy backend on ``feeds``.
 
     Args:
         session: a :class:`~policyport.runtime.Session` on the numpy backend.
-        feeds: input name -> array.
+        feeds: as for :meth:`Session.run <policyport.runtime.Session.run>`.
         budget: about how many seconds the timed runs may take, all together (default 0.5).
+
+    Raises:
+        InputMismatchError: the feeds do not fit the model.
     """
+    feeds = session._feeds(feeds)
     backend = session.backend
     plan = backend._plan_for(feeds)
     marks: list[tuple[int, int]] = []
@@ -115,11 +116,13 @@ def profile_numpy(session, feeds: Mapping[str, np.ndarray], budget: float = 0.5)
                     "(row blocks on several threads from 1,024 rows)"])
 
 
-def profile_onnxruntime(session, feeds: Mapping[str, np.ndarray], budget: float = 0.5) -> Profile:
+def profile_onnxruntime(session, feeds, budget: float = 0.5) -> Profile:
     """Per-node times from onnxruntime's own profiler for the model of an onnxruntime ``session``.
 
-    The profiled session is built like the backend's own (same model and threads), with profiling on.
+    The profiled session is built like the backend's own (same model and threads), with profiling
+    on; ``feeds`` and ``budget`` as for :func:`profile_numpy`.
     """
+    feeds = session._feeds(feeds)
     import json
     import shutil
     import tempfile
