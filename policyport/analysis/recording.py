@@ -169,6 +169,10 @@ class NpzWriter:
 
     def _write_at(self, offset: int, data) -> None:
         view = memoryview(data).cast("B")
+        if not hasattr(os, "pwrite"):  # Windows: no positioned writes
+            self._file.seek(offset)
+            self._file.write(view)
+            return
         fd = self._file.fileno()
         while len(view):
             done = os.pwrite(fd, view, offset)

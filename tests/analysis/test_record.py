@@ -224,3 +224,17 @@ def test_the_npz_is_written_in_place_as_an_ordinary_archive_with_true_crcs(tmp_p
     path.write_bytes(bytes(data))
     with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32"):
         np.load(path)["fc_1/tanh"]
+
+
+def test_the_npz_writer_works_without_positioned_writes(tmp_path, monkeypatch):
+    from policyport.analysis.recording import NpzWriter, TensorInfo
+
+    monkeypatch.delattr("os.pwrite")  # as on Windows
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with open(tmp_path / "rec.npz", "w+b") as f:
+        writer = NpzWriter(f, 4, [TensorInfo("h", None, "float32", (3,))], {})
+        writer.append({"h": rows[:1]})
+        writer.append({"h": rows[1:]})
+        writer.close()
+    with np.load(tmp_path / "rec.npz") as got:
+        assert got["h"].tobytes() == rows.tobytes()
