@@ -88,6 +88,26 @@ def write_dataset(path: Path, rows: int, width: int = 275, chunk: int = 65536) -
             rng.random((min(chunk, rows - start), width), dtype=np.float32).tofile(f)
 
 
+#: Bytes each MetaDrive observation adds to a recording of every tensor (1,040 float32).
+BYTES_PER_ROW = 4160
+
+
+def disk_speed(folder: Path, size: int = 2 << 30, chunk: int = 16 << 20) -> float:
+    """MB/s of a plain sequential write of ``size`` bytes into ``folder``, fsync included."""
+    path = folder / "disk_probe.bin"
+    data = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes()
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for _ in range(size // chunk):
+            os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return size / (time.perf_counter() - start) / 1e6
+
+
 def batch1_latency(model, calls: int, windows: int) -> dict:
     """Median µs per ``Session.run`` at batch 1: the current method against the one before ``overrides=``."""
     import gc
@@ -132,10 +152,14 @@ def main() -> None:
                         help="also record only these tensors (globs; graph outputs come too), in parquet; '' to skip")
     parser.add_argument("--dir", type=Path, help="where the dataset and recordings go (default: the system's temporary "
                         "folder); a RAM-backed /dev/shm separates the software's cost from the disk's")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the result document there")
+    parser.add_argument("--no-save", action="store_true", help="do not write the result into benchmarks/results/")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import onnx
+
+    import report
 
     import policyport as pp
 
@@ -164,6 +188,7 @@ def main() -> None:
                 rec.unlink()
             print(f"round {r + 1}/{args.repeat} done", file=sys.stderr)
         latency = batch1_latency(model, calls=20000, windows=9)
+        disk = disk_speed(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -190,9 +215,19 @@ def main() -> None:
     ratio = now["median_us"] / before["median_us"]
     print(f"\nbatch-1 latency of Session.run: {now['median_us']:.2f} µs now, {before['median_us']:.2f} µs before "
           f"overrides= (median of windows; fastest {now['fastest_us']:.2f} vs {before['fastest_us']:.2f}): ratio {ratio:.3f}")
+    print(f"\na plain sequential write of 2 GB into the same folder, flushed to the device: {disk:,.0f} MB/s")
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    doc = {"date": date, "source": report.source_state(), "rows": args.rows, "batch_size": args.batch_size,
+           "repeat": args.repeat, "where": str(work.parent), "bytes_per_row": BYTES_PER_ROW,
+           "disk_mb_per_s": disk, "runners": summary, "batch1_latency": latency}
+    text = json.dumps(doc, indent=1)
     if args.json:
-        args.json.write_text(json.dumps({"rows": args.rows, "batch_size": args.batch_size, "runners": summary,
-                                         "batch1_latency": latency}, indent=1))
+        args.json.write_text(text)
+    if not args.no_save:
+        saved = report.RESULTS / f"record-{date.replace(':', '').replace('-', '')}-{doc['source']['commit']}.json"
+        saved.parent.mkdir(exist_ok=True)
+        saved.write_text(text)
+        print(f"wrote {saved.relative_to(ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

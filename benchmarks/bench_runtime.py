@@ -4,7 +4,11 @@ Run from anywhere (paths are resolved from this file)::
 
     python benchmarks/bench_runtime.py            # full run, ~1-2 minutes on 2 cores
     python benchmarks/bench_runtime.py --quick    # smoke run, ~20 s
-    python benchmarks/bench_runtime.py --json results.json
+    python benchmarks/bench_runtime.py --json results.json  # also write the result there
+
+Every full run writes its result, one JSON document (machine, commit, every window's figure, the
+targets, the CLI cold start), to ``benchmarks/results/runtime-<UTC time>-<commit>.json`` (``--no-save``
+skips it); ``scripts/update_readme_bench.py`` puts the newest into the README.
 
 For each model and batch size every runner is first checked against a hand-written numpy forward
 pass (max abs error on ``logits`` <= 1e-4, else the script aborts), then timed. Timing interleaves
@@ -13,7 +17,7 @@ the runners: each round times every runner once for one window of about ``--wind
 worker threads of the previous runner's BLAS / OpenMP / onnxruntime pool go idle) and a few untimed
 calls. A window during which other processes kept the CPU busy is retried, within a time budget.
 The figure reported is the median over the windows of the mean per-call time inside a window.
-Nothing is downloaded; torch is optional.
+The targets are judged on both models. Nothing is downloaded; torch is optional.
 """
 
 from __future__ import annotations
@@ -171,15 +175,15 @@ def _torch_bind(net, x):
 _SESSIONS: dict[tuple[str, str], object] = {}
 
 
-def _pp_load(backend: str):
+def _pp_load(backend: str, threads: int = 0):
     """Setup loading ``case`` on a policyport backend; runners of one backend share the session."""
 
     def setup(case: Case):
         import policyport as pp
 
-        key = (case.name, backend)
+        key = (case.name, backend, threads)
         if key not in _SESSIONS:
-            _SESSIONS[key] = pp.load(case.onnx_model, backend=backend)
+            _SESSIONS[key] = pp.load(case.onnx_model, backend=backend, threads=threads)
         return _SESSIONS[key]
 
     return setup
@@ -200,6 +204,7 @@ def runner_specs() -> tuple[list[RunnerSpec], list[str]]:
                    lambda s, x: lambda: s.record({"obs": x}, tensors="*")),
         # diagnostic: the compiled plan alone, without the Session's feed check and output dict
         RunnerSpec("policyport numpy: plan.run only", _pp_load("numpy"), lambda s, x: lambda: s.backend.plan.run({"obs": x})),
+        RunnerSpec("policyport numpy: run, 1 thread", _pp_load("numpy", threads=1), lambda s, x: lambda: s.run({"obs": x})),
         RunnerSpec("hand-written numpy", lambda c: c.forward, lambda f, x: lambda: f(x)),
         RunnerSpec("onnxruntime 1 thread", lambda c: _ort_session(c, 1), lambda s, x: lambda: s.run(None, {"obs": x})),
         RunnerSpec("onnxruntime default threads", lambda c: _ort_session(c, 0),
@@ -429,17 +434,19 @@ class Target:
 
 
 TARGETS = [
+    Target("batch-4096 throughput: numpy run / onnxruntime default threads",
+           ("policyport numpy: run", 4096), ("onnxruntime default threads", 4096), "throughput", ">=", 1.0),
     Target("batch-1 latency: numpy run / onnxruntime 1 thread",
            ("policyport numpy: run", 1), ("onnxruntime 1 thread", 1), "latency", "<=", 0.8),
     Target("batch-1 latency: numpy run / hand-written numpy",
            ("policyport numpy: run", 1), ("hand-written numpy", 1), "latency", "<=", 1.0),
     Target("batch-1 latency: numpy record * / numpy run",
            ("policyport numpy: record *", 1), ("policyport numpy: run", 1), "latency", "<=", 1.25),
-    Target("batch-64 latency: numpy record * / numpy run",
-           ("policyport numpy: record *", 64), ("policyport numpy: run", 64), "latency", "<=", 1.25),
-    Target("batch-4096 throughput: numpy run / onnxruntime default threads",
-           ("policyport numpy: run", 4096), ("onnxruntime default threads", 4096), "throughput", ">=", 0.7),
+    Target("batch-4096 latency: numpy record * / numpy run",
+           ("policyport numpy: record *", 4096), ("policyport numpy: run", 4096), "latency", "<=", 1.25),
 ]
+#: The CLI cold start: ``policyport run --backend numpy`` on one observation against the floor.
+COLD_START_BOUND = 1.5
 
 
 def evaluate_targets(results: list[Measurement], model: str) -> list[dict]:
@@ -447,7 +454,8 @@ def evaluate_targets(results: list[Measurement], model: str) -> list[dict]:
     rows = []
     for t in TARGETS:
         num, den = by_key.get(t.numerator), by_key.get(t.denominator)
-        row = {"target": t.label, "ratio": None, "best_ratio": None, "bound": f"{t.op} {t.bound}", "status": "n/a"}
+        row = {"target": t.label, "model": model.split(" ")[0], "ratio": None, "best_ratio": None,
+               "bound": f"{t.op} {t.bound}", "status": "n/a"}
         if num and den and num.median_us is not None and den.median_us is not None:
             # a latency ratio is num/den; a throughput ratio (same batch) is den/num in time
             def ratio(a, b):
@@ -459,45 +467,6 @@ def evaluate_targets(results: list[Measurement], model: str) -> list[dict]:
             row["status"] = "PASS" if ok else "MISS"
         rows.append(row)
     return rows
-
-
-NOISY = 0.2  # a cell whose windows spread by more than this fraction of the median gets a "*"
-
-
-def _fmt_us(m: Measurement) -> str:
-    if m.median_us is None:
-        return "-"
-    text = f"{m.median_us:,.1f}" if m.median_us < 1000 else f"{m.median_us:,.0f}"
-    return text + ("!" if m.contended else "") + ("*" if m.spread is not None and m.spread > NOISY else "")
-
-
-def _fmt_rate(rate: float | None) -> str:
-    if rate is None:
-        return "-"
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if rate >= scale:
-            return f"{rate / scale:.2f}{unit}"
-    return f"{rate:.0f}"
-
-
-def markdown_table(results: list[Measurement], model: str, batches) -> str:
-    rows = [m for m in results if m.model == model]
-    runners = list(dict.fromkeys(m.runner for m in rows))
-    cell = {(m.runner, m.batch): m for m in rows}
-    head = ["runner"] + [f"b={b} µs/call" for b in batches] + [f"b={b} samples/s" for b in batches]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (2 * len(batches))) + "|"]
-    for r in runners:
-        ms = [cell.get((r, b)) for b in batches]
-        lat = [_fmt_us(m) if m else "-" for m in ms]
-        thr = [_fmt_rate(m.throughput) if m else "-" for m in ms]
-        lines.append("| " + " | ".join([r] + lat + thr) + " |")
-    notes = [f"- {m.runner}, batch {m.batch}: {m.note}" for m in rows if m.note]
-    if any(m.contended for m in rows):
-        notes.append(f"- `!`: fewer than 3 of its windows ran while other processes used <= {CONTENDED} cores; "
-                     "the figure includes windows on a busy machine (multi-threaded runners suffer most)")
-    if any(m.spread is not None and m.spread > NOISY for m in rows):
-        notes.append(f"- `*`: the windows used spread by more than {NOISY:.0%} of their median (noisy)")
-    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def _openblas_runtime() -> str:
@@ -523,104 +492,182 @@ def _openblas_runtime() -> str:
     return ""
 
 
-def _blas_info() -> str:
+def _blas() -> tuple[list[dict], str]:
+    """Every BLAS threadpoolctl finds (library, version, kernel, threads), and one line for people."""
     try:
         from threadpoolctl import threadpool_info
-
-        pools = [f"{p.get('internal_api')} {p.get('version')} ({p.get('threading_layer')}, "
-                 f"{p.get('num_threads')} threads, {p.get('architecture')})" for p in threadpool_info()]
-        if pools:
-            return "; ".join(pools) + " [threadpoolctl]"
     except ImportError:
-        pass
+        pools = []
+    else:
+        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    if pools:
+        return pools, "; ".join(f"{p.get('internal_api')} {p.get('version')}, {p.get('architecture')} kernel, "
+                                f"{p.get('num_threads')} threads" for p in pools)
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info = f"{blas.get('name')} {blas.get('version')} [numpy.show_config]"
+        info = f"{blas.get('name')} {blas.get('version')} (numpy.show_config; threadpoolctl not installed)"
     except Exception as e:  # the config layout is not a stable API
         info = f"unknown ({e.__class__.__name__})"
     runtime = _openblas_runtime()
-    return f"{info}; {runtime}" if runtime else info
+    return [], f"{info}, {runtime}" if runtime else info
 
 
-def _source_state() -> str:
-    """The checkout's commit and whether policyport/ has uncommitted changes (read-only git calls)."""
-    import subprocess
-
-    def git(*args):
-        return subprocess.run(["git", "--no-optional-locks", "-C", str(ROOT), *args], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-
+def _simd() -> dict:
+    """numpy's SIMD dispatch: the baseline it was built for, and the dispatch targets this CPU has or lacks."""
     try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--", "policyport").splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout)"
-    return commit + (f" + {len(changed)} uncommitted file(s) in policyport/" if changed else "")
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:  # numpy < 2
+        from numpy.core import _multiarray_umath as umath
+    features = umath.__cpu_features__
+    targets = list(dict.fromkeys([*umath.__cpu_dispatch__, "AVX2", "AVX512F"]))
+    return {"baseline": list(umath.__cpu_baseline__), "found": [t for t in targets if features.get(t)],
+            "not_found": [t for t in targets if not features.get(t)]}
 
 
 def environment() -> dict:
     cpu = platform.processor() or "unknown"
+    flags = ""
     try:
         info = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             info.setdefault(key.strip(), value.strip())
-        simd = [f for f in ("avx2", "avx512f", "amx_tile") if f in info.get("flags", "").split()]
-        cpu = (f"{info.get('model name', cpu)} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; "
-               f"{' '.join(simd) or 'no avx2'})")
+        cpu, flags = info.get("model name", cpu), info.get("flags", "")
     except OSError:
         pass
     versions = {"python": platform.python_version(), "numpy": np.__version__}
-    for mod in ("policyport", "onnx", "onnxruntime"):
+    for mod in ("policyport", "onnx", "onnxruntime", "threadpoolctl"):
         try:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             versions[mod] = "not installed"
     versions["torch"] = torch.__version__ if torch is not None else "not installed"
+    pools, blas_short = _blas()
     env = {
-        "cpu": cpu,
+        "cpu_model": cpu,
+        "cpu_flags": [f for f in ("avx2", "avx512f", "amx_tile") if f in flags.split()],
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "platform": platform.platform(),
         "versions": versions,
-        "blas": _blas_info(),
+        "simd": _simd(),
+        "blas": pools,
+        "blas_short": blas_short,
         "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "source": _source_state(),
     }
     env["threads_env"] = {k: v for k, v in sorted(os.environ.items())
                           if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO", "KMP_")) and v}
     return env
 
 
-def format_environment(env: dict) -> str:
-    v = env["versions"]
-    lines = [
-        f"- CPU: {env['cpu']}, {env['cores']} cores ({env['usable_cores']} usable)",
-        f"- {env['platform']}, Python {v['python']}",
-        f"- numpy {v['numpy']}, onnx {v['onnx']}, onnxruntime {v['onnxruntime']}, torch {v['torch']}"
-        + (f" ({env['torch_threads']} threads)" if env["torch_threads"] else "")
-        + f", policyport {v['policyport']} ({env['source']})",
-        f"- BLAS: {env['blas']}",
-    ]
-    lines += [f"- {k}={v}" for k, v in env["threads_env"].items()]
-    return "\n".join(lines)
+# --------------------------------------------------------------------------------------------
+# CLI cold start
+# --------------------------------------------------------------------------------------------
+
+#: How ``-X importtime`` self times are grouped: top-level module -> group (the rest is "other").
+IMPORT_GROUPS = {
+    "numpy": "numpy", "onnx": "onnx (+ protobuf, ml_dtypes)", "google": "onnx (+ protobuf, ml_dtypes)",
+    "ml_dtypes": "onnx (+ protobuf, ml_dtypes)", "typer": "typer (+ click, pydantic, ...)",
+    "click": "typer (+ click, pydantic, ...)", "pydantic": "typer (+ click, pydantic, ...)",
+    "pydantic_core": "typer (+ click, pydantic, ...)", "annotated_types": "typer (+ click, pydantic, ...)",
+    "annotated_doc": "typer (+ click, pydantic, ...)", "typing_inspection": "typer (+ click, pydantic, ...)",
+    "typing_extensions": "typer (+ click, pydantic, ...)", "shellingham": "typer (+ click, pydantic, ...)",
+    "rich": "rich (+ markdown-it, pygments)", "markdown_it": "rich (+ markdown-it, pygments)",
+    "mdurl": "rich (+ markdown-it, pygments)", "pygments": "rich (+ markdown-it, pygments)",
+    "policyport": "policyport", "threadpoolctl": "threadpoolctl", "onnxruntime": "onnxruntime",
+}
 
 
-def format_targets(rows: list[dict]) -> str:
-    lines = ["| target | medians | fastest windows | bound | |", "|---|---:|---:|---:|---|"]
-    for r in rows:
-        ratio, best = ("-" if v is None else f"{v:.2f}" for v in (r["ratio"], r["best_ratio"]))
-        lines.append(f"| {r['target']} | {ratio} | {best} | {r['bound']} | {r['status']} |")
-    return "\n".join(lines)
+def import_breakdown(stderr: str) -> dict[str, float]:
+    """``-X importtime`` output -> milliseconds of self time per group, largest first.
+
+    A standard-library module counts for the package that imported it (``email`` pulled in by
+    pydantic counts for typer's group); one imported at the top level counts for "Python's start-up
+    and the standard library".
+    """
+    import re
+
+    entries = []  # (depth, top-level module, self µs), in the order printed: children before parents
+    for line in stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+\d+ \|( *)(\S+)", line)
+        if m:
+            entries.append((len(m[2]) // 2, m[3].split(".")[0], int(m[1])))
+    stdlib = set(sys.stdlib_module_names) | {"encodings", "site", "_distutils_hack", "__editable___policyport_0_1_0_finder"}
+
+    def own_group(top: str) -> str | None:
+        if top in IMPORT_GROUPS:
+            return IMPORT_GROUPS[top]
+        return None if top in stdlib or top.startswith("_") else "other packages"
+
+    # Rebuild the tree: an entry's children are the entries of the next depth printed just before it.
+    pending: list[tuple[int, str, int, list]] = []
+    for depth, top, us in entries:
+        children = []
+        while pending and pending[-1][0] > depth:
+            children.insert(0, pending.pop())
+        pending.append((depth, top, us, children))
+    groups: dict[str, float] = {}
+
+    def add(node, inherited: str) -> None:
+        _, top, us, children = node
+        group = own_group(top) or inherited
+        groups[group] = groups.get(group, 0.0) + us / 1000
+        for child in children:
+            add(child, group)
+
+    for root in pending:
+        add(root, "Python's start-up and the standard library")
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def cold_start(model, rounds: int, log) -> dict:
+    """Wall time of ``policyport run --backend numpy`` on one observation against ``python -c "import
+    onnx, numpy"`` (and a bare interpreter), each in its own process, interleaved; and where the
+    run's imports go."""
+    import subprocess
+    import tempfile
+
+    import onnx
+
+    py = sys.executable
+    with tempfile.TemporaryDirectory(prefix="bench_cold_") as tmp:
+        path, obs, out = Path(tmp) / "model.onnx", Path(tmp) / "obs.npy", Path(tmp) / "out.npz"
+        onnx.save(model, path)
+        np.save(obs, np.random.default_rng(1).random((1, 275), dtype=np.float32))
+        run = [py, "-m", "policyport", "run", str(path), "-i", str(obs), "-o", str(out), "--force", "--backend", "numpy"]
+        commands = {"policyport run --backend numpy": run, "python -c 'import onnx, numpy'": [py, "-c", "import onnx, numpy"],
+                    "python -c pass": [py, "-c", "pass"]}
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for r in range(rounds + 1):
+            for name, cmd in (list(commands.items()) if r % 2 else list(commands.items())[::-1]):
+                start = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True, cwd=tmp)
+                if r:  # the first round warms the file cache
+                    times[name].append(time.perf_counter() - start)
+        traced = subprocess.run([py, "-X", "importtime", *run[1:]], check=True, capture_output=True, text=True, cwd=tmp)
+    summary = {name: {"median_s": statistics.median(t), "fastest_s": min(t)} for name, t in times.items()}
+    run_name, floor_name = "policyport run --backend numpy", "python -c 'import onnx, numpy'"
+    ratio = summary[run_name]["median_s"] / summary[floor_name]["median_s"]
+    best = summary[run_name]["fastest_s"] / summary[floor_name]["fastest_s"]
+    log(f"  cold start: {summary[run_name]['median_s']:.3f} s against {summary[floor_name]['median_s']:.3f} s ({ratio:.2f}x)")
+    return {"command": "policyport run MODEL -i OBS.npy -o OUT.npz --backend numpy", "rounds": rounds,
+            "commands": summary, "imports_ms": import_breakdown(traced.stderr),
+            "target": {"target": "CLI cold start: policyport run (numpy, 1 observation) / python -c 'import onnx, numpy'",
+                       "model": "metadrive-expert", "ratio": ratio, "best_ratio": best,
+                       "bound": f"<= {COLD_START_BOUND}", "status": "PASS" if ratio <= COLD_START_BOUND else "MISS"}}
 
 
 # --------------------------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short timing windows, for a smoke run")
-    ap.add_argument("--json", metavar="PATH", help="also write every figure to PATH as JSON")
+    ap.add_argument("--quick", action="store_true", help="short timing windows, for a smoke run (not saved)")
+    ap.add_argument("--json", metavar="PATH", help="also write the result document to PATH")
+    ap.add_argument("--no-save", action="store_true", help="do not write the result into benchmarks/results/")
     ap.add_argument("--window", type=float, help="seconds per timed window (default 0.3, --quick 0.05)")
     ap.add_argument("--rounds", type=int, help="timed windows per runner (default 5, --quick 3)")
     args = ap.parse_args(argv)
@@ -640,51 +687,49 @@ def main(argv=None) -> int:
 
     specs, notes = runner_specs()
     env = environment()
+    source = report.source_state()
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    log(f"{report.machine_line(env)}")
     t_start, monitor = time.perf_counter(), CpuMonitor()
     cases = [metadrive_case(pp), relu_case(pp)]
     results: list[Measurement] = []
     for case in cases:
         results += bench_case(case, specs, settings, BATCHES, log)
+    cold = cold_start(cases[0].onnx_model, 3 if args.quick else 9, log)
     elapsed = time.perf_counter() - t_start
     env["other_processes_cores"] = monitor.other_cores()
-
-    out = [f"# policyport runtime benchmark{' (--quick)' if args.quick else ''}", "", "## Environment", "",
-           format_environment(env), ""]
-    if env["other_processes_cores"] is not None:
-        load = env["other_processes_cores"]
-        out += [f"Other processes kept {load:.2f} of {env['usable_cores']} cores busy during the run"
-                + (" — a shared, busy machine: windows timed while it was busy were retried, "
-                   "cells marked `!` still include some." if load > CONTENDED else "."),
-                ""]
-    out += [f"Median of {settings.rounds} interleaved windows of ~{settings.window} s per runner "
-            f"({settings.slow_rounds} for onnx ReferenceEvaluator), a window retried while other processes "
-            f"used > {CONTENDED} cores; every runner's logits checked against the hand-written forward "
-            f"(max abs error <= {TOLERANCE}). µs/call is the wall time of one call; samples/s = batch / that "
-            "time. `plan.run only` is a diagnostic: the compiled plan without the Session's feed check and "
-            "output dict.", ""]
-    out += [f"- note: {n}" for n in notes] + ([""] if notes else [])
-    for case in cases:
-        out += [f"## {case.name}", "", markdown_table(results, case.name, BATCHES), ""]
-    target_rows = {case.name: evaluate_targets(results, case.name) for case in cases}
-    out += [f"## Targets (on {cases[0].name})", "",
-            "PASS/MISS judges the ratio of medians; the ratio of the fastest windows is shown beside it "
-            "as a noise check.", "", format_targets(target_rows[cases[0].name]), "",
-            f"Same ratios on {cases[1].name} (for information, not targets):", "",
-            format_targets(target_rows[cases[1].name]), "", f"Total time: {elapsed:.0f} s"]
-    print("\n".join(out))
-
+    targets = [row for case in cases for row in evaluate_targets(results, case.name)] + [cold["target"]]
+    doc = {
+        "date": date,
+        "source": source,
+        "quick": args.quick,
+        "environment": env,
+        "settings": asdict(settings),
+        "notes": notes,
+        "models": [case.name for case in cases],
+        "batches": list(BATCHES),
+        "results": [{**asdict(m), "median_us": m.median_us, "throughput": m.throughput, "spread": m.spread,
+                     "contended": m.contended} for m in results],
+        "targets": targets,
+        "cold_start": cold,
+        "elapsed_s": elapsed,
+    }
+    method = (f"Median of {settings.rounds} interleaved windows of ~{settings.window} s per runner "
+              f"({settings.slow_rounds} for onnx ReferenceEvaluator), a window retried while other processes "
+              f"used > {CONTENDED} cores; every runner's logits checked against the hand-written forward "
+              f"(max abs error <= {TOLERANCE}). µs/call is the wall time of one call; samples/s = batch / that "
+              "time. `plan.run only` is a diagnostic: the compiled plan without the Session's feed check.")
+    print("\n".join([f"# policyport runtime benchmark{' (--quick)' if args.quick else ''}", "", method, ""]
+                    + [f"- note: {n}" for n in notes] + [""] + [report.runtime_markdown(doc), f"Total time: {elapsed:.0f} s"]))
+    text = json.dumps(doc, indent=1)
     if args.json:
-        payload = {
-            "environment": env,
-            "settings": asdict(settings),
-            "notes": notes,
-            "results": [{**asdict(m), "median_us": m.median_us, "throughput": m.throughput, "spread": m.spread,
-                         "contended": m.contended} for m in results],
-            "targets": target_rows,
-            "elapsed_s": elapsed,
-        }
-        Path(args.json).write_text(json.dumps(payload, indent=2))
+        Path(args.json).write_text(text)
         log(f"wrote {args.json}")
+    if not args.quick and not args.no_save:
+        saved = report.RESULTS / f"runtime-{date.replace(':', '').replace('-', '')}-{source['commit']}.json"
+        saved.parent.mkdir(exist_ok=True)
+        saved.write_text(text)
+        log(f"wrote {saved.relative_to(ROOT)}; scripts/update_readme_bench.py puts it into the README")
     return 0
 
 

@@ -50,6 +50,7 @@ RUNTIME_ENTRIES = ("runtime/packed.py", "runtime/entry.py", "runtime/numpy/ops/_
 #: Modules those imports reach that the runtime leaves out on purpose, and why.
 RUNTIME_LEFT_OUT = {
     "runtime/ort.py": "the onnxruntime backend: a machine with onnxruntime installs policyport itself",
+    "runtime/blas.py": "BLAS thread control through threadpoolctl: a folder's runtime runs row blocks on one thread",
 }
 
 DEFAULT_SAMPLES = 64

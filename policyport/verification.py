@@ -94,7 +94,8 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            reference: Callable[[np.ndarray], Mapping[str, np.ndarray]] | None = None,
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
-           outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False) -> Report:
+           outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False,
+           threads: int = 0) -> Report:
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -121,6 +122,8 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             tolerance: a float64 run of the graph on the numpy backend tells rounding from a real
             difference (:mod:`policyport.compare`). ``False``: the tolerance alone decides.
         trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch module).
+        threads: threads of each backend's session (see :func:`policyport.load`; the numpy
+            backend's results are the same whatever the number); 0 (default) one per core.
 
     Returns:
         A :class:`Report`; it does not raise on a mismatch (check ``report.passed``).
@@ -141,7 +144,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         from .passes import prune
 
         model = prune(model, outputs)
-    sessions = {b: load(model, backend=b) for b in backends}
+    sessions = {b: load(model, backend=b, threads=threads) for b in backends}
     first = sessions[backends[0]]
     notes: list[str] = []
     if inputs is None:

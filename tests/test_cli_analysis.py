@@ -153,7 +153,7 @@ def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
     proc = subprocess.Popen([sys.executable, "-m", "policyport", "record", str(model), "-i", str(tmp_path / "obs.npy"),
                              "-o", str(out), "--batch-size", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not any(p.name.endswith(".parts") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+    while not any(p.name.startswith(".rec.npz.") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)

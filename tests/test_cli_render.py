@@ -271,7 +271,7 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
     assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
 
     for name, package in (("typer", "typer"), ("typer.core", "typer"), ("rich.console", "rich"), ("click", "click")):
-        def no_package(name=name):
+        def no_package(argv=None, name=name):
             raise ImportError(f"No module named {name!r}", name=name)
 
         monkeypatch.setattr(cli, "_app", no_package)
@@ -281,7 +281,7 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
         assert capsys.readouterr().err == (f"error: the policyport command needs the Python package '{package}', which "
                                            "is not installed; install it with: pip install 'policyport[cli]'\n")
 
-    def broken():
+    def broken(argv=None):
         raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")
 
     monkeypatch.setattr(cli, "_app", broken)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from policyport.runtime.numpy.registry import op_table_markdown
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def test_readme_op_table_is_the_registry():
@@ -64,3 +65,15 @@ def test_the_python_api_example_runs_after_the_demo(tmp_path, monkeypatch):
     assert namespace["report"].passed
     assert sorted(namespace["outputs"]) == ["action", "log_std", "logits"]
     assert namespace["steered"]["action"].shape == (8, 2)
+
+
+def test_readme_benchmark_figures_are_the_newest_result_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    text = README.read_text(encoding="utf-8")
+    block = re.search(r"<!-- bench:begin[^>]*-->\n(.*?)<!-- bench:end -->", text, re.S)
+    assert block, "README lacks the bench:begin/bench:end markers"
+    assert block.group(1) == report.readme_section(), "regenerate with: python scripts/update_readme_bench.py"

@@ -110,7 +110,7 @@ def producers(session) -> dict[str, str]:
 
 def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_BATCH, format: str | None = None,
                    engine: str = "local", backend: str = "numpy", overrides=None, force: bool = False,
-                   progress: Progress | None = None) -> RecordSummary:
+                   progress: Progress | None = None, threads: int = 0) -> RecordSummary:
     """Record the activations of every observation of a dataset into one file (or folder).
 
     Args:
@@ -130,6 +130,8 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
             :meth:`Session.run <policyport.runtime.Session.run>` takes); the steered activations are recorded.
         force: replace an existing output file (a folder only if it holds a previous recording).
         progress: called as ``progress(rows_done, rows_total)`` after each block.
+        threads: threads of the local engine's session (see :func:`policyport.load`); 0 (default)
+            one per core. The ray engine's workers run on one thread each.
 
     Returns:
         A :class:`RecordSummary`.
@@ -151,17 +153,17 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
         return record_ray(model, data, out, tensors=tensors, batch_size=batch_size, overrides=overrides,
                           force=force, progress=progress)
     return record_local(model, data, out, fmt, tensors=tensors, batch_size=batch_size, backend=backend,
-                        overrides=overrides, force=force, progress=progress)
+                        overrides=overrides, force=force, progress=progress, threads=threads)
 
 
 def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: int = DEFAULT_BATCH,
                  backend: str = "numpy", overrides=None, force: bool = False,
-                 progress: Progress | None = None) -> RecordSummary:
+                 progress: Progress | None = None, threads: int = 0) -> RecordSummary:
     """The ``local`` engine of :func:`record_dataset` (arguments as there)."""
     from ..runtime import Session, load
 
     check_writable(out, force)
-    session = model if isinstance(model, Session) else load(model, backend=backend)
+    session = model if isinstance(model, Session) else load(model, backend=backend, threads=threads)
     table = open_table(data)
     columns = feed_columns(table, [v.name for v in session.inputs])
     names = session.selection(tensors)
@@ -380,7 +382,7 @@ class RecordBatch:
                  tensors: list[TensorInfo], metadata: dict, folder: str):
         from ..runtime import load
 
-        self.session = load(_proto(model), backend="numpy")
+        self.session = load(_proto(model), backend="numpy", threads=1)  # one worker per core already
         self.names, self.columns, self.tensors, self.metadata = names, columns, tensors, metadata
         self.steering = self.session.steering(overrides) if overrides else None
         self.folder = Path(folder)

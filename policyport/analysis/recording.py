@@ -6,10 +6,9 @@ tensor's name, producing op type, dtype and per-row shape, and how it was made (
 backend, overrides). The writers stream: each block of rows goes to disk as it comes, so memory is
 bounded by the block.
 
-* ``npz``: each tensor is first written to its own ``.npy`` file (``numpy.lib.format`` header with the
-  final shape, then the rows appended block by block), in a hidden folder beside the output; at the
-  end the ``.npy`` files are stored (uncompressed) into the ``.npz`` and the folder removed.
-  ``numpy.load(path)[name]`` reads a tensor back;
+* ``npz``: one uncompressed member per tensor (``numpy.lib.format`` header with the final shape,
+  then the rows), each given its place in the file up front and filled block by block in place
+  (:class:`NpzWriter`); ``numpy.load(path)[name]`` reads a tensor back;
 * ``parquet``: pyarrow's ``ParquetWriter``, one row group per block, one column per tensor: a
   ``fixed_size_list`` of the row's elements (C order), the row shape in the metadata; a tensor with
   scalar rows is a plain column.
@@ -19,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +31,6 @@ from .tables import META_KEY, Table, open_table
 FORMAT = "policyport.recording/1"
 #: Output formats of :func:`policyport.analysis.record_dataset`.
 FORMATS = ("npz", "parquet")
-_COPY_BLOCK = 1 << 20  # bytes per read when storing the .npy parts into the .npz
 
 
 @dataclass(frozen=True)
@@ -116,65 +112,105 @@ def describe(rows: int, tensors: list[TensorInfo], **made) -> dict:
 
 
 class NpzWriter:
-    """Streams blocks into an ``.npz`` (which the caller replaces atomically).
+    """Streams blocks into an ``.npz`` (which the caller replaces atomically), written in place.
+
+    Every member's size is known from the start (its ``.npy`` header with the final shape, then
+    ``rows`` rows), so each tensor gets its place in the file up front and each block's rows are
+    written straight there (``os.pwrite``), tensor after tensor, with a running CRC-32 per member:
+    no part files, and no second copy into the archive. At the end the local headers (with the
+    CRCs), the description member and the central directory (``zipfile``'s own writer, zip64) are
+    added. The result is an ordinary uncompressed ``.npz`` (``numpy.load`` checks the CRCs).
 
     Args:
-        target: the file to write: a (temporary) path, or a binary file open for writing.
-        rows: the total row count (each ``.npy`` header is written with the final shape).
+        target: a binary file open for writing and seeking, positioned at its start, or a path.
+        rows: the total row count.
         tensors: what each block holds.
         metadata: the recording's description.
-        scratch: the folder for the per-tensor parts streamed before they are stored in the
-            archive (default: ``target``'s folder; required when ``target`` is a file object).
+        scratch: unused (the parquet writer's signature).
     """
 
     def __init__(self, target, rows: int, tensors: list[TensorInfo], metadata: dict,
                  scratch: str | os.PathLike | None = None):
-        self.target, self.rows, self.tensors, self.metadata = target, rows, tensors, metadata
-        folder = Path(scratch) if scratch is not None else Path(target).parent
-        self._parts = Path(tempfile.mkdtemp(prefix=".policyport-record.", suffix=".parts", dir=folder))
-        self._files = []
+        import io
+        import time
+        import zlib
+
+        self.rows, self.tensors, self.metadata = rows, tensors, metadata
+        self._crc32 = zlib.crc32
+        self._own = isinstance(target, (str, os.PathLike))
+        self._file = open(target, "w+b") if self._own else target
         self._written = 0
-        try:
-            for i, t in enumerate(tensors):
-                f = open(self._parts / f"{i}.npy", "wb")
-                self._files.append(f)
-                header = {"descr": np.lib.format.dtype_to_descr(np.dtype(t.dtype)), "fortran_order": False,
-                          "shape": (rows, *t.shape)}
-                try:
-                    np.lib.format.write_array_header_1_0(f, header)
-                except ValueError:  # a header longer than format 1.0 allows
-                    np.lib.format.write_array_header_2_0(f, header)
-        except BaseException:
-            self.abort()
-            raise
+        self._infos: list[zipfile.ZipInfo] = []
+        self._next: list[int] = []  # where each member's next rows go
+        self._crcs: list[int] = []
+        offset = self._file.tell()
+        when = time.localtime()[:6]
+        for t in tensors:
+            header = io.BytesIO()
+            fields = {"descr": np.lib.format.dtype_to_descr(np.dtype(t.dtype)), "fortran_order": False,
+                      "shape": (rows, *t.shape)}
+            try:
+                np.lib.format.write_array_header_1_0(header, fields)
+            except ValueError:  # a header longer than format 1.0 allows
+                header = io.BytesIO()
+                np.lib.format.write_array_header_2_0(header, fields)
+            info = zipfile.ZipInfo(f"{t.name}.npy", date_time=when)
+            info.compress_type = zipfile.ZIP_STORED
+            info.file_size = info.compress_size = len(header.getvalue()) + rows * t.row_bytes
+            info.CRC = 0  # known once the rows are written
+            info.header_offset = offset
+            data = offset + len(info.FileHeader(zip64=True))
+            self._write_at(data, header.getvalue())
+            self._infos.append(info)
+            self._crcs.append(self._crc32(header.getvalue()))
+            self._next.append(data + len(header.getvalue()))
+            offset = data + info.file_size
+        self._end = offset
+
+    def _write_at(self, offset: int, data) -> None:
+        view = memoryview(data).cast("B")
+        if not hasattr(os, "pwrite"):  # Windows: no positioned writes
+            self._file.seek(offset)
+            self._file.write(view)
+            return
+        fd = self._file.fileno()
+        while len(view):
+            done = os.pwrite(fd, view, offset)
+            view, offset = view[done:], offset + done
 
     def append(self, block: dict[str, np.ndarray]) -> None:
-        """Write the next rows of every tensor."""
-        for f, t in zip(self._files, self.tensors):
-            np.ascontiguousarray(block[t.name]).tofile(f)
+        """Write the next rows of every tensor in its place."""
+        for i, t in enumerate(self.tensors):
+            rows = np.ascontiguousarray(block[t.name])
+            if rows.size:
+                self._write_at(self._next[i], rows)
+                self._crcs[i] = self._crc32(rows, self._crcs[i])
+                self._next[i] += rows.nbytes
         self._written += len(block[self.tensors[0].name]) if self.tensors else 0
 
     def close(self) -> None:
-        """Store every part in the ``.npz`` (uncompressed, zip64) and remove the parts."""
+        """Add the local headers, the description and the central directory."""
         try:
             if self.tensors and self._written != self.rows:
                 raise BadModelError(f"the recording got {self._written} rows, not the {self.rows} announced")
-            for f in self._files:
-                f.close()
-            with zipfile.ZipFile(self.target, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for i, t in enumerate(self.tensors):
-                    with open(self._parts / f"{i}.npy", "rb") as src, zf.open(f"{t.name}.npy", "w", force_zip64=True) as dst:
-                        shutil.copyfileobj(src, dst, _COPY_BLOCK)
+            for info, crc in zip(self._infos, self._crcs):
+                info.CRC = crc
+                self._write_at(info.header_offset, info.FileHeader(zip64=True))
+            self._file.seek(self._end)
+            with zipfile.ZipFile(self._file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+                for info in self._infos:  # the members written above, listed in the central directory
+                    zf.filelist.append(info)
+                    zf.NameToInfo[info.filename] = info
                 with zf.open(f"{META_KEY}.npy", "w") as dst:
                     np.lib.format.write_array(dst, np.array(json.dumps(self.metadata)), allow_pickle=False)
         finally:
-            self.abort()
+            if self._own:
+                self._file.close()
 
     def abort(self) -> None:
-        """Remove the parts (the output file itself belongs to the caller)."""
-        for f in self._files:
-            f.close()
-        shutil.rmtree(self._parts, ignore_errors=True)
+        """Nothing to remove but the output itself, which belongs to the caller."""
+        if self._own:
+            self._file.close()
 
 
 #: How recordings are written to parquet: activations barely compress, and dictionaries and

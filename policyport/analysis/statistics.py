@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputMismatchError, require
+from ..runtime.base import nonfinite_rows  # noqa: F401  (re-exported: analysis counts them too)
 from .moments import SATURATION, Moments
 from .recording import Recording, TensorInfo, open_recording
 
@@ -206,16 +207,6 @@ class BlockMoments:
             for key, value in Moments.of_block(values, t.op_type).to_state().items():
                 row[f"{i}/{key}"] = np.asarray(value)[None]
         return row
-
-
-def nonfinite_rows(array: np.ndarray) -> int:
-    """How many rows (first axis) of ``array`` hold a NaN or an infinite value (0 for integer arrays)."""
-    array = np.asarray(array)
-    if array.dtype.kind not in "fc" or array.ndim == 0:
-        return int(array.dtype.kind in "fc" and not np.isfinite(array))
-    if array.size == 0:  # no rows, or rows of nothing
-        return 0
-    return int((~np.isfinite(array.reshape(len(array), -1))).any(axis=1).sum())
 
 
 def write_json(path: str | os.PathLike, stats: Statistics, force: bool = False) -> None:

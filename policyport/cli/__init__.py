@@ -11,8 +11,36 @@ from __future__ import annotations
 import sys
 
 
-def _app():
-    from . import analysis, convert, handoff, model, pack, run, verify  # noqa: F401  (each registers its commands)
+#: Command -> the module of this package that registers it. A command line that names a command
+#: imports that module alone, so that ``policyport run`` starts without the others' imports; help
+#: and anything else import them all.
+COMMANDS = {
+    "convert": "convert", "inspect": "model", "extract": "model", "expose": "model", "ops": "model",
+    "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "verify": "verify",
+    "pack": "pack", "export-numpy": "handoff",
+}
+
+
+def _command(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is neither an option nor ``--max-bytes``'s value."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        if word == "--max-bytes":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _app(argv: list[str] | None = None):
+    """The Typer application with the commands ``argv`` may run registered (None: every command)."""
+    import importlib
+
+    command = None if argv is None else _command(argv)
+    for module in [COMMANDS[command]] if command in COMMANDS else sorted(set(COMMANDS.values())):
+        importlib.import_module(f".{module}", __name__)  # each registers its commands
     from .core import app
 
     return app
@@ -21,7 +49,7 @@ def _app():
 def main() -> None:
     """Console-script entry point (``policyport``, ``python -m policyport``)."""
     try:
-        app = _app()
+        app = _app(sys.argv[1:])
     except ImportError as e:
         missing = (e.name or "").split(".")[0]
         if missing not in ("typer", "rich", "click"):

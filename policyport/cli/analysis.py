@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
-from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt,
+from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt, ThreadsOpt,
                       overrides_from)
 from .render import add_row, err, literal, out, say, shape_text, table
 
@@ -81,6 +81,7 @@ def record(
     quiet: QuietOpt = False,
     force: ForceOpt = False,
     as_json: JsonOpt = False,
+    threads: ThreadsOpt = 0,
 ) -> None:
     """Stream every activation of a whole dataset to disk, block by block, with bounded memory."""
 
@@ -93,7 +94,8 @@ def record(
         with progress_bar("recording", quiet or as_json) as callback:
             summary = record_dataset(str(model), data, output, tensors=tensors, batch_size=batch_size,
                                      format=None if fmt is None else fmt.value, engine=engine.value,
-                                     backend=backend.value, overrides=edits, force=force, progress=callback)
+                                     backend=backend.value, overrides=edits, force=force, progress=callback,
+                                     threads=threads)
         rate = summary.rows / summary.seconds if summary.seconds else 0.0
         if as_json:
             emit_json({"output": str(summary.path), "format": summary.format, "rows": summary.rows,

@@ -45,6 +45,7 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", help="Threads a run may use: on numpy, threads sharing the row blocks of a batch of 1,024 rows or more (the same result on any number); on onnxruntime, intra-op threads. 0: one per core.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 

@@ -10,9 +10,9 @@ import typer
 
 from ..errors import InputMismatchError
 from .core import app, emit_json, guard
-from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, overrides_from
+from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
 from .render import add_row, out, say, shape_text, table
-from .verify import load_feeds
+from .inputs import load_feeds
 
 
 class BackendName(str, Enum):
@@ -24,7 +24,7 @@ class BackendName(str, Enum):
 def run(
     model: ModelArg,
     inputs: Annotated[Path, typer.Option("-i", "--input", metavar="OBS", help=".npy (single-input model) or .npz keyed by input name.")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of graph outputs to write.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of graph outputs to write (optional with --profile).")] = None,
     backend: Annotated[BackendName, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime.")] = BackendName.numpy,
     record: Annotated[Optional[Path], typer.Option(metavar="ACTS.npz", help="Also write every recorded activation to this .npz.")] = None,
     tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
@@ -33,21 +33,28 @@ def run(
     steer: SteerOpt = None,
     overrides: OverridesFileOpt = None,
     force: ForceOpt = False,
+    threads: ThreadsOpt = 0,
+    profile: Annotated[bool, typer.Option("--profile", help="Print where the time goes, node by node (op, tensor, µs, % of the total), with onnxruntime's own profiler figures beside the numpy backend's when onnxruntime is installed.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a model on observations; optionally record activations and override neurons."""
 
     def body():
-        from ..analysis.statistics import nonfinite_rows
         from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
         from ..runtime import load
+        from ..runtime.base import nonfinite_rows
 
         if tensors is not None and record is None:
             raise typer.BadParameter("--tensors selects what --record writes; give --record too", param_hint="--tensors")
-        check_writable(output, force)
-        check_distinct(output, model, inputs)
+        if profile and as_json:
+            raise typer.BadParameter("--profile prints a table; leave out --json", param_hint="--profile")
+        if output is None and (not profile or record is not None):
+            raise typer.BadParameter("give the .npz to write the outputs to (-o), or --profile alone", param_hint="-o")
+        if output is not None:
+            check_writable(output, force)
+            check_distinct(output, model, inputs)
         if record is not None:
-            if record.resolve() == output.resolve():
+            if output is not None and record.resolve() == output.resolve():
                 raise InputMismatchError("--record and -o name the same file")
             check_writable(record, force)
             check_distinct(record, model, inputs)
@@ -56,9 +63,9 @@ def run(
             from ..files import load_onnx
             from ..passes import prune
 
-            session = load(prune(load_onnx(model), chosen), backend=backend.value)
+            session = load(prune(load_onnx(model), chosen), backend=backend.value, threads=threads)
         else:
-            session = load(str(model), backend=backend.value)
+            session = load(str(model), backend=backend.value, threads=threads)
         feeds = load_feeds(inputs, [v.name for v in session.inputs])
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}
@@ -72,6 +79,10 @@ def run(
         rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
         check_memory(session.memory_needed(feeds, selection),
                      f"{'recording' if record is not None else 'running'} {rows:,} rows of {inputs}")
+        if profile:
+            show_profile(session, model, chosen, feeds, threads, edits)
+            if output is None:
+                return
         if record is not None:
             values = session.record(feeds, selection, overrides=edits)
             outputs = {v.name: values[v.name] for v in session.outputs}
@@ -114,3 +125,56 @@ def _json_number(x):
 
     x = x.item()
     return str(x) if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads: int, edits) -> None:
+    """Print the per-node profile of ``session``'s backend, and onnxruntime's beside the numpy backend's."""
+    from ..errors import MissingDependencyError
+    from ..runtime import load
+    from ..runtime.profile import profile_numpy, profile_onnxruntime
+
+    if edits:
+        raise InputMismatchError("--profile times the model as it is; leave out the overrides")
+    profiles = []
+    if session.backend.name == "numpy":
+        profiles.append(profile_numpy(session, feeds))
+        try:
+            if chosen is not None:
+                from ..files import load_onnx
+                from ..passes import prune
+
+                ort_session = load(prune(load_onnx(model), chosen), backend="onnxruntime", threads=threads)
+            else:
+                ort_session = load(str(model), backend="onnxruntime", threads=threads)
+        except MissingDependencyError as e:
+            say(f"onnxruntime's figures are left out: {e}")
+        else:
+            profiles.append(profile_onnxruntime(ort_session, feeds))
+    else:
+        profiles.append(profile_onnxruntime(session, feeds))
+    columns = ["tensor", "op"]
+    for p in profiles:
+        columns += [(f"{p.backend} µs", "right"), (f"{p.backend} %", "right")]
+    rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
+    t = table(f"where the time goes: {rows:,} rows", columns)
+    keyed = [{_node_key(n.node): n for n in p.nodes} for p in profiles]
+    order = list(dict.fromkeys(k for by in keyed for k in by))
+    for key in order:
+        entries = [by.get(key) for by in keyed]
+        first = next(e for e in entries if e is not None)
+        cells = [first.tensor or key, " / ".join(dict.fromkeys(e.op_type for e in entries if e is not None))]
+        for p, e in zip(profiles, entries):
+            cells += ["", ""] if e is None else [f"{e.seconds * 1e6:,.1f}", f"{100 * e.seconds / p.node_seconds:.1f}"]
+        add_row(t, *cells)
+    totals = ["nodes, added up", ""]
+    for p in profiles:
+        totals += [f"{p.node_seconds * 1e6:,.1f}", "100.0"]
+    add_row(t, *totals)
+    out.print(t)
+    for p in profiles:
+        say(f"{p.backend}: run {p.run_seconds * 1e6:,.1f} µs (median of {p.runs} runs); {'; '.join(p.notes)}")
+
+
+def _node_key(name: str) -> str:
+    """A node's name as both backends know it (onnxruntime calls a node it fused with the next "fused NAME")."""
+    return name.removeprefix("fused ")

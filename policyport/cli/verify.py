@@ -9,25 +9,9 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, check_range
+from .inputs import input_names, load_feeds
+from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
 from .render import add_row, cell, literal, out, shape_text, table
-
-
-def load_feeds(path: Path, names: list[str]) -> dict:
-    """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
-    from ..files import load_arrays
-    from ..runtime.base import feeds_from_arrays
-
-    return feeds_from_arrays(load_arrays(path), names, path)
-
-
-def input_names(model: Path) -> list[str]:
-    """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
-    from ..files import load_onnx
-
-    proto = load_onnx(model)
-    inits = {t.name for t in proto.graph.initializer}
-    return [v.name for v in proto.graph.input if v.name not in inits]
 
 
 def verification_table(report):
@@ -137,6 +121,7 @@ def verify_cmd(
     rtol: RtolOpt = None,
     rounding: RoundingOpt = True,
     as_json: JsonOpt = False,
+    threads: ThreadsOpt = 0,
 ) -> None:
     """Compare every tensor across backends (and the source); exit 1 on a mismatch.
 
@@ -188,7 +173,7 @@ def verify_cmd(
             feeds = load_feeds(inputs, input_names(model))
         report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                             seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
-                            rounding=rounding, trust=trust)
+                            rounding=rounding, trust=trust, threads=threads)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)

@@ -217,7 +217,11 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
         model: an ``onnx.ModelProto``, a path to an ``.onnx`` file, a :class:`~policyport.graph.Graph`,
             or a folder written by ``policyport pack`` (which the numpy backend runs with numpy alone).
         backend: a key of :data:`BACKENDS`: ``"numpy"`` (default) or ``"onnxruntime"``.
-        threads: onnxruntime intra-op threads (0 = its default); ignored by ``numpy``.
+        threads: how many threads a run may use. ``numpy``: threads sharing the row blocks of a
+            batch of 1,024 rows or more (:mod:`policyport.runtime.numpy.rows`), the BLAS held to
+            one thread each (needs threadpoolctl, the ``threads`` extra; without it, 1); the result
+            is the same bits whatever the number. ``onnxruntime``: intra-op threads. 0 (default):
+            one per usable core (onnxruntime's own default).
         seed: seed of the random ops (RandomNormalLike, Multinomial ...; a node's own ``seed``
             attribute takes precedence): the same seed gives the same sequence of results from a
             new session. None (default) draws fresh entropy. The backends use different
@@ -238,6 +242,8 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
 
     if backend not in BACKENDS:
         raise InputMismatchError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise InputMismatchError(f"threads must be a whole number >= 0 (0: one per core), got {threads!r}")
     proto = None
     if isinstance(model, Graph):
         graph = model
@@ -258,7 +264,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if backend == "numpy":
         from .numpy import NumpyBackend
 
-        return Session(NumpyBackend(graph, seed=seed))
+        return Session(NumpyBackend(graph, seed=seed, threads=threads))
     from .ort import OrtBackend
 
     if proto is None:

@@ -216,3 +216,13 @@ def count_observations(inputs: Iterable[ValueInfo], feeds: Mapping[str, np.ndarr
         if v.name in feeds and (v.has_batch_axis or v.shape is None):
             return int(np.shape(feeds[v.name])[0]) if np.ndim(feeds[v.name]) else 1
     return 1
+
+
+def nonfinite_rows(array: np.ndarray) -> int:
+    """How many rows (first axis) of ``array`` hold a NaN or an infinite value (0 for integer arrays)."""
+    array = np.asarray(array)
+    if array.dtype.kind not in "fc" or array.ndim == 0:
+        return int(array.dtype.kind in "fc" and not np.isfinite(array))
+    if array.size == 0:  # no rows, or rows of nothing
+        return 0
+    return int((~np.isfinite(array.reshape(len(array), -1))).any(axis=1).sum())

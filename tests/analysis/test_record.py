@@ -193,3 +193,48 @@ def test_a_multi_input_model_takes_columns_by_name(tmp_path):
     np.savez(tmp_path / "wrong.npz", a=a, c=b)
     with pytest.raises(pp.InputMismatchError, match=r"no column for \['b'\]"):
         record_dataset(model, tmp_path / "wrong.npz", tmp_path / "rec2.npz")
+
+
+def test_the_npz_is_written_in_place_as_an_ordinary_archive_with_true_crcs(tmp_path):
+    import zipfile
+
+    from policyport.analysis.recording import NpzWriter, TensorInfo
+
+    rng = np.random.default_rng(5)
+    tensors = [TensorInfo("fc_1/tanh", "Tanh", "float32", (7,)), TensorInfo("action", "ArgMax", "int64", ()),
+               TensorInfo("image", "Conv", "float64", (2, 3))]
+    blocks = [{"fc_1/tanh": rng.standard_normal((n, 7)).astype(np.float32), "action": rng.integers(0, 9, n),
+               "image": rng.standard_normal((n, 2, 3))} for n in (5, 0, 11, 1)]
+    path = tmp_path / "rec.npz"
+    with open(path, "w+b") as f:
+        writer = NpzWriter(f, 17, tensors, {"rows": 17})
+        for block in blocks:
+            writer.append(block)
+        writer.close()
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None  # every member's CRC-32 matches its bytes
+        assert [i.compress_type for i in zf.infolist()] == [zipfile.ZIP_STORED] * 4
+    with np.load(path) as got:
+        assert got.files == ["fc_1/tanh", "action", "image", "policyport.recording"]
+        for t in tensors:
+            expected = np.concatenate([b[t.name] for b in blocks])
+            assert got[t.name].dtype == expected.dtype and got[t.name].tobytes() == expected.tobytes()
+    data = bytearray(path.read_bytes())
+    data[data.index(blocks[0]["fc_1/tanh"].tobytes()) + 3] ^= 0xFF  # one flipped bit in the rows
+    path.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32"):
+        np.load(path)["fc_1/tanh"]
+
+
+def test_the_npz_writer_works_without_positioned_writes(tmp_path, monkeypatch):
+    from policyport.analysis.recording import NpzWriter, TensorInfo
+
+    monkeypatch.delattr("os.pwrite")  # as on Windows
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with open(tmp_path / "rec.npz", "w+b") as f:
+        writer = NpzWriter(f, 4, [TensorInfo("h", None, "float32", (3,))], {})
+        writer.append({"h": rows[:1]})
+        writer.append({"h": rows[1:]})
+        writer.close()
+    with np.load(tmp_path / "rec.npz") as got:
+        assert got["h"].tobytes() == rows.tobytes()

@@ -22,6 +22,9 @@ class NumpyBackend(Backend):
     Args:
         graph: the graph; compiled once here.
         seed: seed of the random ops' generator (see :class:`Plan`); None draws fresh entropy.
+        threads: threads that share the row blocks of a large batch (see
+            :mod:`~policyport.runtime.numpy.rows`); 0 (default) one per usable core, 1 the calling
+            thread alone. Results are the same bits whatever the number.
 
     Raises:
         UnsupportedOpError: ops without an implementation at the graph's opset (all of them named).
@@ -29,10 +32,11 @@ class NumpyBackend(Backend):
 
     name = "numpy"
 
-    def __init__(self, graph: Graph, seed: int | None = None):
+    def __init__(self, graph: Graph, seed: int | None = None, threads: int = 0):
         self.graph = graph
         self.seed = seed
-        self.plan = Plan(graph, seed=seed)
+        self.threads = threads
+        self.plan = Plan(graph, seed=seed, threads=threads)
         self.inputs = list(graph.inputs)
         self.optional_inputs = list(graph.optional_inputs)
         self.outputs = list(graph.outputs)
@@ -53,7 +57,7 @@ class NumpyBackend(Backend):
         fed = self._optional.intersection(feeds)
         plan = self._plans.get(fed)
         if plan is None:
-            plan = self._plans[fed] = Plan(self.graph, fed, seed=self.seed)
+            plan = self._plans[fed] = Plan(self.graph, fed, seed=self.seed, threads=self.threads)
         return plan
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -22,6 +22,11 @@ memory, so past :data:`CHUNK_LINES` generated lines the tensors live in a list (
 ``t3``) and the lines are split into functions of at most that many lines, called in turn. A graph
 of more nodes than :attr:`policyport.files.Limits.nodes` (``POLICYPORT_MAX_NODES``) is refused.
 ``record`` and ``observe`` are compiled on first use.
+
+A graph that computes row by row (followed while compiling, see :class:`_RowTracker`) runs a batch
+of :data:`~policyport.runtime.numpy.rows.SPLIT_ROWS` rows or more in row blocks, on every core: the
+first lines of ``run`` and ``record`` hand it to :class:`~policyport.runtime.numpy.rows.RowBlocks`.
+Smaller batches run the straight-line code alone, as before.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ...errors import BadModelError, LimitExceededError, PolicyportError, Unsupp
 from ...files import ENV_NODES, limits
 from ...graph import Graph, onnx_dtype
 from .registry import NEWEST_OPSET, Static, missing_ops, resolve
+from .rows import SPLIT_ROWS, RowBlocks
 
 #: What a node's numpy code raises on shapes or values the model cannot take (MemoryError: numpy
 #: could not allocate a result).
@@ -75,6 +81,10 @@ _ONE_TYPE: dict[str, tuple[int, ...] | None] = {
 #: Unary ops whose in-place numpy ufunc beats allocating: op type -> ufunc name. (Relu is absent:
 #: np.maximum with an out= array is slower than allocating its result.)
 _IN_PLACE: dict[str, str] = {"Tanh": "tanh", "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Sqrt": "sqrt"}
+#: Unary ops whose registered function is one ufunc call, written into a given array instead:
+#: op type -> the call with ``out`` (the same ufunc on the same operands: the same bits).
+_INTO: dict[str, str] = {**{op: f"{fn}({{src}}, {{out}})" for op, fn in _IN_PLACE.items()},
+                         "Relu": "maximum({src}, {src}.dtype.type(0), out={out})"}
 
 
 def node_generator(seed: float) -> np.random.Generator:
@@ -94,8 +104,8 @@ class Step:
     """One compiled node.
 
     ``kind`` says how the generated line computes it: ``"call"`` (``fn(*args)``), ``"gemm"``
-    (``dot(a, b)`` then an in-place ``add`` of the bias, if any) or ``"index"`` (``a[k]`` with a
-    constant index).
+    (``dot(a, b)`` then an in-place ``add`` of the bias, if any), ``"index"`` (``a[k]`` with a
+    constant index) or ``"relu"`` (``maximum(a, zero)``, zero of the input's dtype).
     """
 
     index: int
@@ -118,6 +128,8 @@ class Plan:
             attribute draws from a Generator of its own seeded with that (see :func:`node_generator`).
             Each generator is created once here, so successive runs draw successive numbers and
             two plans with the same seed draw the same sequence.
+        threads: threads sharing the row blocks of a large batch (see :mod:`.rows`); 0 (default)
+            one per usable core. An attribute: it may be changed between runs.
 
     Raises:
         UnsupportedOpError: ops (at the graph's opset) without an implementation; one error
@@ -125,7 +137,7 @@ class Plan:
         BadModelError: a node reads a tensor that no graph input, initializer or earlier node makes.
     """
 
-    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None):
+    def __init__(self, graph: Graph, fed: frozenset[str] = frozenset(), seed: int | None = None, threads: int = 0):
         limit = limits().nodes
         if len(graph.nodes) > limit:
             raise LimitExceededError(
@@ -143,6 +155,7 @@ class Plan:
             raise UnsupportedOpError(missing)
         self.graph = graph
         self.seed = seed
+        self.threads = threads
         self._rng: np.random.Generator | None = None
         self.input_names = [v.name for v in graph.inputs] + [v.name for v in graph.optional_inputs if v.name in fed]
         self.output_names = [v.name for v in graph.outputs]
@@ -165,6 +178,7 @@ class Plan:
             if v.name in self.input_names:
                 shape = None if v.shape is None else tuple(d if isinstance(d, int) else None for d in v.shape)
                 static[v.name] = Static(v.dtype, shape)
+        rows = _RowTracker(graph, self.input_names)
         for idx, node in enumerate(graph.nodes):
             opset = graph.opsets.get(node.domain, graph.opset)
             impl = resolve(node.op_type, opset, node.domain, node.name)
@@ -192,6 +206,7 @@ class Plan:
                     local[t] = results[-1]
                     producer[t] = node.op_type
             self.steps.append(Step(idx, node.op_type, kind, fn, tuple(args), tuple(results)))
+            rows.node(node, impl, kind, args, known, static, self._consts)
         missing = [o for o in self.output_names if o not in local]
         if missing:
             raise BadModelError(f"graph outputs {missing} are produced by no node, input or initializer")
@@ -200,6 +215,7 @@ class Plan:
         self._producer = producer
         self._consumers = consumers
         self._shared = self._memory_roots()
+        self._rows = rows.result()
         self._line_steps: dict[str, dict[int, Step]] = {}  # function -> generated line number -> step
         self._compiled: dict[str, Callable] = {}
         self.run = self._compile("run")
@@ -274,6 +290,9 @@ class Plan:
             return "gemm", None
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
             return "index", None
+        if node.op_type == "Relu" and node.domain == "" and len(args) == 1 and known[0].dtype is not None:
+            args.append(self._const(known[0].dtype.type(0)))  # the registered np.maximum(x, 0), without its frame
+            return "relu", None
         return "call", functools.partial(impl.fn, **attrs) if attrs else impl.fn
 
     def _gemm_fast_path(self, attrs: dict, args: list[str]) -> bool:
@@ -332,13 +351,26 @@ class Plan:
         step = next((s for s in self.steps if loc in s.results), None)
         return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
 
-    def _compile(self, mode: str, hooks: dict[str, int] | None = None) -> Callable:
+    def _compile(self, mode: str, hooks: dict[str, int] | None = None, split: bool = True,
+                 into: list[str] | None = None) -> Callable:
         """Generate ``run(feeds)``, ``record(feeds)`` or ``observe(feeds, observer)``.
 
         Each returns a dict: ``run`` and ``observe`` the graph outputs, ``record`` every node output
         in node order followed by any graph output that is not a node output. With ``hooks``
         (tensor -> position), the function takes ``(feeds, edits)`` and replaces each hooked tensor
         by ``edits[position](value)`` right after its node (see :meth:`steered`).
+
+        ``run`` and ``record`` (and their override variants) of a graph that computes row by row
+        hand a batch of :data:`~policyport.runtime.numpy.rows.SPLIT_ROWS` rows or more to a
+        :class:`~policyport.runtime.numpy.rows.RowBlocks`, which runs the same code compiled with
+        ``split=False`` on row blocks; ``observe`` runs every batch whole, so that the observer sees
+        whole tensors.
+
+        With ``into`` (tensor names), the function takes ``(feeds, out[, edits])`` and, instead of
+        returning a dict, writes each of those tensors into the array at its position in ``out``
+        (a Gemm's product and an activation's ufunc straight into it, anything else copied while
+        it is in cache): how :class:`~policyport.runtime.numpy.rows.RowBlocks` fills a batch's
+        results block by block.
         """
         env: dict[str, object] = {"dot": np.dot, "add": np.add, "ndarray": np.ndarray, **self._consts}
         for name in _IN_PLACE.values():
@@ -349,36 +381,62 @@ class Plan:
             env[ident] = text
             return ident
 
-        env.update(array=np.array, asarray=np.asarray, PolicyportError=PolicyportError,
+        env.update(array=np.array, asarray=np.asarray, copyto=np.copyto, maximum=np.maximum, PolicyportError=PolicyportError,
                    LimitExceededError=LimitExceededError, FAILURES=_NODE_FAILURES, explain=self.explain)
         feeds = [f"x{i} = feeds[{key(name)}]" for i, name in enumerate(self.input_names)]
+        rows = self._rows if split and mode in ("run", "record") else None
+        if rows is not None and all(rows.ranks.get(t, 0) >= 2 for t in hooks or ()):  # neurons: the last axis
+            edits = ", edits" if hooks is not None else ""
+            names = [n for n in self._returned(mode) if n not in rows.whole]
+            env["split"] = RowBlocks(lambda: self._compile(mode, hooks, split=False),
+                                     lambda: self._compile(mode, hooks, split=False, into=names),
+                                     names, rows.inputs, lambda: self.threads)
+            first = self.input_names.index(rows.inputs[0])
+            feeds.append(f"if x{first}.shape[0] >= {SPLIT_ROWS}: return split(feeds{edits})")
+        views: dict[str, str] = {}  # result local -> its view in out
+        copies: list[str] = []  # tensors returned twice, or feeds returned: copied at the end
+        for i, name in enumerate(into or ()):
+            loc = self._local[name]
+            if loc[0] == "t" and loc not in views:
+                views[loc] = f"out[{i}]"
+            else:
+                copies.append(f"copyto(out[{i}], {loc})")
         body: list[tuple[str, Step]] = []  # generated line, the step it computes
         outputs = set(self.output_names)
         for s in self.steps:
-            body += [(line, s) for line in self._emit(s, mode, env, outputs)]
+            body += [(line, s) for line in self._emit(s, mode, env, outputs, views)]
             if mode == "observe":
                 body += [(f"{r} = observer({s.index}, {j}, {r})", s) for j, r in enumerate(s.results) if r != "_"]
             if hooks:
-                body += [(f"{r} = edits[{hooks[self._tensor_of[r]]}]({r})", s)
-                         for r in s.results if self._tensor_of.get(r) in hooks]
-        results = self._results(mode, key)
+                for r in s.results:
+                    if self._tensor_of.get(r) in hooks:
+                        body.append((f"{r} = edits[{hooks[self._tensor_of[r]]}]({r})", s))
+                        if r in views:  # an edit that copied instead of writing in place
+                            body.append((f"if {r} is not {views[r]}: copyto({views[r]}, {r})", s))
+        body += [(line, self.steps[-1]) for line in copies]
+        results = [] if into is not None else self._results(mode, key)
         label = mode if hooks is None else f"{mode}+{len(self._line_steps)}"  # names the code objects
+        label += "" if split or self._rows is None else ("/into" if into is not None else "/rows")
         if len(feeds) + len(body) + len(results) <= CHUNK_LINES:
             lines = feeds + [line for line, _ in body]
             first = len(feeds)
             steps = {first + k: step for k, (_, step) in enumerate(body)}
-            lines.append(f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
+            lines.append("return None" if into is not None else f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
         else:
             lines, steps = self._chunks(mode, label, env, feeds, body, results), {}
-        params = "feeds" + (", observer" if mode == "observe" else "") + (", edits" if hooks is not None else "")
+        params = ("feeds" + (", out" if into is not None else "") + (", observer" if mode == "observe" else "")
+                  + (", edits" if hooks is not None else ""))
         return self._define(mode, label, params, lines, steps, env, guarded=mode != "observe")
+
+    def _returned(self, mode: str) -> list[str]:
+        """The tensors ``mode`` returns, in order."""
+        if mode == "record":
+            return list(dict.fromkeys([*self.tensor_names, *self.output_names]))
+        return self.output_names
 
     def _results(self, mode: str, key: Callable[[str], str]) -> list[tuple[str, str]]:
         """(name constant, value expression) of each tensor the mode returns, in order."""
-        if mode == "record":
-            names = list(dict.fromkeys([*self.tensor_names, *self.output_names]))
-        else:
-            names = self.output_names
+        names = self._returned(mode)
         declared = {v.name: v.shape for v in self.graph.outputs}
         returned: set[str] = set()
         items = []
@@ -417,10 +475,10 @@ class Plan:
         for c, piece in enumerate(pieces):
             name = f"c{c}"
             steps = {k: step for k, (_, step) in enumerate(piece) if step is not None}
-            self._define(name, f"{label}.{c}", "s, r, observer, edits", [slot(line) for line, _ in piece], steps, env,
-                         guarded=False)
+            self._define(name, f"{label}.{c}", "s, r, observer, edits, out", [slot(line) for line, _ in piece], steps,
+                         env, guarded=False)
             main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'}, "
-                        f"{'edits' if '+' in label else 'None'})")
+                        f"{'edits' if '+' in label else 'None'}, {'out' if label.endswith('/into') else 'None'})")
         return main + ["return r"]
 
     def _define(self, name: str, label: str, params: str, lines: list[str], steps: dict[int, Step], env: dict,
@@ -439,18 +497,28 @@ class Plan:
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[name]
 
-    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str]) -> list[str]:
-        """The generated lines of one step."""
+    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str], views: dict[str, str] | None = None) -> list[str]:
+        """The generated lines of one step. ``views`` (result local -> the expression of a view of
+        the batch's result array) makes the step write those results there (see :meth:`_compile`)."""
         res, args = s.results, s.args
+        views = views or {}
+        view = views.get(res[0]) if res else None
         if s.kind == "gemm":
-            lines = [f"{res[0]} = dot({args[0]}, {args[1]})"]
+            lines = [f"{res[0]} = dot({args[0]}, {args[1]}{', ' + view if view else ''})"]
             if len(args) > 2:
                 lines.append(f"add({res[0]}, {args[2]}, {res[0]})")  # out positional: less parsing
             return lines
-        if s.kind == "index":
-            return [f"{res[0]} = {args[0]}[{args[1]}]"]
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
+        if view and len(res) == 1 and (s.kind == "relu" or s.kind == "call" and src) and s.op_type in _INTO:
+            return [f"{res[0]} = {_INTO[s.op_type].format(src=args[0], out=view)}"]  # the op's own ufunc, into the view
+        copies = [f"copyto({views[r]}, {r})" for r in res if r in views]
+        if s.kind == "index":
+            return [f"{res[0]} = {args[0]}[{args[1]}]", *copies]
+        if s.kind == "relu":
+            return [f"{res[0]} = maximum({args[0]}, {args[1]})", *copies]
+        if copies:  # any other op: computed, then copied into the view while it is in cache
+            return [*self._emit(s, mode, env, outputs), *copies]
         if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
                 and self._consumers.get(self._tensor_of[src], 0) == 1 and self._tensor_of[src] not in outputs):
             in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing
@@ -526,8 +594,10 @@ def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
         return {outs[0]: Static(value.dtype, tuple(value.shape), value)}
     if op_type in _SAME_AS_INPUT:
         return {outs[0]: Static(first.dtype, first.shape)}
-    if op_type == "Gemm":
+    if op_type in ("Gemm", "Flatten"):
         return {outs[0]: Static(first.dtype, (None, None))}
+    if op_type == "Concat" and first.rank is not None:  # its inputs share one rank
+        return {outs[0]: Static(first.dtype, (None,) * first.rank)}
     ranks = [k.rank for k in known[:2]]
     rank = max(ranks) if len(ranks) == 2 and None not in ranks else None
     if op_type in _BROADCASTING or (op_type == "MatMul" and rank is not None and min(ranks) >= 2):
@@ -540,3 +610,136 @@ def _infer(node, impl, known: list[Static]) -> dict[str, Static]:
         except PolicyportError:
             return {}
     return {}
+
+
+#: Ops each of whose output elements comes from the same element of the first input alone (other
+#: inputs, if any, are attributes-like constants: Clip's bounds, Cast's nothing).
+_ROW_UNARY = (_SAME_AS_INPUT - {"Softmax", "LogSoftmax", "Hardmax", "Dropout", "PRelu"}) | {"Cast"}
+#: Element-wise ops whose inputs broadcast numpy's way.
+_ROW_BROADCAST = _BROADCASTING | _COMPARISONS | {"Pow", "PRelu", "Where", "Max", "Min", "Sum", "Mean"}
+#: Ops over axis 0 = N of an (N, C, ...) tensor, each sample on its own, with constant other inputs.
+_ROW_SAMPLES = {"Conv", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """How a graph that computes row by row is split: ``inputs``, the graph inputs whose axis 0 is
+    the batch axis; ``whole``, the tensors computed from constants alone (the same in every block);
+    ``ranks``, the rank of each batched tensor (None where unknown)."""
+
+    inputs: tuple[str, ...]
+    whole: frozenset[str]
+    ranks: dict[str, int | None]
+
+
+class _RowTracker:
+    """Follows the batch axis through a graph, node by node, while the plan compiles it.
+
+    A tensor is *batched* when its axis 0 is the batch axis of the graph inputs (row ``i`` belongs
+    to observation ``i``). The graph computes row by row when every node that reads a batched
+    tensor is known to compute row ``i`` of its outputs, all batched, from row ``i`` of its batched
+    inputs and from whole constants; anything else (a reduction or a Reshape across rows, a Shape,
+    a random op, an unknown rank where it matters, another domain) makes the whole graph run whole.
+    """
+
+    def __init__(self, graph: Graph, input_names: list[str]):
+        declared = {v.name: v for v in [*graph.inputs, *graph.optional_inputs]}
+        self.ok = True
+        self.batched: dict[str, bool] = {name: False for name in graph.initializers}
+        self.rank: dict[str, int | None] = {name: arr.ndim for name, arr in graph.initializers.items()}
+        self.inputs: list[str] = []
+        for name in input_names:
+            v = declared[name]
+            if v.shape is None:
+                self.ok = False
+                continue
+            self.rank[name], self.batched[name] = len(v.shape), v.has_batch_axis
+            if v.has_batch_axis:
+                self.inputs.append(name)
+        self.ok = self.ok and bool(self.inputs)
+
+    def node(self, node, impl, kind: str, args: list[str], known: list[Static], static: dict, consts: dict) -> None:
+        """Account for one compiled node (``static`` already holds what is known of its outputs)."""
+        if not self.ok:
+            return
+        ins = [t for t in node.inputs if t]
+        outs = [o for o in node.outputs if o]
+        flags = [self.batched.get(t, False) for t in ins]
+        if impl.wants_rng or node.op_type in ("Shape", "Size") or node.domain not in ("", "ai.onnx"):
+            self.ok = False  # draws differ per block; a batch's shape is not a block's
+            return
+        if not any(flags):
+            for o in outs:
+                self.batched[o], self.rank[o] = False, static.get(o, Static()).rank
+            return
+        ranks = _row_ranks(node, impl, kind, args, ins, flags, [self.rank.get(t) for t in ins], known, consts)
+        if ranks is None:
+            self.ok = False
+            return
+        for o in outs:
+            self.batched[o], self.rank[o] = True, ranks
+
+    def result(self) -> RowSplit | None:
+        if not self.ok:
+            return None
+        return RowSplit(tuple(self.inputs), frozenset(t for t, b in self.batched.items() if not b),
+                        {t: self.rank.get(t) for t, b in self.batched.items() if b})
+
+
+def _axis(axis: int, rank: int | None) -> int | None:
+    """``axis`` counted from the front (None when it cannot be told or is out of range)."""
+    if rank is None or not -rank <= axis < rank:
+        return None
+    return axis % rank
+
+
+def _row_ranks(node, impl, kind, args, ins, flags, ranks, known, consts) -> int | None:
+    """The rank of a row-wise node's outputs (all batched), or None when the node is not known to
+    compute row by row. ``flags`` tell which of ``ins`` are batched, ``ranks`` their ranks."""
+    op, attrs, rank = node.op_type, node.attrs, ranks[0]
+    only_first = flags[0] and not any(flags[1:])
+    if kind == "gemm":  # constant weights, transA = 0
+        return 2 if only_first else None
+    if kind == "index":  # a constant Slice: rows untouched unless axis 0 is sliced
+        index = consts[args[1]]
+        return rank if only_first and (not index or index[0] == slice(None)) else None
+    if op in _ROW_UNARY or (op == "Dropout" and len(ins) < 3):  # Dropout without training_mode
+        return rank if only_first else None
+    if op in _ROW_BROADCAST:
+        if None in ranks:
+            return None
+        out = max(ranks)
+        for t, batched, r, k in zip(ins, flags, ranks, known):
+            if (r != out) if batched else (r == out and k.dim(0) != 1):
+                return None  # a batched input without the batch axis first, or a constant along it
+        return out
+    if op == "Concat":  # along a feature axis, every input batched
+        axis = _axis(attrs.get("axis", 0), rank)
+        return rank if all(flags) and len(set(ranks)) == 1 and axis else None
+    if not only_first:
+        return None
+    if op in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "ArgMax", "ArgMin", "Flatten"):
+        default = {"Flatten": 1, "ArgMax": 0, "ArgMin": 0, "LayerNormalization": -1}.get(op, 1 if impl.since < 13 else -1)
+        axis = _axis(attrs.get("axis", default), rank)
+        if not axis:  # None or 0
+            return None
+        if op == "Flatten":
+            return 2
+        if op in ("ArgMax", "ArgMin"):
+            return rank if attrs.get("keepdims", 1) else rank - 1
+        return rank
+    if op == "Gemm":  # the call form: a constant B, C broadcast along rows
+        c = ranks[2] if len(ins) > 2 else 0
+        return 2 if not attrs.get("transA", 0) and (c is not None and c < 2 or known[2].dim(0) == 1) else None
+    if op == "MatMul":
+        return rank if rank is not None and rank >= 2 and ranks[1] == 2 else None
+    if op in _ROW_SAMPLES or (op in ("MaxPool", "BatchNormalization") and len(node.outputs) == 1):
+        return rank
+    if op == "Reshape":  # a constant shape that keeps axis 0 (0 = copy the dimension)
+        shape = known[1].value
+        keeps = shape is not None and np.ndim(shape) == 1 and len(shape) > 0 and int(shape[0]) == 0
+        return len(shape) if keeps and not attrs.get("allowzero", 0) else None
+    if op == "Transpose":
+        perm = attrs.get("perm")
+        return rank if perm is not None and len(perm) > 0 and perm[0] == 0 else None
+    return None

@@ -1,0 +1,23 @@
+"""Reading the observations a command is given (-i), without registering any command: ``run``
+imports this alone, so that its start-up does not build the other commands' parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def load_feeds(path: Path, names: list[str]) -> dict:
+    """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
+    from ..files import load_arrays
+    from ..runtime.base import feeds_from_arrays
+
+    return feeds_from_arrays(load_arrays(path), names, path)
+
+
+def input_names(model: Path) -> list[str]:
+    """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
+    from ..files import load_onnx
+
+    proto = load_onnx(model)
+    inits = {t.name for t in proto.graph.initializer}
+    return [v.name for v in proto.graph.input if v.name not in inits]

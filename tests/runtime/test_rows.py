@@ -1,0 +1,242 @@
+"""Large batches in row blocks on several threads: the same bits on any thread count, the same rows
+as a call on each block, whole-batch semantics wherever rows are not independent."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import policyport as pp
+from policyport.runtime.numpy import rows as rows_module
+from policyport.runtime.numpy.rows import BLOCK_ROWS, SPLIT_ROWS, blocks
+from test_plan import f32, model  # noqa: E402  (pytest puts this folder on sys.path)
+
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+
+def same_bits(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def big_obs():
+    return np.random.default_rng(7).uniform(0, 1, (4096 + 77, 275)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def relu_model():
+    rng = np.random.default_rng(0)
+    sizes = [64, 256, 256, 8]
+    weights = {}
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        name = f"fc_{i + 1}" if i < len(sizes) - 2 else "fc_out"
+        weights[f"{name}/kernel"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        weights[f"{name}/bias"] = rng.standard_normal(b).astype(np.float32)
+    return pp.convert(weights, activation="relu", head="categorical")
+
+
+def test_blocks_cover_the_batch_in_near_equal_pieces_of_at_most_block_rows():
+    for rows in (SPLIT_ROWS, 1025, 4096, 4173, 10_000):
+        bounds = blocks(rows)
+        assert bounds[0][0] == 0 and bounds[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        sizes = {hi - lo for lo, hi in bounds}
+        assert max(sizes) <= BLOCK_ROWS and max(sizes) - min(sizes) <= 1 and min(sizes) > 1
+    assert blocks(4096) == [(i, i + 512) for i in range(0, 4096, 512)]
+
+
+@pytest.mark.parametrize("which", ["metadrive", "relu"])
+def test_any_thread_count_gives_the_same_bits_in_every_mode(which, metadrive_model, relu_model, big_obs):
+    m, obs = (metadrive_model, big_obs) if which == "metadrive" else (relu_model, big_obs[:, :64].copy())
+    sessions = [pp.load(m, threads=n) for n in (1, 2, 3)]
+    assert sessions[0].backend.plan._rows is not None  # these graphs run in blocks
+    overrides = ["fc_1/relu[3,5]=2" if which == "relu" else "fc_2/tanh[17]=1"]
+    results = [(s.run(obs), s.record(obs), s.run(obs, overrides=overrides), s.record(obs, overrides=overrides))
+               for s in sessions]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            same_bits(a, b)
+
+
+def test_each_block_computes_what_a_call_on_its_rows_computes(metadrive_model, big_obs):
+    session = pp.load(metadrive_model)
+    whole, recorded = session.run(big_obs), session.record(big_obs)
+    steered = session.record(big_obs, overrides="fc_1/tanh[0:9]*=0.5")
+    for lo, hi in blocks(len(big_obs)):
+        same_bits({k: v[lo:hi] for k, v in whole.items()}, session.run(big_obs[lo:hi]))
+        same_bits({k: v[lo:hi] for k, v in recorded.items()}, session.record(big_obs[lo:hi]))
+        same_bits({k: v[lo:hi] for k, v in steered.items()},
+                  session.record(big_obs[lo:hi], overrides="fc_1/tanh[0:9]*=0.5"))
+
+
+def test_blocks_agree_with_the_whole_batch_and_the_source(metadrive_model, metadrive_weights, big_obs):
+    p = "default_policy/"
+    h = np.tanh(big_obs @ metadrive_weights[p + "fc_1/kernel"] + metadrive_weights[p + "fc_1/bias"])
+    h = np.tanh(h @ metadrive_weights[p + "fc_2/kernel"] + metadrive_weights[p + "fc_2/bias"])
+    logits = h @ metadrive_weights[p + "fc_out/kernel"] + metadrive_weights[p + "fc_out/bias"]
+    np.testing.assert_allclose(pp.load(metadrive_model).run(big_obs)["logits"], logits, rtol=1e-5, atol=1e-5)
+
+
+def test_below_the_split_a_batch_runs_whole(metadrive_model, big_obs):
+    session = pp.load(metadrive_model)
+    whole = session.backend.plan._compile("run", split=False)
+    obs = big_obs[:SPLIT_ROWS - 1]
+    same_bits(session.run(obs), whole({"obs": obs}))
+
+
+def test_results_own_their_memory_and_survive_later_calls(big_obs):
+    m = model([helper.make_node("Identity", ["obs"], ["same"]), helper.make_node("Tanh", ["obs"], ["t"])],
+              [f32("obs", ["batch", 3])], [f32("same", ["batch", 3]), f32("t", ["batch", 3])])
+    session = pp.load(m)
+    obs = big_obs[:, :3].copy()
+    first = session.run(obs)
+    assert session.backend.plan._rows is not None
+    kept = {k: v.copy() for k, v in first.items()}
+    assert not np.shares_memory(first["same"], obs)
+    obs[:] = 0
+    session.run(obs)
+    session.record(obs)
+    same_bits(first, kept)
+
+
+@pytest.mark.parametrize("nodes, inits, why", [
+    ([helper.make_node("Softmax", ["obs"], ["y"], axis=0)], [], "softmax over the batch"),
+    ([helper.make_node("ReduceMean", ["obs"], ["m"], axes=[0], keepdims=1), helper.make_node("Sub", ["obs", "m"], ["y"])],
+     [], "a mean over the batch"),
+    ([helper.make_node("Shape", ["obs"], ["s"]), helper.make_node("Reshape", ["obs", "s"], ["y"])], [], "a shape"),
+    ([helper.make_node("RandomNormalLike", ["obs"], ["r"], seed=3.0), helper.make_node("Add", ["obs", "r"], ["y"])],
+     [], "random draws"),
+    ([helper.make_node("Add", ["obs", "c"], ["y"])], [numpy_helper.from_array(np.ones((2048, 4), np.float32), "c")],
+     "a constant along the batch axis"),
+    ([helper.make_node("Transpose", ["obs"], ["t"], perm=[1, 0]), helper.make_node("Transpose", ["t"], ["y"], perm=[1, 0])],
+     [], "a transpose that moves the batch axis"),
+])
+def test_graphs_whose_rows_are_not_independent_run_whole(nodes, inits, why):
+    m = model(nodes, [f32("obs", ["batch", 4])], [f32("y", None)], inits)
+    session = pp.load(m)
+    assert session.backend.plan._rows is None, why
+    obs = np.random.default_rng(1).standard_normal((2048, 4)).astype(np.float32)
+    whole = session.backend.plan._compile("run", split=False)
+    if "random" not in why:
+        same_bits(session.run(obs), whole({"obs": obs}))
+
+
+def test_an_error_in_a_block_names_the_node(big_obs):
+    m = model([helper.make_node("Tanh", ["obs"], ["a"], name="tanh_1"),
+               helper.make_node("Reshape", ["a", "shape"], ["y"], name="bad_reshape")],
+              [f32("obs", ["batch", 6])], [f32("y", None)], [numpy_helper.from_array(np.array([0, 4], np.int64), "shape")])
+    session = pp.load(m)
+    assert session.backend.plan._rows is not None
+    for run in (session.run, session.record):
+        with pytest.raises(pp.BadModelError, match='Reshape node "bad_reshape"'):
+            run(np.ones((SPLIT_ROWS * 2, 6), np.float32))
+
+
+def test_without_threadpoolctl_the_blocks_run_on_the_calling_thread(metadrive_model, big_obs, monkeypatch):
+    expected = pp.load(metadrive_model, threads=1).run(big_obs)
+    monkeypatch.setattr(rows_module, "_blas_one_thread", lambda: None)
+    monkeypatch.setattr(rows_module, "_pool", lambda workers: pytest.fail("no worker threads without threadpoolctl"))
+    got = pp.load(metadrive_model, threads=4).run(big_obs)
+    np.testing.assert_allclose(got["logits"], expected["logits"], rtol=1e-6, atol=1e-6)
+
+
+def test_concurrent_calls_give_the_sequential_results_and_restore_the_blas_threads(metadrive_model, big_obs):
+    before = [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+    session = pp.load(metadrive_model, threads=2)
+    expected = session.record(big_obs)
+    got: list = [None] * 4
+
+    def call(i):
+        got[i] = session.record(big_obs)
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    for g in got:
+        same_bits(g, expected)
+    assert [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"] == before
+
+
+def test_observe_runs_the_batch_whole_so_the_observer_sees_whole_tensors(metadrive_model, big_obs):
+    session = pp.load(metadrive_model)
+    seen = []
+    session.observe(big_obs, lambda i, j, v: seen.append(v.shape) or v)
+    assert seen[0] == (len(big_obs), 256) and len(seen) == len(metadrive_model.graph.node)
+
+
+@pytest.mark.parametrize("threads", [-1, 1.5, True, "2"])
+def test_threads_must_be_a_count(metadrive_model, threads):
+    with pytest.raises(pp.InputMismatchError, match="threads must be a whole number >= 0"):
+        pp.load(metadrive_model, threads=threads)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX")
+def test_a_forked_child_runs_large_batches_with_threads_of_its_own(metadrive_model, big_obs, tmp_path):
+    import multiprocessing
+
+    session = pp.load(metadrive_model, threads=2)
+    expected = session.run(big_obs)  # the parent's worker threads exist now
+
+    def child():
+        np.savez(tmp_path / "child.npz", **session.run(big_obs))
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(timeout=120)
+    if process.is_alive():  # a child using the parent's pool waits forever
+        process.kill()
+        process.join()
+    assert process.exitcode == 0
+    with np.load(tmp_path / "child.npz") as got:
+        same_bits(dict(got), expected)
+
+
+def test_a_plan_compiled_in_chunks_runs_its_blocks_bit_for_bit(metadrive_model, big_obs, monkeypatch):
+    from policyport.runtime.numpy import plan as plan_module
+
+    whole = pp.load(metadrive_model)
+    expected = (whole.run(big_obs), whole.record(big_obs), whole.record(big_obs, overrides="fc_2/tanh[3]=0.5"))
+    monkeypatch.setattr(plan_module, "CHUNK_LINES", 3)
+    chunked = pp.load(metadrive_model, threads=2)
+    got = (chunked.run(big_obs), chunked.record(big_obs), chunked.record(big_obs, overrides="fc_2/tanh[3]=0.5"))
+    assert any(label.endswith("/into.0") for label in chunked.backend.plan._line_steps)  # blocks ran chunked code
+    for a, b in zip(expected, got):
+        same_bits(a, b)
+
+
+def test_a_conv_net_with_two_branches_concatenated_runs_in_blocks_bit_for_bit(tmp_path):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "synthetic" / "conv_grid.onnx"
+    session = pp.load(path, threads=2)
+    plan = session.backend.plan
+    assert plan._rows is not None  # Conv, pooling, Flatten, Concat along axis 1: row by row
+    assert [s.kind for s in plan.steps if s.op_type == "Gemm"] == ["gemm", "gemm"]  # a Flatten's rank is known
+    grid = np.random.default_rng(2).standard_normal((SPLIT_ROWS + 3, 3, 20, 20)).astype(np.float32)
+    got = session.record(grid)
+    for lo, hi in blocks(len(grid)):
+        same_bits({k: v[lo:hi] for k, v in got.items()}, session.record(grid[lo:hi]))
+    same_bits(got, pp.load(path, threads=1).record(grid))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_relu_is_one_inline_maximum_with_the_registered_functions_bits(dtype):
+    from policyport.runtime.numpy.ops.activation import relu
+
+    elem = {np.float32: 1, np.float64: 11, np.float16: 10}[dtype]
+    m = model([helper.make_node("Relu", ["obs"], ["y"])], [helper.make_tensor_value_info("obs", elem, ["batch", 4])],
+              [helper.make_tensor_value_info("y", elem, ["batch", 4])])
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == ["relu"]
+    obs = np.array([[-1.5, -0.0, np.nan, 2.0]] * (SPLIT_ROWS + 1), dtype)
+    for rows in (1, SPLIT_ROWS + 1):
+        got = session.run(obs[:rows])["y"]
+        assert got.dtype == dtype and got.tobytes() == relu(obs[:rows]).tobytes()
