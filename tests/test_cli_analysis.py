@@ -160,3 +160,45 @@ def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143 and "terminated; nothing was written" in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["obs.npy"]
+
+
+@pytest.fixture
+def narrow_terminal(monkeypatch):
+    """stdout as an 80-column terminal: what a person at a default terminal sees."""
+    import io
+
+    from rich.console import Console
+
+    import policyport.cli.analysis as analysis
+    import policyport.cli.pack as pack
+    import policyport.cli.render as render
+
+    screen = io.StringIO()
+    console = Console(file=screen, width=80, force_terminal=True, color_system=None, highlight=False, soft_wrap=True,
+                      markup=False, emoji=False)
+    for module in (render, analysis, pack):
+        monkeypatch.setattr(module, "out", console)
+    return screen
+
+
+def test_stats_in_a_narrow_terminal_splits_the_table_and_never_a_number(tmp_path, model, obs, narrow_terminal):
+    rec = tmp_path / "rec.npz"
+    assert invoke("record", model, "-i", obs, "-o", rec).exit_code == 0
+    narrow_terminal.seek(0)
+    narrow_terminal.truncate()
+    assert invoke("stats", rec).exit_code == 0
+    text = narrow_terminal.getvalue()
+    assert max(len(line) for line in text.splitlines() if line[:1] in "┏┃┡│└") <= 80
+    rows = [line for line in text.splitlines() if line.startswith("│ fc_2/tanh")]
+    assert len(rows) == 2  # figures in one table, behaviour in the other, one line each
+    doc = json.loads(invoke("stats", rec, "--json", "--tensors", "fc_2/tanh").stdout)["tensors"][0]["layer"]
+    assert f"{doc['mean']:.4g}" in rows[0] and f"{100 * doc['active_fraction']:.1f}%" in rows[1]
+
+
+def test_pack_in_a_narrow_terminal_shows_digest_prefixes_on_one_line(tmp_path, model, narrow_terminal):
+    assert invoke("pack", model, "-o", tmp_path / "b", "--samples", "2").exit_code == 0
+    policy = json.loads((tmp_path / "b" / "policy.json").read_text())
+    text = narrow_terminal.getvalue()
+    assert "sha256 (prefix; whole in policy.json)" in text
+    row = next(line for line in text.splitlines() if line.startswith("│ weights.npz"))
+    assert policy["files"]["weights.npz"][:16] + "…" in row and policy["files"]["weights.npz"] not in text

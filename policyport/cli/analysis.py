@@ -13,7 +13,7 @@ from rich.text import Text
 from .core import app, emit_json, guard
 from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt, ThreadsOpt,
                       overrides_from)
-from .render import add_row, err, literal, out, say, shape_text, table
+from .render import add_row, err, fits, literal, out, say, shape_text, table
 
 
 class RecordFormat(str, Enum):
@@ -159,17 +159,30 @@ def stats(
         if as_json:
             emit_json(result.to_dict())
             return
-        t = table(f"{recording}: {result.rows:,} observations" + (f" (per-neuron figures in {output})" if output else ""),
-                  ["tensor", "op", ("neurons", "right"), ("mean", "right"), ("std", "right"), ("min", "right"),
-                   ("max", "right"), ("NaN", "right"), ("Inf", "right"), ("active", "right"), ("saturated", "right"),
-                   ("dead", "right"), ("always sat.", "right")])
+        title = f"{recording}: {result.rows:,} observations" + (f" (per-neuron figures in {output})" if output else "")
+        values = ["mean", "std", "min", "max"]
+        behaviour = ["NaN", "Inf", "active", "saturated", "dead", "always sat."]
+        rows = []
         for s in result.tensors:
             layer = s.layer()
-            add_row(t, s.name, s.op_type or "", f"{s.neurons:,}", _fig(layer["mean"]), _fig(layer["std"]),
-                    _fig(layer["min"]), _fig(layer["max"]), f"{layer['nan']:,}", f"{layer['inf']:,}",
-                    _pct(layer["active_fraction"]), _pct(layer["saturated_fraction"]), f"{layer['dead']:,}",
-                    "" if layer["always_saturated"] is None else f"{layer['always_saturated']:,}")
-        out.print(t)
+            rows.append([s.name, s.op_type or "", f"{s.neurons:,}", _fig(layer["mean"]), _fig(layer["std"]),
+                         _fig(layer["min"]), _fig(layer["max"]), f"{layer['nan']:,}", f"{layer['inf']:,}",
+                         _pct(layer["active_fraction"]), _pct(layer["saturated_fraction"]), f"{layer['dead']:,}",
+                         "" if layer["always_saturated"] is None else f"{layer['always_saturated']:,}"])
+        whole = table(title, ["tensor", "op", *((c, "right") for c in ["neurons", *values, *behaviour])])
+        for row in rows:
+            add_row(whole, *row)
+        if fits(whole):
+            out.print(whole)
+            return
+        # a narrow terminal: the figures as two tables rather than numbers wrapped over lines
+        first = table(title, ["tensor", "op", *((c, "right") for c in ["neurons", *values])])
+        second = table("", ["tensor", *((c, "right") for c in behaviour)])
+        for row in rows:
+            add_row(first, *row[:7])
+            add_row(second, row[0], *row[7:])
+        out.print(first)
+        out.print(second)
 
     guard(as_json, body)
 

@@ -9,7 +9,7 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
-from .render import add_row, literal, out, say, table
+from .render import add_row, fits, literal, out, say, table
 
 
 @app.command()
@@ -44,13 +44,16 @@ def pack(
             return
         parity, runtime = policy["parity"], policy.get("runtime")
         say(f"wrote {folder}")
-        t = table(f"{folder}: runs with numpy alone", ["file", "sha256"])
-        for name, digest in policy["files"].items():
-            if runtime is None or "/" not in name:
-                add_row(t, name, digest)
+        rows = [(name, digest) for name, digest in policy["files"].items() if runtime is None or "/" not in name]
         if runtime is not None:
             count = sum("/" in name for name in policy["files"])
-            add_row(t, f"{runtime['package']}/ ({count} files)", f"runtime digest {runtime['digest']}")
+            rows.append((f"{runtime['package']}/ ({count} files)", f"{runtime['digest']} (runtime digest)"))
+        for short in (False, True):  # whole digests when they fit, else their first 16 hex digits
+            t = table(f"{folder}: runs with numpy alone", ["file", "sha256" + (" (prefix; whole in policy.json)" if short else "")])
+            for name, digest in rows:
+                add_row(t, name, digest[:16] + "…" + digest[64:] if short else digest)
+            if fits(t):
+                break
         out.print(t)
         if runtime is not None:
             out.print(literal(f"on the target: python {folder}/run.py -i OBS.npy -o ACTIONS.npz, or --verify "

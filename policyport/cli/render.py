@@ -55,12 +55,21 @@ def cell(value: object, style: str | None = None) -> Text:
 
 
 def table(title: object, columns: Iterable[str | tuple[str, str]]) -> Table:
-    """A Rich table with a literal title; a column is a name or ``(name, justify)``."""
+    """A Rich table with a literal title; a column is a name or ``(name, justify)``.
+
+    Right-justified columns hold figures and are never wrapped (a number split over two lines reads
+    as two numbers); the others fold when the terminal is narrow, so no name is ever cut short.
+    """
     t = Table(title=cell(title))
     for col in columns:
         name, justify = (col, "left") if isinstance(col, str) else col
-        t.add_column(name, justify=justify, overflow="fold")
+        t.add_column(name, justify=justify, overflow="fold", no_wrap=justify == "right")
     return t
+
+
+def fits(t: Table) -> bool:
+    """Whether ``t`` printed on stdout fits its width with no cell wrapped (always, for a file or a pipe)."""
+    return out.measure(t, options=out.options.update_width(_WIDE)).maximum <= out.width
 
 
 def add_row(t: Table, *values: object) -> None:
