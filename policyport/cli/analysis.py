@@ -38,13 +38,13 @@ def progress_bar(label: str, quiet: bool):
     if quiet or not err.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 
     class Rate(ProgressColumn):
         def render(self, task):
             return Text(f"{task.speed:,.0f} rows/s" if task.speed else "… rows/s")
 
-    with Progress(literal(label), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = None
 
@@ -52,7 +52,8 @@ def progress_bar(label: str, quiet: bool):
             nonlocal task
             if task is None:
                 task = bar.add_task(label, total=total)
-            bar.update(task, completed=done)
+            # the last block computed: what remains is flushing and closing the output file
+            bar.update(task, completed=done, description=literal(f"{label}: finishing" if done >= total else label))
 
         yield callback
 
