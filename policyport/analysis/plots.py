@@ -252,7 +252,7 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
     by_key = {(c["tensor"], c["candidate"], c["reference"]): (c, a) for c, a in zip(comparisons, atols)}
     marks_y, marks_x = [], []
     for j, (cand, ref) in enumerate(pairs):
-        ys, widths, edge = [], [], []
+        ys, widths, failing = [], [], []
         for i, t in enumerate(tensors):
             found = by_key.get((t, cand, ref))
             if found is None:
@@ -263,8 +263,11 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
             marks_y.append(ys[-1])
             marks_x.append(max(atol, floor))
             widths.append(min(max(value, floor), 1e30))
-            edge.append("#C44E52" if not c["passed"] else colours[j % len(colours)])
-        ax.barh(ys, widths, height=height * 0.9, color=edge, label=f"{cand} vs {ref}")
+            failing.append(not c["passed"])
+        bars = ax.barh(ys, widths, height=height * 0.9, color=colours[j % len(colours)], label=f"{cand} vs {ref}")
+        for bar, fails in zip(bars, failing):
+            if fails:  # the pair's colour stays; a red outline and hatch mark the failure
+                bar.set(edgecolor="#C44E52", hatch="///", linewidth=1.5)
     if len(set(atols)) == 1:
         ax.axvline(max(atols[0], floor), color="#C44E52", linestyle="--", linewidth=1, label=f"atol {atols[0]:g}")
     else:  # tolerances by dtype: one mark per comparison
@@ -277,10 +280,19 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
     tolerance = (f"atol {doc['atol']:g}, rtol {doc['rtol']:g}" if doc.get("atol") is not None and doc.get("rtol") is not None
                  else "tolerances by dtype")
     ax.set_title(f"verification: {verdict}, {doc.get('samples', '?')} samples, {tolerance}")
-    ax.legend(loc="lower right", fontsize=8)
+    # the legend built by hand: a pair's entry in its plain colour, whatever its first bar looks like
+    from matplotlib.patches import Patch
+
+    marks = [(h, label) for h, label in zip(*ax.get_legend_handles_labels()) if label.startswith("atol")]
+    handles = [Patch(facecolor=colours[j % len(colours)]) for j in range(len(pairs))] + [h for h, _ in marks]
+    labels = [f"{c} vs {r}" for c, r in pairs] + [label for _, label in marks]
+    if any(not c["passed"] for c in comparisons):
+        handles.append(Patch(facecolor="white", edgecolor="#C44E52", hatch="///", linewidth=1.5))
+        labels.append("fails its tolerance")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside, never over a bar
     tmp = temporary_folder(out_dir, "plots")
     try:
-        fig.savefig(tmp / "errors.png")
+        fig.savefig(tmp / "errors.png", bbox_inches="tight")
         commit_folder(tmp, out_dir, force, (".png",))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

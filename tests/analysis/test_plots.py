@@ -81,3 +81,20 @@ def test_an_existing_folder_is_kept_unless_it_holds_only_plots(tmp_path, recordi
 def test_tensor_names_become_distinct_file_names():
     taken: set[str] = set()
     assert [plots.slug(n, taken) for n in ["fc_1/tanh", "fc_1:tanh", "../x", "é"]] == ["fc_1-tanh", "fc_1-tanh-2", "x", "tensor"]
+
+
+def test_failing_comparisons_are_marked_and_named_in_a_legend_beside_the_bars(tmp_path, metadrive_model, monkeypatch):
+    from matplotlib.figure import Figure
+
+    report = pp.verify(metadrive_model, samples=16, atol=1e-7, rtol=0.0, rounding=False).to_dict()
+    failing = [c["tensor"] for c in report["comparisons"] if not c["passed"]]
+    assert failing and not report["passed"]
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig) or path.write_bytes(PNG))
+    plots.plot_report(report, tmp_path / "errors")
+    ax = drawn[0].axes[0]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["onnxruntime vs numpy", "atol 1e-07", "fails its tolerance"]
+    assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # outside the axes, over no bar
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert len(hatched) == len(failing) and all(p.get_facecolor()[:3] != (1, 1, 1) for p in hatched)
