@@ -13,7 +13,7 @@ from rich.text import Text
 from .core import app, emit_json, guard
 from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt, ThreadsOpt,
                       overrides_from)
-from .render import add_row, err, fits, literal, out, say, shape_text, table
+from .render import add_row, counted, err, fits, literal, out, say, shape_text, table
 
 
 class RecordFormat(str, Enum):
@@ -107,7 +107,7 @@ def record(
                        "overrides": [e.spec for e in edits or []]})
             return
         say(f"recorded {summary.rows:,} rows × {len(summary.tensors)} tensors to {summary.path} "
-            f"({summary.format}, {_size(summary.bytes)}) in {summary.seconds:.1f} s, {rate:,.0f} rows/s")
+            f"({summary.format}, {_size(summary.bytes)}) in {summary.seconds:.{1 if summary.seconds >= 1 else 2}f} s, {rate:,.0f} rows/s")
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
         if summary.nonfinite_rows:
@@ -209,7 +209,7 @@ def plot(
             with progress_bar("plotting", quiet) as callback:
                 written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
                                                progress=callback)
-        say(f"wrote {len(written)} PNG file{'s' if len(written) != 1 else ''} to {output}")
+        say(f"wrote {counted(len(written), 'PNG file')} to {output}")
         for path in written:
             out.print(literal(str(path)))
 

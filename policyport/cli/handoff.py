@@ -9,7 +9,7 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
-from .render import literal, out, say
+from .render import counted, literal, out, say
 
 
 @app.command("export-numpy")
@@ -43,6 +43,7 @@ def export_numpy(
             say(f"note: {output.stem!r} is not a Python identifier, so 'import {output.stem}' cannot load it; load it "
                 "by path (importlib.util.spec_from_file_location) or rename both files")
         out.print(literal(f"{done.module}: {done.lines} lines, numpy only; forward() reproduces the numpy backend "
-                          f"bit for bit on {done.samples} observations, all {done.tensors} tensors"))
+                          f"bit for bit on {counted(done.samples, 'observation')}, "
+                          + ("the one tensor" if done.tensors == 1 else f"all {done.tensors} tensors")))
 
     guard(as_json, body)

@@ -10,7 +10,7 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import ForceOpt, JsonOpt, ModelArg
-from .render import add_row, literal, out, say, shape_text, table
+from .render import add_row, counted, literal, out, say, shape_text, table
 
 
 @app.command()
@@ -82,7 +82,7 @@ def extract(
             emit_json({"output": str(output), "parameters": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
                                                              for k, v in weights.items()]})
             return
-        t = table(f"{len(weights)} parameters written to {output}", ["name", "dtype", "shape"])
+        t = table(f"{counted(len(weights), 'parameter')} written to {output}", ["name", "dtype", "shape"])
         for k, v in weights.items():
             add_row(t, k, v.dtype.name, shape_text(v.shape))
         out.print(t)

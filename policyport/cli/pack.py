@@ -9,7 +9,7 @@ import typer
 
 from .core import app, emit_json, guard
 from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
-from .render import add_row, fits, literal, out, say, table
+from .render import add_row, counted, fits, literal, out, say, table
 
 
 @app.command()
@@ -59,8 +59,8 @@ def pack(
             out.print(literal(f"on the target: python {folder}/run.py -i OBS.npy -o ACTIONS.npz, or --verify "
                               f"(Python {runtime['requires_python']} and numpy alone)"))
         count = policy["golden"]["samples"]
-        out.print(literal(f"golden data: {count} observation{'s' if count != 1 else ''}, {parity['tensors']} "
-                          f"tensors each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+        out.print(literal(f"golden data: {counted(count, 'observation')}, {counted(parity['tensors'], 'tensor')} "
+                          f"each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
         if count != samples:
             say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
         for r in parity["rounding"]:

@@ -87,6 +87,11 @@ def say_error(text: object) -> None:
     err.print(Text.assemble(("error:", "bold red"), " ", literal(text)))
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 tensor``, ``7 tensors``, ``1,000 observations``: a count with its noun in the right number."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def shape_text(shape) -> str:
     """``(1000, 256)`` for a tuple of ints, ``(256,)`` for one dimension."""
     return str(tuple(shape))

@@ -11,7 +11,7 @@ from rich.text import Text
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
-from .render import add_row, cell, literal, out, shape_text, table
+from .render import add_row, cell, counted, literal, out, shape_text, table
 
 
 def verification_table(report):
@@ -24,7 +24,7 @@ def verification_table(report):
     rows: dict[str, dict] = {}
     for c in report.comparisons:
         rows.setdefault(c.tensor, {"shape": c.shape})[(c.candidate, c.reference)] = c
-    t = table(f"max abs error on {report.samples} observation{'s' if report.samples != 1 else ''} "
+    t = table(f"max abs error on {counted(report.samples, 'observation')} "
               f"({tolerance_text(report)})",
               ["tensor", "shape", *((f"{cand}\nvs {ref}", "right") for cand, ref in pairs)])
     for tensor, row in rows.items():

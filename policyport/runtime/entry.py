@@ -185,7 +185,7 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
         return 0 if report.passed else 1
-    print(f"max abs error on {report.samples} samples (atol {report.atol:g}, rtol {report.rtol:g})")
+    print(f"max abs error on {report.samples:,} observation{'' if report.samples == 1 else 's'} (atol {report.atol:g}, rtol {report.rtol:g})")
     _table(("tensor", "shape", "numpy vs golden"),
            [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
             for c in report.comparisons], right=(2,))

@@ -63,7 +63,7 @@ def test_run_records_chosen_tensors_and_speaks_json(folder, obs, tmp_path, capsy
 def test_verify_passes_with_a_table_and_json(folder, capsys):
     assert entry.main(folder, ["--verify"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "max abs error on 4 samples (atol 1e-05, rtol 1e-05)"
+    assert lines[0] == "max abs error on 4 observations (atol 1e-05, rtol 1e-05)"
     assert [line.split()[0] for line in lines[2:4]] == ["h", "y"] and lines[2].split()[-1] == "0"
     assert lines[-1] == "PASS: 2 tensors match the golden data within atol 1e-05 + rtol 1e-05; worst 0 on h"
     assert entry.main(folder, ["--verify", "--json", "--atol", "0.5", "--rtol", "0"]) == 0
