@@ -110,7 +110,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     from .graph import from_onnx
     from .passes import extract_weights, parameter_map
     from .runtime import load
-    from .verification import sample_inputs
+    from .verification import input_ranges, sample_inputs
 
     require("onnx", "onnx", "packing a policy")
     out_dir = Path(out_dir)
@@ -120,7 +120,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     weights = extract_weights(proto)
     sources, constants = _initializer_sources(graph, parameter_map(proto), weights)
 
-    feeds = sample_inputs(graph.inputs, samples, low, high, seed)
+    feeds = sample_inputs(graph.inputs, samples, low, high, seed, input_ranges(graph.metadata))
     session = load(graph, backend="numpy")
     observations = count_observations(graph.inputs, feeds)
     outputs = session.run(feeds)
@@ -166,7 +166,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             "low": float(low),
             "high": float(high),
             "seed": int(seed),
-            "distribution": "uniform [low, high), numpy default_rng(seed), as policyport.verification.sample_inputs",
+            "distribution": "uniform [low, high) (an integer input: its recorded range, else the integers in [low, high)), "
+                            "numpy default_rng(seed), as policyport.verification.sample_inputs",
             "keys": "inputs/<graph input>, outputs/<graph output>, activations/<tensor>",
         },
         "parity": parity,

@@ -8,7 +8,19 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
+from .options import (
+    AtolOpt,
+    ForceOpt,
+    HighOpt,
+    JsonOpt,
+    LowOpt,
+    ModelArg,
+    RoundingOpt,
+    RtolOpt,
+    SeedOpt,
+    check_range,
+    drawing_advice,
+)
 from .render import add_row, counted, fits, literal, out, say, table
 
 
@@ -36,8 +48,9 @@ def pack(
         from ..runtime.packed import read_policy
 
         check_range(low, high)
-        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                          runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding)
+        with drawing_advice("pack", takes_inputs=False):
+            folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
+                              runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})

@@ -152,8 +152,9 @@ class Converted:
     Attributes:
         model: the ``onnx.ModelProto``.
         reference: ``reference(obs) -> {tensor name: array}``, the source's own forward pass on
-            ``obs`` (float array, shape ``(batch, *obs_shape)``), naming tensors as the graph does
-            (every layer the source computes that the graph also names).
+            ``obs`` (float array, shape ``(batch, *obs_shape)``; for a model of several graph
+            inputs, a mapping input name -> array), naming tensors as the graph does (every layer
+            the source computes that the graph also names).
         kind: the source kind.
         notes: what the converter did that a user should hear about (parts of the source it
             dropped, files it picked up), one sentence each.

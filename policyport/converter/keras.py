@@ -38,13 +38,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..errors import (
     BadModelError,
     MissingDependencyError,
+    OptionError,
     UnreadableFileError,
     UnsupportedOpError,
     UntrustedFileError,
@@ -841,13 +842,20 @@ def _version() -> str:
     return __version__
 
 
-def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
-    """TensorFlow running the traced function: every layer's output and the model's outputs."""
+def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[..., dict[str, np.ndarray]]:
+    """TensorFlow running the traced function: every layer's output and the model's outputs; it
+    takes the observation array of a single-input model, or a mapping input name -> array (every
+    input of the model, as the graph names them)."""
     single = trace.outputs[0] if len(trace.outputs) == 1 else None
 
-    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
-        spec = trace.input_specs[0]
-        result = trace.function(fw.tf.convert_to_tensor(np.asarray(obs), dtype=spec.dtype))
+    def reference(obs) -> dict[str, np.ndarray]:
+        feeds = obs if isinstance(obs, Mapping) else {trace.input_specs[0].name: obs}
+        missing = [s.name for s in trace.input_specs if s.name not in feeds]
+        if missing:
+            raise BadModelError(f"the model takes inputs {', '.join(s.name for s in trace.input_specs)}; "
+                                f"no observations for {', '.join(missing)}")
+        result = trace.function(*(fw.tf.convert_to_tensor(np.asarray(feeds[s.name]), dtype=s.dtype)
+                                  for s in trace.input_specs))
         out = {k: np.asarray(v) for k, v in result.items()}
         if head is not None and single is not None:
             y = out[single]

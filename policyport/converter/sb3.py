@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError
+from ..errors import BadModelError, OptionError, UnreadableFileError
 from .activations import choose_activation
-from .build import ActionHead, ObsNorm
+from .build import ActionHead, ObsNorm, Prelude
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
 DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu"}
@@ -201,6 +201,10 @@ def convert_sb3(source, options):
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
     notes = chosen + notes
     spec.action = _action_head(spec, family, act_space)
+    prelude = _observation_prelude(obs_space)
+    if prelude:
+        notes.append(f"observation space {_space_text(obs_space)}: the graph takes int64 indices and one-hot encodes "
+                     "them, as SB3's preprocess_obs does")
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
         spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
@@ -209,6 +213,9 @@ def convert_sb3(source, options):
     if norm_path is None and options.obs_filter and beside.is_file():
         norm_path = beside
         notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} (--no-filter skips them)")
+    if norm_path is not None and prelude:
+        raise BadModelError(f"{norm_path} normalises Box observations; this policy's observation space is "
+                            f"{_space_text(obs_space)}")
     if norm_path is not None:
         if not norm_path.is_file():
             raise UnreadableFileError(f"{norm_path}: no such file")
@@ -219,10 +226,33 @@ def convert_sb3(source, options):
     spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                    "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
-    model = build_mlp(spec, opset=options.opset, metadata={
+    model = build_mlp(spec, opset=options.opset, prelude=prelude or None, metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
     keep_state_dict_layout(model, arrays)
-    return Converted(model, reference_for(spec, None), "sb3", notes)
+    network = reference_for(spec, None)
+    if not prelude:
+        return Converted(model, network, "sb3", notes)
+
+    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
+        x, out = prelude.reference(obs, spec.dtype)
+        out.update(network(x))
+        return out
+
+    return Converted(model, reference, "sb3", notes)
+
+
+def _observation_prelude(space: dict) -> Prelude:
+    """The one-hot encoding SB3's ``preprocess_obs`` (``stable_baselines3/common/preprocessing.py``)
+    applies to a Discrete or MultiDiscrete observation; an empty :class:`Prelude` for a Box."""
+    if space["type"] == "Discrete":
+        return Prelude(one_hot=space["n"])
+    if space["type"] == "MultiDiscrete":
+        return Prelude(one_hot_nvec=space["nvec"])
+    return Prelude()
+
+
+def _space_text(space: dict) -> str:
+    return f"Discrete({space['n']})" if space["type"] == "Discrete" else f"{space['type']}{list(space.get('nvec', ()))}"
 
 
 def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: dict, act_space: dict) -> None:
@@ -239,9 +269,9 @@ def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: 
         raise BadModelError("the policy takes dict observations (MultiInputPolicy); policyport converts a single Box observation")
     if "Recurrent" in name or "sb3_contrib" in policy_class and "Recurrent" in policy_class:
         raise BadModelError(f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies")
-    if obs_space["type"] not in ("Box",):
-        raise BadModelError(f"the observation space is {obs_space['type']}, which SB3 preprocesses (one-hot) before the "
-                            "network; policyport converts Box observations")
+    if obs_space["type"] not in ("Box", "Discrete", "MultiDiscrete"):
+        raise BadModelError(f"the observation space is {obs_space['type']}; policyport converts Box, Discrete and "
+                            "MultiDiscrete observations")
     if act_space["type"] not in ("Box", "Discrete", "MultiDiscrete"):
         raise BadModelError(f"the action space is {act_space['type']}; policyport builds the deterministic action of "
                             "Box, Discrete and MultiDiscrete spaces")
