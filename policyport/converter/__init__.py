@@ -261,11 +261,12 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     elif option_values:
         options = dataclasses.replace(options, **option_values)
     if options.head is not None and options.head not in HEADS:
-        raise BadModelError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
+        raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
     if kind not in SOURCES:
-        raise BadModelError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
+        raise OptionError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
     _check_applies(options, kind)
+    _check_activation(options.activation, kind)
     module, function = SOURCES[kind].split(":")
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
@@ -287,6 +288,31 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
                           for n in ignored)
         flags = ", ".join(_FLAGS.get(n, n) for n in ignored)
         raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
+
+
+def _check_activation(activation: str | None, kind: str) -> None:
+    """Refuse an ``activation`` option that is no activation name, or a per-layer list where
+    ``kind`` takes one name (a comma list names one activation per parameter-free module of a plain
+    ``nn.Sequential`` state_dict).
+
+    Raises:
+        OptionError: such a value (exit 2).
+    """
+    from .activations import parse_activation
+
+    if activation is None:
+        return
+    names = activation.split(",")
+    if len(names) > 1 and kind != "state-dict":
+        recorded = {"sb3": "; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)",
+                    "rllib": "; an RLlib checkpoint records its activation in its model config (fcnet_activation)"}
+        raise OptionError(f"--activation {activation!r} is a per-layer list, which applies to a plain nn.Sequential "
+                          f"state_dict; {kind} sources take one activation name{recorded.get(kind, '')}")
+    for name in names:
+        try:
+            parse_activation(name)
+        except BadModelError as e:
+            raise OptionError(str(e)) from None
 
 
 def _record_options(model, kind: str, options: ConvertOptions) -> None:
@@ -325,7 +351,10 @@ def convert(source, *, kind: str | None = None, **options):
     Raises:
         UnreadableFileError: the file is missing or unreadable.
         UntrustedFileError: the file could run code when loaded and ``trust`` is false.
-        BadModelError: arrays that cannot be placed (listed), bad shapes, unknown activation/head/opset.
+        BadModelError: arrays that cannot be placed (listed), bad shapes.
+        OptionError: an option value the source cannot take (an unknown activation, head or kind, an
+            opset out of range, a per-layer activation list for a source of one activation, an
+            option the kind does not read, a value branch the source lacks ...).
         MissingDependencyError: the source's framework (torch, tensorflow ...) is not installed.
     """
     return convert_source(source, kind=kind, **options).model

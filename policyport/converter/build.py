@@ -330,16 +330,17 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         (+ the head's ``action``/``log_std``, + ``value`` when a value branch is given).
 
     Raises:
-        BadModelError: an unknown head, an opset out of range, layer widths that do not chain, or
-            a diag-gaussian head on an odd number of logits.
+        OptionError: an unknown head, an opset out of range.
+        BadModelError: layer widths that do not chain, a one-hot observation encoding whose width
+            is not the first layer's, or a diag-gaussian head on an odd number of logits.
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
     if head not in (None, *HEADS):
-        raise BadModelError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
+        raise OptionError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
-        raise BadModelError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
+        raise OptionError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
     _check_chain([*spec.trunk, *spec.hidden, spec.output], "policy")
     if spec.value_output is not None:
         branch = spec.value_hidden or spec.hidden

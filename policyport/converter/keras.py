@@ -427,14 +427,13 @@ def _run_tf2onnx(fw: _Frameworks, trace: _Trace, opset: int):
     """tf2onnx's ONNX model of the traced function.
 
     Raises:
-        BadModelError: an opset tf2onnx cannot write, or a graph it cannot convert.
+        OptionError: an opset tf2onnx cannot write.
+        BadModelError: a graph tf2onnx cannot convert.
         UnsupportedOpError: TensorFlow ops tf2onnx has no ONNX form for (named).
         IncompatibleFrameworkError: tf2onnx fails inside itself in a way that points at the
             tensorflow/tf2onnx pair rather than at the model.
     """
-    newest = max(fw.tf2onnx.constants.OPSET_TO_IR_VERSION)
-    if not MIN_OPSET <= opset <= newest:
-        raise BadModelError(f"opset {opset} is out of range for a Keras/TF source: tf2onnx {fw.tf2onnx.__version__} writes opset {MIN_OPSET} to {newest}")
+    _check_opset(fw, opset)
     try:
         proto, _ = fw.tf2onnx.convert.from_function(
             trace.function, input_signature=trace.input_specs, opset=opset,
@@ -869,13 +868,25 @@ def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[...
     return reference
 
 
+def _check_opset(fw: _Frameworks, opset: int) -> None:
+    """Refuse an opset tf2onnx cannot write (its ``constants.OPSET_TO_IR_VERSION``), before any loading.
+
+    Raises:
+        OptionError: such an opset (exit 2).
+    """
+    newest = max(fw.tf2onnx.constants.OPSET_TO_IR_VERSION)
+    if not MIN_OPSET <= opset <= newest:
+        raise OptionError(f"opset {opset} is out of range for a Keras/TF source: tf2onnx {fw.tf2onnx.__version__} writes "
+                          f"opset {MIN_OPSET} to {newest}; choose --opset in that range")
+
+
 def _check_options(options, what: str) -> None:
     for name, value in (("activation", options.activation), ("policy_id", options.policy_id),
                         ("obs_norm", options.obs_norm)):
         if value is not None:
-            raise BadModelError(f"{name} does not apply to {what}: the model records its own layers")
+            raise OptionError(f"{name} does not apply to {what}: the model records its own layers")
     if options.keep_value:
-        raise BadModelError(f"--keep-value does not apply to {what}: every output the model has is exported")
+        raise OptionError(f"--keep-value does not apply to {what}: every output the model has is exported")
 
 
 def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, kind: str):
@@ -909,6 +920,7 @@ def convert_keras(source, options):
     """
     fw = _frameworks()
     _check_options(options, "a Keras model")
+    _check_opset(fw, options.opset)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         model = load_keras_file(path, options.trust)
@@ -942,6 +954,7 @@ def convert_savedmodel(source, options):
     """
     fw = _frameworks()
     _check_options(options, "a SavedModel")
+    _check_opset(fw, options.opset)
     path = Path(source)
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")

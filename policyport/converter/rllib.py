@@ -489,7 +489,7 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
     if keep_value:
         vf = layers("vf", head_activation, None)
         if not vf:
-            raise BadModelError("a value branch was asked for (--keep-value), but the RLModule has no vf head")
+            raise OptionError("a value branch was asked for (--keep-value), but the RLModule has no vf head")
         if shared and len(vf) > 1:
             raise BadModelError("a vf head with hidden layers on a shared encoder is not supported")
         value_hidden = [] if shared else layers("encoder.critic_encoder", activation, activation) + vf[:-1]
@@ -544,7 +544,7 @@ def convert_rllib(source, options):
     from .reference import reference_forward
 
     if options.obs_norm is not None:
-        raise BadModelError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
+        raise OptionError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
     ckpt = read_checkpoint(source, options.policy_id, options.trust)
     config = ckpt.model_config
     recorded = config.get("fcnet_activation")
