@@ -124,7 +124,9 @@ def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
         )
     if given:
         if len(given) != len(names):
-            raise BadModelError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
+            raise OptionError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
+        if "obs" in given:
+            raise OptionError(f"output names must not be 'obs', the graph input: {', '.join(given)}")
         names = list(given)
     if len(set(names)) != len(names) or "obs" in names:
         raise BadModelError(f"output names must be distinct and not 'obs': {names}")
