@@ -122,7 +122,7 @@ SPAN = "--low/--high spanning the integers it takes (e.g. --low 0 --high 10)"
 
 @pytest.mark.parametrize("command, advice", [
     (["verify"], f"give its observations with -i OBS.npz (an .npy for a single-input model), or {SPAN}"),
-    (["pack", "-o", "{tmp}/packed"], f"give {SPAN}"),
+    (["pack", "-o", "{tmp}/packed"], f"give its observations with -i OBS.npz (an .npy for a single-input model), or {SPAN}"),
     (["export-numpy", "-o", "{tmp}/policy.py"], f"give {SPAN}"),
 ])
 def test_an_integer_input_of_unknown_range_is_refused_with_the_advice_of_each_command(tmp_path, command, advice):
@@ -141,3 +141,23 @@ def test_convert_advises_i_or_a_range_for_its_pre_write_check():
     assert str(caught.value).endswith(f"; give its observations with -i OBS.npz (an .npy for a single-input model), or {SPAN}")
     assert caught.value.exit_code == 3
 
+
+def test_pack_records_the_golden_observations_given_with_i(tmp_path):
+    model = _integer_input_model(tmp_path / "ids.onnx")
+    ids = np.array([[1, 2], [3, 4], [5, -6]], np.int64)
+    np.save(tmp_path / "ids.npy", ids)
+    folder = tmp_path / "packed"
+    result = runner.invoke(app, ["pack", str(model), "-o", str(folder), "-i", str(tmp_path / "ids.npy"), "--samples", "2",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    golden = json.loads(result.stdout)["policy"]["golden"]
+    assert (golden["samples"], golden["low"], golden["high"], golden["seed"]) == (2, None, None, None)
+    assert golden["distribution"] == "given to pack (-i, inputs=)"
+    with np.load(folder / "golden.npz") as saved:
+        assert np.array_equal(saved["inputs/ids"], ids[:2]) and np.array_equal(saved["outputs/y"], ids[:2].astype(np.float32))
+    result = runner.invoke(app, ["verify", str(folder)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["pack", str(model), "-o", str(tmp_path / "other"), "-i", str(tmp_path / "ids.npy"),
+                                 "--seed", "3"])
+    assert result.exit_code == 2 and "-i gives the golden observations, so --seed" in " ".join(result.stderr.split())
+    assert not (tmp_path / "other").exists()
