@@ -173,3 +173,25 @@ def test_the_readme_shows_the_report_lines_the_command_prints_today():
                 assert re.fullmatch(r"max abs error on \d+ observations \((float\d+: atol \S+, rtol \S+(; )?)+\)", line), (argv, line)
             if line.startswith(("PASS", "FAIL")):
                 assert re.match(r"(PASS|FAIL): \d+ comparisons within (float\d+: atol \S+, rtol \S+(; )?)+; worst ", line), (argv, line)
+
+
+def test_the_reference_table_lists_every_option_of_every_command():
+    """Each command has one row in the README's command table, naming every option it takes."""
+    from typer.main import get_command
+
+    from policyport.cli import app
+
+    text = README.read_text(encoding="utf-8").split("\n## Reference\n", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `policyport ([a-z-]+) .*$", text, re.M)}
+    group = get_command(app)
+    assert set(rows) == set(group.commands)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            def shown(option):
+                return re.search(re.escape(option) + r"(?![\w-])", rows[name])
+
+            assert any(shown(o) for o in param.opts), f"{name}: {param.opts[0]} missing from its README row"
+            for option in param.secondary_opts:  # --no-rounding beside --rounding
+                assert shown(option), f"{name}: {option} missing from its README row"
