@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from policyport.runtime.numpy.registry import op_table_markdown
@@ -69,6 +70,7 @@ def test_the_python_api_example_runs_after_the_demo(tmp_path, monkeypatch):
     # The Hand-off section's blocks, on the target side: in out/, beside the demo's bundle and module.
     monkeypatch.chdir(tmp_path / "out")
     monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    monkeypatch.delitem(sys.modules, "metadrive_policy", raising=False)  # the demo's module, not another test's
     obs = np.load("obs.npy")
     expected = pp_run(tmp_path / "out" / "metadrive.onnx", obs)
     handoff = _python_blocks("Hand-off")
