@@ -1,4 +1,4 @@
-"""The README's generated parts stay true."""
+"""The README stays true: its generated parts, its commands in order from a fresh folder, its Python blocks and its command table."""
 
 from __future__ import annotations
 
