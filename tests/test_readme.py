@@ -1,4 +1,5 @@
-"""The README stays true: its generated parts, its commands in order from a fresh folder, its Python blocks and its command table."""
+"""The README stays true: its generated parts, its commands followed in order from a fresh folder, its
+Python blocks and its command table."""
 
 from __future__ import annotations
 
