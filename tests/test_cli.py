@@ -209,6 +209,17 @@ def test_pack_then_verify_the_folder_against_its_golden_data(converted, tmp_path
     assert invoke("pack", converted, "-o", folder).exit_code == 3  # exists
 
 
+def test_pack_says_what_the_folder_needs_and_the_source_parity(converted, tmp_path, metadrive_path):
+    lib = invoke("pack", converted, "-o", tmp_path / "lib", "--samples", "4", "--no-runtime", "--source", metadrive_path)
+    assert lib.exit_code == 0, lib.output
+    assert "lib: runs where policyport is installed (its core needs numpy alone)" in lib.stdout
+    assert "runs with numpy alone" not in lib.stdout and "on the target:" not in lib.stdout
+    parity = json.loads((tmp_path / "lib" / "policy.json").read_text())["parity"]
+    assert f"; source vs numpy max abs {parity['source_vs_numpy_max_abs']:.3g}" in lib.stdout
+    whole = invoke("pack", converted, "-o", tmp_path / "whole", "--samples", "4")
+    assert "whole: runs with numpy alone" in whole.stdout and "source vs numpy" not in whole.stdout
+
+
 def test_verify_folder_with_source_compares_backends(converted, tmp_path, metadrive_path):
     folder = tmp_path / "bundle"
     assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0

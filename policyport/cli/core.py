@@ -94,9 +94,18 @@ def _limits_from(max_bytes: str | None) -> dict:
         raise typer.BadParameter(str(e), param_hint="--max-bytes") from None
 
 
+#: The order ``policyport -h`` lists the commands in: the workflow, from a source to a hand-off.
+WORKFLOW = ("convert", "inspect", "verify", "run", "record", "stats", "plot", "extract", "expose", "pack",
+            "export-numpy", "ops")
+
+
 class PolicyportGroup(TyperGroup):
     """The command group; its ``main`` is the edge for errors raised outside a command's body
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (WORKFLOW.index(n) if n in WORKFLOW else len(WORKFLOW), n))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         prog_name = "policyport"  # also under python -m policyport, and in shell completion's variable
