@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -296,6 +295,8 @@ def _bug(e: BaseException, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
     if state.debug:
+        import traceback
+
         for line in "".join(traceback.format_exception(e)).splitlines():
             err.print(literal(line))
     say_error(message)
