@@ -10,25 +10,46 @@ When stdout is not a terminal, tables are laid out without a width limit, so nam
 from __future__ import annotations
 
 import unicodedata
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 _WIDE = 1_000_000  # "no width limit" for output that goes to a file or a pipe
 _ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
+#: Rich is imported when something is first rendered, so that a command printing JSON or nothing
+#: (``policyport run --json``) starts without it: these names, and the consoles ``out`` and ``err``,
+#: are attributes of this module made on first use.
+_RICH = {"Console": "rich.console", "Table": "rich.table", "Text": "rich.text"}
+
+
+def __getattr__(name: str):
+    if name in _RICH:
+        import importlib
+
+        value = getattr(importlib.import_module(_RICH[name]), name)
+    elif name in ("out", "err"):
+        value = _console(stderr=name == "err")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _get(name: str):
+    """This module's attribute ``name`` (see :func:`__getattr__`), as set or replaced."""
+    return globals()[name] if name in globals() else __getattr__(name)
+
 
 def _console(stderr: bool) -> Console:
+    Console = _get("Console")  # noqa: N806
     console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False)
     if not console.is_terminal:
         console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False, width=_WIDE)
     return console
-
-
-out = _console(stderr=False)
-err = _console(stderr=True)
 
 
 def literal(text: object) -> str:
@@ -51,12 +72,12 @@ def literal(text: object) -> str:
 
 def cell(value: object, style: str | None = None) -> Text:
     """A table cell showing ``value`` literally (see :func:`literal`)."""
-    return Text(literal(value), style=style or "")
+    return _get("Text")(literal(value), style=style or "")
 
 
 def table(title: object, columns: Iterable[str | tuple[str, str]]) -> Table:
     """A Rich table with a literal title; a column is a name or ``(name, justify)``."""
-    t = Table(title=cell(title))
+    t = _get("Table")(title=cell(title))
     for col in columns:
         name, justify = (col, "left") if isinstance(col, str) else col
         t.add_column(name, justify=justify, overflow="fold")
@@ -65,17 +86,18 @@ def table(title: object, columns: Iterable[str | tuple[str, str]]) -> Table:
 
 def add_row(t: Table, *values: object) -> None:
     """Add a row whose cells are shown literally (a ``Text`` is kept as it is)."""
+    Text = _get("Text")  # noqa: N806
     t.add_row(*(v if isinstance(v, Text) else cell(v) for v in values))
 
 
 def say(text: object) -> None:
     """A status line for people, on stderr."""
-    err.print(literal(text))
+    _get("err").print(literal(text))
 
 
 def say_error(text: object) -> None:
     """``error: <text>`` on stderr, the text literal."""
-    err.print(Text.assemble(("error:", "bold red"), " ", literal(text)))
+    _get("err").print(_get("Text").assemble(("error:", "bold red"), " ", literal(text)))
 
 
 def shape_text(shape) -> str:

@@ -11,7 +11,8 @@ import typer
 from ..errors import InputMismatchError
 from .core import app, emit_json, guard
 from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
-from .render import add_row, out, say, shape_text, table
+from . import render
+from .render import add_row, say, shape_text, table
 from .inputs import load_feeds
 
 
@@ -102,7 +103,7 @@ def run(
         for k, v in shown.items():
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
             add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
-        out.print(t)
+        render.out.print(t)
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
 
@@ -170,7 +171,7 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
     for p in profiles:
         totals += [f"{p.node_seconds * 1e6:,.1f}", "100.0"]
     add_row(t, *totals)
-    out.print(t)
+    render.out.print(t)
     for p in profiles:
         say(f"{p.backend}: run {p.run_seconds * 1e6:,.1f} µs (median of {p.runs} runs); {'; '.join(p.notes)}")
 
