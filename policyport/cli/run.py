@@ -1,6 +1,8 @@
-"""``policyport run``: a model on observations, optionally recording activations."""
+"""``policyport run``: a model on observations, optionally recording activations.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Typer reads the command's parameters from its
+annotations, and evaluating them as strings on every start costs some 2 ms.
+"""
 
 from enum import Enum
 from pathlib import Path
