@@ -90,6 +90,73 @@ def add_row(t: Table, *values: object) -> None:
     t.add_row(*(v if isinstance(v, Text) else cell(v) for v in values))
 
 
+def print_table(title: object, columns: list[str | tuple[str, str]], rows: list[list[object]]) -> None:
+    """Print a table of plain cells on stdout, as ``out.print(table(title, columns))`` with ``rows``
+    added prints it.
+
+    When stdout is a pipe or a file and Rich would draw the table exactly as :func:`plain_table`
+    does (see :func:`_plain_stdout`; every text ASCII and printable, at least one row), the text is
+    written without importing Rich, which takes about as long as the rest of ``policyport run``
+    on a small model; anything else is rendered by Rich.
+    """
+    texts = [literal(title), *(literal(c if isinstance(c, str) else c[0]) for c in columns),
+             *(literal(v) for row in rows for v in row)]
+    justified = all(isinstance(c, str) or c[1] in ("left", "right") for c in columns)
+    if rows and justified and all(t.isascii() and t.isprintable() for t in texts) and _plain_stdout():
+        import sys
+
+        sys.stdout.write(plain_table(title, columns, rows))
+        return
+    t = table(title, columns)
+    for row in rows:
+        add_row(t, *row)
+    _get("out").print(t)
+
+
+def plain_table(title: object, columns: list[str | tuple[str, str]], rows: list[list[object]]) -> str:
+    """The text Rich prints for ``table(title, columns)`` with ``rows`` on a console that is not a
+    terminal (see :func:`_console`): the title as it is, then Rich's default box (heavy head),
+    columns as wide as their widest cell plus one space each side. Texts must be ASCII (one column
+    per character), justify "left" or "right"."""
+    specs = [(c, "left") if isinstance(c, str) else c for c in columns]
+    cells = [[literal(v) for v in row] for row in [[name for name, _ in specs], *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(specs))]
+
+    def line(left: str, fill: str, middle: str, right: str) -> str:
+        return left + middle.join(fill * (w + 2) for w in widths) + right
+
+    def text_row(edge: str, row: list[str]) -> str:
+        justified = (v.rstrip().rjust(w) if justify == "right" else v.ljust(w)  # Rich strips what it right-justifies
+                     for v, w, (_, justify) in zip(row, widths, specs))
+        return edge + edge.join(f" {v} " for v in justified) + edge
+
+    lines = [literal(title)] if literal(title) else []
+    lines += [line("┏", "━", "┳", "┓"), text_row("┃", cells[0]), line("┡", "━", "╇", "┩"),
+              *(text_row("│", row) for row in cells[1:]), line("└", "─", "┴", "┘")]
+    return "\n".join(lines) + "\n"
+
+
+def _plain_stdout() -> bool:
+    """Whether Rich would print to stdout without any terminal feature: stdout is not a terminal
+    and encodes UTF-8, and none of what makes Rich decide otherwise applies (``FORCE_COLOR``,
+    ``TTY_COMPATIBLE``, Jupyter, IDLE, Windows consoles)."""
+    import builtins
+    import os
+    import sys
+
+    if os.environ.get("FORCE_COLOR") is not None or os.environ.get("TTY_COMPATIBLE", "") != "":
+        return False
+    if sys.platform == "win32" or hasattr(builtins, "get_ipython") or "idlelib" in sys.modules:
+        return False
+    stdout = sys.stdout
+    try:
+        if stdout is None or stdout.isatty():
+            return False
+    except (AttributeError, ValueError):
+        return False
+    return (getattr(stdout, "encoding", "utf-8") or "utf-8").lower().startswith("utf")
+
+
 def say(text: object) -> None:
     """A status line for people, on stderr."""
     _get("err").print(literal(text))

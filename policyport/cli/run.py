@@ -100,12 +100,12 @@ def run(
             emit_json({"backend": backend.value, "output": str(output), "record": None if record is None else str(record),
                        "tensors": [array_summary(k, v) for k, v in shown.items()]})
             return
-        t = table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
-                  ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")])
+        rows = []
         for k, v in shown.items():
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
-            add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
-        render.out.print(t)
+            rows.append([k, v.dtype.name, shape_text(v.shape), lo, hi])
+        render.print_table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
+                           ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")], rows)
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
 
