@@ -39,11 +39,11 @@ def _app(argv: list[str] | None = None):
     import importlib
     import importlib.util
 
-    if importlib.util.find_spec("rich") is None:  # imported only once something is rendered (see .render)
-        raise ImportError("No module named 'rich'", name="rich")
     command = None if argv is None else _command(argv)
     for module in [COMMANDS[command]] if command in COMMANDS else sorted(set(COMMANDS.values())):
         importlib.import_module(f".{module}", __name__)  # each registers its commands
+    if importlib.util.find_spec("rich") is None:  # imported only once something is rendered (see .render)
+        raise ImportError("No module named 'rich'", name="rich")
     from .core import app
 
     return app
