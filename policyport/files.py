@@ -20,11 +20,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import math
 import os
 import re
-import secrets
 import stat
 import zipfile
 import zlib
@@ -647,11 +645,17 @@ def _new_mode(out: _Output) -> int:
     return 0o666 & ~umask
 
 
+def _random_hex() -> str:
+    """Eight random hex digits for a temporary name (``os.urandom``, as ``secrets.token_hex(4)``
+    draws them, without importing ``secrets`` and the hashing modules it brings)."""
+    return os.urandom(4).hex()
+
+
 def _write_temp(out: _Output, write: Writer) -> None:
     mode = _new_mode(out)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
-        name = f".{out.name}.{secrets.token_hex(4)}.tmp"
+        name = f".{out.name}.{_random_hex()}.tmp"
         try:
             fd = out.create(name, flags)
         except FileExistsError:
@@ -681,7 +685,7 @@ def _place(out: _Output) -> None:
     """Rename the finished temporary file onto the output, keeping a hard link to a replaced file."""
     if out.stat() is not None:
         for _ in range(100):
-            backup = f".{out.name}.{secrets.token_hex(4)}.old"
+            backup = f".{out.name}.{_random_hex()}.old"
             try:
                 out.link(out.name, backup)
             except FileExistsError:
@@ -743,6 +747,8 @@ def sha256_file(path: str | os.PathLike) -> str:
     Raises:
         UnreadableFileError: the file cannot be read.
     """
+    import hashlib
+
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:

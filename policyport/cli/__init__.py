@@ -37,10 +37,13 @@ def _command(argv: list[str]) -> str | None:
 def _app(argv: list[str] | None = None):
     """The Typer application with the commands ``argv`` may run registered (None: every command)."""
     import importlib
+    import importlib.util
 
     command = None if argv is None else _command(argv)
     for module in [COMMANDS[command]] if command in COMMANDS else sorted(set(COMMANDS.values())):
         importlib.import_module(f".{module}", __name__)  # each registers its commands
+    if importlib.util.find_spec("rich") is None:  # imported only once something is rendered (see .render)
+        raise ImportError("No module named 'rich'", name="rich")
     from .core import app
 
     return app

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -24,7 +23,8 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
 from ..files import using_limits
-from .render import err, literal, say_error
+from . import render
+from .render import literal, say_error
 
 from typer import Abort, Exit
 
@@ -126,7 +126,7 @@ class PolicyportGroup(TyperGroup):
             _show_usage_error(e)
         except (Abort, KeyboardInterrupt) as e:
             code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-            err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
+            render.err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -137,13 +137,13 @@ def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
     if isinstance(e, NoArgsIsHelpError):  # 'policyport' alone: the help, line by line, exit 2 as Click has it
         for line in e.format_message().splitlines():
-            err.print(literal(line), soft_wrap=True)
+            render.err.print(literal(line), soft_wrap=True)
         return
     ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
-        err.print(literal(ctx.get_usage()))
-        err.print(literal(f"Try '{ctx.command_path} -h' for help."))
-    err.print(f"error: {literal(e.format_message())}")
+        render.err.print(literal(ctx.get_usage()))
+        render.err.print(literal(f"Try '{ctx.command_path} -h' for help."))
+    render.err.print(f"error: {literal(e.format_message())}")
 
 
 class PolicyportCommand(TyperCommand):
@@ -263,7 +263,7 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
         message = "terminated" if terminated else "interrupted"
         if as_json:
             print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
-        err.print(f"{message}; nothing was written")
+        render.err.print(f"{message}; nothing was written")
         raise typer.Exit(code) from None
     except OSError as e:
         if e.errno not in USER_OS_ERRORS:
@@ -305,8 +305,10 @@ def _bug(e: BaseException, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
     if state.debug:
+        import traceback
+
         for line in "".join(traceback.format_exception(e)).splitlines():
-            err.print(literal(line))
+            render.err.print(literal(line))
     say_error(message)
     raise typer.Exit(EXIT_BUG) from None
 

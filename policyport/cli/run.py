@@ -1,6 +1,8 @@
-"""``policyport run``: a model on observations, optionally recording activations."""
+"""``policyport run``: a model on observations, optionally recording activations.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Typer reads the command's parameters from its
+annotations, and evaluating them as strings on every start costs some 2 ms.
+"""
 
 from enum import Enum
 from pathlib import Path
@@ -11,7 +13,8 @@ import typer
 from ..errors import InputMismatchError
 from .core import app, emit_json, guard
 from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
-from .render import add_row, out, say, shape_text, table
+from . import render
+from .render import add_row, say, shape_text, table
 from .inputs import load_feeds
 
 
@@ -97,12 +100,12 @@ def run(
             emit_json({"backend": backend.value, "output": str(output), "record": None if record is None else str(record),
                        "tensors": [array_summary(k, v) for k, v in shown.items()]})
             return
-        t = table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
-                  ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")])
+        rows = []
         for k, v in shown.items():
             lo, hi = (f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")
-            add_row(t, k, v.dtype.name, shape_text(v.shape), lo, hi)
-        out.print(t)
+            rows.append([k, v.dtype.name, shape_text(v.shape), lo, hi])
+        render.print_table(f"{backend.value}: outputs written to {output}" + (f", {len(values)} tensors to {record}" if record else ""),
+                           ["tensor", "dtype", "shape", ("min", "right"), ("max", "right")], rows)
         if edits:
             say("with overrides: " + "; ".join(e.spec for e in edits))
 
@@ -170,7 +173,7 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
     for p in profiles:
         totals += [f"{p.node_seconds * 1e6:,.1f}", "100.0"]
     add_row(t, *totals)
-    out.print(t)
+    render.out.print(t)
     for p in profiles:
         say(f"{p.backend}: run {p.run_seconds * 1e6:,.1f} µs (median of {p.runs} runs); {'; '.join(p.notes)}")
 
