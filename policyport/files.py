@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -704,6 +705,67 @@ def _undo(pending: list[_Output]) -> None:
                 out.rename(out.backup, out.name)
             elif out.placed:
                 out.unlink(out.name)
+
+
+class _ReaderMayLeave:
+    """A text stream in front of ``sys.stdout`` that, once the reader has gone (a broken pipe), sends
+    the rest of the output to ``os.devnull`` instead of raising (see :func:`stdout_reader_may_leave`)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.cut_off = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        """Point the stream's descriptor at ``os.devnull``, so that what it still buffers (flushed
+        again at exit) goes nowhere instead of raising once more."""
+        self.cut_off = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def stdout_reader_may_leave() -> Iterator[None]:
+    """Within the block, output the reader no longer takes is not an error: once writing to
+    ``sys.stdout`` fails with a broken pipe (``policyport inspect m.onnx | head -1``), the rest goes
+    to ``os.devnull``, as the Python documentation's "Note on SIGPIPE" recommends (``signal``
+    module), and the command ends as it would have (its own exit code, no traceback).
+    ``sys.stdout`` is flushed and restored on leaving.
+    """
+    stream = sys.stdout
+    if stream is None or isinstance(stream, _ReaderMayLeave):
+        yield
+        return
+    guarded = sys.stdout = _ReaderMayLeave(stream)
+    try:
+        yield
+    finally:
+        guarded.flush()
+        if sys.stdout is guarded:
+            sys.stdout = stream
 
 
 def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:

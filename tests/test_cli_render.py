@@ -263,6 +263,7 @@ def test_given_options_are_those_written_on_the_command_line():
 def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkeypatch, capsys):
     import sys
 
+    import policyport as pp
     import policyport.cli as cli
 
     monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
@@ -275,11 +276,17 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
             raise ImportError(f"No module named {name!r}", name=name)
 
         monkeypatch.setattr(cli, "_app", no_package)
+        monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+        with pytest.raises(SystemExit) as ended:
+            cli.main()  # the version needs numpy alone
+        assert ended.value.code == 0 and capsys.readouterr() == (f"policyport {pp.__version__}\n", "")
+        monkeypatch.setattr(sys, "argv", ["policyport", "ops", "--version"])
         with pytest.raises(SystemExit) as ended:
             cli.main()
         assert ended.value.code == 4
         assert capsys.readouterr().err == (f"error: the policyport command needs the Python package '{package}', which "
-                                           "is not installed; install it with: pip install 'policyport[cli]'\n")
+                                           "is not installed; install it with: pip install 'policyport[cli]' (or pip "
+                                           "install -e '.[cli]' in a clone of the repository)\n")
 
     def broken(argv=None):
         raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")

@@ -5,7 +5,8 @@ Every way a command can end is decided here: 0 ok; 1 verification found a mismat
 a run out of memory, and an OS error about the user's paths or machine: a name too long, a
 permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
-Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
+Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. Output the reader stops
+taking (``policyport inspect m.onnx | head -1``) is not an error: the command ends with its own code. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
 """
 
@@ -23,7 +24,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
-from ..files import using_limits
+from ..files import stdout_reader_may_leave, using_limits
 from .render import err, literal, say_error
 
 from typer import Abort, Exit
@@ -106,18 +107,19 @@ class PolicyportGroup(TyperGroup):
             state.debug = True
             argv.remove("--debug")
         as_json = _json_requested(argv)
-        try:
-            max_bytes = _take_max_bytes(argv)
-            with using_limits(**_limits_from(max_bytes)):
-                code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except ClickException as e:
-            code = e.exit_code
-            if as_json:
-                print(json.dumps({"error": e.format_message(), "exit_code": code}))
-            _show_usage_error(e)
-        except (Abort, KeyboardInterrupt) as e:
-            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-            err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
+        with stdout_reader_may_leave():
+            try:
+                max_bytes = _take_max_bytes(argv)
+                with using_limits(**_limits_from(max_bytes)):
+                    code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            except ClickException as e:
+                code = e.exit_code
+                if as_json:
+                    print(json.dumps({"error": e.format_message(), "exit_code": code}))
+                _show_usage_error(e)
+            except (Abort, KeyboardInterrupt) as e:
+                code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+                err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..compare import DEFAULT_ATOL, DEFAULT_RTOL
 from ..errors import InputMismatchError, OutputExistsError, PolicyportError
+from ..files import stdout_reader_may_leave
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
 _ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
@@ -73,7 +74,14 @@ def parser(prog: str = "run.py") -> argparse.ArgumentParser:
 
 def main(folder: str | os.PathLike, argv: list[str] | None = None, prog: str = "run.py") -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run or verify the bundle in ``folder``, print the
-    result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does."""
+    result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does.
+    Output the reader stops taking (``python run.py --verify | head -1``) is not an error: the exit
+    code is the command's own."""
+    with stdout_reader_may_leave():
+        return _main(folder, argv, prog)
+
+
+def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
     p = parser(prog)
     args = p.parse_args(argv)
     _check_usage(p, args)
