@@ -27,7 +27,7 @@ from .compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, Report, Skipped, co
 from .errors import BadModelError, InputMismatchError, PolicyportError
 from .files import check_memory
 from .graph import Graph, ValueInfo
-from .runtime.base import count_observations
+from .runtime.base import count_observations, native_order
 
 DEFAULT_SAMPLES = 1000
 #: The name of the float64 oracle in reports.
@@ -160,6 +160,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raise InputMismatchError("the model has several inputs; pass a dict of feeds")
         else:
             feeds = {first.inputs[0].name: inputs}
+        feeds = {k: native_order(v) for k, v in feeds.items()}  # the source's forward pass gets them too
         asked = samples  # pragma: no mutate (read only for drawn observations, a branch not taken here)
         if samples is not None:
             given = count_observations(first.inputs, feeds)
