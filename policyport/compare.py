@@ -78,6 +78,11 @@ DEFAULT_ATOL, DEFAULT_RTOL = TOLERANCES["float32"]
 #: How many times the more accurate side's float64 error two sides may differ by (module docstring).
 ROUNDING_FACTOR = 8.0
 
+#: A failure whose worst error is within this many times the tolerance (the dtype's default, when that
+#: is larger) may be a question of tolerance; beyond it the values disagree for another reason than
+#: rounding, and loosening the tolerances would hide a real difference (:func:`within_reach`).
+TOLERANCE_REACH = 100.0
+
 #: Floating kinds ordered from coarse to fine, to pick the coarser of two dtypes' tolerances.
 _PRECISION = ["float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3fn", "float8_e4m3fnuz",
               "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "bfloat16", "float16", "float32",
@@ -197,6 +202,12 @@ class Report:
         """The first failing comparison in node order, or ``None``."""
         return next((c for c in self.comparisons if not c.passed), None)
 
+    @property
+    def first_beyond_reach(self) -> Comparison | None:
+        """The first failing comparison in node order that looser tolerances should not pass (not
+        :func:`within_reach`), or ``None`` when every failure is within reach."""
+        return next((c for c in self.comparisons if not c.passed and not within_reach(c)), None)
+
     def worst(self, reference: str | None = None) -> float:
         """The largest ``max_abs`` over comparisons (against ``reference`` only, if given)."""
         values = [c.max_abs for c in self.comparisons if reference in (None, c.reference)]
@@ -236,6 +247,54 @@ def _json(d: dict) -> dict:
         if not np.isfinite(d[k]):
             d[k] = str(d[k])
     return d
+
+
+def within_reach(c: Comparison) -> bool:
+    """Whether a comparison's worst error is within :data:`TOLERANCE_REACH` times its tolerance, so
+    that looser tolerances are a fair answer to its failing.
+
+    The absolute error is measured against ``atol``, the relative one against ``rtol``, each the
+    larger of the tolerance that applied and the dtype's default (:data:`TOLERANCES`): differences of
+    1e-6 between float32 programs are within reach of a tolerance of 0, a max abs error of 4.87 on
+    values near 1 is not within reach of 1e-5. Exact comparisons (integers, strings) and shape,
+    dtype or NaN-pattern mismatches never are.
+
+    Args:
+        c: the comparison (usually a failed one).
+
+    Returns:
+        ``max_abs <= TOLERANCE_REACH * atol or max_rel <= TOLERANCE_REACH * rtol``.
+    """
+    if c.rule == "exact" or not np.isfinite(c.max_abs):
+        return False
+    default_atol, default_rtol = TOLERANCES.get(c.dtype, (c.atol, c.rtol))
+    return (c.max_abs <= TOLERANCE_REACH * max(c.atol, default_atol)
+            or c.max_rel <= TOLERANCE_REACH * max(c.rtol, default_rtol))
+
+
+def tolerance_advice(report: Report, loosen: str) -> str:
+    """The end of a failed verdict whose first divergence is numerical: ``"; if float32 differences of
+    this size are acceptable, " + loosen`` when every failure is :func:`within_reach` of looser
+    tolerances; otherwise that the values disagree beyond rounding, naming the first tensor that does.
+
+    Args:
+        report: a failed report.
+        loosen: how the caller gives looser tolerances (``"loosen them with --atol/--rtol"``).
+
+    Returns:
+        The text, starting with ``"; "``.
+    """
+    far, first = report.first_beyond_reach, report.first_divergence
+    if far is None:
+        return f"; if {first.dtype} differences of this size are acceptable, {loosen}"
+    beyond = f"more than {TOLERANCE_REACH:g} times the {far.dtype} tolerance"
+    look = f"the values disagree beyond rounding — look at the node that computes {far.tensor!r}, not at the tolerances"
+    if far is first:
+        return f"; that is {beyond}: {look}"
+    what = (f"differs: {far.detail}" if far.detail else
+            f"differs by {far.max_abs:.3g} ({far.dtype} compares exactly)" if far.rule == "exact" else
+            f"is off by up to {far.max_abs:.3g} (max rel {far.max_rel:.3g}), {beyond}")
+    return f"; but {far.tensor!r} ({far.candidate} vs {far.reference}) {what}: {look}"
 
 
 def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.ndarray,

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from ..compare import tolerance_advice
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
@@ -89,7 +90,7 @@ def verdict(report) -> str:
     if f.rule == "rounding":
         text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
                  f"off, {f.reference} {f.reference_vs_float64:.2g}")
-    return text + f"; if {f.dtype} differences of this size are acceptable, loosen them with --atol/--rtol"
+    return text + tolerance_advice(report, "loosen them with --atol/--rtol")
 
 
 def print_report(report, as_json: bool) -> int:

@@ -1,0 +1,64 @@
+"""What a failure suggests: looser tolerances only where the error is within reach of them, and every
+option a message names is an option of the command that prints it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def changed(tmp_path_factory, metadrive_path, metadrive_model):
+    """The expert as .onnx, and its weights with the first kernel scaled by 1.5 (a real mismatch)."""
+    place = tmp_path_factory.mktemp("hints")
+    onnx.save(metadrive_model, place / "m.onnx")
+    with np.load(metadrive_path) as f:
+        weights = {k: f[k] for k in f.files}
+    weights["default_policy/fc_1/kernel"] = weights["default_policy/fc_1/kernel"] * np.float32(1.5)
+    np.savez(place / "changed.npz", **weights)
+    return place
+
+
+def test_a_large_mismatch_names_the_diverging_tensor_and_no_tolerance_option(changed):
+    result = invoke("verify", changed / "m.onnx", "--source", changed / "changed.npz", "--samples", "64")
+    assert result.exit_code == 1
+    verdict = result.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("FAIL: ") and "first diverging tensor 'fc_1/linear' (float32, numpy vs source)" in verdict
+    assert verdict.endswith("that is more than 100 times the float32 tolerance: the values disagree beyond rounding — "
+                            "look at the node that computes 'fc_1/linear', not at the tolerances")
+    assert "--atol" not in result.output and "--rtol" not in result.output
+    doc = json.loads(invoke("verify", changed / "m.onnx", "--source", changed / "changed.npz", "--samples", "64",
+                            "--json").stdout)
+    assert doc["first_divergence"]["max_abs"] > 100 * doc["first_divergence"]["atol"]
+
+
+def test_pack_refuses_a_large_mismatch_without_suggesting_tolerances(changed, tmp_path):
+    result = invoke("pack", changed / "m.onnx", "-o", tmp_path / "b", "--source", changed / "changed.npz")
+    assert result.exit_code == 1 and not (tmp_path / "b").exists()
+    assert "the values disagree beyond rounding — look at the node that computes 'fc_1/linear'" in result.stderr
+    assert "--atol" not in result.stderr
+    with pytest.raises(pp.VerificationError, match="not at the tolerances") as raised:
+        pp.pack(changed / "m.onnx", tmp_path / "b", source=changed / "changed.npz")
+    assert "atol=" not in str(raised.value)
+
+
+def test_a_small_mismatch_still_suggests_the_tolerance_options(changed, tmp_path):
+    result = invoke("verify", changed / "m.onnx", "--samples", "32", "--atol", "0", "--rtol", "0", "--no-rounding")
+    assert result.exit_code == 1
+    assert result.stdout.rstrip().endswith("if float32 differences of this size are acceptable, loosen them with "
+                                           "--atol/--rtol")
