@@ -8,18 +8,9 @@ import json
 import numpy as np
 import onnx
 import pytest
-from typer.testing import CliRunner
+from test_cli import invoke  # pytest puts tests/ on sys.path
 
 import policyport as pp
-from policyport.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output
-    return result
 
 
 @pytest.fixture(scope="module")
