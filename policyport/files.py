@@ -231,6 +231,13 @@ def available_memory() -> int:
     return available
 
 
+def memory_limit() -> int:
+    """The most memory a command may be computed to need: the limit set (:class:`Limits`
+    ``.memory_bytes``), else what this process can still get (:func:`available_memory`)."""
+    set_limit = limits().memory_bytes
+    return available_memory() if set_limit is None else set_limit
+
+
 def check_memory(nbytes: int, what: str) -> None:
     """Refuse to start work that is computed to need ``nbytes`` when the memory limit is lower.
 
@@ -242,7 +249,7 @@ def check_memory(nbytes: int, what: str) -> None:
         LimitExceededError: naming the size needed and the memory there is.
     """
     set_limit = limits().memory_bytes
-    limit = available_memory() if set_limit is None else set_limit
+    limit = memory_limit()
     if nbytes > limit:
         source = (f"the limit {ENV_MEMORY} sets" if set_limit is not None
                   else "the memory this process can get")
