@@ -53,3 +53,43 @@ def test_a_small_mismatch_still_suggests_the_tolerance_options(changed, tmp_path
     assert result.exit_code == 1
     assert result.stdout.rstrip().endswith("if float32 differences of this size are acceptable, loosen them with "
                                            "--atol/--rtol")
+
+
+# -------------------------------------------------------------------------- contradicting options
+
+
+@pytest.fixture(scope="module")
+def place(changed):
+    """The expert as .onnx and 20 observations."""
+    np.save(changed / "obs.npy", np.random.default_rng(1).uniform(0, 1, (20, 275)).astype(np.float32))
+    return changed
+
+
+@pytest.mark.parametrize("args,named", [
+    (["record", "{m}", "-i", "{obs}", "-o", "{out}/x.npz", "--format", "parquet"],
+     ["-o (out=) 'x.npz' ends in .npz but --format (format=) asks for parquet", "'x.parquet'"]),
+    (["record", "{m}", "-i", "{obs}", "-o", "{out}/x.npz", "--engine", "ray"],
+     ["--engine ray (engine='ray') writes a folder of .parquet files, but -o (out=) 'x.npz' ends in .npz", "'x'"]),
+    (["record", "{m}", "-i", "{obs}", "-o", "{out}/x", "--engine", "ray", "--format", "npz"],
+     ["--engine ray (engine='ray') writes a folder of .parquet files, but --format (format=) asks for npz"]),
+    (["record", "{m}", "-i", "{obs}", "-o", "{out}/x.bin"], ["cannot tell the recording format from -o", "--format"]),
+    (["convert", "{src}", "-o", "{out}/w.onnx", "--activation", "relu,tanh"],
+     ["--activation (activation=) 'relu,tanh' is a list", "npz sources take one activation name"]),
+    (["run", "{m}", "-i", "{obs}", "-o", "{out}/o.npz", "--record", "{out}/o.npz"], ["is also the -o file", "--record"]),
+    (["run", "{m}", "-i", "{obs}", "--profile", "--override", "fc_1/tanh[0]=1"], ["--profile", "--override/--steer"]),
+])
+def test_an_option_contradicting_another_is_a_usage_error_naming_both(place, metadrive_path, tmp_path, args, named):
+    result = invoke(*[a.format(m=place / "m.onnx", obs=place / "obs.npy", out=tmp_path, src=metadrive_path) for a in args])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert all(" ".join(n.split()) in message for n in named), message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_packed_folder_refuses_one_file_for_both_outputs_as_a_usage_error(place, tmp_path):
+    from policyport.runtime.entry import main
+
+    folder = pp.pack(place / "m.onnx", tmp_path / "b", samples=4)
+    out = tmp_path / "o.npz"
+    assert main(folder, ["-i", str(place / "obs.npy"), "-o", str(out), "--record", str(out)]) == 2
+    assert not out.exists()

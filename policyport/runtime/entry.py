@@ -29,7 +29,7 @@ import unicodedata
 from pathlib import Path
 
 from ..compare import DEFAULT_ATOL, DEFAULT_RTOL
-from ..errors import InputMismatchError, OutputExistsError, PolicyportError
+from ..errors import OptionError, OutputExistsError, PolicyportError
 from ..files import stdout_reader_may_leave
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
@@ -119,7 +119,8 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     given = [flag for flag, value in (("-i", args.input), ("-o", args.output), ("--record", args.record),
                                       ("--tensors", args.tensors)) if value is not None]
     if args.verify and given:
-        p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} do not apply")
+        p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} "
+                f"{'does' if len(given) == 1 else 'do'} not apply")
     if not args.verify and (args.input is None or args.output is None):
         p.error("give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it")
     if args.tensors is not None and args.record is None:
@@ -142,7 +143,7 @@ def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
 
     outputs = [args.output] + ([args.record] if args.record is not None else [])
     if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
-        raise InputMismatchError("--record and -o name the same file")
+        raise OptionError(f"--record {literal(args.record)} is also the -o file; give --record another file")
     inside = folder.resolve()
     for path in outputs:
         if inside in path.resolve().parents:
