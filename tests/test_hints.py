@@ -93,3 +93,110 @@ def test_a_packed_folder_refuses_one_file_for_both_outputs_as_a_usage_error(plac
     out = tmp_path / "o.npz"
     assert main(folder, ["-i", str(place / "obs.npy"), "-o", str(out), "--record", str(out)]) == 2
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- options named by library messages
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+MALICIOUS = ROOT / "fixtures" / "rllib" / "malicious" / "checkpoint-1"
+
+
+def library_messages() -> list[tuple[str, int, str]]:
+    """(file, line, option) of every ``--option`` in the text of a raise or a require() outside the
+    CLI package: the messages library code gives whichever command reached it."""
+    import ast
+
+    from policyport.cli.core import OPTION_MENTION
+
+    found = []
+    for path in sorted((ROOT / "policyport").rglob("*.py")):
+        if "cli" in path.relative_to(ROOT / "policyport").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            is_require = isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("require", "MissingDependencyError")
+            if not isinstance(node, ast.Raise) and not is_require:
+                continue
+            texts = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            for option in dict.fromkeys(o for t in texts for o in OPTION_MENTION.findall(t)):
+                found.append((str(path.relative_to(ROOT)), node.lineno, option))
+    return found
+
+
+def commands() -> dict[str, set[str]]:
+    """Every ``policyport`` command -> its long options; ``run.py`` -> the packed folder's."""
+    from typer.main import get_command
+
+    from policyport.cli import _app
+    from policyport.cli.core import long_options
+    from policyport.runtime.entry import parser
+
+    group = get_command(_app())
+    found = {name: long_options(cmd) for name, cmd in group.commands.items()}
+    found["run.py"] = {o for a in parser()._actions for o in a.option_strings if o.startswith("--")}
+    return found
+
+
+def test_every_option_a_library_message_names_is_an_option_of_some_command():
+    found = library_messages()
+    options = {o for _, _, o in found}
+    assert len(found) >= 25 and {"--trust", "--from", "--force", "--backend", "--outputs", "--activation"} <= options
+    everywhere = set().union(*commands().values()) | {"--max-bytes"}  # a root option
+    for file, line, option in found:
+        assert option in everywhere, f"{file}:{line}: {option} is an option of no command"
+
+
+def test_each_command_says_whose_option_a_message_names_when_it_is_not_its_own():
+    """Every option found in library messages, under every command: its own left alone, another's noted."""
+    from typer.main import get_command
+
+    from policyport.cli import _app
+    from policyport.cli.core import foreign_options
+
+    try:
+        from typer._click.core import Context
+    except ImportError:  # pragma: no cover
+        from click import Context
+
+    group = get_command(_app())
+    table = commands()
+    for option in sorted({o for _, _, o in library_messages()} - {"--max-bytes"}):
+        owners = " and ".join(f"policyport {n}" for n in sorted(table) if n != "run.py" and option in table[n])
+        for name, command in group.commands.items():
+            message = f"refused; pass {option} (keyword= in Python)"
+            with Context(command, info_name=name, parent=Context(group, info_name="policyport")):
+                got = foreign_options(message)
+            if option in table[name]:
+                assert got == message, (name, option)
+            else:
+                assert got == f"{message} ({option} is an option of {owners}, not of policyport {name})", (name, option)
+
+
+@pytest.mark.parametrize("command", [["inspect", "{src}"], ["pack", "{m}", "-o", "{out}/b", "--source", "{src}"]])
+def test_a_refused_pickle_under_a_command_without_trust_says_where_trust_is(place, tmp_path, command):
+    result = invoke(*[a.format(src=MALICIOUS, m=place / "m.onnx", out=tmp_path) for a in command])
+    assert result.exit_code == 3
+    assert " ".join(result.stderr.split()).endswith(
+        f"If you trust this file, pass --trust (trust=True) (--trust is an option of policyport convert and "
+        f"policyport verify, not of policyport {command[0]})")
+    trusted = invoke("verify", place / "m.onnx", "--source", MALICIOUS, "--samples", "4")
+    assert trusted.exit_code == 3 and "not of policyport" not in trusted.stderr  # verify has --trust
+
+
+def test_the_node_limit_names_backend_as_run_and_records_option(place, tmp_path, monkeypatch):
+    monkeypatch.setenv("POLICYPORT_MAX_NODES", "3")
+    verified = invoke("verify", place / "m.onnx", "--samples", "4")
+    assert verified.exit_code == 3 and " ".join(verified.stderr.split()).endswith(
+        "or run it with --backend onnxruntime (--backend is an option of policyport record and policyport run, "
+        "not of policyport verify)")
+    ran = invoke("run", place / "m.onnx", "-i", place / "obs.npy", "-o", tmp_path / "o.npz")
+    assert ran.exit_code == 3 and " ".join(ran.stderr.split()).endswith("or run it with --backend onnxruntime")
+
+
+def test_a_packed_folder_says_which_options_are_the_policyport_commands(place, tmp_path, monkeypatch, capsys):
+    from policyport.runtime.entry import main
+
+    folder = pp.pack(place / "m.onnx", tmp_path / "b", samples=4)
+    monkeypatch.setenv("POLICYPORT_MAX_NODES", "3")
+    assert main(folder, ["-i", str(place / "obs.npy"), "-o", str(tmp_path / "o.npz")]) == 3
+    assert capsys.readouterr().err.rstrip().endswith(
+        "or run it with --backend onnxruntime (--backend is an option of the policyport command, not of run.py)")

@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -94,7 +95,7 @@ def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
         _run(Path(folder), args)
         return 0
     except PolicyportError as e:
-        return _fail(str(e), e.exit_code, args.json)
+        return _fail(_foreign_options(str(e), p), e.exit_code, args.json)
     except KeyboardInterrupt as e:
         code = EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
         return _fail(("terminated" if code == EXIT_TERMINATED else "interrupted") + "; nothing was written", code, args.json)
@@ -129,6 +130,19 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             p.error(f"--{name} must be a finite number >= 0, not {value}")
+
+
+def _foreign_options(message: str, p: argparse.ArgumentParser) -> str:
+    """``message`` with a note on the options it names that ``run.py`` lacks: messages of the
+    runtime it shares with policyport name the ``policyport`` command's options
+    (``run it with --backend onnxruntime``)."""
+    own = {o for action in p._actions for o in action.option_strings}
+    foreign = [o for o in dict.fromkeys(re.findall(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*", message))
+               if o not in own]
+    if not foreign:
+        return message
+    return (f"{message} ({', '.join(foreign)} {'is an option' if len(foreign) == 1 else 'are options'} of the "
+            f"policyport command, not of {p.prog})")
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:
