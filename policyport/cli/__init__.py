@@ -61,8 +61,10 @@ def main() -> None:
             raise
         if _command(argv) is None and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:
             from .. import __version__  # the version needs numpy alone
+            from ..files import stdout_reader_may_leave
 
-            print(f"policyport {__version__}")
+            with stdout_reader_may_leave():
+                print(f"policyport {__version__}")
             sys.exit(0)
         sys.stderr.write(f"error: the policyport command needs the Python package {missing!r}, which is not "
                          f"installed; {INSTALL_CLI}\n")
