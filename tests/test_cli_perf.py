@@ -142,4 +142,5 @@ def test_rich_missing_is_reported_before_any_command_runs(monkeypatch, capsys):
         cli.main()
     assert ended.value.code == 4
     assert capsys.readouterr().err == ("error: the policyport command needs the Python package 'rich', which is not "
-                                       "installed; install it with: pip install 'policyport[cli]'\n")
+                                       "installed; install it with: pip install 'policyport[cli]' (or pip install -e '.[cli]' in a "
+                                       "clone of the repository)\n")

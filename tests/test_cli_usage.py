@@ -262,12 +262,18 @@ def test_the_missing_dependency_message_names_the_extra_literally(monkeypatch, t
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_cli_without_typer_says_which_extra(tmp_path):
+def test_cli_without_typer_says_which_extra_and_still_tells_its_version(tmp_path):
+    import policyport as pp
+
     blocker = tmp_path / "typer.py"
     blocker.write_text("raise ImportError('blocked', name='typer')\n")
     proc = subprocess.run([sys.executable, "-m", "policyport", "--version"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0 and proc.stdout == f"policyport {pp.__version__}\n" and proc.stderr == ""
+    proc = subprocess.run([sys.executable, "-m", "policyport", "ops"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 4 and "pip install 'policyport[cli]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install -e '.[cli]' in a clone of the repository" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------- completion

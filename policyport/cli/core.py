@@ -5,15 +5,18 @@ Every way a command can end is decided here: 0 ok; 1 verification found a mismat
 a run out of memory, and an OS error about the user's paths or machine: a name too long, a
 permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
-Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
+Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. Output the reader stops
+taking (``policyport inspect m.onnx | head -1``) is not an error: the command ends with its own code. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+import re
 import signal
 import sys
 from typing import Annotated, Callable, Optional
@@ -22,7 +25,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
-from ..files import using_limits
+from ..files import stdout_reader_may_leave, using_limits
 from . import render
 from .render import literal, say_error
 
@@ -115,18 +118,19 @@ class PolicyportGroup(TyperGroup):
             state.debug = True
             argv.remove("--debug")
         as_json = _json_requested(argv)
-        try:
-            max_bytes = _take_max_bytes(argv)
-            with using_limits(**_limits_from(max_bytes)):
-                code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except ClickException as e:
-            code = e.exit_code
-            if as_json:
-                print(json.dumps({"error": e.format_message(), "exit_code": code}))
-            _show_usage_error(e)
-        except (Abort, KeyboardInterrupt) as e:
-            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-            render.err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
+        with stdout_reader_may_leave():
+            try:
+                max_bytes = _take_max_bytes(argv)
+                with using_limits(**_limits_from(max_bytes)):
+                    code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            except ClickException as e:
+                code = e.exit_code
+                if as_json:
+                    print(json.dumps({"error": e.format_message(), "exit_code": code}))
+                _show_usage_error(e)
+            except (Abort, KeyboardInterrupt) as e:
+                code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+                render.err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -227,14 +231,68 @@ def root(
 
 
 def fail(e: PolicyportError, as_json: bool, command: str = "", source_given: bool = False) -> None:
-    """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s options."""
+    """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s
+    options, and an option the library's message names that this command lacks is said to belong to
+    the commands that have it (:func:`foreign_options`)."""
     message = str(e)
     if isinstance(e, UnsupportedOpError):
         message = e.message_for(command, source_given=source_given)
+    message = foreign_options(message)
     if as_json:
         print(json.dumps({"error": message, "exit_code": e.exit_code}))
     say_error(message)
     raise typer.Exit(e.exit_code)
+
+
+#: A long option named in a message (``--trust``, ``--backend``), not part of a longer word.
+OPTION_MENTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def long_options(command) -> set[str]:
+    """The ``--name`` options (and ``--no-name`` secondaries) of a Click command."""
+    return {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+
+def foreign_options(message: str) -> str:
+    """``message`` with a note on every option it names that the running command lacks.
+
+    Library code is reached from several commands (the converters from ``convert``, ``inspect``,
+    ``verify --source`` and ``pack --source``) and names the option of the one that has it, with the
+    Python keyword (``pass --trust (trust=True)``); under another command the note says whose option
+    it is: ``(--trust is an option of policyport convert and policyport verify, not of policyport pack)``.
+    Options of no command (a path that looks like one) are left alone.
+    """
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - typer on plain Click
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    mentioned = list(dict.fromkeys(OPTION_MENTION.findall(message)))
+    if ctx is None or ctx.parent is None or not mentioned:
+        return message
+    own = long_options(ctx.command) | long_options(ctx.parent.command)
+    foreign = [o for o in mentioned if o not in own]
+    if not foreign:
+        return message
+    notes = []
+    for option in foreign:
+        owners = [f"policyport {name}" for name, options in _every_command() if option in options]
+        if owners:
+            notes.append(f"{option} is an option of {' and '.join(owners)}")
+    if not notes:
+        return message
+    return f"{message} ({'; '.join(notes)}, not of policyport {ctx.info_name})"
+
+
+@functools.lru_cache(maxsize=1)
+def _every_command() -> tuple[tuple[str, frozenset[str]], ...]:
+    """(name, long options) of every command, sorted by name (each command's module imported)."""
+    from typer.main import get_command
+
+    from . import _app
+
+    return tuple((name, frozenset(long_options(cmd))) for name, cmd in sorted(get_command(_app()).commands.items()))
 
 
 def _on_sigterm(signum, frame) -> None:

@@ -10,11 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import InputMismatchError
 from .core import app, emit_json, guard
 from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
 from . import render
-from .render import add_row, say, shape_text, table
+from .render import add_row, literal, say, shape_text, table
 from .inputs import load_feeds
 
 
@@ -58,7 +57,8 @@ def run(
             check_distinct(output, model, inputs)
         if record is not None:
             if output is not None and record.resolve() == output.resolve():
-                raise InputMismatchError("--record and -o name the same file")
+                raise typer.BadParameter(f"{literal(record)} is also the -o file; give --record another file",
+                                         param_hint="--record")
             check_writable(record, force)
             check_distinct(record, model, inputs)
         edits = overrides_from(override, steer, overrides)
@@ -137,7 +137,7 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
     from ..runtime.profile import profile_numpy, profile_onnxruntime
 
     if edits:
-        raise InputMismatchError("--profile times the model as it is; leave out the overrides")
+        raise typer.BadParameter("--profile times the model as it is; leave out --override/--steer", param_hint="--profile")
     profiles = []
     if session.backend.name == "numpy":
         profiles.append(profile_numpy(session, feeds))

@@ -272,11 +272,16 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
 
 
 def _check_applies(options: ConvertOptions, kind: str) -> None:
-    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do.
+    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do,
+    and a list of activations where no source of ``kind`` takes one.
 
     Raises:
         OptionError: such an option (exit 2).
     """
+    if options.activation and "," in options.activation and kind != "state-dict":
+        raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
+                          "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
+                          f"{kind} sources take one activation name")
     defaults = ConvertOptions()
     given = [f.name for f in dataclasses.fields(options)
              if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]

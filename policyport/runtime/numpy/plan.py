@@ -221,6 +221,12 @@ class Plan:
         self.run = self._compile("run")
 
     @property
+    def row_split(self) -> RowSplit | None:
+        """How the graph splits into blocks of rows that give the same rows as the whole batch
+        (:class:`RowSplit`), or ``None`` when it does not compute row by row."""
+        return self._rows
+
+    @property
     def record(self) -> Callable:
         """``record(feeds)``: every node output in node order, then the graph outputs that are not."""
         if "record" not in self._compiled:
