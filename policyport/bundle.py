@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
 from .files import check_parent, write_npz
 from .folder import (
@@ -134,7 +135,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     golden = {f"inputs/{k}": v for k, v in feeds.items()}
     golden.update({f"outputs/{k}": v for k, v in outputs.items()})
     golden.update({f"activations/{k}": v for k, v in activations.items()})
-    parity = _parity(proto, feeds, source, atol, rtol, rounding)
+    parity, parity_report = _parity(proto, feeds, source, atol, rtol, rounding)
     if not parity["passed"]:
         f = parity["first_divergence"]
         against = "the source disagrees with the numpy backend" if f["reference"] == "source" or f["candidate"] == "source" \
@@ -144,8 +145,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             f"tensor {f['tensor']!r} ({f['dtype']}, {f['candidate']} vs {f['reference']}), max abs "
             f"{f['max_abs']:.3g} > atol {f['atol']:g} + rtol {f['rtol']:g} * |{f['reference']}|"
             + (f", and not {f['dtype']} rounding against a float64 run" if f["rule"] == "rounding" else "")
-            + f"; if {f['dtype']} differences of this size are acceptable, pack with --atol/--rtol "
-            "(atol=, rtol= in Python) — run 'policyport verify' on the model for every figure"
+            + tolerance_advice(parity_report, "pack with --atol/--rtol (atol=, rtol= in Python)")
+            + " — run 'policyport verify' on the model for every figure"
         )
 
     graph_doc = json.loads(graph.to_json())
@@ -220,8 +221,9 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
 
 
 def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None,
-            rounding: bool) -> dict[str, Any]:
-    """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor."""
+            rounding: bool) -> tuple[dict[str, Any], Report]:
+    """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor: the
+    figures ``policy.json`` records, and the report."""
     from .errors import require
     from .verification import verify
 
@@ -249,7 +251,7 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
         "first_divergence": None if first is None else
         {"tensor": first.tensor, "candidate": first.candidate, "reference": first.reference,
          "max_abs": first.max_abs, "dtype": first.dtype, "atol": first.atol, "rtol": first.rtol, "rule": first.rule},
-    }
+    }, report
 
 
 def _initializer_sources(graph: Graph, mapping: Mapping[str, dict], weights: Mapping[str, np.ndarray]

@@ -78,6 +78,11 @@ DEFAULT_ATOL, DEFAULT_RTOL = TOLERANCES["float32"]
 #: How many times the more accurate side's float64 error two sides may differ by (module docstring).
 ROUNDING_FACTOR = 8.0
 
+#: A failure whose worst error is within this many times the tolerance (the dtype's default, when that
+#: is larger) may be a question of tolerance; beyond it the values disagree for another reason than
+#: rounding, and loosening the tolerances would hide a real difference (:func:`within_reach`).
+TOLERANCE_REACH = 100.0
+
 #: Floating kinds ordered from coarse to fine, to pick the coarser of two dtypes' tolerances.
 _PRECISION = ["float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3fn", "float8_e4m3fnuz",
               "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "bfloat16", "float16", "float32",
@@ -197,6 +202,12 @@ class Report:
         """The first failing comparison in node order, or ``None``."""
         return next((c for c in self.comparisons if not c.passed), None)
 
+    @property
+    def first_beyond_reach(self) -> Comparison | None:
+        """The first failing comparison in node order that looser tolerances should not pass (not
+        :func:`within_reach`), or ``None`` when every failure is within reach."""
+        return next((c for c in self.comparisons if not c.passed and not within_reach(c)), None)
+
     def worst(self, reference: str | None = None) -> float:
         """The largest ``max_abs`` over comparisons (against ``reference`` only, if given)."""
         values = [c.max_abs for c in self.comparisons if reference in (None, c.reference)]
@@ -238,6 +249,54 @@ def _json(d: dict) -> dict:
     return d
 
 
+def within_reach(c: Comparison) -> bool:
+    """Whether a comparison's worst error is within :data:`TOLERANCE_REACH` times its tolerance, so
+    that looser tolerances are a fair answer to its failing.
+
+    The absolute error is measured against ``atol``, the relative one against ``rtol``, each the
+    larger of the tolerance that applied and the dtype's default (:data:`TOLERANCES`): differences of
+    1e-6 between float32 programs are within reach of a tolerance of 0, a max abs error of 4.87 on
+    values near 1 is not within reach of 1e-5. Exact comparisons (integers, strings) and shape,
+    dtype or NaN-pattern mismatches never are.
+
+    Args:
+        c: the comparison (usually a failed one).
+
+    Returns:
+        ``max_abs <= TOLERANCE_REACH * atol or max_rel <= TOLERANCE_REACH * rtol``.
+    """
+    if c.rule == "exact" or not np.isfinite(c.max_abs):
+        return False
+    default_atol, default_rtol = TOLERANCES.get(c.dtype, (c.atol, c.rtol))
+    return (c.max_abs <= TOLERANCE_REACH * max(c.atol, default_atol)
+            or c.max_rel <= TOLERANCE_REACH * max(c.rtol, default_rtol))
+
+
+def tolerance_advice(report: Report, loosen: str) -> str:
+    """The end of a failed verdict whose first divergence is numerical: ``"; if float32 differences of
+    this size are acceptable, " + loosen`` when every failure is :func:`within_reach` of looser
+    tolerances; otherwise that the values disagree beyond rounding, naming the first tensor that does.
+
+    Args:
+        report: a failed report.
+        loosen: how the caller gives looser tolerances (``"loosen them with --atol/--rtol"``).
+
+    Returns:
+        The text, starting with ``"; "``.
+    """
+    far, first = report.first_beyond_reach, report.first_divergence
+    if far is None:
+        return f"; if {first.dtype} differences of this size are acceptable, {loosen}"
+    beyond = f"more than {TOLERANCE_REACH:g} times the {far.dtype} tolerance"
+    look = f"the values disagree beyond rounding — look at the node that computes {far.tensor!r}, not at the tolerances"
+    if far is first:
+        return f"; that is {beyond}: {look}"
+    what = (f"differs: {far.detail}" if far.detail else
+            f"differs by {far.max_abs:.3g} ({far.dtype} compares exactly)" if far.rule == "exact" else
+            f"is off by up to {far.max_abs:.3g} (max rel {far.max_rel:.3g}), {beyond}")
+    return f"; but {far.tensor!r} ({far.candidate} vs {far.reference}) {what}: {look}"
+
+
 def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.ndarray,
             atol: float | None = None, rtol: float | None = None, oracle: np.ndarray | None = None) -> Comparison:
     """Compare array ``a`` (from ``candidate``) with ``b`` (from ``reference``); see the module rule.
@@ -252,55 +311,187 @@ def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.nd
             floating tensor that fails the tolerance (ignored otherwise).
 
     Returns:
-        The :class:`Comparison`.
+        The :class:`Comparison`; the same as :class:`ComparisonFold` gives for ``a`` and ``b`` in one block.
     """
-    a, b = np.asarray(a), np.asarray(b)
-    shape = tuple(a.shape)
+    fold = ComparisonFold(tensor, candidate, reference, atol, rtol)
+    fold.add(a, b)
+    if oracle is not None and fold.wants_rounding:
+        fold.add_rounding(a, b, oracle)
+    return fold.result()
 
-    def mismatch(detail: str) -> Comparison:
-        return Comparison(tensor, candidate, reference, shape, a.dtype.name, np.inf, np.inf, False, detail)
 
-    if a.shape != b.shape:
-        return mismatch(f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
-    kind_a, kind_b = _kind(a.dtype), _kind(b.dtype)
-    if kind_a != kind_b:
-        return mismatch(f"dtype {a.dtype.name} vs {b.dtype.name}")
-    if kind_a != "float":
-        return _compare_exactly(tensor, candidate, a, reference, b, kind_a)
-    dtype = coarser(a.dtype, b.dtype)
-    default_atol, default_rtol = tolerance(dtype)
-    atol = default_atol if atol is None else float(atol)
-    rtol = default_rtol if rtol is None else float(rtol)
-    if a.size == 0:
-        return Comparison(tensor, candidate, reference, shape, dtype.name, 0.0, 0.0, True, atol=atol, rtol=rtol)
-    af, bf = _wide(a), _wide(b)
-    nan_a, nan_b = np.isnan(af), np.isnan(bf)
-    if (nan_a != nan_b).any():
-        return mismatch(f"NaN in {int((nan_a & ~nan_b).sum())} places of {candidate} only, "
-                        f"{int((nan_b & ~nan_a).sum())} of {reference} only")
-    ok = ~nan_a
-    same_inf = np.isinf(af) & (af == bf)
-    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is masked out just below
-        diff = np.where(ok & ~same_inf, np.abs(af - bf), 0.0)
-    scale = np.abs(np.where(ok, bf, 0.0))  # pragma: no mutate (where NaN, the difference is 0 whatever the scale)
-    nonzero = (scale > 0) & ~np.isinf(scale)  # no error is relative to an infinite reference
-    with np.errstate(over="ignore"):
-        max_rel = float((diff[nonzero] / scale[nonzero]).max()) if nonzero.any() else 0.0
-        finite_scale = np.where(np.isinf(scale), 0.0, scale)  # pragma: no mutate (where infinite, the difference is 0 or inf)
-        within = diff <= atol + rtol * finite_scale
-    result = Comparison(tensor, candidate, reference, shape, dtype.name, float(diff.max()), max_rel,
-                        bool(within.all()), atol=atol, rtol=rtol)
-    if result.passed or oracle is None or np.shape(oracle) != a.shape:
-        return result
-    oracle = np.asarray(oracle, dtype=np.float64)  # pragma: no mutate (a float64 run's values; a and b are float64)
-    check = rounding_check(af, bf, oracle, dtype)
-    if check is None:
-        return result
-    bound, e_a, e_b = check
-    passed = bool((within | (diff <= bound)).all())
-    return Comparison(tensor, candidate, reference, shape, dtype.name, result.max_abs, max_rel, passed,
-                      atol=atol, rtol=rtol, rule="rounding", candidate_vs_float64=e_a,
-                      reference_vs_float64=e_b, rounding_bound=bound)
+class ComparisonFold:
+    """One tensor of a candidate against a reference, compared a block of rows at a time.
+
+    Every figure of a :class:`Comparison` is a maximum, a count or an "all" over the elements, so
+    it folds over blocks: :meth:`add` each block's pair of arrays (rows ``0..k``, then ``k..m`` ...,
+    or the whole tensor once), then :meth:`result` is the comparison of the whole tensors, exactly
+    as :func:`compare` gives it. For the rounding rule, whose bound is a maximum over the whole
+    tensor, the blocks of a tensor that failed the tolerance (:attr:`wants_rounding`) are given
+    again with the float64 run's values (:meth:`add_rounding`): ``E_a``, ``E_b`` and ``max |r|``
+    fold into the bound, and the largest difference among the elements that fail the tolerance is
+    what the bound must cover.
+
+    Args:
+        tensor, candidate, reference, atol, rtol: as for :func:`compare`.
+    """
+
+    def __init__(self, tensor: str, candidate: str, reference: str, atol: float | None = None,
+                 rtol: float | None = None):
+        self.tensor, self.candidate, self.reference = tensor, candidate, reference
+        self._given = (atol, rtol)
+        self.atol = self.rtol = 0.0
+        self.dtype = ""  # the compared dtype's name (the coarser float, int64 for ml_dtypes ints)
+        self._float_dtype: np.dtype | None = None
+        self._candidate_dtype = ""  # what a mismatch reports
+        self.kind = ""
+        self.shape: tuple[int, ...] | None = None  # the candidate's, rows summed over the blocks
+        self._other_shape: tuple[int, ...] | None = None
+        self._dtypes: tuple[str, str] | None = None  # (candidate, reference) when their kinds differ
+        self._nan_only = [0, 0]
+        self.max_abs = self.max_rel = 0.0
+        self.within = True
+        self._differ = self._size = 0
+        self._rounding: list[float] | None = None  # E_a, E_b, max |r|, the largest failing difference
+        self._no_rounding = False
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Fold in one block: ``a`` and ``b`` are the same rows of the candidate's and the reference's tensor."""
+        a, b = np.asarray(a), np.asarray(b)
+        first = self.shape is None
+        self.shape = _stack(self.shape, a.shape)
+        self._other_shape = _stack(self._other_shape, b.shape)
+        if first:
+            self._candidate_dtype = a.dtype.name
+            self.kind = _kind(a.dtype) if _kind(a.dtype) == _kind(b.dtype) else ""
+            if not self.kind:
+                self._dtypes = (a.dtype.name, b.dtype.name)
+        if self.shape != self._other_shape or not self.kind:
+            return
+        if self.kind == "float":
+            self._add_float(a, b)
+        else:
+            self._add_exactly(a, b)
+
+    def _add_float(self, a: np.ndarray, b: np.ndarray) -> None:
+        dtype = self._float_dtype = coarser(a.dtype, b.dtype)
+        default_atol, default_rtol = tolerance(dtype)
+        self.dtype = dtype.name
+        self.atol = default_atol if self._given[0] is None else float(self._given[0])
+        self.rtol = default_rtol if self._given[1] is None else float(self._given[1])
+        if a.size == 0:
+            return
+        af, bf = _wide(a), _wide(b)
+        nan_a, nan_b = np.isnan(af), np.isnan(bf)
+        if (nan_a != nan_b).any():
+            self._nan_only[0] += int((nan_a & ~nan_b).sum())
+            self._nan_only[1] += int((nan_b & ~nan_a).sum())
+            return
+        diff, within, max_rel = self._differences(af, bf, ~nan_a)
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        self.max_rel = max(self.max_rel, max_rel)
+        self.within = self.within and bool(within.all())
+
+    def _differences(self, af: np.ndarray, bf: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """``|a - b|`` (0 where both are NaN or the same infinity), which elements are within the
+        tolerance, and the largest relative difference; ``af``/``bf`` float64, ``ok`` where not NaN."""
+        same_inf = np.isinf(af) & (af == bf)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is masked out just below
+            diff = np.where(ok & ~same_inf, np.abs(af - bf), 0.0)
+        scale = np.abs(np.where(ok, bf, 0.0))  # pragma: no mutate (where NaN, the difference is 0 whatever the scale)
+        nonzero = (scale > 0) & ~np.isinf(scale)  # no error is relative to an infinite reference
+        with np.errstate(over="ignore"):
+            max_rel = float((diff[nonzero] / scale[nonzero]).max()) if nonzero.any() else 0.0
+            finite_scale = np.where(np.isinf(scale), 0.0, scale)  # pragma: no mutate (where infinite, the difference is 0 or inf)
+            within = diff <= self.atol + self.rtol * finite_scale
+        return diff, within, max_rel
+
+    def _add_exactly(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Integers and bools element by element as integers; strings by equality."""
+        if self.kind == "string":
+            self.dtype = max(self.dtype, a.dtype.name, key=lambda name: (len(name), name))  # the widest
+            differ = np.fromiter((x != y for x, y in zip(a.ravel().tolist(), b.ravel().tolist())), dtype=bool, count=a.size)
+            self._size += a.size
+            self._differ += int(differ.sum())
+            self.max_abs = self.max_rel = max(self.max_abs, float(differ.any()))
+            return
+        if a.dtype.name in ML_DTYPE_NAMES:  # int4/uint4 ...: exact in int64
+            a, b = (x.astype(np.int64) for x in (a, b))
+        self.dtype = a.dtype.name
+        self._size += a.size
+        differ = a != b
+        if not differ.any():
+            return
+        x, y = a[differ].astype(object), b[differ].astype(object)  # Python ints: no overflow, no rounding
+        gaps = [abs(int(p) - int(q)) for p, q in zip(x.tolist(), y.tolist())]
+        rels = [g / abs(int(q)) for g, q in zip(gaps, y.tolist()) if int(q)]
+        self._differ += int(differ.sum())
+        self.max_abs = max(self.max_abs, float(max(gaps)))
+        self.max_rel = max(self.max_rel, float(max(rels, default=0.0)))
+
+    @property
+    def wants_rounding(self) -> bool:
+        """Whether the tensor is floating, compared element by element, and failed the tolerance:
+        the rounding rule may still pass it, given the float64 run's values (:meth:`add_rounding`)."""
+        return (self.kind == "float" and self.shape == self._other_shape and not any(self._nan_only)
+                and not self.within)
+
+    def add_rounding(self, a: np.ndarray, b: np.ndarray, oracle: np.ndarray) -> None:
+        """Fold in one block for the rounding rule: the block's arrays as given to :meth:`add`, and the
+        float64 run's values of the same rows. An ``oracle`` of another shape than ``a`` turns the
+        rule off for the tensor."""
+        a, b = np.asarray(a), np.asarray(b)
+        if np.shape(oracle) != a.shape:
+            self._no_rounding = True
+            return
+        if a.size == 0:
+            return
+        oracle = np.asarray(oracle, dtype=np.float64)  # pragma: no mutate (a float64 run's values; a and b are float64)
+        af, bf = _wide(a), _wide(b)
+        parts = _rounding_parts(af, bf, oracle)
+        if parts is None:
+            return
+        diff, within, _ = self._differences(af, bf, ~np.isnan(af))
+        failing = float(diff[~within].max()) if not within.all() else 0.0
+        if self._rounding is None:
+            self._rounding = [*parts, failing]
+        else:
+            self._rounding = [max(old, new) for old, new in zip(self._rounding, (*parts, failing))]
+
+    def result(self) -> Comparison:
+        """The :class:`Comparison` of everything folded in."""
+        shape = self.shape or ()
+        args = (self.tensor, self.candidate, self.reference, shape, self.dtype)
+        mismatch = (self.tensor, self.candidate, self.reference, shape, self._candidate_dtype, np.inf, np.inf, False)
+        if self.shape != self._other_shape:
+            return Comparison(*mismatch, f"shape {self.shape} vs {self._other_shape}")
+        if self._dtypes is not None:
+            return Comparison(*mismatch, f"dtype {self._dtypes[0]} vs {self._dtypes[1]}")
+        if self.kind == "string":
+            detail = f"{self._differ} of {self._size} strings differ" if self._differ else ""
+            return Comparison(*args, self.max_abs, self.max_rel, not self._differ, detail, rule="exact")
+        if self.kind == "integer":
+            detail = f"{self._differ} of {self._size} elements differ" if self._differ else ""
+            return Comparison(*args, self.max_abs, self.max_rel, not self._differ, detail, rule="exact")
+        if any(self._nan_only):
+            return Comparison(*mismatch, f"NaN in {self._nan_only[0]} places of {self.candidate} "
+                              f"only, {self._nan_only[1]} of {self.reference} only")
+        if self.within or self._rounding is None or self._no_rounding:
+            return Comparison(*args, self.max_abs, self.max_rel, self.within, atol=self.atol, rtol=self.rtol)
+        e_a, e_b, largest, failing = self._rounding
+        bound = ROUNDING_FACTOR * max(min(e_a, e_b), rounding_step(self._float_dtype) * largest)
+        return Comparison(*args, self.max_abs, self.max_rel, failing <= bound, atol=self.atol, rtol=self.rtol,
+                          rule="rounding", candidate_vs_float64=e_a, reference_vs_float64=e_b, rounding_bound=bound)
+
+
+def _stack(shape: tuple[int, ...] | None, block: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a tensor given in blocks of rows: the blocks' row counts add up along axis 0."""
+    block = tuple(block)
+    if shape is None:
+        return block
+    if len(shape) != len(block) or not block:
+        return shape if shape == block else shape + (-1,)  # blocks that do not stack: a shape mismatch
+    return (shape[0] + block[0], *block[1:]) if shape[1:] == block[1:] else shape + (-1,)
 
 
 def rounding_check(a: np.ndarray, b: np.ndarray, oracle: np.ndarray, dtype: np.dtype
@@ -317,14 +508,20 @@ def rounding_check(a: np.ndarray, b: np.ndarray, oracle: np.ndarray, dtype: np.d
         largest distances of ``a``/``b`` from the oracle over the elements where all three are
         finite. ``None`` where no element is finite in all three.
     """
+    parts = _rounding_parts(a, b, oracle)
+    if parts is None:
+        return None
+    e_a, e_b, largest = parts
+    return ROUNDING_FACTOR * max(min(e_a, e_b), rounding_step(dtype) * largest), e_a, e_b
+
+
+def _rounding_parts(a: np.ndarray, b: np.ndarray, oracle: np.ndarray) -> tuple[float, float, float] | None:
+    """``(E_a, E_b, max |r|)`` over the elements finite in all three, or ``None`` where there are none."""
     finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(oracle)
     if not finite.any():
         return None
     r = oracle[finite]
-    e_a = float(np.abs(a[finite] - r).max())
-    e_b = float(np.abs(b[finite] - r).max())
-    floor = rounding_step(dtype) * float(np.abs(r).max())
-    return ROUNDING_FACTOR * max(min(e_a, e_b), floor), e_a, e_b
+    return float(np.abs(a[finite] - r).max()), float(np.abs(b[finite] - r).max()), float(np.abs(r).max())
 
 
 def _kind(dtype: np.dtype) -> str:
@@ -338,26 +535,3 @@ def _kind(dtype: np.dtype) -> str:
 def _wide(x: np.ndarray) -> np.ndarray:
     """``x`` as float64 (complex: complex128), exactly."""
     return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64)  # pragma: no mutate (widening every kind to complex128 would give the same figures)
-
-
-def _compare_exactly(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.ndarray,
-                     kind: str) -> Comparison:
-    """Integers and bools element by element as integers; strings by equality."""
-    shape = tuple(a.shape)
-    if kind == "string":
-        differ = np.fromiter((x != y for x, y in zip(a.ravel().tolist(), b.ravel().tolist())), dtype=bool, count=a.size)
-        detail = f"{int(differ.sum())} of {a.size} strings differ" if differ.any() else ""
-        return Comparison(tensor, candidate, reference, shape, a.dtype.name, float(differ.any()),
-                          float(differ.any()), not differ.any(), detail, rule="exact")
-    if a.dtype.name in ML_DTYPE_NAMES:  # int4/uint4 ...: exact in int64
-        a, b = (x.astype(np.int64) for x in (a, b))
-    if a.size == 0:
-        return Comparison(tensor, candidate, reference, shape, a.dtype.name, 0.0, 0.0, True, rule="exact")
-    differ = a != b
-    if not differ.any():
-        return Comparison(tensor, candidate, reference, shape, a.dtype.name, 0.0, 0.0, True, rule="exact")
-    x, y = a[differ].astype(object), b[differ].astype(object)  # Python ints: no overflow, no rounding
-    gaps = [abs(int(p) - int(q)) for p, q in zip(x.tolist(), y.tolist())]
-    rels = [g / abs(int(q)) for g, q in zip(gaps, y.tolist()) if int(q)]
-    return Comparison(tensor, candidate, reference, shape, a.dtype.name, float(max(gaps)), float(max(rels, default=0.0)),
-                      False, f"{int(differ.sum())} of {a.size} elements differ", rule="exact")

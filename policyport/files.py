@@ -20,12 +20,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import math
 import os
 import re
-import secrets
 import stat
+import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -230,6 +229,13 @@ def available_memory() -> int:
     return available
 
 
+def memory_limit() -> int:
+    """The most memory a command may be computed to need: the limit set (:class:`Limits`
+    ``.memory_bytes``), else what this process can still get (:func:`available_memory`)."""
+    set_limit = limits().memory_bytes
+    return available_memory() if set_limit is None else set_limit
+
+
 def check_memory(nbytes: int, what: str) -> None:
     """Refuse to start work that is computed to need ``nbytes`` when the memory limit is lower.
 
@@ -241,7 +247,7 @@ def check_memory(nbytes: int, what: str) -> None:
         LimitExceededError: naming the size needed and the memory there is.
     """
     set_limit = limits().memory_bytes
-    limit = available_memory() if set_limit is None else set_limit
+    limit = memory_limit()
     if nbytes > limit:
         source = (f"the limit {ENV_MEMORY} sets" if set_limit is not None
                   else "the memory this process can get")
@@ -647,11 +653,17 @@ def _new_mode(out: _Output) -> int:
     return 0o666 & ~umask
 
 
+def _random_hex() -> str:
+    """Eight random hex digits for a temporary name (``os.urandom``, as ``secrets.token_hex(4)``
+    draws them, without importing ``secrets`` and the hashing modules it brings)."""
+    return os.urandom(4).hex()
+
+
 def _write_temp(out: _Output, write: Writer) -> None:
     mode = _new_mode(out)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
-        name = f".{out.name}.{secrets.token_hex(4)}.tmp"
+        name = f".{out.name}.{_random_hex()}.tmp"
         try:
             fd = out.create(name, flags)
         except FileExistsError:
@@ -681,7 +693,7 @@ def _place(out: _Output) -> None:
     """Rename the finished temporary file onto the output, keeping a hard link to a replaced file."""
     if out.stat() is not None:
         for _ in range(100):
-            backup = f".{out.name}.{secrets.token_hex(4)}.old"
+            backup = f".{out.name}.{_random_hex()}.old"
             try:
                 out.link(out.name, backup)
             except FileExistsError:
@@ -704,6 +716,67 @@ def _undo(pending: list[_Output]) -> None:
                 out.rename(out.backup, out.name)
             elif out.placed:
                 out.unlink(out.name)
+
+
+class _ReaderMayLeave:
+    """A text stream in front of ``sys.stdout`` that, once the reader has gone (a broken pipe), sends
+    the rest of the output to ``os.devnull`` instead of raising (see :func:`stdout_reader_may_leave`)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.cut_off = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        """Point the stream's descriptor at ``os.devnull``, so that what it still buffers (flushed
+        again at exit) goes nowhere instead of raising once more."""
+        self.cut_off = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def stdout_reader_may_leave() -> Iterator[None]:
+    """Within the block, output the reader no longer takes is not an error: once writing to
+    ``sys.stdout`` fails with a broken pipe (``policyport inspect m.onnx | head -1``), the rest goes
+    to ``os.devnull``, as the Python documentation's "Note on SIGPIPE" recommends (``signal``
+    module), and the command ends as it would have (its own exit code, no traceback).
+    ``sys.stdout`` is flushed and restored on leaving.
+    """
+    stream = sys.stdout
+    if stream is None or isinstance(stream, _ReaderMayLeave):
+        yield
+        return
+    guarded = sys.stdout = _ReaderMayLeave(stream)
+    try:
+        yield
+    finally:
+        guarded.flush()
+        if sys.stdout is guarded:
+            sys.stdout = stream
 
 
 def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
@@ -743,6 +816,8 @@ def sha256_file(path: str | os.PathLike) -> str:
     Raises:
         UnreadableFileError: the file cannot be read.
     """
+    import hashlib
+
     digest = hashlib.sha256()
     try:
         with open(path, "rb") as f:

@@ -617,24 +617,58 @@ _ATTRIBUTE_TYPES = {0: "undefined", 1: "a float", 2: "an int", 3: "a string", 4:
                     13: "a type proto", 14: "a list of type protos"}
 
 
+def schema_attributes(onnx, op_type: str, opset: int, domain: str) -> tuple[int, dict[str, tuple[int, bool]]] | None:
+    """The attributes of ``op_type``'s schema at ``opset``, as ``onnx.defs.get_schema`` gives it.
+
+    Read from :mod:`policyport.onnx_schemas` when the installed onnx is the version that table was
+    written from (asking ``onnx.defs`` first builds onnx's whole schema registry, some 15-25 ms of
+    a command's start-up), else from ``onnx.defs`` itself.
+
+    Args:
+        onnx: the imported ``onnx`` module.
+        op_type: the node's op type.
+        opset: the model's opset for ``domain``.
+        domain: the node's domain, exactly as written (``""`` is ai.onnx).
+
+    Returns:
+        ``(since_version, {attribute: (AttributeProto type code, required)})`` of the newest schema
+        whose since-version is at most ``opset``; None when onnx has no such schema.
+    """
+    from . import onnx_schemas
+
+    if onnx.__version__ == onnx_schemas.ONNX_VERSION:
+        versions = onnx_schemas.SCHEMAS.get((domain, op_type), {})
+        usable = [v for v in versions if v <= opset]
+        if not usable:
+            return None
+        since = max(usable)
+        return since, {name: (code, required) for name, code, required in versions[since]}
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # SchemaError: an op or domain onnx does not know
+        return None
+    return schema.since_version, {name: (a.type.value, bool(a.required)) for name, a in schema.attributes.items()}
+
+
 def _check_attributes(onnx, node, opset: int, where: str) -> None:
     """Refuse attributes whose type contradicts the operator's schema at ``opset``, and missing
-    required ones (what onnxruntime refuses on load); ops onnx has no schema for are left alone."""
-    try:
-        schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
-    except Exception:  # SchemaError: an op or domain onnx does not know (a backend says so later)
+    required ones (what onnxruntime refuses on load); ops onnx has no schema for are left alone
+    (a backend says so later)."""
+    found = schema_attributes(onnx, node.op_type, opset, node.domain)
+    if found is None:
         return
+    since, specs = found
     for a in node.attribute:
-        spec = schema.attributes.get(a.name)
-        if spec is not None and a.type != spec.type.value:
+        spec = specs.get(a.name)
+        if spec is not None and a.type != spec[0]:
             raise BadModelError(
                 f"{where}: attribute {a.name!r} is {_ATTRIBUTE_TYPES.get(a.type, f'of type {a.type}')}; "
-                f"{node.op_type}-{schema.since_version} makes it {_ATTRIBUTE_TYPES.get(spec.type.value, spec.type.name)}")
+                f"{node.op_type}-{since} makes it {_ATTRIBUTE_TYPES.get(spec[0], f'of type {spec[0]}')}")
     given = {a.name for a in node.attribute}
-    missing = [name for name, spec in schema.attributes.items() if spec.required and name not in given]
+    missing = [name for name, (_, required) in specs.items() if required and name not in given]
     if missing:
         raise BadModelError(f"{where}: required attribute(s) {', '.join(missing)} missing "
-                            f"({node.op_type}-{schema.since_version})")
+                            f"({node.op_type}-{since})")
 
 
 def _value_info(v) -> ValueInfo:

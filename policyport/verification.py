@@ -23,11 +23,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .compare import DEFAULT_ATOL, DEFAULT_RTOL, Comparison, Report, Skipped, compare, is_floating  # noqa: F401
+from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
+                      compare, is_floating)
 from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo
-from .runtime.base import count_observations
+from .runtime.base import count_observations, native_order
 
 DEFAULT_SAMPLES = 1000
 #: The name of the float64 oracle in reports.
@@ -227,6 +228,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raise InputMismatchError("the model has several inputs; pass a dict of feeds")
         else:
             feeds = {first.inputs[0].name: inputs}
+        feeds = {k: native_order(v) for k, v in feeds.items()}  # the source's forward pass gets them too
         asked = samples  # pragma: no mutate (read only for drawn observations, a branch not taken here)
         if samples is not None:
             given = count_observations(first.inputs, feeds)
@@ -249,74 +251,232 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         fixed = ", ".join(f"{v.name} {format_shape(v.shape)}" for v in first.inputs)
         notes.append(f"the inputs have no batch axis ({fixed}): {n} observation, not the {asked} asked")
     copies = len(sessions) + (reference is not None)  # each backend's tensors, and the source's
-    check_memory(first.memory_needed(feeds, tensors) * copies,
-                 f"verifying {n:,} observations ({copies} sets of recorded tensors)")
-    recorded = {b: s.record(feeds, tensors) for b, s in sessions.items()}
     graph = _graph(model, sessions)
-    random = graph.stochastic_tensors()
+    blocks = _blocks(graph, sessions, feeds, tensors, n, copies, rounding)
     report = Report(backends, None, int(n), atol, rtol, notes=notes)
-    ref_values: Mapping[str, np.ndarray] = {}
     if reference is not None:
-        try:  # one input: its array, as every reference takes it; several: the feeds by input name
-            ref_values = reference(next(iter(feeds.values())) if len(feeds) == 1 else dict(feeds))
-        except ValueError as e:  # the source's arrays do not fit these observations
-            shapes = (f"{tuple(np.shape(next(iter(feeds.values()))))}" if len(feeds) == 1
-                      else ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in feeds.items()))
-            raise BadModelError(
-                f"the source does not fit the model: its forward pass fails on the model's inputs {shapes} ({e})"
-            ) from e
         report.reference = "source"
-    pairs = []  # (tensor, candidate name, candidate array, reference name, reference array)
-    for name in recorded[backends[0]]:
-        if name in random:
-            report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
-            continue
-        base = recorded[backends[0]][name]
-        pairs += [(name, other, recorded[other][name], backends[0], base) for other in backends[1:]]
-        if name in ref_values:
-            pairs += [(name, b, recorded[b][name], "source", ref_values[name]) for b in backends]
-    if not pairs:
-        raise InputMismatchError(
-            "nothing to compare: every tensor depends on a random node; choose deterministic outputs with --outputs"
-        )
-    report.comparisons = [compare(t, c, a, r, b, atol, rtol) for t, c, a, r, b in pairs]
+    random = graph.stochastic_tensors()
+    folds: dict[tuple[str, str, str], ComparisonFold] = {}
+    for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):
+        if i == 0:
+            folds = _folds(sides, backends, random, report, atol, rtol)
+        for (name, candidate, against), fold in folds.items():
+            if i == 0 or name not in blocks.whole:
+                fold.add(sides[candidate][name], sides[against][name])
+    report.comparisons = [fold.result() for fold in folds.values()]
     failing = {c.tensor for c in report.comparisons if not c.passed and c.rule == "tolerance" and c.max_abs < np.inf}
     if failing and rounding:
-        oracle = _oracle(graph, feeds, recorded[backends[0]], failing, report)
-        report.comparisons = [
-            compare(t, c, a, r, b, atol, rtol, oracle[t]) if t in oracle and not old.passed else old
-            for (t, c, a, r, b), old in zip(pairs, report.comparisons)
-        ]
+        _rounding_rule(graph, blocks, sessions, feeds, tensors, reference, folds, failing, report)
     return report
 
 
-def _oracle(graph: Graph, feeds: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray],
-            wanted: set[str], report: Report) -> dict[str, np.ndarray]:
-    """The float64 run's values of the ``wanted`` tensors it can vouch for; notes on the report why
-    the others have none. Sets ``report.oracle`` when it ran."""
+class _Blocks:
+    """How :func:`verify` goes through the observations: ``bounds``, the ``(start, stop)`` rows of
+    each block (one block of every row when the graph does not compute row by row); ``inputs``, the
+    feeds cut into those rows; ``whole``, the tensors the same in every block (compared once)."""
+
+    def __init__(self, bounds: list[tuple[int, int]], inputs: frozenset[str] = frozenset(),
+                 whole: frozenset[str] = frozenset()):
+        self.bounds, self.inputs, self.whole = bounds, inputs, whole
+
+    def parts(self, feeds: Mapping[str, np.ndarray]):
+        """The feeds of each block, in row order."""
+        if len(self.bounds) == 1:
+            yield feeds
+            return
+        for start, stop in self.bounds:
+            yield {k: (v[start:stop] if k in self.inputs else v) for k, v in feeds.items()}
+
+
+#: The most memory one block of :func:`verify` is planned to take: the tensors every backend (and
+#: the source) records, the float64 run's, and the comparison's float64 temporaries.
+BLOCK_BYTES = 256 << 20
+#: Bytes per element of the largest tensor that the comparison of one pair holds at its peak: about
+#: twelve float64 arrays of its size (both sides and the float64 run widened, the differences, the
+#: reference's magnitude, a relative error's operands and the masks between them).
+COMPARE_BYTES = 96
+
+
+def _blocks(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors, n: int, copies: int,
+            rounding: bool) -> _Blocks:
+    """Split ``n`` observations into blocks whose verification fits :data:`BLOCK_BYTES` (and half the
+    memory this process may take), when the graph computes row by row; check the memory one block needs.
+
+    The bytes of every recorded tensor, and its element count, are measured on one and two rows and
+    extrapolated (as :meth:`policyport.runtime.Session.memory_needed` does): a block of ``k`` rows
+    holds ``copies`` sets of recorded tensors and one more per backend (its working memory;
+    onnxruntime's memory arena keeps a run's tensors), with ``rounding`` the float64 run's tensors
+    and as much again for its working memory (8 bytes an element) and its widened inputs, and the
+    comparison's temporaries (:data:`COMPARE_BYTES` an element of the largest tensor). Measured
+    peaks (``ru_maxrss``, models of fixtures/) stayed below this estimate.
+
+    Raises:
+        LimitExceededError: even the smallest block needs more memory than this process can get.
+    """
+    from .files import memory_limit
+
+    first = next(iter(sessions.values()))
+    grows = _growth(first, feeds, tensors)
+    held = copies + len(sessions)  # and each backend's working memory (onnxruntime's arena keeps a run's)
+
+    def need(rows: int) -> int:
+        if grows is None:
+            return 0
+        (b1, b2), (e1, e2), (l1, l2), (f1, f2) = grows
+        at = lambda one, two: one + max(two - one, 0) * (rows - 1)  # noqa: E731
+        wide = 8 * (2 * at(e1, e2) + at(f1, f2)) if rounding else 0  # its tensors and working memory, its inputs
+        return held * at(b1, b2) + wide + COMPARE_BYTES * at(l1, l2)
+
+    split = _row_split(graph, sessions, feeds, n)
+    rows = n
+    if split is not None and grows is not None:
+        target = min(BLOCK_BYTES, memory_limit() // 2)
+        per_row = max(need(2) - need(1), 1)
+        rows = min(n, max(1, (target - need(1)) // per_row + 1))
+    count = -(-n // rows)
+    size, extra = divmod(n, count)
+    bounds, start = [], 0
+    for i in range(count):
+        bounds.append((start, start + size + (i < extra)))
+        start = bounds[-1][1]
+    blocks = _Blocks(bounds, *(() if split is None else (frozenset(split.inputs), split.whole)))
+    largest = size + (extra > 0)
+    check_memory(need(largest), f"verifying {n:,} observations ({copies} sets of recorded tensors"
+                 + (", a float64 run" if rounding else "") + " and their comparison"
+                 + (f", in {count:,} blocks of {largest:,} row{'s' if largest > 1 else ''}" if count > 1 else "") + ")")
+    return blocks
+
+
+def _growth(session, feeds: Mapping[str, np.ndarray], tensors):
+    """``(bytes, elements, largest tensor's elements, input elements)`` recorded on one and on two
+    rows, each a pair; ``None`` when it cannot be told (no batched input, inputs of different row
+    counts, at most two rows, or a model that does not run on one or two rows).
+
+    The rows are cut along every batch axis: axis 0 where it is free, and any axis named like a
+    batch axis (an LSTM's initial state ``(1, batch, hidden)``), as :func:`sample_inputs` fills them.
+    """
+    symbols = {v.shape[0] for v in session.inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
+    cuts = {v.name: {axis for axis, d in enumerate(v.shape) if (axis == 0 and not isinstance(d, int)) or d in symbols}
+            for v in session.inputs if v.shape and v.name in feeds}
+    counts = {np.shape(feeds[name])[axis] for name, axes in cuts.items() for axis in axes
+              if np.ndim(feeds[name]) > axis}
+    if len(counts) != 1 or min(counts) <= 2:
+        return None
+
+    def held(k: int) -> tuple[int, int, int, int]:
+        part = {name: a[tuple(slice(k) if axis in cuts.get(name, ()) else slice(None) for axis in range(np.ndim(a)))]
+                for name, a in feeds.items()}
+        values = [np.asarray(v) for v in session.record(part, tensors).values()]
+        return (sum(v.nbytes for v in values), sum(v.size for v in values), max((v.size for v in values), default=0),
+                sum(np.size(a) for a in part.values()))
+
+    try:
+        one, two = held(1), held(2)
+    except PolicyportError:
+        return None
+    return tuple(zip(one, two))
+
+
+def _row_split(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], n: int):
+    """The numpy plan's :class:`~policyport.runtime.numpy.plan.RowSplit` of the graph when blocks of
+    rows verify it as the whole batch does: the graph computes row by row, no optional input (an
+    initializer) is fed, and every batched input holds ``n`` rows. Otherwise ``None``."""
+    from .runtime import load
+
+    session = sessions.get("numpy")
+    try:
+        session = session or load(graph, backend="numpy")
+    except PolicyportError:
+        return None
+    split = getattr(session.backend, "plan", None) and session.backend.plan.row_split
+    if not split or n < 2 or set(feeds) - {v.name for v in session.inputs}:
+        return None
+    if any(np.ndim(feeds[k]) == 0 or np.shape(feeds[k])[0] != n for k in split.inputs):
+        return None
+    return split
+
+
+def _run_blocks(blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors, reference):
+    """For each block: its feeds, and every side's recorded tensors (backend name or ``"source"`` ->
+    tensor name -> array)."""
+    for part in blocks.parts(feeds):
+        sides = {b: s.record(part, tensors) for b, s in sessions.items()}
+        if reference is not None:
+            try:  # one input: its array, as every reference takes it; several: the feeds by input name
+                sides["source"] = reference(next(iter(part.values())) if len(part) == 1 else dict(part))
+            except ValueError as e:  # the source's arrays do not fit these observations
+                shapes = (f"{tuple(np.shape(next(iter(feeds.values()))))}" if len(feeds) == 1
+                          else ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in feeds.items()))
+                raise BadModelError(
+                    f"the source does not fit the model: its forward pass fails on the model's inputs {shapes} ({e})"
+                ) from e
+        yield part, sides
+
+
+def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], random: Mapping[str, str],
+           report: Report, atol, rtol) -> dict[tuple[str, str, str], ComparisonFold]:
+    """(tensor, candidate, reference) -> its fold, in node order: every backend after the first against
+    the first, then every backend against the source; random tensors are listed as skipped."""
+    folds = {}
+    source = sides.get("source", {})
+    for name in sides[backends[0]]:
+        if name in random:
+            report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
+            continue
+        pairs = [(other, backends[0]) for other in backends[1:]]
+        pairs += [(b, "source") for b in backends] if name in source else []
+        for candidate, against in pairs:
+            folds[name, candidate, against] = ComparisonFold(name, candidate, against, atol, rtol)
+    if not folds:
+        raise InputMismatchError(
+            "nothing to compare: every tensor depends on a random node; choose deterministic outputs with --outputs"
+        )
+    return folds
+
+
+def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors,
+                   reference, folds: dict[tuple[str, str, str], ComparisonFold], failing: set[str],
+                   report: Report) -> None:
+    """Judge the ``failing`` tensors again by the rounding rule against a float64 run of the graph on
+    the numpy backend (the *oracle*), block by block as they were compared; notes on the report why
+    a tensor has none. Sets ``report.oracle`` when it ran."""
     from .passes import widen_to_float64
     from .runtime import load
 
+    baseline = report.backends[0]
+    differ: dict[str, str] = {}
     try:
         session = load(widen_to_float64(graph), backend="numpy")  # pragma: no mutate (numpy is load's default)
-        wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")
-                    else v.astype(np.complex128) if v.dtype == np.complex64 else v) for k, v in feeds.items()}
-        values = session.record(wide, "*")  # pragma: no mutate ("*" is record's default)
+        for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):
+            wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")
+                        else v.astype(np.complex128) if v.dtype == np.complex64 else v) for k, v in part.items()}
+            values = session.record(wide, "*")  # pragma: no mutate ("*" is record's default)
+            if i == 0:
+                order = list(values)
+            # A float32 comparison, ArgMax or Cast to an integer can land on the other side in float64:
+            # the oracle is then no oracle for what depends on it.
+            differ.update({name: f"its {name!r} differs from {baseline}'s" for name, value in values.items()
+                           if name in sides[baseline] and not is_floating(value.dtype)
+                           and value.dtype.kind not in ("O", "S", "U")
+                           and (value.shape != sides[baseline][name].shape
+                                or not np.array_equal(value, sides[baseline][name]))})
+            for (name, candidate, against), fold in folds.items():
+                if name in failing and name in values and fold.wants_rounding and (i == 0 or name not in blocks.whole):
+                    fold.add_rounding(sides[candidate][name], sides[against][name], values[name])
     except PolicyportError as e:
         report.notes.append(f"no float64 oracle for the rounding rule: {e}")
-        return {}
+        return
     report.oracle = ORACLE
-    # A float32 comparison, ArgMax or Cast to an integer can land on the other side in float64: the
-    # oracle is then no oracle for what depends on it.
-    differ = {name: f"its {name!r} differs from {report.backends[0]}'s" for name, value in values.items()
-              if name in baseline and not is_floating(value.dtype) and value.dtype.kind not in ("O", "S", "U")
-              and (value.shape != baseline[name].shape or not np.array_equal(value, baseline[name]))}
+    differ = {name: differ[name] for name in order if name in differ}
     invalid = graph.downstream(differ) if differ else {}  # pragma: no mutate (downstream of nothing is nothing)
-    blind = sorted(t for t in wanted if t in invalid)
+    blind = sorted(t for t in failing if t in invalid)
     if blind:
         report.notes.append(f"the float64 run took other branches ({invalid[blind[0]]}); "
                             f"no rounding rule for {', '.join(blind)}")
-    return {t: values[t] for t in wanted if t in values and t not in invalid}
+    vouched = {t for t in failing if t in order and t not in invalid}
+    report.comparisons = [fold.result() if key[0] in vouched and not old.passed else old
+                          for (key, fold), old in zip(folds.items(), report.comparisons)]
 
 
 def _graph(model, sessions) -> Graph:

@@ -209,6 +209,17 @@ def test_pack_then_verify_the_folder_against_its_golden_data(converted, tmp_path
     assert invoke("pack", converted, "-o", folder).exit_code == 3  # exists
 
 
+def test_pack_says_what_the_folder_needs_and_the_source_parity(converted, tmp_path, metadrive_path):
+    lib = invoke("pack", converted, "-o", tmp_path / "lib", "--samples", "4", "--no-runtime", "--source", metadrive_path)
+    assert lib.exit_code == 0, lib.output
+    assert "lib: runs where policyport is installed (its core needs numpy alone)" in lib.stdout
+    assert "runs with numpy alone" not in lib.stdout and "on the target:" not in lib.stdout
+    parity = json.loads((tmp_path / "lib" / "policy.json").read_text())["parity"]
+    assert f"; source vs numpy max abs {parity['source_vs_numpy_max_abs']:.3g}" in lib.stdout
+    whole = invoke("pack", converted, "-o", tmp_path / "whole", "--samples", "4")
+    assert "whole: runs with numpy alone" in whole.stdout and "source vs numpy" not in whole.stdout
+
+
 def test_verify_folder_with_source_compares_backends(converted, tmp_path, metadrive_path):
     folder = tmp_path / "bundle"
     assert invoke("pack", converted, "-o", folder, "--samples", "4").exit_code == 0
@@ -415,3 +426,35 @@ def test_run_on_an_input_of_no_rows_writes_empty_outputs(converted, tmp_path, ba
     with np.load(tmp_path / "out.npz") as out, np.load(tmp_path / "acts.npz") as acts:
         assert out["logits"].shape == (0, 4) and out["action"].shape == (0, 2)
         assert acts["fc_1/tanh"].shape == (0, 256)
+
+
+def test_inspect_draws_a_screenful_of_a_huge_graph_on_a_terminal_and_every_node_elsewhere(tmp_path, monkeypatch):
+    import io
+
+    import onnx
+    from onnx import TensorProto, helper
+    from rich.console import Console
+
+    import policyport.cli.model as model_cli
+
+    n = 450
+    nodes = [helper.make_node("Relu", [f"t{i}" if i else "x"], [f"t{i + 1}" if i < n - 1 else "y"], name=f"r{i}")
+             for i in range(n)]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+    piped = invoke("inspect", path)
+    assert piped.exit_code == 0 and "450 nodes" in piped.stdout
+    assert sum(line.startswith("│ r") for line in piped.stdout.splitlines()) == n
+
+    screen = io.StringIO()
+    monkeypatch.setattr(model_cli, "out", Console(file=screen, width=100, force_terminal=True, color_system=None,
+                                                  markup=False, highlight=False))
+    shown = invoke("inspect", path)
+    lines = screen.getvalue().splitlines()
+    assert shown.exit_code == 0
+    assert [line.split()[1] for line in lines if line.startswith("│ r")] == [f"r{i}" for i in (*range(180), *range(430, 450))]
+    assert sum(line.startswith("│ …") for line in lines) == 1
+    assert "250 of 450 rows not shown on a terminal; a pipe, a file or --json gets every node" in shown.stderr

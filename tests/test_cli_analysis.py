@@ -103,6 +103,9 @@ def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):
     assert invoke("plot", report, "-o", tmp_path / "errors").exit_code == 0
     assert os.listdir(tmp_path / "errors") == ["errors.png"]
     assert invoke("plot", report, "-o", tmp_path / "errors").exit_code == 3  # exists
+    as_json = invoke("plot", report, "-o", tmp_path / "errors", "--force", "--json")
+    assert as_json.exit_code == 0 and as_json.stderr == ""
+    assert json.loads(as_json.stdout) == {"output": str(tmp_path / "errors"), "files": [str(tmp_path / "errors" / "errors.png")]}
 
 
 @pytest.mark.parametrize("backend", list(pp.BACKENDS))

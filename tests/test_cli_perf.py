@@ -71,23 +71,40 @@ def test_each_command_is_registered_by_the_module_the_table_names():
     assert registered == COMMANDS
 
 
-def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path):
+@pytest.mark.parametrize("as_json", [False, True])
+def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path, as_json):
     obs = tmp_path / "one.npy"
     np.save(obs, np.zeros((1, 275), np.float32))
+    args = ["run", str(converted), "-i", str(obs), "-o", str(tmp_path / "y.npz"), *(["--json"] if as_json else [])]
     script = ("import atexit, json, sys\n"
-              "atexit.register(lambda: sys.stderr.write('MODULES' + json.dumps(sorted(sys.modules))))\n"
+              "import onnx.defs\n"
+              "asked, get_schema = [], onnx.defs.get_schema\n"
+              "onnx.defs.get_schema = lambda *a: asked.append(a) or get_schema(*a)\n"
+              "atexit.register(lambda: sys.stderr.write('MODULES' + json.dumps([sorted(sys.modules), asked])))\n"
               "from policyport.cli import main\n"
-              f"sys.argv = ['policyport', 'run', {str(converted)!r}, '-i', {str(obs)!r}, '-o', {str(tmp_path / 'y.npz')!r}]\n"
+              f"sys.argv = ['policyport', *{args!r}]\n"
               "main()\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    modules = set(json.loads(done.stderr.split("MODULES", 1)[1]))
+    if as_json:
+        assert [t["name"] for t in json.loads(done.stdout)["tensors"]] == ["logits", "action", "log_std"]
+    else:
+        assert done.stdout.startswith(f"numpy: outputs written to {tmp_path / 'y.npz'}") and "┃ tensor" in done.stdout
+    modules, asked = json.loads(done.stderr.split("MODULES", 1)[1])
     unwanted = ["onnxruntime", "torch", "tensorflow", "pyarrow", "matplotlib", "ray", "threadpoolctl",
                 "policyport.converter", "policyport.verification", "policyport.analysis.engines",
                 "policyport.cli.analysis", "policyport.cli.convert", "policyport.cli.model", "policyport.cli.pack",
                 "policyport.cli.verify", "policyport.cli.handoff",
-                "policyport.runtime.ort", "policyport.bundle"]
+                "policyport.runtime.ort", "policyport.bundle",
+                "secrets", "hashlib",  # temporary names come from os.urandom; only provenance hashes files
+                "rich"]  # JSON, or a table written as Rich would draw it on a pipe (tests/test_cli_plain_table.py)
     assert [m for m in unwanted if m in modules] == []
+    import onnx
+
+    from policyport import onnx_schemas
+
+    if onnx.__version__ == onnx_schemas.ONNX_VERSION:  # the table answers: onnx's schema registry is never built
+        assert asked == []
 
 
 def test_verify_takes_threads_and_passes_on_a_large_sample(converted):
@@ -111,3 +128,19 @@ def test_the_profile_functions_time_every_node_in_order_and_check_the_feeds(meta
         with pytest.raises(pp.InputMismatchError, match="expects shape"):
             profile(pp.load(metadrive_model, backend="numpy" if profile is profile_numpy else "onnxruntime"),
                     obs[:, :10])
+
+
+def test_rich_missing_is_reported_before_any_command_runs(monkeypatch, capsys):
+    import importlib.util
+
+    import policyport.cli as cli
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rich" else find_spec(name, *a))
+    monkeypatch.setattr(sys, "argv", ["policyport", "run", "m.onnx", "-i", "x.npy", "-o", "y.npz", "--json"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 4
+    assert capsys.readouterr().err == ("error: the policyport command needs the Python package 'rich', which is not "
+                                       "installed; install it with: pip install 'policyport[cli]' (or pip install -e '.[cli]' in a "
+                                       "clone of the repository)\n")

@@ -95,9 +95,9 @@ def test_the_verdict_of_a_pass():
 
 def test_the_verdict_of_each_kind_of_failure():
     tolerance = Report(["numpy", "onnxruntime"], None, 4, None, None, [
-        _cmp("a"), _cmp("b", passed=False, max_abs=2e-3, max_rel=0.5), _cmp("c", passed=False)])
+        _cmp("a"), _cmp("b", passed=False, max_abs=2e-4, max_rel=0.5), _cmp("c", passed=False)])
     assert verdict(tolerance) == (
-        "FAIL: 2 of 3 comparisons fail; first diverging tensor 'b' (float32, onnxruntime vs numpy): max abs 0.002, "
+        "FAIL: 2 of 3 comparisons fail; first diverging tensor 'b' (float32, onnxruntime vs numpy): max abs 0.0002, "
         "max rel 0.5 > atol 1e-05 + rtol 1e-05 * |numpy|; if float32 differences of this size are acceptable, "
         "loosen them with --atol/--rtol")
     exact = Report(["numpy"], "source", 4, None, None, [
@@ -108,13 +108,52 @@ def test_the_verdict_of_each_kind_of_failure():
         _cmp("s", passed=False, detail="shape (4, 2) vs (2, 4)", max_abs=np.inf)])
     assert verdict(detail).endswith("first diverging tensor 's' (float32, onnxruntime vs numpy): shape (4, 2) vs (2, 4)")
     rounding = Report(["numpy", "onnxruntime"], None, 4, None, None, [
-        _cmp("r", passed=False, rule="rounding", max_abs=1e-2, max_rel=0.1, candidate_vs_float64=1e-2,
+        _cmp("r", passed=False, rule="rounding", max_abs=1e-4, max_rel=0.1, candidate_vs_float64=1e-4,
              reference_vs_float64=1e-7, rounding_bound=8e-7)])
     assert verdict(rounding) == (
-        "FAIL: 1 of 1 comparisons fail; first diverging tensor 'r' (float32, onnxruntime vs numpy): max abs 0.01, "
+        "FAIL: 1 of 1 comparisons fail; first diverging tensor 'r' (float32, onnxruntime vs numpy): max abs 0.0001, "
         "max rel 0.1 > atol 1e-05 + rtol 1e-05 * |numpy|, and not float32 rounding: against a float64 run "
-        "onnxruntime is 0.01 off, numpy 1e-07; if float32 differences of this size are acceptable, loosen them "
+        "onnxruntime is 0.0001 off, numpy 1e-07; if float32 differences of this size are acceptable, loosen them "
         "with --atol/--rtol")
+
+
+def test_a_failure_far_beyond_the_tolerance_suggests_no_tolerance_but_the_diverging_tensor():
+    far = Report(["numpy", "onnxruntime"], "source", 4, None, None, [
+        _cmp("fc_1", "numpy", "source", passed=False, max_abs=4.87, max_rel=3.2)])
+    assert verdict(far) == (
+        "FAIL: 1 of 1 comparisons fail; first diverging tensor 'fc_1' (float32, numpy vs source): max abs 4.87, "
+        "max rel 3.2 > atol 1e-05 + rtol 1e-05 * |source|; that is more than 100 times the float32 tolerance: the "
+        "values disagree beyond rounding — look at the node that computes 'fc_1', not at the tolerances")
+    # a near failure first, a far one after it: the far one decides, and is named
+    later = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+        _cmp("h", passed=False, max_abs=3e-5, max_rel=2e-5), _cmp("logits", passed=False, max_abs=0.5, max_rel=0.2)])
+    assert verdict(later).endswith(
+        "max abs 3e-05, max rel 2e-05 > atol 1e-05 + rtol 1e-05 * |numpy|; but 'logits' (onnxruntime vs numpy) is off "
+        "by up to 0.5 (max rel 0.2), more than 100 times the float32 tolerance: the values disagree beyond rounding "
+        "— look at the node that computes 'logits', not at the tolerances")
+    for kind in ({"detail": "shape (4, 2) vs (2, 4)", "max_abs": np.inf}, {"dtype": "int64", "rule": "exact", "max_abs": 2.0}):
+        mixed = Report(["numpy", "onnxruntime"], None, 4, None, None, [
+            _cmp("h", passed=False, max_abs=3e-5, max_rel=2e-5), _cmp("ids", passed=False, **kind)])
+        assert "; but 'ids' (onnxruntime vs numpy) differs" in verdict(mixed) and "--atol" not in verdict(mixed)
+
+
+@pytest.mark.parametrize("max_abs,max_rel,atol,rtol,dtype,within", [
+    (1e-3, 1.0, 1e-5, 1e-5, "float32", True),       # exactly 100 x atol
+    (1.01e-3, 1.0, 1e-5, 1e-5, "float32", False),
+    (1.0, 1e-3, 1e-5, 1e-5, "float32", True),       # large values, small relative error
+    (7e-7, 5e-4, 0.0, 0.0, "float32", True),        # a tolerance of 0: the dtype's default sets the reach
+    (4.87, 3.2, 1e-5, 1e-5, "float32", False),
+    (0.05, 0.05, 1e-3, 1e-3, "float16", True),
+    (0.05, 0.05, 1e-5, 1e-5, "float64", False),     # the given tolerance is larger than float64's default
+    (5e-4, 5e-4, 1e-5, 1e-5, "float64", True),
+])
+def test_within_reach_measures_the_error_against_the_tolerance_or_the_dtype_default(max_abs, max_rel, atol, rtol,
+                                                                                     dtype, within):
+    from policyport.compare import within_reach
+
+    assert within_reach(_cmp(passed=False, max_abs=max_abs, max_rel=max_rel, atol=atol, rtol=rtol, dtype=dtype)) is within
+    assert not within_reach(_cmp(passed=False, rule="exact", dtype="int64", max_abs=1.0, max_rel=1.0, atol=0, rtol=0))
+    assert not within_reach(_cmp(passed=False, detail="NaN", max_abs=np.inf, max_rel=np.inf))
 
 
 # ------------------------------------------------------------------------------------ option helpers
@@ -263,6 +302,7 @@ def test_given_options_are_those_written_on_the_command_line():
 def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkeypatch, capsys):
     import sys
 
+    import policyport as pp
     import policyport.cli as cli
 
     monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
@@ -275,11 +315,17 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
             raise ImportError(f"No module named {name!r}", name=name)
 
         monkeypatch.setattr(cli, "_app", no_package)
+        monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+        with pytest.raises(SystemExit) as ended:
+            cli.main()  # the version needs numpy alone
+        assert ended.value.code == 0 and capsys.readouterr() == (f"policyport {pp.__version__}\n", "")
+        monkeypatch.setattr(sys, "argv", ["policyport", "ops", "--version"])
         with pytest.raises(SystemExit) as ended:
             cli.main()
         assert ended.value.code == 4
         assert capsys.readouterr().err == (f"error: the policyport command needs the Python package '{package}', which "
-                                           "is not installed; install it with: pip install 'policyport[cli]'\n")
+                                           "is not installed; install it with: pip install 'policyport[cli]' (or pip "
+                                           "install -e '.[cli]' in a clone of the repository)\n")
 
     def broken(argv=None):
         raise ImportError("No module named 'somethingelse'", name="somethingelse.sub")

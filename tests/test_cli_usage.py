@@ -170,8 +170,11 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "verify": [missing],
         "pack": [missing, "-o", tmp_path / "b"],
         "export-numpy": [missing, "-o", tmp_path / "p.py"],
+        "record": [missing, "-i", tmp_path / "obs.npy", "-o", tmp_path / "r.npz"],
+        "stats": [tmp_path / "missing.npz"],
+        "plot": [tmp_path / "missing.npz", "-o", tmp_path / "plots"],
     }
-    assert set(cases) | {"ops"} >= set(commands()) - {"record", "stats", "plot"}
+    assert set(cases) | {"ops"} == set(commands())
     for name, args in cases.items():
         result = invoke(name, *args, "--json")
         doc = json.loads(result.stdout)
@@ -259,12 +262,18 @@ def test_the_missing_dependency_message_names_the_extra_literally(monkeypatch, t
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_cli_without_typer_says_which_extra(tmp_path):
+def test_cli_without_typer_says_which_extra_and_still_tells_its_version(tmp_path):
+    import policyport as pp
+
     blocker = tmp_path / "typer.py"
     blocker.write_text("raise ImportError('blocked', name='typer')\n")
     proc = subprocess.run([sys.executable, "-m", "policyport", "--version"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0 and proc.stdout == f"policyport {pp.__version__}\n" and proc.stderr == ""
+    proc = subprocess.run([sys.executable, "-m", "policyport", "ops"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 4 and "pip install 'policyport[cli]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install -e '.[cli]' in a clone of the repository" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------- completion
@@ -310,3 +319,11 @@ def test_policyport_alone_prints_its_help_as_lines_and_exits_2():
     lines = proc.stderr.splitlines()
     assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..." and "\\n" not in proc.stderr
     assert any(line.startswith("Commands:") for line in lines) and any(line.strip().startswith("verify") for line in lines)
+
+
+def test_help_lists_every_command_in_the_order_of_the_workflow():
+    from policyport.cli.core import WORKFLOW
+
+    text = invoke("-h").stdout
+    listed = [line.split()[0] for line in text.split("Commands:", 1)[1].splitlines() if line.strip()]
+    assert listed == list(WORKFLOW) and sorted(listed) == sorted(commands())

@@ -83,6 +83,64 @@ def test_an_omitted_required_input_is_refused_naming_the_node_and_input():
         pp.load(too_many)
 
 
+def _schema_from_onnx(onnx, op_type, opset, domain):
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+    return schema.since_version, {name: (a.type.value, bool(a.required)) for name, a in schema.attributes.items()}
+
+
+def test_schema_attributes_answer_as_onnx_defs_for_every_op_and_opset():
+    import onnx
+    import onnx.defs
+
+    from policyport.graph import schema_attributes
+
+    newest = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        key = (schema.domain, schema.name)
+        newest[key] = max(newest.get(key, 0), schema.since_version)
+    keys = [*newest, ("ai.onnx", "Gemm"), ("", "NoSuchOp"), ("com.example", "Relu")]
+    checked = 0
+    for domain, op_type in keys:
+        for opset in range(0, newest.get((domain, op_type), 1) + 3):
+            got = schema_attributes(onnx, op_type, opset, domain)
+            want = _schema_from_onnx(onnx, op_type, opset, domain)
+            assert got == want, (domain, op_type, opset)
+            if want is not None:  # the order of attributes too: it orders the "missing" message
+                assert list(got[1]) == list(want[1]), (domain, op_type, opset)
+                checked += 1
+    assert checked > 2000 and len(newest) > 200
+
+
+def test_schema_attributes_come_from_the_table_for_its_onnx_version(monkeypatch):
+    import onnx
+    import onnx.defs
+
+    from policyport import onnx_schemas
+    from policyport.graph import schema_attributes
+
+    if onnx.__version__ != onnx_schemas.ONNX_VERSION:
+        pytest.skip(f"the table is of onnx {onnx_schemas.ONNX_VERSION}, onnx {onnx.__version__} is installed: "
+                    "run scripts/update_onnx_schemas.py")
+
+    asked = []
+    real = onnx.defs.get_schema
+
+    def recording(*args):
+        asked.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(onnx.defs, "get_schema", recording)
+    assert schema_attributes(onnx, "Gemm", 17, "") == (13, {"alpha": (1, False), "beta": (1, False),
+                                                            "transA": (2, False), "transB": (2, False)})
+    assert schema_attributes(onnx, "Cast", 12, "")[0] == 9 and schema_attributes(onnx, "Gemm", 17, "x.y") is None
+    assert asked == []
+    monkeypatch.setattr(onnx_schemas, "ONNX_VERSION", "0.0")  # another onnx: asked directly
+    assert schema_attributes(onnx, "Gemm", 17, "")[0] == 13 and asked == [("Gemm", 17, "")]
+
+
 def test_attributes_of_the_wrong_type_or_missing_are_refused_as_onnxruntime_refuses_them():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 4])

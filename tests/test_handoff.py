@@ -111,7 +111,7 @@ def test_run_py_exit_codes(target, copied, tmp_path):
     usage = run(target, copied / "run.py", "-i", tmp_path / "obs.npy")
     assert usage.returncode == 2 and "give -i INPUT and -o OUTPUT" in usage.stderr
     mixed = run(target, copied / "run.py", "--verify", "-o", "x.npz")
-    assert mixed.returncode == 2 and "-o do not apply" in mixed.stderr
+    assert mixed.returncode == 2 and "-o does not apply" in mixed.stderr
     bad = run(target, copied / "run.py", "-i", tmp_path / "bad.npy", "-o", tmp_path / "y.npz")
     assert bad.returncode == 3
     assert bad.stderr == ("error: input 'obs' expects shape (batch, 275), got (2, 274) (axis 1 is 274, the model "

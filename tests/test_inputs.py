@@ -201,3 +201,63 @@ def test_inputs_sharing_a_symbolic_dim_are_checked_against_each_other(backend):
         sess.run({"a": np.zeros((3, 2), np.float32), "b": np.zeros((1, 2), np.float32)})
     out = sess.run({"a": np.ones((3, 2), np.float32), "b": np.full((3, 2), 2, np.float32)})["y"]
     assert out.tolist() == [[3.0, 3.0]] * 3
+
+
+# ------------------------------------------------------------------------------------ byte order
+
+
+def test_an_array_in_the_other_byte_order_is_converted_and_gives_the_native_outputs():
+    obs = RNG.standard_normal((6, 4)).astype(np.float32)
+    swapped = obs.astype(obs.dtype.newbyteorder("S"))
+    assert swapped.dtype != obs.dtype and np.array_equal(swapped, obs)
+    for backend in BACKENDS:
+        sess = pp.load(gemm_tanh(["batch", 4]), backend=backend)
+        want = sess.run({"obs": obs})["y"]
+        for feeds in ({"obs": swapped}, swapped):
+            got = sess.run(feeds)["y"]
+            assert got.dtype == np.float32 and got.dtype.isnative and np.array_equal(got, want), backend
+        recorded = sess.record({"obs": swapped}, "*")
+        assert all(np.array_equal(v, sess.record({"obs": obs}, "*")[k]) for k, v in recorded.items())
+
+
+def test_another_dtype_in_the_other_byte_order_is_still_refused_naming_both():
+    sess = pp.load(gemm_tanh(["batch", 4]))
+    with pytest.raises(pp.InputMismatchError, match=r"^input 'obs' expects dtype float32, got float64; convert"):
+        sess.run({"obs": np.zeros((2, 4), ">f8")})
+
+
+def test_every_command_reading_observations_takes_them_in_the_other_byte_order(tmp_path, metadrive_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    def invoke(*args):
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result
+
+    model = tmp_path / "m.onnx"
+    onnx.save(pp.convert(metadrive_path), model)
+    obs = RNG.uniform(0, 1, (40, 275)).astype(np.float32)
+    np.save(tmp_path / "native.npy", obs)
+    np.save(tmp_path / "big.npy", obs.astype(">f4"))
+    assert np.load(tmp_path / "big.npy").dtype.str == ">f4"
+    for backend in BACKENDS:
+        for name in ("native", "big"):
+            invoke("run", model, "-i", tmp_path / f"{name}.npy", "-o", tmp_path / f"{name}-{backend}.npz", "--backend", backend)
+        with np.load(tmp_path / f"native-{backend}.npz") as want, np.load(tmp_path / f"big-{backend}.npz") as got:
+            assert want.files == got.files and all(np.array_equal(got[k], want[k]) for k in want.files)
+    for name in ("native", "big"):
+        invoke("record", model, "-i", tmp_path / f"{name}.npy", "-o", tmp_path / f"rec-{name}.npz", "--batch-size", "16")
+    with np.load(tmp_path / "rec-native.npz") as want, np.load(tmp_path / "rec-big.npz") as got:
+        tensors = [k for k in want.files if not k.startswith("policyport.")]  # the metadata names the input file
+        assert want.files == got.files and len(tensors) >= 4
+        assert all(np.array_equal(got[k], want[k]) for k in tensors)
+    verified = invoke("verify", model, "-i", tmp_path / "big.npy", "--source", metadrive_path, "--json")
+    assert json.loads(verified.stdout)["passed"] is True and json.loads(verified.stdout)["samples"] == 40
+    folder = pp.pack(model, tmp_path / "bundle", samples=4)
+    from policyport.runtime.entry import main
+
+    assert main(folder, ["-i", str(tmp_path / "big.npy"), "-o", str(tmp_path / "packed.npz")]) == 0
+    with np.load(tmp_path / "packed.npz") as got, np.load(tmp_path / "native-numpy.npz") as want:
+        assert all(np.array_equal(got[k], want[k]) for k in got.files) and got.files

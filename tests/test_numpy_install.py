@@ -66,12 +66,19 @@ def test_policyport_load_runs_and_verifies_a_folder_there(installed, metadrive_m
     assert doc["action"] == want["action"].tolist()
 
 
-@pytest.mark.parametrize("args", [["policyport", "--version"], ["policyport", "pack", "m.onnx", "-o", "b"],
-                                  ["-m", "policyport", "verify", "b"]])
+@pytest.mark.parametrize("args", [["policyport", "pack", "m.onnx", "-o", "b"], ["-m", "policyport", "verify", "b"],
+                                  ["policyport", "--debug", "--help"]])
 def test_the_command_names_the_extra_to_install_and_exits_4(installed, args):
     command = installed.with_name("policyport") if args[0] == "policyport" else installed
     result = run(command, *args[1:]) if args[0] == "policyport" else run(installed, *args)
     assert result.returncode == 4, result.stderr
     assert result.stderr == ("error: the policyport command needs the Python package 'typer', which is not "
-                             "installed; install it with: pip install 'policyport[cli]'\n")
+                             "installed; install it with: pip install 'policyport[cli]' (or pip install -e "
+                             "'.[cli]' in a clone of the repository)\n")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [["policyport", "--version"], ["-m", "policyport", "--debug", "--version"]])
+def test_the_version_needs_numpy_alone(installed, args):
+    result = run(installed.with_name("policyport"), *args[1:]) if args[0] == "policyport" else run(installed, *args)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"policyport {pp.__version__}\n", "")

@@ -1,8 +1,10 @@
-"""The README's generated parts stay true."""
+"""The README stays true: its generated parts, its commands followed in order from a fresh folder, its
+Python blocks and its command table."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from policyport.runtime.numpy.registry import op_table_markdown
@@ -66,6 +68,89 @@ def test_the_python_api_example_runs_after_the_demo(tmp_path, monkeypatch):
     assert sorted(namespace["outputs"]) == ["action", "log_std", "logits"]
     assert namespace["steered"]["action"].shape == (8, 2)
 
+    # The Hand-off section's blocks, on the target side: in out/, beside the demo's bundle and module.
+    monkeypatch.chdir(tmp_path / "out")
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    monkeypatch.delitem(sys.modules, "metadrive_policy", raising=False)  # the demo's module, not another test's
+    obs = np.load("obs.npy")
+    expected = pp_run(tmp_path / "out" / "metadrive.onnx", obs)
+    handoff = _python_blocks("Hand-off")
+    assert len(handoff) == 3
+    results = []
+    for i, block in enumerate(handoff):
+        namespace = {}
+        exec(compile(block, f"README.md (Hand-off, block {i + 1})", "exec"), namespace)
+        results.append(namespace)
+    np.testing.assert_array_equal(results[0]["action"], expected["action"])     # run.py's own runtime
+    np.testing.assert_array_equal(results[1]["action"], expected["action"])     # the installed package
+    assert results[1]["report"].passed
+    np.testing.assert_array_equal(results[2]["outputs"]["action"], expected["action"])  # the one module
+    assert len(results[2]["record"]) == 7
+    assert not np.array_equal(results[2]["steered"]["action"], expected["action"])
+
+
+def pp_run(model, obs):
+    import policyport as pp
+
+    return pp.load(model, backend="numpy").run({"obs": obs})
+
+
+def _console_steps() -> list[tuple[str, list[str], str]]:
+    """Every ``$`` line of the README's console blocks, in order: (section, argv, the output shown)."""
+    import shlex
+
+    text, steps, section = README.read_text(encoding="utf-8"), [], ""
+    for part in re.split(r"(\n## [^\n]+|```console\n.*?```)", text, flags=re.S):
+        if part.startswith("\n## "):
+            section = part.strip("\n# ")
+        elif part.startswith("```console"):
+            lines = part.split("\n")[1:-1]
+            starts = [i for i, line in enumerate(lines) if line.startswith("$ ")] + [len(lines)]
+            for a, b in zip(starts, starts[1:]):
+                argv = shlex.split(lines[a][2:], comments=True)
+                steps.append((section, argv, "\n".join(lines[a + 1:b])))
+    return steps
+
+
+_OUTPUT_FLAGS = ("-o", "--output", "--record", ">")
+_INPUT_FLAGS = ("-i", "--input", "--source", "--overrides")
+
+
+def test_every_file_a_readme_command_reads_was_made_by_an_earlier_one_and_none_is_written_twice():
+    """Following the README from the top in one folder (the repository root) works: each console
+    command reads only repository files or files an earlier command wrote, and no command writes a file
+    an earlier one wrote (which would stop it with exit 3 'exists'). Commands shown failing write nothing."""
+    made: dict[str, str] = {}
+    for section, argv, shown in _console_steps():
+        argv = argv[: argv.index("|")] if "|" in argv else argv
+        if argv[0] not in ("policyport", "python") or "/tmp/target" in shown:
+            continue
+        reads = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in _INPUT_FLAGS]
+        if argv[0] == "policyport" and argv[1] != "ops":
+            reads.append(argv[2])                                       # MODEL, SRC or REC
+        elif argv[0] == "python" and argv[1] != "-c":
+            reads.append(argv[1])                                       # a script
+        for name in reads:  # a file made earlier, or one inside a folder made earlier (a packed folder's run.py)
+            made_before = any(str(p) in made for p in [Path(name), *Path(name).parents])
+            assert (ROOT / name).exists() or made_before, f"{section}: {' '.join(argv)} reads {name}, made nowhere before"
+        if shown.startswith("error:"):
+            continue
+        writes = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in _OUTPUT_FLAGS]
+        writes += re.findall(r"np\.save\('([^']+)'", " ".join(argv))
+        for name in writes:
+            assert not (ROOT / name).exists(), f"{section}: {' '.join(argv)} writes {name}, a file of the repository"
+            assert name not in made, f"{section}: {' '.join(argv)} writes {name}, which {made[name]} wrote already"
+            made[name] = " ".join(argv)
+    assert {"metadrive.onnx", "obs.npy", "bad.npy", "metadrive_bundle", "tied.onnx"} <= set(made)
+
+
+def test_the_tour_runs_what_the_demo_runs():
+    """scripts/demo.sh runs the tour's policyport commands (into out/, with --force)."""
+    tour = {argv[1] for section, argv, _ in _console_steps() if section == "A tour of the CLI" and argv[0] == "policyport"}
+    demo = {args[0] for args in _demo_commands()}
+    assert tour == {"convert", "inspect", "extract", "run", "record", "stats", "verify", "pack"}
+    assert tour <= demo
+
 
 def test_readme_benchmark_figures_are_the_newest_result_files():
     import importlib.util
@@ -77,3 +162,39 @@ def test_readme_benchmark_figures_are_the_newest_result_files():
     block = re.search(r"<!-- bench:begin[^>]*-->\n(.*?)<!-- bench:end -->", text, re.S)
     assert block, "README lacks the bench:begin/bench:end markers"
     assert block.group(1) == report.readme_section(), "regenerate with: python scripts/update_readme_bench.py"
+
+
+def test_the_readme_shows_the_report_lines_the_command_prints_today():
+    """A verification report shown under a ``policyport`` command has today's wording: its first line
+    names the observations and the dtype's tolerances, its verdict counts comparisons (as
+    policyport/cli/verify.py renders them). A packed folder's run.py prints its own, shorter report."""
+    shown = [(argv, out) for _, argv, out in _console_steps() if argv[0] == "policyport" and "max abs error" in out]
+    assert len(shown) >= 10
+    for argv, out in shown:
+        for line in out.splitlines():
+            if line.startswith("max abs error"):
+                assert re.fullmatch(r"max abs error on \d+ observations \((float\d+: atol \S+, rtol \S+(; )?)+\)", line), (argv, line)
+            if line.startswith(("PASS", "FAIL")):
+                assert re.match(r"(PASS|FAIL): \d+ comparisons within (float\d+: atol \S+, rtol \S+(; )?)+; worst ", line), (argv, line)
+
+
+def test_the_reference_table_lists_every_option_of_every_command():
+    """Each command has one row in the README's command table, naming every option it takes."""
+    from typer.main import get_command
+
+    from policyport.cli import app
+
+    text = README.read_text(encoding="utf-8").split("\n## Reference\n", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `policyport ([a-z-]+) .*$", text, re.M)}
+    group = get_command(app)
+    assert set(rows) == set(group.commands)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            def shown(option):
+                return re.search(re.escape(option) + r"(?![\w-])", rows[name])
+
+            assert any(shown(o) for o in param.opts), f"{name}: {param.opts[0]} missing from its README row"
+            for option in param.secondary_opts:  # --no-rounding beside --rounding
+                assert shown(option), f"{name}: {option} missing from its README row"

@@ -247,11 +247,22 @@ def test_the_memory_checks_name_what_they_measure(monkeypatch):
     asked.clear()
     pp.verify(_mlp(), OBS, reference=lambda obs: {})
     session = pp.load(_mlp())
-    assert asked == [(session.memory_needed({"obs": OBS}, "*") * 3, "verifying 5 observations (3 sets of recorded tensors)")]
+
+    def need(tensors, copies, backends=2, rounding=True):
+        """What one block holds: every side's tensors and each backend's working memory, the float64
+        run's tensors, working memory and inputs, and 96 bytes per element of the largest tensor."""
+        values = list(session.record({"obs": OBS}, tensors).values())
+        elements = sum(v.size for v in values)
+        return ((copies + backends) * sum(v.nbytes for v in values) + rounding * 8 * (2 * elements + OBS.size)
+                + 96 * max(v.size for v in values))
+
+    assert asked == [(need("*", 3), "verifying 5 observations (3 sets of recorded tensors, a float64 run and their "
+                                    "comparison)")]
     asked.clear()
-    pp.verify(_mlp(), OBS, tensors="")
-    assert asked == [(session.memory_needed({"obs": OBS}, "") * 2, "verifying 5 observations (2 sets of recorded tensors)")]
-    assert session.memory_needed({"obs": OBS}, "") < session.memory_needed({"obs": OBS}, "*")
+    pp.verify(_mlp(), OBS, tensors="", rounding=False)
+    assert asked == [(need("", 2, rounding=False), "verifying 5 observations (2 sets of recorded tensors and their "
+                                                   "comparison)")]
+    assert need("", 2) < need("*", 2)
 
 
 def _branches():

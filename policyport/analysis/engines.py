@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, InputMismatchError, require
+from ..errors import BadModelError, InputMismatchError, OptionError, require
 from ..files import check_distinct, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
@@ -64,25 +64,38 @@ class RecordSummary:
     bytes: int = 0
 
 
+#: Suffixes that name a single file: the ray engine's output, a folder, is refused under them.
+FILE_SUFFIXES = (".npz", ".npy", ".json", ".csv")
+
+
 def choose_format(out: Path, fmt: str | None, engine: str) -> str:
     """The output format: ``fmt`` if given, else from ``out``'s suffix (``.npz``/``.parquet``); the ray
-    engine writes parquet.
+    engine writes parquet, into a folder.
 
     Raises:
-        InputMismatchError: an unknown format, or one that contradicts the suffix or the engine.
+        OptionError: an unknown format, one that contradicts the suffix or the engine, or a file's
+            suffix for the ray engine's folder (exit 2). Messages name the command-line option and
+            the keyword argument of :func:`record_dataset`.
     """
     by_suffix = {".npz": "npz", ".parquet": "parquet"}.get(out.suffix)
     if fmt is not None and fmt not in FORMATS:
-        raise InputMismatchError(f"unknown recording format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise OptionError(f"unknown recording format {fmt!r} (--format, format=); choose one of {', '.join(FORMATS)}")
     if engine == "ray":
         if fmt not in (None, "parquet"):
-            raise InputMismatchError(f"the ray engine writes a folder of .parquet files, not {fmt}")
+            raise OptionError(f"--engine ray (engine='ray') writes a folder of .parquet files, but --format (format=) "
+                              f"asks for {fmt}; drop --format, or use --engine local")
+        if out.suffix.lower() in FILE_SUFFIXES:
+            raise OptionError(f"--engine ray (engine='ray') writes a folder of .parquet files, but -o (out=) "
+                              f"{out.name!r} ends in {out.suffix}, a file's suffix; give a folder name such as "
+                              f"{out.with_suffix('').name!r}, or use --engine local to write {out.name!r}")
         return "parquet"
     chosen = fmt or by_suffix
     if chosen is None:
-        raise InputMismatchError(f"cannot tell the format from {out.name!r}; name it .npz or .parquet, or give the format")
+        raise OptionError(f"cannot tell the recording format from -o (out=) {out.name!r}; name it .npz or .parquet, "
+                          "or give --format (format=)")
     if by_suffix is not None and by_suffix != chosen:
-        raise InputMismatchError(f"{out.name} ends in {out.suffix} but the format asked is {chosen}")
+        raise OptionError(f"-o (out=) {out.name!r} ends in {out.suffix} but --format (format=) asks for {chosen}; "
+                          f"name the output {out.with_suffix('.' + chosen).name!r}, or drop --format")
     return chosen
 
 
@@ -137,7 +150,9 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
         A :class:`RecordSummary`.
 
     Raises:
-        InputMismatchError: bad tensors, overrides, format, batch size, or data that does not fit the model.
+        OptionError: a format that contradicts ``out``'s suffix or the engine; a file's suffix for the
+            ray engine's folder (exit 2).
+        InputMismatchError: bad tensors, overrides, batch size, or data that does not fit the model.
         UnreadableFileError: unreadable data.
         OutputExistsError: ``out`` exists (without ``force``) or is one of the inputs.
         MissingDependencyError: pyarrow (parquet) or ray missing.

@@ -3,7 +3,7 @@
 One module per group of commands; :mod:`.core` holds the Typer application and the one error edge
 (exit codes, ``--json`` failures, ``--debug``), :mod:`.render` the literal-text rendering. The CLI
 needs the ``cli`` extra (typer, rich, onnx, onnxruntime); without it :func:`main` says so and exits 4
-instead of failing on an import.
+instead of failing on an import (``policyport --version`` works with numpy alone).
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ COMMANDS = {
     "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "verify": "verify",
     "pack": "pack", "export-numpy": "handoff",
 }
+
+
+#: How to install the command line's packages, from PyPI or in a clone of the repository.
+INSTALL_CLI = "install it with: pip install 'policyport[cli]' (or pip install -e '.[cli]' in a clone of the repository)"
 
 
 def _command(argv: list[str]) -> str | None:
@@ -37,10 +41,13 @@ def _command(argv: list[str]) -> str | None:
 def _app(argv: list[str] | None = None):
     """The Typer application with the commands ``argv`` may run registered (None: every command)."""
     import importlib
+    import importlib.util
 
     command = None if argv is None else _command(argv)
     for module in [COMMANDS[command]] if command in COMMANDS else sorted(set(COMMANDS.values())):
         importlib.import_module(f".{module}", __name__)  # each registers its commands
+    if importlib.util.find_spec("rich") is None:  # imported only once something is rendered (see .render)
+        raise ImportError("No module named 'rich'", name="rich")
     from .core import app
 
     return app
@@ -48,14 +55,22 @@ def _app(argv: list[str] | None = None):
 
 def main() -> None:
     """Console-script entry point (``policyport``, ``python -m policyport``)."""
+    argv = sys.argv[1:]
     try:
-        app = _app(sys.argv[1:])
+        app = _app(argv)
     except ImportError as e:
         missing = (e.name or "").split(".")[0]
         if missing not in ("typer", "rich", "click"):
             raise
+        if _command(argv) is None and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+            from .. import __version__  # the version needs numpy alone
+            from ..files import stdout_reader_may_leave
+
+            with stdout_reader_may_leave():
+                print(f"policyport {__version__}")
+            sys.exit(0)
         sys.stderr.write(f"error: the policyport command needs the Python package {missing!r}, which is not "
-                         "installed; install it with: pip install 'policyport[cli]'\n")
+                         f"installed; {INSTALL_CLI}\n")
         sys.exit(4)
     app()
 

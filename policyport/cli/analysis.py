@@ -196,6 +196,7 @@ def plot(
     rows: Annotated[int, typer.Option("--rows", min=1, metavar="N", help="Observations shown in each heatmap (the first N).")] = 200,
     quiet: QuietOpt = False,
     force: ForceOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """PNG plots: per-layer activation histograms, neuron × observation heatmaps and per-neuron
     mean ± std of a recording; or the per-tensor error of a verification report."""
@@ -206,11 +207,14 @@ def plot(
         if source.suffix == ".json":
             written = plots.plot_report(source, output, force=force)
         else:
-            with progress_bar("plotting", quiet) as callback:
+            with progress_bar("plotting", quiet or as_json) as callback:
                 written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
                                                progress=callback)
+        if as_json:
+            emit_json({"output": str(output), "files": [str(path) for path in written]})
+            return
         say(f"wrote {counted(len(written), 'PNG file')} to {output}")
         for path in written:
             out.print(literal(str(path)))
 
-    guard(False, body)
+    guard(as_json, body)

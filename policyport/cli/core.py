@@ -5,26 +5,29 @@ Every way a command can end is decided here: 0 ok; 1 verification found a mismat
 a run out of memory, and an OS error about the user's paths or machine: a name too long, a
 permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
-Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. With ``--json`` stdout
+Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. Output the reader stops
+taking (``policyport inspect m.onnx | head -1``) is not an error: the command ends with its own code. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+import re
 import signal
 import sys
-import traceback
 from typing import Annotated, Callable, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
-from ..files import using_limits
-from .render import err, literal, say_error
+from ..files import stdout_reader_may_leave, using_limits
+from . import render
+from .render import literal, say_error
 
 from typer import Abort, Exit
 
@@ -94,9 +97,18 @@ def _limits_from(max_bytes: str | None) -> dict:
         raise typer.BadParameter(str(e), param_hint="--max-bytes") from None
 
 
+#: The order ``policyport -h`` lists the commands in: the workflow, from a source to a hand-off.
+WORKFLOW = ("convert", "inspect", "verify", "run", "record", "stats", "plot", "extract", "expose", "pack",
+            "export-numpy", "ops")
+
+
 class PolicyportGroup(TyperGroup):
     """The command group; its ``main`` is the edge for errors raised outside a command's body
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (WORKFLOW.index(n) if n in WORKFLOW else len(WORKFLOW), n))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         prog_name = "policyport"  # also under python -m policyport, and in shell completion's variable
@@ -106,18 +118,19 @@ class PolicyportGroup(TyperGroup):
             state.debug = True
             argv.remove("--debug")
         as_json = _json_requested(argv)
-        try:
-            max_bytes = _take_max_bytes(argv)
-            with using_limits(**_limits_from(max_bytes)):
-                code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
-        except ClickException as e:
-            code = e.exit_code
-            if as_json:
-                print(json.dumps({"error": e.format_message(), "exit_code": code}))
-            _show_usage_error(e)
-        except (Abort, KeyboardInterrupt) as e:
-            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-            err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
+        with stdout_reader_may_leave():
+            try:
+                max_bytes = _take_max_bytes(argv)
+                with using_limits(**_limits_from(max_bytes)):
+                    code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+            except ClickException as e:
+                code = e.exit_code
+                if as_json:
+                    print(json.dumps({"error": e.format_message(), "exit_code": code}))
+                _show_usage_error(e)
+            except (Abort, KeyboardInterrupt) as e:
+                code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+                render.err.print("terminated" if code == EXIT_TERMINATED else "interrupted")
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -128,13 +141,13 @@ def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
     if isinstance(e, NoArgsIsHelpError):  # 'policyport' alone: the help, line by line, exit 2 as Click has it
         for line in e.format_message().splitlines():
-            err.print(literal(line), soft_wrap=True)
+            render.err.print(literal(line), soft_wrap=True)
         return
     ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
-        err.print(literal(ctx.get_usage()))
-        err.print(literal(f"Try '{ctx.command_path} -h' for help."))
-    err.print(f"error: {literal(e.format_message())}")
+        render.err.print(literal(ctx.get_usage()))
+        render.err.print(literal(f"Try '{ctx.command_path} -h' for help."))
+    render.err.print(f"error: {literal(e.format_message())}")
 
 
 class PolicyportCommand(TyperCommand):
@@ -218,14 +231,68 @@ def root(
 
 
 def fail(e: PolicyportError, as_json: bool, command: str = "", source_given: bool = False) -> None:
-    """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s options."""
+    """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s
+    options, and an option the library's message names that this command lacks is said to belong to
+    the commands that have it (:func:`foreign_options`)."""
     message = str(e)
     if isinstance(e, UnsupportedOpError):
         message = e.message_for(command, source_given=source_given)
+    message = foreign_options(message)
     if as_json:
         print(json.dumps({"error": message, "exit_code": e.exit_code}))
     say_error(message)
     raise typer.Exit(e.exit_code)
+
+
+#: A long option named in a message (``--trust``, ``--backend``), not part of a longer word.
+OPTION_MENTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def long_options(command) -> set[str]:
+    """The ``--name`` options (and ``--no-name`` secondaries) of a Click command."""
+    return {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+
+def foreign_options(message: str) -> str:
+    """``message`` with a note on every option it names that the running command lacks.
+
+    Library code is reached from several commands (the converters from ``convert``, ``inspect``,
+    ``verify --source`` and ``pack --source``) and names the option of the one that has it, with the
+    Python keyword (``pass --trust (trust=True)``); under another command the note says whose option
+    it is: ``(--trust is an option of policyport convert and policyport verify, not of policyport pack)``.
+    Options of no command (a path that looks like one) are left alone.
+    """
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - typer on plain Click
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    mentioned = list(dict.fromkeys(OPTION_MENTION.findall(message)))
+    if ctx is None or ctx.parent is None or not mentioned:
+        return message
+    own = long_options(ctx.command) | long_options(ctx.parent.command)
+    foreign = [o for o in mentioned if o not in own]
+    if not foreign:
+        return message
+    notes = []
+    for option in foreign:
+        owners = [f"policyport {name}" for name, options in _every_command() if option in options]
+        if owners:
+            notes.append(f"{option} is an option of {' and '.join(owners)}")
+    if not notes:
+        return message
+    return f"{message} ({'; '.join(notes)}, not of policyport {ctx.info_name})"
+
+
+@functools.lru_cache(maxsize=1)
+def _every_command() -> tuple[tuple[str, frozenset[str]], ...]:
+    """(name, long options) of every command, sorted by name (each command's module imported)."""
+    from typer.main import get_command
+
+    from . import _app
+
+    return tuple((name, frozenset(long_options(cmd))) for name, cmd in sorted(get_command(_app()).commands.items()))
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -254,7 +321,7 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
         message = "terminated" if terminated else "interrupted"
         if as_json:
             print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
-        err.print(f"{message}; nothing was written")
+        render.err.print(f"{message}; nothing was written")
         raise typer.Exit(code) from None
     except OSError as e:
         if e.errno not in USER_OS_ERRORS:
@@ -296,8 +363,10 @@ def _bug(e: BaseException, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"error": message, "exit_code": EXIT_BUG}))
     if state.debug:
+        import traceback
+
         for line in "".join(traceback.format_exception(e)).splitlines():
-            err.print(literal(line))
+            render.err.print(literal(line))
     say_error(message)
     raise typer.Exit(EXIT_BUG) from None
 

@@ -13,6 +13,10 @@ from .options import ForceOpt, JsonOpt, ModelArg
 from .render import add_row, counted, literal, out, say, shape_text, table
 
 
+#: The most node rows ``inspect`` draws on a terminal; a pipe or a file gets every row.
+TERMINAL_ROWS = 200
+
+
 @app.command()
 def inspect(
     model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
@@ -46,14 +50,22 @@ def inspect(
         out.print(literal(f"opset {s['opset']}, IR {s['ir_version']}, producer {s['producer'] or '?'}"))
         for kind in ("inputs", "outputs"):
             out.print(literal(f"{kind}: " + ", ".join(f"{v['name']} {v['dtype']}{format_shape(v['shape'])}" for v in s[kind])))
-        t = table(f"{len(s['nodes'])} nodes, {s['parameter_count']:,} parameters",
+        t = table(f"{len(s['nodes']):,} nodes, {s['parameter_count']:,} parameters",
                   ["node", "op", "output", "dtype", "shape", ("parameters", "right")])
-        for n in s["nodes"]:
-            for i, o in enumerate(n["outputs"]):
-                add_row(t, n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"],
-                        o["dtype"] or "?", format_shape(o["shape"]),
-                        f"{n['parameter_count']:,}" if i == 0 and n["parameters"] else "")
+        rows = [[n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"], o["dtype"] or "?",
+                 format_shape(o["shape"]), f"{n['parameter_count']:,}" if i == 0 and n["parameters"] else ""]
+                for n in s["nodes"] for i, o in enumerate(n["outputs"])]
+        hidden = 0
+        if out.is_terminal and len(rows) > TERMINAL_ROWS:  # a screenful, not minutes of drawing a huge graph
+            head, tail = TERMINAL_ROWS - TERMINAL_ROWS // 10, TERMINAL_ROWS // 10
+            hidden = len(rows) - head - tail
+            rows = [*rows[:head], ["…"] * 6, *rows[-tail:]]
+        for row in rows:
+            add_row(t, *row)
         out.print(t)
+        if hidden:
+            say(f"{hidden:,} of {hidden + TERMINAL_ROWS:,} rows not shown on a terminal; a pipe, a file or --json "
+                "gets every node")
         out.print(literal("ops: " + ", ".join(s["ops"])))
         lacks = s["numpy_backend_lacks"]
         out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))

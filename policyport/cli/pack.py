@@ -80,7 +80,8 @@ def pack(
             count = sum("/" in name for name in policy["files"])
             rows.append((f"{runtime['package']}/ ({count} files)", f"{runtime['digest']} (runtime digest)"))
         for short in (False, True):  # whole digests when they fit, else their first 16 hex digits
-            t = table(f"{folder}: runs with numpy alone", ["file", "sha256" + (" (prefix; whole in policy.json)" if short else "")])
+            t = table(f"{folder}: runs with numpy alone" if runtime is not None else
+                      f"{folder}: runs where policyport is installed (its core needs numpy alone)", ["file", "sha256" + (" (prefix; whole in policy.json)" if short else "")])
             for name, digest in rows:
                 add_row(t, name, digest[:16] + "…" + digest[64:] if short else digest)
             if fits(t):
@@ -91,7 +92,9 @@ def pack(
                               f"(Python {runtime['requires_python']} and numpy alone)"))
         count = policy["golden"]["samples"]
         out.print(literal(f"golden data: {counted(count, 'observation')}, {counted(parity['tensors'], 'tensor')} "
-                          f"each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"))
+                          f"each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"
+                          + ("" if parity.get("source_vs_numpy_max_abs") is None else
+                             f"; source vs numpy max abs {parity['source_vs_numpy_max_abs']:.3g}")))
         if count != samples and feeds is None:
             say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
         for r in parity["rounding"]:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from ..compare import tolerance_advice
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import (
@@ -98,7 +99,7 @@ def verdict(report) -> str:
     if f.rule == "rounding":
         text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
                  f"off, {f.reference} {f.reference_vs_float64:.2g}")
-    return text + f"; if {f.dtype} differences of this size are acceptable, loosen them with --atol/--rtol"
+    return text + tolerance_advice(report, "loosen them with --atol/--rtol")
 
 
 def print_report(report, as_json: bool) -> int:
@@ -152,7 +153,7 @@ def verify_cmd(
             if given or tensors != "*":
                 raise typer.BadParameter(
                     f"a packed folder is checked on the numpy backend against its own golden data, so "
-                    f"{', '.join(given + (['--tensors'] if tensors != '*' else []))} do not apply; "
+                    f"{_listed(given + (['--tensors'] if tensors != '*' else []))} apply; "
                     "give -i or --source to compare backends on other observations, or --backends to "
                     "compare them on the golden observations", param_hint="MODEL")
             return print_report(verify_bundle(model, atol=atol, rtol=rtol), as_json)
@@ -177,8 +178,8 @@ def verify_cmd(
         elif inputs is not None:
             drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
             if drawn:
-                raise typer.BadParameter(f"-i gives the observations, so {', '.join(drawn)} (which shape random draws) "
-                                         "do not apply; --samples N takes the first N rows of the file", param_hint="-i")
+                raise typer.BadParameter(f"-i gives the observations, so {_listed(drawn)} apply (nothing is drawn); "
+                                         "--samples N takes the first N rows of the file", param_hint="-i")
             feeds = load_feeds(inputs, input_names(model))
         with drawing_advice("verify", takes_inputs=True):
             report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
@@ -187,3 +188,8 @@ def verify_cmd(
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)
+
+
+def _listed(flags: list[str]) -> str:
+    """``--low does not`` / ``--low, --seed do not``: options named as the subject of "apply"."""
+    return f"{', '.join(flags)} {'does' if len(flags) == 1 else 'do'} not"

@@ -59,6 +59,12 @@ READS: dict[str, frozenset[str]] = {
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
 }
 
+#: Where a source kind records its own activation, for the refusal of a list of them.
+_RECORDED_ACTIVATION = {
+    "sb3": "; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)",
+    "rllib": "; an RLlib checkpoint records its activation in its model config (fcnet_activation)",
+}
+
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
@@ -266,7 +272,7 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     if kind not in SOURCES:
         raise OptionError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
     _check_applies(options, kind)
-    _check_activation(options.activation, kind)
+    _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
@@ -274,11 +280,16 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
 
 
 def _check_applies(options: ConvertOptions, kind: str) -> None:
-    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do.
+    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do,
+    and a list of activations where no source of ``kind`` takes one.
 
     Raises:
         OptionError: such an option (exit 2).
     """
+    if options.activation and "," in options.activation and kind != "state-dict":
+        raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
+                          "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
+                          f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
     defaults = ConvertOptions()
     given = [f.name for f in dataclasses.fields(options)
              if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
@@ -290,25 +301,15 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
         raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
 
 
-def _check_activation(activation: str | None, kind: str) -> None:
-    """Refuse an ``activation`` option that is no activation name, or a per-layer list where
-    ``kind`` takes one name (a comma list names one activation per parameter-free module of a plain
-    ``nn.Sequential`` state_dict).
+def _check_activation(activation: str | None) -> None:
+    """Refuse an ``activation`` option naming no activation policyport knows (each name of a list).
 
     Raises:
         OptionError: such a value (exit 2).
     """
     from .activations import parse_activation
 
-    if activation is None:
-        return
-    names = activation.split(",")
-    if len(names) > 1 and kind != "state-dict":
-        recorded = {"sb3": "; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)",
-                    "rllib": "; an RLlib checkpoint records its activation in its model config (fcnet_activation)"}
-        raise OptionError(f"--activation {activation!r} is a per-layer list, which applies to a plain nn.Sequential "
-                          f"state_dict; {kind} sources take one activation name{recorded.get(kind, '')}")
-    for name in names:
+    for name in activation.split(",") if activation is not None else ():
         try:
             parse_activation(name)
         except BadModelError as e:

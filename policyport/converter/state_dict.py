@@ -163,8 +163,9 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
                              f"activation and modules without effect in eval mode (Dropout)")
         layers.append(Dense(f"{prefix}{i}", w, wname, b, bname, "out_in", None, post=steps))
     if isinstance(activation, list) and len(activation) != len(needs_activation):
-        raise BadModelError(
-            f"{what}: {len(activation)} activations given for {len(needs_activation)} parameter-free module(s) at "
+        raise OptionError(
+            f"{what}: --activation (activation=) gives {len(activation)} activations for "
+            f"{len(needs_activation)} parameter-free module(s) at "
             f"{', '.join(f'{prefix}{j}' for j in needs_activation)}; give one, or one per module"
         )
     if needs_activation and activation is None:
@@ -344,7 +345,8 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
     name = activation or defaults[layout]
     if name and "," in name:
         if layout != "sequential":
-            raise OptionError(f"one activation per module applies to a plain nn.Sequential; this is the {layout} layout")
+            raise OptionError(f"--activation (activation=) {name!r} is a list, one activation per module, which "
+                              f"applies to a plain nn.Sequential; this state_dict has the {layout} layout")
         act = [parse_activation(a) for a in name.split(",")]
     else:
         act = parse_activation(name) if name else None

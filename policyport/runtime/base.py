@@ -135,12 +135,22 @@ def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = ()
     return env["check"]
 
 
+def native_order(value):
+    """``value`` with its bytes in this machine's order: an array stored the other way round (``np.save``
+    of a ``>f4`` array on a little-endian machine) converted, anything else as it is."""
+    if isinstance(value, np.ndarray) and value.dtype.byteorder not in ("=", "|") and \
+            value.dtype != value.dtype.newbyteorder("="):
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
+
+
 def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
                 optional: list[ValueInfo] = ()) -> dict[str, np.ndarray]:
     """Validate feeds against the graph inputs and return them as numpy arrays.
 
     Checks, in order: every input is fed and nothing else is (an ``optional`` input may be); each
-    array has the input's dtype (no silent casts) and rank; each fixed dimension matches; a symbolic
+    array has the input's dtype (no silent casts; an array of that dtype in the other byte order,
+    such as ``np.save`` of a ``>f4`` array, is converted to native order) and rank; each fixed dimension matches; a symbolic
     dimension (``"batch"``) has one size across all inputs that share it.
 
     Args:
@@ -149,8 +159,8 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
         optional: inputs that may be fed (initializers that are graph inputs too).
 
     Returns:
-        input name -> ``np.ndarray``: the required inputs in graph-input order, then the optional
-        ones fed.
+        input name -> ``np.ndarray`` in native byte order: the required inputs in graph-input
+        order, then the optional ones fed.
 
     Raises:
         InputMismatchError: with the input's name, what was expected and what was found.
@@ -167,6 +177,8 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
     symbols: dict[str, tuple[int, str]] = {}
     for v in [*inputs, *(o for o in optional if o.name in feeds)]:
         arr = np.asarray(feeds[v.name])
+        if arr.dtype != v.dtype and arr.dtype.newbyteorder("=") == v.dtype:  # in the other byte order
+            arr = native_order(arr)
         if arr.dtype != v.dtype:
             raise InputMismatchError(
                 f"input {v.name!r} expects dtype {v.dtype.name}, got {arr.dtype.name}; "

@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -29,7 +30,8 @@ import unicodedata
 from pathlib import Path
 
 from ..compare import DEFAULT_ATOL, DEFAULT_RTOL
-from ..errors import InputMismatchError, OutputExistsError, PolicyportError
+from ..errors import OptionError, OutputExistsError, PolicyportError
+from ..files import stdout_reader_may_leave
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
 _ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
@@ -73,7 +75,14 @@ def parser(prog: str = "run.py") -> argparse.ArgumentParser:
 
 def main(folder: str | os.PathLike, argv: list[str] | None = None, prog: str = "run.py") -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run or verify the bundle in ``folder``, print the
-    result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does."""
+    result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does.
+    Output the reader stops taking (``python run.py --verify | head -1``) is not an error: the exit
+    code is the command's own."""
+    with stdout_reader_may_leave():
+        return _main(folder, argv, prog)
+
+
+def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
     p = parser(prog)
     args = p.parse_args(argv)
     _check_usage(p, args)
@@ -86,7 +95,7 @@ def main(folder: str | os.PathLike, argv: list[str] | None = None, prog: str = "
         _run(Path(folder), args)
         return 0
     except PolicyportError as e:
-        return _fail(str(e), e.exit_code, args.json)
+        return _fail(_foreign_options(str(e), p), e.exit_code, args.json)
     except KeyboardInterrupt as e:
         code = EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
         return _fail(("terminated" if code == EXIT_TERMINATED else "interrupted") + "; nothing was written", code, args.json)
@@ -111,7 +120,8 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     given = [flag for flag, value in (("-i", args.input), ("-o", args.output), ("--record", args.record),
                                       ("--tensors", args.tensors)) if value is not None]
     if args.verify and given:
-        p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} do not apply")
+        p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} "
+                f"{'does' if len(given) == 1 else 'do'} not apply")
     if not args.verify and (args.input is None or args.output is None):
         p.error("give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it")
     if args.tensors is not None and args.record is None:
@@ -120,6 +130,19 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             p.error(f"--{name} must be a finite number >= 0, not {value}")
+
+
+def _foreign_options(message: str, p: argparse.ArgumentParser) -> str:
+    """``message`` with a note on the options it names that ``run.py`` lacks: messages of the
+    runtime it shares with policyport name the ``policyport`` command's options
+    (``run it with --backend onnxruntime``)."""
+    own = {o for action in p._actions for o in action.option_strings}
+    foreign = [o for o in dict.fromkeys(re.findall(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*", message))
+               if o not in own]
+    if not foreign:
+        return message
+    return (f"{message} ({', '.join(foreign)} {'is an option' if len(foreign) == 1 else 'are options'} of the "
+            f"policyport command, not of {p.prog})")
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:
@@ -134,7 +157,7 @@ def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
 
     outputs = [args.output] + ([args.record] if args.record is not None else [])
     if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
-        raise InputMismatchError("--record and -o name the same file")
+        raise OptionError(f"--record {literal(args.record)} is also the -o file; give --record another file")
     inside = folder.resolve()
     for path in outputs:
         if inside in path.resolve().parents:

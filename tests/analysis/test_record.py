@@ -153,9 +153,9 @@ def test_an_existing_output_needs_force_and_the_format_must_be_known(tmp_path, m
     assert out.read_bytes() == b"precious"
     record_dataset(metadrive_onnx, path, out, force=True, tensors="logits")
     assert open_recording(out).rows == 3000
-    with pytest.raises(pp.InputMismatchError, match="cannot tell the format"):
+    with pytest.raises(pp.OptionError, match="cannot tell the recording format from -o"):
         record_dataset(metadrive_onnx, path, tmp_path / "rec.bin")
-    with pytest.raises(pp.InputMismatchError, match="ends in .npz but the format asked is parquet"):
+    with pytest.raises(pp.OptionError, match=r"ends in .npz but --format \(format=\) asks for parquet"):
         record_dataset(metadrive_onnx, path, tmp_path / "x.npz", format="parquet")
     with pytest.raises(pp.OutputExistsError, match="also an input"):
         record_dataset(metadrive_onnx, path, path, format="npz", force=True)

@@ -61,11 +61,13 @@ def test_summarised_action_bounds_without_a_uniform_repr_are_refused_naming_them
 
 @pytest.mark.parametrize("args, message", [
     ([str(CARTPOLE), "--activation", "relu,elu"],
-     ("--activation 'relu,elu' is a per-layer list, which applies to a plain nn.Sequential state_dict; sb3 sources "
-      "take one activation name; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)")),
+     ("--activation (activation=) 'relu,elu' is a list, one activation per parameter-free module, which applies to "
+      "state-dict sources of a plain nn.Sequential; sb3 sources take one activation name; an SB3 zip records its "
+      "activation in policy_kwargs (leave --activation out to use it)")),
     ([str(ROOT / "fixtures" / "rllib" / "ray" / "ppo_new"), "--activation", "tanh,relu"],
-     ("--activation 'tanh,relu' is a per-layer list, which applies to a plain nn.Sequential state_dict; rllib sources "
-      "take one activation name; an RLlib checkpoint records its activation in its model config (fcnet_activation)")),
+     ("--activation (activation=) 'tanh,relu' is a list, one activation per parameter-free module, which applies to "
+      "state-dict sources of a plain nn.Sequential; rllib sources take one activation name; an RLlib checkpoint "
+      "records its activation in its model config (fcnet_activation)")),
     ([str(CARTPOLE), "--activation", "relu"],
      ("--activation relu contradicts SB3's default for this policy (its policy_kwargs name no activation_fn), which "
       "names tanh; leave --activation out to use the recorded one")),

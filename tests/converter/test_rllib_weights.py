@@ -211,8 +211,9 @@ def test_unplaced_names_are_all_listed():
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"activation": "sigmoidish"}, pp.OptionError, r"^unknown activation 'sigmoidish'; choose one of tanh, relu"),
     ({"activation": "leaky_relu:abc"}, pp.OptionError, "^leaky_relu slope must be a number, got 'abc'$"),
-    ({"activation": "tanh,relu"}, pp.OptionError, (r"^--activation 'tanh,relu' is a per-layer list, which applies to a "
-                                                   r"plain nn.Sequential state_dict; npz sources take one activation name$")),
+    ({"activation": "tanh,relu"}, pp.OptionError, (r"^--activation \(activation=\) 'tanh,relu' is a list, one activation "
+                                                   r"per parameter-free module, which applies to state-dict sources of a "
+                                                   r"plain nn.Sequential; npz sources take one activation name$")),
     ({"head": "beta"}, pp.OptionError, "^unknown head 'beta'"),
     ({"opset": 7}, pp.OptionError, r"^opset 7 is out of range: policyport builds opset 11 to \d+$"),
     ({"head": "diag-gaussian", "activation": "tanh"}, pp.BadModelError, "there are 3 logits"),  # no mean/log_std halves

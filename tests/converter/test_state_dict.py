@@ -141,7 +141,8 @@ def test_numpy_and_torch_references_agree_on_every_tensor():
 def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
     with pytest.raises(pp.BadModelError, match=r"activation modules sit at 2, 6.*--activation"):
         pp.convert(TORCH_DIR / "norms.state_dict.pt")
-    with pytest.raises(pp.BadModelError, match=r"3 activations given for 2"):
+    with pytest.raises(pp.OptionError, match=r"--activation \(activation=\) gives 3 activations for 2 parameter-free "
+                                            r"module\(s\) at 2, 6; give one, or one per module"):
         pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu,elu")
     path = tmp_path / "odd.pt"
     torch.save({"0.weight": torch.zeros(3, 2), "encoder.gamma": torch.zeros(3), "head.kernel": torch.zeros(3, 3)}, path)

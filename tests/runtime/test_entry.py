@@ -111,8 +111,8 @@ def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tm
     assert "exists; overwrite it with --force" in capsys.readouterr().err
     assert entry.main(folder, ["-i", str(obs), "-o", str(folder / "y.npz")]) == 3
     assert capsys.readouterr().err.startswith(f"error: {folder / 'y.npz'} is inside the packed folder {folder}")
-    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "a.npz"), "--record", str(tmp_path / "a.npz")]) == 3
-    assert capsys.readouterr().err == "error: --record and -o name the same file\n"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "a.npz"), "--record", str(tmp_path / "a.npz")]) == 2
+    assert capsys.readouterr().err == f"error: --record {tmp_path / 'a.npz'} is also the -o file; give --record another file\n"
     assert entry.main(folder, ["-i", str(obs), "-o", str(obs), "--force"]) == 3
     np.save(tmp_path / "bad.npy", np.zeros((2, 4), np.float32))
     assert entry.main(folder, ["-i", str(tmp_path / "bad.npy"), "-o", str(tmp_path / "z.npz"), "--json"]) == 3

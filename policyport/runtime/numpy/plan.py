@@ -221,6 +221,12 @@ class Plan:
         self.run = self._compile("run")
 
     @property
+    def row_split(self) -> RowSplit | None:
+        """How the graph splits into blocks of rows that give the same rows as the whole batch
+        (:class:`RowSplit`), or ``None`` when it does not compute row by row."""
+        return self._rows
+
+    @property
     def record(self) -> Callable:
         """``record(feeds)``: every node output in node order, then the graph outputs that are not."""
         if "record" not in self._compiled:
@@ -291,7 +297,9 @@ class Plan:
         if node.op_type == "Slice" and impl.since >= 10 and self._slice_fast_path(args):
             return "index", None
         if node.op_type == "Relu" and node.domain == "" and len(args) == 1 and known[0].dtype is not None:
-            args.append(self._const(known[0].dtype.type(0)))  # the registered np.maximum(x, 0), without its frame
+            # the registered np.maximum(x, 0), without its frame; the zero as a 0-d array, which a ufunc
+            # takes as it is (a numpy scalar it converts to one on every call: 1.2 against 0.7 µs at batch 1)
+            args.append(self._const(np.zeros((), known[0].dtype)))
             return "relu", None
         return "call", functools.partial(impl.fn, **attrs) if attrs else impl.fn
 

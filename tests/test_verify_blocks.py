@@ -1,0 +1,164 @@
+"""verify in blocks of rows: a sample verified in many blocks gives the report it gives in one, and
+the memory it plans for is one block's, so a large sample fits a small memory limit."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+import policyport.verification as verification
+from policyport.compare import ComparisonFold, compare
+from policyport.errors import LimitExceededError
+from test_stochastic import REASON, random_normal_like, sampled_policy  # noqa: F401  (a fixture; tests/ is on sys.path)
+
+SOURCE_FREE = {"backends": ("numpy", "onnxruntime")}
+
+
+@pytest.fixture
+def blocks_asked(monkeypatch):
+    """The messages of verify's memory checks (the checks still run)."""
+    asked = []
+    real = verification.check_memory
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append(what) or real(need, what))
+    return asked
+
+
+def in_blocks(monkeypatch, block_bytes: int, *args, **kwargs) -> dict:
+    with monkeypatch.context() as m:
+        m.setattr(verification, "BLOCK_BYTES", block_bytes)
+        return pp.verify(*args, **kwargs).to_dict()
+
+
+def row_wise_reference(model):
+    """A source stand-in whose rows do not depend on the batch: the numpy backend's logits."""
+    session = pp.load(model)
+    return lambda obs: {"logits": session.run({"obs": obs})["logits"]}
+
+
+@pytest.mark.parametrize("options", [{}, {"atol": 0.0, "rtol": 0.0}, {"atol": 0.0, "rtol": 0.0, "rounding": False},
+                                     {"atol": 1e-7, "rtol": 0.0}])
+def test_many_blocks_give_the_report_of_one(metadrive_model, monkeypatch, blocks_asked, options):
+    reference = row_wise_reference(metadrive_model)
+    whole = in_blocks(monkeypatch, 1 << 40, metadrive_model, samples=3000, reference=reference, **options)
+    assert blocks_asked[-1].startswith("verifying 3,000 observations (3 sets") and "blocks" not in blocks_asked[-1]
+    parts = in_blocks(monkeypatch, 40 << 20, metadrive_model, samples=3000, reference=reference, **options)
+    assert " blocks of " in blocks_asked[-1]
+    assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 3
+    assert parts == whole
+    assert whole["samples"] == 3000 and all(c["shape"][0] == 3000 for c in whole["comparisons"])
+    if options.get("atol") == 0.0 and options.get("rounding", True):
+        assert whole["oracle"] == "numpy float64" and any(c["rule"] == "rounding" for c in whole["comparisons"])
+
+
+def test_a_real_mismatch_reads_the_same_in_blocks(metadrive_model, monkeypatch):
+    """The source's logits off by 0.01 on the last 300 rows only: the blocks before say nothing."""
+    session = pp.load(metadrive_model)
+
+    def reference(obs):
+        logits = session.run({"obs": obs})["logits"].copy()
+        logits[np.asarray(obs)[:, 0] > 0.85] += np.float32(0.01)
+        return {"logits": logits}
+
+    whole = in_blocks(monkeypatch, 1 << 40, metadrive_model, samples=2000, reference=reference)
+    parts = in_blocks(monkeypatch, 30 << 20, metadrive_model, samples=2000, reference=reference)
+    assert parts == whole and not whole["passed"]
+    assert whole["first_divergence"]["tensor"] == "logits" and whole["first_divergence"]["reference"] == "source"
+    assert whole["first_divergence"]["max_abs"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_a_graph_that_is_not_row_wise_is_verified_whole(monkeypatch, blocks_asked, random_normal_like):
+    """A random node draws per block: the stochastic graph stays one block, its skipped tensors as before."""
+    whole = in_blocks(monkeypatch, 1 << 10, sampled_policy(), samples=500)
+    assert blocks_asked[-1].startswith("verifying 500 observations") and "blocks" not in blocks_asked[-1]
+    assert [s["tensor"] for s in whole["skipped"]] == ["noise", "scaled", "sampled"]
+    assert all(s["reason"] == REASON for s in whole["skipped"]) and whole["passed"]
+
+
+def test_a_large_sample_fits_a_memory_limit_one_block_would_not(metadrive_model, monkeypatch, blocks_asked):
+    obs = np.random.default_rng(3).uniform(0, 1, (12_000, 275)).astype(np.float32)
+    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "250M")  # verifying 12,000 rows whole plans for about 800 MiB
+    report = pp.verify(metadrive_model, obs)
+    assert report.passed and report.samples == 12_000 and report.comparisons[0].shape == (12_000, 256)
+    assert 4 <= int(blocks_asked[-1].split(", in ")[1].split()[0]) <= 12
+    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "50K")  # not even a row's verification fits
+    with pytest.raises(LimitExceededError, match=r"^verifying 12,000 observations \(2 sets of recorded tensors, a "
+                                                 r"float64 run and their comparison, in 12,000 blocks of 1 row\) "
+                                                 r"needs about .*, more than 50 KiB"):
+        pp.verify(metadrive_model, obs)
+
+
+def test_the_cli_refuses_a_verification_that_cannot_fit_with_exit_3(tmp_path, monkeypatch):
+    from test_cli import invoke
+
+    model = _attention_like()
+    onnx.save(model, tmp_path / "m.onnx")
+    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "30M")
+    result = invoke("verify", tmp_path / "m.onnx", "--samples", "20000")
+    assert result.exit_code == 3
+    assert "verifying 20,000 observations (2 sets of recorded tensors, a float64 run and their comparison) needs " \
+           "about" in result.stderr and "(the limit POLICYPORT_MAX_MEMORY sets)" in result.stderr
+
+
+def _attention_like() -> onnx.ModelProto:
+    """obs (batch, 64) -> h = obs @ W (batch, 64) -> scores = h @ h^T (batch, batch): rows mix."""
+    w = numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "w"], ["h"], name="h"),
+         helper.make_node("Transpose", ["h"], ["ht"], name="ht"),
+         helper.make_node("MatMul", ["h", "ht"], ["scores"], name="scores")],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", "batch"])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+# ------------------------------------------------------------------------------------- the fold
+
+
+def _cases():
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((12, 3)).astype(np.float32)
+    b = a + rng.standard_normal((12, 3)).astype(np.float32) * 1e-5
+    oracle = (a.astype(np.float64) + b) / 2
+    nan_a, nan_b = a.copy(), b.copy()
+    nan_a[[1, 7], 0] = np.nan
+    nan_b[[7, 9], 2] = np.nan
+    inf_a, inf_b = a.copy(), b.copy()
+    inf_a[4, 1] = inf_b[4, 1] = np.inf
+    inf_a[10, 2] = np.inf
+    ints = rng.integers(-5, 5, (12, 3))
+    other = ints.copy()
+    other[[2, 11], 1] += 3
+    words = np.array([f"w{i}" for i in range(12)])
+    return {
+        "close": (a, b, None), "rounding": (a, b, oracle), "far": (a, b * 2, oracle), "nan": (nan_a, nan_b, None),
+        "inf": (inf_a, inf_b, None), "ints": (ints, other, None), "same ints": (ints, ints.copy(), None),
+        "strings": (words, np.where(np.arange(12) % 5 == 0, "x", words), None),
+        "dtype": (a, ints, None), "empty": (a[:0], b[:0], None), "float16 vs float32": (a.astype(np.float16), b, None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+@pytest.mark.parametrize("cuts", [[12], [5, 12], [1, 2, 3, 9, 12]])
+def test_a_fold_over_blocks_is_the_comparison_of_the_whole(case, cuts):
+    a, b, oracle = _cases()[case]
+    for atol, rtol in ((None, None), (0.0, 0.0)):
+        want = compare("t", "cand", a, "ref", b, atol, rtol, oracle)
+        fold = ComparisonFold("t", "cand", "ref", atol, rtol)
+        starts = [0, *cuts[:-1]]
+        for start, stop in zip(starts, cuts):
+            fold.add(a[start:stop], b[start:stop])
+        if oracle is not None and fold.wants_rounding:
+            for start, stop in zip(starts, cuts):
+                fold.add_rounding(a[start:stop], b[start:stop], oracle[start:stop])
+        assert fold.result() == want, (case, cuts, atol)
+
+
+def test_a_shape_mismatch_reports_the_whole_shapes():
+    fold = ComparisonFold("t", "cand", "ref")
+    for start, stop in ((0, 4), (4, 10)):
+        fold.add(np.zeros((stop - start, 3), np.float32), np.zeros((stop - start, 2), np.float32))
+    got = fold.result()
+    assert (got.shape, got.detail, got.passed, got.max_abs) == ((10, 3), "shape (10, 3) vs (10, 2)", False, np.inf)
