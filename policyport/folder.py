@@ -63,6 +63,10 @@ RUNTIME_PACKAGE = "_policyport"
 #: A runtime file: a ``.py`` file below ``_policyport/``, lowercase identifiers, at most 4 folders deep.
 RUNTIME_FILE = re.compile(r"_policyport(?:/[a-z_][a-z0-9_]*){0,4}/[a-z_][a-z0-9_]*\.py")
 
+#: Names of what Python can import, or read instead of a source: modules, bytecode, extension
+#: modules, path configuration files, bytecode caches. Only listed files may have such a name.
+IMPORTABLE = re.compile(r"__pycache__|.+\.(?:py|pyc|pyo|pyw|pyd|so|pth|zip|egg)", re.IGNORECASE)
+
 # Limits, checked on the opened file's size before it is hashed or read (bytes).
 #: ``policy.json``.
 MAX_POLICY_BYTES = 1 << 20
@@ -304,10 +308,23 @@ def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
                     "file was changed or damaged after packing — restore the file, or pack the model again into a new "
                     "folder (pack --force replaces only an intact bundle)"
                 )
+    _refuse_unlisted_code(directory, names, document)
     runtime = policy.get("runtime")
     if runtime is not None and runtime_digest(policy["files"]) != runtime["digest"]:
         raise BadModelError(f"{document}: the runtime files do not add up to the runtime digest it records")
     return policy, blobs
+
+
+def _refuse_unlisted_code(directory: Path, listed: list[str], document: str) -> None:
+    """Refuse a file or folder Python could import from the folder that ``policy.json`` does not list
+    (a ``hashlib.py`` beside ``run.py`` would shadow the standard library's, a ``__pycache__`` would
+    stand in for the runtime's sources), whatever it is (a file, a folder, a link)."""
+    files, folders, others = folder_entries(directory)
+    planted = [n for n in sorted((*files, *folders, *others)) if n not in listed and IMPORTABLE.fullmatch(n.rsplit("/", 1)[-1])]
+    if planted:
+        shown = ", ".join(repr(n) for n in planted[:5]) + (f" and {len(planted) - 5} more" if len(planted) > 5 else "")
+        raise BadModelError(f"{directory}: holds Python code that {document} does not list ({shown}); a packed folder "
+                            "holds only the files it lists — remove them, or pack the model again into a new folder")
 
 
 def _parse_policy(data: bytes, document: str) -> dict[str, Any]:
