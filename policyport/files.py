@@ -186,8 +186,10 @@ def check_array_bytes(nbytes: int, what: str, limit: int | None = None, *,
 def check_tensor_shape(shape, dtype) -> tuple[int, ...]:
     """``shape`` as a tuple of ints, checked before an array of it is allocated.
 
-    For ops whose output size comes from a value in the model (ConstantOfShape, Expand, Tile,
-    Range): the size is computed with Python integers, so no product can overflow.
+    For ops whose output size is not bounded by their inputs' sizes but comes from a value, an
+    attribute or an equation in the model (ConstantOfShape, Expand, Tile, Range, RandomNormal,
+    Multinomial, Gather, Einsum, padded Conv and pooling): the size is computed with Python
+    integers, so no product can overflow.
 
     Raises:
         ValueError: a negative dimension.
