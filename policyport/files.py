@@ -777,7 +777,7 @@ def read_json(path: str | os.PathLike):
 
 def load_onnx(path: str | os.PathLike):
     """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder
-    (whose every file is checked by :func:`policyport.folder.open_bundle` first).
+    (checked first by :func:`policyport.folder.read_bundle`, as every reader of a folder is).
 
     Every initializer and tensor attribute is checked against its dims (:func:`check_model_tensors`);
     external data, which onnx reads only from the model's folder, is size-checked before it is read.
@@ -792,11 +792,11 @@ def load_onnx(path: str | os.PathLike):
     onnx = require("onnx", "onnx", "reading an .onnx file")
     path = Path(path)
     if path.is_dir():  # a packed folder: its model.onnx, after the check every reader of a folder makes
-        from .folder import MODEL_FILE, POLICY_FILE, open_bundle
+        from .folder import MODEL_FILE, POLICY_FILE, read_bundle
 
         if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
             raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
-        data = open_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
+        data = read_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
         path = path / MODEL_FILE
     elif not path.is_file():
         raise UnreadableFileError(f"{path}: no such file")
