@@ -718,8 +718,13 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
         file: a path, or a seekable binary file object open for writing.
 
     Raises:
-        BadModelError: an object array, which could only be stored as a pickle.
+        BadModelError: an object array, which could only be stored as a pickle; a key with a NUL
+            character, where a zip archive's member names end (it would be read back cut short).
     """
+    for key in arrays:
+        if "\0" in key:
+            raise BadModelError(f"{key!r} holds a NUL character (\\x00), which the member names of an .npz (a zip "
+                                "archive) cannot hold; rename the tensor or parameter")
     with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             array = np.asarray(array)
