@@ -8,6 +8,18 @@ mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
+
+#: How many names a message lists before it says how many more there are.
+LISTED_NAMES = 10
+
+
+def listing(names: Iterable[object], first: int = LISTED_NAMES, show=repr) -> str:
+    """Names for a message, however many a file holds: ``'a', 'b', 'c'``, or the first ``first``
+    (default :data:`LISTED_NAMES`) then ``… and 17 more``; ``show`` formats each (default repr)."""
+    names = list(names)
+    shown = ", ".join(show(n) for n in names[:first])
+    return shown + (f" … and {len(names) - first:,} more" if len(names) > first else "")
 
 
 class PolicyportError(Exception):
@@ -48,7 +60,7 @@ class MissingOp:
 
     def describe(self) -> str:
         """``LSTM node "lstm" (opset 9; no LSTM at any opset)``, for a message."""
-        shown = ", ".join(f'"{n}"' for n in self.nodes[:3]) + (f" and {len(self.nodes) - 3} more" if len(self.nodes) > 3 else "")
+        shown = listing(self.nodes, 3, lambda n: f'"{n}"')
         where = f" in domain {self.domain!r}" if self.domain else ""
         noun = "node" if len(self.nodes) == 1 else "nodes"
         have = (f"implemented from opset {self.versions[0]}" if self.versions
@@ -155,6 +167,11 @@ class UntrustedFileError(PolicyportError, PermissionError):
 
 class OutputExistsError(PolicyportError, FileExistsError):
     """An output path that exists and was not allowed to be overwritten (exit 3)."""
+
+
+class NoSpaceError(PolicyportError, OSError):
+    """An output larger than the free space of the file system it goes to, refused before a byte
+    of it is written (exit 3)."""
 
 
 class MissingDependencyError(PolicyportError, ImportError):

@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .errors import (BadModelError, InputMismatchError, LimitExceededError, OutputExistsError, PolicyportError,
+from .errors import (BadModelError, InputMismatchError, LimitExceededError, NoSpaceError, OutputExistsError, PolicyportError,
                      UnreadableFileError, require)
 
 # ------------------------------------------------------------------------------------------- limits
@@ -45,9 +45,11 @@ KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV_ARRAY_BYTES = "POLICYPORT_MAX_ARRAY_BYTES"
 ENV_MEMORY = "POLICYPORT_MAX_MEMORY"
 ENV_NODES = "POLICYPORT_MAX_NODES"
+ENV_NPZ_ARRAYS = "POLICYPORT_MAX_NPZ_ARRAYS"
 
 DEFAULT_ARRAY_BYTES = 1 * GIB
 DEFAULT_NODES = 200_000
+DEFAULT_NPZ_ARRAYS = 4096
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,15 @@ class Limits:
             get, measured when asked (:func:`available_memory`); ``POLICYPORT_MAX_MEMORY``.
         nodes: the most nodes a graph may have on the numpy backend (compiling its plan takes time
             and memory in proportion). Default 200,000; ``POLICYPORT_MAX_NODES``.
+        npz_arrays: the most arrays (zip members) one ``.npz`` may hold: reading, checking and
+            reporting each costs time and memory however small it is. Default 4,096;
+            ``POLICYPORT_MAX_NPZ_ARRAYS``.
     """
 
     array_bytes: int = DEFAULT_ARRAY_BYTES
     memory_bytes: int | None = None
     nodes: int = DEFAULT_NODES
+    npz_arrays: int = DEFAULT_NPZ_ARRAYS
 
 
 _SET_LIMITS: contextvars.ContextVar[dict] = contextvars.ContextVar("policyport_limits", default={})
@@ -82,7 +88,8 @@ def limits() -> Limits:
         InputMismatchError: an environment variable that is not a size (or count).
     """
     found: dict[str, int | None] = {}
-    for field, env in (("array_bytes", ENV_ARRAY_BYTES), ("memory_bytes", ENV_MEMORY), ("nodes", ENV_NODES)):
+    for field, env in (("array_bytes", ENV_ARRAY_BYTES), ("memory_bytes", ENV_MEMORY), ("nodes", ENV_NODES),
+                       ("npz_arrays", ENV_NPZ_ARRAYS)):
         text = os.environ.get(env)
         if text:
             try:
@@ -139,6 +146,32 @@ def format_size(nbytes: int) -> str:
             value = nbytes / size
             return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
     return f"{nbytes} B"
+
+
+def check_free_space(path: str | os.PathLike, nbytes: int, what: str) -> None:
+    """Refuse an output of ``nbytes`` bytes that the file system of ``path``'s folder has no room for.
+
+    Args:
+        path: the output.
+        nbytes: the bytes it will take.
+        what: the subject of the message, e.g. ``"the recording (100,000 rows of 61,440 bytes)"``.
+
+    Raises:
+        NoSpaceError: naming both sizes; nothing has been written.
+    """
+    import shutil
+
+    folder = Path(path).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # no answer: writing will tell
+        return
+    if nbytes > free:
+        raise NoSpaceError(
+            f"{what} would take {format_size(nbytes)} ({nbytes:,} bytes), but the file system of {folder} has "
+            f"{format_size(free)} ({free:,} bytes) free; nothing was written — free some space, write it elsewhere, "
+            "or record fewer tensors (--tensors) or rows"
+        )
 
 
 def physical_memory() -> int:
@@ -295,13 +328,15 @@ def load_arrays(path: str | os.PathLike, *, max_bytes: int | None = None) -> dic
         raise UnreadableFileError(f"{path} {_what_it_is(f.read(4096), path)}")
 
 
-def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None,
+             max_arrays: int | None = None) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` open as a seekable binary file, with the checks of :func:`load_arrays`.
 
     Args:
         file: the archive (a file, or ``io.BytesIO`` of its bytes).
         where: how to name the file in messages (its path).
         max_bytes: as for :func:`load_arrays`.
+        max_arrays: the most arrays it may hold; default :func:`limits` ``.npz_arrays`` (4,096).
 
     Raises:
         As :func:`load_arrays`; also for a member that is not an ``.npy`` or a name held twice.
@@ -310,6 +345,7 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dic
     try:
         with zipfile.ZipFile(file) as zf:
             members = zf.infolist()
+            check_npz_arrays(len(members), where, max_arrays)
             total = sum(m.file_size for m in members)
             check_array_bytes(total, f"the arrays of {where}", limit)
             arrays: dict[str, np.ndarray] = {}
@@ -331,6 +367,20 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dic
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
             NotImplementedError, ValueError) as e:  # damaged, encrypted, unknown compression ...
         raise UnreadableFileError(f"{where} is a damaged .npz file: {e}") from e
+
+
+def check_npz_arrays(count: int, where: str, limit: int | None = None) -> None:
+    """Refuse an ``.npz`` of more than ``limit`` (default ``limits().npz_arrays``) arrays, before any is read.
+
+    Raises:
+        LimitExceededError: naming the count, the limit and how to raise it.
+    """
+    limit = limits().npz_arrays if limit is None else limit
+    if count > limit:
+        raise LimitExceededError(
+            f"{where} holds {count:,} arrays, more than the limit of {limit:,} arrays in one .npz; if you trust it, "
+            f"raise the limit with {ENV_NPZ_ARRAYS}={count}"
+        )
 
 
 def read_npy(file: BinaryIO, where: str, size: int, *, max_bytes: int | None = None) -> np.ndarray:

@@ -408,7 +408,7 @@ def _read_npz(data: bytes, path: Path) -> dict:
                                     "uncompressed (as policyport pack writes them)")
         from .files import read_npz
 
-        return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit())
+        return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit(), max_arrays=MAX_NPZ_ARRAYS)
     except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad
         raise BadModelError(str(e)) from e
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:

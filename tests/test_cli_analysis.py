@@ -202,3 +202,59 @@ def test_pack_in_a_narrow_terminal_shows_digest_prefixes_on_one_line(tmp_path, m
     assert "sha256 (prefix; whole in policy.json)" in text
     row = next(line for line in text.splitlines() if line.startswith("│ weights.npz"))
     assert policy["files"]["weights.npz"][:16] + "…" in row and policy["files"]["weights.npz"] not in text
+
+
+# ------------------------------------------------------------------------- small files, large work
+
+
+def test_record_refuses_an_output_larger_than_the_free_space_and_writes_nothing(tmp_path, model, obs, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    probe = pp.load(str(model)).record({"obs": np.load(obs)[:2]}, "*")
+    row_bytes = sum(v[0].nbytes for v in probe.values() if v.ndim and v.shape[0] == 2)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 100_000, 100_000))
+    out = tmp_path / "rec.npz"
+    result = invoke("record", model, "-i", obs, "-o", out, "--batch-size", "128")
+    assert result.exit_code == 3, result.output
+    message = " ".join(result.stderr.split())
+    assert (f"the recording (500 rows of {row_bytes:,} bytes, {len(probe)} tensors) would take "
+            f"{pp_size(500 * row_bytes)} ({500 * row_bytes:,} bytes), but the file system of {tmp_path} has "
+            "97.7 KiB (100,000 bytes) free; nothing was written") in message
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def pp_size(nbytes: int) -> str:
+    from policyport.files import format_size
+
+    return format_size(nbytes)
+
+
+@pytest.fixture
+def many_arrays(tmp_path):
+    """An .npz of 5,000 two-element arrays (0.7 MB), more than the reader's limit of 4,096 allows."""
+    from policyport.files import DEFAULT_NPZ_ARRAYS, write_npz
+
+    path = tmp_path / "many.npz"
+    write_npz(path, {f"k{i:05d}": np.zeros(2, np.float32) for i in range(DEFAULT_NPZ_ARRAYS + 904)})
+    return path
+
+
+@pytest.mark.parametrize("command", [["run", "{m}", "-i", "{f}", "-o", "{t}/y.npz"], ["stats", "{f}"],
+                                     ["record", "{m}", "-i", "{f}", "-o", "{t}/r.npz"], ["verify", "{m}", "-i", "{f}"]])
+def test_an_npz_of_too_many_arrays_is_refused_before_they_are_read(tmp_path, model, many_arrays, command):
+    result = invoke(*[a.format(m=model, f=many_arrays, t=tmp_path) for a in command])
+    assert result.exit_code == 3, result.output
+    assert (f"{many_arrays} holds 5,000 arrays, more than the limit of 4,096 arrays in one .npz; if you trust it, "
+            "raise the limit with POLICYPORT_MAX_NPZ_ARRAYS=5000") in " ".join(result.stderr.split())
+    assert not (tmp_path / "y.npz").exists() and not (tmp_path / "r.npz").exists()
+
+
+def test_messages_list_the_first_names_of_a_long_list_and_count_the_rest(tmp_path, model, many_arrays, monkeypatch):
+    monkeypatch.setenv("POLICYPORT_MAX_NPZ_ARRAYS", "5000")
+    result = invoke("run", model, "-i", many_arrays, "-o", tmp_path / "y.npz")
+    assert result.exit_code == 3, result.output
+    names = ", ".join(f"'k{i:05d}'" for i in range(10))
+    assert result.stderr == (f"error: the model's inputs are ['obs']; the feeds have missing ['obs'] and unexpected "
+                             f"[{names} … and 4,990 more]\n")

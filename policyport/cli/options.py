@@ -52,7 +52,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar."
 def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None):
     """The overrides ``--override``, ``--steer`` and ``--overrides`` ask for (the named set first),
     or None. A malformed spec or an unknown set is a usage error (exit 2)."""
-    from ..errors import InputMismatchError
+    from ..errors import InputMismatchError, listing
     from ..runtime.overrides import load_override_sets, parse_spec
 
     if (steer is None) != (file is None):
@@ -62,7 +62,7 @@ def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None
     if file is not None:
         sets = load_override_sets(file)
         if steer not in sets:
-            raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {', '.join(sets)}", param_hint="--steer")
+            raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {listing(sets, show=str)}", param_hint="--steer")
         edits += sets[steer]
     for spec in specs or []:
         try:

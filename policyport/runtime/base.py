@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import InputMismatchError
+from ..errors import InputMismatchError, listing
 from ..graph import ValueInfo
 from .overrides import Steering
 
@@ -78,7 +78,8 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
         unmatched = [g for g in globs if g != "*" and not any(fnmatch.fnmatchcase(t, g) for t in available)]
     if unmatched:
         what = "tensor name(s)" if exact else "tensor pattern(s)"
-        raise InputMismatchError(f"{what} {unmatched} match no tensor of the model; it has: {', '.join(available)}")
+        raise InputMismatchError(f"{what} [{listing(unmatched)}] match no tensor of the model; it has: "
+                                 f"{listing(available, show=str)}")
     return chosen
 
 
@@ -160,9 +161,9 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
     missing = [n for n in names if n not in feeds]
     extra = [n for n in feeds if n not in allowed]
     if missing or extra:
-        problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
-        also = f" (and optionally {[v.name for v in optional]})" if optional else ""
-        raise InputMismatchError(f"the model's inputs are {names}{also}; the feeds have {' and '.join(problems)}")
+        problems = ([f"missing [{listing(missing)}]"] if missing else []) + ([f"unexpected [{listing(extra)}]"] if extra else [])
+        also = f" (and optionally [{listing(v.name for v in optional)}])" if optional else ""
+        raise InputMismatchError(f"the model's inputs are [{listing(names)}]{also}; the feeds have {' and '.join(problems)}")
     out: dict[str, np.ndarray] = {}
     symbols: dict[str, tuple[int, str]] = {}
     for v in [*inputs, *(o for o in optional if o.name in feeds)]:

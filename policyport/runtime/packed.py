@@ -68,7 +68,7 @@ from typing import Mapping
 import numpy as np
 
 from ..compare import Report, Skipped, compare
-from ..errors import BadModelError
+from ..errors import BadModelError, listing
 from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -194,6 +194,6 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
 def _expect_keys(path: Path, group: str, found: Mapping[str, np.ndarray], expected: list[str]) -> None:
     if set(found) != set(expected):
         raise BadModelError(
-            f"{path}: expected {group}/ keys for {expected}, found {list(found)}; the golden file does "
+            f"{path}: expected {group}/ keys for [{listing(expected)}], found [{listing(found)}]; the golden file does "
             "not belong to this graph — re-pack the model"
         )
