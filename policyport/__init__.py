@@ -18,6 +18,7 @@ The public API is re-exported here and imported lazily, so ``import policyport``
 from __future__ import annotations
 
 from .errors import (
+    ArgumentTypeError,
     BadModelError,
     InputMismatchError,
     LimitExceededError,
@@ -50,6 +51,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ArgumentTypeError",
     "BadModelError",
     "InputMismatchError",
     "LimitExceededError",

@@ -106,6 +106,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     """
     from . import __version__
     from .errors import require
+    from .export import check_arguments
     from .files import ensure_model
     from .graph import from_onnx
     from .passes import extract_weights, parameter_map
@@ -113,6 +114,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     from .verification import sample_inputs
 
     require("onnx", "onnx", "packing a policy")
+    check_arguments(samples, low, high, seed)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, force)
     proto = ensure_model(model)

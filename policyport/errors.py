@@ -153,6 +153,13 @@ class LimitExceededError(BadModelError, MemoryError):
     """
 
 
+class ArgumentTypeError(PolicyportError, TypeError):
+    """An argument of the Python API of the wrong type: ``tensors=5`` where names are expected
+    (exit 2, a usage error)."""
+
+    exit_code = 2
+
+
 class InputMismatchError(PolicyportError, ValueError):
     """Feeds whose names, rank, widths or dtypes do not match the graph inputs (exit 3)."""
 
@@ -192,6 +199,35 @@ class VerificationError(PolicyportError, AssertionError):
     """Backends or the source disagree beyond the tolerances (exit 1)."""
 
     exit_code = 1
+
+
+def check_argument(value, what: str, kind: str = "int", low=None, high=None, *, none: bool = False):
+    """An argument of the Python API, checked before it is used: ``value`` itself.
+
+    Args:
+        value: the argument.
+        what: its name and meaning in the message, e.g. ``"samples (observations to draw)"``.
+        kind: ``"int"`` (a whole number, not a bool) or ``"real"`` (a finite int or float).
+        low, high: the smallest and largest values allowed (inclusive), or None.
+        none: None is allowed too.
+
+    Raises:
+        ArgumentTypeError: not a number of the kind (a string, a bool, an array ...).
+        InputMismatchError: a number outside ``[low, high]`` (or not finite).
+    """
+    import math
+    import numbers
+
+    if value is None and none:
+        return value
+    wanted = numbers.Integral if kind == "int" else numbers.Real
+    if not isinstance(value, wanted) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{what} must be {'a whole number' if kind == 'int' else 'a number'}"
+                                f"{' or None' if none else ''}, not {type(value).__name__} {value!r:.80}")
+    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+        bounds = " and ".join(t for t in (f">= {low}" if low is not None else "", f"<= {high}" if high is not None else "") if t)
+        raise InputMismatchError(f"{what} must be a finite number{' ' + bounds if bounds else ''}, got {value!r}")
+    return value
 
 
 def require(module: str, extra: str, purpose: str):

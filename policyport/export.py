@@ -179,6 +179,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     from .runtime import load
     from .verification import sample_inputs
 
+    check_arguments(samples, low, high, seed)
     output = Path(output)
     if output.suffix != ".py":
         raise InputMismatchError(f"{output}: the module to write must end in .py (its weights go beside it as .npz)")
@@ -206,6 +207,20 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Exported(output, weights_path, source.count("\n"), len(session.tensor_names), samples)
+
+
+def check_arguments(samples, low, high, seed) -> None:
+    """How observations are drawn for a check (``pack``, ``export_numpy``), checked before any work.
+
+    Raises:
+        ArgumentTypeError, InputMismatchError: see :func:`policyport.errors.check_argument`.
+    """
+    from .errors import check_argument
+
+    check_argument(samples, "samples (observations to draw)", "int", 1)
+    check_argument(low, "low (the smallest observation value drawn)", "real")
+    check_argument(high, "high (the bound of the observation values drawn)", "real")
+    check_argument(seed, "seed", "int", 0, none=True)
 
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:

@@ -147,6 +147,19 @@ def test_run_says_how_many_rows_hold_nan_or_inf(tmp_path, model, metadrive_obs):
     assert "warning" not in invoke("run", model, "-i", tmp_path / "good.npy", "-o", tmp_path / "o3.npz").stderr
 
 
+def test_nan_inputs_print_policyports_warning_and_no_numpy_warning(tmp_path, model, metadrive_obs):
+    x = metadrive_obs[:50].copy()
+    x[3, 0], x[4, :] = np.nan, np.inf  # inf - inf in a dot product: numpy's "invalid value" case
+    np.save(tmp_path / "bad.npy", x)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARN")}
+    proc = subprocess.run([sys.executable, "-m", "policyport", "run", str(model), "-i", str(tmp_path / "bad.npy"),
+                           "-o", str(tmp_path / "o.npz"), "--record", str(tmp_path / "a.npz")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and "encountered" not in proc.stderr
+    assert "warning: 2 of 50 rows of input 'obs' hold NaN or Inf" in " ".join(proc.stderr.split())
+
+
 def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
     np.save(tmp_path / "obs.npy", np.random.default_rng(0).uniform(0, 1, (40000, 275)).astype(np.float32))
     out = tmp_path / "rec.npz"

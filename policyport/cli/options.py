@@ -45,7 +45,17 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
-ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", help="Threads a run may use: on numpy, threads sharing the row blocks of a batch of 1,024 rows or more (the same result on any number); on onnxruntime, intra-op threads. 0: one per core.")]
+def thread_count(value: int) -> int:
+    """--threads' callback: more than the runtime's MAX_THREADS is refused (exit 2), not clamped."""
+    from ..runtime import MAX_THREADS
+
+    if value > MAX_THREADS:
+        raise typer.BadParameter(f"{value} is more than {MAX_THREADS:,} threads; give at most {MAX_THREADS:,} "
+                                 "(0: one per core)")
+    return value
+
+
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", callback=thread_count, help="Threads a run may use: on numpy, threads sharing the row blocks of a batch of 1,024 rows or more (the same result on any number); on onnxruntime, intra-op threads. 0: one per core; at most 1,024 (more is refused, exit 2).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 

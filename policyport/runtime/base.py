@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import InputMismatchError, listing
+from ..errors import ArgumentTypeError, InputMismatchError, listing
 from ..graph import ValueInfo
 from .overrides import Steering
 
@@ -61,13 +61,21 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
 
     Raises:
         InputMismatchError: a pattern matches no tensor (the message lists what exists).
+        ArgumentTypeError: ``patterns`` is not a string, an iterable of strings or None.
     """
     available = list(available)
     if patterns is None:
         return available
     if isinstance(patterns, str):
         patterns = [patterns] if exact else [p.strip() for p in patterns.split(",") if p.strip()]
+    if isinstance(patterns, (bytes, Mapping)) or not isinstance(patterns, Iterable):
+        raise ArgumentTypeError(f"tensors must be a name or glob, a comma-separated string of them, a list of them or "
+                                f"None, not {type(patterns).__name__} {patterns!r:.80}")
     patterns = list(patterns)
+    wrong = [p for p in patterns if not isinstance(p, str)]
+    if wrong:
+        raise ArgumentTypeError(f"tensors must be names or globs (strings); found {type(wrong[0]).__name__} "
+                                f"{wrong[0]!r:.80}")
     present = set(available)
     names = {p for p in patterns if p in present}
     globs = [] if exact else [p for p in patterns if p not in present]
