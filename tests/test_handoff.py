@@ -125,6 +125,18 @@ def test_run_py_exit_codes(target, copied, tmp_path):
     assert not (copied / "y.npz").exists() and "Traceback" not in bad.stderr + exists.stderr + inside.stderr
 
 
+def test_run_py_has_the_max_bytes_option_its_messages_suggest(target, copied, tmp_path):
+    np.save(tmp_path / "obs.npy", np.zeros((2, 275), np.float32))  # 2,200 bytes
+    small = run(target, copied / "run.py", "-i", tmp_path / "obs.npy", "-o", tmp_path / "y.npz", "--max-bytes", "1K")
+    assert small.returncode == 3 and not (tmp_path / "y.npz").exists()
+    assert "would take 2.15 KiB (2,200 bytes), above the limit of 1 KiB" in small.stderr
+    suggested = small.stderr.split("raise the limit with --max-bytes ")[1].split()[0]
+    raised = run(target, copied / "run.py", "-i", tmp_path / "obs.npy", "-o", tmp_path / "y.npz", "--max-bytes", suggested)
+    assert raised.returncode == 0, raised.stderr
+    bad = run(target, copied / "run.py", "--verify", "--max-bytes", "lots")
+    assert bad.returncode == 2 and "--max-bytes: 'lots' is not a size" in bad.stderr
+
+
 def test_run_py_refuses_a_tampered_folder_and_fails_a_changed_golden_file(target, copied):
     weights = read_npz(copied / "weights.npz")
     weights["default_policy/fc_1/bias"][0] += 1
