@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, InputMismatchError, require
+from ..errors import BadModelError, InputMismatchError, check_argument, require
 from ..files import check_distinct, check_free_space, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
@@ -144,6 +144,8 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
     """
     if engine not in ENGINES:
         raise InputMismatchError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    check_argument(batch_size, "batch_size (rows per block)", "int")
+    check_argument(threads, "threads (0: one per core)", "int")
     if batch_size < 1:
         raise InputMismatchError(f"the batch size must be at least 1, got {batch_size}")
     out = Path(out)

@@ -222,3 +222,24 @@ def test_a_caller_that_asks_numpy_to_raise_keeps_it_on_every_thread(metadrive_mo
     with np.errstate(all="raise"), pytest.raises(pp.BadModelError, match=r'Gemm node "fc_1/linear" on the numpy '
                                                                           r"backend failed: FloatingPointError"):
         session.run({"obs": obs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"activation": 5}, r"convert\(\): activation must be str, not int 5"),
+    ({"opset": "17"}, r"opset must be a whole number, not str '17'"),
+    ({"keep_value": "yes"}, r"convert\(\): keep_value must be bool, not str 'yes'"),
+    ({"colour": "red"}, r"convert\(\) got unexpected keyword argument\(s\) colour"),
+])
+def test_convert_checks_its_option_types_before_reading_the_source(metadrive_path, kwargs, message):
+    with pytest.raises(pp.ArgumentTypeError, match=message) as caught:
+        pp.convert(metadrive_path, **kwargs)
+    assert isinstance(caught.value, TypeError)
+
+
+def test_record_dataset_checks_its_argument_types(metadrive_model, tmp_path):
+    from policyport.analysis import record_dataset
+
+    np.save(tmp_path / "obs.npy", np.zeros((4, 275), np.float32))
+    with pytest.raises(pp.ArgumentTypeError, match=r"batch_size \(rows per block\) must be a whole number, not str '8'"):
+        record_dataset(metadrive_model, tmp_path / "obs.npy", tmp_path / "r.npz", batch_size="8")
+    assert not (tmp_path / "r.npz").exists()
