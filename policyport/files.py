@@ -34,8 +34,8 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .errors import (BadModelError, InputMismatchError, LimitExceededError, NoSpaceError, OutputExistsError, PolicyportError,
-                     UnreadableFileError, require)
+from .errors import (ArgumentTypeError, BadModelError, InputMismatchError, LimitExceededError, NoSpaceError,
+                     OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
 
 # ------------------------------------------------------------------------------------------- limits
 
@@ -108,7 +108,10 @@ def using_limits(**values: int | None) -> Iterator[Limits]:
     """
     unknown = set(values) - {f.name for f in dataclasses.fields(Limits)}
     if unknown:
-        raise TypeError(f"unknown limit(s) {sorted(unknown)}; the limits are {[f.name for f in dataclasses.fields(Limits)]}")
+        raise ArgumentTypeError(f"unknown limit(s) {sorted(unknown)}; the limits are "
+                                f"{[f.name for f in dataclasses.fields(Limits)]}")
+    for name, value in values.items():
+        check_argument(value, f"the limit {name}", "int", 0, none=name == "memory_bytes")
     token = _SET_LIMITS.set({**_SET_LIMITS.get(), **values})
     try:
         yield limits()
