@@ -75,7 +75,7 @@ def parameter_map(model) -> dict[str, dict]:
             value = v.get("value")
             if value is not None:
                 dtype, shape, data = np.dtype(value["dtype"]), [int(d) for d in value["shape"]], list(value["data"])
-                if dtype.kind not in "biuf" or any(d < 0 for d in shape) or len(data) != int(np.prod(shape)) \
+                if dtype.kind not in ("b", "i", "u", "f") or any(d < 0 for d in shape) or len(data) != int(np.prod(shape)) \
                         or len(data) > MAX_VALUE_ELEMENTS:
                     raise ValueError(f"{k!r} rebuilds {len(data)} values of dtype {dtype} and shape {shape}")
                 value = np.array(data, dtype=dtype).reshape(shape)
@@ -222,11 +222,11 @@ def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False)
             known[v.name] = v
     present = {o.name for o in copy.graph.output}
     added = [name for name in chosen if name not in present]
-    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]
+    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]  # pragma: no mutate (probing more only costs a run: info() prefers inference's type)
     probed, why = _probe(source, untyped) if untyped else ({}, "")  # pragma: no mutate (probing nothing finds nothing)
 
     def info(name):
-        if _typed(known.get(name)):
+        if _typed(known.get(name)):  # pragma: no mutate (a typed tensor is never probed: the last branch returns it too)
             return known[name]
         if name in probed:
             return probed[name]
@@ -313,7 +313,7 @@ def _run_untyped(model, graph, feeds, names: list[str]) -> list:
             needed.update(i for i in n.inputs if i)
     wanted = replace(graph, nodes=nodes[::-1], outputs=[ValueInfo(n, np.dtype(object), None) for n in names])
     try:
-        outputs = load(wanted, backend="numpy").run(feeds)
+        outputs = load(wanted, backend="numpy").run(feeds)  # pragma: no mutate (numpy is load's default backend)
         return [outputs[n] for n in names]
     except PolicyportError:
         onnx = require("onnx", "onnx", "finding the type of a tensor")
