@@ -265,7 +265,7 @@ def _graph(model, sessions) -> Graph:
     return from_onnx(ensure_model(model))
 
 
-def _source_reference(model, source, trust: bool = False) -> Callable:
+def _source_reference(model, source, trust: bool) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion.
 
     A source of another kind than the model was converted from (the TorchScript file of a module

@@ -221,3 +221,26 @@ def test_a_branch_the_float64_run_takes_otherwise_voids_the_oracle_downstream():
     assert by_tensor["h"].passed and by_tensor["h"].rule == "rounding"
     assert by_tensor["z"].rule == "tolerance" and not by_tensor["z"].passed
     assert any("the float64 run took other branches" in n and "'cond'" in n and "z" in n for n in report.notes)
+
+
+def test_the_float64_oracle_keeps_integer_feeds_integer():
+    """z = x @ W + float(idx + 1): numpy and onnxruntime round x @ W differently (atol 0); the oracle
+    widens x to float64 and feeds idx as the int64 the graph declares."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (64, 300)).astype(np.float32)
+    w = (rng.uniform(-1, 1, (300, 4)) * 30).astype(np.float32)
+    idx = np.arange(64, dtype=np.int64).reshape(64, 1)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="h"),
+             helper.make_node("Add", ["idx", "one"], ["next"], name="next"),
+             helper.make_node("Cast", ["next"], ["nextf"], name="nextf", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["h", "nextf"], ["z"], name="z")]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 300]),
+                                           helper.make_tensor_value_info("idx", TensorProto.INT64, ["b", 1])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    report = pp.verify(model, {"x": x, "idx": idx}, atol=0.0, rtol=0.0)
+    assert report.passed and report.notes == [] and report.oracle is not None
+    rules = {c.tensor: c.rule for c in report.comparisons}
+    assert rules == {"h": "rounding", "next": "exact", "nextf": "tolerance", "z": "rounding"}
+    assert report.comparisons[0].max_abs > 0  # the two sides do differ in the last bits
