@@ -95,7 +95,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
            outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False,
-           threads: int = 0) -> Report:
+           threads: int = 0) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -185,7 +185,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     check_memory(first.memory_needed(feeds, tensors) * copies,
                  f"verifying {n:,} observations ({copies} sets of recorded tensors)")
     recorded = {b: s.record(feeds, tensors) for b, s in sessions.items()}
-    graph = _graph(model, sessions)
+    graph = _graph(model, sessions)  # pragma: no mutate (every backend of BACKENDS holds its graph: the model is not read)
     random = graph.stochastic_tensors()
     report = Report(backends, None, int(n), atol, rtol, notes=notes)
     ref_values: Mapping[str, np.ndarray] = {}
@@ -262,7 +262,7 @@ def _graph(model, sessions) -> Graph:
     from .files import ensure_model
     from .graph import from_onnx
 
-    return from_onnx(ensure_model(model))
+    return from_onnx(ensure_model(model))  # pragma: no mutate (for a backend without a graph; every one of BACKENDS has it)
 
 
 def _source_reference(model, source, trust: bool) -> Callable:
