@@ -241,7 +241,7 @@ def test_the_float64_oracle_keeps_integer_feeds_integer():
     inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([1], np.int64), "one")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 300]),
                                            helper.make_tensor_value_info("idx", TensorProto.INT64, ["b", 1])],
-                              [helper.make_tensor_value_info("minus_z", TensorProto.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     report = pp.verify(model, {"x": x, "idx": idx}, atol=0.0, rtol=0.0)
     assert report.passed and report.notes == [] and report.oracle is not None
