@@ -222,16 +222,14 @@ def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False)
             known[v.name] = v
     present = {o.name for o in copy.graph.output}
     added = [name for name in chosen if name not in present]
-    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]  # pragma: no mutate (probing more only costs a run: info() prefers inference's type)
+    untyped = [n for n in [*present, *added] if not _typed(known.get(n))]
     probed, why = _probe(source, untyped) if untyped else ({}, "")  # pragma: no mutate (probing nothing finds nothing)
 
     def info(name):
-        if _typed(known.get(name)):  # pragma: no mutate (a typed tensor is never probed: the last branch returns it too)
-            return known[name]
-        if name in probed:
+        if name in probed:  # inference cannot type it, one run did
             return probed[name]
         if known.get(name) is not None and known[name].type.tensor_type.elem_type:
-            return known[name]  # typed but of unknown rank: all that can be said
+            return known[name]  # typed by inference, of known rank or (all that can be said) not
         raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type, {why}")
 
     for out in copy.graph.output:
