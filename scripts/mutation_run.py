@@ -80,6 +80,10 @@ def prepare(group: str) -> Path:
     # mutmut's trampolines make a module several times larger: let packed folders hold such copies.
     folder_py = folder / "policyport" / "folder.py"
     folder_py.write_text(folder_py.read_text().replace("MAX_CODE_BYTES = 1 << 20", "MAX_CODE_BYTES = 1 << 26"))
+    # ...and each call goes through two more frames (trampoline, wrapper): tests that recurse deliberately
+    # (MessagePack nested 200 deep) need room for three times the frames.
+    conftest = folder / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + "\n\nimport sys as _sys\n\n_sys.setrecursionlimit(10_000)\n")
     existing = [t for t in tests if (folder / t).exists()]
     lines = ["[mutmut]", "source_paths = policyport", "only_mutate ="]
     lines += [f"    {m}" for m in modules]
