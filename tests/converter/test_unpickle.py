@@ -198,3 +198,23 @@ def test_plain_spells_out_arguments_and_a_state_that_is_no_dict():
         "r": {"__class__": "?", "__state__": [3, {"__class__": "?"}], "__args__": [1, 2.5]},
         "t": ({"__class__": "?", "__state__": [3, {"__class__": "?"}], "__args__": [1, 2.5]},)}
     assert plain([Record()]) == [{"__class__": "?"}]
+
+
+class _Encode:
+    """Pickles as a call of ``_codecs.encode(text, encoding)``, as protocol 2 stores bytes."""
+
+    def __init__(self, text, encoding):
+        self.args = (text, encoding)
+
+    def __reduce__(self):
+        import codecs
+
+        return codecs.encode, self.args
+
+
+def test_only_latin1_text_is_encoded_to_bytes():
+    assert load(pickle.dumps([_Encode("\xe9a", "latin1"), _Encode("\xff", "latin-1")], protocol=2)) == [b"\xe9a", b"\xff"]
+    for text, encoding in (("\xe9", "utf-8"), (b"\xe9", "latin1")):
+        with pytest.raises(UntrustedFileError, match=rf"^the pickle asks for _codecs.encode\(\.\.\., {encoding!r}\); "
+                                                     r"only latin1 bytes are rebuilt$"):
+            load(pickle.dumps(_Encode(text, encoding), protocol=2))
