@@ -169,13 +169,18 @@ def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
 
 
 @pytest.mark.skipif(not (RAY / "dqn_new").is_dir(), reason="no Ray DQN checkpoint")
-def test_dqn_action_is_argmax_of_dueling_q_values():
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMean takes its axes as an attribute, from 18 as an input
+def test_dqn_action_is_argmax_of_dueling_q_values(opset):
     expected = dict(np.load(RAY / "dqn_new_expected.npz"))
-    model = pp.convert(RAY / "dqn_new")
+    model = pp.convert(RAY / "dqn_new", opset=opset)
     assert [o.name for o in model.graph.output][-2:] == ["q_values", "action"]
-    got = pp.load(model, backend="onnxruntime").run({"obs": expected["obs"]})
-    assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
-    np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
+    assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
+    mean = next(n for n in model.graph.node if n.op_type == "ReduceMean")
+    assert (len(mean.input), [a.name for a in mean.attribute]) == ((2, ["keepdims"]) if opset >= 18 else (1, ["axes", "keepdims"]))
+    for backend in ("onnxruntime", "numpy"):
+        got = pp.load(model, backend=backend).run({"obs": expected["obs"]})
+        assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
 
 
 def test_filter_forms_and_their_epsilons():
