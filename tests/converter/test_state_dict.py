@@ -264,3 +264,55 @@ def test_sb3_shared_layers_feed_both_branches(tmp_path):
     np.testing.assert_allclose(got["value"], value, rtol=1e-5, atol=1e-5)
     assert "mlp_extractor.shared_net.1/tanh" in {n.output[0] for n in c.model.graph.node}
     assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def _safetensors(path, header, body=b"", length=None):
+    """A .safetensors file: 8-byte little-endian header length, JSON header, data."""
+    text = json.dumps(header).encode()
+    path.write_bytes((len(text) if length is None else length).to_bytes(8, "little") + text + body)
+    return path
+
+
+def test_the_layout_reader_skips_metadata_and_keeps_shapes_dtypes_and_empty_tensors(tmp_path):
+    body = np.arange(6, dtype="<f4").tobytes() + np.array([-2, 3], "<i2").tobytes()
+    path = _safetensors(tmp_path / "m.safetensors", {
+        "__metadata__": {"format": "pt"},
+        "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "empty": {"dtype": "I64", "shape": [0], "data_offsets": [24, 24]},
+        "steps": {"dtype": "I16", "shape": [2], "data_offsets": [24, 28]}}, body)
+    for reader in (read_safetensors, _read_safetensors_layout):
+        got = reader(path)
+        assert list(got) == ["w", "empty", "steps"]
+        assert got["w"].dtype == np.float32 and got["w"].shape == (2, 3) and got["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert got["empty"].dtype == np.int64 and got["empty"].shape == (0,)
+        assert got["steps"].dtype == np.int16 and got["steps"].tolist() == [-2, 3]
+
+
+def test_the_layout_reader_names_what_is_wrong(tmp_path):
+    def refused(path, message):
+        with pytest.raises(pp.UnreadableFileError) as caught:
+            _read_safetensors_layout(path)
+        assert str(caught.value) == message.replace("{path}", str(path))
+
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x00" * 7)
+    refused(short, "{path} is not a .safetensors file: 7 bytes")
+    empty_header = tmp_path / "eight.safetensors"
+    empty_header.write_bytes(b"\x00" * 8)
+    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: header is not JSON \(Expecting value"):
+        _read_safetensors_layout(empty_header)
+    text_length = len(json.dumps({}).encode())
+    assert _read_safetensors_layout(_safetensors(tmp_path / "exact.safetensors", {}, length=text_length)) == {}
+    long = _safetensors(tmp_path / "long.safetensors", {}, length=text_length + 1)
+    refused(long, "{path} is not a .safetensors file: header length 3 exceeds the file")
+    huge = _safetensors(tmp_path / "huge.safetensors", {}, length=2**64 - 1)
+    refused(huge, "{path} is not a .safetensors file: header length 18446744073709551615 exceeds the file")
+    entry = {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}
+    refused(_safetensors(tmp_path / "c64.safetensors", {"z": entry}, b"\x00" * 8),
+            f"{{path}}: tensor 'z' has a malformed header entry {entry!r}")
+    refused(_safetensors(tmp_path / "off.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}},
+                         b"\x00" * 8),
+            "{path}: tensor 'w' offsets 0..4 do not fit shape (2,) float32 within 8 data bytes")
+    refused(tmp_path / "missing.safetensors", "cannot read {path}: [Errno 2] No such file or directory: '{path}'")
+    with pytest.raises(pp.UnreadableFileError, match=rf"^{short} is not a readable .safetensors file: "):
+        read_safetensors(short)
