@@ -268,3 +268,22 @@ def test_an_activation_contradicting_the_model_config_is_refused():
                                                r"\(fcnet_activation\), which names tanh"):
         pp.convert(RAY / "ppo_new", activation="relu")
     assert convert_source(RAY / "ppo_new", activation="tanh").kind == "rllib"
+
+
+def test_an_old_tf2_weight_list_is_named_in_policy_variables_order():
+    from policyport.converter.rllib import _name_tf2_list
+
+    arrays = [np.full(1, i, np.float32) for i in range(13)]
+    named = _name_tf2_list(arrays[:12], {}, "p")  # RLlib's defaults: two hidden layers, separate value branch
+    assert list(named) == [f"p/{layer}/{param}" for layer in ("fc_1", "fc_value_1", "fc_2", "fc_value_2", "fc_out",
+                                                              "value_out") for param in ("kernel", "bias")]
+    assert [int(v[0]) for v in named.values()] == list(range(12))
+    shared = _name_tf2_list(arrays[:7], {"fcnet_hiddens": [8], "vf_share_layers": True, "free_log_std": True}, "p")
+    assert list(shared) == ["p/fc_1/kernel", "p/fc_1/bias", "p/fc_out/kernel", "p/fc_out/bias", "p/value_out/kernel",
+                            "p/value_out/bias", "p/log_std"]
+    with pytest.raises(pp.BadModelError) as caught:
+        _name_tf2_list(arrays[:5], {"fcnet_hiddens": [8]}, "p")
+    assert str(caught.value) == ("the tf2 policy's weights are an unnamed list of 5 arrays; its model config "
+                                 "(fcnet_hiddens [8], vf_share_layers False) needs 8: p/fc_1/kernel, p/fc_1/bias, "
+                                 "p/fc_value_1/kernel, p/fc_value_1/bias, p/fc_out/kernel, p/fc_out/bias, "
+                                 "p/value_out/kernel, p/value_out/bias")
