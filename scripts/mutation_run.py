@@ -29,7 +29,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "tests/test_onnx_tensors.py", "tests/test_foreign_models.py", "tests/test_stochastic.py"]),
     "cli": (["policyport/cli/*"],
             ["tests/test_cli_render.py", "tests/test_cli.py", "tests/test_cli_edge.py", "tests/test_cli_usage.py",
-             "tests/test_cli_misuse.py"]),
+             "tests/test_cli_misuse.py", "tests/test_cli_analysis.py", "tests/test_cli_perf.py"]),
     "runtime": (["policyport/runtime/*"],
                 ["tests/runtime/test_entry.py", "tests/test_readme.py", "tests/runtime/test_ops.py",
                  "tests/runtime/test_onnx_conformance.py", "tests/runtime/test_plan.py",
@@ -58,6 +58,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
 STATIC = ["tests/test_cli_usage.py::test_every_install_hint_names_an_extra_that_installs_the_module",
           # runs the package in an interpreter started with -S -I, where mutmut cannot be imported
           "tests/test_pack.py::test_the_packed_expert_runs_where_only_numpy_can_be_imported",
+          "tests/test_cli_perf.py::test_run_on_the_numpy_backend_imports_only_what_it_needs",
+          "tests/test_cli_analysis.py::test_sigterm_during_record_leaves_no_partial_output",
           # a child interpreter interrupted while it runs the package
           "tests/test_cli_misuse.py::test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing",
           # --show-completion exits 1 inside mutmut's runner (it passes under plain pytest in the same copy)

@@ -265,10 +265,13 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
 
     import policyport.cli as cli
 
+    asked = []
     monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+    monkeypatch.setattr(cli, "_app", lambda argv=None, real=cli._app: asked.append(argv) or real(argv))
     with pytest.raises(SystemExit) as ended:
         cli.main()
     assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
+    assert asked == [["--version"]]  # the words after the program's name choose what is imported
 
     for name, package in (("typer", "typer"), ("typer.core", "typer"), ("rich.console", "rich"), ("click", "click")):
         def no_package(argv=None, name=name):
@@ -287,6 +290,16 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
     monkeypatch.setattr(cli, "_app", broken)
     with pytest.raises(ImportError, match="somethingelse"):
         cli.main()
+
+
+@pytest.mark.parametrize("argv,command", [
+    (["run", "m.onnx"], "run"), (["--max-bytes", "9", "inspect", "m.onnx"], "inspect"), (["--debug", "verify"], "verify"),
+    (["--max-bytes"], None), (["--", "run"], None), (["--help"], None), ([], None), (["-x", "stats", "run"], "stats"),
+])
+def test_the_command_a_command_line_names(argv, command):
+    from policyport.cli import _command
+
+    assert _command(argv) == command
 
 
 def test_the_app_attribute_and_no_other():
