@@ -310,3 +310,12 @@ def test_policyport_alone_prints_its_help_as_lines_and_exits_2():
     lines = proc.stderr.splitlines()
     assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..." and "\\n" not in proc.stderr
     assert any(line.startswith("Commands:") for line in lines) and any(line.strip().startswith("verify") for line in lines)
+
+
+def test_policyport_alone_prints_the_help_as_plain_lines_and_exits_2():
+    alone = invoke()
+    assert alone.exit_code == 2 and alone.stdout == ""
+    lines = alone.stderr.splitlines()
+    assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..."
+    assert "Options:" in lines and any(line.split()[:1] == ["verify"] for line in lines)
+    assert alone.stderr == invoke("--help").stdout  # the same text --help prints, on stderr
