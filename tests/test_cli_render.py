@@ -537,3 +537,12 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
     shown = CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": "1"})
     assert shown.exit_code == 70 and "Traceback" in shown.stderr
     assert "Traceback" not in CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": ""}).stderr
+
+
+def test_sizes_and_figures_of_the_analysis_tables():
+    from policyport.cli.analysis import _fig, _pct, _size
+
+    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 2_500_000_000_000, 4 * 10**18)] == [
+        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "2.5 TB", "4e+06 TB"]
+    assert (_pct(None), _pct(0.1234), _pct(1.0)) == ("", "12.3%", "100.0%")
+    assert (_fig(None), _fig(0.000123456), _fig(12345.6)) == ("", "0.0001235", "1.235e+04")
