@@ -18,10 +18,12 @@ The public API is re-exported here and imported lazily, so ``import policyport``
 from __future__ import annotations
 
 from .errors import (
+    ArgumentTypeError,
     BadModelError,
     InputMismatchError,
     LimitExceededError,
     MissingDependencyError,
+    NoSpaceError,
     OptionError,
     OutputExistsError,
     PolicyportError,
@@ -50,10 +52,12 @@ _LAZY = {
 }
 
 __all__ = [
+    "ArgumentTypeError",
     "BadModelError",
     "InputMismatchError",
     "LimitExceededError",
     "MissingDependencyError",
+    "NoSpaceError",
     "OptionError",
     "OutputExistsError",
     "PolicyportError",

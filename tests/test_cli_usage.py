@@ -327,3 +327,12 @@ def test_help_lists_every_command_in_the_order_of_the_workflow():
     text = invoke("-h").stdout
     listed = [line.split()[0] for line in text.split("Commands:", 1)[1].splitlines() if line.strip()]
     assert listed == list(WORKFLOW) and sorted(listed) == sorted(commands())
+
+
+def test_policyport_alone_prints_the_help_as_plain_lines_and_exits_2():
+    alone = invoke()
+    assert alone.exit_code == 2 and alone.stdout == ""
+    lines = alone.stderr.splitlines()
+    assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..."
+    assert "Options:" in lines and any(line.split()[:1] == ["verify"] for line in lines)
+    assert alone.stderr == invoke("--help").stdout  # the same text --help prints, on stderr

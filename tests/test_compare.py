@@ -91,6 +91,8 @@ def test_nan_patterns_must_match_and_the_detail_counts_each_side():
     b = np.array([np.nan, 0.0, 1.0, np.nan, 3.0], np.float32)
     c = compare("t", "cand", a, "ref", b)
     assert not c.passed and c.detail == "NaN in 2 places of cand only, 1 of ref only"
+    c = compare("t", "cand", np.array([np.nan, np.nan, 1.0, 2.0]), "ref", np.array([np.nan, np.nan, np.nan, 2.0]))
+    assert c.detail == "NaN in 0 places of cand only, 1 of ref only"
     same = compare("t", "cand", np.array([np.nan, 1.0]), "ref", np.array([np.nan, 1.0]))
     assert same.passed and same.max_abs == 0.0 and same.max_rel == 0.0
 
@@ -230,6 +232,14 @@ def test_integers_report_the_largest_gap_and_relative_gap():
     assert c == Comparison("t", "c", "r", (4,), "int32", 4.0, 1.0, False, "3 of 4 elements differ", rule="exact")
     c = compare("t", "c", np.array([1, 2], np.uint8), "r", np.array([0, 2], np.uint8))
     assert (c.max_abs, c.max_rel) == (1.0, 0.0)  # the only difference has a zero reference
+    c = compare("t", "c", np.array([7], np.int8), "r", np.array([9], np.int8))
+    assert (c.passed, c.max_abs, c.detail) == (False, 2.0, "1 of 1 elements differ")
+
+
+def test_int64_gaps_are_exact_beyond_float64_precision():
+    big = 2**62
+    c = compare("t", "c", np.array([big, 3], np.int64), "r", np.array([big + 1, 3], np.int64))  # float64 rounds big + 1
+    assert (c.passed, c.max_abs, c.max_rel) == (False, 1.0, 1 / (big + 1))
 
 
 def test_equal_and_empty_integer_tensors_pass_exactly():
@@ -250,6 +260,8 @@ def test_strings_and_bytes_compare_by_equality():
                                                               "", rule="exact")
     c = compare("t", "c", np.array([b"x", b"y"]), "r", np.array([b"x", b"z"]))
     assert (c.passed, c.max_abs, c.max_rel, c.detail) == (False, 1.0, 1.0, "1 of 2 strings differ")
+    c = compare("t", "c", np.array(["red", "blue", "go"]), "r", np.array(["red", "bluer", "stop"]))
+    assert (c.passed, c.max_abs, c.dtype, c.detail) == (False, 1.0, "str128", "2 of 3 strings differ")
 
 
 # ------------------------------------------------------------------------------------ the report

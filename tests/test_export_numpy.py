@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import policyport as pp
@@ -367,3 +369,66 @@ def test_the_module_checks_its_inputs_and_overrides(tmp_path):
     steered = policy.forward(obs, overrides={"fc_2/tanh": {"3,17": 1.0}}, record=(rec := {}))
     np.testing.assert_array_equal(rec["fc_2/tanh"][:, [3, 17]], 1.0)
     assert not np.array_equal(steered["action"], base)
+
+
+# ------------------------------------------------------------------------------- names and collisions
+
+#: Names the generated module, Python or numpy already use, as tensors and weights might be called.
+TAKEN = ["checked", "record", "overrides", "tap", "observer", "seen", "forward", "np", "math", "Path", "WEIGHTS",
+         "weights", "INPUTS", "inputs", "OUTPUTS", "TENSORS", "tensors", "ONNX_DTYPES", "onnx_dtype", "leaky_relu",
+         "softplus", "_softplus", "hard_sigmoid", "list", "len", "print", "id", "type", "object", "class", "def",
+         "lambda", "None", "True", "match", "_", "__name__", "__file__", "__builtins__", "__init__", "__dict__",
+         "obs", "obs_", "OBS", "1x", "x-y", "x y", "é", "ñ_2"]
+NAMES = st.one_of(st.sampled_from(TAKEN),
+                  st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), min_size=1, max_size=12))
+
+
+def _named_model(obs, w, b, h1, h2, h3, out):
+    """obs -> Gemm(w, b) -> h1 -> LeakyRelu -> h2 -> Tanh -> h3 -> Softplus -> out: inline code and helpers."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.normal(size=(3, 4)).astype(np.float32), w),
+             numpy_helper.from_array(rng.normal(size=(3,)).astype(np.float32), b)]
+    nodes = [helper.make_node("Gemm", [obs, w, b], [h1], name="fc", transB=1),
+             helper.make_node("LeakyRelu", [h1], [h2], name="leak", alpha=0.1),
+             helper.make_node("Tanh", [h2], [h3], name="squash"),
+             helper.make_node("Softplus", [h3], [out], name="soft")]
+    graph = helper.make_graph(nodes, "names", [helper.make_tensor_value_info(obs, TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("names", [
+    ("obs", "w", "b", "checked", "h2", "h3", "y"),  # a tensor named like the input check
+    ("checked", "w", "b", "h1", "h2", "h3", "y"),  # an input named like it
+    ("record", "overrides", "np", "tap", "leaky_relu", "softplus", "forward"),
+    ("obs", "weights", "WEIGHTS", "_softplus", "observer", "TENSORS", "seen"),
+])
+def test_tensors_named_like_the_modules_own_names_export_and_reproduce_the_backend(tmp_path, names):
+    _check_named_export(tmp_path, names)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(NAMES, min_size=7, max_size=7, unique=True))
+def test_any_tensor_names_export_and_reproduce_the_backend(tmp_path_factory, names):
+    _check_named_export(tmp_path_factory.mktemp("named"), names)
+
+
+def test_a_weight_named_with_a_nul_character_is_refused_and_nothing_is_written(tmp_path):
+    with pytest.raises(pp.BadModelError, match=r"'w\\x00x' holds a NUL character \(\\x00\), which the member names of an "
+                                               r"\.npz \(a zip archive\) cannot hold"):
+        pp.export_numpy(_named_model("obs", "w\0x", "b", "h1", "h2", "h3", "y"), tmp_path / "policy.py")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _check_named_export(folder: Path, names) -> None:
+    model = _named_model(*names)
+    done = pp.export_numpy(model, folder / "policy.py", samples=8, low=-2, high=2)
+    module = load_module(done.module)
+    obs = np.random.default_rng(9).uniform(-2, 2, (5, 4)).astype(np.float32)
+    record: dict = {}
+    got = module.forward(obs, record=record)
+    session = pp.load(model, backend="numpy")
+    want = session.record({names[0]: obs}, "*")
+    assert list(record) == list(want) == [names[3], names[4], names[5], names[6]]
+    assert all(same_bits(record[k], want[k]) for k in want)
+    assert list(got) == [names[6]] and same_bits(got[names[6]], session.run({names[0]: obs})[names[6]])

@@ -387,3 +387,15 @@ def test_drawing_more_observations_than_memory_allows_is_refused_up_front(metadr
                                                  r"more than 100 MiB \(the limit POLICYPORT_MAX_MEMORY sets\)"):
         sample_inputs(inputs, 100_000)
     assert sample_inputs(inputs, 1000)["obs"].shape == (1000, 275)
+
+
+@pytest.mark.parametrize("values, error, message", [
+    ({"nodes": "x"}, pp.ArgumentTypeError, r"the limit nodes must be a whole number, not str 'x'"),
+    ({"array_bytes": -1}, pp.InputMismatchError, r"the limit array_bytes must be a finite number >= 0, got -1"),
+    ({"npz_arrays": 2.5}, pp.ArgumentTypeError, r"the limit npz_arrays must be a whole number, not float"),
+    ({"colour": 1}, pp.ArgumentTypeError, r"unknown limit\(s\) \['colour'\]"),
+])
+def test_using_limits_checks_its_values(values, error, message):
+    with pytest.raises(error, match=message):
+        with using_limits(**values):
+            pass

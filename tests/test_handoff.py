@@ -125,6 +125,18 @@ def test_run_py_exit_codes(target, copied, tmp_path):
     assert not (copied / "y.npz").exists() and "Traceback" not in bad.stderr + exists.stderr + inside.stderr
 
 
+def test_run_py_has_the_max_bytes_option_its_messages_suggest(target, copied, tmp_path):
+    np.save(tmp_path / "obs.npy", np.zeros((2, 275), np.float32))  # 2,200 bytes
+    small = run(target, copied / "run.py", "-i", tmp_path / "obs.npy", "-o", tmp_path / "y.npz", "--max-bytes", "1K")
+    assert small.returncode == 3 and not (tmp_path / "y.npz").exists()
+    assert "would take 2.15 KiB (2,200 bytes), above the limit of 1 KiB" in small.stderr
+    suggested = small.stderr.split("raise the limit with --max-bytes ")[1].split()[0]
+    raised = run(target, copied / "run.py", "-i", tmp_path / "obs.npy", "-o", tmp_path / "y.npz", "--max-bytes", suggested)
+    assert raised.returncode == 0, raised.stderr
+    bad = run(target, copied / "run.py", "--verify", "--max-bytes", "lots")
+    assert bad.returncode == 2 and "--max-bytes: 'lots' is not a size" in bad.stderr
+
+
 def test_run_py_refuses_a_tampered_folder_and_fails_a_changed_golden_file(target, copied):
     weights = read_npz(copied / "weights.npz")
     weights["default_policy/fc_1/bias"][0] += 1
@@ -161,6 +173,52 @@ def test_a_broken_runtime_file_is_named_not_a_traceback(target, copied):
     result = run(target, copied / "run.py", "--verify")
     assert result.returncode == 3 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: cannot import the runtime in _policyport/ (SyntaxError")
+
+
+PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran')\n"
+
+
+@pytest.mark.parametrize("planted", ["hashlib.py", "numpy.py", "policyport.py", "json/__init__.py",
+                                     "_policyport/runtime/shadow.py"])
+def test_python_code_planted_in_the_folder_is_never_imported_and_is_refused(target, copied, tmp_path, planted):
+    marker = tmp_path / "payload-ran"
+    (copied / planted).parent.mkdir(parents=True, exist_ok=True)
+    (copied / planted).write_text(PAYLOAD.format(marker=str(marker)))
+    for cwd in (None, copied):  # run from elsewhere, and from inside the folder
+        result = run(target, copied / "run.py", "--verify", cwd=cwd)
+        assert not marker.exists(), f"{planted} was imported"
+        assert result.returncode == 3 and "Traceback" not in result.stderr
+        assert f"holds Python code that {copied / 'policy.json'} does not list ('{planted}')" in result.stderr
+    (copied / planted).unlink()
+    if planted == "json/__init__.py":
+        (copied / "json").rmdir()
+    assert run(target, copied / "run.py", "--verify").returncode == 0
+
+
+def test_bytecode_planted_for_a_runtime_module_is_never_read(target, copied, tmp_path):
+    """An unchecked-hash .pyc in __pycache__ would be run in place of the checked source."""
+    import py_compile
+
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "errors.py").write_text(PAYLOAD.format(marker=str(marker)))
+    tag = run(target, "-c", "import sys; print(sys.implementation.cache_tag)").stdout.strip()
+    py_compile.compile(str(tmp_path / "errors.py"), cfile=str(copied / f"_policyport/__pycache__/errors.{tag}.pyc"),
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True)
+    result = run(target, copied / "run.py", "--verify")
+    assert not marker.exists()
+    assert result.returncode == 3 and "does not list ('_policyport/__pycache__', " in result.stderr
+
+
+def test_run_path_takes_the_folder_off_sys_path_and_never_imports_planted_code(target, copied, tmp_path):
+    marker = tmp_path / "payload-ran"
+    (copied / "zipfile.py").write_text(PAYLOAD.format(marker=str(marker)))  # zipfile: imported lazily by the runtime
+    driver = ("import runpy, sys; sys.path.insert(0, {f!r})\n"
+              "try:\n    runpy.run_path({f!r} + '/run.py')['verify']()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+              "print({f!r} in sys.path)\n").format(f=str(copied))
+    result = run(target, "-c", driver, cwd=copied)
+    assert not marker.exists()
+    assert result.returncode == 0 and result.stdout.startswith("BadModelError")
+    assert result.stdout.endswith("False\n")
 
 
 # --------------------------------------------------------------------------- import by path

@@ -329,6 +329,62 @@ def test_malformed_folders_give_clear_errors(copy, case):
     assert re.search(pattern, " ".join(result.stderr.split())), result.stderr
 
 
+#: Malformed contents behind a resealed policy.json, one of each kind, for every reader of a folder.
+RESEALED = {
+    "non-UTF-8 graph.json": MALFORMED["non-UTF-8 graph.json"],
+    "a node's attrs as a list": MALFORMED["a node's attrs as a list"],
+    "a 50,000-deep graph.json": MALFORMED["deeply nested graph.json"],
+    "an attribute of dtype S2000000000": (
+        lambda f: edit_graph(f, lambda d: d["nodes"][0]["attrs"].update(
+            value={"tensor": {"dtype": "S2000000000", "shape": [1], "data": ["x"]}})),
+        r"dtype must be a real or boolean element type name, found string 'S2000000000'"),
+    "a |V1000000000 weights member": (
+        lambda f: ((f / "weights.npz").write_bytes(_npz_bytes({"w.npy": _npy_header("|V1000000000", (1,))})),
+                   reseal(f, "weights.npz")),
+        r"weights\.npz: array 'w':? has elements of 1,000,000,000 raw bytes"),
+    "a deflated golden member": (
+        lambda f: ((f / "golden.npz").write_bytes(_npz_bytes({"inputs/obs.npy": _npy_header("<f4", (10**9,))
+                                                              + bytes(4 * 10**6)}, zipfile.ZIP_DEFLATED)),
+                   reseal(f, "golden.npz")),
+        r"golden\.npz: member 'inputs/obs\.npy' is compressed"),
+}
+
+READERS = {
+    "inspect": ["inspect", "{f}"], "inspect --json": ["inspect", "{f}", "--json"],
+    "extract": ["extract", "{f}", "-o", "{t}/w.npz"], "expose": ["expose", "{f}", "-o", "{t}/e.onnx"],
+    "run": ["run", "{f}", "-i", "{t}/obs.npy", "-o", "{t}/y.npz"],
+    "run onnxruntime": ["run", "{f}", "-i", "{t}/obs.npy", "-o", "{t}/y.npz", "--backend", "onnxruntime"],
+    "verify": ["verify", "{f}"], "verify -i": ["verify", "{f}", "-i", "{t}/obs.npy"],
+    "pack": ["pack", "{f}", "-o", "{t}/again"], "export-numpy": ["export-numpy", "{f}", "-o", "{t}/policy.py"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESEALED))
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_of_a_folder_makes_the_same_full_check(copy, tmp_path, case, reader):
+    damage, pattern = RESEALED[case]
+    damage(copy)
+    np.save(tmp_path / "obs.npy", np.zeros((2, 275), np.float32))
+    result = invoke(*[a.format(f=copy, t=tmp_path) for a in READERS[reader]])
+    assert result.exit_code == 3, result.output
+    assert "Traceback" not in result.output and "this is a bug" not in result.output
+    assert re.search(pattern, " ".join(result.stderr.split())), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["expert", "obs.npy"]  # nothing written
+
+
+@pytest.mark.parametrize("case", sorted(RESEALED))
+def test_every_api_reader_of_a_folder_makes_the_same_full_check(copy, case):
+    damage, pattern = RESEALED[case]
+    damage(copy)
+    readers = [lambda: pp.load(copy, backend="numpy"), lambda: pp.load(copy, backend="onnxruntime"),
+               lambda: pp.extract_weights(copy), lambda: pp.verify_bundle(copy), lambda: reader.read_golden(copy),
+               lambda: fmt.read_bundle(copy)]
+    for read in readers:
+        with pytest.raises(pp.BadModelError) as caught:
+            read()
+        assert re.search(pattern, " ".join(str(caught.value).split())), str(caught.value)
+
+
 # ----------------------------------------------------------------------------------- pack --force
 
 
@@ -364,7 +420,7 @@ def test_force_refuses_a_bundle_whose_files_were_changed(model, packed, tmp_path
     write_npz(out / "weights.npz", {"mine": np.ones(3, np.float32)})
     with pytest.raises(pp.OutputExistsError, match=r"not provably a policyport bundle \(.*weights\.npz: its content differs"):
         pp.pack(model, out, force=True)
-    assert reader._read_npz((out / "weights.npz").read_bytes(), out)["mine"].tolist() == [1, 1, 1]
+    assert fmt._read_npz((out / "weights.npz").read_bytes(), out)["mine"].tolist() == [1, 1, 1]
 
 
 def test_force_replaces_an_intact_bundle_with_or_without_runtime(model, packed, tmp_path):

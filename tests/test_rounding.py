@@ -202,22 +202,49 @@ def test_a_branch_the_float64_run_takes_otherwise_voids_the_oracle_downstream():
              helper.make_node("Slice", ["scaled", "zero", "one", "one"], ["first"], name="first"),
              helper.make_node("Greater", ["first", "t"], ["cond"], name="cond"),
              helper.make_node("Mul", ["h", "thousand"], ["big"], name="big"),
-             helper.make_node("Where", ["cond", "big", "h"], ["z"], name="z")]
+             helper.make_node("Where", ["cond", "big", "h"], ["z"], name="z"),
+             helper.make_node("Neg", ["z"], ["minus_z"], name="minus_z")]
     inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(tenth), "tenth"),
              numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
              numpy_helper.from_array(np.array(t), "t"), numpy_helper.from_array(np.array(1000, np.float32), "thousand")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 300])],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+                              [helper.make_tensor_value_info("minus_z", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     assert (float(x[0, 0]) * float(tenth) > float(t)) != (x[0, 0] * tenth > t)  # the oracle takes the other branch
 
     def einsum_side(obs):
         h = np.einsum("bi,io->bo", obs, w)
         cond = obs[:, :1] * np.float32(0.1) > t
-        return {"h": h, "z": np.where(cond, h * np.float32(1000), h)}
+        z = np.where(cond, h * np.float32(1000), h)
+        return {"h": h, "z": z, "minus_z": -z}
 
     report = pp.verify(model, x, backends=("numpy",), reference=einsum_side, atol=0.0, rtol=0.0)
     by_tensor = {c.tensor: c for c in report.comparisons}
     assert by_tensor["h"].passed and by_tensor["h"].rule == "rounding"
     assert by_tensor["z"].rule == "tolerance" and not by_tensor["z"].passed
-    assert any("the float64 run took other branches" in n and "'cond'" in n and "z" in n for n in report.notes)
+    assert by_tensor["minus_z"].rule == "tolerance" and not by_tensor["minus_z"].passed
+    assert report.notes == ["the float64 run took other branches (its 'cond' differs from numpy's); "
+                            "no rounding rule for minus_z, z"]
+
+
+def test_the_float64_oracle_keeps_integer_feeds_integer():
+    """z = x @ W + float(idx + 1): numpy and onnxruntime round x @ W differently (atol 0); the oracle
+    widens x to float64 and feeds idx as the int64 the graph declares."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (64, 300)).astype(np.float32)
+    w = (rng.uniform(-1, 1, (300, 4)) * 30).astype(np.float32)
+    idx = np.arange(64, dtype=np.int64).reshape(64, 1)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="h"),
+             helper.make_node("Add", ["idx", "one"], ["next"], name="next"),
+             helper.make_node("Cast", ["next"], ["nextf"], name="nextf", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["h", "nextf"], ["z"], name="z")]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 300]),
+                                           helper.make_tensor_value_info("idx", TensorProto.INT64, ["b", 1])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    report = pp.verify(model, {"x": x, "idx": idx}, atol=0.0, rtol=0.0)
+    assert report.passed and report.notes == [] and report.oracle is not None
+    rules = {c.tensor: c.rule for c in report.comparisons}
+    assert rules == {"h": "rounding", "next": "exact", "nextf": "tolerance", "z": "rounding"}
+    assert report.comparisons[0].max_abs > 0  # the two sides do differ in the last bits

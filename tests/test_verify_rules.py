@@ -3,6 +3,8 @@ messages, observations drawn, the float64 oracle and what it is not trusted for.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -96,6 +98,18 @@ def test_backends_that_cannot_be_compared_are_refused(backends, message):
         pp.verify(_mlp(), OBS, backends=backends)
 
 
+@pytest.mark.parametrize("threads, error, message", [
+    (-1, InputMismatchError, "must be a finite number >= 0 and <= 1024, got -1"),
+    (5000, InputMismatchError, "must be a finite number >= 0 and <= 1024, got 5000"),
+    (1.5, pp.ArgumentTypeError, "must be a whole number, not float 1.5"),
+    (True, pp.ArgumentTypeError, "must be a whole number, not bool True"),
+])
+def test_threads_reach_every_backend_session(threads, error, message):
+    with pytest.raises(error, match=rf"^threads \(0: one per core\) {re.escape(message)}$"):
+        pp.verify(_mlp(), OBS, threads=threads)
+    assert pp.verify(_mlp(), OBS, threads=2).passed
+
+
 def test_an_array_feeds_only_a_single_input_model():
     with pytest.raises(InputMismatchError, match="^the model has several inputs; pass a dict of feeds$"):
         pp.verify(_two_inputs(), OBS[:, :2])
@@ -113,8 +127,12 @@ def test_samples_with_inputs_take_the_first_rows_and_say_so():
 
 
 def test_drawn_observations_follow_samples_range_and_seed():
-    report = pp.verify(_mlp(), samples=7, low=-2.0, high=-1.0, seed=3)
+    seen = []
+    report = pp.verify(_mlp(), samples=7, low=-2.0, high=-1.0, seed=3, reference=lambda obs: seen.append(obs) or {})
     assert report.samples == 7 and report.notes == []
+    inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3))]
+    assert np.array_equal(seen[0], sample_inputs(inputs, 7, -2.0, -1.0, seed=3)["obs"])
+    assert seen[0].min() >= -2.0 and seen[0].max() < -1.0
     assert pp.verify(_mlp()).samples == 1000
 
 

@@ -5,6 +5,8 @@ name does not tell it; a source that does not fit is named as such."""
 from __future__ import annotations
 
 import shutil
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +103,21 @@ def _observation_file(folder):
     path = folder / "obs.npy"
     np.save(path, OBS)
     return path
+
+
+def test_a_source_of_another_kind_takes_only_keep_value_and_its_own_defaults(tmp_path):
+    """The policy.pth inside an SB3 zip is a state_dict: verified against it, a model converted from the
+    zip with the value branch compares the value branch too, and the state_dict's own default activation
+    (not the zip's tanh, which the zip's data records) makes the second layer the first divergence."""
+    zip_path = Path(__file__).resolve().parents[1] / "fixtures" / "sb3" / "ppo_pendulum.zip"
+    with zipfile.ZipFile(zip_path) as zf:
+        (tmp_path / "policy.pth").write_bytes(zf.read("policy.pth"))
+    model = convert_source(zip_path, keep_value=True).model
+    obs = np.random.default_rng(0).uniform(-1, 1, (8, 3)).astype(np.float32)
+    report = pp.verify(model, obs, backends=("numpy",), source=tmp_path / "policy.pth")
+    verdicts = {c.tensor: c.passed for c in report.comparisons if c.reference == "source"}
+    assert verdicts == {"mlp_extractor.policy_net.0/linear": True, "mlp_extractor.policy_net.2/linear": False,
+                        "action_net/mean": False, "logits": False, "action": False, "log_std": True,
+                        "mlp_extractor.value_net.0/linear": True, "mlp_extractor.value_net.2/linear": False,
+                        "value": False}
+    assert report.first_divergence.tensor == "mlp_extractor.policy_net.2/linear"

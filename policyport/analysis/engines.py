@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, InputMismatchError, OptionError, require
-from ..files import check_distinct, check_writable, write_atomic
+from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
+from ..files import check_distinct, check_free_space, check_writable, write_atomic
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
 from .statistics import nonfinite_rows
@@ -159,6 +159,8 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
     """
     if engine not in ENGINES:
         raise InputMismatchError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    check_argument(batch_size, "batch_size (rows per block)", "int")
+    check_argument(threads, "threads (0: one per core)", "int")
     if batch_size < 1:
         raise InputMismatchError(f"the batch size must be at least 1, got {batch_size}")
     out = Path(out)
@@ -211,6 +213,10 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
                 rows = sizes[0]
                 if writer is None:
                     summary.tensors, summary.skipped = _batched(values, rows, ops)
+                    if fmt == "npz":  # uncompressed: its size is known from the first block
+                        row_bytes = sum(t.row_bytes for t in summary.tensors)
+                        check_free_space(out, table.rows * row_bytes, f"the recording ({table.rows:,} rows of "
+                                         f"{row_bytes:,} bytes, {len(summary.tensors)} tensors)")
                     writer = Background(WRITERS[fmt](file, table.rows, summary.tensors,
                                                      describe(table.rows, summary.tensors, **made),
                                                      scratch=out.parent))

@@ -17,20 +17,28 @@ Figures are built with matplotlib's object API (``Figure``), never pyplot's glob
 from __future__ import annotations
 
 import math
+import contextlib
+import hashlib
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..errors import InputMismatchError, UnreadableFileError, require
+from ..runtime.entry import literal
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import Recording, open_recording
 from .statistics import RELU_LIKE, Statistics, statistics
 
 BINS = 80
 _DPI = 110
+
+
+#: The longest file-name part made from a tensor name; a longer name is cut and given a hash suffix.
+MAX_SLUG = 80
 
 
 def _figure(width: float, height: float):
@@ -40,9 +48,27 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
 
 
+@contextlib.contextmanager
+def _quiet_matplotlib():
+    """matplotlib's warnings (a glyph the font lacks, a layout it cannot fit) kept from the terminal:
+    they would print text from the recording raw, and a plot is written whatever they say."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="matplotlib")
+        yield
+
+
+def shown(name: str) -> str:
+    """A tensor name as a plot draws it: control and format characters escaped (``\\x1b``), as on
+    the terminal, and ``$`` escaped so that matplotlib never reads it as mathtext."""
+    return literal(name).replace("$", r"\$")
+
+
 def slug(name: str, taken: set[str]) -> str:
-    """A file-name-safe form of a tensor name (``fc_1/tanh`` -> ``fc_1-tanh``), unique within ``taken``."""
+    """A file-name-safe form of a tensor name (``fc_1/tanh`` -> ``fc_1-tanh``), unique within ``taken``;
+    a form longer than :data:`MAX_SLUG` is cut and ends in 10 hex digits of the name's sha256."""
     base = re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-.") or "tensor"
+    if len(base) > MAX_SLUG:
+        base = base[:MAX_SLUG - 11].rstrip("-.") + "-" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
     candidate, n = base, 1
     while candidate in taken:
         n += 1
@@ -52,7 +78,7 @@ def slug(name: str, taken: set[str]) -> str:
 
 
 def _title(name: str, op: str | None) -> str:
-    return f"{name} ({op})" if op else name
+    return f"{shown(name)} ({shown(op)})" if op else shown(name)
 
 
 def _histograms(rec: Recording, stats: Statistics, batch_size: int, progress) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -82,6 +108,7 @@ def _histograms(rec: Recording, stats: Statistics, batch_size: int, progress) ->
     return {n: (counts[n], edges[n]) for n in edges}
 
 
+@_quiet_matplotlib()
 def plot_recording(recording, out_dir, *, tensors: str | None = None, heatmap_rows: int = 200,
                    batch_size: int = 16384, force: bool = False,
                    progress: Callable[[int, int], None] | None = None) -> list[Path]:
@@ -217,6 +244,7 @@ def _integer_ticks(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
+@_quiet_matplotlib()
 def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
     """``errors.png``: the per-tensor max abs error of a verification report, one bar per compared
     pair, log scale, with each comparison's ``atol`` marked (one line when they share one; the
@@ -264,7 +292,8 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
             marks_x.append(max(atol, floor))
             widths.append(min(max(value, floor), 1e30))
             failing.append(not c["passed"])
-        bars = ax.barh(ys, widths, height=height * 0.9, color=colours[j % len(colours)], label=f"{cand} vs {ref}")
+        bars = ax.barh(ys, widths, height=height * 0.9, color=colours[j % len(colours)],
+                       label=f"{shown(cand)} vs {shown(ref)}")
         for bar, fails in zip(bars, failing):
             if fails:  # the pair's colour stays; a red outline and hatch mark the failure
                 bar.set(edgecolor="#C44E52", hatch="///", linewidth=1.5)
@@ -273,7 +302,7 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
     else:  # tolerances by dtype: one mark per comparison
         ax.scatter(marks_x, marks_y, marker="|", s=120, color="#C44E52", label="atol (by dtype)", zorder=3)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(tensors)), tensors)
+    ax.set_yticks(range(len(tensors)), [shown(t) for t in tensors])
     ax.invert_yaxis()
     ax.set_xlabel(f"max abs error (0 drawn at {floor:g})")
     verdict = "PASS" if doc.get("passed") else "FAIL"
@@ -285,7 +314,7 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
 
     marks = [(h, label) for h, label in zip(*ax.get_legend_handles_labels()) if label.startswith("atol")]
     handles = [Patch(facecolor=colours[j % len(colours)]) for j in range(len(pairs))] + [h for h, _ in marks]
-    labels = [f"{c} vs {r}" for c, r in pairs] + [label for _, label in marks]
+    labels = [f"{shown(c)} vs {shown(r)}" for c, r in pairs] + [label for _, label in marks]
     if any(not c["passed"] for c in comparisons):
         handles.append(Patch(facecolor="white", edgecolor="#C44E52", hatch="///", linewidth=1.5))
         labels.append("fails its tolerance")

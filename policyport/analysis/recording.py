@@ -25,7 +25,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError, require
+from ..errors import BadModelError, UnreadableFileError, listing, require
 from .tables import META_KEY, Table, open_table
 
 FORMAT = "policyport.recording/1"
@@ -83,7 +83,7 @@ class Recording:
         names = [t.name for t in self.tensors] if names is None else names
         unknown = [n for n in names if n not in self._column]
         if unknown:
-            raise UnreadableFileError(f"{self.path} holds no tensor {unknown}; it has {', '.join(self._column)}")
+            raise UnreadableFileError(f"{self.path} holds no tensor [{listing(unknown)}]; it has {listing(self._column, show=str)}")
         for block in self.table.iter_batches(batch_size, [self._column[n] for n in names]):
             yield {n: block[self._column[n]] for n in names}
 

@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UnreadableFileError, require
+from ..files import check_npz_arrays
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -138,7 +139,9 @@ class NpzTable(Table):
         rows_of: dict[str, int] = {}
         try:
             with zipfile.ZipFile(path) as zf:
-                for info in zf.infolist():
+                members = zf.infolist()
+                check_npz_arrays(len(members), str(path))
+                for info in members:
                     name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                     with zf.open(info) as f:
                         if name == META_KEY:

@@ -46,14 +46,24 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
-ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", help="Threads a run may use: on numpy, threads sharing the row blocks of a batch of 1,024 rows or more (the same result on any number); on onnxruntime, intra-op threads. 0: one per core.")]
+def thread_count(value: int) -> int:
+    """--threads' callback: more than the runtime's MAX_THREADS is refused (exit 2), not clamped."""
+    from ..runtime import MAX_THREADS
+
+    if value > MAX_THREADS:
+        raise typer.BadParameter(f"{value} is more than {MAX_THREADS:,} threads; give at most {MAX_THREADS:,} "
+                                 "(0: one per core)")
+    return value
+
+
+ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", callback=thread_count, help="Threads a run may use: on numpy, threads sharing the row blocks of a batch of 1,024 rows or more (the same result on any number); on onnxruntime, intra-op threads. 0: one per core; at most 1,024 (more is refused, exit 2).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
 def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None):
     """The overrides ``--override``, ``--steer`` and ``--overrides`` ask for (the named set first),
     or None. A malformed spec or an unknown set is a usage error (exit 2)."""
-    from ..errors import InputMismatchError
+    from ..errors import InputMismatchError, listing
     from ..runtime.overrides import load_override_sets, parse_spec
 
     if (steer is None) != (file is None):
@@ -63,7 +73,7 @@ def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None
     if file is not None:
         sets = load_override_sets(file)
         if steer not in sets:
-            raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {', '.join(sets)}", param_hint="--steer")
+            raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {listing(sets, show=str)}", param_hint="--steer")
         edits += sets[steer]
     for spec in specs or []:
         try:

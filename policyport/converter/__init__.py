@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnreadableFileError
+from ..errors import ArgumentTypeError, BadModelError, OptionError, UnreadableFileError, check_argument
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
@@ -262,10 +262,11 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     if options is None:
         unknown = sorted(set(option_values) - {f.name for f in dataclasses.fields(ConvertOptions)})
         if unknown:
-            raise TypeError(f"convert() got unexpected keyword argument(s) {', '.join(unknown)}")
+            raise ArgumentTypeError(f"convert() got unexpected keyword argument(s) {', '.join(unknown)}")
         options = ConvertOptions(**option_values)
     elif option_values:
         options = dataclasses.replace(options, **option_values)
+    _check_types(options)
     if options.head is not None and options.head not in HEADS:
         raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
@@ -277,6 +278,27 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
     return converted
+
+
+#: The plain types each option takes (None aside, which every option but these booleans and opset takes).
+_OPTION_TYPES = {"activation": str, "head": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
+                 "keep_value": bool, "obs_filter": bool, "trust": bool}
+
+
+def _check_types(options: ConvertOptions) -> None:
+    """Refuse an option of the wrong type before any file is read.
+
+    Raises:
+        ArgumentTypeError: naming the option, the type it takes and what it got.
+    """
+    check_argument(options.opset, "opset", "int", 1)
+    for name, wanted in _OPTION_TYPES.items():
+        value = getattr(options, name)
+        if value is None and wanted is not bool:
+            continue
+        if not isinstance(value, wanted):
+            shown = " or ".join(t.__name__ for t in (wanted if isinstance(wanted, tuple) else (wanted,)))
+            raise ArgumentTypeError(f"convert(): {name} must be {shown}, not {type(value).__name__} {value!r:.80}")
 
 
 def _check_applies(options: ConvertOptions, kind: str) -> None:

@@ -49,6 +49,7 @@ from ..errors import (
     UnreadableFileError,
     UnsupportedOpError,
     UntrustedFileError,
+    listing,
 )
 from ..files import sha256_file
 from .build import MIN_OPSET
@@ -964,7 +965,7 @@ def convert_savedmodel(source, options):
         raise UnreadableFileError(f"{path} is not a loadable SavedModel: {type(e).__name__}: {_first_line(e)}") from e
     signatures = dict(getattr(loaded, "signatures", {}) or {})
     if "serving_default" not in signatures:
-        raise UnreadableFileError(f"{path} has no serving_default signature; it has: {', '.join(signatures) or 'none'}")
+        raise UnreadableFileError(f"{path} has no serving_default signature; it has: {listing(signatures, show=str) or 'none'}")
     signature = signatures["serving_default"]
     if not options.trust:
         unsafe = sorted(_graph_ops(signature.graph.as_graph_def()) & UNSAFE_TF_OPS)

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnreadableFileError
+from ..errors import BadModelError, OptionError, UnreadableFileError, listing
 from . import msgpack_decode, unpickle
 from .activations import Activation, choose_activation, parse_activation
 from .build import Dense, MlpSpec, ObsFilter, Prelude
@@ -130,7 +130,7 @@ def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
         if wanted is None and len(policy_ids) == 1:
             return policy_ids[0]
         raise BadModelError(
-            f"policy {pid!r} is not in {where}; it holds: {', '.join(sorted(policy_ids)) or 'no policies'} "
+            f"policy {pid!r} is not in {where}; it holds: {listing(sorted(policy_ids), show=str) or 'no policies'} "
             "(choose one with --policy-id)"
         )
     return pid
@@ -456,7 +456,7 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
         modules.setdefault(m["module"], {}).setdefault(int(m["index"]), {})[m["param"]] = (name, arr)
     if unplaced:
         raise BadModelError(f"cannot place {len(unplaced)} array(s) in RLlib's default RLModule layout "
-                            f"(<module>.net.mlp.<i>.weight|bias): {', '.join(sorted(unplaced))}")
+                            f"(<module>.net.mlp.<i>.weight|bias): {listing(sorted(unplaced), show=str)}")
 
     def layers(module: str, act: Activation | None, last_act: Activation | None) -> list[Dense]:
         found = modules.get(module, {})
@@ -476,7 +476,7 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
         af = layers("af", head_activation, None)
         vf = layers("vf", head_activation, None)
         if not af:
-            raise BadModelError(f"a DQN RLModule needs an af (advantage) head; found modules {', '.join(sorted(modules))}")
+            raise BadModelError(f"a DQN RLModule needs an af (advantage) head; found modules {listing(sorted(modules), show=str)}")
         if len(vf) > 1 or len(af) > 1:
             raise BadModelError("policyport converts DQN RLModules whose af/vf heads are single layers (head_fcnet_hiddens=[])")
         return MlpSpec(encoder, af[0], [], vf[0] if vf else None), bool(vf)
@@ -484,7 +484,7 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
     actor = layers("encoder.encoder" if shared else "encoder.actor_encoder", activation, activation)
     pi = layers("pi", head_activation, None)
     if not pi:
-        raise BadModelError(f"the RLModule has no pi head; found modules {', '.join(sorted(modules))}")
+        raise BadModelError(f"the RLModule has no pi head; found modules {listing(sorted(modules), show=str)}")
     value_hidden, value_out = [], None
     if keep_value:
         vf = layers("vf", head_activation, None)

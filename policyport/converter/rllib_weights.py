@@ -18,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError
+from ..errors import BadModelError, OptionError, listing
 from ..files import load_arrays, sha256_file
 from .activations import Activation, parse_activation
 from .build import Dense, MlpSpec
@@ -71,13 +71,13 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
         raise BadModelError(
             f"cannot place {len(unplaced)} array(s) in RLlib's FullyConnectedNetwork layout "
             f"(expected [prefix/]fc_<i>/kernel|bias, fc_out/..., fc_value_<i>/..., value_out/..., log_std): "
-            f"{', '.join(sorted(unplaced))}"
+            f"{listing(sorted(unplaced), show=str)}"
         )
     if len(prefixes) > 1:
         raise BadModelError(f"the arrays carry more than one prefix ({sorted(prefixes)}); give one policy's weights")
     if ("fc_out", "kernel") not in placed:
         raise BadModelError(
-            f"no output layer: expected an array named <prefix>fc_out/kernel; found {', '.join(sorted(arrays)) or 'no arrays'}"
+            f"no output layer: expected an array named <prefix>fc_out/kernel; found {listing(sorted(arrays), show=str) or 'no arrays'}"
         )
     dtypes = {a.dtype for _, a in placed.values()}
     if len(dtypes) != 1 or not np.issubdtype(next(iter(dtypes)), np.floating):
@@ -85,7 +85,7 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
 
     bad = sorted(name for name, a in placed.values() if not np.isfinite(a).all())
     if bad:
-        raise BadModelError(f"non-finite values (NaN or inf) in {', '.join(bad)}; a trained policy's weights are finite")
+        raise BadModelError(f"non-finite values (NaN or inf) in {listing(bad, show=str)}; a trained policy's weights are finite")
 
     def layer(name: str, act: Activation | None) -> Dense:
         if (name, "kernel") not in placed:

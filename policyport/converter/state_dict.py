@@ -33,7 +33,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError
+from ..errors import BadModelError, OptionError, listing
 from .activations import Activation, parse_activation
 from .build import ActionHead, Dense, MlpSpec, Step
 
@@ -216,7 +216,7 @@ def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
     raise BadModelError(
         f"the state_dict's keys fit no layout policyport knows (nn.Sequential <i>.weight, SB3 mlp_extractor/action_net, "
         f"SB3 actor.*, RLlib _hidden_layers.<i>._model.0/_logits): {len(misfits)} key(s) do not fit: "
-        f"{', '.join(misfits[:20])}{' ...' if len(misfits) > 20 else ''}"
+        f"{listing(misfits, 20, show=str)}"
     )
 
 
@@ -239,7 +239,7 @@ def parse_sb3_actor_critic(arrays, activation: Activation, *, keep_value: bool =
     known = re.compile(r"^(mlp_extractor\.(shared_net|policy_net|value_net)\.\d+\.\w+|action_net\.(weight|bias)|value_net\.(weight|bias)|log_std)$")
     misfits = sorted(k for k in arrays if not known.match(k))
     if misfits:
-        raise BadModelError(f"keys that do not fit SB3's ActorCriticPolicy: {', '.join(misfits)}")
+        raise BadModelError(f"keys that do not fit SB3's ActorCriticPolicy: {listing(misfits, show=str)}")
     notes: list[str] = []
     trunk, n1 = parse_sequential(arrays, "mlp_extractor.shared_net.", activation, trailing_activation=True, what="mlp_extractor.shared_net")
     hidden, n2 = parse_sequential(arrays, "mlp_extractor.policy_net.", activation, trailing_activation=True, what="mlp_extractor.policy_net")
@@ -283,7 +283,7 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
     if "actor.mu.weight" in actor:  # SAC
         misfits = sorted(k for k in actor if not re.match(r"^actor\.(latent_pi\.\d+\.\w+|mu\.(weight|bias)|log_std\.(weight|bias))$", k))
         if misfits:
-            raise BadModelError(f"keys that do not fit SB3's SAC actor: {', '.join(misfits)}")
+            raise BadModelError(f"keys that do not fit SB3's SAC actor: {listing(misfits, show=str)}")
         if actor.get("actor.log_std.weight") is None:
             raise BadModelError("a SAC actor without actor.log_std: a gSDE actor, which policyport does not convert")
         hidden, n = parse_sequential(actor, "actor.latent_pi.", activation, trailing_activation=True, what="actor.latent_pi")
@@ -291,7 +291,7 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
         return MlpSpec(hidden=hidden, output=_dense(actor, "actor.mu")), "sac", notes + n
     misfits = sorted(k for k in actor if not re.match(r"^actor\.mu\.\d+\.\w+$", k))
     if misfits:
-        raise BadModelError(f"keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): {', '.join(misfits)}")
+        raise BadModelError(f"keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): {listing(misfits, show=str)}")
     layers, n = parse_sequential(actor, "actor.mu.", activation, what="actor.mu")
     hidden, output = _split_output(layers, "actor.mu")
     return MlpSpec(hidden=hidden, output=output), "td3", notes + n
@@ -305,7 +305,7 @@ def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool
     """
     misfits = sorted(k for k in arrays if not RLLIB_KEY.match(k))
     if misfits:
-        raise BadModelError(f"keys that do not fit RLlib's torch FullyConnectedNetwork: {', '.join(misfits)}")
+        raise BadModelError(f"keys that do not fit RLlib's torch FullyConnectedNetwork: {listing(misfits, show=str)}")
 
     def slim(prefix: str) -> list[Dense]:
         nums = sorted({int(m[1]) for k in arrays if (m := re.match(rf"^{re.escape(prefix)}\.(\d+)\._model\.0\.weight$", k))})

@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnsupportedOpError, require
+from ..errors import BadModelError, OptionError, UnsupportedOpError, listing, require
 
 #: Output-tensor roles of common leaf modules (any other class: its name in snake_case).
 ROLES = {
@@ -281,7 +281,7 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     unmatched = [k for k in unmatched if not k.endswith("num_batches_tracked")]
     if unmatched:
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
-                     f"graph as stored (unused, or folded by the exporter): {', '.join(unmatched)}")
+                     f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
     return Export(model, module_tensors, names, notes, module_inputs)
 
 

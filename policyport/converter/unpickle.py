@@ -169,11 +169,11 @@ def _allowed() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-def _latin1_encode(text, encoding="latin1"):
+def _latin1_encode(text, encoding="latin1"):  # pragma: no mutate (pickles always pass the encoding)
     """``_codecs.encode(str, "latin1")``: how protocol-2 pickles of Python 3 store ``bytes``."""
     if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
         raise UntrustedFileError(f"the pickle asks for _codecs.encode(..., {encoding!r}); only latin1 bytes are rebuilt")
-    return text.encode("latin1")
+    return text.encode("latin1")  # pragma: no mutate (codec names ignore case)
 
 
 #: Modules whose every global is refused, class names included: they reach the operating system,

@@ -24,6 +24,10 @@ BACKENDS: dict[str, str] = {
     "onnxruntime": "onnxruntime, CPU execution provider",
 }
 
+#: The most threads a session may be asked for: far beyond any core count a run can use, below
+#: what would exhaust the process's threads (onnxruntime starts every one it is given).
+MAX_THREADS = 1024
+
 Feeds = Mapping[str, np.ndarray] | np.ndarray
 
 
@@ -146,8 +150,11 @@ class Session:
         Raises:
             InputMismatchError: a pattern matches no tensor.
         """
-        key = tensors if isinstance(tensors, (str, type(None))) else tuple(tensors)
-        names = self._selections.get(key)
+        try:
+            key = tensors if isinstance(tensors, (str, type(None))) else tuple(tensors)
+            names = self._selections.get(key)
+        except TypeError:  # not iterable, or unhashable items: select_tensors says what is wrong
+            return select_tensors(self.tensor_names, tensors)
         if names is None:
             names = self._selections[key] = select_tensors(self.tensor_names, tensors)
         return names
@@ -221,7 +228,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
             batch of 1,024 rows or more (:mod:`policyport.runtime.numpy.rows`), the BLAS held to
             one thread each (needs threadpoolctl, the ``threads`` extra; without it, 1); the result
             is the same bits whatever the number. ``onnxruntime``: intra-op threads. 0 (default):
-            one per usable core (onnxruntime's own default).
+            one per usable core (onnxruntime's own default); at most :data:`MAX_THREADS` (1,024).
         seed: seed of the random ops (RandomNormalLike, Multinomial ...; a node's own ``seed``
             attribute takes precedence): the same seed gives the same sequence of results from a
             new session. None (default) draws fresh entropy. The backends use different
@@ -233,17 +240,19 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
         A :class:`Session`.
 
     Raises:
-        InputMismatchError: unknown backend name.
+        InputMismatchError: unknown backend name; threads beyond 0 to :data:`MAX_THREADS`, a
+            negative seed.
+        ArgumentTypeError: threads or seed not a whole number.
         UnreadableFileError: the path cannot be read.
         UnsupportedOpError: the numpy backend lacks ops of the model (every one is named).
         MissingDependencyError: the backend's library (or onnx, to read a .onnx file) is missing.
     """
-    from ..errors import InputMismatchError
+    from ..errors import InputMismatchError, check_argument
 
     if backend not in BACKENDS:
         raise InputMismatchError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise InputMismatchError(f"threads must be a whole number >= 0 (0: one per core), got {threads!r}")
+    check_argument(threads, "threads (0: one per core)", "int", 0, MAX_THREADS)
+    check_argument(seed, "seed", "int", 0, none=True)
     proto = None
     if isinstance(model, Graph):
         graph = model

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import InputMismatchError
+from ..errors import ArgumentTypeError, InputMismatchError, listing
 from ..graph import ValueInfo
 from .overrides import Steering
 
@@ -61,13 +61,21 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
 
     Raises:
         InputMismatchError: a pattern matches no tensor (the message lists what exists).
+        ArgumentTypeError: ``patterns`` is not a string, an iterable of strings or None.
     """
     available = list(available)
     if patterns is None:
         return available
     if isinstance(patterns, str):
         patterns = [patterns] if exact else [p.strip() for p in patterns.split(",") if p.strip()]
+    if isinstance(patterns, (bytes, Mapping)) or not isinstance(patterns, Iterable):
+        raise ArgumentTypeError(f"tensors must be a name or glob, a comma-separated string of them, a list of them or "
+                                f"None, not {type(patterns).__name__} {patterns!r:.80}")
     patterns = list(patterns)
+    wrong = [p for p in patterns if not isinstance(p, str)]
+    if wrong:
+        raise ArgumentTypeError(f"tensors must be names or globs (strings); found {type(wrong[0]).__name__} "
+                                f"{wrong[0]!r:.80}")
     present = set(available)
     names = {p for p in patterns if p in present}
     globs = [] if exact else [p for p in patterns if p not in present]
@@ -78,7 +86,8 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
         unmatched = [g for g in globs if g != "*" and not any(fnmatch.fnmatchcase(t, g) for t in available)]
     if unmatched:
         what = "tensor name(s)" if exact else "tensor pattern(s)"
-        raise InputMismatchError(f"{what} {unmatched} match no tensor of the model; it has: {', '.join(available)}")
+        raise InputMismatchError(f"{what} [{listing(unmatched)}] match no tensor of the model; it has: "
+                                 f"{listing(available, show=str)}")
     return chosen
 
 
@@ -170,9 +179,9 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
     missing = [n for n in names if n not in feeds]
     extra = [n for n in feeds if n not in allowed]
     if missing or extra:
-        problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
-        also = f" (and optionally {[v.name for v in optional]})" if optional else ""
-        raise InputMismatchError(f"the model's inputs are {names}{also}; the feeds have {' and '.join(problems)}")
+        problems = ([f"missing [{listing(missing)}]"] if missing else []) + ([f"unexpected [{listing(extra)}]"] if extra else [])
+        also = f" (and optionally [{listing(v.name for v in optional)}])" if optional else ""
+        raise InputMismatchError(f"the model's inputs are [{listing(names)}]{also}; the feeds have {' and '.join(problems)}")
     out: dict[str, np.ndarray] = {}
     symbols: dict[str, tuple[int, str]] = {}
     for v in [*inputs, *(o for o in optional if o.name in feeds)]:

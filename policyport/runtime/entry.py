@@ -2,7 +2,7 @@
 
 ::
 
-    python BUNDLE/run.py -i obs.npy -o actions.npz [--record activations.npz] [--tensors GLOBS] [--force]
+    python BUNDLE/run.py -i obs.npy -o actions.npz [--record activations.npz] [--tensors GLOBS] [--max-bytes SIZE] [--force]
     python BUNDLE/run.py --verify [--atol A] [--rtol R] [--json]
 
 It does what ``policyport run`` and ``policyport verify BUNDLE`` do on the numpy backend, where
@@ -68,6 +68,9 @@ def parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="re-run the golden observations and compare every tensor; exit 1 on a mismatch")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="with --verify: absolute tolerance")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="with --verify: relative tolerance")
+    p.add_argument("--max-bytes", metavar="SIZE",
+                   help="the most the arrays of the input file may take, and one tensor the model sizes from a value "
+                        "in it: 4G, 512M, 1.5GiB or a number of bytes (default 1 GiB, or POLICYPORT_MAX_ARRAY_BYTES)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
     p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error (exit 70)")
     return p
@@ -90,9 +93,12 @@ def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if args.verify:
-            return _verify(Path(folder), args)
-        _run(Path(folder), args)
+        from ..files import using_limits
+
+        with using_limits(**({} if args.max_bytes is None else {"array_bytes": args.max_bytes})):
+            if args.verify:
+                return _verify(Path(folder), args)
+            _run(Path(folder), args)
         return 0
     except PolicyportError as e:
         return _fail(_foreign_options(str(e), p), e.exit_code, args.json)
@@ -130,6 +136,13 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             p.error(f"--{name} must be a finite number >= 0, not {value}")
+    if args.max_bytes is not None:
+        from ..files import parse_size
+
+        try:
+            args.max_bytes = parse_size(args.max_bytes)
+        except ValueError as e:
+            p.error(f"--max-bytes: {e}")
 
 
 def _foreign_options(message: str, p: argparse.ArgumentParser) -> str:

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import InputMismatchError
+from ..errors import InputMismatchError, listing
 
 #: Index of an edit: ``None`` for every neuron, ``(start, stop)`` for a range, or a tuple of neurons.
 Index = tuple[int, ...] | tuple[int, int] | None
@@ -271,7 +271,8 @@ class Steering:
         unknown = [t for t in by_tensor if t not in known]
         if unknown:
             raise InputMismatchError(
-                f"override(s) name {unknown}, which no node of the model produces; it has: {', '.join(tensor_names)}")
+                f"override(s) name [{listing(unknown)}], which no node of the model produces; it has: "
+                f"{listing(tensor_names, show=str)}")
         #: The overridden tensors, in node order.
         self.tensors: tuple[str, ...] = tuple(t for t in tensor_names if t in by_tensor)
         self.edits: dict[str, tuple[Edit, ...]] = {t: tuple(by_tensor[t]) for t in self.tensors}

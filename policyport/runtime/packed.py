@@ -61,47 +61,36 @@ npz files are plain uncompressed numpy archives (``numpy.load(path, allow_pickle
 
 from __future__ import annotations
 
-import io
 import os
-import zipfile
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
 from ..compare import Report, Skipped, compare
-from ..errors import BadModelError, UnreadableFileError
-from ..files import read_npz
+from ..errors import BadModelError, listing
 from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
     DATA_FILES,
     GOLDEN_FILE,
+    GOLDEN_GROUPS,
     GRAPH_FILE,
     GRAPH_SCHEMA,
+    MAX_NPZ_ARRAYS,
     MODEL_FILE,
     POLICY_FILE,
+    SOURCES_KEY,
     WEIGHTS_FILE,
     data_limit,
     open_bundle,
     parse_json,
+    place_initializer,
+    read_bundle,
     read_policy,
 )
 from ..graph import Graph
 from .base import count_observations
-
-#: The files :func:`load_graph` reads.
-GRAPH_FILES = (GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE)
-
-#: The key of ``graph.json`` that says where each initializer's array is stored.
-SOURCES_KEY = "initializer_sources"
-
-#: Key groups of ``golden.npz``: ``<group>/<tensor name>``.
-GOLDEN_GROUPS = ("inputs", "outputs", "activations")
-
-#: How many arrays one .npz of a bundle may hold.
-MAX_NPZ_ARRAYS = 65536
-
 
 # --------------------------------------------------------------------------------------------- load
 
@@ -109,10 +98,10 @@ MAX_NPZ_ARRAYS = 65536
 def load_graph(directory: str | os.PathLike) -> Graph:
     """Read a packed folder into a :class:`Graph` for the numpy backend (needs numpy only).
 
-    The folder is checked by :func:`policyport.folder.open_bundle` first (sizes, regular files,
-    every listed file's sha256); ``graph.json`` is validated against its schema; the initializers
-    are then rebuilt from ``weights.npz`` (transposed back to the model's layout where
-    ``graph.json`` says so) and ``constants.npz``.
+    The folder is checked by :func:`policyport.folder.read_bundle` first, the check every reader
+    of a folder makes (sizes, regular files, every listed file's sha256, both documents against
+    their schemas, every .npz member's header); the initializers are rebuilt from ``weights.npz``
+    (transposed back to the model's layout where ``graph.json`` says so) and ``constants.npz``.
 
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
@@ -126,64 +115,7 @@ def load_graph(directory: str | os.PathLike) -> Graph:
             another sha256 than ``policy.json`` records (the message names the file), a document
             that does not fit its schema, or an initializer missing or misshapen.
     """
-    _, blobs = open_bundle(directory, GRAPH_FILES)
-    return _graph_from(blobs, Path(directory))
-
-
-def _graph_from(blobs: Mapping[str, bytes], directory: Path) -> Graph:
-    doc = parse_json(blobs[GRAPH_FILE], str(directory / GRAPH_FILE), GRAPH_SCHEMA)
-    stores = {
-        WEIGHTS_FILE: _read_npz(blobs[WEIGHTS_FILE], directory / WEIGHTS_FILE),
-        CONSTANTS_FILE: _read_npz(blobs[CONSTANTS_FILE], directory / CONSTANTS_FILE),
-    }
-    initializers: dict[str, np.ndarray] = {}
-    for name, spec in doc[SOURCES_KEY].items():
-        store, key, perm = spec["file"], spec["key"], spec["transpose"]
-        if key not in stores[store]:
-            raise BadModelError(f"{directory / store} has no array {key!r}, which initializer {name!r} needs")
-        array = stores[store][key]
-        if perm is not None and sorted(perm) != list(range(array.ndim)):
-            raise BadModelError(
-                f"{directory / GRAPH_FILE}: initializer {name!r} has transpose {perm}, which is not a "
-                f"permutation of the {array.ndim} axes of {key!r} {list(array.shape)}"
-            )
-        initializers[name] = place_initializer(array, perm)
-    try:
-        return Graph.from_json(blobs[GRAPH_FILE].decode("utf-8"), initializers)
-    except OverflowError as e:  # an integer attribute beyond its element type
-        raise BadModelError(f"{directory / GRAPH_FILE}: an attribute tensor holds a value its element type "
-                            f"cannot ({e})") from None
-
-
-def _read_npz(data: bytes, path: Path) -> dict[str, np.ndarray]:
-    """Every array of a bundle's ``.npz`` held in memory, each header checked before it is read.
-
-    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them) and hold
-    at most :data:`MAX_NPZ_ARRAYS` arrays; each member is then read as every ``.npz`` policyport reads
-    (:func:`policyport.files.read_npz`: plain element types only, headers checked against the bytes
-    there, sizes against the folder's data limit), so an array takes no more memory than the file.
-    """
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            infos = zf.infolist()
-        if len(infos) > MAX_NPZ_ARRAYS:
-            raise BadModelError(f"{path} holds {len(infos)} arrays; a bundle's .npz may hold at most {MAX_NPZ_ARRAYS}")
-        for info in infos:
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
-                                    "uncompressed (as policyport pack writes them)")
-        return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit())
-    except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad
-        raise BadModelError(str(e)) from e
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-        if isinstance(e, BadModelError):
-            raise
-        raise BadModelError(f"{path} is not a readable .npz of plain arrays: {e}") from e
-
-
-def place_initializer(array: np.ndarray, perm: list[int] | None) -> np.ndarray:
-    """The initializer from its stored array: ``numpy.transpose(array, perm)``, contiguous."""
-    return array if perm is None else np.ascontiguousarray(np.transpose(array, perm))
+    return read_bundle(directory)[2]
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -203,21 +135,7 @@ def read_golden(directory: str | os.PathLike) -> dict[str, dict[str, np.ndarray]
     Raises:
         As :func:`load_graph`; BadModelError also for a key outside the three groups.
     """
-    directory = Path(directory)
-    _, blobs = open_bundle(directory, (GOLDEN_FILE,))
-    return _split_golden(_read_npz(blobs[GOLDEN_FILE], directory / GOLDEN_FILE), directory / GOLDEN_FILE)
-
-
-def _split_golden(arrays: Mapping[str, np.ndarray], path: Path) -> dict[str, dict[str, np.ndarray]]:
-    groups: dict[str, dict[str, np.ndarray]] = {g: {} for g in GOLDEN_GROUPS}
-    for key, array in arrays.items():
-        group, sep, tensor = key.partition("/")
-        if not sep or group not in groups:
-            raise BadModelError(
-                f"{path}: key {key!r} is not <group>/<tensor> with group one of {', '.join(GOLDEN_GROUPS)}"
-            )
-        groups[group][tensor] = array
-    return groups
+    return read_bundle(directory)[3]
 
 
 def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
@@ -249,10 +167,8 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
     from . import load
 
     directory = Path(directory)
-    _, blobs = open_bundle(directory, (*GRAPH_FILES, GOLDEN_FILE))
-    graph = _graph_from(blobs, directory)
+    _, _, graph, golden = read_bundle(directory)
     golden_path = directory / GOLDEN_FILE
-    golden = _split_golden(_read_npz(blobs[GOLDEN_FILE], golden_path), golden_path)
     session = load(graph, backend="numpy")
     _expect_keys(golden_path, "inputs", golden["inputs"], [v.name for v in session.inputs])
     _expect_keys(golden_path, "outputs", golden["outputs"], [v.name for v in session.outputs])
@@ -278,6 +194,6 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
 def _expect_keys(path: Path, group: str, found: Mapping[str, np.ndarray], expected: list[str]) -> None:
     if set(found) != set(expected):
         raise BadModelError(
-            f"{path}: expected {group}/ keys for {expected}, found {list(found)}; the golden file does "
+            f"{path}: expected {group}/ keys for [{listing(expected)}], found [{listing(found)}]; the golden file does "
             "not belong to this graph — re-pack the model"
         )

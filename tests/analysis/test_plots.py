@@ -98,3 +98,44 @@ def test_failing_comparisons_are_marked_and_named_in_a_legend_beside_the_bars(tm
     assert legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1  # outside the axes, over no bar
     hatched = [p for p in ax.patches if p.get_hatch()]
     assert len(hatched) == len(failing) and all(p.get_facecolor()[:3] != (1, 1, 1) for p in hatched)
+
+
+HOSTILE = {"esc": "\x1b[31mred\x1b]0;title\x07", "math": "cost $x^2$ / $", "long": "layer/" + "a" * 300,
+           "long2": "layer/" + "a" * 299 + "b", "rtl": "fc\u202e1"}
+
+
+def test_names_are_drawn_escaped_and_long_names_give_short_unique_files(tmp_path):
+    import subprocess
+    import sys
+
+    from policyport.files import write_npz
+
+    rng = np.random.default_rng(4)
+    write_npz(tmp_path / "rec.npz", {name: rng.normal(size=(30, 3)).astype(np.float32) for name in HOSTILE.values()})
+    proc = subprocess.run([sys.executable, "-m", "policyport", "plot", str(tmp_path / "rec.npz"), "-o", str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("PYTHONWARN")})
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr + proc.stdout and "\x07" not in proc.stderr and "Warning" not in proc.stderr
+    files = sorted(os.listdir(tmp_path / "p"))
+    assert len(files) == 1 + 2 * len(HOSTILE) and all(len(f.encode()) <= 100 for f in files)
+    long_slugs = {f for f in files if f.startswith("heatmap-layer-aaa")}
+    assert len(long_slugs) == 2  # cut to the same prefix, told apart by the hash suffix
+    assert all(png_size(tmp_path / "p" / f)[0] > 0 for f in files)
+
+
+def test_a_drawn_name_has_control_characters_and_dollars_escaped():
+    assert plots.shown(HOSTILE["esc"]) == "\\x1b[31mred\\x1b]0;title\\x07"
+    assert plots.shown(HOSTILE["math"]) == "cost \\$x^2\\$ / \\$"
+    assert plots.shown(HOSTILE["rtl"]) == "fc\\u202e1"
+    assert plots._title("a\nb", "Tanh") == "a\\nb (Tanh)"
+
+
+def test_long_names_are_cut_with_a_hash_of_the_whole_name():
+    import hashlib
+
+    taken: set[str] = set()
+    first, second = plots.slug(HOSTILE["long"], taken), plots.slug(HOSTILE["long2"], taken)
+    assert len(first) == len(second) == plots.MAX_SLUG and first != second
+    assert first.endswith(hashlib.sha256(HOSTILE["long"].encode()).hexdigest()[:10])
+    assert plots.slug("fc_1/tanh", taken) == "fc_1-tanh"

@@ -169,13 +169,18 @@ def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
 
 
 @pytest.mark.skipif(not (RAY / "dqn_new").is_dir(), reason="no Ray DQN checkpoint")
-def test_dqn_action_is_argmax_of_dueling_q_values():
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMean takes its axes as an attribute, from 18 as an input
+def test_dqn_action_is_argmax_of_dueling_q_values(opset):
     expected = dict(np.load(RAY / "dqn_new_expected.npz"))
-    model = pp.convert(RAY / "dqn_new")
+    model = pp.convert(RAY / "dqn_new", opset=opset)
     assert [o.name for o in model.graph.output][-2:] == ["q_values", "action"]
-    got = pp.load(model, backend="onnxruntime").run({"obs": expected["obs"]})
-    assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
-    np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
+    assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
+    mean = next(n for n in model.graph.node if n.op_type == "ReduceMean")
+    assert (len(mean.input), [a.name for a in mean.attribute]) == ((2, ["keepdims"]) if opset >= 18 else (1, ["axes", "keepdims"]))
+    for backend in ("onnxruntime", "numpy"):
+        got = pp.load(model, backend=backend).run({"obs": expected["obs"]})
+        assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
 
 
 def test_filter_forms_and_their_epsilons():
@@ -263,3 +268,22 @@ def test_an_activation_contradicting_the_model_config_is_refused():
                                                r"\(fcnet_activation\), which names tanh"):
         pp.convert(RAY / "ppo_new", activation="relu")
     assert convert_source(RAY / "ppo_new", activation="tanh").kind == "rllib"
+
+
+def test_an_old_tf2_weight_list_is_named_in_policy_variables_order():
+    from policyport.converter.rllib import _name_tf2_list
+
+    arrays = [np.full(1, i, np.float32) for i in range(13)]
+    named = _name_tf2_list(arrays[:12], {}, "p")  # RLlib's defaults: two hidden layers, separate value branch
+    assert list(named) == [f"p/{layer}/{param}" for layer in ("fc_1", "fc_value_1", "fc_2", "fc_value_2", "fc_out",
+                                                              "value_out") for param in ("kernel", "bias")]
+    assert [int(v[0]) for v in named.values()] == list(range(12))
+    shared = _name_tf2_list(arrays[:7], {"fcnet_hiddens": [8], "vf_share_layers": True, "free_log_std": True}, "p")
+    assert list(shared) == ["p/fc_1/kernel", "p/fc_1/bias", "p/fc_out/kernel", "p/fc_out/bias", "p/value_out/kernel",
+                            "p/value_out/bias", "p/log_std"]
+    with pytest.raises(pp.BadModelError) as caught:
+        _name_tf2_list(arrays[:5], {"fcnet_hiddens": [8]}, "p")
+    assert str(caught.value) == ("the tf2 policy's weights are an unnamed list of 5 arrays; its model config "
+                                 "(fcnet_hiddens [8], vf_share_layers False) needs 8: p/fc_1/kernel, p/fc_1/bias, "
+                                 "p/fc_value_1/kernel, p/fc_value_1/bias, p/fc_out/kernel, p/fc_out/bias, "
+                                 "p/value_out/kernel, p/value_out/bias")

@@ -60,7 +60,9 @@ def test_the_reader_without_torch_reads_views_and_refuses_what_it_cannot_rebuild
         as_state_dict(read_torch_zip(module_path), module_path)
 
 
-def test_a_tensor_reaching_outside_its_storage_is_refused(tmp_path):
+def _crafted_pt(path, size=(4,), stride=(1,), offset=0, data=None, pid=None, prefix="bad/", byteorder=None):
+    """A torch zip whose one tensor "w" is rebuilt from a float32 storage "0" of 4 elements with the given
+    size, stride and offset (what torch writes, but with values torch would never write)."""
     import collections
     import io
 
@@ -68,23 +70,77 @@ def test_a_tensor_reaching_outside_its_storage_is_refused(tmp_path):
         pass
 
     class Tensor:
-        def __reduce__(self):  # what torch writes for a tensor, but claiming 400 elements of 4
-            return torch._utils._rebuild_tensor_v2, (storage, 0, (400,), (1,), False, collections.OrderedDict())
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (storage, offset, size, stride, False, collections.OrderedDict())
 
     storage = Storage()
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, obj):
-            return ("storage", torch.FloatStorage, "0", "cpu", 4) if obj is storage else None
+            if obj is not storage:
+                return None
+            return ("storage", torch.FloatStorage, "0", "cpu", 4) if pid is None else pid
 
     buf = io.BytesIO()
     Pickler(buf, protocol=2).dump({"w": Tensor()})
-    path = tmp_path / "bad.pt"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("bad/data.pkl", buf.getvalue())
-        zf.writestr("bad/data/0", np.zeros(4, np.float32).tobytes())
-    with pytest.raises(pp.UnreadableFileError, match="outside its storage"):
+        zf.writestr(f"{prefix}data.pkl", buf.getvalue())
+        if byteorder is not None:
+            zf.writestr(f"{prefix}byteorder", byteorder)
+        if data is not False:
+            zf.writestr(f"{prefix}data/0", np.arange(4, dtype="<f4").tobytes() if data is None else data)
+    return path
+
+
+def test_a_crafted_torch_zip_reads_views_at_an_offset_and_in_either_byte_order(tmp_path):
+    got = read_torch_zip(_crafted_pt(tmp_path / "a.pt", size=(2, 2), stride=(1, 2), prefix=""))["w"]
+    assert got.dtype == np.float32 and got.flags.writeable and got.tolist() == [[0.0, 2.0], [1.0, 3.0]]
+    assert read_torch_zip(_crafted_pt(tmp_path / "b.pt", size=(3,), offset=1))["w"].tolist() == [1.0, 2.0, 3.0]
+    assert read_torch_zip(_crafted_pt(tmp_path / "c.pt", size=(0, 3), stride=(3, 1)))["w"].shape == (0, 3)
+    big = read_torch_zip(_crafted_pt(tmp_path / "d.pt", data=np.arange(4, dtype=">f4").tobytes(), byteorder="big\n"))
+    assert big["w"].dtype == np.float32 and big["w"].dtype.byteorder in "=<" and big["w"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("crafted, error, message", [
+    (dict(size=(400,)), pp.UnreadableFileError, "{path} holds a tensor reaching outside its storage (size (400,), "
+                                                "stride (1,))"),
+    (dict(size=(4,), offset=1), pp.UnreadableFileError, "{path} holds a tensor reaching outside its storage (size (4,), "
+                                                        "stride (1,))"),
+    (dict(size=(2, 2), stride=(2,)), pp.UnreadableFileError, "{path} holds a malformed tensor (size (2, 2), stride (2,), "
+                                                             "offset 0)"),
+    (dict(offset=-1), pp.UnreadableFileError, "{path} holds a malformed tensor (size (4,), stride (1,), offset -1)"),
+    (dict(size=(2,), stride=(-1,)), pp.UnreadableFileError, "{path} holds a malformed tensor (size (2,), stride (-1,), "
+                                                            "offset 0)"),
+    (dict(data=b"\x00" * 12), pp.UnreadableFileError, "{path}: storage 0 holds 12 bytes, expected 4 x 4"),
+    (dict(data=False), pp.UnreadableFileError, "{path} lacks the storage bad/data/0"),
+    (dict(pid=("storage", "float", "0", "cpu", 4)), pp.UntrustedFileError,
+     "{path} holds a persistent id this reader does not rebuild: ('storage', 'float', '0', 'cpu', 4)"),
+    (dict(pid=("module", torch.FloatStorage, "0", "cpu", 4)), pp.UntrustedFileError,
+     "{path} holds a persistent id this reader does not rebuild: ('module', "),
+])
+def test_a_crafted_torch_zip_is_refused_saying_why(tmp_path, crafted, error, message):
+    path = _crafted_pt(tmp_path / "bad.pt", **crafted)
+    with pytest.raises(error) as caught:
         read_torch_zip(path)
+    assert str(caught.value).startswith(message.replace("{path}", str(path)))
+    with pytest.raises(error, match=r"^policy\.pth[ :]"):
+        read_torch_zip(path, what="policy.pth")
+
+
+def test_a_file_that_is_no_torch_zip_is_refused_saying_what_to_do(tmp_path):
+    legacy = tmp_path / "legacy.pt"
+    legacy.write_bytes(b"\x80\x02not a zip")
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_torch_zip(legacy)
+    assert str(caught.value) == (f"{legacy} is not a torch zip archive (torch >= 1.6 writes one); reading the legacy "
+                                 "format needs torch installed: pip install 'policyport[torch]'")
+    two = tmp_path / "two.zip"
+    with zipfile.ZipFile(two, "w") as zf:
+        zf.writestr("a/data.pkl", b"")
+        zf.writestr("data.pkl", b"")
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_torch_zip(two)
+    assert str(caught.value) == f"{two} is a zip archive but not a torch file (no single data.pkl)"
 
 
 def test_safetensors_library_and_layout_reader_agree(tmp_path):
@@ -265,3 +321,55 @@ def test_sb3_shared_layers_feed_both_branches(tmp_path):
     np.testing.assert_allclose(got["value"], value, rtol=1e-5, atol=1e-5)
     assert "mlp_extractor.shared_net.1/tanh" in {n.output[0] for n in c.model.graph.node}
     assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def _safetensors(path, header, body=b"", length=None):
+    """A .safetensors file: 8-byte little-endian header length, JSON header, data."""
+    text = json.dumps(header).encode()
+    path.write_bytes((len(text) if length is None else length).to_bytes(8, "little") + text + body)
+    return path
+
+
+def test_the_layout_reader_skips_metadata_and_keeps_shapes_dtypes_and_empty_tensors(tmp_path):
+    body = np.arange(6, dtype="<f4").tobytes() + np.array([-2, 3], "<i2").tobytes()
+    path = _safetensors(tmp_path / "m.safetensors", {
+        "__metadata__": {"format": "pt"},
+        "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "empty": {"dtype": "I64", "shape": [0], "data_offsets": [24, 24]},
+        "steps": {"dtype": "I16", "shape": [2], "data_offsets": [24, 28]}}, body)
+    for reader in (read_safetensors, _read_safetensors_layout):
+        got = reader(path)
+        assert list(got) == ["w", "empty", "steps"]
+        assert got["w"].dtype == np.float32 and got["w"].shape == (2, 3) and got["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert got["empty"].dtype == np.int64 and got["empty"].shape == (0,)
+        assert got["steps"].dtype == np.int16 and got["steps"].tolist() == [-2, 3]
+
+
+def test_the_layout_reader_names_what_is_wrong(tmp_path):
+    def refused(path, message):
+        with pytest.raises(pp.UnreadableFileError) as caught:
+            _read_safetensors_layout(path)
+        assert str(caught.value) == message.replace("{path}", str(path))
+
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x00" * 7)
+    refused(short, "{path} is not a .safetensors file: 7 bytes")
+    empty_header = tmp_path / "eight.safetensors"
+    empty_header.write_bytes(b"\x00" * 8)
+    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: header is not JSON \(Expecting value"):
+        _read_safetensors_layout(empty_header)
+    text_length = len(json.dumps({}).encode())
+    assert _read_safetensors_layout(_safetensors(tmp_path / "exact.safetensors", {}, length=text_length)) == {}
+    long = _safetensors(tmp_path / "long.safetensors", {}, length=text_length + 1)
+    refused(long, "{path} is not a .safetensors file: header length 3 exceeds the file")
+    huge = _safetensors(tmp_path / "huge.safetensors", {}, length=2**64 - 1)
+    refused(huge, "{path} is not a .safetensors file: header length 18446744073709551615 exceeds the file")
+    entry = {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}
+    refused(_safetensors(tmp_path / "c64.safetensors", {"z": entry}, b"\x00" * 8),
+            f"{{path}}: tensor 'z' has a malformed header entry {entry!r}")
+    refused(_safetensors(tmp_path / "off.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}},
+                         b"\x00" * 8),
+            "{path}: tensor 'w' offsets 0..4 do not fit shape (2,) float32 within 8 data bytes")
+    refused(tmp_path / "missing.safetensors", "cannot read {path}: [Errno 2] No such file or directory: '{path}'")
+    with pytest.raises(pp.UnreadableFileError, match=rf"^{short} is not a readable .safetensors file: "):
+        read_safetensors(short)

@@ -137,3 +137,84 @@ def test_a_broken_pickle_is_unreadable(data):
 def test_a_missing_file_is_unreadable(tmp_path):
     with pytest.raises(UnreadableFileError, match="cannot read"):
         load(tmp_path / "nope.pkl")
+
+
+@pytest.fixture
+def fake_spaces(monkeypatch):
+    """A dict subclass, a list subclass and a plain class at a framework's module path."""
+    module = types.ModuleType("gymnasium.spaces.fake")
+
+    class Table(dict):
+        pass
+
+    class Queue(list):
+        pass
+
+    class Plain:
+        pass
+
+    for cls in (Table, Queue, Plain):
+        cls.__module__ = module.__name__
+        cls.__qualname__ = cls.__name__
+        setattr(module, cls.__name__, cls)
+    for name in ("gymnasium", "gymnasium.spaces", "gymnasium.spaces.fake"):
+        monkeypatch.setitem(sys.modules, name, module if name.endswith("fake") else types.ModuleType(name))
+    return module
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_dict_and_list_subclasses_keep_their_items_and_state(fake_spaces, protocol):
+    table = fake_spaces.Table(a=1, b=[2])
+    table.note = "t"
+    many = fake_spaces.Queue([1, 2, 3])
+    many.cap = 3
+    got = load(pickle.dumps({"table": table, "one": fake_spaces.Queue([5]), "many": many}, protocol=protocol))
+    t, one, m = got["table"], got["one"], got["many"]
+    assert [r.global_name for r in (t, one, m)] == ["gymnasium.spaces.fake.Table", "gymnasium.spaces.fake.Queue",
+                                                    "gymnasium.spaces.fake.Queue"]
+    assert (t.items, t.state, t.list_items) == ({"a": 1, "b": [2]}, {"note": "t"}, [])
+    assert (one.list_items, one.state, one.items) == ([5], None, {})
+    assert (m.list_items, m.state) == ([1, 2, 3], {"cap": 3})
+    assert repr(t) == "<Record gymnasium.spaces.fake.Table state=['note']>"
+    assert repr(one) == "<Record gymnasium.spaces.fake.Queue state=NoneType>"
+    assert plain(t) == {"__class__": "gymnasium.spaces.fake.Table", "note": "t", "__items__": {"a": 1, "b": [2]}}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_plain_object_of_a_framework_class_keeps_its_state(fake_spaces, protocol):
+    obj = fake_spaces.Plain()
+    obj.low, obj.high = np.zeros(2, np.float32), [1.0, 2.0]
+    got = load(pickle.dumps([obj], protocol=protocol))[0]
+    assert isinstance(got, Record) and got.global_name == "gymnasium.spaces.fake.Plain"
+    assert got.args == () and sorted(got.state) == ["high", "low"] and got.high == [1.0, 2.0]
+    assert got.low.dtype == np.float32 and got.low.tolist() == [0.0, 0.0]
+    assert repr(got) == "<Record gymnasium.spaces.fake.Plain state=['high', 'low']>"
+
+
+def test_plain_spells_out_arguments_and_a_state_that_is_no_dict():
+    record = Record(1, np.float64(2.5))
+    record.__setstate__([3, Record()])
+    assert plain({"r": record, "t": (record,)}) == {
+        "r": {"__class__": "?", "__state__": [3, {"__class__": "?"}], "__args__": [1, 2.5]},
+        "t": ({"__class__": "?", "__state__": [3, {"__class__": "?"}], "__args__": [1, 2.5]},)}
+    assert plain([Record()]) == [{"__class__": "?"}]
+
+
+class _Encode:
+    """Pickles as a call of ``_codecs.encode(text, encoding)``, as protocol 2 stores bytes."""
+
+    def __init__(self, text, encoding):
+        self.args = (text, encoding)
+
+    def __reduce__(self):
+        import codecs
+
+        return codecs.encode, self.args
+
+
+def test_only_latin1_text_is_encoded_to_bytes():
+    assert load(pickle.dumps([_Encode("\xe9a", "latin1"), _Encode("\xff", "latin-1")], protocol=2)) == [b"\xe9a", b"\xff"]
+    for text, encoding in (("\xe9", "utf-8"), (b"\xe9", "latin1")):
+        with pytest.raises(UntrustedFileError, match=rf"^the pickle asks for _codecs.encode\(\.\.\., {encoding!r}\); "
+                                                     r"only latin1 bytes are rebuilt$"):
+            load(pickle.dumps(_Encode(text, encoding), protocol=2))

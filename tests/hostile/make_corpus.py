@@ -94,6 +94,40 @@ def sized_from_value_models(folder: Path) -> dict[str, Path]:
     return {op: _save(m, folder / f"{op.lower()}_tib.onnx") for op, m in models.items()}
 
 
+def sized_from_attribute_models(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Graphs whose one node is driven to TiB sizes by an attribute or by its equation rather than by
+    the size of its inputs: op -> (model, node name)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    tib = 10**6
+    as_3d = helper.make_node("Reshape", ["obs", "to_3d"], ["x"], name="to_3d")  # (batch, 1, 4): one channel
+    to_3d = _int64("to_3d", [0, 1, 4])
+    wide = {"pads": [tib * tib, tib * tib]}
+    nodes = {
+        "RandomNormal": ([helper.make_node("RandomNormal", [], ["y"], name="noise", shape=[tib, tib])], []),
+        "RandomUniform": ([helper.make_node("RandomUniform", [], ["y"], name="noise", shape=[tib, tib])], []),
+        "Multinomial": ([helper.make_node("Multinomial", ["obs"], ["y"], name="draw", sample_size=tib * tib)], []),
+        "Conv": ([as_3d, helper.make_node("Conv", ["x", "w"], ["y"], name="convolve", **wide)],
+                 [to_3d, numpy_helper.from_array(np.ones((1, 1, 1), np.float32), "w")]),
+        "MaxPool": ([as_3d, helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[1], **wide)], [to_3d]),
+        "AveragePool": ([as_3d, helper.make_node("AveragePool", ["x"], ["y"], name="pool", kernel_shape=[1], **wide)],
+                        [to_3d]),
+        # an outer product of six 100-element constants: 10**12 elements from 2.4 KB
+        "Einsum": ([helper.make_node("Einsum", list("abcdef"), ["y"], name="outer", equation="a,b,c,d,e,f->abcdef")],
+                   [numpy_helper.from_array(np.ones(100, np.float32), n) for n in "abcdef"]),
+        # (100, 100) indices of the one row of a (1, 100000) constant: 4 GB from 480 KB
+        "Gather": ([helper.make_node("Gather", ["table", "rows"], ["y"], name="pick")],
+                   [numpy_helper.from_array(np.zeros((1, 100_000), np.float32), "table"),
+                    numpy_helper.from_array(np.zeros((100, 100), np.int64), "rows")]),
+    }
+    models = {}
+    for op, (graph_nodes, initializers) in nodes.items():
+        elem = TensorProto.INT32 if op == "Multinomial" else None
+        model = _model(graph_nodes, [_obs()], [_out(elem=elem)], initializers)
+        models[op] = (_save(model, folder / f"{op.lower()}_attribute_tib.onnx"), graph_nodes[-1].name)
+    return models
+
+
 def outer_product_model(folder: Path) -> Path:
     """Two 1-MB constants whose sum broadcasts to (250000, 1000000): 0.9 TiB from shapes, not values."""
     from onnx import helper, numpy_helper
@@ -310,6 +344,9 @@ def make_corpus(folder: str | os.PathLike) -> list[Case]:
     for op in ("ConstantOfShape", "Expand", "Tile", "Range"):
         node = {"ConstantOfShape": "fill", "Expand": "widen", "Tile": "repeat", "Range": "count"}[op]
         case(f"{op} to TiB", ["run", sized[op], "-i", arrays["two_rows.npy"], "-o", out], 3,
+             f'{op} node "{node}" on the numpy backend: its output', absent=[out])
+    for op, (model, node) in sized_from_attribute_models(folder).items():
+        case(f"{op} from an attribute or an equation", ["run", model, "-i", arrays["two_rows.npy"], "-o", out], 3,
              f'{op} node "{node}" on the numpy backend: its output', absent=[out])
     case("Expand to TiB over 100,000 rows", ["run", sized["Expand_rows"], "-i", arrays["rows.npy"], "-o", out], 3,
          "rows.npy needs about 1.46 TiB", absent=[out])

@@ -617,3 +617,22 @@ def test_unsupported_opset_names_node_opset_and_versions():
     assert str(e.value) == (
         'Cos node "n0" (opset 13; no Cos at any opset) is not supported by the numpy backend — load it with '
         'backend="onnxruntime" (policyport inspect lists the ops it has)')
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("ij,jk->ik", [(2, 3), (3, 4)]), ("ij,jk", [(2, 3), (3, 4)]), ("i,j->ij", [(3,), (5,)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 6)]), ("ii->i", [(3, 3)]), ("ij->", [(2, 3)]),
+    ("bij,bjk", [(2, 3, 4), (2, 4, 5)]), ("i...,i...", [(2, 3), (2, 3)]), ("...", [(2, 3)]), ("ji", [(2, 3)]),
+    ("i,i", [(1,), (4,)]), ("a,b,c->cba", [(2,), (3,), (4,)]),
+])
+def test_einsum_shape_is_numpys_output_shape(equation, shapes):
+    from policyport.runtime.numpy.ops.linalg import einsum_shape
+
+    arrays = [np.ones(s) for s in shapes]
+    assert einsum_shape(equation, [a.shape for a in arrays]) == np.einsum(equation, *arrays).shape
+
+
+@pytest.mark.parametrize("equation, shapes", [("ij,jk", [(2, 3)]), ("ij", [(2, 3, 4)]), ("ik->j", [(2, 3)])])
+def test_einsum_shape_leaves_equations_that_do_not_fit_to_numpy(equation, shapes):
+    from policyport.runtime.numpy.ops.linalg import einsum_shape
+
+    assert einsum_shape(equation, shapes) is None

@@ -147,7 +147,7 @@ def test_bad_overrides_name_the_problem(metadrive_model, metadrive_obs, backend)
 
 def test_the_numpy_plan_compiles_once_per_set_of_tensors_and_keeps_the_plain_path(metadrive_model, metadrive_obs):
     session = pp.load(metadrive_model)
-    assert session._run is session.backend.plan.run  # run without overrides calls the generated function itself
+    assert session._run.__wrapped__ is session.backend.plan.run  # the generated function itself, only made quiet
     for value in (0.0, 0.5, 1.0):
         session.run(metadrive_obs[:2], overrides={"fc_2/tanh": {17: value}})
         session.record(metadrive_obs[:2], overrides={"fc_2/tanh": {3: value}})

@@ -151,3 +151,95 @@ def test_an_unsupported_op_error_may_carry_a_message_of_its_own():
     error = pp.UnsupportedOpError("Foo node \"f\" needs a feature onnxruntime lacks")
     assert error.missing == [] and str(error) == error.message_for("run") == 'Foo node "f" needs a feature onnxruntime lacks'
     assert isinstance(error, NotImplementedError) and error.exit_code == 3
+
+
+# ------------------------------------------------------------------------------- argument types
+
+
+@pytest.mark.parametrize("tensors, message", [
+    (5, r"tensors must be a name or glob, a comma-separated string of them, a list of them or None, not int 5"),
+    ([1, "fc_1/*"], r"tensors must be names or globs \(strings\); found int 1"),
+    (b"fc_1/*", r"not bytes b'fc_1/\*'"),
+    ({"fc_1/tanh": 1}, r"not dict"),
+])
+def test_tensors_of_the_wrong_type_raise_an_argument_type_error(session, tensors, message):
+    feeds = {"obs": np.zeros((1, 275), np.float32)}
+    for call in (lambda: session.record(feeds, tensors=tensors), lambda: session.record_iter([feeds], tensors),
+                 lambda: session.selection(tensors)):
+        with pytest.raises(pp.ArgumentTypeError, match=message) as caught:
+            call()
+        assert isinstance(caught.value, TypeError) and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"threads": 100_000}, pp.InputMismatchError, r"threads \(0: one per core\) must be a finite number >= 0 and <= 1024, got 100000"),
+    ({"threads": -1}, pp.InputMismatchError, r"threads \(0: one per core\) must be a finite number >= 0 and <= 1024, got -1"),
+    ({"threads": 2.0}, pp.ArgumentTypeError, r"threads \(0: one per core\) must be a whole number, not float 2\.0"),
+    ({"threads": True}, pp.ArgumentTypeError, r"must be a whole number, not bool True"),
+    ({"seed": "7"}, pp.ArgumentTypeError, r"seed must be a whole number or None, not str '7'"),
+])
+def test_load_checks_its_arguments(metadrive_model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        pp.load(metadrive_model, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"samples": "8"}, pp.ArgumentTypeError, r"samples \(observations to draw\) must be a whole number, not str '8'"),
+    ({"samples": 0}, pp.InputMismatchError, r"samples \(observations to draw\) must be a finite number >= 1, got 0"),
+    ({"low": float("nan")}, pp.InputMismatchError, r"low \(the smallest observation value drawn\) must be a finite number"),
+    ({"high": [1.0]}, pp.ArgumentTypeError, r"high \(the bound of the observation values drawn\) must be a number"),
+])
+def test_pack_and_export_check_how_observations_are_drawn_before_any_work(metadrive_model, tmp_path, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        pp.pack(metadrive_model, tmp_path / "b", **kwargs)
+    with pytest.raises(error, match=message):
+        pp.export_numpy(metadrive_model, tmp_path / "p.py", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ NaN and infinities
+
+
+@pytest.mark.parametrize("rows", [2, 3000])  # 3,000 rows: the row blocks run on several threads
+def test_nan_and_inf_propagate_without_numpy_warnings(metadrive_model, rows):
+    import warnings
+
+    obs = np.zeros((rows, 275), np.float32)
+    obs[0, 0], obs[1, :] = np.nan, np.inf
+    session = pp.load(metadrive_model, backend="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would fail the test
+        outputs = session.run({"obs": obs})
+        recorded = session.record({"obs": obs})
+    assert np.isnan(outputs["action"][:2]).all() and np.isfinite(outputs["action"][2:]).all()
+    assert np.isnan(recorded["fc_1/linear"][:2]).all()
+
+
+def test_a_caller_that_asks_numpy_to_raise_keeps_it_on_every_thread(metadrive_model):
+    obs = np.zeros((3000, 275), np.float32)
+    obs[2999, :] = np.inf  # in the last row block, which a worker thread computes
+    session = pp.load(metadrive_model, backend="numpy", threads=2)
+    with np.errstate(all="raise"), pytest.raises(pp.BadModelError, match=r'Gemm node "fc_1/linear" on the numpy '
+                                                                          r"backend failed: FloatingPointError"):
+        session.run({"obs": obs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"activation": 5}, r"convert\(\): activation must be str, not int 5"),
+    ({"opset": "17"}, r"opset must be a whole number, not str '17'"),
+    ({"keep_value": "yes"}, r"convert\(\): keep_value must be bool, not str 'yes'"),
+    ({"colour": "red"}, r"convert\(\) got unexpected keyword argument\(s\) colour"),
+])
+def test_convert_checks_its_option_types_before_reading_the_source(metadrive_path, kwargs, message):
+    with pytest.raises(pp.ArgumentTypeError, match=message) as caught:
+        pp.convert(metadrive_path, **kwargs)
+    assert isinstance(caught.value, TypeError)
+
+
+def test_record_dataset_checks_its_argument_types(metadrive_model, tmp_path):
+    from policyport.analysis import record_dataset
+
+    np.save(tmp_path / "obs.npy", np.zeros((4, 275), np.float32))
+    with pytest.raises(pp.ArgumentTypeError, match=r"batch_size \(rows per block\) must be a whole number, not str '8'"):
+        record_dataset(metadrive_model, tmp_path / "obs.npy", tmp_path / "r.npz", batch_size="8")
+    assert not (tmp_path / "r.npz").exists()

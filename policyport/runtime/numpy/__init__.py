@@ -10,6 +10,7 @@ import numpy as np
 from ...graph import Graph
 from ..base import Backend
 from ..overrides import Steering
+from .floating import quiet
 from .plan import Plan
 from .registry import op, resolve, supported_ops
 
@@ -46,8 +47,8 @@ class NumpyBackend(Backend):
         self._plans = {frozenset(): self.plan}
         self._steered: dict[tuple, Callable] = {}  # (mode, overridden tensors[, optional inputs fed]) -> function
         self._writable = functools.lru_cache(maxsize=None)(self.plan.writable)
-        if not self._optional:
-            self.run = self.plan.run  # the generated function itself: no wrapper call on the hot path
+        if not self._optional:  # the generated function itself, under ONNX's floating-point semantics
+            self.run = quiet(self.plan.run)
 
     def _plan_for(self, feeds: Mapping[str, np.ndarray]) -> Plan:
         """The plan that reads the optional inputs present in ``feeds`` (compiled once per set);
@@ -60,9 +61,12 @@ class NumpyBackend(Backend):
             plan = self._plans[fed] = Plan(self.graph, fed, seed=self.seed, threads=self.threads)
         return plan
 
+    # NaN and infinities propagate without numpy's warnings (see .floating), in every entry point.
+    @quiet
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._plan_for(feeds).run(feeds)
 
+    @quiet
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         return self._select(self._plan_for(feeds).record(feeds), names)
 
@@ -74,6 +78,7 @@ class NumpyBackend(Backend):
             result[n] = everything[n]
         return result
 
+    @quiet
     def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
                        steering: Steering) -> dict[str, np.ndarray]:
         """Run (``names=None``) or record with overrides, on a variant of the plan compiled once
@@ -88,6 +93,7 @@ class NumpyBackend(Backend):
         result = fn(feeds, steering.appliers(self._writable))
         return result if names is None else self._select(result, names)
 
+    @quiet
     def observe(self, feeds: Mapping[str, np.ndarray], observer: Callable) -> dict[str, np.ndarray]:
         """Run with ``observer(node_index, output_index, value) -> value`` called after every node.
 

@@ -38,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, PolicyportError, UnsupportedOpError
+from ...errors import BadModelError, LimitExceededError, PolicyportError, UnsupportedOpError, listing
 from ...files import ENV_NODES, limits
 from ...graph import Graph, onnx_dtype
 from .registry import NEWEST_OPSET, Static, missing_ops, resolve
@@ -272,7 +272,7 @@ class Plan:
                     raise ValueError(f"input {i} ({name}) is required but {'omitted' if i < given else 'missing'}")
             unknown = sorted(set(node.attrs) - impl.attribute_names) if impl.attribute_names is not None else []
             if unknown:
-                raise ValueError(f"attribute(s) {', '.join(unknown)} are not attributes of {node.op_type}-{impl.since} "
+                raise ValueError(f"attribute(s) {listing(unknown, show=str)} are not attributes of {node.op_type}-{impl.since} "
                                  f"(it takes {', '.join(sorted(impl.attribute_names)) or 'none'})")
             positions = _ONE_TYPE.get(node.op_type, ()) if node.domain == "" else ()
             typed = [(i, known[i].dtype) for i in (range(len(known)) if positions is None else positions)

@@ -19,6 +19,7 @@ the calling thread, one after another, with the BLAS's own threads.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import threading
@@ -178,7 +179,8 @@ class RowBlocks:
             work()
         else:
             with limit:  # also on one thread: the BLAS's own threads could sum a long row in other pieces
-                helpers = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+                # each in a copy of the caller's context: numpy's error state (see .floating) is in it
+                helpers = [_pool(threads - 1).submit(contextvars.copy_context().run, work) for _ in range(threads - 1)]
                 work()
                 for h in helpers:
                     h.result()

@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from ....files import check_tensor_shape
 from ..registry import op
 
 
@@ -80,6 +81,13 @@ def window_geometry(spatial, kernel, strides=None, dilations=None, pads=None, au
     return begin, end, out, counted_end
 
 
+def padded_shape(x, begin, end) -> tuple[int, ...]:
+    """The shape of ``x`` (N, C, *spatial) padded by ``begin`` and ``end``, checked against the array
+    limit: pads are attributes, so the padded copy is not bounded by the input's size."""
+    return check_tensor_shape((*x.shape[:2], *[size + b + e for size, b, e in zip(x.shape[2:], begin, end)]),
+                              x.dtype)
+
+
 def windows(x, kernel, begin, end, out, strides=None, dilations=None, fill=0):
     """A view (N, C, *out, *kernel) of ``x`` (N, C, *spatial) padded with ``fill``: element
     ``[n, c, o1, ..., k1, ...]`` is ``padded[n, c, o1 * s1 + k1 * d1, ...]``.
@@ -90,8 +98,7 @@ def windows(x, kernel, begin, end, out, strides=None, dilations=None, fill=0):
     strides = list(strides or [1] * n)
     dilations = list(dilations or [1] * n)
     if any(begin) or any(end):
-        shape = (*x.shape[:2], *[size + b + e for size, b, e in zip(x.shape[2:], begin, end)])
-        padded = np.full(shape, fill, dtype=x.dtype)
+        padded = np.full(padded_shape(x, begin, end), fill, dtype=x.dtype)
         padded[(slice(None), slice(None), *[slice(b, b + size) for b, size in zip(begin, x.shape[2:])])] = x
     else:
         padded = np.ascontiguousarray(x)
@@ -124,11 +131,13 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         raise ValueError(f"X has {channels} channels and W {tuple(w.shape)} with group {group}: "
                          "C must be W.shape[1] * group and M a multiple of group")
     begin, end, out, _ = window_geometry(spatial, kernel, strides, dilations, pads, auto_pad)
-    view = windows(x, kernel, begin, end, out, strides, dilations)  # (N, C, *out, *kernel)
     n = len(kernel)
+    rows, positions = (channels // group) * math.prod(kernel), math.prod(out)
+    check_tensor_shape((batch, out_channels, positions), np.result_type(x, w))
+    check_tensor_shape((group, rows, positions), x.dtype)  # one sample's im2col, the least scratch used
+    view = windows(x, kernel, begin, end, out, strides, dilations)  # (N, C, *out, *kernel)
     # (N, C, *out, *kernel) -> (N, C, *kernel, *out) = (N, group, C/group * K, positions) in C order
     columns = view.transpose(0, 1, *range(2 + n, 2 + 2 * n), *range(2, 2 + n))
-    rows, positions = (channels // group) * math.prod(kernel), math.prod(out)
     weights = w.reshape(group, out_channels // group, rows)
     y = np.empty((batch, group, out_channels // group, positions), dtype=np.result_type(x, w))
     step = max(1, _CHUNK // (channels * math.prod(kernel) * positions))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....files import check_tensor_shape
 from ....graph import ML_DTYPE_NAMES
 from ..registry import op
 
@@ -62,7 +63,48 @@ def einsum(*inputs, equation):
     rounded once, as the ONNX reference does.
     """
     dtype = inputs[0].dtype
+    equation = equation.replace(" ", "")
+    shape = einsum_shape(equation, [a.shape for a in inputs])
+    if shape is not None:  # an outer product ("i,j->ij") is larger than its inputs
+        check_tensor_shape(shape, np.float32 if dtype.name in ML_DTYPE_NAMES else np.result_type(*inputs))
     if dtype.name in ML_DTYPE_NAMES:
         wide = [a.astype(np.float32) for a in inputs]
-        return np.asarray(np.einsum(equation.replace(" ", ""), *wide)).astype(dtype)
-    return np.einsum(equation.replace(" ", ""), *inputs)
+        return np.asarray(np.einsum(equation, *wide)).astype(dtype)
+    return np.einsum(equation, *inputs)
+
+
+def einsum_shape(equation: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The output shape of ``numpy.einsum(equation, *arrays of shapes)``, or None when the equation
+    does not fit the shapes (numpy then says what is wrong).
+
+    A label's size is its largest (a size of 1 broadcasts); the ellipsis stands for the broadcast of
+    the dims it covers in each operand. Without ``->`` the output is the ellipsis, then the labels
+    used once, sorted (numpy's implicit mode).
+    """
+    inputs, arrow, output = equation.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != len(shapes):
+        return None
+    sizes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    broadcast: tuple[int, ...] = ()
+    try:
+        for term, shape in zip(terms, shapes):
+            labels = term.replace("...", ".")
+            if "." in labels:
+                k, covered = labels.index("."), len(shape) - len(labels) + 1
+                broadcast = np.broadcast_shapes(broadcast, shape[k:k + covered])
+                labels, shape = labels.replace(".", ""), shape[:k] + shape[k + covered:]
+            if len(labels) != len(shape) or not (labels.isalpha() or not labels):
+                return None
+            for label, size in zip(labels, shape):
+                sizes[label] = max(sizes.get(label, 1), size)
+                counts[label] = counts.get(label, 0) + 1
+    except ValueError:
+        return None
+    if not arrow:
+        output = ("..." if "..." in inputs else "") + "".join(sorted(l for l, c in counts.items() if c == 1))
+    labels = output.replace("...", ".")
+    if any(l != "." and l not in sizes for l in labels):
+        return None
+    return tuple(d for l in labels for d in (broadcast if l == "." else (sizes[l],)))

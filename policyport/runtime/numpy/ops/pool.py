@@ -17,8 +17,9 @@ import math
 
 import numpy as np
 
+from ....files import check_tensor_shape
 from ..registry import op
-from .conv import window_geometry, windows
+from .conv import padded_shape, window_geometry, windows
 
 
 def _lowest(dtype):
@@ -37,6 +38,7 @@ def _max_pool(x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_
     n = len(kernel_shape)
     spatial = x.shape[2:]
     begin, end, out, _ = window_geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    check_tensor_shape((*x.shape[:2], *out), np.int64 if node_outputs > 1 else x.dtype)
     view = windows(x, kernel_shape, begin, end, out, strides, dilations, fill=_lowest(x.dtype))
     slices = _window_slices(view, kernel_shape)
     y = next(slices)[1].copy()
@@ -96,6 +98,8 @@ def _average_pool(x, *, auto_pad, ceil_mode, count_include_pad, dilations, kerne
     spatial = x.shape[2:]
     begin, end, out, counted_end = window_geometry(spatial, kernel_shape, strides, dilations, pads, auto_pad,
                                                    ceil_mode)
+    padded_shape(x, begin, end)  # before the padded copies below
+    check_tensor_shape((*x.shape[:2], *out), np.promote_types(x.dtype, np.float32))
     # how many elements each window averages: the input's, plus the given padding's if counted
     counted = np.ones((1, 1, *spatial), dtype=x.dtype)
     if count_include_pad:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....files import check_tensor_shape
 from ....graph import onnx_dtype
 from ..registry import op
 
@@ -38,13 +39,15 @@ def _draw_dtype(dtype):
 
 
 def _normal(shape, dtype, mean, scale, rng):
-    values = rng.standard_normal(tuple(shape), dtype=_draw_dtype(dtype))
+    shape = check_tensor_shape(shape, _draw_dtype(dtype))  # drawn at least as wide as dtype
+    values = rng.standard_normal(shape, dtype=_draw_dtype(dtype))
     return (values * scale + mean).astype(dtype, copy=False)
 
 
 def _uniform(shape, dtype, low, high, rng):
     work = _draw_dtype(dtype)
-    values = (rng.random(tuple(shape), dtype=work) * (high - low) + low).astype(dtype, copy=False)
+    shape = check_tensor_shape(shape, work)
+    values = (rng.random(shape, dtype=work) * (high - low) + low).astype(dtype, copy=False)
     if high > low:  # rounding low + (high - low) * u can reach high; the range is [low, high)
         top = np.nextafter(np.array(high, dtype=work), np.array(low, dtype=work)).astype(dtype)
         values = np.minimum(values, top)
@@ -95,6 +98,8 @@ def multinomial(x, *, dtype=6, sample_size=1, seed=None, rng):
     if logits.ndim != 2:
         raise ValueError(f"Multinomial takes (batch, classes) log-probabilities, got shape {x.shape}")
     classes = logits.shape[1]
+    # the largest arrays: (batch, sample_size, classes) booleans below, (batch, sample_size) float64 targets
+    check_tensor_shape((logits.shape[0], sample_size, max(classes, np.dtype(np.float64).itemsize)), np.bool_)
     with np.errstate(under="ignore", invalid="ignore"):
         weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     cdf = np.cumsum(weights, axis=1)

@@ -397,7 +397,14 @@ def slice_10(data, starts, ends, axes=None, steps=None):
 
 @op("Gather", since=1)
 def gather(data, indices, *, axis=0):
-    """numpy.take: negative indices count from the end (allowed from opset 11)."""
+    """numpy.take: negative indices count from the end (allowed from opset 11).
+
+    The output, data.shape[:axis] + indices.shape + data.shape[axis + 1:], can be far larger than
+    both inputs together, so its size is checked first.
+    """
+    if -data.ndim <= axis < data.ndim:  # else numpy names the bad axis
+        axis %= data.ndim
+        check_tensor_shape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1:]), data.dtype)
     return np.take(data, indices, axis=axis)
 
 
