@@ -61,7 +61,8 @@ DEFAULT_SAMPLES = 64
 
 def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, low: float = 0.0,
          high: float = 1.0, seed: int = 0, force: bool = False, source=None, runtime: bool = True,
-         atol: float | None = None, rtol: float | None = None, rounding: bool = True) -> Path:
+         atol: float | None = None, rtol: float | None = None, rounding: bool = True,
+         inputs: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a policy folder that runs with numpy alone (see the module docstring for its files).
 
     The folder is built in a temporary sibling of ``out_dir`` and renamed into place once every file
@@ -90,6 +91,10 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             tensors; ``None`` (default) follows the dtype (:data:`policyport.compare.TOLERANCES`).
             A tensor that fails them still passes when a float64 run shows the difference is
             float32 rounding, as in :func:`policyport.verify`; ``rounding=False`` turns that off.
+        inputs: the golden observations themselves (input name -> array), instead of drawing them
+            (for inputs that cannot be drawn: strings, integers whose range the model does not
+            record); ``samples``, ``low``, ``high`` and ``seed`` are then not read, and
+            ``policy.json`` records ``low``, ``high`` and ``seed`` as null.
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -112,7 +117,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     from .graph import from_onnx
     from .passes import extract_weights, parameter_map
     from .runtime import load
-    from .verification import sample_inputs
+    from .verification import input_ranges, sample_inputs
 
     require("onnx", "onnx", "packing a policy")
     check_arguments(samples, low, high, seed)
@@ -123,7 +128,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     weights = extract_weights(proto)
     sources, constants = _initializer_sources(graph, parameter_map(proto), weights)
 
-    feeds = sample_inputs(graph.inputs, samples, low, high, seed)
+    drawn = inputs is None
+    feeds = sample_inputs(graph.inputs, samples, low, high, seed, input_ranges(graph.metadata)) if drawn else dict(inputs)
     session = load(graph, backend="numpy")
     observations = count_observations(graph.inputs, feeds)
     outputs = session.run(feeds)
@@ -166,10 +172,12 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         "golden": {
             "file": GOLDEN_FILE,
             "samples": int(observations),
-            "low": float(low),
-            "high": float(high),
-            "seed": int(seed),
-            "distribution": "uniform [low, high), numpy default_rng(seed), as policyport.verification.sample_inputs",
+            "low": float(low) if drawn else None,
+            "high": float(high) if drawn else None,
+            "seed": int(seed) if drawn else None,
+            "distribution": "uniform [low, high) (an integer input: its recorded range, else the integers in [low, high)), "
+                            "numpy default_rng(seed), as policyport.verification.sample_inputs" if drawn
+                            else "given to pack (-i, inputs=)",
             "keys": "inputs/<graph input>, outputs/<graph output>, activations/<tensor>",
         },
         "parity": parity,

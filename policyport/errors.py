@@ -164,6 +164,28 @@ class InputMismatchError(PolicyportError, ValueError):
     """Feeds whose names, rank, widths or dtypes do not match the graph inputs (exit 3)."""
 
 
+class UndrawableInputError(InputMismatchError):
+    """A graph input observations cannot be drawn for at random (exit 3): a dtype with no range to
+    draw from, an unknown rank, or an integer input whose valid range the model does not record
+    and the asked range does not span.
+
+    Attributes:
+        subject: what cannot be drawn and why, without advice.
+        integer: whether a range spanning at least two integers would let it be drawn.
+    """
+
+    def __init__(self, subject: str, integer: bool, remedy: str | None = None):
+        self.subject, self.integer = subject, integer
+        if remedy is None:
+            remedy = "pass observations for it (inputs=)" + (
+                ", or low/high spanning the integers it takes" if integer else "")
+        super().__init__(f"{subject}; {remedy}")
+
+    def advise(self, remedy: str) -> UndrawableInputError:
+        """The same refusal with the advice a caller (a command) can give: what to do there."""
+        return UndrawableInputError(self.subject, self.integer, remedy)
+
+
 class UnreadableFileError(PolicyportError, OSError):
     """A file that is missing, unreadable or not of the expected format (exit 3)."""
 

@@ -177,7 +177,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     from .files import check_distinct, check_writable, ensure_model
     from .graph import from_onnx
     from .runtime import load
-    from .verification import sample_inputs
+    from .verification import input_ranges, sample_inputs
 
     check_arguments(samples, low, high, seed)
     output = Path(output)
@@ -192,7 +192,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     graph = from_onnx(proto)
     source, arrays = generate(proto, samples)
     session = load(graph, backend="numpy")
-    feeds = sample_inputs(graph.inputs, samples, low, high, seed)
+    feeds = sample_inputs(graph.inputs, samples, low, high, seed, input_ranges(graph.metadata))
     tmp = _staging(output)
     try:
         (tmp / output.name).write_text(source, encoding="utf-8")

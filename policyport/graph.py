@@ -19,6 +19,13 @@ import numpy as np
 
 from .errors import BadModelError, require
 
+#: Model metadata key: graph input -> the values it may take, for inputs whose valid range the
+#: source knows (a ``Discrete``/``MultiDiscrete`` observation's indices). JSON
+#: ``{input: {"low": L, "high": H}}``, ``high`` exclusive; ``L``/``H`` an integer, or a list that runs
+#: along the input's last axis (one per ``MultiDiscrete`` sub-space). Verification, ``pack`` and
+#: ``export-numpy`` draw observations from it (:func:`policyport.verification.sample_inputs`).
+INPUT_RANGES_KEY = "policyport.input_ranges"
+
 #: ``TensorProto.DataType`` code -> numpy dtype, for every element type numpy can hold.
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     1: np.dtype("float32"),

@@ -25,9 +25,9 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import BadModelError, InputMismatchError, PolicyportError
+from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError
 from .files import check_memory
-from .graph import Graph, ValueInfo
+from .graph import INPUT_RANGES_KEY, Graph, ValueInfo
 from .runtime.base import count_observations, native_order
 
 DEFAULT_SAMPLES = 1000
@@ -36,8 +36,13 @@ ORACLE = "numpy float64"
 
 
 def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, low: float = 0.0,
-                  high: float = 1.0, seed: int = 0) -> dict[str, np.ndarray]:
-    """Observations drawn uniformly from ``[low, high)`` for every graph input, in its declared shape.
+                  high: float = 1.0, seed: int = 0, ranges: Mapping[str, tuple] | None = None) -> dict[str, np.ndarray]:
+    """Observations drawn uniformly for every graph input, in its declared shape.
+
+    A floating input is drawn from ``[low, high)``. An integer input is drawn from the integers of
+    its valid range when the model records one (``ranges``: a ``Discrete(n)`` observation's
+    ``[0, n)``), else from the integers in ``[low, high)``, which must hold at least two; a bool
+    input is drawn from ``{False, True}``.
 
     The batch axis (axis 0 when it is free: a symbol such as ``batch``, or unknown) gets ``samples``
     rows, and so does any other free dimension named like a batch axis; every other free dimension
@@ -49,31 +54,30 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
         samples: rows along the batch axis (default 1000).
         low, high: the range, in the observation's own units; default [0, 1).
         seed: numpy ``default_rng`` seed (default 0), so a run can be repeated.
+        ranges: input name -> ``(low, high)`` integer bounds (``high`` exclusive; numbers, or arrays
+            along the input's last axis), as :func:`input_ranges` reads them from a model; they
+            take precedence over ``low``/``high`` for those inputs.
 
     Returns:
         input name -> array of the input's dtype, in input order.
 
     Raises:
         InputMismatchError: ``samples < 1``, an empty or non-finite range (``high - low`` too),
-            a range beyond what an input's dtype holds (float32: about ±3.4e38), an input with
-            unknown rank or a non-float dtype (give such inputs with ``-i``).
+            a range beyond what an input's dtype holds (float32: about ±3.4e38).
+        UndrawableInputError: an input with unknown rank, a dtype neither floating, integer nor
+            bool, or an integer input with no recorded range whose ``[low, high)`` holds fewer than
+            two integers (give such inputs' observations yourself).
         LimitExceededError: the observations would need more memory than this process can get
             (see :func:`policyport.files.check_memory`).
     """
     if samples < 1 or not low < high or not np.isfinite(high - low):
         raise InputMismatchError(f"need samples >= 1 and finite low < high; got samples={samples}, range [{low}, {high})")
     rng = np.random.default_rng(seed)
+    ranges = ranges or {}
     batch_symbols = {v.shape[0] for v in inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
     shapes = {}
     for v in inputs:
-        if v.shape is None or not np.issubdtype(v.dtype, np.floating):
-            raise InputMismatchError(
-                f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape}); give inputs with -i"
-            )
-        largest = float(np.finfo(v.dtype).max)
-        if max(-low, high) > largest:
-            raise InputMismatchError(f"cannot draw {v.dtype.name} observations for input {v.name!r} from [{low:g}, {high:g}): "
-                                     f"{v.dtype.name} holds at most ±{largest:.4g}; narrow --low/--high")
+        _check_drawable(v, low, high, v.name in ranges)
         shapes[v.name] = tuple(
             d if isinstance(d, int) else samples if (axis == 0 or d in batch_symbols) else 1
             for axis, d in enumerate(v.shape)
@@ -81,7 +85,70 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
     # drawn as float64, then cast: both live at once
     need = sum(math.prod(shape) * (8 + v.dtype.itemsize) for v, shape in zip(inputs, shapes.values()))
     check_memory(need, f"drawing {samples:,} observations for {len(shapes)} input(s)")
-    return {v.name: np.asarray(rng.uniform(low, high, size=shapes[v.name])).astype(v.dtype) for v in inputs}
+    return {v.name: _draw(rng, v, shapes[v.name], low, high, ranges.get(v.name)) for v in inputs}
+
+
+def _check_drawable(v: ValueInfo, low: float, high: float, ranged: bool) -> None:
+    """Refuse an input :func:`sample_inputs` cannot draw for from ``[low, high)``."""
+    what = f"cannot draw samples for input {v.name!r} ({v.dtype.name}, shape {v.shape})"
+    if v.shape is None:
+        raise UndrawableInputError(f"{what}: its rank is unknown", integer=False)
+    if np.issubdtype(v.dtype, np.floating):
+        largest = float(np.finfo(v.dtype).max)
+        if max(-low, high) > largest:
+            raise InputMismatchError(f"cannot draw {v.dtype.name} observations for input {v.name!r} from [{low:g}, {high:g}): "
+                                     f"{v.dtype.name} holds at most ±{largest:.4g}; narrow --low/--high")
+    elif np.issubdtype(v.dtype, np.integer) and not ranged:
+        first, end = math.ceil(low), math.ceil(high)  # the integers i with low <= i < high
+        info = np.iinfo(v.dtype)
+        if end - first < 2:
+            held = "no integer" if end <= first else f"only one integer ({first})"
+            raise UndrawableInputError(
+                f"{what}: the model does not record the integers it takes, and [{low:g}, {high:g}) holds {held}",
+                integer=True)
+        if first < info.min or end - 1 > info.max:
+            raise UndrawableInputError(f"{what}: [{low:g}, {high:g}) reaches beyond {v.dtype.name}'s "
+                                       f"[{info.min}, {info.max}]", integer=True)
+    elif not (np.issubdtype(v.dtype, np.integer) or v.dtype == np.bool_):
+        raise UndrawableInputError(f"{what}: policyport draws floating, integer and bool observations", integer=False)
+
+
+def _draw(rng, v: ValueInfo, shape: tuple[int, ...], low: float, high: float, bounds) -> np.ndarray:
+    """One input's observations: see :func:`sample_inputs`."""
+    if v.dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(v.dtype, np.integer):
+        lo, hi = (math.ceil(low), math.ceil(high)) if bounds is None else bounds
+        return rng.integers(np.asarray(lo, np.int64), np.asarray(hi, np.int64), size=shape).astype(v.dtype)
+    return np.asarray(rng.uniform(low, high, size=shape)).astype(v.dtype)
+
+
+def input_ranges(metadata: Mapping[str, str]) -> dict[str, tuple]:
+    """The integer ranges a converter recorded for graph inputs (model metadata
+    :data:`policyport.graph.INPUT_RANGES_KEY`), as :func:`sample_inputs` takes them.
+
+    Returns:
+        input name -> ``(low, high)``, each an int64 array (a scalar, or one value per position
+        along the input's last axis); ``{}`` when the model records none.
+
+    Raises:
+        BadModelError: the metadata is not ``{input: {"low": ..., "high": ...}}`` of integers with
+            ``low < high``.
+    """
+    import json
+
+    text = metadata.get(INPUT_RANGES_KEY)
+    if not text:
+        return {}
+    try:
+        recorded = json.loads(text)
+        ranges = {str(name): (np.asarray(r["low"], np.int64), np.asarray(r["high"], np.int64))
+                  for name, r in recorded.items()}
+        if not all(np.all(lo < hi) for lo, hi in ranges.values()):
+            raise ValueError("a range with low >= high")
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise BadModelError(f"model metadata {INPUT_RANGES_KEY!r} is malformed: {e}") from e
+    return ranges
 
 
 def first_rows(inputs: Sequence[ValueInfo], feeds: Mapping[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
@@ -150,7 +217,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     notes: list[str] = []
     if inputs is None:
         asked = DEFAULT_SAMPLES if samples is None else samples
-        feeds = sample_inputs(first.inputs, asked, low, high, seed)
+        feeds = sample_inputs(first.inputs, asked, low, high, seed, input_ranges(_graph(model, sessions).metadata))
     else:
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)
@@ -188,8 +255,6 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     blocks = _blocks(graph, sessions, feeds, tensors, n, copies, rounding)
     report = Report(backends, None, int(n), atol, rtol, notes=notes)
     if reference is not None:
-        if len(feeds) != 1:
-            raise InputMismatchError("a source reference takes one observation input")
         report.reference = "source"
     random = graph.stochastic_tensors()
     folds: dict[tuple[str, str, str], ComparisonFold] = {}
@@ -338,12 +403,13 @@ def _run_blocks(blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarr
     for part in blocks.parts(feeds):
         sides = {b: s.record(part, tensors) for b, s in sessions.items()}
         if reference is not None:
-            try:
-                sides["source"] = reference(next(iter(part.values())))
+            try:  # one input: its array, as every reference takes it; several: the feeds by input name
+                sides["source"] = reference(next(iter(part.values())) if len(part) == 1 else dict(part))
             except ValueError as e:  # the source's arrays do not fit these observations
+                shapes = (f"{tuple(np.shape(next(iter(feeds.values()))))}" if len(feeds) == 1
+                          else ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in feeds.items()))
                 raise BadModelError(
-                    f"the source does not fit the model: its forward pass fails on the model's inputs "
-                    f"{tuple(next(iter(feeds.values())).shape)} ({e})"
+                    f"the source does not fit the model: its forward pass fails on the model's inputs {shapes} ({e})"
                 ) from e
         yield part, sides
 

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-from policyport.errors import BadModelError, InputMismatchError
-from policyport.graph import ValueInfo
-from policyport.verification import ORACLE, first_rows, sample_inputs
+from policyport.errors import BadModelError, InputMismatchError, UndrawableInputError
+from policyport.graph import INPUT_RANGES_KEY, ValueInfo
+from policyport.verification import ORACLE, first_rows, input_ranges, sample_inputs
 
 
 def _mlp(batch="batch") -> onnx.ModelProto:
@@ -73,8 +73,19 @@ def test_a_reference_that_cannot_take_the_observations_is_a_bad_source():
     with pytest.raises(BadModelError, match=r"the source does not fit the model: its forward pass fails on the "
                                             r"model's inputs \(5, 3\)"):
         pp.verify(_mlp(), OBS, reference=reference)
-    with pytest.raises(InputMismatchError, match="^a source reference takes one observation input$"):
-        pp.verify(_two_inputs(), {"a": OBS[:, :2], "b": OBS[:, :2]}, reference=lambda obs: {})
+
+def test_a_reference_of_a_model_of_several_inputs_takes_the_feeds_by_name():
+    feeds = {"a": OBS[:, :2], "b": OBS[:, 1:3]}
+    given = []
+
+    def reference(obs):
+        given.append(obs)
+        return {}
+
+    pp.verify(_two_inputs(), feeds, reference=reference)
+    assert list(given[0]) == ["a", "b"] and all(given[0][k] is feeds[k] for k in feeds)
+    with pytest.raises(BadModelError, match=r"fails on the model's inputs a \(5, 2\), b \(5, 2\) \(no\)$"):
+        pp.verify(_two_inputs(), feeds, reference=lambda obs: (_ for _ in ()).throw(ValueError("no")))
 
 
 @pytest.mark.parametrize("backends,message", [
@@ -176,16 +187,52 @@ def test_sample_inputs_refuses_what_it_cannot_draw(samples, low, high):
         sample_inputs([ValueInfo("obs", np.dtype(np.float32), ("batch", 3))], samples, low, high)
 
 
-def test_sample_inputs_refuses_integer_and_unranked_inputs_and_ranges_beyond_the_dtype():
-    with pytest.raises(InputMismatchError, match=r"cannot draw samples for input 'ids' \(int64, shape \('batch',\)\); give inputs with -i"):
-        sample_inputs([ValueInfo("ids", np.dtype(np.int64), ("batch",))], 2)
-    with pytest.raises(InputMismatchError, match="cannot draw samples for input 'x'"):
+def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype():
+    ids = ValueInfo("ids", np.dtype(np.int64), ("batch",))
+    with pytest.raises(UndrawableInputError, match=(
+            r"^cannot draw samples for input 'ids' \(int64, shape \('batch',\)\): the model does not record the "
+            r"integers it takes, and \[0, 1\) holds only one integer \(0\); pass observations for it \(inputs=\), "
+            r"or low/high spanning the integers it takes$")) as caught:
+        sample_inputs([ids], 2)
+    assert caught.value.integer and isinstance(caught.value, InputMismatchError)
+    with pytest.raises(UndrawableInputError, match=r"\[0.2, 0.9\) holds no integer"):
+        sample_inputs([ids], 2, 0.2, 0.9)
+    with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]"):
+        sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, -1.0, 3.0)
+    with pytest.raises(UndrawableInputError, match=r"^cannot draw samples for input 'x' \(float32, shape None\): its rank "
+                                                   r"is unknown; pass observations for it \(inputs=\)$"):
         sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
+    with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations"):
+        sample_inputs([ValueInfo("s", np.dtype(object), ("batch",))], 2)
     with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, 0.0, 1e5)
     with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
+
+
+def test_integer_inputs_are_drawn_from_their_recorded_range_else_from_the_integers_of_low_high():
+    inputs = [ValueInfo("cell", np.dtype(np.int64), ("batch", 2)), ValueInfo("ids", np.dtype(np.int32), ("batch",)),
+              ValueInfo("mask", np.dtype(np.bool_), ("batch",)), ValueInfo("obs", np.dtype(np.float32), ("batch", 3))]
+    ranges = {"cell": (np.array([0, 0]), np.array([3, 5]))}
+    drawn = sample_inputs(inputs, 2000, -1.5, 2.5, seed=3, ranges=ranges)
+    assert drawn["cell"].dtype == np.int64 and drawn["ids"].dtype == np.int32 and drawn["mask"].dtype == np.bool_
+    assert [sorted(set(drawn["cell"][:, i])) for i in (0, 1)] == [[0, 1, 2], [0, 1, 2, 3, 4]]
+    assert sorted(set(drawn["ids"])) == [-1, 0, 1, 2]  # the integers i with -1.5 <= i < 2.5
+    assert sorted(set(drawn["mask"])) == [False, True]
+    assert drawn["obs"].min() >= -1.5 and drawn["obs"].max() < 2.5
+    again = sample_inputs(inputs, 2000, -1.5, 2.5, seed=3, ranges=ranges)
+    assert all(np.array_equal(drawn[k], again[k]) for k in drawn)
+
+
+def test_input_ranges_are_read_from_the_model_metadata():
+    assert input_ranges({}) == {}
+    ranges = input_ranges({INPUT_RANGES_KEY: '{"obs": {"low": 0, "high": [3, 5]}}'})
+    assert list(ranges) == ["obs"] and ranges["obs"][0] == 0 and ranges["obs"][1].tolist() == [3, 5]
+    for text, why in (('{"obs": {"low": 4, "high": 4}}', "low >= high"), ('[1]', "no attribute 'items'"),
+                      ('{"obs": {"high": 4}}', "'low'"), ("{", "Expecting")):
+        with pytest.raises(BadModelError, match=rf"^model metadata 'policyport.input_ranges' is malformed: .*{why}"):
+            input_ranges({INPUT_RANGES_KEY: text})
 
 
 def test_first_rows_cuts_batched_inputs_only():

@@ -8,7 +8,19 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, RtolOpt, SeedOpt, check_range, given_options
+from .inputs import graph_inputs, load_feeds
+from .options import (
+    AtolOpt,
+    ForceOpt,
+    HighOpt,
+    JsonOpt,
+    LowOpt,
+    RtolOpt,
+    SeedOpt,
+    check_range,
+    drawing_advice,
+    given_options,
+)
 from .render import say
 from .verify import print_report
 
@@ -83,7 +95,8 @@ def convert(
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
-    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high).")] = 1000,
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
@@ -100,13 +113,19 @@ def convert(
         from ..verification import verify as run_verify
 
         chosen_head = check_convert_options(kind, activation, head, opset, exporter)
-        unchecked = given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol") if not verify else []
+        unchecked = (["-i"] * (inputs is not None) + given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol")
+                     if not verify else [])
+        if inputs is not None and not unchecked:
+            drawn = given_options(ctx, "low", "high", "seed")
+            if drawn:
+                raise typer.BadParameter(f"-i gives the observations, so {', '.join(drawn)} (which shape random draws) "
+                                         "do not apply; --samples N takes the first N rows of the file", param_hint="-i")
         if unchecked:
             raise typer.BadParameter(f"--no-verify skips the check against the source that {', '.join(unchecked)} "
                                      "would shape; drop one or the other", param_hint="--no-verify")
         check_range(low, high)
         check_writable(output, force)
-        check_distinct(output, src, obs_norm)
+        check_distinct(output, src, obs_norm, inputs)
         options = ConvertOptions(activation=activation, head=chosen_head, opset=opset, keep_value=keep_value,
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
@@ -116,8 +135,11 @@ def convert(
             say(note)
         report = None
         if verify:
-            report = run_verify(converted.model, reference=converted.reference, samples=samples, low=low,
-                                high=high, seed=seed, atol=atol, rtol=rtol)
+            feeds = None if inputs is None else load_feeds(inputs, graph_inputs(converted.model))
+            with drawing_advice("convert", takes_inputs=True):
+                report = run_verify(converted.model, feeds, reference=converted.reference,
+                                    samples=samples if inputs is None or given_options(ctx, "samples") else None,
+                                    low=low, high=high, seed=seed, atol=atol, rtol=rtol)
         if report is not None and not report.passed:
             say(f"not writing {output}: the converted model does not match the source")
             return print_report(report, as_json)

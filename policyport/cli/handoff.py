@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, SeedOpt, check_range
+from .options import (
+    ForceOpt,
+    HighOpt,
+    JsonOpt,
+    LowOpt,
+    ModelArg,
+    SeedOpt,
+    check_range,
+    drawing_advice,
+)
 from .render import counted, literal, out, say
 
 
@@ -33,7 +42,8 @@ def export_numpy(
         if not output.name.endswith(".py") or output.name == ".py":
             raise typer.BadParameter(f"{literal(output)}: the module's file name must end in .py after a name, e.g. "
                                      "policy.py (its weights go beside it as policy.npz)", param_hint="-o/--output")
-        done = run_export(model, output, samples=samples, low=low, high=high, seed=seed, force=force)
+        with drawing_advice("export-numpy", takes_inputs=False):
+            done = run_export(model, output, samples=samples, low=low, high=high, seed=seed, force=force)
         if as_json:
             emit_json({"module": str(done.module), "weights": str(done.weights), "lines": done.lines,
                        "tensors": done.tensors, "samples": done.samples})

@@ -18,6 +18,10 @@ def input_names(model: Path) -> list[str]:
     """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
     from ..files import load_onnx
 
-    proto = load_onnx(model)
+    return graph_inputs(load_onnx(model))
+
+
+def graph_inputs(proto) -> list[str]:
+    """The non-initializer graph inputs of an ``onnx.ModelProto``."""
     inits = {t.name for t in proto.graph.initializer}
     return [v.name for v in proto.graph.input if v.name not in inits]

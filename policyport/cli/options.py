@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -87,3 +88,23 @@ def given_options(ctx, *names: str) -> list[str]:
     ``--samples`` ..., so that options a command would ignore can be refused instead."""
     return [f"--{n.replace('_', '-')}" for n in names
             if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
+
+
+@contextmanager
+def drawing_advice(command: str, takes_inputs: bool):
+    """Turn a refusal to draw observations for an input into advice for ``command``: ``-i`` where
+    the command takes observations, ``--low/--high`` for an integer input it can draw."""
+    from ..errors import UndrawableInputError
+
+    try:
+        yield
+    except UndrawableInputError as e:
+        span = "--low/--high spanning the integers it takes (e.g. --low 0 --high 10)"
+        if takes_inputs:
+            remedy = "give its observations with -i OBS.npz (an .npy for a single-input model)" + (
+                f", or {span}" if e.integer else "")
+        elif e.integer:
+            remedy = f"give {span}"
+        else:
+            remedy = f"'policyport {command}' draws its observations at random (it has no -i) and cannot for this input"
+        raise e.advise(remedy) from None

@@ -8,15 +8,31 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import AtolOpt, ForceOpt, HighOpt, JsonOpt, LowOpt, ModelArg, RoundingOpt, RtolOpt, SeedOpt, check_range
+from .inputs import graph_inputs, load_feeds
+from .options import (
+    AtolOpt,
+    ForceOpt,
+    HighOpt,
+    JsonOpt,
+    LowOpt,
+    ModelArg,
+    RoundingOpt,
+    RtolOpt,
+    SeedOpt,
+    check_range,
+    drawing_advice,
+    given_options,
+)
 from .render import add_row, counted, fits, literal, out, say, table
 
 
 @app.command()
 def pack(
+    ctx: typer.Context,
     model: ModelArg,
     output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The bundle folder to write.")],
-    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Golden observations to record.")] = 64,
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help="The golden observations (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Golden observations to draw (with -i, how many of the file's first rows to use).")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
@@ -36,8 +52,23 @@ def pack(
         from ..runtime.packed import read_policy
 
         check_range(low, high)
-        folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                          runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding)
+        feeds = None
+        if inputs is not None:
+            from ..files import load_onnx
+            from ..graph import from_onnx
+            from ..verification import first_rows
+
+            drawn = given_options(ctx, "low", "high", "seed")
+            if drawn:
+                raise typer.BadParameter(f"-i gives the golden observations, so {', '.join(drawn)} (which shape random "
+                                         "draws) do not apply; --samples N takes the first N rows of the file", param_hint="-i")
+            proto = load_onnx(model)
+            feeds = load_feeds(inputs, graph_inputs(proto))
+            if given_options(ctx, "samples"):
+                feeds = first_rows(from_onnx(proto).inputs, feeds, samples)
+        with drawing_advice("pack", takes_inputs=True):
+            folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
+                              runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding, inputs=feeds)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})
@@ -64,7 +95,7 @@ def pack(
                           f"each; onnxruntime vs numpy max abs {parity['onnxruntime_vs_numpy_max_abs']:.3g}"
                           + ("" if parity.get("source_vs_numpy_max_abs") is None else
                              f"; source vs numpy max abs {parity['source_vs_numpy_max_abs']:.3g}")))
-        if count != samples:
+        if count != samples and feeds is None:
             say(f"the inputs have no batch axis: {count} observation, not the {samples} asked")
         for r in parity["rounding"]:
             out.print(literal(f"{r['tensor']} ({r['candidate']} vs {r['reference']}): {r['max_abs']:.2g}, {r['dtype']} "

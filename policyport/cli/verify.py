@@ -11,7 +11,16 @@ from rich.text import Text
 from ..compare import tolerance_advice
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
-from .options import AtolOpt, JsonOpt, ModelArg, RoundingOpt, RtolOpt, ThreadsOpt, check_range
+from .options import (
+    AtolOpt,
+    JsonOpt,
+    ModelArg,
+    RoundingOpt,
+    RtolOpt,
+    ThreadsOpt,
+    check_range,
+    drawing_advice,
+)
 from .render import add_row, cell, counted, literal, out, shape_text, table
 
 
@@ -172,9 +181,10 @@ def verify_cmd(
                 raise typer.BadParameter(f"-i gives the observations, so {_listed(drawn)} apply (nothing is drawn); "
                                          "--samples N takes the first N rows of the file", param_hint="-i")
             feeds = load_feeds(inputs, input_names(model))
-        report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
-                            seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
-                            rounding=rounding, trust=trust, threads=threads)
+        with drawing_advice("verify", takes_inputs=True):
+            report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
+                                seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
+                                rounding=rounding, trust=trust, threads=threads)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)

@@ -59,6 +59,12 @@ READS: dict[str, frozenset[str]] = {
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
 }
 
+#: Where a source kind records its own activation, for the refusal of a list of them.
+_RECORDED_ACTIVATION = {
+    "sb3": "; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)",
+    "rllib": "; an RLlib checkpoint records its activation in its model config (fcnet_activation)",
+}
+
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
@@ -152,8 +158,9 @@ class Converted:
     Attributes:
         model: the ``onnx.ModelProto``.
         reference: ``reference(obs) -> {tensor name: array}``, the source's own forward pass on
-            ``obs`` (float array, shape ``(batch, *obs_shape)``), naming tensors as the graph does
-            (every layer the source computes that the graph also names).
+            ``obs`` (float array, shape ``(batch, *obs_shape)``; for a model of several graph
+            inputs, a mapping input name -> array), naming tensors as the graph does (every layer
+            the source computes that the graph also names).
         kind: the source kind.
         notes: what the converter did that a user should hear about (parts of the source it
             dropped, files it picked up), one sentence each.
@@ -261,11 +268,12 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
         options = dataclasses.replace(options, **option_values)
     _check_types(options)
     if options.head is not None and options.head not in HEADS:
-        raise BadModelError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
+        raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
     if kind not in SOURCES:
-        raise BadModelError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
+        raise OptionError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
     _check_applies(options, kind)
+    _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
@@ -303,7 +311,7 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
     if options.activation and "," in options.activation and kind != "state-dict":
         raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
                           "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
-                          f"{kind} sources take one activation name")
+                          f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
     defaults = ConvertOptions()
     given = [f.name for f in dataclasses.fields(options)
              if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
@@ -313,6 +321,21 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
                           for n in ignored)
         flags = ", ".join(_FLAGS.get(n, n) for n in ignored)
         raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
+
+
+def _check_activation(activation: str | None) -> None:
+    """Refuse an ``activation`` option naming no activation policyport knows (each name of a list).
+
+    Raises:
+        OptionError: such a value (exit 2).
+    """
+    from .activations import parse_activation
+
+    for name in activation.split(",") if activation is not None else ():
+        try:
+            parse_activation(name)
+        except BadModelError as e:
+            raise OptionError(str(e)) from None
 
 
 def _record_options(model, kind: str, options: ConvertOptions) -> None:
@@ -351,7 +374,10 @@ def convert(source, *, kind: str | None = None, **options):
     Raises:
         UnreadableFileError: the file is missing or unreadable.
         UntrustedFileError: the file could run code when loaded and ``trust`` is false.
-        BadModelError: arrays that cannot be placed (listed), bad shapes, unknown activation/head/opset.
+        BadModelError: arrays that cannot be placed (listed), bad shapes.
+        OptionError: an option value the source cannot take (an unknown activation, head or kind, an
+            opset out of range, a per-layer activation list for a source of one activation, an
+            option the kind does not read, a value branch the source lacks ...).
         MissingDependencyError: the source's framework (torch, tensorflow ...) is not installed.
     """
     return convert_source(source, kind=kind, **options).model

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError
+from ..errors import BadModelError, OptionError
 
 ALIASES = {"silu": "swish", "identity": "linear", "none": "linear", "leakyrelu": "leaky_relu"}
 NAMES = ("tanh", "relu", "elu", "selu", "swish", "silu", "softplus", "leaky_relu", "gelu", "mish", "hardswish",
@@ -98,7 +98,7 @@ def choose_activation(given: str | None, recorded: str | None, what: str) -> tup
         The activation to use (``None``: the source kind's default), and notes for the user.
 
     Raises:
-        BadModelError: ``given`` contradicts ``recorded`` (converting with it would export another
+        OptionError: ``given`` contradicts ``recorded`` (converting with it would export another
             network than the one trained, and the source check could not tell, since it would use
             the same wrong activation).
     """
@@ -108,6 +108,6 @@ def choose_activation(given: str | None, recorded: str | None, what: str) -> tup
         return given, [f"{what} names no activation; using --activation {given} (the source check cannot tell "
                        "whether that is the one the policy was trained with)"]
     if parse_activation(given) != parse_activation(recorded):
-        raise BadModelError(f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
+        raise OptionError(f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
                             "to use the recorded one")
     return recorded, []

@@ -29,7 +29,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, require
+from ..errors import BadModelError, OptionError, require
+from ..graph import INPUT_RANGES_KEY
 from .activations import Activation
 
 HEADS = ("diag-gaussian", "categorical")
@@ -329,16 +330,17 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         (+ the head's ``action``/``log_std``, + ``value`` when a value branch is given).
 
     Raises:
-        BadModelError: an unknown head, an opset out of range, layer widths that do not chain, or
-            a diag-gaussian head on an odd number of logits.
+        OptionError: an unknown head, an opset out of range.
+        BadModelError: layer widths that do not chain, a one-hot observation encoding whose width
+            is not the first layer's, or a diag-gaussian head on an odd number of logits.
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
     if head not in (None, *HEADS):
-        raise BadModelError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
+        raise OptionError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
-        raise BadModelError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
+        raise OptionError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
     _check_chain([*spec.trunk, *spec.hidden, spec.output], "policy")
     if spec.value_output is not None:
         branch = spec.value_hidden or spec.hidden
@@ -350,6 +352,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     if spec.obs_shape and math.prod(spec.obs_shape) != spec.obs_dim:
         raise BadModelError(f"an observation of shape {tuple(spec.obs_shape)} flattens to {math.prod(spec.obs_shape)} "
                             f"features, but the first layer takes {spec.obs_dim}")
+    if prelude is not None and prelude.width is not None and prelude.width != spec.obs_dim:
+        space = (f"Discrete({prelude.one_hot})" if prelude.one_hot is not None
+                 else f"MultiDiscrete{list(prelude.one_hot_nvec)}")
+        raise BadModelError(f"the observation space {space} one-hot encodes to {prelude.width} features, "
+                            f"but the first layer takes {spec.obs_dim}")
     dtype = spec.dtype
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype)
@@ -406,7 +413,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         postlude(b, logits, "value" if spec.value_output is not None else None, outputs)
 
     graph_input = (helper.make_tensor_value_info(input_name, elem, ["batch", *spec.input_shape]) if prelude is None
-                   else prelude.graph_input(helper, input_name, elem, spec.obs_dim))
+                   else prelude.graph_input(helper, input_name, elem, spec.input_shape))
     graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
@@ -417,7 +424,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         "policyport.parameters": json.dumps(b.parameters),
         "policyport.head": head or "none",
         "policyport.source": json.dumps(spec.source),
-        **(prelude.metadata() if prelude is not None else {}),
+        **(prelude.metadata(input_name) if prelude is not None else {}),
         **(metadata or {}),
     }
     helper.set_model_props(model, props)
@@ -588,36 +595,71 @@ class Prelude:
 
     Attributes:
         one_hot: for a ``Discrete(n)`` observation space, ``n``: the graph input is then int64 of
-            shape ``(batch,)`` and becomes a one-hot float row (RLlib's preprocessor), as a
-            ``Gather`` from an identity matrix.
+            shape ``(batch,)`` and becomes a one-hot float row (RLlib's preprocessor, SB3's
+            ``preprocess_obs``), as a ``Gather`` from an identity matrix.
+        one_hot_nvec: for a ``MultiDiscrete(nvec)`` observation space, ``nvec``: the graph input
+            is int64 of shape ``(batch, len(nvec))`` and becomes the concatenated one-hot rows of
+            its columns (``(batch, sum(nvec))``, as both RLlib and SB3 encode it): each index,
+            shifted by the sizes of the sub-spaces before it, picks a row of ``eye(sum(nvec))``,
+            and the rows of one observation are summed.
         obs_filter: an :class:`ObsFilter` applied after the preprocessor.
     """
 
     one_hot: int | None = None
+    one_hot_nvec: tuple[int, ...] | None = None
     obs_filter: ObsFilter | None = None
+
+    def __bool__(self) -> bool:
+        return self.one_hot is not None or self.one_hot_nvec is not None or self.obs_filter is not None
+
+    @property
+    def width(self) -> int | None:
+        """Features of the one-hot encoding (``n``, or ``sum(nvec)``); ``None`` without one."""
+        if self.one_hot is not None:
+            return int(self.one_hot)
+        return None if self.one_hot_nvec is None else int(sum(self.one_hot_nvec))
+
+    def _offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.one_hot_nvec)[:-1]]).astype(np.int64)
 
     def build(self, b: MlpBuilder, x: str) -> str:
         """Add the nodes after graph input ``x``; returns the tensor the network reads."""
         if self.one_hot is not None:
             eye = b.initializer(np.eye(self.one_hot, dtype=b.dtype), "obs_preprocessor/one_hot_table")
             x = b.node("Gather", [eye, x], "obs_preprocessor/one_hot", axis=0)
+        if self.one_hot_nvec is not None:
+            eye = b.initializer(np.eye(sum(self.one_hot_nvec), dtype=b.dtype), "obs_preprocessor/one_hot_table")
+            rows = b.node("Add", [x, b.constant(self._offsets(), "obs_preprocessor/offsets")], "obs_preprocessor/rows")
+            picked = b.node("Gather", [eye, rows], "obs_preprocessor/one_hot_rows", axis=0)
+            if b.opset >= 13:
+                x = b.node("ReduceSum", [picked, b.constant([1], "obs_preprocessor/axes")], "obs_preprocessor/one_hot",
+                           keepdims=0)
+            else:
+                x = b.node("ReduceSum", [picked], "obs_preprocessor/one_hot", axes=[1], keepdims=0)
         if self.obs_filter is not None:
             x = add_obs_filter(b, x, self.obs_filter)
         return x
 
-    def graph_input(self, helper, name: str, elem: int, obs_dim: int):
+    def graph_input(self, helper, name: str, elem: int, input_shape: tuple[int, ...]):
+        import onnx
+
         if self.one_hot is not None:
-            import onnx
-
             return helper.make_tensor_value_info(name, onnx.TensorProto.INT64, ["batch"])
-        return helper.make_tensor_value_info(name, elem, ["batch", obs_dim])
+        if self.one_hot_nvec is not None:
+            return helper.make_tensor_value_info(name, onnx.TensorProto.INT64, ["batch", len(self.one_hot_nvec)])
+        return helper.make_tensor_value_info(name, elem, ["batch", *input_shape])
 
-    def metadata(self) -> dict[str, str]:
+    def metadata(self, input_name: str = "obs") -> dict[str, str]:
         props = {}
         if self.obs_filter is not None:
             props["policyport.observation_filter"] = json.dumps(self.obs_filter.to_dict())
         if self.one_hot is not None:
             props["policyport.observation_preprocessor"] = json.dumps({"type": "one_hot", "n": int(self.one_hot)})
+            props[INPUT_RANGES_KEY] = json.dumps({input_name: {"low": 0, "high": int(self.one_hot)}})
+        if self.one_hot_nvec is not None:
+            nvec = [int(n) for n in self.one_hot_nvec]
+            props["policyport.observation_preprocessor"] = json.dumps({"type": "one_hot", "nvec": nvec})
+            props[INPUT_RANGES_KEY] = json.dumps({input_name: {"low": 0, "high": nvec}})
         return props
 
     def reference(self, obs: np.ndarray, dtype) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -626,6 +668,10 @@ class Prelude:
         x = obs
         if self.one_hot is not None:
             x = out["obs_preprocessor/one_hot"] = np.eye(self.one_hot, dtype=dtype)[np.asarray(obs, np.int64)]
+        if self.one_hot_nvec is not None:
+            columns = np.asarray(obs, np.int64)
+            x = out["obs_preprocessor/one_hot"] = np.concatenate(
+                [np.eye(n, dtype=dtype)[columns[:, i]] for i, n in enumerate(self.one_hot_nvec)], axis=1)
         if self.obs_filter is not None:
             f = self.obs_filter
             mean, denom = f.constants(dtype)

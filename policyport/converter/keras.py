@@ -38,13 +38,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..errors import (
     BadModelError,
     MissingDependencyError,
+    OptionError,
     UnreadableFileError,
     UnsupportedOpError,
     UntrustedFileError,
@@ -427,14 +428,13 @@ def _run_tf2onnx(fw: _Frameworks, trace: _Trace, opset: int):
     """tf2onnx's ONNX model of the traced function.
 
     Raises:
-        BadModelError: an opset tf2onnx cannot write, or a graph it cannot convert.
+        OptionError: an opset tf2onnx cannot write.
+        BadModelError: a graph tf2onnx cannot convert.
         UnsupportedOpError: TensorFlow ops tf2onnx has no ONNX form for (named).
         IncompatibleFrameworkError: tf2onnx fails inside itself in a way that points at the
             tensorflow/tf2onnx pair rather than at the model.
     """
-    newest = max(fw.tf2onnx.constants.OPSET_TO_IR_VERSION)
-    if not MIN_OPSET <= opset <= newest:
-        raise BadModelError(f"opset {opset} is out of range for a Keras/TF source: tf2onnx {fw.tf2onnx.__version__} writes opset {MIN_OPSET} to {newest}")
+    _check_opset(fw, opset)
     try:
         proto, _ = fw.tf2onnx.convert.from_function(
             trace.function, input_signature=trace.input_specs, opset=opset,
@@ -842,13 +842,20 @@ def _version() -> str:
     return __version__
 
 
-def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
-    """TensorFlow running the traced function: every layer's output and the model's outputs."""
+def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[..., dict[str, np.ndarray]]:
+    """TensorFlow running the traced function: every layer's output and the model's outputs; it
+    takes the observation array of a single-input model, or a mapping input name -> array (every
+    input of the model, as the graph names them)."""
     single = trace.outputs[0] if len(trace.outputs) == 1 else None
 
-    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
-        spec = trace.input_specs[0]
-        result = trace.function(fw.tf.convert_to_tensor(np.asarray(obs), dtype=spec.dtype))
+    def reference(obs) -> dict[str, np.ndarray]:
+        feeds = obs if isinstance(obs, Mapping) else {trace.input_specs[0].name: obs}
+        missing = [s.name for s in trace.input_specs if s.name not in feeds]
+        if missing:
+            raise BadModelError(f"the model takes inputs {', '.join(s.name for s in trace.input_specs)}; "
+                                f"no observations for {', '.join(missing)}")
+        result = trace.function(*(fw.tf.convert_to_tensor(np.asarray(feeds[s.name]), dtype=s.dtype)
+                                  for s in trace.input_specs))
         out = {k: np.asarray(v) for k, v in result.items()}
         if head is not None and single is not None:
             y = out[single]
@@ -862,13 +869,25 @@ def _reference(trace: _Trace, head: str | None, fw: _Frameworks) -> Callable[[np
     return reference
 
 
+def _check_opset(fw: _Frameworks, opset: int) -> None:
+    """Refuse an opset tf2onnx cannot write (its ``constants.OPSET_TO_IR_VERSION``), before any loading.
+
+    Raises:
+        OptionError: such an opset (exit 2).
+    """
+    newest = max(fw.tf2onnx.constants.OPSET_TO_IR_VERSION)
+    if not MIN_OPSET <= opset <= newest:
+        raise OptionError(f"opset {opset} is out of range for a Keras/TF source: tf2onnx {fw.tf2onnx.__version__} writes "
+                          f"opset {MIN_OPSET} to {newest}; choose --opset in that range")
+
+
 def _check_options(options, what: str) -> None:
     for name, value in (("activation", options.activation), ("policy_id", options.policy_id),
                         ("obs_norm", options.obs_norm)):
         if value is not None:
-            raise BadModelError(f"{name} does not apply to {what}: the model records its own layers")
+            raise OptionError(f"{name} does not apply to {what}: the model records its own layers")
     if options.keep_value:
-        raise BadModelError(f"--keep-value does not apply to {what}: every output the model has is exported")
+        raise OptionError(f"--keep-value does not apply to {what}: every output the model has is exported")
 
 
 def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, kind: str):
@@ -902,6 +921,7 @@ def convert_keras(source, options):
     """
     fw = _frameworks()
     _check_options(options, "a Keras model")
+    _check_opset(fw, options.opset)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         model = load_keras_file(path, options.trust)
@@ -935,6 +955,7 @@ def convert_savedmodel(source, options):
     """
     fw = _frameworks()
     _check_options(options, "a SavedModel")
+    _check_opset(fw, options.opset)
     path = Path(source)
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")

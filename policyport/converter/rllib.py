@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError, listing
+from ..errors import BadModelError, OptionError, UnreadableFileError, listing
 from . import msgpack_decode, unpickle
 from .activations import Activation, choose_activation, parse_activation
 from .build import Dense, MlpSpec, ObsFilter, Prelude
@@ -157,14 +157,18 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
 
 
 def _space(value: Any) -> tuple | None:
-    """A gym(nasium) space record or RLlib's serialised space dict as ``("box", shape)`` / ``("discrete", n)``."""
+    """A gym(nasium) space record or RLlib's serialised space dict as ``("box", shape)``,
+    ``("discrete", n)`` or ``("multidiscrete", nvec)`` (``rllib/utils/serialization.py`` writes
+    ``{"space": "discrete", "n"}``, ``{"space": "multi-discrete", "nvec": <base64 npy>}``)."""
     if isinstance(value, dict) and "space" in value:
         inner = value["space"]
         if isinstance(inner, dict):
             return _space(inner)
-        kind = str(inner).lower()
+        kind = str(inner).lower().replace("-", "").replace("_", "")
         if kind == "discrete":
             return ("discrete", int(value["n"]))
+        if kind == "multidiscrete":
+            return ("multidiscrete", tuple(int(n) for n in np.ravel(_decode_array(value.get("nvec")))))
         if kind == "box":
             return ("box", tuple(int(d) for d in value.get("shape", ())))
         return (kind, None)
@@ -172,6 +176,8 @@ def _space(value: Any) -> tuple | None:
         cls = value.global_name.rsplit(".", 1)[-1]
         if cls == "Discrete":
             return ("discrete", int(value.get("n")))
+        if cls == "MultiDiscrete":
+            return ("multidiscrete", tuple(int(n) for n in np.ravel(value.get("nvec"))))
         if cls == "Box":
             shape = value.get("_shape", value.get("shape"))
             return ("box", tuple(int(d) for d in shape)) if shape is not None else ("box", None)
@@ -483,7 +489,7 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
     if keep_value:
         vf = layers("vf", head_activation, None)
         if not vf:
-            raise BadModelError("a value branch was asked for (--keep-value), but the RLModule has no vf head")
+            raise OptionError("a value branch was asked for (--keep-value), but the RLModule has no vf head")
         if shared and len(vf) > 1:
             raise BadModelError("a vf head with hidden layers on a shared encoder is not supported")
         value_hidden = [] if shared else layers("encoder.critic_encoder", activation, activation) + vf[:-1]
@@ -538,7 +544,7 @@ def convert_rllib(source, options):
     from .reference import reference_forward
 
     if options.obs_norm is not None:
-        raise BadModelError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
+        raise OptionError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
     ckpt = read_checkpoint(source, options.policy_id, options.trust)
     config = ckpt.model_config
     recorded = config.get("fcnet_activation")
@@ -568,6 +574,10 @@ def convert_rllib(source, options):
     if ckpt.obs_space and ckpt.obs_space[0] == "discrete":
         prelude.one_hot = int(ckpt.obs_space[1])
         notes.append(f"observation space Discrete({prelude.one_hot}): the graph takes int64 indices and one-hot encodes them")
+    elif ckpt.obs_space and ckpt.obs_space[0] == "multidiscrete":
+        prelude.one_hot_nvec = tuple(ckpt.obs_space[1])
+        notes.append(f"observation space MultiDiscrete{list(prelude.one_hot_nvec)}: the graph takes int64 indices, "
+                     "one per sub-space, and one-hot encodes each")
     if ckpt.obs_filter is not None:
         f = ckpt.obs_filter
         if options.obs_filter:
@@ -581,14 +591,13 @@ def convert_rllib(source, options):
         head = {"box": "diag-gaussian", "discrete": "categorical"}.get(ckpt.action_space[0])
     if dqn:
         head = None
-    has_prelude = prelude.one_hot is not None or prelude.obs_filter is not None
-    model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude if has_prelude else None,
+    model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
                       postlude=_dueling if dqn else None,
                       metadata={"policyport.activation": "linear" if act is None else act.name
                                 + (f":{act.alpha}" if act.alpha is not None else "")})
 
     def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
-        x, out = prelude.reference(obs, spec.dtype) if has_prelude else (obs, {})
+        x, out = prelude.reference(obs, spec.dtype) if prelude else (obs, {})
         out.update(reference_forward(spec, x, head))
         if dqn:
             q = out["logits"]

@@ -18,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, listing
+from ..errors import BadModelError, OptionError, listing
 from ..files import load_arrays, sha256_file
 from .activations import Activation, parse_activation
 from .build import Dense, MlpSpec
@@ -116,7 +116,7 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
     value_hidden = [layer(n, activation) for n in value_names]
     has_value = ("value_out", "kernel") in placed or ("value_out", "bias") in placed
     if keep_value and not has_value:
-        raise BadModelError("a value branch was asked for (--keep-value), but the weights hold no value_out layer")
+        raise OptionError("a value branch was asked for (--keep-value), but the weights hold no value_out layer")
     log_std_name, log_std = placed.get(("log_std", ""), (None, None))
     if log_std is not None and log_std.ndim != 1:
         raise BadModelError(f"{log_std_name} must be a vector, got shape {tuple(log_std.shape)}")

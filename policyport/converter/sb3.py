@@ -14,6 +14,10 @@ argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds,
 expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
 tanh output rescaled. ``VecNormalize`` statistics (``--obs-norm FILE``, or ``<zip stem>/vecnormalize.pkl``
 beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
+A Discrete or MultiDiscrete observation becomes an int64 graph input one-hot encoded as SB3's
+``preprocess_obs`` does. A Box's bounds numpy summarised (``'[[[0 0 0 ... 0 0 0]'``, as SB3 writes
+image spaces) are read from gymnasium's uniform ``low_repr``/``high_repr`` when present, and are only
+needed for an action space.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError
+from ..errors import BadModelError, OptionError, UnreadableFileError
 from .activations import choose_activation
-from .build import ActionHead, ObsNorm
+from .build import ActionHead, ObsNorm, Prelude
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
 DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu"}
@@ -62,15 +66,35 @@ def pickled_global(serialized: str) -> str | None:
 
 
 def _array(text, what: str) -> np.ndarray:
-    """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), as float64."""
+    """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), as float64.
+
+    Raises:
+        BadModelError: text numpy summarised (``'[[[0 0 0 ... 0 0 0]'``: large arrays print only
+            their edges) or anything but numbers.
+    """
     if isinstance(text, (list, int, float)):
         return np.asarray(text, dtype=np.float64)
     if not isinstance(text, str) or "..." in text:
-        raise BadModelError(f"the zip's {what} is not readable text ({str(text)[:60]!r}); cannot read the action bounds")
+        raise BadModelError(f"the zip's {what} is not readable text ({str(text)[:60]!r}): numpy summarised it")
     try:
         return np.array([float(t) for t in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)
     except ValueError as e:
         raise BadModelError(f"the zip's {what} is not a list of numbers: {text[:60]!r}") from e
+
+
+def _bound(entry: dict, which: str, what: str, shape) -> np.ndarray | BadModelError:
+    """A Box's ``low`` or ``high``; for a large Box numpy summarised (SB3's image spaces), the
+    scalar gymnasium keeps in ``low_repr``/``high_repr`` when the bound is uniform, spread over
+    ``shape``. A bound that cannot be read comes back as the error, raised only if it is needed
+    (an observation space's bounds never are)."""
+    try:
+        return _array(entry.get(which), what)
+    except BadModelError as e:
+        uniform = entry.get(f"{which}_repr")
+        try:
+            return np.full(tuple(shape), float(uniform), dtype=np.float64)
+        except (TypeError, ValueError):
+            return e
 
 
 def _space(data: dict, key: str) -> dict:
@@ -83,7 +107,7 @@ def _space(data: dict, key: str) -> dict:
     shape = entry.get("_shape", entry.get("shape"))
     space = {"type": kind, "shape": tuple(shape) if isinstance(shape, list) else None, "dtype": entry.get("dtype")}
     if kind == "Box":
-        space["low"], space["high"] = _array(entry.get("low"), f"{key}.low"), _array(entry.get("high"), f"{key}.high")
+        space["low"], space["high"] = (_bound(entry, which, f"{key}.{which}", space["shape"] or ()) for which in ("low", "high"))
     elif kind == "Discrete":
         space["n"] = int(entry["n"])
     elif kind == "MultiDiscrete":
@@ -171,7 +195,9 @@ def convert_sb3(source, options):
 
     Raises:
         BadModelError: gSDE, CNN feature extractors, dict observations, recurrent policies and
-            action spaces without a deterministic head policyport builds, each said so.
+            action spaces without a deterministic head policyport builds, each said so; action
+            bounds that cannot be read.
+        OptionError: ``head`` given, an activation contradicting the zip's.
         UnreadableFileError: not an SB3 zip.
     """
     from . import Converted
@@ -181,7 +207,7 @@ def convert_sb3(source, options):
 
     path = Path(source)
     if options.head is not None:
-        raise BadModelError("--head does not apply to an SB3 zip: its action head comes from its action space")
+        raise OptionError("--head does not apply to an SB3 zip: its action head comes from its action space")
     data, policy_bytes, version = read_zip(path)
     policy_class = pickled_global((data.get("policy_class") or {}).get(":serialized:", "")) or "?"
     kwargs = _policy_kwargs(data)
@@ -201,6 +227,10 @@ def convert_sb3(source, options):
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
     notes = chosen + notes
     spec.action = _action_head(spec, family, act_space)
+    prelude = _observation_prelude(obs_space)
+    if prelude:
+        notes.append(f"observation space {_space_text(obs_space)}: the graph takes int64 indices and one-hot encodes "
+                     "them, as SB3's preprocess_obs does")
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
         spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
@@ -209,6 +239,9 @@ def convert_sb3(source, options):
     if norm_path is None and options.obs_filter and beside.is_file():
         norm_path = beside
         notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} (--no-filter skips them)")
+    if norm_path is not None and prelude:
+        raise BadModelError(f"{norm_path} normalises Box observations; this policy's observation space is "
+                            f"{_space_text(obs_space)}")
     if norm_path is not None:
         if not norm_path.is_file():
             raise UnreadableFileError(f"{norm_path}: no such file")
@@ -219,10 +252,33 @@ def convert_sb3(source, options):
     spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                    "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
-    model = build_mlp(spec, opset=options.opset, metadata={
+    model = build_mlp(spec, opset=options.opset, prelude=prelude or None, metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
     keep_state_dict_layout(model, arrays)
-    return Converted(model, reference_for(spec, None), "sb3", notes)
+    network = reference_for(spec, None)
+    if not prelude:
+        return Converted(model, network, "sb3", notes)
+
+    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
+        x, out = prelude.reference(obs, spec.dtype)
+        out.update(network(x))
+        return out
+
+    return Converted(model, reference, "sb3", notes)
+
+
+def _observation_prelude(space: dict) -> Prelude:
+    """The one-hot encoding SB3's ``preprocess_obs`` (``stable_baselines3/common/preprocessing.py``)
+    applies to a Discrete or MultiDiscrete observation; an empty :class:`Prelude` for a Box."""
+    if space["type"] == "Discrete":
+        return Prelude(one_hot=space["n"])
+    if space["type"] == "MultiDiscrete":
+        return Prelude(one_hot_nvec=space["nvec"])
+    return Prelude()
+
+
+def _space_text(space: dict) -> str:
+    return f"Discrete({space['n']})" if space["type"] == "Discrete" else f"{space['type']}{list(space.get('nvec', ()))}"
 
 
 def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: dict, act_space: dict) -> None:
@@ -239,9 +295,9 @@ def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: 
         raise BadModelError("the policy takes dict observations (MultiInputPolicy); policyport converts a single Box observation")
     if "Recurrent" in name or "sb3_contrib" in policy_class and "Recurrent" in policy_class:
         raise BadModelError(f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies")
-    if obs_space["type"] not in ("Box",):
-        raise BadModelError(f"the observation space is {obs_space['type']}, which SB3 preprocesses (one-hot) before the "
-                            "network; policyport converts Box observations")
+    if obs_space["type"] not in ("Box", "Discrete", "MultiDiscrete"):
+        raise BadModelError(f"the observation space is {obs_space['type']}; policyport converts Box, Discrete and "
+                            "MultiDiscrete observations")
     if act_space["type"] not in ("Box", "Discrete", "MultiDiscrete"):
         raise BadModelError(f"the action space is {act_space['type']}; policyport builds the deterministic action of "
                             "Box, Discrete and MultiDiscrete spaces")
@@ -257,6 +313,9 @@ def _action_head(spec, family: str, space: dict) -> ActionHead:
         if family != "ac" or sum(space["nvec"]) != n:
             raise BadModelError(f"a MultiDiscrete{list(space['nvec'])} action space, but the action network outputs {n} logits")
         return ActionHead("multi_argmax", nvec=space["nvec"])
+    for bound in (space["low"], space["high"]):
+        if isinstance(bound, BadModelError):
+            raise BadModelError(f"{bound}; cannot read the action bounds")
     low, high = space["low"].astype(spec.dtype), space["high"].astype(spec.dtype)
     if low.shape != (n,) or high.shape != (n,):
         raise BadModelError(f"a Box action space of shape {space['shape']}, but the action network outputs {n} values")

@@ -255,7 +255,7 @@ def parse_sb3_actor_critic(arrays, activation: Activation, *, keep_value: bool =
         )
     value_output = _dense(arrays, "value_net")
     if keep_value and value_output is None:
-        raise BadModelError("a value branch was asked for (--keep-value), but the state_dict has no value_net")
+        raise OptionError("a value branch was asked for (--keep-value), but the state_dict has no value_net")
     if not value_hidden and (hidden or trunk) and keep_value:
         notes.append("the value branch shares the policy's latent features")
     if not keep_value and value_output is not None:
@@ -320,7 +320,7 @@ def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool
         raise BadModelError("no _logits._model.0.weight: RLlib's FullyConnectedNetwork has a _logits layer")
     value_output = _dense(arrays, "_value_branch._model.0")
     if keep_value and value_output is None:
-        raise BadModelError("a value branch was asked for (--keep-value), but the weights hold no _value_branch")
+        raise OptionError("a value branch was asked for (--keep-value), but the weights hold no _value_branch")
     log_std = arrays.get("_append_free_log_std.log_std")
     notes = [] if keep_value or value_output is None else [
         "the value function (_value_branch) is not exported; --keep-value exports it as 'value'"]
@@ -356,7 +356,7 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         family = "ac"
     elif layout == "sb3-actor":
         if keep_value:
-            raise BadModelError("--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))")
+            raise OptionError("--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))")
         spec, family, notes = parse_sb3_actor(arrays, act)
     elif layout == "rllib-torch":
         spec, notes = parse_rllib_torch(arrays, act, keep_value=keep_value)
@@ -368,7 +368,7 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         prefix = prefixes.pop()
         layers, notes = parse_sequential(arrays, prefix, act)
         if keep_value:
-            raise BadModelError("--keep-value: a plain nn.Sequential has no value branch")
+            raise OptionError("--keep-value: a plain nn.Sequential has no value branch")
         hidden, output = _split_output(layers, "the nn.Sequential")
         spec = MlpSpec(hidden=hidden, output=output)
         first = min(int(SEQ_KEY.match(k)["index"]) for k in arrays)
@@ -429,7 +429,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     from .build import build_mlp
 
     if options.obs_norm is not None:
-        raise BadModelError("an observation-normalisation file applies to SB3 zips; a state_dict has no observation space")
+        raise OptionError("an observation-normalisation file applies to SB3 zips; a state_dict has no observation space")
     arrays, provenance = read_arrays(source, trust=options.trust)
     if not isinstance(arrays, dict):  # a whole module, loaded with --trust
         from .torch_module import convert_torch
@@ -442,7 +442,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     if options.head is None:
         bare_actor_head(spec, family, notes)
     elif family in ("sac", "td3"):
-        raise BadModelError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
+        raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}

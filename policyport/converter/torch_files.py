@@ -20,6 +20,7 @@ import json
 import math
 import re
 import struct
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -85,12 +86,14 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
             raise MissingDependencyError("torch", "torch", "loading a whole pickled torch module (--trust)") from None
         return read_torch_zip(source, what=str(path))
     try:
-        loaded = torch.load(source, map_location="cpu", weights_only=not trust)
+        with warnings.catch_warnings():  # torch's note on a pickle protocol it did not write: the refusal says more
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = torch.load(source, map_location="cpu", weights_only=not trust)
     except Exception as e:  # noqa: BLE001 - UnpicklingError for refused globals, RuntimeError for junk
         text = str(e)
         refused = re.search(r"GLOBAL ([\w.]+)", text)
         if not trust and (refused or "weights_only" in text.lower() or "Weights only load failed" in text):
-            what = refused.group(1) if refused else "objects beyond tensors and containers"
+            what = refused.group(1) if refused else _refused_global(source) or "objects beyond tensors and containers"
             raise UntrustedFileError(
                 f"{path} asks for {what} while unpickling; torch.load(weights_only=True) rebuilds only tensors and "
                 "plain containers and refused it (nothing from the file ran). A whole pickled module runs code "
@@ -98,6 +101,20 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
             ) from e
         raise UnreadableFileError(f"{path} is not a readable torch file: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}") from e
     return _tensors_to_numpy(loaded)
+
+
+def _refused_global(source) -> str | None:
+    """The global torch's weights-only reader refused, read from the file's pickle opcodes, for
+    when torch's message does not name it (a legacy-format file, a plain pickle): the first that is
+    neither a torch tensor rebuilder nor a plain container (see :func:`unpickle.refused_global`)."""
+    from .unpickle import refused_global
+
+    data = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
+    if zipfile.is_zipfile(io.BytesIO(data)):
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            data = zf.read(pickles[0]) if len(pickles) == 1 else b""
+    return refused_global(data, allowed_roots=("torch",))
 
 
 def _tensors_to_numpy(value):

@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, UnsupportedOpError, listing, require
+from ..errors import BadModelError, OptionError, UnsupportedOpError, listing, require
 
 #: Output-tensor roles of common leaf modules (any other class: its name in snake_case).
 ROLES = {
@@ -124,7 +124,9 @@ def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
         )
     if given:
         if len(given) != len(names):
-            raise BadModelError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
+            raise OptionError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
+        if "obs" in given:
+            raise OptionError(f"output names must not be 'obs', the graph input: {', '.join(given)}")
         names = list(given)
     if len(set(names)) != len(names) or "obs" in names:
         raise BadModelError(f"output names must be distinct and not 'obs': {names}")
@@ -234,15 +236,21 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
     Raises:
         BadModelError: a module the exporter refuses, or outputs that cannot be named.
+        OptionError: an unknown exporter, dynamo on a TorchScript module, an opset newer than the exporter writes.
         UnsupportedOpError: an op with no ONNX form at ``opset`` (names the module and the op).
         MissingDependencyError: torch (or onnxscript for dynamo) is not installed.
     """
     torch = _torch()
     notes: list[str] = []
     if exporter not in ("torchscript", "dynamo"):
-        raise BadModelError(f"unknown exporter {exporter!r}; choose torchscript or dynamo")
+        raise OptionError(f"unknown exporter {exporter!r}; choose torchscript or dynamo")
     if exporter == "dynamo" and isinstance(module, torch.jit.ScriptModule):
-        raise BadModelError("the dynamo exporter cannot trace a TorchScript module; use --exporter torchscript")
+        raise OptionError("the dynamo exporter cannot trace a TorchScript module; use --exporter torchscript")
+    newest = _newest_opset(torch, exporter)
+    if opset > newest:
+        raise OptionError(f"opset {opset} is out of range for the {exporter} exporter: torch {torch.__version__.split('+')[0]} "
+                          f"writes opset {newest} at most with it; choose --opset {newest} or lower"
+                          + (" (or --exporter dynamo)" if exporter == "torchscript" else ""))
     if exporter == "dynamo" and opset < DYNAMO_MIN_OPSET:
         notes.append(f"the dynamo exporter writes opset {DYNAMO_MIN_OPSET} or newer; exported at opset {DYNAMO_MIN_OPSET}")
         opset = DYNAMO_MIN_OPSET
@@ -275,6 +283,14 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
                      f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
     return Export(model, module_tensors, names, notes, module_inputs)
+
+
+def _newest_opset(torch, exporter: str) -> int:
+    """The newest opset torch's ``exporter`` writes (``torch/onnx/_constants.py``)."""
+    constants = torch.onnx._constants
+    if exporter == "torchscript":
+        return int(getattr(constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", 20))
+    return int(getattr(constants, "ONNX_MAX_OPSET", 23))
 
 
 def _class_name(module) -> str:
@@ -708,11 +724,11 @@ def convert_torchscript(source, options):
 
 def _refuse_weight_options(options, what: str) -> None:
     if options.head is not None:
-        raise BadModelError(f"--head applies to weight files; {what} exports its own outputs")
+        raise OptionError(f"--head applies to weight files; {what} exports its own outputs")
     if options.obs_norm is not None:
         raise BadModelError(f"an observation-normalisation file applies to SB3 sources, not to {what}")
     if options.activation is not None:
-        raise BadModelError(f"--activation applies to weight files; {what} carries its own activations")
+        raise OptionError(f"--activation applies to weight files; {what} carries its own activations")
 
 
 def _sha256(path) -> str:

@@ -285,6 +285,63 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
 
 
+def pickled_globals(data: bytes) -> list[str]:
+    """Every global (``"module.name"``) the pickles at the start of ``data`` name, in order, read
+    from their opcodes without unpickling anything.
+
+    ``data`` may hold several pickles one after another (torch's legacy format writes five, then raw
+    storage bytes); reading stops at the first bytes that are not a pickle. ``STACK_GLOBAL``'s two
+    names are the last two strings pushed, memoised ones included.
+    """
+    import pickletools
+
+    found: list[str] = []
+    start = 0
+    while start < len(data):
+        pushed: list[Any] = []
+        memo: dict[int, Any] = {}
+        end = None
+        try:
+            for opcode, arg, pos in pickletools.genops(io.BytesIO(data[start:])):
+                name = opcode.name
+                if name in ("GLOBAL", "INST"):
+                    found.append(str(arg).replace(" ", "."))
+                elif name == "STACK_GLOBAL" and len(pushed) >= 2:
+                    found.append(f"{pushed[-2]}.{pushed[-1]}")
+                elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
+                              "SHORT_BINSTRING"):
+                    pushed.append(arg)
+                elif name == "MEMOIZE" and pushed:
+                    memo[len(memo)] = pushed[-1]
+                elif name in ("PUT", "BINPUT", "LONG_BINPUT") and pushed:
+                    memo[int(arg)] = pushed[-1]
+                elif name in ("GET", "BINGET", "LONG_BINGET"):
+                    pushed.append(memo.get(int(arg), ""))
+                elif name == "STOP":
+                    end = start + pos + 1
+        except Exception:  # noqa: BLE001 - the bytes after the last pickle (or a damaged one): stop reading
+            break
+        if end is None or end <= start:
+            break
+        start = end
+    return found
+
+
+def refused_global(data: bytes, allowed_roots: Iterable[str] = ()) -> str | None:
+    """The first global of the pickles in ``data`` that this module's reader would refuse
+    (:func:`pickled_globals`): a function or a class of a dangerous module, not among the plain
+    containers and numpy types it rebuilds, nor in a module under ``allowed_roots`` (``("torch",)``
+    for a torch file, whose tensor rebuilders torch's own reader allows); ``None`` if none is."""
+    allowed = _allowed()
+    for text in pickled_globals(data):
+        module, _, name = text.rpartition(".")
+        if (module, name) in allowed or any(module == r or module.startswith(r + ".") for r in allowed_roots):
+            continue
+        if _is_dangerous(module) or not name[:1].isupper() or (module, name) in INERT_FUNCTIONS:
+            return text
+    return None
+
+
 def plain(value: Any) -> Any:
     """``value`` with every :class:`Record` replaced by a dict of its state (recursively), for
     readers that want plain data: ``{"__class__": "module.Name", **state}``."""
@@ -307,4 +364,4 @@ def plain(value: Any) -> Any:
     return value
 
 
-__all__ = ["Record", "load", "plain", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]
+__all__ = ["Record", "load", "plain", "pickled_globals", "refused_global", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]

@@ -263,3 +263,26 @@ def test_a_savedmodel_whose_signature_writes_files_is_refused(keras, tmp_path):
     with pytest.raises(pp.UntrustedFileError, match="WriteFile"):
         pp.convert(tmp_path / "sm")
     assert not marker.exists()
+
+
+def test_a_model_of_two_inputs_converts_and_verifies_against_keras_taking_each_input_by_name(tmp_path, keras):
+    path, out = FIXTURES / "two_inputs.keras", tmp_path / "two.onnx"
+    result = CliRunner().invoke(app, ["convert", str(path), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    check = json.loads(result.stdout)["verification"]
+    assert check["passed"] and {"joined", "trunk", "head"} <= {c["tensor"] for c in check["comparisons"]
+                                                               if c["reference"] == "source"}
+    model = onnx.load(out)
+    assert [i.name for i in model.graph.input] == ["pos", "vel"]
+    result = CliRunner().invoke(app, ["verify", str(out), "--source", str(path), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["passed"], result.output
+
+    rng = np.random.default_rng(4)
+    feeds = {"pos": rng.uniform(-2, 2, (64, 3)).astype(np.float32), "vel": rng.uniform(-2, 2, (64, 2)).astype(np.float32)}
+    expected = np.asarray(keras.saving.load_model(path, compile=False)([feeds["pos"], feeds["vel"]], training=False))
+    source = convert_source(path).reference(feeds)
+    np.testing.assert_allclose(source["head"], expected, rtol=1e-6, atol=1e-6)
+    for backend in ("numpy", "onnxruntime"):
+        np.testing.assert_allclose(pp.load(model, backend=backend).run(feeds)["head"], expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(pp.BadModelError, match=r"the model takes inputs pos, vel; no observations for vel"):
+        convert_source(path).reference({"pos": feeds["pos"]})

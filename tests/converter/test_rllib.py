@@ -264,7 +264,7 @@ def test_verify_against_the_checkpoint_rebuilds_the_recorded_options(tmp_path):
 
 
 def test_an_activation_contradicting_the_model_config_is_refused():
-    with pytest.raises(pp.BadModelError, match="--activation relu contradicts the checkpoint's model config "
+    with pytest.raises(pp.OptionError, match="--activation relu contradicts the checkpoint's model config "
                                                r"\(fcnet_activation\), which names tanh"):
         pp.convert(RAY / "ppo_new", activation="relu")
     assert convert_source(RAY / "ppo_new", activation="tanh").kind == "rllib"

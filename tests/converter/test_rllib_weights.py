@@ -208,19 +208,21 @@ def test_unplaced_names_are_all_listed():
         pp.convert(w)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"activation": "sigmoidish"}, "unknown activation"),
-    ({"activation": "leaky_relu:abc"}, "slope must be a number"),
-    ({"head": "beta"}, "unknown head"),
-    ({"opset": 7}, "opset 7 is out of range"),
-    ({"head": "diag-gaussian", "activation": "tanh"}, None),
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"activation": "sigmoidish"}, pp.OptionError, r"^unknown activation 'sigmoidish'; choose one of tanh, relu"),
+    ({"activation": "leaky_relu:abc"}, pp.OptionError, "^leaky_relu slope must be a number, got 'abc'$"),
+    ({"activation": "tanh,relu"}, pp.OptionError, (r"^--activation \(activation=\) 'tanh,relu' is a list, one activation "
+                                                   r"per parameter-free module, which applies to state-dict sources of a "
+                                                   r"plain nn.Sequential; npz sources take one activation name$")),
+    ({"head": "beta"}, pp.OptionError, "^unknown head 'beta'"),
+    ({"opset": 7}, pp.OptionError, r"^opset 7 is out of range: policyport builds opset 11 to \d+$"),
+    ({"head": "diag-gaussian", "activation": "tanh"}, pp.BadModelError, "there are 3 logits"),  # no mean/log_std halves
 ])
-def test_bad_options_raise(kwargs, message):
+def test_bad_options_raise(kwargs, error, message):
     w = fcnet(sizes=(6, 8, 3))
-    if message is None:  # 3 logits cannot split into mean and log_std halves
-        message = "there are 3 logits"
-    with pytest.raises(pp.BadModelError, match=message):
+    with pytest.raises(error, match=message) as caught:
         pp.convert(w, **kwargs)
+    assert caught.value.exit_code == (2 if error is pp.OptionError else 3)
 
 
 def test_non_finite_weights_are_refused():

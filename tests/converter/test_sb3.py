@@ -235,7 +235,7 @@ def test_verify_against_the_zip_finds_a_different_policy(tmp_path):
     (SB3_DIR / "sac_pendulum.zip", "tanh", "relu"),  # an actor: SAC's default
 ])
 def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded):
-    with pytest.raises(pp.BadModelError, match=f"--activation {given} contradicts .* which names {recorded}"):
+    with pytest.raises(pp.OptionError, match=f"--activation {given} contradicts .* which names {recorded}"):
         pp.convert(path, activation=given)
     agreeing = convert_source(path, activation=recorded)
     assert not any("names no activation" in n for n in agreeing.notes)
