@@ -308,8 +308,11 @@ main()
 @pytest.mark.parametrize("as_json", [False, True])
 def test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing(place, tmp_path, sig, code, word, as_json):
     args = ["run", str(place / "md.onnx"), "-i", str(place / "obs.npy"), "-o", str(tmp_path / "o.npz")]
+    # Ctrl-C reaches a command in the foreground; a job a shell starts in the background (as some CI
+    # runners start the suite) inherits SIGINT ignored, so the child starts with it at its default
     proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, *args, *(["--json"] if as_json else [])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "running"
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
