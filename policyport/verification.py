@@ -197,13 +197,20 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         A :class:`Report`; it does not raise on a mismatch (check ``report.passed``).
 
     Raises:
-        InputMismatchError: bad inputs, backend or output names, or nothing left to compare.
+        ArgumentTypeError: ``atol``, ``rtol``, ``samples`` or ``seed`` is not a number of its kind.
+        InputMismatchError: bad inputs, backend or output names, nothing left to compare, or a number
+            out of range (a negative tolerance, no samples, a negative seed).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`.
         LimitExceededError: the tensors of every backend (measured on one and two rows,
         :meth:`policyport.runtime.Session.memory_needed`) would need more memory than this process can get.
     """
+    from .errors import check_argument
     from .runtime import BACKENDS, load
 
+    atol = check_argument(atol, "atol (absolute tolerance)", "real", 0, none=True)
+    rtol = check_argument(rtol, "rtol (relative tolerance)", "real", 0, none=True)
+    samples = check_argument(samples, "samples (observations to draw)", "int", 1, none=True)
+    seed = check_argument(seed, "seed (of the drawn observations)", "int", 0)
     backends = list(dict.fromkeys(backends))
     unknown = [b for b in backends if b not in BACKENDS]
     if not backends or unknown:

@@ -380,3 +380,15 @@ def test_without_a_numpy_session_the_graph_is_read_from_the_model_and_a_missing_
     assert not report.passed and report.oracle is None
     assert len(report.notes) == 1 and report.notes[0].startswith("no float64 oracle for the rounding rule: ")
     assert "FastGelu" in report.notes[0]
+
+
+@pytest.mark.parametrize("keyword, value, error, message", [
+    ("atol", "x", pp.ArgumentTypeError, "atol (absolute tolerance) must be a number or None, not str 'x'"),
+    ("rtol", -1e-5, InputMismatchError, "rtol (relative tolerance) must be a finite number >= 0, got -1e-05"),
+    ("atol", float("nan"), InputMismatchError, "atol (absolute tolerance) must be a finite number >= 0, got nan"),
+    ("samples", 0, InputMismatchError, "samples (observations to draw) must be a finite number >= 1, got 0"),
+    ("seed", 1.5, pp.ArgumentTypeError, "seed (of the drawn observations) must be a whole number, not float 1.5"),
+])
+def test_numbers_given_to_verify_are_checked_before_anything_runs(keyword, value, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        pp.verify(_mlp(), **{keyword: value})
