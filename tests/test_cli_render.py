@@ -563,16 +563,10 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
 
     from policyport.cli import app
 
-    model = tmp_path / "m.onnx"
-    import onnx
-    from onnx import TensorProto, helper
+    from test_cli_usage import _tiny  # pytest puts tests/ on sys.path
 
-    graph = helper.make_graph([helper.make_node("Tanh", ["obs"], ["y"], name="y")], "g",
-                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, model)
+    model = tmp_path / "m.onnx"
+    _tiny(model)
     np.save(tmp_path / "obs.npy", np.zeros((2, 4), np.float32))
     run = ["run", str(model), "-i", str(tmp_path / "obs.npy"), "-o", str(tmp_path / "o.npz")]
     limited = CliRunner().invoke(app, ["--max-bytes", "1", *run])

@@ -313,14 +313,6 @@ def test_the_from_help_lists_the_kinds_a_file_can_be():
     assert f"Source kind: {', '.join(FILE_KINDS[:-1])} or {FILE_KINDS[-1]}" in text
 
 
-def test_policyport_alone_prints_its_help_as_lines_and_exits_2():
-    proc = subprocess.run([sys.executable, "-m", "policyport"], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..." and "\\n" not in proc.stderr
-    assert any(line.startswith("Commands:") for line in lines) and any(line.strip().startswith("verify") for line in lines)
-
-
 def test_help_lists_every_command_in_the_order_of_the_workflow():
     from policyport.cli.core import WORKFLOW
 
@@ -336,3 +328,6 @@ def test_policyport_alone_prints_the_help_as_plain_lines_and_exits_2():
     assert lines[0] == "Usage: policyport [OPTIONS] COMMAND [ARGS]..."
     assert "Options:" in lines and any(line.split()[:1] == ["verify"] for line in lines)
     assert alone.stderr == invoke("--help").stdout  # the same text --help prints, on stderr
+    proc = subprocess.run([sys.executable, "-m", "policyport"], capture_output=True, text=True)  # and as a command
+    assert proc.returncode == 2 and proc.stdout == "" and "\\n" not in proc.stderr
+    assert proc.stderr.splitlines()[0] == lines[0] and any(line.startswith("Commands:") for line in proc.stderr.splitlines())

@@ -13,6 +13,10 @@ in policyport (the traceback only with ``--debug``); 130 on Ctrl-C, 143 on SIGTE
 written atomically, all of them or none, never into the folder itself, and an existing output is
 replaced only with ``--force``. Text from files (tensor names, paths) is shown with control
 characters escaped.
+
+This module is the folder's command-line layer, the one part of the runtime that writes to the
+terminal: everything goes through :func:`emit` (stdout) and the error edge (stderr); the runtime it
+calls only returns values and raises.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from ..errors import OptionError, OutputExistsError, PolicyportError
 from ..files import stdout_reader_may_leave
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
+
+
+def emit(text: str) -> None:
+    """One line of the command's output on stdout (tables, reports, ``--json`` documents)."""
+    sys.stdout.write(text + "\n")
+
+
 _ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
@@ -160,7 +171,7 @@ def _foreign_options(message: str, p: argparse.ArgumentParser) -> str:
 
 def _fail(message: str, code: int, as_json: bool) -> int:
     if as_json:
-        print(json.dumps({"error": message, "exit_code": code}))
+        emit(json.dumps({"error": message, "exit_code": code}))
     sys.stderr.write(f"error: {literal(message)}\n")
     return code
 
@@ -206,11 +217,11 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
     rows = [(name, v.dtype.name, str(tuple(v.shape)), *((f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")))
             for name, v in values.items()]
     if args.json:
-        print(json.dumps({"output": str(outputs[0]), "record": None if args.record is None else str(outputs[1]),
+        emit(json.dumps({"output": str(outputs[0]), "record": None if args.record is None else str(outputs[1]),
                           "tensors": [dict(zip(("name", "dtype", "shape", "min", "max"), r)) for r in rows]}, indent=1))
         return
     recorded = f", {len(values)} tensors to {args.record}" if args.record is not None else ""
-    print(literal(f"numpy: outputs written to {args.output}{recorded}"))
+    emit(literal(f"numpy: outputs written to {args.output}{recorded}"))
     _table(("tensor", "dtype", "shape", "min", "max"), rows, right=(3, 4))
 
 
@@ -219,9 +230,9 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
 
     report = verify_bundle(folder, atol=args.atol, rtol=args.rtol)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        emit(json.dumps(report.to_dict(), indent=1))
         return 0 if report.passed else 1
-    print(f"max abs error on {report.samples:,} observation{'' if report.samples == 1 else 's'} (atol {report.atol:g}, rtol {report.rtol:g})")
+    emit(f"max abs error on {report.samples:,} observation{'' if report.samples == 1 else 's'} (atol {report.atol:g}, rtol {report.rtol:g})")
     _table(("tensor", "shape", "numpy vs golden"),
            [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
             for c in report.comparisons], right=(2,))
@@ -229,11 +240,11 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
     if first is None:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
         where = f"; worst {worst.max_abs:.3g} on {literal(worst.tensor)}" if worst is not None else ""
-        print(f"PASS: {len(report.comparisons)} tensors match the golden data within atol {report.atol:g} "
+        emit(f"PASS: {len(report.comparisons)} tensors match the golden data within atol {report.atol:g} "
               f"+ rtol {report.rtol:g}{where}")
         return 0
     bad = sum(not c.passed for c in report.comparisons)
-    print(literal(f"FAIL: {bad} of {len(report.comparisons)} tensors differ from the golden data beyond atol "
+    emit(literal(f"FAIL: {bad} of {len(report.comparisons)} tensors differ from the golden data beyond atol "
                   f"{report.atol:g} + rtol {report.rtol:g}; first: {first.tensor!r}, "
                   + (first.detail or f"max abs {first.max_abs:.3g}, max rel {first.max_rel:.3g}")))
     return 1
@@ -244,4 +255,4 @@ def _table(header: tuple[str, ...], rows: list[tuple], right: tuple[int, ...] = 
     cells = [header, *[tuple(literal(c) for c in row) for row in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     for r in cells:
-        print("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        emit("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
