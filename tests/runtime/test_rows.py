@@ -242,3 +242,68 @@ def test_relu_is_one_inline_maximum_with_the_registered_functions_bits(dtype):
     for rows in (1, SPLIT_ROWS + 1):
         got = session.run(obs[:rows])["y"]
         assert got.dtype == dtype and got.tobytes() == relu(obs[:rows]).tobytes()
+
+
+def test_scratch_hands_out_one_kept_buffer_per_step_and_fresh_ones_past_its_limit():
+    scratch = rows_module.Scratch()
+    a, b = np.ones((300, 8), np.float32), np.ones((8, 16), np.float32)
+    first = scratch.product(3, a, b)
+    assert first.shape == (300, 16) and first.dtype == np.float32 and first.flags.c_contiguous
+    again = scratch.product(3, a[:299], b)
+    assert again.shape == (299, 16) and np.shares_memory(first, again)  # a block one row shorter: same memory
+    assert not np.shares_memory(first, scratch.product(4, a, b))  # another step: its own buffer
+    assert scratch.product(3, a.astype(np.float64), b) is None  # two dtypes: np.dot allocates
+    assert scratch.product(3, a, b.astype(np.float64)) is None
+    wider = scratch.product(3, a, np.ones((8, 17), np.float32))
+    assert wider.shape == (300, 17) and not np.shares_memory(first, wider)
+    longer = scratch.like(5, np.ones((BLOCK_ROWS + 10, 2, 3), np.float16))
+    assert longer.shape == (BLOCK_ROWS + 10, 2, 3) and longer.dtype == np.float16
+    zeros = scratch.zeros(np.ones((40, 6), np.float64))
+    assert zeros.shape == (40, 6) and zeros.dtype == np.float64 and not zeros.any()
+    assert np.shares_memory(zeros, scratch.zeros(np.ones((7, 6), np.float64)))
+    wide = np.ones((4, rows_module.SCRATCH_BYTES // 4 // BLOCK_ROWS + 1), np.float32)
+    assert not np.shares_memory(scratch.like(6, wide), scratch.like(6, wide))  # past the limit: not kept
+    assert not scratch.zeros(wide).any()
+
+
+def test_relu_blocks_keep_the_pre_activation_and_match_the_whole_batch_code(relu_model, big_obs):
+    obs = big_obs[:, :64] * 4 - 2  # both signs before every ReLU
+    session = pp.load(relu_model)
+    plan = session.backend.plan
+    whole_run, whole_record = plan._compile("run", split=False), plan._compile("record", split=False)
+    recorded, ran = session.record(obs), session.run(obs)
+    for lo, hi in blocks(len(obs)):  # the straight-line code, without scratch, on each block's rows
+        same_bits({k: v[lo:hi] for k, v in recorded.items()}, whole_record({"obs": obs[lo:hi]}))
+        same_bits({k: v[lo:hi] for k, v in ran.items()}, whole_run({"obs": obs[lo:hi]}))
+    pre = recorded["fc_1/bias_add"] if "fc_1/bias_add" in recorded else next(
+        v for k, v in recorded.items() if k.startswith("fc_1") and (v < 0).any())
+    assert (pre < 0).any()  # the Gemm's product, not overwritten by the ReLU that reads it
+
+
+def test_scratch_memory_never_reaches_the_caller(relu_model, big_obs):
+    session = pp.load(relu_model)
+    obs = big_obs[:, :64].copy()
+    first, recorded = session.run(obs), session.record(obs)
+    kept = ({k: v.copy() for k, v in first.items()}, {k: v.copy() for k, v in recorded.items()})
+    session.run(obs[::-1].copy())
+    session.record(obs * 2)
+    session.run(obs, overrides="fc_1/relu[*]*=3")
+    same_bits(first, kept[0])
+    same_bits(recorded, kept[1])
+
+
+def test_a_relu_whose_input_has_two_readers_or_is_a_feed_leaves_it_whole(big_obs):
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32), "w")
+    m = model([helper.make_node("Gemm", ["obs", "w"], ["g"]),
+               helper.make_node("Relu", ["g"], ["r"]), helper.make_node("Sub", ["g", "r"], ["y"]),
+               helper.make_node("Relu", ["obs"], ["q"]), helper.make_node("Add", ["q", "obs"], ["z"])],
+              [f32("obs", ["batch", 3])], [f32("y", ["batch", 5]), f32("z", ["batch", 3])], [w])
+    session = pp.load(m)
+    obs = big_obs[:, :3] * 2 - 1
+    before = obs.copy()
+    got = session.run(obs)
+    assert session.backend.plan._rows is not None
+    g = obs @ numpy_helper.to_array(w)
+    np.testing.assert_array_equal(got["y"], g - np.maximum(g, 0))  # min(g, 0): g was not overwritten
+    np.testing.assert_array_equal(got["z"], np.maximum(obs, 0) + obs)
+    np.testing.assert_array_equal(obs, before)

@@ -412,7 +412,7 @@ class Plan:
         body: list[tuple[str, Step]] = []  # generated line, the step it computes
         outputs = set(self.output_names)
         for s in self.steps:
-            body += [(line, s) for line in self._emit(s, mode, env, outputs, views)]
+            body += [(line, s) for line in self._emit(s, mode, env, outputs, views, scratch=into is not None)]
             if mode == "observe":
                 body += [(f"{r} = observer({s.index}, {j}, {r})", s) for j, r in enumerate(s.results) if r != "_"]
             if hooks:
@@ -432,7 +432,7 @@ class Plan:
             lines.append("return None" if into is not None else f"return {{{', '.join(f'{k}: {v}' for k, v in results)}}}")
         else:
             lines, steps = self._chunks(mode, label, env, feeds, body, results), {}
-        params = ("feeds" + (", out" if into is not None else "") + (", observer" if mode == "observe" else "")
+        params = ("feeds" + (", out, buf" if into is not None else "") + (", observer" if mode == "observe" else "")
                   + (", edits" if hooks is not None else ""))
         return self._define(mode, label, params, lines, steps, env, guarded=mode != "observe")
 
@@ -483,10 +483,10 @@ class Plan:
         for c, piece in enumerate(pieces):
             name = f"c{c}"
             steps = {k: step for k, (_, step) in enumerate(piece) if step is not None}
-            self._define(name, f"{label}.{c}", "s, r, observer, edits, out", [slot(line) for line, _ in piece], steps,
+            self._define(name, f"{label}.{c}", "s, r, observer, edits, out, buf", [slot(line) for line, _ in piece], steps,
                          env, guarded=False)
             main.append(f"{name}(s, r, {'observer' if mode == 'observe' else 'None'}, "
-                        f"{'edits' if '+' in label else 'None'}, {'out' if label.endswith('/into') else 'None'})")
+                        f"{'edits' if '+' in label else 'None'}, {'out, buf' if label.endswith('/into') else 'None, None'})")
         return main + ["return r"]
 
     def _define(self, name: str, label: str, params: str, lines: list[str], steps: dict[int, Step], env: dict,
@@ -505,19 +505,30 @@ class Plan:
         exec(code, env)  # the source holds generated identifiers only (see module docstring)
         return env[name]
 
-    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str], views: dict[str, str] | None = None) -> list[str]:
+    def _emit(self, s: Step, mode: str, env: dict, outputs: set[str], views: dict[str, str] | None = None,
+              scratch: bool = False) -> list[str]:
         """The generated lines of one step. ``views`` (result local -> the expression of a view of
-        the batch's result array) makes the step write those results there (see :meth:`_compile`)."""
+        the batch's result array) makes the step write those results there (see :meth:`_compile`);
+        with ``scratch`` (a row block's code), a Gemm's product that is not returned goes to the
+        thread's :class:`~policyport.runtime.numpy.rows.Scratch` ``buf``, and a ReLU takes its
+        zeros from there and overwrites such a product when it is its only reader."""
         res, args = s.results, s.args
         views = views or {}
         view = views.get(res[0]) if res else None
         if s.kind == "gemm":
-            lines = [f"{res[0]} = dot({args[0]}, {args[1]}{', ' + view if view else ''})"]
+            out = view or (f"buf.product({s.index}, {args[0]}, {args[1]})" if scratch else "")
+            lines = [f"{res[0]} = dot({args[0]}, {args[1]}{', ' + out if out else ''})"]
             if len(args) > 2:
                 lines.append(f"add({res[0]}, {args[2]}, {res[0]})")  # out positional: less parsing
             return lines
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
+        if scratch and s.kind == "relu":
+            src = args[0]
+            mine = (mode == "run" and src not in views and self._overwritable(src, outputs)
+                    and self._producer.get(self._tensor_of[src]) in _FRESH)
+            out = view or (src if mine else f"buf.like({s.index}, {src})")
+            return [f"{res[0]} = maximum({src}, buf.zeros({src}), out={out})"]
         if view and len(res) == 1 and (s.kind == "relu" or s.kind == "call" and src) and s.op_type in _INTO:
             return [f"{res[0]} = {_INTO[s.op_type].format(src=args[0], out=view)}"]  # the op's own ufunc, into the view
         copies = [f"copyto({views[r]}, {r})" for r in res if r in views]
@@ -527,8 +538,7 @@ class Plan:
             return [f"{res[0]} = maximum({args[0]}, {args[1]})", *copies]
         if copies:  # any other op: computed, then copied into the view while it is in cache
             return [*self._emit(s, mode, env, outputs), *copies]
-        if (mode == "run" and s.op_type in _IN_PLACE and src.startswith("t") and len(res) == 1
-                and self._consumers.get(self._tensor_of[src], 0) == 1 and self._tensor_of[src] not in outputs):
+        if mode == "run" and s.op_type in _IN_PLACE and len(res) == 1 and self._overwritable(src, outputs):
             in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing
             producer = self._producer.get(self._tensor_of[src])
             if producer in _FRESH:
@@ -540,6 +550,12 @@ class Plan:
             return [f"{res[0]} = {call}"]
         lines = [f"_r = {call}", "if not isinstance(_r, tuple): _r = (_r,)"]
         return lines + [f"{r} = _r[{j}]" for j, r in enumerate(res) if r != "_"]
+
+    def _overwritable(self, src: str, outputs: set[str]) -> bool:
+        """Whether the node output ``src`` has one reader and is not a graph output: that reader
+        may write its result over it (if its producer made it fresh)."""
+        return (src.startswith("t") and self._consumers.get(self._tensor_of[src], 0) == 1
+                and self._tensor_of[src] not in outputs)
 
     def explain(self, error: Exception) -> BadModelError:
         """A :class:`BadModelError` naming the node whose computation raised ``error``.

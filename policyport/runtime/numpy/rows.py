@@ -9,7 +9,10 @@ each block's activations stay in the core's cache between one node and the next 
 and a tanh taken on memory just written), and the blocks are shared among threads, since numpy's
 ufuncs and the BLAS release the GIL. Each block writes its rows straight into the batch's result
 arrays (a Gemm's product and an activation's ufunc into them, any other op's result copied while it
-is in cache).
+is in cache). The intermediates a block does not return (a Gemm's product that a Tanh overwrites,
+a ReLU's zeros) live in its thread's :class:`Scratch` buffers, kept from one block and call to the
+next: allocated afresh, each would cost a page fault per 4 KiB whenever the C library has given
+the memory back.
 
 The blocks depend on the batch's row count alone, never on the thread count, and every block's BLAS
 call runs on its thread alone (threadpoolctl, :mod:`policyport.runtime.blas`): a batch gives the
@@ -53,6 +56,56 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+#: The most bytes one scratch buffer keeps between calls; a larger one is allocated per block.
+SCRATCH_BYTES = 4 << 20
+
+
+class Scratch:
+    """One thread's block buffers, kept between blocks and calls, one per compiled step.
+
+    A 512-row block of a 256-wide float32 layer is 512 KiB. Allocating it for every block costs
+    a page fault per 4 KiB whenever the C library has returned the memory to the system (measured:
+    4,864 faults and some 10 ms per 4096-row call of a three-layer 256-wide ReLU MLP, as long as
+    its BLAS calls). Every buffer holds :data:`BLOCK_ROWS` rows (or the block's, if more) and is
+    handed out as a view of its first rows; one larger than :data:`SCRATCH_BYTES` is not kept.
+    """
+
+    __slots__ = ("_buffers", "_zeros")
+
+    def __init__(self):
+        self._buffers: dict[int, np.ndarray] = {}
+        self._zeros: dict[tuple, np.ndarray] = {}
+
+    @staticmethod
+    def _fits(buffer: np.ndarray | None, rows: int, row_shape: tuple, dtype) -> bool:
+        return buffer is not None and buffer.shape[0] >= rows and buffer.shape[1:] == row_shape and buffer.dtype == dtype
+
+    def _take(self, store: dict, key, rows: int, row_shape: tuple, dtype, fill: bool) -> np.ndarray:
+        buffer = store.get(key)
+        if not self._fits(buffer, rows, row_shape, dtype):
+            size = max(rows, BLOCK_ROWS)
+            if size * int(np.prod(row_shape)) * np.dtype(dtype).itemsize > SCRATCH_BYTES:
+                return (np.zeros if fill else np.empty)((rows, *row_shape), dtype)
+            buffer = store[key] = (np.zeros if fill else np.empty)((size, *row_shape), dtype)
+        return buffer[:rows]
+
+    def product(self, step: int, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """The buffer for ``a @ b`` of 2-D ``a`` (block rows, K) and ``b`` (K, N) of one dtype
+        (step ``step``'s), or None for ``np.dot`` to allocate (operands of two dtypes)."""
+        if a.dtype != b.dtype or a.ndim != 2 or b.ndim != 2:
+            return None
+        return self._take(self._buffers, step, a.shape[0], (b.shape[1],), a.dtype, False)
+
+    def like(self, step: int, a: np.ndarray) -> np.ndarray:
+        """A buffer of ``a``'s shape and dtype for step ``step``'s result."""
+        return self._take(self._buffers, step, a.shape[0], a.shape[1:], a.dtype, False)
+
+    def zeros(self, a: np.ndarray) -> np.ndarray:
+        """Zeros of ``a``'s shape and dtype, never written: ``np.maximum(a, zeros)`` over two
+        contiguous arrays runs 3.6 times as fast as against a broadcast 0 (numpy 2.4, AVX-512)."""
+        return self._take(self._zeros, (a.shape[1:], a.dtype.str), a.shape[0], a.shape[1:], a.dtype, True)
 
 
 _POOL = None
@@ -108,7 +161,8 @@ class RowBlocks:
         compile_probe: makes the function of the mode (``feeds[, edits] -> dict``) without the jump
             to this driver; called on first use.
         compile_into: makes the same function writing the tensors ``names`` into given arrays
-            (``feeds, out[, edits]``; see ``Plan._compile``); called on first use.
+            (``feeds, out, scratch[, edits]``, ``scratch`` the thread's :class:`Scratch`; see
+            ``Plan._compile``); called on first use.
         names: the batched tensors the mode returns (every other one is the same for every block
             and is taken from the probe, copied).
         batched: the feed names whose axis 0 is the batch axis (sliced); other feeds go to every
@@ -125,6 +179,7 @@ class RowBlocks:
         self.batched = batched
         self._threads = threads
         self._layouts: dict[tuple, tuple[list, dict]] = {}  # feed row shapes -> result layout, whole tensors
+        self._local = threading.local()  # each thread's Scratch
 
     def _layout(self, feeds, extra) -> tuple[list, dict]:
         """Each returned tensor in order, ``(name, row shape, dtype)`` (row shape None for a tensor
@@ -162,7 +217,12 @@ class RowBlocks:
         claim = itertools.count()
         failed: list[BaseException] = []
 
+        local = self._local
+
         def work() -> None:
+            scratch = getattr(local, "scratch", None)
+            if scratch is None:
+                scratch = local.scratch = Scratch()
             while not failed:
                 i = next(claim)  # itertools.count is atomic under the GIL
                 if i >= len(bounds):
@@ -170,7 +230,7 @@ class RowBlocks:
                 lo, hi = bounds[i]
                 try:
                     into({n: (v[lo:hi] if n in self.batched else v) for n, v in feeds.items()},
-                         [o[lo:hi] for o in outs], *extra)
+                         [o[lo:hi] for o in outs], scratch, *extra)
                 except BaseException as e:  # re-raised by the calling thread
                     failed.append(e)
                     return
