@@ -38,6 +38,12 @@ def test_exact_names_select_themselves_and_globs_match(patterns, chosen):
     assert select_tensors(NAMES, patterns) == chosen
 
 
+def test_a_star_selects_everything_even_beside_a_tensor_named_star():
+    names = ["tap", "*", "0"]
+    assert select_tensors(names, "*") == select_tensors(names, ["*"]) == select_tensors(names, None) == names
+    assert select_tensors(names, "*", exact=True) == ["*"]  # exact: names only
+
+
 def test_exact_selection_never_globs_and_says_which_name_is_missing():
     assert select_tensors(NAMES, ["h[0]", "fc*"], exact=True) == ["h[0]", "fc*"]
     with pytest.raises(InputMismatchError, match=r"tensor name\(s\) \['h\[0-9\]'\] match no tensor"):

@@ -50,7 +50,8 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
 
     Names are names: a pattern that is exactly the name of an available tensor selects that tensor
     alone, so ``h[0]`` or ``fc*`` written as a tensor's full name means that tensor; any other
-    pattern is an ``fnmatch`` glob (``fc_1/*``).
+    pattern is an ``fnmatch`` glob (``fc_1/*``). ``*`` alone always selects everything, also in a
+    model with a tensor named ``*``.
 
     Args:
         available: candidate tensor names.
@@ -77,6 +78,8 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
         raise ArgumentTypeError(f"tensors must be names or globs (strings); found {type(wrong[0]).__name__} "
                                 f"{wrong[0]!r:.80}")
     present = set(available)
+    if not exact:  # "*" selects everything, also where a tensor is named "*"
+        present.discard("*")
     names = {p for p in patterns if p in present}
     globs = [] if exact else [p for p in patterns if p not in present]
     chosen = [t for t in available if t in names or any(fnmatch.fnmatchcase(t, g) for g in globs)]
