@@ -14,9 +14,10 @@ has its own peak resident set (``ru_maxrss`` from ``wait4``); the runs are inter
 
 * ``forward, in memory``: ``Session.run`` on ``--batch-size``-row blocks already in memory (pure compute);
 * ``forward, streamed``: the same blocks read from the ``.npy`` file as ``record`` reads them, run, dropped;
-* ``record --format F``: ``policyport record MODEL -i obs.npy -o rec.F --batch-size B`` with every
-  tensor (1,040 float32 per row: 4,160 bytes written per observation against 1,100 read), the time the
-  command reports for the recording itself (process start-up excluded);
+* ``record --format F``: ``policyport record MODEL -i obs.npy -o rec.F --batch-size B`` (``-o rec``, a
+  folder, for ``npy``) with every tensor (1,040 float32 per row: 4,160 bytes written per observation
+  against 1,100 read), the time the command reports for the recording itself (process start-up
+  excluded);
 * ``record ... --tensors fc_2/tanh``: one hidden layer and the graph outputs (264 floats per row).
 
 The ratios compare records/s with the in-memory forward pass. Then the batch-1 latency of
@@ -146,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--formats", default="npz,parquet")
+    parser.add_argument("--formats", default="npy,npz,parquet")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--subset", default="fc_2/tanh",
                         help="also record only these tensors (globs; graph outputs come too), in parquet; '' to skip")
@@ -179,13 +180,13 @@ def main() -> None:
             if args.subset:
                 configs.append((f"record --format parquet --tensors '{args.subset}'", "parquet", args.subset))
             for name, fmt, tensors in configs:
-                rec = work / f"rec.{fmt}"
+                rec = work / ("rec" if fmt == "npy" else f"rec.{fmt}")  # npy: a folder
                 out, wall, rss = run_measured([py, "-m", "policyport", "record", str(model), "-i", str(data), "-o", str(rec),
                                                "--batch-size", str(args.batch_size), "--tensors", tensors, "--json", "--quiet"])
                 doc = json.loads(out)
                 runs.setdefault(name, []).append(
                     {"rows_per_s": doc["rows_per_second"], "rss_mb": rss, "bytes": doc["bytes"], "wall_s": wall})
-                rec.unlink()
+                shutil.rmtree(rec) if rec.is_dir() else rec.unlink()
             print(f"round {r + 1}/{args.repeat} done", file=sys.stderr)
         latency = batch1_latency(model, calls=20000, windows=9)
         disk = disk_speed(work)

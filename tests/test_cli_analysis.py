@@ -52,6 +52,18 @@ def test_record_json_and_overrides(tmp_path, model, obs, metadrive_obs, metadriv
     np.testing.assert_allclose(rec["action"], expected["action"], atol=1e-5)
 
 
+def test_record_to_a_folder_of_npy_files_reads_back_as_the_npz_does(tmp_path, model, obs):
+    result = invoke("record", model, "-i", obs, "-o", tmp_path / "rec", "--batch-size", "128", "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["format"] == "npy" and doc["rows"] == 500
+    assert doc["bytes"] == sum(p.stat().st_size for p in (tmp_path / "rec").iterdir())
+    assert invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npz").exit_code == 0
+    folder, archive = (json.loads(invoke("stats", tmp_path / r, "--json").stdout) for r in ("rec", "rec.npz"))
+    assert folder["tensors"] == archive["tensors"] and folder["rows"] == archive["rows"] == 500
+    wrong = invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npy")
+    assert wrong.exit_code == 2 and "'rec' (no suffix) for a folder of .npy files" in " ".join(wrong.stderr.split())
+
+
 @pytest.mark.parametrize("args, code, message", [
     (["--format", "zarr"], 2, "'zarr' is not one of"),
     (["--engine", "ray", "--backend", "onnxruntime"], 2, "numpy backend on every worker"),
@@ -163,13 +175,14 @@ def test_nan_inputs_print_policyports_warning_and_no_numpy_warning(tmp_path, mod
     assert "warning: 2 of 50 rows of input 'obs' hold NaN or Inf" in " ".join(proc.stderr.split())
 
 
-def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model):
+@pytest.mark.parametrize("name", ["rec.npz", "rec"])  # a file; a folder of .npy files
+def test_sigterm_during_record_leaves_no_partial_output(tmp_path, model, name):
     np.save(tmp_path / "obs.npy", np.random.default_rng(0).uniform(0, 1, (40000, 275)).astype(np.float32))
-    out = tmp_path / "rec.npz"
+    out = tmp_path / name
     proc = subprocess.Popen([sys.executable, "-m", "policyport", "record", str(model), "-i", str(tmp_path / "obs.npy"),
                              "-o", str(out), "--batch-size", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".rec.npz.") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+    while not any(p.name.startswith(f".{name}.") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
 from ..files import check_distinct, check_free_space, check_writable, write_atomic
+from ..runtime.numpy.rows import ResultPool, reusing
 from .folders import check_out_folder, commit_folder, temporary_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
 from .statistics import nonfinite_rows
@@ -44,8 +45,8 @@ class RecordSummary:
     """What :func:`record_dataset` wrote.
 
     Attributes:
-        path: the output (a file; a folder of ``.parquet`` files for the ray engine).
-        format: ``"npz"`` or ``"parquet"``.
+        path: the output (a file; a folder for ``npy`` and for the ray engine's ``.parquet`` files).
+        format: ``"npz"``, ``"parquet"`` or ``"npy"``.
         rows: observations recorded.
         tensors: the recorded tensors (name, op type, dtype, row shape).
         skipped: selected tensors left out because they have no batch axis (a constant, a shape).
@@ -64,13 +65,15 @@ class RecordSummary:
     bytes: int = 0
 
 
+#: The files of an ``npy`` recording's folder (``--force`` replaces only such a folder).
+NPY_SUFFIXES = (".npy", ".json")
 #: Suffixes that name a single file: the ray engine's output, a folder, is refused under them.
 FILE_SUFFIXES = (".npz", ".npy", ".json", ".csv")
 
 
 def choose_format(out: Path, fmt: str | None, engine: str) -> str:
-    """The output format: ``fmt`` if given, else from ``out``'s suffix (``.npz``/``.parquet``); the ray
-    engine writes parquet, into a folder.
+    """The output format: ``fmt`` if given, else from ``out``'s suffix (``.npz``/``.parquet``; none:
+    ``npy``, a folder); the ray engine writes parquet, into a folder.
 
     Raises:
         OptionError: an unknown format, one that contradicts the suffix or the engine, or a file's
@@ -89,10 +92,17 @@ def choose_format(out: Path, fmt: str | None, engine: str) -> str:
                               f"{out.name!r} ends in {out.suffix}, a file's suffix; give a folder name such as "
                               f"{out.with_suffix('').name!r}, or use --engine local to write {out.name!r}")
         return "parquet"
-    chosen = fmt or by_suffix
+    chosen = fmt or by_suffix or ("npy" if not out.suffix else None)
     if chosen is None:
         raise OptionError(f"cannot tell the recording format from -o (out=) {out.name!r}; name it .npz or .parquet, "
-                          "or give --format (format=)")
+                          f"or {out.with_suffix('').name!r} (no suffix) for a folder of .npy files, or give --format "
+                          "(format=)")
+    if chosen == "npy":
+        if out.suffix.lower() in FILE_SUFFIXES + (".parquet",):
+            raise OptionError(f"--format npy (format='npy') writes a folder of .npy files, but -o (out=) {out.name!r} "
+                              f"ends in {out.suffix}, a file's suffix; give a folder name such as "
+                              f"{out.with_suffix('').name!r}")
+        return chosen
     if by_suffix is not None and by_suffix != chosen:
         raise OptionError(f"-o (out=) {out.name!r} ends in {out.suffix} but --format (format=) asks for {chosen}; "
                           f"name the output {out.with_suffix('.' + chosen).name!r}, or drop --format")
@@ -132,11 +142,12 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
         data: an ``.npy``, ``.npz`` or ``.parquet`` file, or a folder of them, of any size (see
             :mod:`policyport.analysis.tables`); a single-input model takes the only column, else
             columns are matched to inputs by name. The dtype must be the input's (no silent casts).
-        out: the output: ``.npz`` or ``.parquet`` file (local), a folder (ray).
+        out: the output: an ``.npz`` or ``.parquet`` file, or a folder of ``.npy`` files (local, a
+            name without a suffix); a folder of ``.parquet`` files (ray).
         tensors: ``fnmatch`` globs over node-output names (default every tensor); graph outputs are
             always recorded.
         batch_size: rows per block (default 4096); memory is bounded by one block.
-        format: ``"npz"`` or ``"parquet"``; default from ``out``'s suffix.
+        format: ``"npz"``, ``"parquet"`` or ``"npy"``; default from ``out``'s suffix (none: ``"npy"``).
         engine: ``"local"`` (default) or ``"ray"`` (needs the ``ray`` extra; numpy backend).
         backend: the local engine's backend, ``"numpy"`` (default) or ``"onnxruntime"``.
         overrides: neuron overrides applied while recording (any form
@@ -150,8 +161,8 @@ def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_B
         A :class:`RecordSummary`.
 
     Raises:
-        OptionError: a format that contradicts ``out``'s suffix or the engine; a file's suffix for the
-            ray engine's folder (exit 2).
+        OptionError: a format that contradicts ``out``'s suffix or the engine; a file's suffix for a
+            folder (``npy``, the ray engine) (exit 2).
         InputMismatchError: bad tensors, overrides, batch size, or data that does not fit the model.
         UnreadableFileError: unreadable data.
         OutputExistsError: ``out`` exists (without ``force``) or is one of the inputs.
@@ -179,7 +190,10 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
     """The ``local`` engine of :func:`record_dataset` (arguments as there)."""
     from ..runtime import Session, load
 
-    check_writable(out, force)
+    if fmt == "npy":
+        check_out_folder(out, force, NPY_SUFFIXES)
+    else:
+        check_writable(out, force)
     session = model if isinstance(model, Session) else load(model, backend=backend, threads=threads)
     table = open_table(data)
     columns = feed_columns(table, [v.name for v in session.inputs])
@@ -206,22 +220,24 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
                 summary.nonfinite_rows += int(np.logical_or.reduce(flags).sum()) if flags else 0
             yield {i: block[c] for i, c in columns.items()}
 
-    def write(file) -> None:  # the output's temporary file, open for writing
+    def write(file) -> None:  # the output's temporary file, open for writing (npy: its temporary folder)
         writer, done = None, 0
+        pool = ResultPool()  # each block's arrays, once written, hold a later block's results
         try:
-            for values in session.record_iter(blocks(), names, steering):
+            for values in _reusing(session.record_iter(blocks(), names, steering), pool):
                 rows = sizes[0]
                 if writer is None:
                     summary.tensors, summary.skipped = _batched(values, rows, ops)
-                    if fmt == "npz":  # uncompressed: its size is known from the first block
+                    if fmt != "parquet":  # uncompressed: its size is known from the first block
                         row_bytes = sum(t.row_bytes for t in summary.tensors)
                         check_free_space(out, table.rows * row_bytes, f"the recording ({table.rows:,} rows of "
                                          f"{row_bytes:,} bytes, {len(summary.tensors)} tensors)")
                     writer = Background(WRITERS[fmt](file, table.rows, summary.tensors,
                                                      describe(table.rows, summary.tensors, **made),
-                                                     scratch=out.parent))
+                                                     scratch=out.parent), written=pool.give_back)
                 _check_block(values, rows, summary.tensors)
                 writer.append({t.name: values[t.name] for t in summary.tensors})
+                del values  # the writer gives the arrays back to the pool
                 done += rows
                 if progress is not None:
                     progress(done, table.rows)
@@ -231,10 +247,32 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
                 writer.abort()
             raise
 
-    write_atomic(out, write, force)
+    if fmt == "npy":
+        tmp = temporary_folder(out, "recording")
+        try:
+            write(tmp)
+            commit_folder(tmp, out, force, NPY_SUFFIXES)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        summary.bytes = sum(p.stat().st_size for p in out.iterdir())
+    else:
+        write_atomic(out, write, force)
+        summary.bytes = out.stat().st_size
     summary.seconds = time.perf_counter() - started
-    summary.bytes = out.stat().st_size
     return summary
+
+
+def _reusing(results, pool):
+    """``results`` (a generator of record results) run with its row-block results taken from ``pool``
+    (:func:`policyport.runtime.numpy.rows.reusing`): the context is entered around each step only,
+    so it never leaks into the consumer's code between steps."""
+    while True:
+        with reusing(pool):
+            try:
+                values = next(results)
+            except StopIteration:
+                return
+        yield values
 
 
 class Background:
@@ -242,14 +280,16 @@ class Background:
     this one (numpy's BLAS calls and the file writes both release the GIL).
 
     At most ``depth`` blocks wait in the queue: with the block being written and the one being
-    computed, ``depth + 2`` blocks of activations are alive at the most.
+    computed, ``depth + 2`` blocks of activations are alive at the most. ``written(arrays)``, if
+    given, is called on the writer's thread with each block's arrays once they are written.
     """
 
-    def __init__(self, writer, depth: int = 1):
+    def __init__(self, writer, depth: int = 1, written: Callable | None = None):
         import queue
         import threading
 
         self.writer = writer
+        self._written = written
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._drain, name="policyport-writer", daemon=True)
@@ -263,6 +303,8 @@ class Background:
             if self._error is None:
                 try:
                     self.writer.append(block)
+                    if self._written is not None:
+                        self._written(block.values())
                 except BaseException as e:  # re-raised in the caller's thread
                     self._error = e
 

@@ -11,13 +11,19 @@ bounded by the block.
   (:class:`NpzWriter`); ``numpy.load(path)[name]`` reads a tensor back;
 * ``parquet``: pyarrow's ``ParquetWriter``, one row group per block, one column per tensor: a
   ``fixed_size_list`` of the row's elements (C order), the row shape in the metadata; a tensor with
-  scalar rows is a plain column.
+  scalar rows is a plain column;
+* ``npy``: a folder of ``.npy`` files, one per tensor (``numpy.lib.format`` header with the final
+  shape, then the rows, written in place block by block as for ``npz``, without a checksum to
+  compute), and the description as ``policyport.recording.json``, which also maps each tensor to
+  its file (:class:`NpyFolderWriter`). ``numpy.load(file, mmap_mode="r")`` maps a tensor without
+  reading it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,11 +32,11 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BadModelError, UnreadableFileError, listing, require
-from .tables import META_KEY, Table, open_table
+from .tables import META_FILE, META_KEY, Table, open_table
 
 FORMAT = "policyport.recording/1"
 #: Output formats of :func:`policyport.analysis.record_dataset`.
-FORMATS = ("npz", "parquet")
+FORMATS = ("npz", "parquet", "npy")
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class Recording:
     writes one): every array with rows is a tensor of unknown op type.
 
     Args:
-        path: an ``.npz`` or ``.parquet`` file, or a folder of ``.parquet`` files.
+        path: an ``.npz`` or ``.parquet`` file, an ``npy`` recording's folder, or a folder of ``.parquet`` files.
 
     Raises:
         UnreadableFileError: not a readable table, or arrays with different row counts.
@@ -111,7 +117,60 @@ def describe(rows: int, tensors: list[TensorInfo], **made) -> dict:
     return {"format": FORMAT, "rows": rows, "tensors": [{**asdict(t), "shape": list(t.shape)} for t in tensors], **made}
 
 
-class NpzWriter:
+def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` header (format 1.0, or 2.0 when 1.0 cannot hold it) of a C-order array."""
+    import io
+
+    fields = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    header = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(header, fields)
+    except ValueError:  # a header longer than format 1.0 allows
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(header, fields)
+    return header.getvalue()
+
+
+def write_at(fd: int, offset: int, data) -> None:
+    """Write all of ``data`` (bytes or a C-contiguous array) at ``offset`` of the open file ``fd``."""
+    view = memoryview(data).cast("B")
+    if not hasattr(os, "pwrite"):  # Windows: no positioned writes
+        os.lseek(fd, offset, os.SEEK_SET)
+        while len(view):
+            view = view[os.write(fd, view):]
+        return
+    while len(view):
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
+class _InPlaceWriter:
+    """What the ``npz`` and ``npy`` writers share: each tensor's rows go to the next offset of its
+    own place (:meth:`_put`), and the row count is checked at the end."""
+
+    rows: int
+    tensors: list[TensorInfo]
+    _written: int
+    _next: list[int]  # where each tensor's next rows go
+
+    def _put(self, i: int, rows: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def append(self, block: dict[str, np.ndarray]) -> None:
+        """Write the next rows of every tensor in its place."""
+        for i, t in enumerate(self.tensors):
+            rows = np.ascontiguousarray(block[t.name])
+            if rows.size:
+                self._put(i, rows)
+                self._next[i] += rows.nbytes
+        self._written += len(block[self.tensors[0].name]) if self.tensors else 0
+
+    def _check_rows(self) -> None:
+        if self.tensors and self._written != self.rows:
+            raise BadModelError(f"the recording got {self._written} rows, not the {self.rows} announced")
+
+
+class NpzWriter(_InPlaceWriter):
     """Streams blocks into an ``.npz`` (which the caller replaces atomically), written in place.
 
     Every member's size is known from the start (its ``.npy`` header with the final shape, then
@@ -131,7 +190,6 @@ class NpzWriter:
 
     def __init__(self, target, rows: int, tensors: list[TensorInfo], metadata: dict,
                  scratch: str | os.PathLike | None = None):
-        import io
         import time
         import zlib
 
@@ -146,53 +204,32 @@ class NpzWriter:
         offset = self._file.tell()
         when = time.localtime()[:6]
         for t in tensors:
-            header = io.BytesIO()
-            fields = {"descr": np.lib.format.dtype_to_descr(np.dtype(t.dtype)), "fortran_order": False,
-                      "shape": (rows, *t.shape)}
-            try:
-                np.lib.format.write_array_header_1_0(header, fields)
-            except ValueError:  # a header longer than format 1.0 allows
-                header = io.BytesIO()
-                np.lib.format.write_array_header_2_0(header, fields)
+            header = npy_header(t.dtype, (rows, *t.shape))
             info = zipfile.ZipInfo(f"{t.name}.npy", date_time=when)
             info.compress_type = zipfile.ZIP_STORED
-            info.file_size = info.compress_size = len(header.getvalue()) + rows * t.row_bytes
+            info.file_size = info.compress_size = len(header) + rows * t.row_bytes
             info.CRC = 0  # known once the rows are written
             info.header_offset = offset
             data = offset + len(info.FileHeader(zip64=True))
-            self._write_at(data, header.getvalue())
+            self._write_at(data, header)
             self._infos.append(info)
-            self._crcs.append(self._crc32(header.getvalue()))
-            self._next.append(data + len(header.getvalue()))
+            self._crcs.append(self._crc32(header))
+            self._next.append(data + len(header))
             offset = data + info.file_size
         self._end = offset
 
     def _write_at(self, offset: int, data) -> None:
-        view = memoryview(data).cast("B")
-        if not hasattr(os, "pwrite"):  # Windows: no positioned writes
-            self._file.seek(offset)
-            self._file.write(view)
-            return
-        fd = self._file.fileno()
-        while len(view):
-            done = os.pwrite(fd, view, offset)
-            view, offset = view[done:], offset + done
+        self._file.flush()  # nothing buffered may land after (or over) what is written beside it
+        write_at(self._file.fileno(), offset, data)
 
-    def append(self, block: dict[str, np.ndarray]) -> None:
-        """Write the next rows of every tensor in its place."""
-        for i, t in enumerate(self.tensors):
-            rows = np.ascontiguousarray(block[t.name])
-            if rows.size:
-                self._write_at(self._next[i], rows)
-                self._crcs[i] = self._crc32(rows, self._crcs[i])
-                self._next[i] += rows.nbytes
-        self._written += len(block[self.tensors[0].name]) if self.tensors else 0
+    def _put(self, i: int, rows: np.ndarray) -> None:
+        self._write_at(self._next[i], rows)
+        self._crcs[i] = self._crc32(rows, self._crcs[i])
 
     def close(self) -> None:
         """Add the local headers, the description and the central directory."""
         try:
-            if self.tensors and self._written != self.rows:
-                raise BadModelError(f"the recording got {self._written} rows, not the {self.rows} announced")
+            self._check_rows()
             for info, crc in zip(self._infos, self._crcs):
                 info.CRC = crc
                 self._write_at(info.header_offset, info.FileHeader(zip64=True))
@@ -211,6 +248,69 @@ class NpzWriter:
         """Nothing to remove but the output itself, which belongs to the caller."""
         if self._own:
             self._file.close()
+
+
+class NpyFolderWriter(_InPlaceWriter):
+    """Streams blocks into a folder of ``.npy`` files, one per tensor, written in place (see the
+    module docstring); the caller builds the folder under a temporary name and renames it.
+
+    Each file is created with its final header (``rows`` in its shape) and every block's rows are
+    written at their place with ``os.pwrite``, as :class:`NpzWriter` does, but with no checksum to
+    compute: the cheapest format to write, and the only one whose tensors ``numpy.load`` can map
+    without reading them. :data:`~policyport.analysis.tables.META_FILE`, written last, holds the
+    description and ``files``, each tensor's file name (:func:`npy_file_name`).
+
+    Args:
+        target: the (empty) folder to write in.
+        rows: the total row count.
+        tensors: what each block holds.
+        metadata: the recording's description.
+        scratch: unused (the parquet writer's signature).
+    """
+
+    def __init__(self, target: str | os.PathLike, rows: int, tensors: list[TensorInfo], metadata: dict,
+                 scratch: str | os.PathLike | None = None):
+        self.folder, self.rows, self.tensors = Path(target), rows, tensors
+        self.metadata = {**metadata, "files": {t.name: npy_file_name(i, t.name) for i, t in enumerate(tensors)}}
+        self._written = 0
+        self._fds: list[int] = []
+        self._next: list[int] = []
+        try:
+            for t in tensors:
+                fd = os.open(self.folder / self.metadata["files"][t.name],
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0),
+                             0o666)
+                self._fds.append(fd)
+                header = npy_header(t.dtype, (rows, *t.shape))
+                write_at(fd, 0, header)
+                self._next.append(len(header))
+        except BaseException:
+            self.abort()
+            raise
+
+    def _put(self, i: int, rows: np.ndarray) -> None:
+        write_at(self._fds[i], self._next[i], rows)
+
+    def close(self) -> None:
+        """Check the row count, close the files and write the description."""
+        try:
+            self._check_rows()
+        finally:
+            self.abort()
+        with open(self.folder / META_FILE, "x", encoding="utf-8") as f:
+            json.dump(self.metadata, f, indent=1)
+
+    def abort(self) -> None:
+        """Close the files; the caller removes the folder."""
+        while self._fds:
+            os.close(self._fds.pop())
+
+
+def npy_file_name(index: int, tensor: str) -> str:
+    """The file of the ``index``-th tensor of an ``npy`` recording: ``0003-fc_2.tanh.npy`` for
+    ``fc_2/tanh``: the index keeps names unique and in order; the tensor name follows with every
+    character but letters, digits, ``.``, ``_`` and ``-`` replaced by ``.``, cut to 60 characters."""
+    return f"{index:04d}-{re.sub(r'[^A-Za-z0-9_.-]', '.', tensor)[:60]}.npy"
 
 
 #: How recordings are written to parquet: activations barely compress, and dictionaries and
@@ -262,4 +362,4 @@ def arrow_table(block: dict[str, np.ndarray], tensors: list[TensorInfo], schema)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-WRITERS = {"npz": NpzWriter, "parquet": ParquetWriter}
+WRITERS = {"npz": NpzWriter, "parquet": ParquetWriter, "npy": NpyFolderWriter}

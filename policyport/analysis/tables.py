@@ -13,7 +13,9 @@ count against the process), so memory is bounded by the block, not the file. Obs
   is a ``(rows, width)`` array, reshaped to the row shape that the file's ``policyport.recording``
   metadata gives, if any;
 * a folder: its ``.npy``/``.npz``/``.parquet`` files in name order, concatenated; they must agree on
-  the columns.
+  the columns;
+* a folder with a :data:`META_FILE` (an ``npy`` recording): one column per ``.npy`` file, as that
+  description maps tensors to files.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from ..files import check_npz_arrays
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
+#: The description file of an ``npy`` recording (a folder of one ``.npy`` per tensor).
+META_FILE = META_KEY + ".json"
+#: The largest description file read (a recording of 100,000 tensors' descriptions is some 20 MB).
+META_FILE_BYTES = 64 << 20
 SUFFIXES = (".npy", ".npz", ".parquet")
 
 
@@ -168,17 +174,22 @@ class NpzTable(Table):
                 for n in names:
                     streams[n] = zf.open(self._members[n])
                     _npy_header(streams[n], str(self.path))
-                for start in range(0, self.rows, batch_size):
-                    count = min(batch_size, self.rows - start)
-                    block = {}
-                    for n in names:
-                        col = self.columns[n]
-                        block[n] = np.empty((count, *col.shape), col.dtype)
-                        _read_exactly(streams[n], block[n], self.path)
-                    yield block
+                yield from _blocks(streams, self.columns, self.rows, batch_size, self.path)
             finally:
                 for s in streams.values():
                     s.close()
+
+
+def _blocks(streams: dict, columns: dict[str, Column], rows: int, batch_size: int, path: Path):
+    """Blocks of ``batch_size`` rows read from each column's stream, positioned at its first row."""
+    for start in range(0, rows, batch_size):
+        count = min(batch_size, rows - start)
+        block = {}
+        for n, stream in streams.items():
+            col = columns[n]
+            block[n] = np.empty((count, *col.shape), col.dtype)
+            _read_exactly(stream, block[n], path)
+        yield block
 
 
 def _metadata(value, path) -> dict:
@@ -282,13 +293,84 @@ class FolderTable(Table):
             yield from part.iter_batches(batch_size, names)
 
 
+class NpyFolderTable(Table):
+    """An ``npy`` recording: a folder of one ``.npy`` file per column, named by :data:`META_FILE`'s
+    ``files`` (tensor name -> file name in the folder).
+
+    A file name must name a regular file right in the folder (no path, no link): the description
+    never leads a reader elsewhere.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        meta = path / META_FILE
+        if meta.stat().st_size > META_FILE_BYTES:
+            raise UnreadableFileError(f"{meta} is {meta.stat().st_size:,} bytes, more than a recording's description "
+                                      f"({META_FILE_BYTES:,}); it is not one")
+        try:
+            text = meta.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UnreadableFileError(f"cannot read {meta}: {e}") from e
+        self.metadata = _metadata(text, meta)
+        files = self.metadata.get("files")
+        rows = self.metadata.get("rows")
+        if (not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+                or type(rows) is not int or rows < 0):
+            raise UnreadableFileError(f"{meta} does not describe an npy recording: it needs 'rows' (a count) and "
+                                      "'files' (tensor name -> file name)")
+        self.rows = rows
+        self.columns, self._files, self._offsets = {}, {}, {}
+        for name, file in files.items():
+            where = path / file
+            if (Path(file).name != file or not file.endswith(".npy") or file.startswith(".") or "\0" in file
+                    or where.is_symlink() or not where.is_file()):
+                raise UnreadableFileError(f"{meta} names {file!r} for tensor {name!r}: not an .npy file in {path}")
+            with open(where, "rb") as f:
+                dtype, shape = _npy_header(f, str(where))
+                offset = f.tell()
+            if shape[0] != rows:
+                raise UnreadableFileError(f"{where} holds {shape[0]} rows; {meta} says {rows}")
+            expected = offset + rows * dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+            if where.stat().st_size < expected:
+                raise UnreadableFileError(f"{where} is truncated: its header says {shape}, which needs {expected} bytes")
+            self.columns[name] = Column(name, dtype, shape[1:])
+            self._files[name], self._offsets[name] = where, offset
+
+    def _row_bytes(self, name: str) -> int:
+        col = self.columns[name]
+        return col.dtype.itemsize * int(np.prod(col.shape, dtype=np.int64))
+
+    def read_rows(self, start, stop, names=None):
+        block = {}
+        for n in list(self.columns) if names is None else names:
+            col = self.columns[n]
+            with open(self._files[n], "rb") as f:
+                f.seek(self._offsets[n] + start * self._row_bytes(n))
+                block[n] = np.empty((stop - start, *col.shape), col.dtype)
+                _read_exactly(f, block[n], self._files[n])
+        return block
+
+    def iter_batches(self, batch_size, names=None):
+        names = list(self.columns) if names is None else names
+        streams = {}
+        try:
+            for n in names:
+                streams[n] = open(self._files[n], "rb")
+                streams[n].seek(self._offsets[n])
+            yield from _blocks(streams, self.columns, self.rows, batch_size, self.path)
+        finally:
+            for f in streams.values():
+                f.close()
+
+
 def _describe(columns: dict[str, Column]) -> str:
     return ", ".join(f"{c.name or '(array)'} {c.dtype.name}{list(c.shape) if c.shape is not None else '[?]'}"
                      for c in columns.values())
 
 
 def open_table(path: str | os.PathLike) -> Table:
-    """The table in ``path``: an ``.npy``, ``.npz`` or ``.parquet`` file, or a folder of them.
+    """The table in ``path``: an ``.npy``, ``.npz`` or ``.parquet`` file, a folder of them, or an
+    ``npy`` recording's folder.
 
     Raises:
         UnreadableFileError: missing, of another kind, malformed, or an object (pickle) array.
@@ -296,7 +378,7 @@ def open_table(path: str | os.PathLike) -> Table:
     """
     path = Path(path)
     if path.is_dir():
-        return FolderTable(path)
+        return NpyFolderTable(path) if (path / META_FILE).is_file() else FolderTable(path)
     if not path.is_file():
         raise UnreadableFileError(f"{path}: no such file or folder")
     kinds = {".npy": NpyTable, ".npz": NpzTable, ".parquet": ParquetTable}

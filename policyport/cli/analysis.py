@@ -19,6 +19,7 @@ from .render import add_row, counted, err, fits, literal, out, say, shape_text, 
 class RecordFormat(str, Enum):
     npz = "npz"
     parquet = "parquet"
+    npy = "npy"
 
 
 class Engine(str, Enum):
@@ -70,10 +71,10 @@ def _size(n: int) -> str:
 def record(
     model: ModelArg,
     data: Annotated[Path, typer.Option("-i", "--input", metavar="DATA", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT", help="The recording: .npz or .parquet (a folder with --engine ray).")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT", help="The recording: .npz, .parquet, or a name without a suffix for a folder of .npy files (a folder of .parquet files with --engine ray).")],
     tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help="Rows per block; memory is bounded by one block.")] = 4096,
-    fmt: Annotated[Optional[RecordFormat], typer.Option("--format", metavar="[npz|parquet]", help="Output format  [default: from the suffix of -o]")] = None,
+    fmt: Annotated[Optional[RecordFormat], typer.Option("--format", metavar="[npz|parquet|npy]", help="Output format; npy is a folder of one .npy per tensor, the fastest to write  [default: from the suffix of -o]")] = None,
     engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
     backend: Annotated[RecordBackend, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime of the local engine.")] = RecordBackend.numpy,
     override: OverrideOpt = None,
@@ -133,7 +134,7 @@ def _fig(value) -> str:
 
 @app.command()
 def stats(
-    recording: Annotated[Path, typer.Argument(metavar="REC", help="A recording: .npz, .parquet or a folder of .parquet files.")],
+    recording: Annotated[Path, typer.Argument(metavar="REC", help="A recording: .npz, .parquet, a folder of .npy files (npy) or of .parquet files.")],
     output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="STATS.json", help="Also write every per-neuron figure to this JSON file.")] = None,
     tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
     engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray workers reduce blocks, moments merged.")] = Engine.local,

@@ -17,14 +17,27 @@ from policyport.analysis.recording import WRITERS
 TENSORS = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
 
 
-@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+FORMATS = ["npz", "parquet", "npy"]
+
+
+def output(tmp_path, fmt: str, stem: str = "rec"):
+    """The output path of a recording in ``fmt``: a file with the format's suffix, or for ``npy``
+    a folder named without one."""
+    return tmp_path / (stem if fmt == "npy" else f"{stem}.{fmt}")
+
+
+def size(path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() else path.stat().st_size
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("backend", list(pp.BACKENDS))
 def test_a_recording_holds_every_tensor_of_every_row(tmp_path, metadrive_onnx, metadrive_model, dataset, fmt, backend):
     path, obs = dataset
-    out = tmp_path / f"rec.{fmt}"
+    out = output(tmp_path, fmt)
     summary = record_dataset(metadrive_onnx, path, out, batch_size=700, backend=backend)
     assert summary.rows == 3000 and [t.name for t in summary.tensors] == TENSORS and summary.skipped == []
-    assert summary.bytes == out.stat().st_size and sorted(os.listdir(tmp_path)) == [out.name]
+    assert summary.format == fmt and summary.bytes == size(out) and sorted(os.listdir(tmp_path)) == [out.name]
     rec = open_recording(out)
     assert rec.rows == 3000
     assert [(t.name, t.op_type, t.dtype, t.shape) for t in rec.tensors] == [
@@ -39,6 +52,13 @@ def test_a_recording_holds_every_tensor_of_every_row(tmp_path, metadrive_onnx, m
     if fmt == "npz":  # plain numpy reads it too
         with np.load(out) as f:
             np.testing.assert_array_equal(f["fc_2/tanh"], got["fc_2/tanh"])
+    if fmt == "npy":  # and maps each tensor of a folder without reading it
+        files = rec.metadata["files"]
+        assert sorted(os.listdir(out)) == sorted([*files.values(), "policyport.recording.json"])
+        assert files["fc_2/tanh"] == "0003-fc_2.tanh.npy"
+        mapped = np.load(out / files["fc_2/tanh"], mmap_mode="r")
+        assert isinstance(mapped, np.memmap) and mapped.shape == (3000, 256)
+        np.testing.assert_array_equal(mapped, got["fc_2/tanh"])
 
 
 def test_tensor_globs_and_overrides_are_recorded_as_asked(tmp_path, metadrive_onnx, metadrive_model, dataset):
@@ -85,7 +105,7 @@ class Accounting:
         monkeypatch.setitem(WRITERS, fmt, Counted)
 
 
-@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx, fmt, monkeypatch):
     """Chunk accounting: at most 3 blocks are alive (being computed, queued, being written), and the
     peak of traced allocations does not grow with the number of blocks."""
@@ -98,7 +118,7 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx
         acc = Accounting(monkeypatch, fmt)
         tracemalloc.start()
         try:
-            record_dataset(metadrive_onnx, data, tmp_path / f"rec{blocks}.{fmt}", batch_size=batch)
+            record_dataset(metadrive_onnx, data, output(tmp_path, fmt, f"rec{blocks}"), batch_size=batch)
             peaks[blocks] = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -111,10 +131,10 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx
     assert peaks[24] < dataset_bytes / 2, (peaks, dataset_bytes)
 
 
-@pytest.mark.parametrize("fmt", ["npz", "parquet"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_an_interrupted_recording_leaves_nothing(tmp_path, metadrive_onnx, dataset, fmt):
     path, _ = dataset
-    out = tmp_path / f"rec.{fmt}"
+    out = output(tmp_path, fmt)
     calls = []
 
     def interrupt(done, total):
@@ -238,3 +258,134 @@ def test_the_npz_writer_works_without_positioned_writes(tmp_path, monkeypatch):
         writer.close()
     with np.load(tmp_path / "rec.npz") as got:
         assert got["h"].tobytes() == rows.tobytes()
+
+
+def test_an_npy_recording_is_a_folder_named_without_a_suffix_replaced_only_when_it_is_one(tmp_path, metadrive_onnx,
+                                                                                         dataset):
+    path, obs = dataset
+    out = tmp_path / "rec"
+    assert record_dataset(metadrive_onnx, path, out, tensors="logits").format == "npy"
+    with pytest.raises(pp.OutputExistsError, match="--force"):
+        record_dataset(metadrive_onnx, path, out)
+    record_dataset(metadrive_onnx, path, out, tensors="fc_1/tanh", force=True, batch_size=1000)
+    assert [t.name for t in open_recording(out).tensors] == ["fc_1/tanh", "logits", "action", "log_std"]
+    assert sorted(os.listdir(tmp_path)) == ["rec"]  # the replaced folder is gone, no temporary one is left
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(pp.OutputExistsError, match="never replaced"):
+        record_dataset(metadrive_onnx, path, out, force=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    with pytest.raises(pp.OptionError, match=r"or 'rec' \(no suffix\) for a folder of .npy files"):
+        record_dataset(metadrive_onnx, path, tmp_path / "rec.npy")
+    with pytest.raises(pp.OptionError, match=r"--format npy \(format='npy'\) writes a folder .* ends in .npz"):
+        record_dataset(metadrive_onnx, path, tmp_path / "x.npz", format="npy")
+    assert record_dataset(metadrive_onnx, path, tmp_path / "run.v2", format="npy", tensors="logits").format == "npy"
+    assert (tmp_path / "run.v2").is_dir()
+
+
+def test_the_npy_writer_writes_headers_rows_and_description_in_place(tmp_path):
+    from policyport.analysis.recording import NpyFolderWriter, TensorInfo
+
+    rows = np.arange(24, dtype=np.float64).reshape(4, 2, 3)
+    names = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.int16)
+    tensors = [TensorInfo("a/b:0", "Tanh", "float64", (2, 3)), TensorInfo("../../evil", None, "int16", (2,))]
+    writer = NpyFolderWriter(tmp_path, 4, tensors, {"rows": 4, "format": "policyport.recording/1"})
+    writer.append({"a/b:0": rows[:3], "../../evil": names[:3]})
+    writer.append({"a/b:0": rows[3:], "../../evil": names[3:]})
+    writer.close()
+    assert sorted(os.listdir(tmp_path)) == ["0000-a.b.0.npy", "0001-......evil.npy", "policyport.recording.json"]
+    assert np.load(tmp_path / "0000-a.b.0.npy").tobytes() == rows.tobytes()
+    assert np.load(tmp_path / "0001-......evil.npy").tobytes() == names.tobytes()
+    rec = open_recording(tmp_path)
+    assert rec.rows == 4 and [(t.name, t.dtype, t.shape) for t in rec.tensors] == [
+        ("a/b:0", "float64", (2, 3)), ("../../evil", "int16", (2,))]
+    got = rec.head(4)
+    assert got["a/b:0"].tobytes() == rows.tobytes() and got["../../evil"].tobytes() == names.tobytes()
+    assert rec.table.read_rows(1, 3, ["../../evil"])["../../evil"].tobytes() == names[1:3].tobytes()
+    (tmp_path / "short").mkdir()
+    short = NpyFolderWriter(tmp_path / "short", 4, tensors[:1], {})
+    short.append({"a/b:0": rows[:3]})
+    with pytest.raises(pp.BadModelError, match="got 3 rows, not the 4 announced"):
+        short.close()
+    assert not (tmp_path / "short" / "policyport.recording.json").exists()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d, f: d["files"].update({"fc": "../rec.npy"}), "not an .npy file in"),
+    (lambda d, f: d["files"].update({"fc": "/etc/passwd"}), "not an .npy file in"),
+    (lambda d, f: d["files"].update({"fc": "missing.npy"}), "not an .npy file in"),
+    (lambda d, f: d["files"].update({"fc": ".hidden.npy"}), "not an .npy file in"),
+    (lambda d, f: (f / "link.npy").symlink_to(f / "0000-fc.npy") or d["files"].update({"fc": "link.npy"}),
+     "not an .npy file in"),
+    (lambda d, f: d.update({"rows": 5}), "holds 4 rows; .* says 5"),
+    (lambda d, f: d.update({"rows": "4"}), "needs 'rows'"),
+    (lambda d, f: d.update({"files": ["0000-fc.npy"]}), "needs 'rows'"),
+    (lambda d, f: d.pop("files"), "needs 'rows'"),
+    (lambda d, f: (f / "0000-fc.npy").write_bytes((f / "0000-fc.npy").read_bytes()[:-4]), "is truncated"),
+    (lambda d, f: np.save(f / "0000-fc.npy", np.array([object()] * 4)), "object array"),
+])
+def test_a_broken_or_hostile_npy_recording_is_refused_naming_what(tmp_path, edit, message):
+    import json
+
+    from policyport.analysis.recording import NpyFolderWriter, TensorInfo
+
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    (tmp_path / "rec.npy").write_bytes(b"outside")
+    writer = NpyFolderWriter(folder, 4, [TensorInfo("fc", None, "float32", (3,))], {"rows": 4})
+    writer.append({"fc": np.ones((4, 3), np.float32)})
+    writer.close()
+    meta = folder / "policyport.recording.json"
+    doc = json.loads(meta.read_text())
+    edit(doc, folder)
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(pp.UnreadableFileError, match=message):
+        open_recording(folder)
+
+
+def test_an_oversized_npy_description_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from policyport.analysis import tables
+
+    (tmp_path / "policyport.recording.json").write_text('{"rows": 0, "files": {}, "pad": "' + "x" * 200 + '"}')
+    assert open_recording(tmp_path).rows == 0
+    monkeypatch.setattr(tables, "META_FILE_BYTES", 100)
+    with pytest.raises(pp.UnreadableFileError, match="more than a recording's description"):
+        open_recording(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_blocks_recorded_into_recycled_arrays_hold_their_own_rows(tmp_path, metadrive_onnx, metadrive_model, fmt,
+                                                                  monkeypatch):
+    from policyport.runtime.numpy.rows import SPLIT_ROWS, ResultPool
+
+    taken = []
+
+    class Counting(ResultPool):
+        def take(self, shape, dtype):
+            a = super().take(shape, dtype)
+            taken.append(id(a))
+            return a
+
+    monkeypatch.setattr(engines, "ResultPool", Counting)
+    obs = np.random.default_rng(8).uniform(0, 1, (5 * SPLIT_ROWS + 17, 275)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", obs)
+    out = output(tmp_path, fmt)
+    record_dataset(metadrive_onnx, tmp_path / "obs.npy", out, batch_size=SPLIT_ROWS)
+    assert len(taken) > len(set(taken))  # later blocks were written into earlier blocks' arrays
+    got = open_recording(out).head(len(obs))
+    session = pp.load(metadrive_model)
+    for start in range(0, len(obs), SPLIT_ROWS):
+        block = session.record(obs[start:start + SPLIT_ROWS])
+        for name in TENSORS:
+            assert got[name][start:start + SPLIT_ROWS].tobytes() == block[name].tobytes(), (name, start)
+
+
+def test_a_result_pool_hands_back_what_it_was_given_and_keeps_a_few_of_each():
+    from policyport.runtime.numpy.rows import ResultPool
+
+    pool = ResultPool(keep=2)
+    a, b, c = (pool.take((3, 4), np.float32) for _ in range(3))
+    assert len({id(a), id(b), id(c)}) == 3 and a.shape == (3, 4) and a.dtype == np.float32
+    pool.give_back([a, b, c, a[1:], np.ones((3, 4), np.float64)[:, :2].copy().T])  # a view and a non-contiguous
+    again = [pool.take((3, 4), np.float32) for _ in range(3)]
+    assert {id(x) for x in again[:2]} <= {id(a), id(b), id(c)} and id(again[2]) not in {id(a), id(b), id(c)}
+    assert pool.take((3, 4), np.float64).flags.owndata  # other dtypes: their own arrays

@@ -22,6 +22,7 @@ the calling thread, one after another, with the BLAS's own threads.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import os
@@ -106,6 +107,58 @@ class Scratch:
         """Zeros of ``a``'s shape and dtype, never written: ``np.maximum(a, zeros)`` over two
         contiguous arrays runs 3.6 times as fast as against a broadcast 0 (numpy 2.4, AVX-512)."""
         return self._take(self._zeros, (a.shape[1:], a.dtype.str), a.shape[0], a.shape[1:], a.dtype, True)
+
+
+class ResultPool:
+    """Result arrays handed out again once their holder has given them back.
+
+    A 4096-row record of the MetaDrive expert returns 17 MB of fresh arrays; numpy takes arrays
+    that large from the system, which hands out zeroed pages, each faulted in on first write
+    (several ms of kernel time per batch). A caller that streams the results away (a recording
+    written block by block) keeps a pool, runs ``record`` inside :func:`reusing`, and gives each
+    batch's arrays back once written: the next batches take them again.
+
+    Thread-safe; arrays are matched by shape and dtype, and at most ``keep`` of each are kept (the
+    rest are left to the garbage collector, as are arrays given back that no run takes, such as
+    onnxruntime's). Only give back arrays that nothing else references any more: they will be
+    overwritten.
+    """
+
+    def __init__(self, keep: int = 4):
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.keep = keep
+
+    def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """A free array of ``shape`` and ``dtype`` (contents undefined), or a new one."""
+        key = (tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+        return np.empty(shape, dtype)
+
+    def give_back(self, arrays) -> None:
+        """Return arrays (the values of a result dict) for later ``take`` calls; views are skipped."""
+        with self._lock:
+            for a in arrays:
+                if isinstance(a, np.ndarray) and a.base is None and a.flags.c_contiguous:
+                    free = self._free.setdefault((a.shape, a.dtype.str), [])
+                    if len(free) < self.keep:
+                        free.append(a)
+
+
+_RESULTS: contextvars.ContextVar[ResultPool | None] = contextvars.ContextVar("policyport_results", default=None)
+
+
+@contextlib.contextmanager
+def reusing(pool: ResultPool):
+    """Within the block, row-block runs in this context take their result arrays from ``pool``."""
+    token = _RESULTS.set(pool)
+    try:
+        yield pool
+    finally:
+        _RESULTS.reset(token)
 
 
 _POOL = None
@@ -208,8 +261,9 @@ class RowBlocks:
         if self._into is None:
             self._into = self._compile_into()
         into = self._into
-        results = {n: (np.array(whole[n]) if shape is None else np.empty((rows, *shape), dtype))
-                   for n, shape, dtype in layout}
+        pool = _RESULTS.get()
+        empty = np.empty if pool is None else pool.take
+        results = {n: (np.array(whole[n]) if shape is None else empty((rows, *shape), dtype)) for n, shape, dtype in layout}
         outs = [results[n] for n in self.names]
         bounds = blocks(rows)
         limit = _blas_one_thread()
