@@ -379,13 +379,17 @@ def test_blocks_recorded_into_recycled_arrays_hold_their_own_rows(tmp_path, meta
             assert got[name][start:start + SPLIT_ROWS].tobytes() == block[name].tobytes(), (name, start)
 
 
-def test_a_result_pool_hands_back_what_it_was_given_and_keeps_a_few_of_each():
+def test_a_result_pool_takes_back_only_what_it_handed_out():
     from policyport.runtime.numpy.rows import ResultPool
 
-    pool = ResultPool(keep=2)
-    a, b, c = (pool.take((3, 4), np.float32) for _ in range(3))
-    assert len({id(a), id(b), id(c)}) == 3 and a.shape == (3, 4) and a.dtype == np.float32
-    pool.give_back([a, b, c, a[1:], np.ones((3, 4), np.float64)[:, :2].copy().T])  # a view and a non-contiguous
-    again = [pool.take((3, 4), np.float32) for _ in range(3)]
-    assert {id(x) for x in again[:2]} <= {id(a), id(b), id(c)} and id(again[2]) not in {id(a), id(b), id(c)}
-    assert pool.take((3, 4), np.float64).flags.owndata  # other dtypes: their own arrays
+    pool = ResultPool()
+    a, b = (pool.take((3, 4), np.float32) for _ in range(2))
+    assert a is not b and a.shape == (3, 4) and a.dtype == np.float32
+    stranger = np.empty((3, 4), np.float32)
+    pool.give_back([a, stranger, a[1:]])  # a stranger and a view of a: not the pool's
+    assert pool.take((3, 4), np.float32) is a
+    fresh = pool.take((3, 4), np.float32)
+    assert fresh is not b and fresh is not stranger  # b is still out; the stranger was never kept
+    pool.give_back([a, a])  # given back twice: kept once
+    assert pool.take((3, 4), np.float32) is a and pool.take((3, 4), np.float32) is not a
+    assert pool.take((3, 4), np.float64).dtype == np.float64

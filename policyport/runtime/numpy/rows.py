@@ -118,34 +118,37 @@ class ResultPool:
     written block by block) keeps a pool, runs ``record`` inside :func:`reusing`, and gives each
     batch's arrays back once written: the next batches take them again.
 
-    Thread-safe; arrays are matched by shape and dtype, and at most ``keep`` of each are kept (the
-    rest are left to the garbage collector, as are arrays given back that no run takes, such as
-    onnxruntime's). Only give back arrays that nothing else references any more: they will be
-    overwritten.
+    Thread-safe; arrays are matched by shape and dtype. The pool takes back only arrays it handed
+    out (others, such as onnxruntime's results, are left to the garbage collector), so it never
+    holds more than were in use at once. Give back only arrays that nothing else references any
+    more: they will be overwritten.
     """
 
-    def __init__(self, keep: int = 4):
+    def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
+        self._out: set[int] = set()  # ids of the arrays handed out and not given back
         self._lock = threading.Lock()
-        self.keep = keep
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """A free array of ``shape`` and ``dtype`` (contents undefined), or a new one."""
         key = (tuple(shape), np.dtype(dtype).str)
         with self._lock:
             free = self._free.get(key)
-            if free:
-                return free.pop()
-        return np.empty(shape, dtype)
+            a = free.pop() if free else None
+        if a is None:
+            a = np.empty(shape, dtype)
+        with self._lock:
+            self._out.add(id(a))
+        return a
 
     def give_back(self, arrays) -> None:
-        """Return arrays (the values of a result dict) for later ``take`` calls; views are skipped."""
+        """Return arrays (the values of a result dict) for later ``take`` calls; arrays the pool did
+        not hand out are ignored."""
         with self._lock:
             for a in arrays:
-                if isinstance(a, np.ndarray) and a.base is None and a.flags.c_contiguous:
-                    free = self._free.setdefault((a.shape, a.dtype.str), [])
-                    if len(free) < self.keep:
-                        free.append(a)
+                if id(a) in self._out:
+                    self._out.discard(id(a))
+                    self._free.setdefault((a.shape, a.dtype.str), []).append(a)
 
 
 _RESULTS: contextvars.ContextVar[ResultPool | None] = contextvars.ContextVar("policyport_results", default=None)
