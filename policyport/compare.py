@@ -446,7 +446,7 @@ class ComparisonFold:
             return
         if a.size == 0:
             return
-        oracle = np.asarray(oracle, dtype=np.float64)  # pragma: no mutate (a float64 run's values; a and b are float64)
+        oracle = _wide(np.asarray(oracle))  # complex: the whole value, never its real part alone
         af, bf = _wide(a), _wide(b)
         parts = _rounding_parts(af, bf, oracle)
         if parts is None:

@@ -213,6 +213,19 @@ def test_compare_fails_by_rounding_when_one_side_moved_away():
     assert c.rounding_bound == ROUNDING_FACTOR * 2.0**-23
 
 
+def test_a_complex_tensor_is_judged_by_rounding_against_the_whole_complex_oracle():
+    oracle = np.array([1e4j, 1e-3j], np.complex128)
+    b = oracle.astype(np.complex64)
+    moved = np.array([1e4j, 5j], np.complex64)  # a real difference in the imaginary parts
+    c = compare("z", "onnxruntime", moved, "numpy", b, oracle=oracle)
+    assert not c.passed and c.rule == "rounding" and c.dtype == "complex64"
+    assert c.candidate_vs_float64 == pytest.approx(5 - 1e-3, rel=1e-6) and c.reference_vs_float64 < 1e-9
+    rounded = np.array([1e4j, 2e-3j], np.complex64)  # 1e-3 apart, within rounding of |1e4j|
+    c = compare("z", "onnxruntime", rounded, "numpy", b, oracle=oracle)
+    assert c.passed and c.rule == "rounding"
+    assert c.rounding_bound == pytest.approx(ROUNDING_FACTOR * 2.0**-23 * 1e4, rel=1e-3)
+
+
 def test_the_oracle_is_ignored_when_the_tolerance_passes_or_its_shape_differs():
     a, b = np.array([1.0, 2.0], np.float32), np.array([1.0, 2.5], np.float32)
     assert compare("t", "c", a, "r", a.copy(), oracle=np.zeros(2)).rule == "tolerance"
