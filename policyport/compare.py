@@ -297,6 +297,44 @@ def tolerance_advice(report: Report, loosen: str) -> str:
     return f"; but {far.tensor!r} ({far.candidate} vs {far.reference}) {what}: {look}"
 
 
+def tolerance_text(report: Report) -> str:
+    """``atol 1e-05, rtol 1e-05`` as given, or the tolerances by dtype the comparisons used
+    (``float32: atol 1e-05, rtol 1e-05; float16: ...``), or ``exact``."""
+    if report.atol is not None and report.rtol is not None:
+        return f"atol {report.atol:g}, rtol {report.rtol:g}"
+    used = report.tolerances()
+    if not used:
+        return "exact"
+    return "; ".join(f"{dtype}: atol {a:g}, rtol {r:g}" for dtype, (a, r) in used.items())
+
+
+def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> str:
+    """The one-line PASS/FAIL summary of a report, as ``policyport verify`` and a packed folder's
+    ``run.py --verify`` print it; a failure names the first diverging tensor, its dtype and, where
+    looser tolerances would pass, ``loosen`` (see :func:`tolerance_advice`)."""
+    rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
+    extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
+        (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
+    if report.passed:
+        worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
+        where = f"; worst {worst.max_abs:.3g} on {worst.tensor} ({worst.candidate} vs {worst.reference})" if worst else ""
+        return f"PASS: {len(report.comparisons)} comparisons within {tolerance_text(report)}{extra}{where}"
+    f = report.first_divergence
+    bad = sum(not c.passed for c in report.comparisons)
+    text = (f"FAIL: {bad} of {len(report.comparisons)} comparisons fail{extra}; first diverging tensor "
+            f"{f.tensor!r} ({f.dtype}, {f.candidate} vs {f.reference}): ")
+    if f.detail:
+        return text + f.detail
+    text += f"max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}"
+    if f.rule == "exact":
+        return text + f" ({f.dtype} compares exactly)"
+    text += f" > atol {f.atol:g} + rtol {f.rtol:g} * |{f.reference}|"
+    if f.rule == "rounding":
+        text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
+                 f"off, {f.reference} {f.reference_vs_float64:.2g}")
+    return text + tolerance_advice(report, loosen)
+
+
 def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.ndarray,
             atol: float | None = None, rtol: float | None = None, oracle: np.ndarray | None = None) -> Comparison:
     """Compare array ``a`` (from ``candidate``) with ``b`` (from ``reference``); see the module rule.

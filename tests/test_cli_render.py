@@ -16,7 +16,8 @@ from policyport.cli import core
 from policyport.cli.convert import check_convert_options, parse_names, parse_shape
 from policyport.cli.options import check_range
 from policyport.cli.render import add_row, cell, literal, shape_text, table
-from policyport.cli.verify import report_lines, tolerance_text, verdict, verification_table
+from policyport.cli.verify import report_lines, verification_table
+from policyport.compare import tolerance_text, verdict
 from policyport.compare import Comparison, Report, Skipped
 
 

@@ -81,8 +81,8 @@ def test_run_py_verifies_the_copied_folder_where_only_numpy_exists(target, copie
     lines = result.stdout.splitlines()
     assert lines[0] == "max abs error on 16 observations (atol 1e-05, rtol 1e-05)"
     assert [line.split()[0] for line in lines[2:-1]] == NODE_ORDER
-    assert lines[-1] == ("PASS: 7 tensors match the golden data within atol 1e-05 + rtol 1e-05; "
-                         "worst 0 on fc_1/linear")
+    assert lines[-1] == ("PASS: 7 comparisons within atol 1e-05, rtol 1e-05; "
+                         "worst 0 on fc_1/linear (numpy vs golden)")
     assert tree(copied) == before  # nothing written into the folder (no __pycache__)
 
 

@@ -9,8 +9,9 @@ When stdout is not a terminal, tables are laid out without a width limit, so nam
 
 from __future__ import annotations
 
-import unicodedata
 from typing import TYPE_CHECKING, Iterable
+
+from ..text import literal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 _WIDE = 1_000_000  # "no width limit" for output that goes to a file or a pipe
-_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 #: Rich is imported when something is first rendered, so that a command printing JSON or nothing
 #: (``policyport run --json``) starts without it: these names, and the consoles ``out`` and ``err``,
@@ -50,24 +50,6 @@ def _console(stderr: bool) -> Console:
     if not console.is_terminal:
         console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False, width=_WIDE)
     return console
-
-
-def literal(text: object) -> str:
-    """``text`` with every control, format and line-separator character escaped as Python does it.
-
-    Args:
-        text: anything; it is passed through ``str`` first.
-
-    Returns:
-        A string holding no character of Unicode categories Cc, Cf, Zl, Zp or Cs (ESC, newline, tab,
-        CSI, zero-width and bidirectional controls, the lone surrogates that undecodable bytes of a
-        path become): each becomes ``\\xNN``, ``\\uNNNN`` or ``\\n``/``\\t``/``\\r``.
-    """
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch
-                   for ch in text)
 
 
 def cell(value: object, style: str | None = None) -> Text:

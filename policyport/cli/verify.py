@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..compare import tolerance_advice
+from ..compare import tolerance_text, verdict
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import (
@@ -51,16 +51,6 @@ def verification_table(report):
     return t
 
 
-def tolerance_text(report) -> str:
-    """``atol 1e-05, rtol 1e-05`` as given, or the tolerances by dtype the comparisons used."""
-    if report.atol is not None and report.rtol is not None:
-        return f"atol {report.atol:g}, rtol {report.rtol:g}"
-    used = report.tolerances()
-    if not used:
-        return "exact"
-    return "; ".join(f"{dtype}: atol {a:g}, rtol {r:g}" for dtype, (a, r) in used.items())
-
-
 def report_lines(report) -> list[str]:
     """What the table cannot show: notes, the float64 figures of rounding passes (and of failures
     the float64 run judged), and why tensors were skipped."""
@@ -75,31 +65,6 @@ def report_lines(report) -> list[str]:
             f"{c.reference} {c.reference_vs_float64:.2g}, bound {c.rounding_bound:.2g}")
     lines += [f"skipped {s.tensor}: {s.reason}" for s in report.skipped]
     return lines
-
-
-def verdict(report) -> str:
-    """The one-line PASS/FAIL summary of a report; a failure names the dtype and the options to loosen."""
-    rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
-    extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
-        (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
-    if report.passed:
-        worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
-        where = f"; worst {worst.max_abs:.3g} on {worst.tensor} ({worst.candidate} vs {worst.reference})" if worst else ""
-        return f"PASS: {len(report.comparisons)} comparisons within {tolerance_text(report)}{extra}{where}"
-    f = report.first_divergence
-    bad = sum(not c.passed for c in report.comparisons)
-    text = (f"FAIL: {bad} of {len(report.comparisons)} comparisons fail{extra}; first diverging tensor "
-            f"{f.tensor!r} ({f.dtype}, {f.candidate} vs {f.reference}): ")
-    if f.detail:
-        return text + f.detail
-    text += f"max abs {f.max_abs:.3g}, max rel {f.max_rel:.3g}"
-    if f.rule == "exact":
-        return text + f" ({f.dtype} compares exactly)"
-    text += f" > atol {f.atol:g} + rtol {f.rtol:g} * |{f.reference}|"
-    if f.rule == "rounding":
-        text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
-                 f"off, {f.reference} {f.reference_vs_float64:.2g}")
-    return text + tolerance_advice(report, "loosen them with --atol/--rtol")
 
 
 def print_report(report, as_json: bool) -> int:

@@ -30,12 +30,12 @@ import signal
 import sys
 import threading
 import traceback
-import unicodedata
 from pathlib import Path
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL
+from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, verdict
 from ..errors import OptionError, OutputExistsError, PolicyportError
 from ..files import stdout_reader_may_leave
+from ..text import literal
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
 
@@ -45,20 +45,8 @@ def emit(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-
-
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that outputs in progress are removed as on Ctrl-C."""
-
-
-def literal(text: object) -> str:
-    """``text`` with control, format and line-separator characters escaped (``\\x1b``, ``\\n``)."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch
-                   for ch in text)
 
 
 def parser(prog: str = "run.py") -> argparse.ArgumentParser:
@@ -236,18 +224,8 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
     _table(("tensor", "shape", "numpy vs golden"),
            [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
             for c in report.comparisons], right=(2,))
-    first = report.first_divergence
-    if first is None:
-        worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
-        where = f"; worst {worst.max_abs:.3g} on {literal(worst.tensor)}" if worst is not None else ""
-        emit(f"PASS: {len(report.comparisons)} tensors match the golden data within atol {report.atol:g} "
-              f"+ rtol {report.rtol:g}{where}")
-        return 0
-    bad = sum(not c.passed for c in report.comparisons)
-    emit(literal(f"FAIL: {bad} of {len(report.comparisons)} tensors differ from the golden data beyond atol "
-                  f"{report.atol:g} + rtol {report.rtol:g}; first: {first.tensor!r}, "
-                  + (first.detail or f"max abs {first.max_abs:.3g}, max rel {first.max_rel:.3g}")))
-    return 1
+    emit(literal(verdict(report)))
+    return 0 if report.passed else 1
 
 
 def _table(header: tuple[str, ...], rows: list[tuple], right: tuple[int, ...] = ()) -> None:

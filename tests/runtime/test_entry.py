@@ -65,7 +65,7 @@ def test_verify_passes_with_a_table_and_json(folder, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "max abs error on 4 observations (atol 1e-05, rtol 1e-05)"
     assert [line.split()[0] for line in lines[2:4]] == ["h", "y"] and lines[2].split()[-1] == "0"
-    assert lines[-1] == "PASS: 2 tensors match the golden data within atol 1e-05 + rtol 1e-05; worst 0 on h"
+    assert lines[-1] == "PASS: 2 comparisons within atol 1e-05, rtol 1e-05; worst 0 on h (numpy vs golden)"
     assert entry.main(folder, ["--verify", "--json", "--atol", "0.5", "--rtol", "0"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["passed"] is True and (doc["atol"], doc["rtol"]) == (0.5, 0.0)
@@ -86,8 +86,10 @@ def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
     assert entry.main(copy, ["--verify"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].split()[-1] == "FAIL" and lines[2].split()[0] == "h"
-    assert lines[-1].startswith("FAIL: 1 of 2 tensors differ from the golden data beyond atol 1e-05 + rtol 1e-05; "
-                                "first: 'h', max abs 0.01")
+    assert lines[-1].startswith("FAIL: 1 of 2 comparisons fail; first diverging tensor 'h' (float32, numpy vs golden): "
+                                "max abs 0.01")
+    assert lines[-1].endswith("* |golden|; that is more than 100 times the float32 tolerance: the values disagree "
+                              "beyond rounding — look at the node that computes 'h', not at the tolerances")
     assert entry.main(copy, ["--verify", "--json"]) == 1 and json.loads(capsys.readouterr().out)["passed"] is False
 
 
