@@ -393,3 +393,6 @@ def test_a_result_pool_takes_back_only_what_it_handed_out():
     pool.give_back([a, a])  # given back twice: kept once
     assert pool.take((3, 4), np.float32) is a and pool.take((3, 4), np.float32) is not a
     assert pool.take((3, 4), np.float64).dtype == np.float64
+    out = len(pool._out)
+    del b, fresh
+    assert len(pool._out) == out - 2  # arrays dropped by their holder are forgotten, not kept alive

@@ -27,6 +27,7 @@ import contextvars
 import itertools
 import os
 import threading
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -126,7 +127,7 @@ class ResultPool:
 
     def __init__(self):
         self._free: dict[tuple, list[np.ndarray]] = {}
-        self._out: set[int] = set()  # ids of the arrays handed out and not given back
+        self._out = weakref.WeakValueDictionary()  # id -> each array handed out, while it lives
         self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -138,7 +139,7 @@ class ResultPool:
         if a is None:
             a = np.empty(shape, dtype)
         with self._lock:
-            self._out.add(id(a))
+            self._out[id(a)] = a
         return a
 
     def give_back(self, arrays) -> None:
@@ -146,8 +147,8 @@ class ResultPool:
         not hand out are ignored."""
         with self._lock:
             for a in arrays:
-                if id(a) in self._out:
-                    self._out.discard(id(a))
+                if self._out.get(id(a)) is a:
+                    del self._out[id(a)]
                     self._free.setdefault((a.shape, a.dtype.str), []).append(a)
 
 
