@@ -127,6 +127,8 @@ def exercise(model: onnx.ModelProto) -> Outcome:
                     if s is not None:
                         outcome.step(f"run_{b}", s.run, feeds)
                 outcome.step("record", sessions["numpy"].record, feeds, "*")
+                if outcome.steps.get("run_numpy") == OK:
+                    _check_row_blocks(sessions["numpy"])
         report = outcome.step("verify", pp.verify, proto, samples=3)
         if report is not None:  # both backends ran: they agree (random tensors skipped, dtype tolerances)
             assert report.passed, f"numpy and onnxruntime disagree: {report.first_divergence}"
@@ -134,6 +136,43 @@ def exercise(model: onnx.ModelProto) -> Outcome:
         assert result.exit_code in (0, 3, 4), f"inspect exited {result.exit_code}: {result.output[-2000:]}"
         json.loads(result.stdout)
     return outcome
+
+
+def _check_row_blocks(session) -> None:
+    """A graph the numpy backend runs in row blocks gives on ``SPLIT_ROWS + 1`` rows what its
+    straight-line code gives on the whole batch: the same error class, or the same values (floats
+    within 1e-5 + 1e-4 relative: the BLAS may block a product otherwise)."""
+    from policyport.runtime.numpy.rows import SPLIT_ROWS
+    from policyport.verification import sample_inputs
+
+    plan = session.backend.plan
+    if plan.row_split is None:
+        return
+    try:
+        feeds = sample_inputs(session.inputs, SPLIT_ROWS + 1, seed=1)
+    except pp.PolicyportError:
+        return
+    ends = []
+    for name, fn in (("blocks", plan.run), ("whole", plan._compile("run", split=False))):
+        try:
+            ends.append(fn(feeds))
+        except pp.PolicyportError as e:
+            ends.append(type(e).__name__)
+        except Exception as e:  # noqa: BLE001 - the finding
+            raise AssertionError(f"the {name} run raised {type(e).__name__}: {e}") from e
+    blocks, whole = ends
+    if isinstance(blocks, str) or isinstance(whole, str):
+        assert blocks == whole, f"row blocks ended in {blocks if isinstance(blocks, str) else 'values'}, the whole batch in " \
+                                f"{whole if isinstance(whole, str) else 'values'}"
+        return
+    assert list(blocks) == list(whole)
+    for name, a in blocks.items():
+        b = np.asarray(whole[name])
+        assert a.dtype == b.dtype and a.shape == b.shape, (name, a.dtype, a.shape, b.dtype, b.shape)
+        if a.dtype.kind in "fc":
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=name)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 recipes = st.lists(st.tuples(st.sampled_from(sorted(MUTATIONS)), st.integers(0, 2**31 - 1)), min_size=1, max_size=3)

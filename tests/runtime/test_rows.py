@@ -307,3 +307,17 @@ def test_a_relu_whose_input_has_two_readers_or_is_a_feed_leaves_it_whole(big_obs
     np.testing.assert_array_equal(got["y"], g - np.maximum(g, 0))  # min(g, 0): g was not overwritten
     np.testing.assert_array_equal(got["z"], np.maximum(obs, 0) + obs)
     np.testing.assert_array_equal(obs, before)
+
+
+def test_relus_of_constants_in_a_row_block_graph_keep_their_shapes(big_obs):
+    c = numpy_helper.from_array(np.array(-2.0, np.float32), "c")  # a scalar
+    v = numpy_helper.from_array(np.array([-1.0, 3.0, -4.0], np.float32), "v")
+    m = model([helper.make_node("Relu", ["c"], ["rc"]), helper.make_node("Relu", ["v"], ["rv"]),
+               helper.make_node("Add", ["obs", "rc"], ["s"]), helper.make_node("Add", ["s", "rv"], ["y"])],
+              [f32("obs", ["batch", 3])], [f32("y", ["batch", 3])], [c, v])
+    session = pp.load(m)
+    assert session.backend.plan._rows is not None
+    obs = big_obs[:, :3].copy()
+    np.testing.assert_array_equal(session.run(obs)["y"], obs + np.array([0.0, 3.0, 0.0], np.float32))
+    recorded = session.record(obs)
+    assert recorded["rc"].shape == () and recorded["rc"] == 0 and recorded["rv"].tolist() == [0.0, 3.0, 0.0]

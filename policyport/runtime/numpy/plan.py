@@ -516,14 +516,14 @@ class Plan:
         views = views or {}
         view = views.get(res[0]) if res else None
         if s.kind == "gemm":
-            out = view or (f"buf.product({s.index}, {args[0]}, {args[1]})" if scratch else "")
+            out = view or (f"buf.product({s.index}, {args[0]}, {args[1]})" if scratch and self._batched(args[0]) else "")
             lines = [f"{res[0]} = dot({args[0]}, {args[1]}{', ' + out if out else ''})"]
             if len(args) > 2:
                 lines.append(f"add({res[0]}, {args[2]}, {res[0]})")  # out positional: less parsing
             return lines
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
-        if scratch and s.kind == "relu":
+        if scratch and s.kind == "relu" and self._batched(args[0]):
             src = args[0]
             mine = (mode == "run" and src not in views and self._overwritable(src, outputs)
                     and self._producer.get(self._tensor_of[src]) in _FRESH)
@@ -550,6 +550,14 @@ class Plan:
             return [f"{res[0]} = {call}"]
         lines = [f"_r = {call}", "if not isinstance(_r, tuple): _r = (_r,)"]
         return lines + [f"{r} = _r[{j}]" for j, r in enumerate(res) if r != "_"]
+
+    def _batched(self, local: str) -> bool:
+        """Whether the feed or node output ``local`` holds a row block's rows (not a constant, nor
+        a tensor computed from constants alone, the same in every block)."""
+        rows, tensor = self._rows, self._tensor_of.get(local)
+        if rows is None or local[:1] not in ("x", "t"):
+            return False
+        return tensor in rows.inputs if local[0] == "x" else tensor not in rows.whole
 
     def _overwritable(self, src: str, outputs: set[str]) -> bool:
         """Whether the node output ``src`` has one reader and is not a graph output: that reader
