@@ -582,7 +582,59 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
 def test_sizes_and_figures_of_the_analysis_tables():
     from policyport.cli.analysis import _fig, _pct, _size
 
-    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 2_500_000_000_000, 4 * 10**18)] == [
-        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "2.5 TB", "4e+06 TB"]
+    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 4_160_000_000, 2_500_000_000_000, 4 * 10**18)] == [
+        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "4.16 GB", "2.5 TB", "4e+06 TB"]
     assert (_pct(None), _pct(0.1234), _pct(1.0)) == ("", "12.3%", "100.0%")
     assert (_fig(None), _fig(0.000123456), _fig(12345.6)) == ("", "0.0001235", "1.235e+04")
+
+
+def test_rich_names_and_consoles_are_made_on_first_use_and_kept(monkeypatch):
+    import rich.console
+    import rich.table
+    import rich.text
+
+    from policyport.cli import render
+
+    for name in ("Console", "Table", "Text", "out", "err"):
+        monkeypatch.delitem(render.__dict__, name, raising=False)  # restored afterwards
+    assert (render.Console, render.Table, render.Text) == (rich.console.Console, rich.table.Table, rich.text.Text)
+    out, err = render.out, render.err
+    assert isinstance(out, rich.console.Console) and out.stderr is False and err.stderr is True
+    assert render.__dict__["Table"] is rich.table.Table and render.__dict__["out"] is out and render.err is err
+    with pytest.raises(AttributeError, match=r"^module 'policyport.cli.render' has no attribute 'nope'$"):
+        render.nope  # noqa: B018
+
+
+def test_help_lists_the_workflow_in_order_and_other_commands_after_it_by_name():
+    import click
+
+    group = core.PolicyportGroup(commands={n: click.Command(n) for n in ("zeta", "run", "alpha", "convert")})
+    assert group.list_commands(click.Context(group)) == ["convert", "run", "alpha", "zeta"]
+
+
+def test_a_command_line_imports_the_module_of_its_command_alone(monkeypatch):
+    import importlib
+
+    import policyport.cli as cli
+
+    imported, import_module = [], importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, package=None: imported.append((name, package))
+                        or import_module(name, package))
+    every = [(f".{m}", "policyport.cli") for m in sorted(set(cli.COMMANDS.values()))]
+    for argv, modules in [(["--max-bytes", "1G", "run", "m.onnx"], [(".run", "policyport.cli")]),
+                          (["stats", "acts.npz"], [(".analysis", "policyport.cli")]),
+                          (["--help"], every), (["nonsense"], every), (["--", "run"], every), (None, every)]:
+        imported.clear()
+        assert cli._app(argv) is core.app
+        assert imported == modules, argv
+
+
+def test_a_table_fits_a_terminal_as_wide_as_it_and_not_a_narrower_one(monkeypatch):
+    from policyport.cli import render
+
+    t = table("", ["tensor", ("max", "right")])
+    add_row(t, "fc_1/tanh", "0.5")
+    width = len(_text(t).splitlines()[0])  # the top border spans the table
+    for columns, fit in ((width + 1, True), (width, True), (width - 1, False)):
+        monkeypatch.setattr(render, "out", Console(file=io.StringIO(), width=columns, force_terminal=True))
+        assert render.fits(t) is fit, columns
