@@ -31,7 +31,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "cli": (["policyport/cli/*"],
             ["tests/test_cli_render.py", "tests/test_cli.py", "tests/test_cli_edge.py", "tests/test_cli_usage.py",
              "tests/test_cli_misuse.py", "tests/test_cli_analysis.py", "tests/test_cli_perf.py",
-             "tests/test_cli_plain_table.py"]),
+             "tests/test_cli_plain_table.py", "tests/test_hints.py"]),
     "runtime": (["policyport/runtime/*"],
                 ["tests/runtime/test_entry.py", "tests/test_readme.py", "tests/runtime/test_ops.py",
                  "tests/runtime/test_onnx_conformance.py", "tests/runtime/test_plan.py",

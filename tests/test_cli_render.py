@@ -210,9 +210,52 @@ def test_check_convert_options_returns_the_head():
 
 def test_check_range_accepts_a_finite_non_empty_range():
     check_range(-1.0, 1.0)
-    for low, high in ((1.0, 1.0), (0.0, float("inf")), (-1e308, 1e308)):
-        with pytest.raises(typer.BadParameter):
+    check_range(-1e300, 1e300)
+    finite = "must be finite numbers, and so must --high minus --low"
+    for low, high, message in ((1.0, 1.0, "--low 1.0 must be below --high 1.0"),
+                               (2.0, 1.0, "--low 2.0 must be below --high 1.0"),
+                               (0.0, float("inf"), f"--low 0.0 and --high inf {finite}"),
+                               (float("nan"), 1.0, f"--low nan and --high 1.0 {finite}"),
+                               (-1e308, 1e308, f"--low -1e+308 and --high 1e+308 {finite}")):
+        with pytest.raises(typer.BadParameter) as refused:
             check_range(low, high)
+        assert (refused.value.message, refused.value.param_hint) == (message, "--low/--high")
+
+
+def test_tolerances_threads_and_override_options_are_checked_with_exact_messages(tmp_path):
+    import math
+
+    from policyport.cli.options import finite_tolerance, overrides_from, thread_count
+    from policyport.runtime import MAX_THREADS
+
+    assert finite_tolerance(None) is None and finite_tolerance(1e-3) == 1e-3
+    assert math.copysign(1.0, finite_tolerance(-0.0)) == 1.0
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(typer.BadParameter, match=rf"^{value} is not a finite number$"):
+            finite_tolerance(value)
+    assert thread_count(0) == 0 and thread_count(MAX_THREADS) == MAX_THREADS
+    with pytest.raises(typer.BadParameter) as refused:
+        thread_count(MAX_THREADS + 1)
+    assert refused.value.message == "1025 is more than 1,024 threads; give at most 1,024 (0: one per core)"
+
+    sets = tmp_path / "sets.json"
+    sets.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}, "calm": ["fc_1/tanh[*]*=0.5"]}')
+    assert overrides_from(None, None, None) is None and overrides_from([], None, None) is None
+    edits = overrides_from(["fc_2/tanh[0:8]=clip(-0.1,0.1)"], "calm", sets)
+    assert [e.spec for e in edits] == ["fc_1/tanh[*]*=0.5", "fc_2/tanh[0:8]=clip(-0.1,0.1)"]  # the set first
+    assert [e.spec for e in overrides_from(None, "calm", sets)] == ["fc_1/tanh[*]*=0.5"]
+    together = ("--steer NAME and --overrides FILE go together: the file holds named sets, --steer picks one",
+                "--steer/--overrides")
+    for specs, steer, file, (message, hint) in [
+            (None, "brake", None, together), (None, None, sets, together),
+            (None, "fast", sets, (f"{sets} has no set 'fast'; it has: brake, calm", "--steer")),
+            (["fc_2/tanh[17]"], None, None, (None, "--override"))]:
+        with pytest.raises(typer.BadParameter) as refused:
+            overrides_from(specs, steer, file)
+        assert refused.value.param_hint == hint
+        if message is not None:
+            assert refused.value.message == message
+    assert "does not read as TENSOR[INDEX]=VALUE" in refused.value.message
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -588,7 +631,7 @@ def test_sizes_and_figures_of_the_analysis_tables():
     assert (_fig(None), _fig(0.000123456), _fig(12345.6)) == ("", "0.0001235", "1.235e+04")
 
 
-def test_rich_names_and_consoles_are_made_on_first_use_and_kept(monkeypatch):
+def test_rich_names_and_consoles_are_made_on_first_use_and_kept(monkeypatch, capsys):
     import rich.console
     import rich.table
     import rich.text
@@ -597,6 +640,11 @@ def test_rich_names_and_consoles_are_made_on_first_use_and_kept(monkeypatch):
 
     for name in ("Console", "Table", "Text", "out", "err"):
         monkeypatch.delitem(render.__dict__, name, raising=False)  # restored afterwards
+    made = render.cell("a\x1b")  # the module's own functions make them too
+    assert isinstance(made, rich.text.Text) and made.plain == "a\\x1b" and render.__dict__["Text"] is rich.text.Text
+    render.say("done")
+    assert capsys.readouterr().err == "done\n" and render.__dict__["err"].stderr is True
+    monkeypatch.delitem(render.__dict__, "err")
     assert (render.Console, render.Table, render.Text) == (rich.console.Console, rich.table.Table, rich.text.Text)
     out, err = render.out, render.err
     assert isinstance(out, rich.console.Console) and out.stderr is False and err.stderr is True
@@ -638,3 +686,24 @@ def test_a_table_fits_a_terminal_as_wide_as_it_and_not_a_narrower_one(monkeypatc
     for columns, fit in ((width + 1, True), (width, True), (width - 1, False)):
         monkeypatch.setattr(render, "out", Console(file=io.StringIO(), width=columns, force_terminal=True))
         assert render.fits(t) is fit, columns
+
+
+def test_foreign_options_notes_only_inside_a_command():
+    from typer.main import get_command
+
+    try:
+        from typer._click.core import Context
+    except ImportError:  # pragma: no cover - typer on plain Click
+        from click import Context
+
+    from policyport.cli import _app
+
+    message = "refused; pass --trust (trust=True)"
+    assert core.foreign_options(message) == message  # no command running: the Python API
+    group = get_command(_app())
+    with Context(group, info_name="policyport"):  # the group itself, no command chosen
+        assert core.foreign_options(message) == message
+    with Context(group.commands["pack"], info_name="pack", parent=Context(group, info_name="policyport")):
+        assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
+        assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
+                                                 "policyport verify, not of policyport pack)")
