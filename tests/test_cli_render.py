@@ -165,6 +165,8 @@ def test_within_reach_measures_the_error_against_the_tolerance_or_the_dtype_defa
     (["run", "--max-bytes"], "", ["run"]),
     (["run", "--", "--max-bytes", "4G"], None, ["run", "--", "--max-bytes", "4G"]),
     (["run", "x"], None, ["run", "x"]),
+    (["run", "--", "--max-bytes", "4G", "--"], None, ["run", "--", "--max-bytes", "4G", "--"]),
+    (["--max-bytes=a=b", "run"], "a=b", ["run"]),
 ])
 def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left):
     argv = list(argv)
@@ -174,13 +176,23 @@ def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left
 def test_max_bytes_values():
     assert core._limits_from(None) == {}
     assert core._limits_from("1K") == {"array_bytes": 1024}
-    with pytest.raises(typer.BadParameter, match="is not a size"):
+    with pytest.raises(typer.BadParameter, match="is not a size") as refused:
         core._limits_from("lots")
+    assert refused.value.param_hint == "--max-bytes"
+
+
+def test_a_bad_limit_in_the_environment_is_a_usage_error_naming_it(monkeypatch):
+    monkeypatch.setenv("POLICYPORT_MAX_ARRAY_BYTES", "lots")
+    with pytest.raises(typer.BadParameter) as refused:
+        core._limits_from(None)
+    assert refused.value.param_hint == "environment"
+    assert "POLICYPORT_MAX_ARRAY_BYTES" in refused.value.message and "'lots'" in refused.value.message
 
 
 def test_json_is_requested_only_before_a_double_dash():
     assert core._json_requested(["inspect", "m", "--json"])
     assert not core._json_requested(["inspect", "--", "--json"])
+    assert not core._json_requested(["inspect", "--", "--json", "--"])
     assert not core._json_requested(["inspect", "m"])
 
 
@@ -707,3 +719,132 @@ def test_foreign_options_notes_only_inside_a_command():
         assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
         assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
                                                  "policyport verify, not of policyport pack)")
+
+
+# ------------------------------------------------------------------------------------ the error edge
+
+MEMORY = "nothing was written — use fewer samples, a smaller input, or a machine with more memory"
+
+
+@pytest.mark.parametrize("raised, code, message", [
+    (KeyboardInterrupt(), 130, "interrupted; nothing was written"),
+    (core.Terminated(), 143, "terminated; nothing was written"),
+    (PermissionError(13, "Permission denied", "out dir/m.onnx"), 3,
+     "error: cannot use out dir/m.onnx: Permission denied; nothing was written"),
+    (OSError(28, "No space left on device"), 3, "error: cannot use: No space left on device; nothing was written"),
+    (MemoryError("Unable to allocate 8.00 GiB"), 3, f"error: not enough memory to finish (Unable to allocate 8.00 GiB); {MEMORY}"),
+    (MemoryError(), 3, f"error: not enough memory to finish; {MEMORY}"),
+    (ConnectionResetError(104, "Connection reset by peer"), 70,
+     "error: this is a bug in policyport: ConnectionResetError: [Errno 104] Connection reset by peer. Nothing was "
+     "written. Re-run with --debug for the traceback, and please report it."),
+    (ValueError("boom"), 70, "error: this is a bug in policyport: ValueError: boom. Nothing was written. Re-run with "
+                             "--debug for the traceback, and please report it."),
+])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_guard_ends_each_kind_of_failure_with_its_code_and_one_message(raised, code, message, as_json, capsys,
+                                                                        monkeypatch):
+    import json
+
+    monkeypatch.setattr(core.state, "debug", False)
+
+    def body():
+        raise raised
+
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(as_json, body)
+    assert ended.value.exit_code == code
+    printed = capsys.readouterr()
+    assert " ".join(printed.err.split()) == message
+    assert (json.loads(printed.out) if as_json else printed.out) == (
+        {"error": message.removeprefix("error: "), "exit_code": code} if as_json else "")
+
+
+def test_guard_exits_with_the_code_the_body_returns_and_holds_sigterm_only_meanwhile():
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        pass
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        assert core.guard(False, lambda: seen.append(signal.getsignal(signal.SIGTERM))) is None
+        assert seen == [core._on_sigterm] and signal.getsignal(signal.SIGTERM) is handler
+        with pytest.raises(typer.Exit) as ended:
+            core.guard(False, lambda: 1)
+        assert ended.value.exit_code == 1 and signal.getsignal(signal.SIGTERM) is handler
+        done = []
+        worker = threading.Thread(target=lambda: done.append(core.guard(False, lambda: done.append("ran"))))
+        worker.start()
+        worker.join()
+        assert done == ["ran", None] and signal.getsignal(signal.SIGTERM) is handler  # no signals off the main thread
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def group_main(monkeypatch):
+    """The command group's main() with Click's own replaced: it records what it was given, and
+    returns or raises what the test sets in ``then``."""
+    from typer.core import TyperGroup
+    from typer.main import get_command
+
+    from policyport.files import limits
+
+    calls = []
+
+    def clicks_main(self, args, prog_name, complete_var, standalone_mode=True, **extra):
+        calls.append({"args": list(args), "prog_name": prog_name, "standalone_mode": standalone_mode,
+                      "debug": core.state.debug, "array_bytes": limits().array_bytes})
+        if isinstance(calls.then, BaseException):
+            raise calls.then
+        return calls.then
+
+    calls = type("Calls", (list,), {"then": None})()
+    monkeypatch.setattr(TyperGroup, "main", clicks_main)
+    monkeypatch.delenv("POLICYPORT_DEBUG", raising=False)
+    return get_command(core.app), calls
+
+
+def test_the_group_takes_its_own_options_out_before_click_parses(group_main, monkeypatch):
+    import sys
+
+    group, calls = group_main
+    assert group.main(["--debug", "--max-bytes", "1K", "inspect", "m", "--json"], standalone_mode=False) == 0
+    assert calls[-1] == {"args": ["inspect", "m", "--json"], "prog_name": "policyport", "standalone_mode": False,
+                         "debug": True, "array_bytes": 1024}
+    assert group.main(["inspect", "--", "--debug", "--"], standalone_mode=False) == 0
+    assert calls[-1]["args"] == ["inspect", "--", "--debug", "--"] and calls[-1]["debug"] is False
+    monkeypatch.setenv("POLICYPORT_DEBUG", "1")
+    monkeypatch.setattr(sys, "argv", ["policyport", "ops"])
+    calls.then = 5
+    assert group.main(standalone_mode=False) == 5
+    assert calls[-1]["args"] == ["ops"] and calls[-1]["debug"] is True
+    monkeypatch.setenv("POLICYPORT_DEBUG", "")
+    with pytest.raises(SystemExit) as ended:
+        group.main(["ops"])
+    assert ended.value.code == 5 and calls[-1]["debug"] is False
+    calls.then = "not a code"
+    assert group.main(["ops"], standalone_mode=False) == 0
+
+
+@pytest.mark.parametrize("raised, code, stderr", [(KeyboardInterrupt(), 130, "interrupted"),
+                                                  (core.Terminated(), 143, "terminated"),
+                                                  (typer.Abort(), 130, "interrupted")])
+def test_an_interruption_before_a_command_runs_ends_with_its_code(group_main, capsys, raised, code, stderr):
+    group, calls = group_main
+    calls.then = raised
+    assert group.main(["ops", "--json"], standalone_mode=False) == code
+    assert capsys.readouterr() == ("", f"{stderr}\n")
+
+
+def test_a_usage_error_before_a_command_runs_is_one_json_document(group_main, capsys):
+    import json
+
+    group, calls = group_main
+    calls.then = typer.BadParameter("no such thing", param_hint="--outputs")
+    assert group.main(["ops", "--json"], standalone_mode=False) == 2
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == {"error": "Invalid value for --outputs: no such thing", "exit_code": 2}
+    assert printed.err == "error: Invalid value for --outputs: no such thing\n"
