@@ -24,7 +24,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "verification": (["policyport/verification.py"],
                      ["tests/test_verify_rules.py", "tests/test_verify_source.py", "tests/test_rounding.py",
                       "tests/test_verify.py", "tests/test_inputs.py", "tests/test_stochastic.py",
-                      "tests/test_tolerances.py"]),
+                      "tests/test_tolerances.py", "tests/test_verify_blocks.py"]),
     "passes": (["policyport/passes.py"],
                ["tests/test_passes_rules.py", "tests/test_passes.py", "tests/test_tensor_names.py",
                 "tests/test_onnx_tensors.py", "tests/test_foreign_models.py", "tests/test_stochastic.py"]),

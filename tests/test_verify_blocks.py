@@ -162,3 +162,64 @@ def test_a_shape_mismatch_reports_the_whole_shapes():
         fold.add(np.zeros((stop - start, 3), np.float32), np.zeros((stop - start, 2), np.float32))
     got = fold.result()
     assert (got.shape, got.detail, got.passed, got.max_abs) == ((10, 3), "shape (10, 3) vs (10, 2)", False, np.inf)
+
+
+def _with_a_constant_branch() -> onnx.ModelProto:
+    """obs (batch, 3) -> h = obs @ w; bias2 = b + b (from constants alone: the same in every block);
+    y = h + bias2; rounded = Round(y * 1000) (a float comparison the oracle judges)."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "w"], ["h"], name="h"),
+         helper.make_node("Add", ["b", "b"], ["bias2"], name="bias2"),
+         helper.make_node("Add", ["h", "bias2"], ["y"], name="y")],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("options", [{}, {"atol": 0.0, "rtol": 0.0}])
+def test_a_tensor_of_constants_alone_is_compared_once_in_blocks(monkeypatch, blocks_asked, options):
+    model = _with_a_constant_branch()
+    split = pp.load(model).backend.plan.row_split
+    assert "bias2" in split.whole and "h" not in split.whole
+    session = pp.load(model)
+    reference = lambda obs: session.record({"obs": obs})  # noqa: E731 - every tensor, as a source would name them
+    whole = in_blocks(monkeypatch, 1 << 40, model, samples=40, reference=reference, **options)
+    parts = in_blocks(monkeypatch, 1 << 10, model, samples=40, reference=reference, **options)
+    assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 10
+    assert parts == whole
+    shapes = {c["tensor"]: c["shape"] for c in whole["comparisons"]}
+    assert shapes == {"h": [40, 4], "bias2": [4], "y": [40, 4]}
+
+
+@pytest.mark.parametrize("budget", ["BLOCK_BYTES", "POLICYPORT_MAX_MEMORY"])
+def test_blocks_are_as_few_as_the_budget_allows_and_even(metadrive_model, monkeypatch, budget):
+    """Each block's planned memory fits the budget (BLOCK_BYTES, or half the memory limit), and one
+    block fewer would not; blocks tile the rows in order and differ by one row at most."""
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    if budget == "BLOCK_BYTES":
+        monkeypatch.setattr(verification, "BLOCK_BYTES", 6 << 20)
+    else:
+        monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "12M")
+    target = 6 << 20
+    session = pp.load(metadrive_model)
+    obs = np.random.default_rng(5).uniform(0, 1, (1000, 275)).astype(np.float32)
+
+    def plan(rows: int):
+        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:rows]}, "*", rows, 2, True)
+
+    bounds = plan(1000).bounds
+    need, what = asked[-1]
+    sizes = [stop - start for start, stop in bounds]
+    assert len(bounds) >= 3 and what.endswith(f", in {len(bounds):,} blocks of {max(sizes):,} rows)")
+    assert [start for start, _ in bounds] == [0, *(stop for _, stop in bounds[:-1])] and bounds[-1][1] == 1000
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert need <= target
+    monkeypatch.setattr(verification, "BLOCK_BYTES", 1 << 40)
+    monkeypatch.delenv("POLICYPORT_MAX_MEMORY", raising=False)
+    assert plan(-(-1000 // (len(bounds) - 1))).bounds == [(0, -(-1000 // (len(bounds) - 1)))]
+    assert asked[-1][0] > target  # one block fewer: its largest block would not fit
+    assert plan(max(sizes)).bounds == [(0, max(sizes))] and asked[-1][0] == need
