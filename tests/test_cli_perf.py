@@ -195,14 +195,14 @@ def fake_profiles(monkeypatch):
 
     def numpy_profile(session, feeds):
         given.append(session)
-        return Profile("numpy", [NodeTime("gemm_1", "Gemm", "fc_1/linear", 1.5e-3),
-                                 NodeTime("tanh_1", "Tanh", "fc_1/tanh", 5e-4),
-                                 NodeTime("unnamed", "Identity", "", 5e-4)], 2.75e-3, 7, ["per node: a", "run: b"])
+        return Profile("numpy", [NodeTime("gemm_1", "Gemm", "fc_1/linear", 1.5),  # seconds: µs to the last digit
+                                 NodeTime("tanh_1", "Tanh", "fc_1/tanh", 0.5),
+                                 NodeTime("unnamed", "Identity", "", 0.5)], 2.75, 7, ["per node: a", "run: b"])
 
     def onnxruntime_profile(session, feeds):
         given.append(session)
-        return Profile("onnxruntime", [NodeTime("fused gemm_1", "FusedGemm", "fc_1/linear", 2e-3),
-                                       NodeTime("cast_9", "Cast", "", 5e-4)], 1234.5e-6, 11, ["kernel time"])
+        return Profile("onnxruntime", [NodeTime("fused gemm_1", "FusedGemm", "fc_1/linear", 2.0),
+                                       NodeTime("cast_9", "Cast", "", 0.5)], 1.2345, 11, ["kernel time"])
 
     monkeypatch.setattr(profile, "profile_numpy", numpy_profile)
     monkeypatch.setattr(profile, "profile_onnxruntime", onnxruntime_profile)
@@ -223,13 +223,13 @@ def test_the_profile_table_joins_both_backends_node_by_node(converted, big_obs, 
     figures = [line.split("│")[3:-1] for line in lines if line.startswith("│")]
     assert all(c[1:-1] == c[1:-1].strip().rjust(len(c) - 2) for row in figures for c in row)  # right-justified
     assert _rows(result.stdout) == [
-        ["fc_1/linear", "Gemm / FusedGemm", "1,500.0", "60.0", "2,000.0", "80.0"],
-        ["fc_1/tanh", "Tanh", "500.0", "20.0", "", ""],
-        ["unnamed", "Identity", "500.0", "20.0", "", ""],
-        ["cast_9", "Cast", "", "", "500.0", "20.0"],
-        ["nodes, added up", "", "2,500.0", "100.0", "2,500.0", "100.0"]]
-    assert result.stderr.splitlines() == ["numpy: run 2,750.0 µs (median of 7 runs); per node: a; run: b",
-                                          "onnxruntime: run 1,234.5 µs (median of 11 runs); kernel time"]
+        ["fc_1/linear", "Gemm / FusedGemm", "1,500,000.0", "60.0", "2,000,000.0", "80.0"],
+        ["fc_1/tanh", "Tanh", "500,000.0", "20.0", "", ""],
+        ["unnamed", "Identity", "500,000.0", "20.0", "", ""],
+        ["cast_9", "Cast", "", "", "500,000.0", "20.0"],
+        ["nodes, added up", "", "2,500,000.0", "100.0", "2,500,000.0", "100.0"]]
+    assert result.stderr.splitlines() == ["numpy: run 2,750,000.0 µs (median of 7 runs); per node: a; run: b",
+                                          "onnxruntime: run 1,234,500.0 µs (median of 11 runs); kernel time"]
     numpy_session, ort_session = fake_profiles
     assert (numpy_session.backend.name, ort_session.backend.name) == ("numpy", "onnxruntime")
     for session in fake_profiles:  # both on the graph pruned to --outputs, with --threads
@@ -255,7 +255,7 @@ def test_the_profile_without_onnxruntime_shows_the_numpy_figures_and_says_why(co
     monkeypatch.setattr(runtime, "load", numpy_only)
     result = invoke("run", converted, "-i", big_obs, "--profile")
     assert result.exit_code == 0, result.output
-    assert _rows(result.stdout)[-1] == ["nodes, added up", "", "2,500.0", "100.0"]
+    assert _rows(result.stdout)[-1] == ["nodes, added up", "", "2,500,000.0", "100.0"]
     assert result.stderr.splitlines()[0] == (
         "onnxruntime's figures are left out: the onnxruntime backend needs the Python package 'onnxruntime', which "
         "is not installed; install it with: pip install 'policyport[onnx]'")

@@ -719,6 +719,10 @@ def test_foreign_options_notes_only_inside_a_command():
         assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
         assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
                                                  "policyport verify, not of policyport pack)")
+        both = "refused; pass --trust, or use --backend onnxruntime"
+        assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
+                                              "verify; --backend is an option of policyport record and policyport "
+                                              "run, not of policyport pack)")
 
 
 # ------------------------------------------------------------------------------------ the error edge
@@ -848,3 +852,14 @@ def test_a_usage_error_before_a_command_runs_is_one_json_document(group_main, ca
     printed = capsys.readouterr()
     assert json.loads(printed.out) == {"error": "Invalid value for --outputs: no such thing", "exit_code": 2}
     assert printed.err == "error: Invalid value for --outputs: no such thing\n"
+
+
+def test_in_a_narrow_terminal_names_fold_and_figures_stay_whole():
+    t = table("", ["tensor", ("max", "right")])
+    add_row(t, "fc_" * 20, "1234567.25")
+    console = Console(file=io.StringIO(), width=20, force_terminal=True, color_system=None, highlight=False)
+    console.print(t)
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= 20 for line in lines)
+    assert any("1234567.25" in line for line in lines)  # a figure split over two lines reads as two figures
+    assert "".join(line.split("│")[1].strip() for line in lines if line.startswith("│")) == "fc_" * 20
