@@ -167,6 +167,7 @@ def test_within_reach_measures_the_error_against_the_tolerance_or_the_dtype_defa
     (["run", "x"], None, ["run", "x"]),
     (["run", "--", "--max-bytes", "4G", "--"], None, ["run", "--", "--max-bytes", "4G", "--"]),
     (["--max-bytes=a=b", "run"], "a=b", ["run"]),
+    (["run", "m.onnx", "--max-bytes", "4G"], "4G", ["run", "m.onnx"]),
 ])
 def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left):
     argv = list(argv)
@@ -800,7 +801,7 @@ def group_main(monkeypatch):
 
     def clicks_main(self, args, prog_name, complete_var, standalone_mode=True, **extra):
         calls.append({"args": list(args), "prog_name": prog_name, "standalone_mode": standalone_mode,
-                      "debug": core.state.debug, "array_bytes": limits().array_bytes})
+                      "debug": core.state.debug, "array_bytes": limits().array_bytes, **extra})
         if isinstance(calls.then, BaseException):
             raise calls.then
         return calls.then
@@ -830,7 +831,8 @@ def test_the_group_takes_its_own_options_out_before_click_parses(group_main, mon
         group.main(["ops"])
     assert ended.value.code == 5 and calls[-1]["debug"] is False
     calls.then = "not a code"
-    assert group.main(["ops"], standalone_mode=False) == 0
+    assert group.main(["ops"], standalone_mode=False, obj="passed on") == 0
+    assert calls[-1]["obj"] == "passed on"  # what Click's main takes besides
 
 
 @pytest.mark.parametrize("raised, code, stderr", [(KeyboardInterrupt(), 130, "interrupted"),
