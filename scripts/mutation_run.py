@@ -124,7 +124,11 @@ def main(argv: list[str]) -> int:
     for group in groups:
         folder = prepare(group)
         print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
-        code = subprocess.run([str(mutmut), "run", "--max-children", children], cwd=folder).returncode
+        # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
+        # deadlocks in the OpenMP thread pool its parent started (and times out after minutes) unless
+        # that pool has one thread.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        code = subprocess.run([str(mutmut), "run", "--max-children", children], cwd=folder, env=env).returncode
         if code:
             print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
             return code

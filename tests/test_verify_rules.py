@@ -229,7 +229,9 @@ def test_input_ranges_are_read_from_the_model_metadata():
     assert input_ranges({}) == {}
     ranges = input_ranges({INPUT_RANGES_KEY: '{"obs": {"low": 0, "high": [3, 5]}}'})
     assert list(ranges) == ["obs"] and ranges["obs"][0] == 0 and ranges["obs"][1].tolist() == [3, 5]
-    for text, why in (('{"obs": {"low": 4, "high": 4}}', "low >= high"), ('[1]', "no attribute 'items'"),
+    spelled = input_ranges({INPUT_RANGES_KEY: '{"obs": {"low": 0.0, "high": [3.0, 5]}}'})["obs"]
+    assert [bound.dtype for bound in (*ranges["obs"], *spelled)] == [np.int64] * 4  # however JSON spells the numbers
+    for text, why in (('{"obs": {"low": 4, "high": 4}}', "a range with low >= high$"), ('[1]', "no attribute 'items'"),
                       ('{"obs": {"high": 4}}', "'low'"), ("{", "Expecting")):
         with pytest.raises(BadModelError, match=rf"^model metadata 'policyport.input_ranges' is malformed: .*{why}"):
             input_ranges({INPUT_RANGES_KEY: text})
