@@ -164,18 +164,22 @@ def test_a_shape_mismatch_reports_the_whole_shapes():
     assert (got.shape, got.detail, got.passed, got.max_abs) == ((10, 3), "shape (10, 3) vs (10, 2)", False, np.inf)
 
 
+B, C, D = (np.random.default_rng(seed).standard_normal(64).astype(np.float32) for seed in (12, 13, 14))
+
+
 def _with_a_constant_branch() -> onnx.ModelProto:
-    """obs (batch, 3) -> h = obs @ w; bias2 = b + b (from constants alone: the same in every block);
-    y = h + bias2; rounded = Round(y * 1000) (a float comparison the oracle judges)."""
-    rng = np.random.default_rng(11)
-    inits = [numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
+    """obs (batch, 3) -> h = obs @ w; bias = (b + c) + d (from constants alone: the same in every
+    block); y = h + bias."""
+    w = np.random.default_rng(11).standard_normal((3, 64)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(B, "b"), numpy_helper.from_array(C, "c"),
+             numpy_helper.from_array(D, "d")]
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["obs", "w"], ["h"], name="h"),
-         helper.make_node("Add", ["b", "b"], ["bias2"], name="bias2"),
+         helper.make_node("Add", ["b", "c"], ["bc"], name="bc"),
+         helper.make_node("Add", ["bc", "d"], ["bias2"], name="bias2"),
          helper.make_node("Add", ["h", "bias2"], ["y"], name="y")],
         "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -185,13 +189,20 @@ def test_a_tensor_of_constants_alone_is_compared_once_in_blocks(monkeypatch, blo
     split = pp.load(model).backend.plan.row_split
     assert "bias2" in split.whole and "h" not in split.whole
     session = pp.load(model)
-    reference = lambda obs: session.record({"obs": obs})  # noqa: E731 - every tensor, as a source would name them
+    rounded = B + (C + D)  # added in another order: float32 rounding apart
+
+    def reference(obs):  # every tensor, as a source would name them
+        return {**session.record({"obs": obs}), "bias2": rounded}
+
     whole = in_blocks(monkeypatch, 1 << 40, model, samples=40, reference=reference, **options)
     parts = in_blocks(monkeypatch, 1 << 10, model, samples=40, reference=reference, **options)
     assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 10
     assert parts == whole
-    shapes = {c["tensor"]: c["shape"] for c in whole["comparisons"]}
-    assert shapes == {"h": [40, 4], "bias2": [4], "y": [40, 4]}
+    shapes = {(c["tensor"], c["reference"]): c["shape"] for c in whole["comparisons"]}
+    assert shapes["bias2", "source"] == [64] and shapes["h", "source"] == [40, 64]
+    if options:  # atol 0: the two orders of adding are float32 rounding apart
+        assert {(c["tensor"], c["rule"], c["passed"]) for c in whole["comparisons"] if c["reference"] == "source"
+                and c["tensor"] == "bias2"} == {("bias2", "rounding", True)}
 
 
 @pytest.mark.parametrize("budget", ["BLOCK_BYTES", "POLICYPORT_MAX_MEMORY"])

@@ -200,8 +200,11 @@ def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype()
     with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]"):
         sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, -1.0, 3.0)
     with pytest.raises(UndrawableInputError, match=r"^cannot draw samples for input 'x' \(float32, shape None\): its rank "
-                                                   r"is unknown; pass observations for it \(inputs=\)$"):
+                                                   r"is unknown; pass observations for it \(inputs=\)$") as caught:
         sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
+    assert caught.value.integer is False
+    with pytest.raises(UndrawableInputError, match=r"\[0, 257\) reaches beyond uint8's \[0, 255\]"):
+        sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, 0.0, 257.0)
     with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations"):
         sample_inputs([ValueInfo("s", np.dtype(object), ("batch",))], 2)
     with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
@@ -209,6 +212,16 @@ def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype()
     with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
+
+
+def test_integer_ranges_at_their_edges_are_drawn():
+    """Two integers are enough to draw from; a range may span the whole of its dtype."""
+    two = sample_inputs([ValueInfo("ids", np.dtype(np.int64), ("batch",))], 200, 0.0, 2.0)["ids"]
+    assert set(two.tolist()) == {0, 1}
+    whole = sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 5000, 0.0, 256.0)["u"]
+    assert whole.dtype == np.uint8 and whole.min() == 0 and whole.max() == 255
+    signed = sample_inputs([ValueInfo("i", np.dtype(np.int8), ("batch",))], 5000, -128.0, 128.0)["i"]
+    assert signed.min() == -128 and signed.max() == 127
 
 
 def test_integer_inputs_are_drawn_from_their_recorded_range_else_from_the_integers_of_low_high():
