@@ -456,7 +456,7 @@ def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapp
     differ: dict[str, str] = {}
     try:
         session = load(widen_to_float64(graph), backend="numpy")  # pragma: no mutate (numpy is load's default)
-        for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):
+        for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):  # pragma: no mutate (recording every tensor costs memory, not the result)
             wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")
                         else v.astype(np.complex128) if v.dtype == np.complex64 else v) for k, v in part.items()}
             values = session.record(wide, "*")  # pragma: no mutate ("*" is record's default)
@@ -468,7 +468,7 @@ def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapp
             branches = {name: value for name, value in values.items() if name in known
                         and not is_floating(value.dtype) and value.dtype.kind not in ("O", "S", "U")}
             unseen = [name for name in branches if name not in sides[baseline]]
-            seen = {**sides[baseline], **(sessions[baseline].record(part, unseen) if unseen else {})}
+            seen = {**sides[baseline], **(sessions[baseline].record(part, unseen) if unseen else {})}  # pragma: no mutate (recording more than unseen costs a run, not the result)
             differ.update({name: f"its {name!r} differs from {baseline}'s" for name, value in branches.items()
                            if value.shape != seen[name].shape or not np.array_equal(value, seen[name])})
             for (name, candidate, against), fold in folds.items():

@@ -197,21 +197,28 @@ def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype()
     assert caught.value.integer and isinstance(caught.value, InputMismatchError)
     with pytest.raises(UndrawableInputError, match=r"\[0.2, 0.9\) holds no integer"):
         sample_inputs([ids], 2, 0.2, 0.9)
-    with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]"):
+    with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]") as caught:
         sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, -1.0, 3.0)
+    assert caught.value.integer is True  # the CLI's advice: --low/--high spanning the integers it takes
     with pytest.raises(UndrawableInputError, match=r"^cannot draw samples for input 'x' \(float32, shape None\): its rank "
                                                    r"is unknown; pass observations for it \(inputs=\)$") as caught:
         sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
     assert caught.value.integer is False
     with pytest.raises(UndrawableInputError, match=r"\[0, 257\) reaches beyond uint8's \[0, 255\]"):
         sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, 0.0, 257.0)
-    with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations"):
+    with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations") as caught:
         sample_inputs([ValueInfo("s", np.dtype(object), ("batch",))], 2)
+    assert caught.value.integer is False
     with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, 0.0, 1e5)
     with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
+
+
+def test_bool_inputs_are_drawn_false_and_true_alike():
+    drawn = sample_inputs([ValueInfo("flag", np.dtype(np.bool_), ("batch",))], 20_000, seed=3)["flag"]
+    assert drawn.dtype == np.bool_ and 0.48 < drawn.mean() < 0.52
 
 
 def test_integer_ranges_at_their_edges_are_drawn():
