@@ -234,3 +234,49 @@ def test_blocks_are_as_few_as_the_budget_allows_and_even(metadrive_model, monkey
     assert plan(-(-1000 // (len(bounds) - 1))).bounds == [(0, -(-1000 // (len(bounds) - 1)))]
     assert asked[-1][0] > target  # one block fewer: its largest block would not fit
     assert plan(max(sizes)).bounds == [(0, max(sizes))] and asked[-1][0] == need
+
+
+@pytest.mark.parametrize("rows, n, said", [(1, 3, "in 3 blocks of 1 row"), (2, 4, "in 2 blocks of 2 rows"),
+                                           (5, 12, "in 3 blocks of 4 rows")])
+def test_a_budget_of_exactly_k_rows_makes_blocks_of_k_rows(metadrive_model, monkeypatch, rows, n, said):
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    session = pp.load(metadrive_model)
+    obs = np.random.default_rng(6).uniform(0, 1, (n, 275)).astype(np.float32)
+
+    def plan(k: int):
+        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:k]}, "*", k, 2, True)
+
+    plan(3)
+    plan(4)  # (a sample of two rows or fewer is never split, and not measured)
+    per_row = asked[-1][0] - asked[-2][0]
+    monkeypatch.setattr(verification, "BLOCK_BYTES", asked[-2][0] + (rows - 3) * per_row)  # a block of `rows` rows
+    sizes = [stop - start for start, stop in plan(n).bounds]
+    assert max(sizes) <= rows and len(sizes) == -(-n // rows)
+    assert asked[-1][1].endswith(f", {said})")
+
+
+def _two_inputs(batch_axis) -> onnx.ModelProto:
+    """y = obs * scale: obs (batch_axis, 3) holds the rows, scale (3,) is the same for every row."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["obs", "scale"], ["y"], name="y")], "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [batch_axis, 3]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch_axis, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("batch_axis", ["batch", None])
+@pytest.mark.parametrize("backends", [("numpy", "onnxruntime"), ("onnxruntime",)])
+def test_blocks_cut_the_batched_inputs_only_whatever_the_batch_axis_is_called(monkeypatch, blocks_asked, batch_axis,
+                                                                              backends):
+    """An unnamed batch axis is cut too; an input of fixed shape goes whole to every block; without the
+    numpy backend the blocks are still planned (from the numpy plan of the graph)."""
+    model = _two_inputs(batch_axis)
+    feeds = {"obs": np.random.default_rng(8).uniform(0, 1, (300, 3)).astype(np.float32),
+             "scale": np.array([0.5, 2.0, -1.0], np.float32)}
+    reference = lambda obs: {"y": obs["obs"] * obs["scale"]}  # noqa: E731
+    whole = in_blocks(monkeypatch, 1 << 40, model, feeds, backends=backends, reference=reference)
+    parts = in_blocks(monkeypatch, 1 << 12, model, feeds, backends=backends, reference=reference)
+    assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 3
+    assert parts == whole and whole["passed"] and whole["samples"] == 300
