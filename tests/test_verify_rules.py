@@ -216,6 +216,32 @@ def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype()
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
 
 
+def _indexed() -> onnx.ModelProto:
+    """y = Cast(idx) * 1.0: an int64 input whose recorded range is [0, 5), as a Discrete(5) observation's."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["idx"], ["f"], name="f", to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["f", "one"], ["y"], name="y")], "g",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.helper.set_model_props(model, {INPUT_RANGES_KEY: '{"idx": {"low": 0, "high": 5}}'})
+    return model
+
+
+@pytest.mark.parametrize("backends", [("numpy", "onnxruntime"), ("onnxruntime",)])
+def test_verify_draws_an_integer_input_from_its_recorded_range(backends):
+    """[0, 1) holds one integer, which alone would be refused: the range the model records is used."""
+    seen = []
+    report = pp.verify(_indexed(), backends=backends, samples=400,
+                       reference=lambda idx: seen.append(idx) or {"y": idx.astype(np.float32)})
+    assert report.passed and {c.tensor for c in report.comparisons} >= {"y"}
+    assert seen[0].dtype == np.int64 and set(seen[0].tolist()) == {0, 1, 2, 3, 4}
+    drawn = sample_inputs([ValueInfo("idx", np.dtype(np.int64), ("batch",))], 400,
+                          ranges={"idx": (np.int64(0), np.int64(5))})["idx"]
+    assert set(drawn.tolist()) == {0, 1, 2, 3, 4}
+
+
 def test_bool_inputs_are_drawn_false_and_true_alike():
     drawn = sample_inputs([ValueInfo("flag", np.dtype(np.bool_), ("batch",))], 20_000, seed=3)["flag"]
     assert drawn.dtype == np.bool_ and 0.48 < drawn.mean() < 0.52
@@ -410,6 +436,8 @@ def test_without_a_numpy_session_the_graph_is_read_from_the_model_and_a_missing_
     ("atol", float("nan"), InputMismatchError, "atol (absolute tolerance) must be a finite number >= 0, got nan"),
     ("samples", 0, InputMismatchError, "samples (observations to draw) must be a finite number >= 1, got 0"),
     ("seed", 1.5, pp.ArgumentTypeError, "seed (of the drawn observations) must be a whole number, not float 1.5"),
+    ("samples", 2.5, pp.ArgumentTypeError, "samples (observations to draw) must be a whole number or None, not float 2.5"),
+    ("seed", -1, InputMismatchError, "seed (of the drawn observations) must be a finite number >= 0, got -1"),
 ])
 def test_numbers_given_to_verify_are_checked_before_anything_runs(keyword, value, error, message):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
