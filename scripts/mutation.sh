@@ -7,6 +7,7 @@
 #   scripts/mutation.sh                   every group, one after the other
 #   scripts/mutation.sh compare cli       the groups named
 #   scripts/mutation.sh --list            the groups, their modules and tests
+#   MUTATION_CHILDREN=1 scripts/mutation.sh cli   one mutmut child at a time (default 2), on a shared machine
 #
 # Afterwards: .venv/bin/python scripts/mutation_report.py [GROUP...] prints killed/total per module
 # and every surviving mutant; `cd .mutation/GROUP && ../../.venv/bin/mutmut show NAME` shows one.

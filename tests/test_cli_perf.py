@@ -144,3 +144,127 @@ def test_rich_missing_is_reported_before_any_command_runs(monkeypatch, capsys):
     assert capsys.readouterr().err == ("error: the policyport command needs the Python package 'rich', which is not "
                                        "installed; install it with: pip install 'policyport[cli]' (or pip install -e '.[cli]' in a "
                                        "clone of the repository)\n")
+    with pytest.raises(ImportError, match=r"^No module named 'rich'$") as raised:
+        cli._app(["run"])
+    assert raised.value.name == "rich"
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--version"], 0), (["--max-bytes", "1G", "--version"], 0),
+    (["run", "--version"], 4), (["--", "--version"], 4), (["--", "--version", "--"], 4),
+])
+def test_without_typer_the_version_is_printed_and_anything_else_names_the_extra(monkeypatch, capsys, argv, code):
+    import policyport
+    import policyport.cli as cli
+
+    def no_typer(argv=None):
+        raise ImportError("No module named 'typer'", name="typer")
+
+    monkeypatch.setattr(cli, "_app", no_typer)
+    monkeypatch.setattr(sys, "argv", ["policyport", *argv])
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    printed = capsys.readouterr()
+    assert ended.value.code == code
+    if code == 0:
+        assert (printed.out, printed.err) == (f"policyport {policyport.__version__}\n", "")
+    else:
+        assert printed.out == "" and printed.err.startswith("error: the policyport command needs the Python "
+                                                            "package 'typer', which is not installed; install it with")
+
+
+def test_an_import_error_of_another_package_is_not_taken_for_a_missing_extra(monkeypatch):
+    import policyport.cli as cli
+
+    def broken(argv=None):
+        raise ImportError("cannot import name 'x' from 'numpy'", name="numpy")
+
+    monkeypatch.setattr(cli, "_app", broken)
+    monkeypatch.setattr(sys, "argv", ["policyport", "--version"])
+    with pytest.raises(ImportError, match="from 'numpy'"):
+        cli.main()
+
+
+@pytest.fixture
+def fake_profiles(monkeypatch):
+    """profile_numpy / profile_onnxruntime replaced by fixed figures; the sessions they were given, kept."""
+    import policyport.runtime.profile as profile
+    from policyport.runtime.profile import NodeTime, Profile
+
+    given = []
+
+    def numpy_profile(session, feeds):
+        given.append(session)
+        return Profile("numpy", [NodeTime("gemm_1", "Gemm", "fc_1/linear", 1.5),  # seconds: µs to the last digit
+                                 NodeTime("tanh_1", "Tanh", "fc_1/tanh", 0.5),
+                                 NodeTime("unnamed", "Identity", "", 0.5)], 2.75, 7, ["per node: a", "run: b"])
+
+    def onnxruntime_profile(session, feeds):
+        given.append(session)
+        return Profile("onnxruntime", [NodeTime("fused gemm_1", "FusedGemm", "fc_1/linear", 2.0),
+                                       NodeTime("cast_9", "Cast", "", 0.5)], 1.2345, 11, ["kernel time"])
+
+    monkeypatch.setattr(profile, "profile_numpy", numpy_profile)
+    monkeypatch.setattr(profile, "profile_onnxruntime", onnxruntime_profile)
+    return given
+
+
+def _rows(stdout: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in stdout.splitlines() if line.startswith("│")]
+
+
+def test_the_profile_table_joins_both_backends_node_by_node(converted, big_obs, fake_profiles):
+    result = invoke("run", converted, "-i", big_obs, "--profile", "--outputs", "logits", "--threads", 1)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "where the time goes: 2,100 rows"
+    assert [c.strip() for c in lines[2].split("┃")[1:-1]] == ["tensor", "op", "numpy µs", "numpy %", "onnxruntime µs",
+                                                              "onnxruntime %"]
+    figures = [line.split("│")[3:-1] for line in lines if line.startswith("│")]
+    assert all(c[1:-1] == c[1:-1].strip().rjust(len(c) - 2) for row in figures for c in row)  # right-justified
+    assert _rows(result.stdout) == [
+        ["fc_1/linear", "Gemm / FusedGemm", "1,500,000.0", "60.0", "2,000,000.0", "80.0"],
+        ["fc_1/tanh", "Tanh", "500,000.0", "20.0", "", ""],
+        ["unnamed", "Identity", "500,000.0", "20.0", "", ""],
+        ["cast_9", "Cast", "", "", "500,000.0", "20.0"],
+        ["nodes, added up", "", "2,500,000.0", "100.0", "2,500,000.0", "100.0"]]
+    assert result.stderr.splitlines() == ["numpy: run 2,750,000.0 µs (median of 7 runs); per node: a; run: b",
+                                          "onnxruntime: run 1,234,500.0 µs (median of 11 runs); kernel time"]
+    numpy_session, ort_session = fake_profiles
+    assert (numpy_session.backend.name, ort_session.backend.name) == ("numpy", "onnxruntime")
+    for session in fake_profiles:  # both on the graph pruned to --outputs, with --threads
+        assert [v.name for v in session.outputs] == ["logits"] and session.backend.threads == 1
+    fake_profiles.clear()
+    assert invoke("run", converted, "-i", big_obs, "--profile", "--threads", 2).exit_code == 0
+    assert [v.name for v in fake_profiles[1].outputs] == ["logits", "action", "log_std"]
+    assert fake_profiles[1].backend.threads == 2
+
+
+def test_the_profile_without_onnxruntime_shows_the_numpy_figures_and_says_why(converted, big_obs, fake_profiles,
+                                                                              monkeypatch):
+    import policyport.runtime as runtime
+    from policyport.errors import MissingDependencyError
+
+    load = runtime.load
+
+    def numpy_only(model, backend="numpy", **kwargs):
+        if backend == "onnxruntime":
+            raise MissingDependencyError("onnxruntime", "onnx", "the onnxruntime backend")
+        return load(model, backend, **kwargs)
+
+    monkeypatch.setattr(runtime, "load", numpy_only)
+    result = invoke("run", converted, "-i", big_obs, "--profile")
+    assert result.exit_code == 0, result.output
+    assert _rows(result.stdout)[-1] == ["nodes, added up", "", "2,500,000.0", "100.0"]
+    assert result.stderr.splitlines()[0] == (
+        "onnxruntime's figures are left out: the onnxruntime backend needs the Python package 'onnxruntime', which "
+        "is not installed; install it with: pip install 'policyport[onnx]'")
+
+
+def test_profile_refuses_overrides(converted, big_obs, tmp_path):
+    for steering in (["--override", "fc_2/tanh[0]=1"], ["--override", "fc_2/tanh[0]=1", "-o", tmp_path / "y.npz"]):
+        result = invoke("run", converted, "-i", big_obs, "--profile", *steering)
+        assert result.exit_code == 2
+        assert "Invalid value for --profile: --profile times the model as it is; leave out --override/--steer" in \
+            " ".join(result.stderr.split())
+    assert list(tmp_path.iterdir()) == []

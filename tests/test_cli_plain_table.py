@@ -60,10 +60,38 @@ class Pipe(io.StringIO):
         return self._encoding
 
 
-@pytest.mark.parametrize("case", ["plain", "terminal", "FORCE_COLOR", "TTY_COMPATIBLE", "ascii encoding",
-                                  "non-ASCII cell", "control character", "no rows", "centred column"])
+class Bare:
+    """A stdout with no ``encoding`` attribute at all."""
+
+    def __init__(self):
+        self.file = io.StringIO()
+
+    def write(self, text):
+        return self.file.write(text)
+
+    def isatty(self):
+        return False
+
+    def getvalue(self):
+        return self.file.getvalue()
+
+
+class Closed(Pipe):
+    def isatty(self):
+        raise ValueError("I/O operation on closed file")
+
+
+PLAIN = ["plain", "control character", "left column", "no encoding", "encoding None"]
+
+
+@pytest.mark.parametrize("case", [*PLAIN, "terminal", "FORCE_COLOR", "TTY_COMPATIBLE", "ascii encoding",
+                                  "non-ASCII cell", "no rows", "centred column", "non-ASCII title",
+                                  "non-ASCII column", "non-ASCII right column", "Windows", "IPython", "IDLE",
+                                  "closed stdout"])
 def test_print_table_leaves_to_rich_whatever_rich_might_draw_otherwise(monkeypatch, case):
-    columns, rows = ["tensor", ("max", "right")], [["fc_1/tanh", "0.5"]]
+    import builtins
+
+    title, columns, rows = "title", ["tensor", ("max", "right")], [["fc_1/tanh", "0.5"], ["logits", "12"]]
     if case == "non-ASCII cell":
         rows = [["ф_1", "0.5"]]
     if case == "control character":
@@ -72,19 +100,36 @@ def test_print_table_leaves_to_rich_whatever_rich_might_draw_otherwise(monkeypat
         rows = []
     if case == "centred column":
         columns = ["tensor", ("max", "center")]
-    pipe = Pipe(tty=case == "terminal", encoding="ascii" if case == "ascii encoding" else "utf-8")
+    if case == "left column":
+        columns = [("tensor", "left"), ("max", "right")]
+    if case == "non-ASCII title":
+        title = "µs per node"
+    if case == "non-ASCII column":
+        columns = ["tensor µs", ("max", "right")]
+    if case == "non-ASCII right column":  # a no-break space: Python's repr would escape it to ASCII
+        columns = ["tensor", ("max\xa0s", "right")]
+    pipe = {"closed stdout": Closed(), "no encoding": Bare(), "encoding None": io.StringIO()}.get(
+        case, Pipe(tty=case == "terminal", encoding="ascii" if case == "ascii encoding" else "utf-8"))
     monkeypatch.setattr(sys, "stdout", pipe)
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
     if case in ("FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.setenv(case, "1")
+    if case == "Windows":
+        monkeypatch.setattr(sys, "platform", "win32")
+    if case == "IPython":
+        monkeypatch.setattr(builtins, "get_ipython", lambda: None, raising=False)
+    if case == "IDLE":
+        monkeypatch.setitem(sys.modules, "idlelib", sys)
     printed = []
     monkeypatch.setattr(render, "out", type("Recorder", (), {"print": lambda self, t: printed.append(t)})())
-    render.print_table("title", columns, rows)
-    if case in ("plain", "control character"):  # a control character is escaped to ASCII by literal()
-        assert printed == [] and pipe.getvalue() == render.plain_table("title", columns, rows)
-        assert pipe.getvalue() == rich_text("title", columns, rows)
+    render.print_table(title, columns, rows)
+    if case in PLAIN:  # a control character is escaped to ASCII by literal()
+        assert printed == [] and pipe.getvalue() == render.plain_table(title, columns, rows)
+        assert pipe.getvalue() == rich_text(title, columns, rows)
     else:
         assert pipe.getvalue() == "" and len(printed) == 1
+        assert printed[0].title.plain == title
         assert [c.header for c in printed[0].columns] == [c if isinstance(c, str) else c[0] for c in columns]
-        assert len(printed[0].rows) == len(rows)
+        assert [[cell.plain for cell in c.cells] for c in printed[0].columns] == \
+            [[render.literal(row[i]) for row in rows] for i in range(len(columns))]

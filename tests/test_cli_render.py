@@ -166,6 +166,9 @@ def test_within_reach_measures_the_error_against_the_tolerance_or_the_dtype_defa
     (["run", "--max-bytes"], "", ["run"]),
     (["run", "--", "--max-bytes", "4G"], None, ["run", "--", "--max-bytes", "4G"]),
     (["run", "x"], None, ["run", "x"]),
+    (["run", "--", "--max-bytes", "4G", "--"], None, ["run", "--", "--max-bytes", "4G", "--"]),
+    (["--max-bytes=a=b", "run"], "a=b", ["run"]),
+    (["run", "m.onnx", "--max-bytes", "4G"], "4G", ["run", "m.onnx"]),
 ])
 def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left):
     argv = list(argv)
@@ -175,13 +178,23 @@ def test_max_bytes_is_taken_from_anywhere_before_a_double_dash(argv, value, left
 def test_max_bytes_values():
     assert core._limits_from(None) == {}
     assert core._limits_from("1K") == {"array_bytes": 1024}
-    with pytest.raises(typer.BadParameter, match="is not a size"):
+    with pytest.raises(typer.BadParameter, match="is not a size") as refused:
         core._limits_from("lots")
+    assert refused.value.param_hint == "--max-bytes"
+
+
+def test_a_bad_limit_in_the_environment_is_a_usage_error_naming_it(monkeypatch):
+    monkeypatch.setenv("POLICYPORT_MAX_ARRAY_BYTES", "lots")
+    with pytest.raises(typer.BadParameter) as refused:
+        core._limits_from(None)
+    assert refused.value.param_hint == "environment"
+    assert "POLICYPORT_MAX_ARRAY_BYTES" in refused.value.message and "'lots'" in refused.value.message
 
 
 def test_json_is_requested_only_before_a_double_dash():
     assert core._json_requested(["inspect", "m", "--json"])
     assert not core._json_requested(["inspect", "--", "--json"])
+    assert not core._json_requested(["inspect", "--", "--json", "--"])
     assert not core._json_requested(["inspect", "m"])
 
 
@@ -211,9 +224,52 @@ def test_check_convert_options_returns_the_head():
 
 def test_check_range_accepts_a_finite_non_empty_range():
     check_range(-1.0, 1.0)
-    for low, high in ((1.0, 1.0), (0.0, float("inf")), (-1e308, 1e308)):
-        with pytest.raises(typer.BadParameter):
+    check_range(-1e300, 1e300)
+    finite = "must be finite numbers, and so must --high minus --low"
+    for low, high, message in ((1.0, 1.0, "--low 1.0 must be below --high 1.0"),
+                               (2.0, 1.0, "--low 2.0 must be below --high 1.0"),
+                               (0.0, float("inf"), f"--low 0.0 and --high inf {finite}"),
+                               (float("nan"), 1.0, f"--low nan and --high 1.0 {finite}"),
+                               (-1e308, 1e308, f"--low -1e+308 and --high 1e+308 {finite}")):
+        with pytest.raises(typer.BadParameter) as refused:
             check_range(low, high)
+        assert (refused.value.message, refused.value.param_hint) == (message, "--low/--high")
+
+
+def test_tolerances_threads_and_override_options_are_checked_with_exact_messages(tmp_path):
+    import math
+
+    from policyport.cli.options import finite_tolerance, overrides_from, thread_count
+    from policyport.runtime import MAX_THREADS
+
+    assert finite_tolerance(None) is None and finite_tolerance(1e-3) == 1e-3
+    assert math.copysign(1.0, finite_tolerance(-0.0)) == 1.0
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(typer.BadParameter, match=rf"^{value} is not a finite number$"):
+            finite_tolerance(value)
+    assert thread_count(0) == 0 and thread_count(MAX_THREADS) == MAX_THREADS
+    with pytest.raises(typer.BadParameter) as refused:
+        thread_count(MAX_THREADS + 1)
+    assert refused.value.message == "1025 is more than 1,024 threads; give at most 1,024 (0: one per core)"
+
+    sets = tmp_path / "sets.json"
+    sets.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}, "calm": ["fc_1/tanh[*]*=0.5"]}')
+    assert overrides_from(None, None, None) is None and overrides_from([], None, None) is None
+    edits = overrides_from(["fc_2/tanh[0:8]=clip(-0.1,0.1)"], "calm", sets)
+    assert [e.spec for e in edits] == ["fc_1/tanh[*]*=0.5", "fc_2/tanh[0:8]=clip(-0.1,0.1)"]  # the set first
+    assert [e.spec for e in overrides_from(None, "calm", sets)] == ["fc_1/tanh[*]*=0.5"]
+    together = ("--steer NAME and --overrides FILE go together: the file holds named sets, --steer picks one",
+                "--steer/--overrides")
+    for specs, steer, file, (message, hint) in [
+            (None, "brake", None, together), (None, None, sets, together),
+            (None, "fast", sets, (f"{sets} has no set 'fast'; it has: brake, calm", "--steer")),
+            (["fc_2/tanh[17]"], None, None, (None, "--override"))]:
+        with pytest.raises(typer.BadParameter) as refused:
+            overrides_from(specs, steer, file)
+        assert refused.value.param_hint == hint
+        if message is not None:
+            assert refused.value.message == message
+    assert "does not read as TENSOR[INDEX]=VALUE" in refused.value.message
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -583,7 +639,230 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
 def test_sizes_and_figures_of_the_analysis_tables():
     from policyport.cli.analysis import _fig, _pct, _size
 
-    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 2_500_000_000_000, 4 * 10**18)] == [
-        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "2.5 TB", "4e+06 TB"]
+    assert [_size(n) for n in (0, 999, 1000, 123_456, 999_999_999, 4_160_000_000, 2_500_000_000_000, 4 * 10**18)] == [
+        "0 B", "999 B", "1 KB", "123 KB", "1e+03 MB", "4.16 GB", "2.5 TB", "4e+06 TB"]
     assert (_pct(None), _pct(0.1234), _pct(1.0)) == ("", "12.3%", "100.0%")
     assert (_fig(None), _fig(0.000123456), _fig(12345.6)) == ("", "0.0001235", "1.235e+04")
+
+
+def test_rich_names_and_consoles_are_made_on_first_use_and_kept(monkeypatch, capsys):
+    import rich.console
+    import rich.table
+    import rich.text
+
+    from policyport.cli import render
+
+    for name in ("Console", "Table", "Text", "out", "err"):
+        monkeypatch.delitem(render.__dict__, name, raising=False)  # restored afterwards
+    made = render.cell("a\x1b")  # the module's own functions make them too
+    assert isinstance(made, rich.text.Text) and made.plain == "a\\x1b" and render.__dict__["Text"] is rich.text.Text
+    render.say("done")
+    assert capsys.readouterr().err == "done\n" and render.__dict__["err"].stderr is True
+    monkeypatch.delitem(render.__dict__, "err")
+    assert (render.Console, render.Table, render.Text) == (rich.console.Console, rich.table.Table, rich.text.Text)
+    out, err = render.out, render.err
+    assert isinstance(out, rich.console.Console) and out.stderr is False and err.stderr is True
+    assert render.__dict__["Table"] is rich.table.Table and render.__dict__["out"] is out and render.err is err
+    with pytest.raises(AttributeError, match=r"^module 'policyport.cli.render' has no attribute 'nope'$"):
+        render.nope  # noqa: B018
+
+
+def test_help_lists_the_workflow_in_order_and_other_commands_after_it_by_name():
+    import click
+
+    group = core.PolicyportGroup(commands={n: click.Command(n) for n in ("zeta", "run", "alpha", "convert")})
+    assert group.list_commands(click.Context(group)) == ["convert", "run", "alpha", "zeta"]
+
+
+def test_a_command_line_imports_the_module_of_its_command_alone(monkeypatch):
+    import importlib
+
+    import policyport.cli as cli
+
+    imported, import_module = [], importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, package=None: imported.append((name, package))
+                        or import_module(name, package))
+    every = [(f".{m}", "policyport.cli") for m in sorted(set(cli.COMMANDS.values()))]
+    for argv, modules in [(["--max-bytes", "1G", "run", "m.onnx"], [(".run", "policyport.cli")]),
+                          (["stats", "acts.npz"], [(".analysis", "policyport.cli")]),
+                          (["--help"], every), (["nonsense"], every), (["--", "run"], every), (None, every)]:
+        imported.clear()
+        assert cli._app(argv) is core.app
+        assert imported == modules, argv
+
+
+def test_a_table_fits_a_terminal_as_wide_as_it_and_not_a_narrower_one(monkeypatch):
+    from policyport.cli import render
+
+    t = table("", ["tensor", ("max", "right")])
+    add_row(t, "fc_1/tanh", "0.5")
+    width = len(_text(t).splitlines()[0])  # the top border spans the table
+    for columns, fit in ((width + 1, True), (width, True), (width - 1, False)):
+        monkeypatch.setattr(render, "out", Console(file=io.StringIO(), width=columns, force_terminal=True))
+        assert render.fits(t) is fit, columns
+
+
+def test_foreign_options_notes_only_inside_a_command():
+    from typer.main import get_command
+
+    try:
+        from typer._click.core import Context
+    except ImportError:  # pragma: no cover - typer on plain Click
+        from click import Context
+
+    from policyport.cli import _app
+
+    message = "refused; pass --trust (trust=True)"
+    assert core.foreign_options(message) == message  # no command running: the Python API
+    group = get_command(_app())
+    with Context(group, info_name="policyport"):  # the group itself, no command chosen
+        assert core.foreign_options(message) == message
+    with Context(group.commands["pack"], info_name="pack", parent=Context(group, info_name="policyport")):
+        assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
+        assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
+                                                 "policyport verify, not of policyport pack)")
+        both = "refused; pass --trust, or use --backend onnxruntime"
+        assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
+                                              "verify; --backend is an option of policyport record and policyport "
+                                              "run, not of policyport pack)")
+
+
+# ------------------------------------------------------------------------------------ the error edge
+
+MEMORY = "nothing was written — use fewer samples, a smaller input, or a machine with more memory"
+
+
+@pytest.mark.parametrize("raised, code, message", [
+    (KeyboardInterrupt(), 130, "interrupted; nothing was written"),
+    (core.Terminated(), 143, "terminated; nothing was written"),
+    (PermissionError(13, "Permission denied", "out dir/m.onnx"), 3,
+     "error: cannot use out dir/m.onnx: Permission denied; nothing was written"),
+    (OSError(28, "No space left on device"), 3, "error: cannot use: No space left on device; nothing was written"),
+    (MemoryError("Unable to allocate 8.00 GiB"), 3, f"error: not enough memory to finish (Unable to allocate 8.00 GiB); {MEMORY}"),
+    (MemoryError(), 3, f"error: not enough memory to finish; {MEMORY}"),
+    (ConnectionResetError(104, "Connection reset by peer"), 70,
+     "error: this is a bug in policyport: ConnectionResetError: [Errno 104] Connection reset by peer. Nothing was "
+     "written. Re-run with --debug for the traceback, and please report it."),
+    (ValueError("boom"), 70, "error: this is a bug in policyport: ValueError: boom. Nothing was written. Re-run with "
+                             "--debug for the traceback, and please report it."),
+])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_guard_ends_each_kind_of_failure_with_its_code_and_one_message(raised, code, message, as_json, capsys,
+                                                                        monkeypatch):
+    import json
+
+    monkeypatch.setattr(core.state, "debug", False)
+
+    def body():
+        raise raised
+
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(as_json, body)
+    assert ended.value.exit_code == code
+    printed = capsys.readouterr()
+    assert " ".join(printed.err.split()) == message
+    assert (json.loads(printed.out) if as_json else printed.out) == (
+        {"error": message.removeprefix("error: "), "exit_code": code} if as_json else "")
+
+
+def test_guard_exits_with_the_code_the_body_returns_and_holds_sigterm_only_meanwhile():
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        pass
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        assert core.guard(False, lambda: seen.append(signal.getsignal(signal.SIGTERM))) is None
+        assert seen == [core._on_sigterm] and signal.getsignal(signal.SIGTERM) is handler
+        with pytest.raises(typer.Exit) as ended:
+            core.guard(False, lambda: 1)
+        assert ended.value.exit_code == 1 and signal.getsignal(signal.SIGTERM) is handler
+        done = []
+        worker = threading.Thread(target=lambda: done.append(core.guard(False, lambda: done.append("ran"))))
+        worker.start()
+        worker.join()
+        assert done == ["ran", None] and signal.getsignal(signal.SIGTERM) is handler  # no signals off the main thread
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def group_main(monkeypatch):
+    """The command group's main() with Click's own replaced: it records what it was given, and
+    returns or raises what the test sets in ``then``."""
+    from typer.core import TyperGroup
+    from typer.main import get_command
+
+    from policyport.files import limits
+
+    calls = []
+
+    def clicks_main(self, args, prog_name, complete_var, standalone_mode=True, **extra):
+        calls.append({"args": list(args), "prog_name": prog_name, "standalone_mode": standalone_mode,
+                      "debug": core.state.debug, "array_bytes": limits().array_bytes, **extra})
+        if isinstance(calls.then, BaseException):
+            raise calls.then
+        return calls.then
+
+    calls = type("Calls", (list,), {"then": None})()
+    monkeypatch.setattr(TyperGroup, "main", clicks_main)
+    monkeypatch.delenv("POLICYPORT_DEBUG", raising=False)
+    return get_command(core.app), calls
+
+
+def test_the_group_takes_its_own_options_out_before_click_parses(group_main, monkeypatch):
+    import sys
+
+    group, calls = group_main
+    assert group.main(["--debug", "--max-bytes", "1K", "inspect", "m", "--json"], standalone_mode=False) == 0
+    assert calls[-1] == {"args": ["inspect", "m", "--json"], "prog_name": "policyport", "standalone_mode": False,
+                         "debug": True, "array_bytes": 1024}
+    assert group.main(["inspect", "--", "--debug", "--"], standalone_mode=False) == 0
+    assert calls[-1]["args"] == ["inspect", "--", "--debug", "--"] and calls[-1]["debug"] is False
+    monkeypatch.setenv("POLICYPORT_DEBUG", "1")
+    monkeypatch.setattr(sys, "argv", ["policyport", "ops"])
+    calls.then = 5
+    assert group.main(standalone_mode=False) == 5
+    assert calls[-1]["args"] == ["ops"] and calls[-1]["debug"] is True
+    monkeypatch.setenv("POLICYPORT_DEBUG", "")
+    with pytest.raises(SystemExit) as ended:
+        group.main(["ops"])
+    assert ended.value.code == 5 and calls[-1]["debug"] is False
+    calls.then = "not a code"
+    assert group.main(["ops"], standalone_mode=False, obj="passed on") == 0
+    assert calls[-1]["obj"] == "passed on"  # what Click's main takes besides
+
+
+@pytest.mark.parametrize("raised, code, stderr", [(KeyboardInterrupt(), 130, "interrupted"),
+                                                  (core.Terminated(), 143, "terminated"),
+                                                  (typer.Abort(), 130, "interrupted")])
+def test_an_interruption_before_a_command_runs_ends_with_its_code(group_main, capsys, raised, code, stderr):
+    group, calls = group_main
+    calls.then = raised
+    assert group.main(["ops", "--json"], standalone_mode=False) == code
+    assert capsys.readouterr() == ("", f"{stderr}\n")
+
+
+def test_a_usage_error_before_a_command_runs_is_one_json_document(group_main, capsys):
+    import json
+
+    group, calls = group_main
+    calls.then = typer.BadParameter("no such thing", param_hint="--outputs")
+    assert group.main(["ops", "--json"], standalone_mode=False) == 2
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == {"error": "Invalid value for --outputs: no such thing", "exit_code": 2}
+    assert printed.err == "error: Invalid value for --outputs: no such thing\n"
+
+
+def test_in_a_narrow_terminal_names_fold_and_figures_stay_whole():
+    t = table("", ["tensor", ("max", "right")])
+    add_row(t, "fc_" * 20, "1234567.25")
+    console = Console(file=io.StringIO(), width=20, force_terminal=True, color_system=None, highlight=False)
+    console.print(t)
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= 20 for line in lines)
+    assert any("1234567.25" in line for line in lines)  # a figure split over two lines reads as two figures
+    assert "".join(line.split("│")[1].strip() for line in lines if line.startswith("│")) == "fc_" * 20

@@ -162,3 +162,121 @@ def test_a_shape_mismatch_reports_the_whole_shapes():
         fold.add(np.zeros((stop - start, 3), np.float32), np.zeros((stop - start, 2), np.float32))
     got = fold.result()
     assert (got.shape, got.detail, got.passed, got.max_abs) == ((10, 3), "shape (10, 3) vs (10, 2)", False, np.inf)
+
+
+B, C, D = (np.random.default_rng(seed).standard_normal(64).astype(np.float32) for seed in (12, 13, 14))
+
+
+def _with_a_constant_branch() -> onnx.ModelProto:
+    """obs (batch, 3) -> h = obs @ w; bias = (b + c) + d (from constants alone: the same in every
+    block); y = h + bias."""
+    w = np.random.default_rng(11).standard_normal((3, 64)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(B, "b"), numpy_helper.from_array(C, "c"),
+             numpy_helper.from_array(D, "d")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["obs", "w"], ["h"], name="h"),
+         helper.make_node("Add", ["b", "c"], ["bc"], name="bc"),
+         helper.make_node("Add", ["bc", "d"], ["bias2"], name="bias2"),
+         helper.make_node("Add", ["h", "bias2"], ["y"], name="y")],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("options", [{}, {"atol": 0.0, "rtol": 0.0}])
+def test_a_tensor_of_constants_alone_is_compared_once_in_blocks(monkeypatch, blocks_asked, options):
+    model = _with_a_constant_branch()
+    split = pp.load(model).backend.plan.row_split
+    assert "bias2" in split.whole and "h" not in split.whole
+    session = pp.load(model)
+    rounded = B + (C + D)  # added in another order: float32 rounding apart
+
+    def reference(obs):  # every tensor, as a source would name them
+        return {**session.record({"obs": obs}), "bias2": rounded}
+
+    whole = in_blocks(monkeypatch, 1 << 40, model, samples=40, reference=reference, **options)
+    parts = in_blocks(monkeypatch, 1 << 10, model, samples=40, reference=reference, **options)
+    assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 10
+    assert parts == whole
+    shapes = {(c["tensor"], c["reference"]): c["shape"] for c in whole["comparisons"]}
+    assert shapes["bias2", "source"] == [64] and shapes["h", "source"] == [40, 64]
+    if options:  # atol 0: the two orders of adding are float32 rounding apart
+        assert {(c["tensor"], c["rule"], c["passed"]) for c in whole["comparisons"] if c["reference"] == "source"
+                and c["tensor"] == "bias2"} == {("bias2", "rounding", True)}
+
+
+@pytest.mark.parametrize("budget", ["BLOCK_BYTES", "POLICYPORT_MAX_MEMORY"])
+def test_blocks_are_as_few_as_the_budget_allows_and_even(metadrive_model, monkeypatch, budget):
+    """Each block's planned memory fits the budget (BLOCK_BYTES, or half the memory limit), and one
+    block fewer would not; blocks tile the rows in order and differ by one row at most."""
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    if budget == "BLOCK_BYTES":
+        monkeypatch.setattr(verification, "BLOCK_BYTES", 6 << 20)
+    else:
+        monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "12M")
+    target = 6 << 20
+    session = pp.load(metadrive_model)
+    obs = np.random.default_rng(5).uniform(0, 1, (1000, 275)).astype(np.float32)
+
+    def plan(rows: int):
+        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:rows]}, "*", rows, 2, True)
+
+    bounds = plan(1000).bounds
+    need, what = asked[-1]
+    sizes = [stop - start for start, stop in bounds]
+    assert len(bounds) >= 3 and what.endswith(f", in {len(bounds):,} blocks of {max(sizes):,} rows)")
+    assert [start for start, _ in bounds] == [0, *(stop for _, stop in bounds[:-1])] and bounds[-1][1] == 1000
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert need <= target
+    monkeypatch.setattr(verification, "BLOCK_BYTES", 1 << 40)
+    monkeypatch.delenv("POLICYPORT_MAX_MEMORY", raising=False)
+    assert plan(-(-1000 // (len(bounds) - 1))).bounds == [(0, -(-1000 // (len(bounds) - 1)))]
+    assert asked[-1][0] > target  # one block fewer: its largest block would not fit
+    assert plan(max(sizes)).bounds == [(0, max(sizes))] and asked[-1][0] == need
+
+
+@pytest.mark.parametrize("rows, n, said", [(1, 3, "in 3 blocks of 1 row"), (2, 4, "in 2 blocks of 2 rows"),
+                                           (5, 12, "in 3 blocks of 4 rows")])
+def test_a_budget_of_exactly_k_rows_makes_blocks_of_k_rows(metadrive_model, monkeypatch, rows, n, said):
+    asked = []
+    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
+    session = pp.load(metadrive_model)
+    obs = np.random.default_rng(6).uniform(0, 1, (n, 275)).astype(np.float32)
+
+    def plan(k: int):
+        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:k]}, "*", k, 2, True)
+
+    plan(3)
+    plan(4)  # (a sample of two rows or fewer is never split, and not measured)
+    per_row = asked[-1][0] - asked[-2][0]
+    monkeypatch.setattr(verification, "BLOCK_BYTES", asked[-2][0] + (rows - 3) * per_row)  # a block of `rows` rows
+    sizes = [stop - start for start, stop in plan(n).bounds]
+    assert max(sizes) <= rows and len(sizes) == -(-n // rows)
+    assert asked[-1][1].endswith(f", {said})")
+
+
+def _two_inputs(batch_axis) -> onnx.ModelProto:
+    """y = obs * scale: obs (batch_axis, 3) holds the rows, scale (3,) is the same for every row."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["obs", "scale"], ["y"], name="y")], "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [batch_axis, 3]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch_axis, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("batch_axis", ["batch", None])
+@pytest.mark.parametrize("backends", [("numpy", "onnxruntime"), ("onnxruntime",)])
+def test_blocks_cut_the_batched_inputs_only_whatever_the_batch_axis_is_called(monkeypatch, blocks_asked, batch_axis,
+                                                                              backends):
+    """An unnamed batch axis is cut too; an input of fixed shape goes whole to every block; without the
+    numpy backend the blocks are still planned (from the numpy plan of the graph)."""
+    model = _two_inputs(batch_axis)
+    feeds = {"obs": np.random.default_rng(8).uniform(0, 1, (300, 3)).astype(np.float32),
+             "scale": np.array([0.5, 2.0, -1.0], np.float32)}
+    reference = lambda obs: {"y": obs["obs"] * obs["scale"]}  # noqa: E731
+    whole = in_blocks(monkeypatch, 1 << 40, model, feeds, backends=backends, reference=reference)
+    parts = in_blocks(monkeypatch, 1 << 12, model, feeds, backends=backends, reference=reference)
+    assert int(blocks_asked[-1].split(", in ")[1].split()[0]) >= 3
+    assert parts == whole and whole["passed"] and whole["samples"] == 300

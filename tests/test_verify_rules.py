@@ -197,18 +197,64 @@ def test_sample_inputs_refuses_what_it_cannot_draw_and_ranges_beyond_the_dtype()
     assert caught.value.integer and isinstance(caught.value, InputMismatchError)
     with pytest.raises(UndrawableInputError, match=r"\[0.2, 0.9\) holds no integer"):
         sample_inputs([ids], 2, 0.2, 0.9)
-    with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]"):
+    with pytest.raises(UndrawableInputError, match=r"\[-1, 3\) reaches beyond uint8's \[0, 255\]") as caught:
         sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, -1.0, 3.0)
+    assert caught.value.integer is True  # the CLI's advice: --low/--high spanning the integers it takes
     with pytest.raises(UndrawableInputError, match=r"^cannot draw samples for input 'x' \(float32, shape None\): its rank "
-                                                   r"is unknown; pass observations for it \(inputs=\)$"):
+                                                   r"is unknown; pass observations for it \(inputs=\)$") as caught:
         sample_inputs([ValueInfo("x", np.dtype(np.float32), None)], 2)
-    with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations"):
+    assert caught.value.integer is False
+    with pytest.raises(UndrawableInputError, match=r"\[0, 257\) reaches beyond uint8's \[0, 255\]"):
+        sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 2, 0.0, 257.0)
+    with pytest.raises(UndrawableInputError, match=r"policyport draws floating, integer and bool observations") as caught:
         sample_inputs([ValueInfo("s", np.dtype(object), ("batch",))], 2)
+    assert caught.value.integer is False
     with pytest.raises(InputMismatchError, match=r"float16 holds at most ±6.55e\+04"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, 0.0, 1e5)
     with pytest.raises(InputMismatchError, match=r"from \[-100000, -1\)"):
         sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -1e5, -1.0)
     assert sample_inputs([ValueInfo("h", np.dtype(np.float16), ("batch",))], 2, -65504.0, 65504.0)["h"].shape == (2,)
+
+
+def _indexed() -> onnx.ModelProto:
+    """y = Cast(idx) * 1.0: an int64 input whose recorded range is [0, 5), as a Discrete(5) observation's."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["idx"], ["f"], name="f", to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["f", "one"], ["y"], name="y")], "g",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.helper.set_model_props(model, {INPUT_RANGES_KEY: '{"idx": {"low": 0, "high": 5}}'})
+    return model
+
+
+@pytest.mark.parametrize("backends", [("numpy", "onnxruntime"), ("onnxruntime",)])
+def test_verify_draws_an_integer_input_from_its_recorded_range(backends):
+    """[0, 1) holds one integer, which alone would be refused: the range the model records is used."""
+    seen = []
+    report = pp.verify(_indexed(), backends=backends, samples=400,
+                       reference=lambda idx: seen.append(idx) or {"y": idx.astype(np.float32)})
+    assert report.passed and {c.tensor for c in report.comparisons} >= {"y"}
+    assert seen[0].dtype == np.int64 and set(seen[0].tolist()) == {0, 1, 2, 3, 4}
+    drawn = sample_inputs([ValueInfo("idx", np.dtype(np.int64), ("batch",))], 400,
+                          ranges={"idx": (np.int64(0), np.int64(5))})["idx"]
+    assert set(drawn.tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_bool_inputs_are_drawn_false_and_true_alike():
+    drawn = sample_inputs([ValueInfo("flag", np.dtype(np.bool_), ("batch",))], 20_000, seed=3)["flag"]
+    assert drawn.dtype == np.bool_ and 0.48 < drawn.mean() < 0.52
+
+
+def test_integer_ranges_at_their_edges_are_drawn():
+    """Two integers are enough to draw from; a range may span the whole of its dtype."""
+    two = sample_inputs([ValueInfo("ids", np.dtype(np.int64), ("batch",))], 200, 0.0, 2.0)["ids"]
+    assert set(two.tolist()) == {0, 1}
+    whole = sample_inputs([ValueInfo("u", np.dtype(np.uint8), ("batch",))], 5000, 0.0, 256.0)["u"]
+    assert whole.dtype == np.uint8 and whole.min() == 0 and whole.max() == 255
+    signed = sample_inputs([ValueInfo("i", np.dtype(np.int8), ("batch",))], 5000, -128.0, 128.0)["i"]
+    assert signed.min() == -128 and signed.max() == 127
 
 
 def test_integer_inputs_are_drawn_from_their_recorded_range_else_from_the_integers_of_low_high():
@@ -229,7 +275,9 @@ def test_input_ranges_are_read_from_the_model_metadata():
     assert input_ranges({}) == {}
     ranges = input_ranges({INPUT_RANGES_KEY: '{"obs": {"low": 0, "high": [3, 5]}}'})
     assert list(ranges) == ["obs"] and ranges["obs"][0] == 0 and ranges["obs"][1].tolist() == [3, 5]
-    for text, why in (('{"obs": {"low": 4, "high": 4}}', "low >= high"), ('[1]', "no attribute 'items'"),
+    spelled = input_ranges({INPUT_RANGES_KEY: '{"obs": {"low": 0.0, "high": [3.0, 5]}}'})["obs"]
+    assert [bound.dtype for bound in (*ranges["obs"], *spelled)] == [np.int64] * 4  # however JSON spells the numbers
+    for text, why in (('{"obs": {"low": 4, "high": 4}}', "a range with low >= high$"), ('[1]', "no attribute 'items'"),
                       ('{"obs": {"high": 4}}', "'low'"), ("{", "Expecting")):
         with pytest.raises(BadModelError, match=rf"^model metadata 'policyport.input_ranges' is malformed: .*{why}"):
             input_ranges({INPUT_RANGES_KEY: text})
@@ -388,6 +436,8 @@ def test_without_a_numpy_session_the_graph_is_read_from_the_model_and_a_missing_
     ("atol", float("nan"), InputMismatchError, "atol (absolute tolerance) must be a finite number >= 0, got nan"),
     ("samples", 0, InputMismatchError, "samples (observations to draw) must be a finite number >= 1, got 0"),
     ("seed", 1.5, pp.ArgumentTypeError, "seed (of the drawn observations) must be a whole number, not float 1.5"),
+    ("samples", 2.5, pp.ArgumentTypeError, "samples (observations to draw) must be a whole number or None, not float 2.5"),
+    ("seed", -1, InputMismatchError, "seed (of the drawn observations) must be a finite number >= 0, got -1"),
 ])
 def test_numbers_given_to_verify_are_checked_before_anything_runs(keyword, value, error, message):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):

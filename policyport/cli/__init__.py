@@ -59,7 +59,7 @@ def main() -> None:
     try:
         app = _app(argv)
     except ImportError as e:
-        missing = (e.name or "").split(".")[0]
+        missing = (e.name or "").split(".")[0]  # pragma: no mutate (a nameless ImportError is re-raised whatever stands for its name)
         if missing not in ("typer", "rich", "click"):
             raise
         if _command(argv) is None and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:

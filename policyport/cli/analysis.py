@@ -60,11 +60,12 @@ def progress_bar(label: str, quiet: bool):
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+    """``n`` bytes in B, KB, MB, GB or TB (powers of 1,000), to three significant figures."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
         n /= 1000
-    return f"{n} B"
+    return f"{n:.3g} TB"
 
 
 @app.command()

@@ -107,7 +107,7 @@ class PolicyportGroup(TyperGroup):
     (usage errors, Ctrl-C while parsing), so ``--json`` holds for those too."""
 
     def list_commands(self, ctx) -> list[str]:
-        names = super().list_commands(ctx)
+        names = super().list_commands(ctx)  # pragma: no mutate (TyperGroup lists its commands in order made, never reading ctx)
         return sorted(names, key=lambda n: (WORKFLOW.index(n) if n in WORKFLOW else len(WORKFLOW), n))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -141,7 +141,7 @@ def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
     if isinstance(e, NoArgsIsHelpError):  # 'policyport' alone: the help, line by line, exit 2 as Click has it
         for line in e.format_message().splitlines():
-            render.err.print(literal(line), soft_wrap=True)
+            render.err.print(literal(line))  # err soft-wraps: each line whole
         return
     ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:
@@ -230,7 +230,7 @@ def root(
     state.debug = state.debug or debug
 
 
-def fail(e: PolicyportError, as_json: bool, command: str = "", source_given: bool = False) -> None:
+def fail(e: PolicyportError, as_json: bool, command: str, source_given: bool) -> None:
     """Report a deliberate error and exit with its code; a missing op's remedy names ``command``'s
     options, and an option the library's message names that this command lacks is said to belong to
     the commands that have it (:func:`foreign_options`)."""

@@ -74,7 +74,7 @@ def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None
         sets = load_override_sets(file)
         if steer not in sets:
             raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {listing(sets, show=str)}", param_hint="--steer")
-        edits += sets[steer]
+        edits = list(sets[steer])
     for spec in specs or []:
         try:
             edits.append(parse_spec(spec))

@@ -43,7 +43,6 @@ def run(
 
     def body():
         from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
-        from ..runtime import load
         from ..runtime.base import nonfinite_rows
 
         if tensors is not None and record is None:
@@ -62,13 +61,7 @@ def run(
             check_writable(record, force)
             check_distinct(record, model, inputs)
         edits = overrides_from(override, steer, overrides)
-        if chosen is not None:
-            from ..files import load_onnx
-            from ..passes import prune
-
-            session = load(prune(load_onnx(model), chosen), backend=backend.value, threads=threads)
-        else:
-            session = load(str(model), backend=backend.value, threads=threads)
+        session = _session(model, chosen, backend.value, threads)
         feeds = load_feeds(inputs, [v.name for v in session.inputs])
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}
@@ -83,7 +76,7 @@ def run(
         check_memory(session.memory_needed(feeds, selection),
                      f"{'recording' if record is not None else 'running'} {rows:,} rows of {inputs}")
         if profile:
-            show_profile(session, model, chosen, feeds, threads, edits)
+            show_profile(session, model, chosen, feeds, threads, edits, rows)
             if output is None:
                 return
         if record is not None:
@@ -130,10 +123,22 @@ def _json_number(x):
     return str(x) if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads: int, edits) -> None:
-    """Print the per-node profile of ``session``'s backend, and onnxruntime's beside the numpy backend's."""
-    from ..errors import MissingDependencyError
+def _session(model: Path, chosen: str | None, backend: str, threads: int):
+    """``model`` loaded on ``backend``, pruned to the graph outputs ``chosen`` (``--outputs``) if given."""
     from ..runtime import load
+
+    if chosen is None:
+        return load(str(model), backend=backend, threads=threads)
+    from ..files import load_onnx
+    from ..passes import prune
+
+    return load(prune(load_onnx(model), chosen), backend=backend, threads=threads)
+
+
+def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads: int, edits, rows: int) -> None:
+    """Print the per-node profile of ``session``'s backend, and onnxruntime's beside the numpy backend's
+    (``rows``: the rows of the batch, for the title)."""
+    from ..errors import MissingDependencyError
     from ..runtime.profile import profile_numpy, profile_onnxruntime
 
     if edits:
@@ -142,13 +147,7 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
     if session.backend.name == "numpy":
         profiles.append(profile_numpy(session, feeds))
         try:
-            if chosen is not None:
-                from ..files import load_onnx
-                from ..passes import prune
-
-                ort_session = load(prune(load_onnx(model), chosen), backend="onnxruntime", threads=threads)
-            else:
-                ort_session = load(str(model), backend="onnxruntime", threads=threads)
+            ort_session = _session(model, chosen, "onnxruntime", threads)
         except MissingDependencyError as e:
             say(f"onnxruntime's figures are left out: {e}")
         else:
@@ -158,7 +157,6 @@ def show_profile(session, model: Path, chosen: str | None, feeds: dict, threads:
     columns = ["tensor", "op"]
     for p in profiles:
         columns += [(f"{p.backend} µs", "right"), (f"{p.backend} %", "right")]
-    rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
     t = table(f"where the time goes: {rows:,} rows", columns)
     keyed = [{_node_key(n.node): n for n in p.nodes} for p in profiles]
     order = list(dict.fromkeys(k for by in keyed for k in by))
