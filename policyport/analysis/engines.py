@@ -16,12 +16,13 @@ all, also when the run is interrupted.
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -206,13 +207,14 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
     summary = RecordSummary(out, fmt, table.rows, [])
     started = time.perf_counter()
 
-    sizes = [0]  # rows of the block being computed
+    sizes: collections.deque[int] = collections.deque()  # rows of each block read and not yet recorded
 
     def blocks():
         if table.rows == 0:  # still learn the tensors' shapes, from an empty block
+            sizes.append(0)
             yield {i: np.empty((0, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
         for block in table.iter_batches(batch_size, list(dict.fromkeys(columns.values()))):
-            sizes[0] = len(next(iter(block.values())))
+            sizes.append(len(next(iter(block.values()))))
             if len(block) == 1:
                 summary.nonfinite_rows += nonfinite_rows(next(iter(block.values())))
             else:  # a row counts once, whichever inputs hold the NaN
@@ -224,8 +226,8 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
         writer, done = None, 0
         pool = ResultPool()  # each block's arrays, once written, hold a later block's results
         try:
-            for values in _reusing(session.record_iter(blocks(), names, steering), pool):
-                rows = sizes[0]
+            for values in _reusing(session.record_iter(read_ahead(blocks()), names, steering), pool):
+                rows = sizes.popleft()
                 if writer is None:
                     summary.tensors, summary.skipped = _batched(values, rows, ops)
                     if fmt != "parquet":  # uncompressed: its size is known from the first block
@@ -260,6 +262,59 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
         summary.bytes = out.stat().st_size
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def read_ahead(items: Iterator, depth: int = 1) -> Iterator:
+    """``items``, produced on a thread of their own up to ``depth`` items ahead of the consumer: the
+    next block of observations is read (and checked) while this one is computed.
+
+    An exception of ``items`` is raised in the consumer at the item it replaced. When the consumer
+    stops early (an error, Ctrl-C), the thread stops at its next item and ``items`` is closed.
+    """
+    import queue
+    import threading
+
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        handoff.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handoff.put((end, None))
+        except BaseException as e:  # re-raised in the consumer
+            handoff.put((end, e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="policyport-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = handoff.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a producer blocked on a full queue see the stop
+            try:
+                handoff.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
 
 
 def _reusing(results, pool):

@@ -107,8 +107,8 @@ class Accounting:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx, fmt, monkeypatch):
-    """Chunk accounting: at most 3 blocks are alive (being computed, queued, being written), and the
-    peak of traced allocations does not grow with the number of blocks."""
+    """Chunk accounting: at most 5 blocks are alive (being read, read ahead, being computed, queued,
+    being written), and the peak of traced allocations does not grow with the number of blocks."""
     rng = np.random.default_rng(5)
     batch = 256
     peaks = {}
@@ -123,7 +123,7 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx
         finally:
             tracemalloc.stop()
         assert acc.read == acc.written == blocks
-        assert acc.most <= 3, f"{acc.most} blocks in flight"
+        assert acc.most <= 5, f"{acc.most} blocks in flight"
         monkeypatch.undo()
     block_bytes = batch * (4 * 256 + 4 + 2 + 2) * 4 + batch * 275 * 4  # one block of activations + observations
     dataset_bytes = 24 * block_bytes
