@@ -396,3 +396,40 @@ def test_a_result_pool_takes_back_only_what_it_handed_out():
     out = len(pool._out)
     del b, fresh
     assert len(pool._out) == out - 2  # arrays dropped by their holder are forgotten, not kept alive
+
+
+def test_read_ahead_keeps_order_raises_where_the_source_did_and_stops_with_its_consumer():
+    import threading
+
+    from policyport.analysis.engines import read_ahead
+
+    assert list(read_ahead(iter(range(50)))) == list(range(50))
+    assert list(read_ahead(iter([]))) == []
+
+    def failing():
+        yield 1
+        yield 2
+        raise pp.UnreadableFileError("ends early")
+
+    got = []
+    with pytest.raises(pp.UnreadableFileError, match="ends early"):
+        for x in read_ahead(failing()):
+            got.append(x)
+    assert got == [1, 2]
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            n = 0
+            while True:
+                yield n
+                n += 1
+        finally:
+            closed.set()
+
+    reader = read_ahead(endless(), depth=2)
+    assert [next(reader) for _ in range(3)] == [0, 1, 2]
+    reader.close()  # the consumer stops: the producer thread stops and closes its source
+    assert closed.wait(5)
+    assert not any(t.name == "policyport-reader" and t.is_alive() for t in threading.enumerate())
