@@ -250,7 +250,7 @@ def test_tolerances_threads_and_override_options_are_checked_with_exact_messages
     assert thread_count(0) == 0 and thread_count(MAX_THREADS) == MAX_THREADS
     with pytest.raises(typer.BadParameter) as refused:
         thread_count(MAX_THREADS + 1)
-    assert refused.value.message == "1025 is more than 1,024 threads; give at most 1,024 (0: one per core)"
+    assert refused.value.message == "1,025 is more than 1,024 threads; give at most 1,024 (0: one per core)"
 
     sets = tmp_path / "sets.json"
     sets.write_text('{"brake": {"fc_2/tanh": {"17": 1.0}}, "calm": ["fc_1/tanh[*]*=0.5"]}')

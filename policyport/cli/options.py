@@ -51,7 +51,7 @@ def thread_count(value: int) -> int:
     from ..runtime import MAX_THREADS
 
     if value > MAX_THREADS:
-        raise typer.BadParameter(f"{value} is more than {MAX_THREADS:,} threads; give at most {MAX_THREADS:,} "
+        raise typer.BadParameter(f"{value:,} is more than {MAX_THREADS:,} threads; give at most {MAX_THREADS:,} "
                                  "(0: one per core)")
     return value
 
