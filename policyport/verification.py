@@ -142,13 +142,24 @@ def input_ranges(metadata: Mapping[str, str]) -> dict[str, tuple]:
         return {}
     try:
         recorded = json.loads(text)
-        ranges = {str(name): (np.asarray(r["low"], np.int64), np.asarray(r["high"], np.int64))
-                  for name, r in recorded.items()}
+        ranges = {str(name): (_bound(r["low"]), _bound(r["high"])) for name, r in recorded.items()}
         if not all(np.all(lo < hi) for lo, hi in ranges.values()):
             raise ValueError("a range with low >= high")
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise BadModelError(f"model metadata {INPUT_RANGES_KEY!r} is malformed: {e}") from e
     return ranges
+
+
+def _bound(value) -> np.ndarray:
+    """A recorded range's bound as int64: a whole number (``3`` or ``3.0``) or a list of them, within
+    int64's range."""
+    bound = np.asarray(value)
+    info = np.iinfo(np.int64)
+    whole = bound.dtype.kind in "iu" or (bound.dtype.kind == "f" and bool(np.all(np.isfinite(bound)))
+                                         and bool(np.all(bound == np.floor(bound))))
+    if not whole or bound.size == 0 or not info.min <= bound.min() <= bound.max() < 2.0**63:
+        raise ValueError(f"bound {value!r:.80} is not a whole number within int64's range, nor a list of them")
+    return bound.astype(np.int64)
 
 
 def first_rows(inputs: Sequence[ValueInfo], feeds: Mapping[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
