@@ -235,7 +235,12 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     notes: list[str] = []
     if inputs is None:
         asked = DEFAULT_SAMPLES if samples is None else samples
-        feeds = sample_inputs(first.inputs, asked, low, high, seed, input_ranges(_graph(model, sessions).metadata))
+        ranges = input_ranges(_graph(model, sessions).metadata)
+        feeds = sample_inputs(first.inputs, asked, low, high, seed, ranges)
+        ranged = [v.name for v in first.inputs if v.name in ranges]
+        if ranged and (low, high) != (0.0, 1.0):  # the range asked for does not reach these inputs: say so
+            notes.append(f"input(s) {', '.join(map(repr, ranged))} take the integers of the range the model records; "
+                         f"[{low:g}, {high:g}) (--low/--high, low=/high=) applies to the other inputs")
     else:
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)

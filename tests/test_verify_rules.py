@@ -242,6 +242,15 @@ def test_verify_draws_an_integer_input_from_its_recorded_range(backends):
     assert set(drawn.tolist()) == {0, 1, 2, 3, 4}
 
 
+def test_a_range_asked_for_says_which_inputs_it_does_not_reach():
+    quiet = pp.verify(_indexed(), samples=50)
+    assert not any("take the integers" in n for n in quiet.notes)  # the default range: nothing to say
+    report = pp.verify(_indexed(), samples=50, low=-3.0, high=3.0)
+    assert report.passed and report.notes == [
+        "input(s) 'idx' take the integers of the range the model records; [-3, 3) (--low/--high, low=/high=) "
+        "applies to the other inputs"]
+
+
 def test_bool_inputs_are_drawn_false_and_true_alike():
     drawn = sample_inputs([ValueInfo("flag", np.dtype(np.bool_), ("batch",))], 20_000, seed=3)["flag"]
     assert drawn.dtype == np.bool_ and 0.48 < drawn.mean() < 0.52
