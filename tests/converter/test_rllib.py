@@ -287,3 +287,142 @@ def test_an_old_tf2_weight_list_is_named_in_policy_variables_order():
                                  "(fcnet_hiddens [8], vf_share_layers False) needs 8: p/fc_1/kernel, p/fc_1/bias, "
                                  "p/fc_value_1/kernel, p/fc_value_1/bias, p/fc_out/kernel, p/fc_out/bias, "
                                  "p/value_out/kernel, p/value_out/bias")
+
+
+# ----------------------------------------------------------------------- old API stack, built in tmp_path
+
+
+def _small_torch_weights(seed: int = 3) -> dict:
+    """A 3-4-2 FullyConnectedNetwork state_dict in RLlib's old-stack torch names."""
+    rng = np.random.default_rng(seed)
+    return {"_hidden_layers.0._model.0.weight": rng.normal(size=(4, 3)).astype(np.float32),
+            "_hidden_layers.0._model.0.bias": rng.normal(size=4).astype(np.float32),
+            "_logits._model.0.weight": rng.normal(size=(2, 4)).astype(np.float32),
+            "_logits._model.0.bias": rng.normal(size=2).astype(np.float32)}
+
+
+def _stats_filter(mean, sum_sq, n: int, clip=None) -> dict:
+    """A Ray 2.x MeanStdFilter state as the old stack pickles it (arrays plain)."""
+    return {"demean": True, "destd": True, "clip": clip, "running_stats": [
+        {"num_pushes": n, "mean_array": np.asarray(mean, np.float64), "sum_sq_diff_array": np.asarray(sum_sq, np.float64)}]}
+
+
+def _connectors(filt: dict) -> dict:
+    """``policy_state['connector_configs']`` as Ray 2.x writes it, the filter's state second."""
+    return {"agent": ("AgentConnectorPipeline", [("ObsPreprocessorConnector", None),
+                                                  ("MeanStdObservationFilterAgentConnector", filt)])}
+
+
+FILTER_A = _stats_filter([1.0, -2.0, 0.5], [36.0, 4.0, 0.0], 5, clip=3.0)  # std 3, 1, 0
+FILTER_B = _stats_filter([-1.0, 0.0, 2.0], [4.0, 16.0, 64.0], 5)  # std 1, 2, 4
+
+
+def test_an_old_stack_filter_is_read_from_algorithm_state_before_the_connectors(tmp_path):
+    w = _small_torch_weights()
+    folder = _policy_folder(tmp_path, {"weights": w, "connector_configs": _connectors(FILTER_B)})
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps(
+        {"worker": {"filters": {"default_policy": FILTER_A, "other": FILTER_B}}}))
+    ckpt = read_checkpoint(folder)
+    f = ckpt.obs_filter
+    np.testing.assert_array_equal(f.mean, [1.0, -2.0, 0.5])
+    np.testing.assert_array_equal(f.std, [3.0, 1.0, 0.0])
+    assert (f.clip, f.count, f.epsilon, f.form) == (3.0, 5, EPSILON_RUNNING_STATS, "running_stats")
+    assert set(ckpt.files) == {"algorithm_state.pkl", str(Path("policies/default_policy/policy_state.pkl"))}
+
+    # The converted graph divides by std + 1e-6, clips at 3 and runs tanh (RLlib's default activation).
+    obs = np.array([[4.0, -2.5, 0.5], [1.0, 0.0, 0.5 + 1e-6], [-20.0, -2.0, 0.0]], np.float32)
+    y = np.clip((obs.astype(np.float64) - [1.0, -2.0, 0.5]) / (np.array([3.0, 1.0, 0.0]) + 1e-6), -3, 3)
+    h = np.tanh(y @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"])
+    logits = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    model = pp.convert(folder)
+    assert [o.name for o in model.graph.output] == ["logits"]  # no action space recorded: no head
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+        np.testing.assert_allclose(got["obs_filter/clip"], y, rtol=1e-5, atol=1e-5)
+        assert np.abs(got["logits"] - logits).max() <= 1e-5
+
+    # Without algorithm_state (or without its worker's filter) the connector pipeline's copy is read.
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"worker": {"filters": {"other": FILTER_A}}}))
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.mean, [-1.0, 0.0, 2.0])
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"counters": {}}))
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.std, [1.0, 2.0, 4.0])
+    (folder / "algorithm_state.pkl").unlink()
+    b = read_checkpoint(folder).obs_filter
+    np.testing.assert_array_equal(b.std, [1.0, 2.0, 4.0])
+    assert b.clip is None
+
+
+@pytest.mark.parametrize("connectors", [
+    {}, {"agent": None}, {"agent": ("AgentConnectorPipeline",)},
+    {"agent": ("AgentConnectorPipeline", [("ObsPreprocessorConnector", None), (), ("ClipRewardAgentConnector", FILTER_B)])},
+])
+def test_connector_configs_without_a_mean_std_filter_give_no_filter(tmp_path, connectors):
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(), "connector_configs": connectors})
+    assert read_checkpoint(folder).obs_filter is None
+    model = pp.convert(folder)
+    assert not [n for n in model.graph.node if n.name.startswith("obs_filter")]
+
+
+def test_a_policy_state_without_spec_config_or_model_takes_rllibs_defaults(tmp_path):
+    w = _small_torch_weights(4)
+    obs = np.random.default_rng(5).normal(size=(6, 3)).astype(np.float32)
+    h = np.tanh(obs @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"])
+    expected = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    for n, state in enumerate([{"weights": w}, {"weights": w, "policy_spec": None},
+                               {"weights": w, "policy_spec": {"config": None}},
+                               {"weights": w, "policy_spec": {"config": {"model": None}}},
+                               {"weights": w, "policy_spec": {"config": {"model": {"fcnet_hiddens": [4]}}}}]):
+        ckpt = read_checkpoint(_policy_folder(tmp_path / str(n), state))
+        assert (ckpt.layout, ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == (
+            "old-stack", "default_policy", ["default_policy"], "torch")
+        assert (ckpt.obs_space, ckpt.action_space, ckpt.obs_filter, ckpt.dropped) == (None, None, None, [])
+        assert ckpt.model_config == ({"fcnet_hiddens": [4]} if n == 4 else {})
+        converted = convert_source(tmp_path / str(n) / "ckpt")
+        assert any("old-stack checkpoint: converted policy 'default_policy'" == note for note in converted.notes)
+        got = pp.load(converted.model).run({"obs": obs})["logits"]
+        assert np.abs(got - expected).max() <= 1e-5  # tanh, RLlib's default fcnet_activation
+
+
+def test_the_model_config_of_the_policy_spec_chooses_the_activation_and_the_spaces_the_head(tmp_path):
+    w = _small_torch_weights(6)
+    folder = _policy_folder(tmp_path, {"weights": w, "policy_spec": {
+        "observation_space": {"space": {"space": "box", "shape": [3]}},
+        "action_space": {"space": {"space": "discrete", "n": 2}},
+        "config": {"model": {"fcnet_activation": "relu", "vf_share_layers": True}}}})
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.obs_space, ckpt.action_space) == (("box", (3,)), ("discrete", 2))
+    assert ckpt.model_config == {"fcnet_activation": "relu", "vf_share_layers": True}
+    obs = np.random.default_rng(7).normal(size=(5, 3)).astype(np.float32)
+    h = np.maximum(obs @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"], 0)
+    logits = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    got = pp.load(pp.convert(folder)).run({"obs": obs})
+    assert np.abs(got["logits"] - logits).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))  # Discrete actions: categorical
+
+
+def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(tmp_path):
+    folder = tmp_path / "ckpt"
+    for pid, seed, filt in (("hero", 8, FILTER_A), ("villain", 9, FILTER_B)):
+        (folder / "policies" / pid).mkdir(parents=True)
+        (folder / "policies" / pid / "policy_state.pkl").write_bytes(pickle.dumps(
+            {"weights": _small_torch_weights(seed), "connector_configs": _connectors(filt)}))
+    (folder / "policies" / "README").write_text("not a policy")
+    (folder / "rllib_checkpoint.json").write_text('{"type": "Algorithm", "checkpoint_version": "1.1"}')
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps(
+        {"worker": {"filters": {"hero": FILTER_B, "villain": FILTER_A}}}))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == (f"policy 'default_policy' is not in {folder}; it holds: hero, villain "
+                                 "(choose one with --policy-id)")
+    ckpt = read_checkpoint(folder, policy_id="villain")
+    assert (ckpt.policy_id, ckpt.policy_ids) == ("villain", ["hero", "villain"])
+    w = _small_torch_weights(9)
+    assert all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w) and list(ckpt.weights) == list(w)
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
+    converted = convert_source(folder, policy_id="hero")
+    assert "old-stack checkpoint: converted policy 'hero' (it also holds villain)" in converted.notes
+    # a policy's own folder, given directly, is read as that policy (its connectors hold its filter)
+    direct = read_checkpoint(folder / "policies" / "hero")
+    assert (direct.layout, direct.policy_id, direct.policy_ids) == ("old-stack", "hero", ["hero"])
+    np.testing.assert_array_equal(direct.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
+    assert list(direct.files) == ["policy_state.pkl"]
