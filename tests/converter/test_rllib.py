@@ -426,3 +426,95 @@ def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(t
     assert (direct.layout, direct.policy_id, direct.policy_ids) == ("old-stack", "hero", ["hero"])
     np.testing.assert_array_equal(direct.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
     assert list(direct.files) == ["policy_state.pkl"]
+
+
+# ------------------------------------------------------------------- spaces, serialised arrays, filters
+
+
+def _record(global_name: str, state):
+    """An inert record of ``module.Class`` with ``state``, as the restricted unpickler makes one."""
+    from policyport.converter import unpickle
+
+    module, name = global_name.rsplit(".", 1)
+    record = unpickle._stand_in(module, name)()
+    record.__setstate__(state)
+    return record
+
+
+def _ray_array(a: np.ndarray) -> str:
+    """RLlib's JSON-able array: base64 of zlib of ``.npy`` bytes (``ray/rllib/utils/serialization.py``)."""
+    import base64
+    import io
+    import zlib
+
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return base64.b64encode(zlib.compress(buf.getvalue())).decode()
+
+
+def test_spaces_in_rllibs_serialised_form_and_as_gymnasium_records():
+    from policyport.converter.rllib import _space
+
+    assert _space({"space": "discrete", "n": np.int64(4)}) == ("discrete", 4)
+    assert _space({"space": {"space": "Multi-Discrete", "nvec": _ray_array(np.array([3, 2]))}}) == ("multidiscrete", (3, 2))
+    assert _space({"space": "multi_discrete", "nvec": [[2], [5]]}) == ("multidiscrete", (2, 5))
+    assert _space({"space": "BOX", "shape": [2, 3], "low": "eJx"}) == ("box", (2, 3))
+    assert _space({"space": "box"}) == ("box", ())
+    assert _space({"space": "tuple", "spaces": []}) == ("tuple", None)
+    assert [_space(v) for v in (None, "discrete", {"n": 3}, 5)] == [None] * 4
+    prefix = "gymnasium.spaces."
+    assert _space(_record(prefix + "discrete.Discrete", {"n": np.int64(6), "start": 0})) == ("discrete", 6)
+    assert _space(_record(prefix + "multi_discrete.MultiDiscrete", {"nvec": np.array([[4, 3]])})) == ("multidiscrete", (4, 3))
+    assert _space(_record(prefix + "box.Box", {"_shape": (5,), "shape": (9,)})) == ("box", (5,))
+    assert _space(_record(prefix + "box.Box", {"shape": [2, 2]})) == ("box", (2, 2))
+    assert _space(_record(prefix + "box.Box", {"low": 0.0})) == ("box", None)
+    assert _space(_record(prefix + "dict.Dict", {"spaces": {}})) == ("dict", None)
+
+
+def test_serialised_arrays_are_decoded_and_anything_else_comes_back_as_it_was():
+    from policyport.converter.rllib import _decode_array
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = _decode_array(_ray_array(a))
+    assert got.dtype == np.float32 and got.tobytes() == a.tobytes() and got.shape == (2, 3)
+    import base64
+    import zlib
+
+    not_npy = base64.b64encode(zlib.compress(b"not an npy file at all")).decode()
+    not_zlib = "eJ" + base64.b64encode(b"xy").decode()
+    for value in ("eJ not base64 !", not_zlib, not_npy, "mean", "", 7, None, [1.0]):
+        assert _decode_array(value) is value
+
+
+def test_filter_statistics_defaults_and_refusals():
+    s = np.array([1.0, 2.0 / 3.0, -0.5])
+    new = _filter({"running_stats": [{"num_pushes": 4, "mean_array": _ray_array(np.array([0.5, 1.0, 2.0])),
+                                      "sum_sq_diff_array": _ray_array(s)}]})
+    assert (new.demean, new.destd, new.clip, new.count) == (True, True, None, 4)  # RLlib's defaults
+    np.testing.assert_array_equal(new.mean, [0.5, 1.0, 2.0])
+    # var = sum_sq_diff / (n - 1) rounded to float32 as Ray does, a negative one read as 0
+    expected = np.sqrt(np.maximum(0, (s / 3).astype(np.float32))).astype(np.float64)
+    assert new.std.dtype == np.float64 and new.std.tobytes() == expected.tobytes()
+    assert new.std[1] != np.sqrt(2.0 / 9.0)
+
+    rs = _filter(_record("ray.rllib.utils.filter.ConcurrentMeanStdFilter", {
+        "demean": False, "destd": True, "clip": 0, "rs": {"_n": 3, "_M": np.array([1.0, 2.0]), "_S": np.array([8.0, 2.0])}}))
+    assert (rs.demean, rs.destd, rs.clip, rs.count, rs.form) == (False, True, None, 3, "rs")  # clip 0: none
+    np.testing.assert_array_equal(rs.std, [2.0, 1.0])
+    two = _filter({"de_mean_to_zero": False, "de_std_to_one": False, "clip_by_value": "10", "running_stats":
+                   {"num_pushes": 0, "mean_array": np.array([3.0]), "sum_sq_diff_array": np.array([5.0])}})
+    assert (two.demean, two.destd, two.clip, two.count) == (False, False, 10.0, 0) and two.std[0] == 0.0
+    assert _filter(_record("ray.rllib.utils.filter.NoFilter", {})) is None and _filter(None) is None
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.RunningStat", {}))
+    assert str(caught.value) == ("the checkpoint's observation filter is a RunningStat; policyport bakes in "
+                                 "MeanStdFilter only (convert with --no-filter to leave it out)")
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter({"running_stats": [{}, {}]})
+    assert str(caught.value) == ("the MeanStdFilter holds 2 running statistics (a structured observation); "
+                                 "policyport bakes in the filter of a flat Box observation only")
+    for empty in ({"demean": True}, {"running_stats": None}, {"running_stats": [None]}):
+        with pytest.raises(pp.BadModelError) as caught:
+            _filter(empty)
+        assert str(caught.value) == "the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics"
