@@ -518,3 +518,177 @@ def test_filter_statistics_defaults_and_refusals():
         with pytest.raises(pp.BadModelError) as caught:
             _filter(empty)
         assert str(caught.value) == "the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics"
+
+
+# ------------------------------------------------------------------ new API stack and legacy, built in tmp_path
+
+
+def _new_stack(tmp_path: Path, state, ctor=None, filter_state=None, pid="default_policy") -> Path:
+    folder = tmp_path / "new"
+    module = folder / "learner_group" / "learner" / "rl_module" / pid
+    module.mkdir(parents=True)
+    (folder / "rllib_checkpoint.json").write_text('{"type": "Algorithm", "checkpoint_version": "2.1"}')
+    (module / "module_state.pkl").write_bytes(pickle.dumps(state))
+    if ctor is not None:
+        (module / "class_and_ctor_args.pkl").write_bytes(pickle.dumps(ctor))
+    if filter_state is not None:
+        stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter"
+        stem.mkdir(parents=True)
+        (stem / "state.pkl").write_bytes(pickle.dumps(filter_state))
+    return folder
+
+
+def _ppo_module_state(seed: int = 10) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def f(*shape):
+        return rng.normal(size=shape).astype(np.float32)
+
+    return {"encoder.actor_encoder.net.mlp.0.weight": f(4, 3), "encoder.actor_encoder.net.mlp.0.bias": f(4),
+            "encoder.critic_encoder.net.mlp.0.weight": f(4, 3), "encoder.critic_encoder.net.mlp.0.bias": f(4),
+            "pi.net.mlp.0.weight": f(2, 4), "pi.net.mlp.0.bias": f(2),
+            "vf.net.mlp.0.weight": f(1, 4), "vf.net.mlp.0.bias": f(1)}
+
+
+def test_a_new_stack_module_state_drops_targets_buffers_and_counters_and_reads_its_ctor_args(tmp_path):
+    w = _ppo_module_state()
+    state = {**w, "_target_pi.net.mlp.0.weight": w["pi.net.mlp.0.weight"] + 1, "_target_pi.net.mlp.0.bias": w["pi.net.mlp.0.bias"],
+             "pi.log_std_clip_param_const": np.array(20.0, np.float32), "num_updates": np.array(7, np.int64)}
+    ctor = {"class": "ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module.DefaultPPOTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"observation_space": {"space": "box", "shape": [3]},
+                                          "action_space": {"space": "discrete", "n": 2},
+                                          "model_config": {"fcnet_activation": "relu", "vf_share_layers": False}})}
+    folder = _new_stack(tmp_path, state, ctor, {None: FILTER_B})
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.layout, ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == ("new-stack", "default_policy",
+                                                                            ["default_policy"], "torch")
+    assert list(ckpt.weights) == list(w) and all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w)
+    assert ckpt.dropped == ["the target network (2 _target_* arrays)"]
+    assert (ckpt.module_class, ckpt.model_config) == ("DefaultPPOTorchRLModule", {"fcnet_activation": "relu",
+                                                                                  "vf_share_layers": False})
+    assert (ckpt.obs_space, ckpt.action_space) == (("box", (3,)), ("discrete", 2))
+    np.testing.assert_array_equal(ckpt.obs_filter.std, [1.0, 2.0, 4.0])
+    assert sorted(ckpt.files) == sorted(str(Path(p)) for p in (
+        "learner_group/learner/rl_module/default_policy/module_state.pkl",
+        "learner_group/learner/rl_module/default_policy/class_and_ctor_args.pkl",
+        "env_runner/env_to_module_connector/MeanStdFilter/state.pkl"))
+
+    converted = convert_source(folder, keep_value=True)
+    assert "dropped the target network (2 _target_* arrays)" in converted.notes
+    obs = np.random.default_rng(11).normal(size=(5, 3)).astype(np.float32)
+    x = (obs - np.array([-1.0, 0.0, 2.0], np.float32)) / np.array([1.0, 2.0, 4.0], np.float32)
+    h = np.maximum(x @ w["encoder.actor_encoder.net.mlp.0.weight"].T + w["encoder.actor_encoder.net.mlp.0.bias"], 0)
+    v = np.maximum(x @ w["encoder.critic_encoder.net.mlp.0.weight"].T + w["encoder.critic_encoder.net.mlp.0.bias"], 0)
+    logits = h @ w["pi.net.mlp.0.weight"].T + w["pi.net.mlp.0.bias"]
+    value = v @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]
+    got = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - value).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))
+
+
+@pytest.mark.parametrize("wrapped", [None, "null", "default"])
+def test_the_new_stack_filter_state_is_found_under_its_key(tmp_path, wrapped):
+    folder = _new_stack(tmp_path, _ppo_module_state(), None, {wrapped: FILTER_A})
+    ckpt = read_checkpoint(folder)
+    assert ckpt.obs_filter is not None and ckpt.obs_filter.clip == 3.0
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, [1.0, -2.0, 0.5])
+    assert (ckpt.module_class, ckpt.model_config, ckpt.obs_space, ckpt.action_space) == (None, {}, None, None)
+
+
+@pytest.mark.parametrize("ctor", [
+    {"class": "X", "ctor_args_and_kwargs": ((), {"model_config": ["not", "a", "dict"]})},
+    {"class": "X", "ctor_args_and_kwargs": ({"model_config": {"fcnet_activation": "relu"}},)},
+    {"class": "X", "ctor_args_and_kwargs": ((), ["model_config"])},
+    {"class": "X", "ctor_args_and_kwargs": None},
+    {"class": "X", "ctor_args_and_kwargs": ((), {"model_config": None})},
+])
+def test_ctor_args_of_another_form_give_an_empty_model_config(tmp_path, ctor):
+    ckpt = read_checkpoint(_new_stack(tmp_path, _ppo_module_state(), ctor))
+    assert (ckpt.module_class, ckpt.model_config, ckpt.obs_space, ckpt.action_space) == ("X", {}, None, None)
+
+
+def test_a_new_stack_module_state_that_is_no_mapping_is_refused(tmp_path):
+    folder = _new_stack(tmp_path, [np.zeros(3, np.float32)])
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    module = folder / "learner_group" / "learner" / "rl_module" / "default_policy"
+    assert str(caught.value) == f"{module}: module_state is not a mapping of parameter names to arrays"
+
+
+def _legacy(tmp_path: Path, worker, name="checkpoint-3") -> Path:
+    folder = tmp_path / "checkpoint_000003"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(pickle.dumps({"worker": pickle.dumps(worker), "optimizer": b""}))
+    return folder / name
+
+
+def test_legacy_checkpoints_read_their_params_from_the_folder_or_the_one_above(tmp_path):
+    w = _small_torch_weights(12)
+    path = _legacy(tmp_path, {"state": {"default_policy": {**w, "_optimizer_variables": [np.zeros(1)] * 3}},
+                              "filters": {"default_policy": FILTER_B}})
+    obs = np.random.default_rng(13).normal(size=(4, 3)).astype(np.float32)
+    x = (obs - np.array([-1.0, 0.0, 2.0], np.float32)) / np.array([1.0, 2.0, 4.0], np.float32)
+
+    def forward(act):
+        return act(x @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"]) \
+            @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+
+    ckpt = read_checkpoint(path)
+    assert (ckpt.layout, ckpt.framework, ckpt.model_config) == ("legacy", "torch", {})
+    assert ckpt.dropped == ["optimizer state (3 _optimizer_variables)"]
+    assert np.abs(pp.load(pp.convert(path)).run({"obs": obs})["logits"] - forward(np.tanh)).max() <= 1e-5
+    (tmp_path / "params.pkl").write_bytes(pickle.dumps({"model": {"fcnet_activation": "relu"}}))
+    assert read_checkpoint(path).model_config == {"fcnet_activation": "relu"}
+    relu = pp.load(pp.convert(path)).run({"obs": obs})["logits"]
+    assert np.abs(relu - forward(lambda z: np.maximum(z, 0))).max() <= 1e-5
+    (path.parent / "params.pkl").write_bytes(pickle.dumps({"model": {"fcnet_activation": "elu"}, "env": "x"}))
+    assert read_checkpoint(path).model_config == {"fcnet_activation": "elu"}  # the folder's own first
+    (path.parent / "params.pkl").write_bytes(pickle.dumps({"model": None}))
+    assert read_checkpoint(path).model_config == {}
+
+
+def test_legacy_checkpoints_of_another_shape_are_refused_with_what_is_missing(tmp_path):
+    cases = [
+        ({"state": [1, 2]}, "{path}: the worker state holds no per-policy 'state' dict"),
+        ({"filters": {}}, "{path}: the worker state holds no per-policy 'state' dict"),
+        ({"state": {"default_policy": [np.zeros(2)]}}, "{path}: policy 'default_policy' holds no weights dict"),
+        ({"state": {"default_policy": {"weights": None}}}, "{path}: policy 'default_policy' holds no weights dict"),
+    ]
+    for n, (worker, message) in enumerate(cases):
+        path = _legacy(tmp_path / str(n), worker)
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == message.format(path=path)
+    for n, outer in enumerate([[1], {"worker": "text"}, {"state": {}}]):
+        path = tmp_path / f"o{n}" / "checkpoint-1"
+        path.parent.mkdir()
+        path.write_bytes(pickle.dumps(outer))
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == (f"{path} is not a legacy RLlib checkpoint: expected a dict with a pickled "
+                                     "'worker' entry")
+    # the policy is found in the weights dict itself or under "weights"; the only policy when none is named
+    w = _small_torch_weights(14)
+    ckpt = read_checkpoint(_legacy(tmp_path / "w", {"state": {"p1": {"weights": w, "global_timestep": 5}}}))
+    assert (ckpt.policy_id, ckpt.policy_ids, list(ckpt.weights), ckpt.obs_filter) == ("p1", ["p1"], list(w), None)
+
+
+def test_where_a_path_is_no_checkpoint_and_which_legacy_file_is_read(tmp_path):
+    from policyport.converter.rllib import find_legacy_file
+
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(tmp_path / "missing")
+    assert str(caught.value) == f"{tmp_path / 'missing'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(tmp_path / "empty")
+    assert str(caught.value) == (f"{tmp_path / 'empty'} is not an RLlib checkpoint: expected a checkpoint-<N> file, a "
+                                 "folder with policies/<id>/ (Ray 2.x) or learner_group/learner/rl_module/<id>/ "
+                                 "(new API stack)")
+    for name in ("checkpoint-9", "checkpoint-10", "checkpoint-2", "checkpoint-11.tune_metadata", "checkpoint-x"):
+        (tmp_path / "empty" / name).write_bytes(b"")
+    (tmp_path / "empty" / "checkpoint-12").mkdir()
+    assert find_legacy_file(tmp_path / "empty") == tmp_path / "empty" / "checkpoint-10"  # the latest file: 10 after 9
+    assert find_legacy_file(tmp_path / "empty" / "checkpoint-2") == tmp_path / "empty" / "checkpoint-2"
+    assert find_legacy_file(tmp_path / "empty" / "checkpoint-11.tune_metadata") is None
+    assert find_legacy_file(tmp_path) is None
