@@ -369,7 +369,7 @@ def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]
         BadModelError: the list does not have the count of arrays that order needs.
     """
     hiddens = list(model.get("fcnet_hiddens", [256, 256]))
-    shared = bool(model.get("vf_share_layers", False))
+    shared = bool(model.get("vf_share_layers"))
     layers = []
     for i in range(1, len(hiddens) + 1):
         layers.append(f"fc_{i}")
