@@ -692,3 +692,52 @@ def test_where_a_path_is_no_checkpoint_and_which_legacy_file_is_read(tmp_path):
     assert find_legacy_file(tmp_path / "empty" / "checkpoint-2") == tmp_path / "empty" / "checkpoint-2"
     assert find_legacy_file(tmp_path / "empty" / "checkpoint-11.tune_metadata") is None
     assert find_legacy_file(tmp_path) is None
+
+
+def _dqn_module_state(seed: int, dueling: bool) -> dict:
+    rng = np.random.default_rng(seed)
+    state = {"encoder.net.mlp.0.weight": rng.normal(size=(5, 3)), "encoder.net.mlp.0.bias": rng.normal(size=5),
+             "af.net.mlp.0.weight": rng.normal(size=(4, 5)), "af.net.mlp.0.bias": rng.normal(size=4)}
+    if dueling:
+        state.update({"vf.net.mlp.0.weight": rng.normal(size=(1, 5)), "vf.net.mlp.0.bias": rng.normal(size=1)})
+    return {k: v.astype(np.float32) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_one_names_its_steps(tmp_path, opset):
+    ctor = {"class": "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module.DefaultDQNTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "relu"}})}
+    obs = np.random.default_rng(15).normal(size=(7, 3)).astype(np.float32)
+    for dueling in (False, True):
+        w = _dqn_module_state(16, dueling)
+        folder = _new_stack(tmp_path / str(dueling), w, ctor)
+        model = pp.convert(folder, opset=opset)
+        h = np.maximum(obs @ w["encoder.net.mlp.0.weight"].T + w["encoder.net.mlp.0.bias"], 0)
+        adv = h @ w["af.net.mlp.0.weight"].T + w["af.net.mlp.0.bias"]
+        outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+        if not dueling:
+            assert outputs == {"logits": ["batch", 4], "action": ["batch"]}
+            got = pp.load(model).run({"obs": obs})
+            assert np.abs(got["logits"] - adv).max() <= 1e-5
+            np.testing.assert_array_equal(got["action"], np.argmax(adv, axis=1))
+            continue
+        assert outputs == {"logits": ["batch", 4], "value": ["batch", 1], "q_values": ["batch", 0], "action": ["batch"]}
+        q = (h @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]) + adv - adv.mean(axis=1, keepdims=True)
+        for backend in ("numpy", "onnxruntime"):
+            got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+            np.testing.assert_allclose(got["dueling/mean_advantage"], adv.mean(axis=1, keepdims=True), atol=1e-5)
+            np.testing.assert_allclose(got["dueling/centered_advantage"], adv - adv.mean(axis=1, keepdims=True), atol=1e-5)
+            assert np.abs(got["q_values"] - q).max() <= 1e-5
+            np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
+        if opset >= 18:
+            axes = next(t for t in model.graph.initializer if t.name == "dueling/axes")
+            assert list(axes.int64_data) or axes.raw_data == np.array([1], np.int64).tobytes()
+
+
+def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_needs():
+    from policyport.converter.rllib import _name_tf2_list
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _name_tf2_list([np.zeros(1)] * 3, {}, "p")
+    assert str(caught.value).startswith("the tf2 policy's weights are an unnamed list of 3 arrays; its model config "
+                                        "(fcnet_hiddens [256, 256], vf_share_layers False) needs 12: p/fc_1/kernel, ")

@@ -373,3 +373,19 @@ def test_the_layout_reader_names_what_is_wrong(tmp_path):
     refused(tmp_path / "missing.safetensors", "cannot read {path}: [Errno 2] No such file or directory: '{path}'")
     with pytest.raises(pp.UnreadableFileError, match=rf"^{short} is not a readable .safetensors file: "):
         read_safetensors(short)
+
+
+def test_without_the_safetensors_library_the_layout_reader_reads_the_file_and_names_it(tmp_path, monkeypatch):
+    body = np.arange(4, dtype="<f4").tobytes()
+    path = _safetensors(tmp_path / "m.safetensors", {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, body)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)  # as on a machine without safetensors
+    got = read_safetensors(path)
+    assert list(got) == ["w"] and got["w"].dtype == np.float32 and got["w"].tolist() == [[0, 1], [2, 3]]
+    bf16 = _safetensors(tmp_path / "bf16.safetensors", {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}},
+                        b"\x80\x3f\x00\x40")
+    assert read_safetensors(bf16)["w"].astype(np.float32).tolist() == [1.0, 2.0]
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_safetensors(bf16)
+    assert str(caught.value) == (f"{bf16} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+                                 "(pip install ml_dtypes)")
