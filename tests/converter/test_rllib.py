@@ -741,3 +741,87 @@ def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_n
         _name_tf2_list([np.zeros(1)] * 3, {}, "p")
     assert str(caught.value).startswith("the tf2 policy's weights are an unnamed list of 3 arrays; its model config "
                                         "(fcnet_hiddens [256, 256], vf_share_layers False) needs 12: p/fc_1/kernel, ")
+
+
+def _linear(rng, out: int, inp: int, prefix: str, bias: bool = True) -> dict:
+    layer = {f"{prefix}.weight": rng.normal(size=(out, inp)).astype(np.float32)}
+    if bias:
+        layer[f"{prefix}.bias"] = rng.normal(size=out).astype(np.float32)
+    return layer
+
+
+def _apply(w: dict, prefix: str, x: np.ndarray, act=None) -> np.ndarray:
+    y = x @ w[f"{prefix}.weight"].T + w.get(f"{prefix}.bias", 0)
+    return act(y) if act else y
+
+
+def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(tmp_path):
+    rng = np.random.default_rng(17)
+    w = {}
+    for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("encoder.actor_encoder.net.mlp.2", 4, 5),
+                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3),
+                             ("vf.net.mlp.0", 2, 6)):
+        w.update(_linear(rng, out, inp, prefix))
+    w.update(_linear(rng, 1, 2, "vf.net.mlp.2", bias=False))
+    ctor = {"class": "DefaultPPOTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "tanh"}})}  # head activation omitted
+    model = pp.convert(_new_stack(tmp_path, w, ctor), keep_value=True)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    relu = lambda z: np.maximum(z, 0)  # noqa: E731 - RLlib's default head_fcnet_activation
+    h = _apply(w, "encoder.actor_encoder.net.mlp.2", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh), np.tanh)
+    logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", h, relu))
+    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), relu))
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).run({"obs": obs})
+        assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - v).max() <= 1e-5
+    assert {"vf.net.mlp.2.weight"} <= set(pp.extract_weights(model)) and "vf.net.mlp.2.bias" not in pp.extract_weights(model)
+
+
+def test_a_shared_rl_module_encoder_feeds_both_heads(tmp_path):
+    rng = np.random.default_rng(18)
+    w = {**_linear(rng, 5, 3, "encoder.encoder.net.mlp.0"), **_linear(rng, 2, 5, "pi.net.mlp.0"),
+         **_linear(rng, 1, 5, "vf.net.mlp.0")}
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {"model_config": {
+        "fcnet_activation": "relu", "head_fcnet_activation": "tanh", "vf_share_layers": True}})}
+    model = pp.convert(_new_stack(tmp_path, w, ctor), keep_value=True)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    h = _apply(w, "encoder.encoder.net.mlp.0", obs, lambda z: np.maximum(z, 0))
+    got = pp.load(model).run({"obs": obs})
+    assert np.abs(got["logits"] - _apply(w, "pi.net.mlp.0", h)).max() <= 1e-5
+    assert np.abs(got["value"] - _apply(w, "vf.net.mlp.0", h)).max() <= 1e-5
+
+
+def test_rl_module_layouts_policyport_cannot_convert_are_refused_naming_what_is_wrong():
+    from policyport.converter.rllib import parse_rl_module
+
+    rng = np.random.default_rng(19)
+    enc = _linear(rng, 4, 3, "encoder.encoder.net.mlp.0")
+
+    def refused(arrays, message, error=pp.BadModelError, keep_value=False, dqn=False):
+        with pytest.raises(error) as caught:
+            parse_rl_module(arrays, {}, None, None, keep_value, dqn)
+        assert str(caught.value) == message
+
+    refused({**enc, "pi.weight": np.zeros((2, 4)), "a.net.mlp.x.bias": np.zeros(2)},
+            "cannot place 2 array(s) in RLlib's default RLModule layout (<module>.net.mlp.<i>.weight|bias): "
+            "a.net.mlp.x.bias, pi.weight")
+    refused({**enc, "pi.net.mlp.0.bias": np.zeros(2)}, "pi.net.mlp.0 has no weight")
+    refused(enc, "the RLModule has no pi head; found modules encoder.encoder")
+    pi = _linear(rng, 2, 4, "pi.net.mlp.0")
+    refused({**enc, **pi}, "a value branch was asked for (--keep-value), but the RLModule has no vf head",
+            error=pp.OptionError, keep_value=True)
+    refused({**enc, **pi, **_linear(rng, 3, 4, "vf.net.mlp.0"), **_linear(rng, 1, 3, "vf.net.mlp.1")},
+            "a vf head with hidden layers on a shared encoder is not supported", keep_value=True)
+    dqn_enc = _linear(rng, 4, 3, "encoder.net.mlp.0")
+    refused({**dqn_enc, **_linear(rng, 1, 4, "vf.net.mlp.0")},
+            "a DQN RLModule needs an af (advantage) head; found modules encoder, vf", dqn=True)
+    for two in ("af", "vf"):
+        arrays = {**dqn_enc, **_linear(rng, 2, 4, "af.net.mlp.0"), **_linear(rng, 1, 4, "vf.net.mlp.0"),
+                  **_linear(rng, 2, 2 if two == "af" else 1, f"{two}.net.mlp.1")}
+        refused(arrays, "policyport converts DQN RLModules whose af/vf heads are single layers (head_fcnet_hiddens=[])",
+                dqn=True)
+    spec, dueling = parse_rl_module({**dqn_enc, **_linear(rng, 2, 4, "af.net.mlp.0")}, {}, None, None, False, True)
+    assert (dueling, spec.value_output, [d.name for d in spec.hidden], spec.output.name) == (
+        False, None, ["encoder.net.mlp.0"], "af.net.mlp.0")
+    spec, dueling = parse_rl_module({**enc, **pi, **_linear(rng, 1, 4, "vf.net.mlp.0")}, {}, None, None, False, False)
+    assert (dueling, spec.value_output, spec.value_hidden) == (False, None, [])  # the value head only with keep_value
