@@ -327,11 +327,11 @@ def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarr
 def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, pid: str | None = None,
                         ids: list[str] | None = None, algorithm_state: Any = None) -> Checkpoint:
     policy_state = files.state(folder / "policy_state")
-    pid = pid or policy_id or folder.name
+    pid = pid or _pick([folder.name], policy_id, str(folder))  # a policy's own folder is that policy
     weights = _get(policy_state, "weights")
-    spec = _get(policy_state, "policy_spec", {}) or {}
-    config = _get(spec, "config", {}) or {}
-    model = dict(_get(config, "model", {}) or {})
+    spec = _get(policy_state, "policy_spec") or {}
+    config = _get(spec, "config") or {}
+    model = dict(_get(config, "model") or {})
     if isinstance(weights, (list, tuple)):
         weights = _name_tf2_list(list(weights), model, pid)
     if not isinstance(weights, dict):
@@ -340,7 +340,7 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, pid:
     framework = "tf" if any("/" in k for k in arrays) else "torch"
     filt = None
     if algorithm_state is not None:
-        filt = (_get(_get(algorithm_state, "worker", {}), "filters", {}) or {}).get(pid)
+        filt = (_get(_get(algorithm_state, "worker"), "filters") or {}).get(pid)
     if filt is None:  # the connector pipeline keeps the same statistics
         agent = _get(_get(policy_state, "connector_configs", {}), "agent")
         for entry in (agent[1] if isinstance(agent, (list, tuple)) and len(agent) == 2 else []):
