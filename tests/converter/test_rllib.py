@@ -825,3 +825,29 @@ def test_rl_module_layouts_policyport_cannot_convert_are_refused_naming_what_is_
         False, None, ["encoder.net.mlp.0"], "af.net.mlp.0")
     spec, dueling = parse_rl_module({**enc, **pi, **_linear(rng, 1, 4, "vf.net.mlp.0")}, {}, None, None, False, False)
     assert (dueling, spec.value_output, spec.value_hidden) == (False, None, [])  # the value head only with keep_value
+
+
+def test_a_policy_folder_read_directly_is_its_own_policy_and_its_state_must_hold_weights(tmp_path):
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(20), "_optimizer_variables": [np.zeros(2)] * 4,
+                                       "global_timestep": 100})
+    policy = folder / "policies" / "default_policy"
+    ckpt = read_checkpoint(policy, policy_id="default_policy")
+    assert (ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == ("default_policy", ["default_policy"], "torch")
+    assert ckpt.dropped == ["optimizer state (4 _optimizer_variables)"]
+    assert "dropped optimizer state (4 _optimizer_variables)" in convert_source(folder).notes
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(policy, policy_id="hero")
+    assert str(caught.value) == f"policy 'hero' is not in {policy}; it holds: default_policy (choose one with --policy-id)"
+    for state in ({"policy_spec": {}}, {"weights": np.zeros(3, np.float32)}):
+        bad = _policy_folder(tmp_path / str(len(state)) / type(state.get("weights")).__name__, state)
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(bad)
+        assert str(caught.value) == f"{bad / 'policies' / 'default_policy'}: policy_state holds no weights"
+
+
+def test_an_unnamed_tf2_weight_list_reads_as_a_tf_policy(tmp_path):
+    rng = np.random.default_rng(21)
+    listed = [rng.normal(size=s).astype(np.float32) for s in ((3, 4), (4,), (3, 4), (4,), (4, 2), (2,), (4, 1), (1,))]
+    ckpt = read_checkpoint(_policy_folder(tmp_path, {"weights": listed, "policy_spec": {"config": {"model": {
+        "fcnet_hiddens": [4]}}}}))
+    assert ckpt.framework == "tf" and list(ckpt.weights)[:2] == ["default_policy/fc_1/kernel", "default_policy/fc_1/bias"]
