@@ -851,3 +851,15 @@ def test_an_unnamed_tf2_weight_list_reads_as_a_tf_policy(tmp_path):
     ckpt = read_checkpoint(_policy_folder(tmp_path, {"weights": listed, "policy_spec": {"config": {"model": {
         "fcnet_hiddens": [4]}}}}))
     assert ckpt.framework == "tf" and list(ckpt.weights)[:2] == ["default_policy/fc_1/kernel", "default_policy/fc_1/bias"]
+
+
+def test_an_old_stack_algorithm_state_in_msgpack_gives_the_filter(tmp_path):
+    msgpack = pytest.importorskip("msgpack")  # Ray's own dependency
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(22), "connector_configs": _connectors(FILTER_B)})
+    stats = FILTER_A["running_stats"][0]
+    serialised = {"demean": True, "destd": True, "clip": 3.0, "running_stats": [{
+        "num_pushes": 5, "mean_array": _ray_array(stats["mean_array"]), "sum_sq_diff_array": _ray_array(stats["sum_sq_diff_array"])}]}
+    (folder / "algorithm_state.msgpack").write_bytes(msgpack.packb({"worker": {"filters": {"default_policy": serialised}}}))
+    ckpt = read_checkpoint(folder)
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, [1.0, -2.0, 0.5])
+    assert ckpt.obs_filter.clip == 3.0 and "algorithm_state.msgpack" in ckpt.files
