@@ -275,3 +275,27 @@ def test_vec_normalize_nodes_clip_both_ways_and_add_epsilon_to_the_variance():
             assert got[name].dtype == value.dtype and np.abs(got[name] - value).max() <= 1e-12, (backend, name)
     weights = pp.extract_weights(model)
     assert weights["norm.mean"].tobytes() == norm.mean.tobytes() and weights["norm.var"].tobytes() == norm.var.tobytes()
+
+
+def test_a_multi_discrete_action_takes_one_argmax_per_sub_space_of_three():
+    """SB3's MultiCategoricalDistribution splits the logits by nvec: (2, 3, 4) reads columns 0-1, 2-4, 5-8."""
+    from policyport.converter.build import ActionHead, Dense, MlpSpec, build_mlp
+
+    rng = np.random.default_rng(24)
+    out = Dense("action_net", rng.normal(size=(9, 3)).astype(np.float32), "action_net.weight",
+                rng.normal(size=9).astype(np.float32), "action_net.bias", "out_in", None)
+    spec = MlpSpec([], out, action=ActionHead("multi_argmax", nvec=(2, 3, 4)))
+    model = build_mlp(spec)
+    action = next(o for o in model.graph.output if o.name == "action")
+    assert [d.dim_param or d.dim_value for d in action.type.tensor_type.shape.dim] == ["batch", 3]
+    obs = rng.normal(size=(64, 3)).astype(np.float32)
+    logits = obs @ out.weight.T + out.bias
+    expected = np.stack([np.argmax(logits[:, a:b], axis=1) for a, b in ((0, 2), (2, 5), (5, 9))], axis=1)
+    assert len(set(map(tuple, expected))) > 10  # many combinations: a wrong split shows
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+        assert got["action"].dtype == np.int64
+        np.testing.assert_array_equal(got["action"], expected)
+        for i, (a, b) in enumerate(((0, 2), (2, 5), (5, 9))):
+            np.testing.assert_array_equal(got[f"action/logits_{i}"], got["logits"][:, a:b])
+            np.testing.assert_array_equal(got[f"action/argmax_{i}"], expected[:, i:i + 1])
