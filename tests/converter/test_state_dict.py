@@ -389,3 +389,47 @@ def test_without_the_safetensors_library_the_layout_reader_reads_the_file_and_na
         read_safetensors(bf16)
     assert str(caught.value) == (f"{bf16} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
                                  "(pip install ml_dtypes)")
+
+
+def test_rllib_torch_state_dicts_parse_with_their_notes_log_std_and_refusals():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_rllib_torch
+
+    rng = np.random.default_rng(25)
+
+    def linear(prefix, out, inp):
+        return {f"{prefix}.weight": rng.normal(size=(out, inp)).astype(np.float32),
+                f"{prefix}.bias": rng.normal(size=out).astype(np.float32)}
+
+    arrays = {**linear("_hidden_layers.0._model.0", 4, 3), **linear("_hidden_layers.1._model.0", 4, 4),
+              **linear("_logits._model.0", 2, 4), **linear("_value_branch_separate.0._model.0", 5, 3),
+              **linear("_value_branch._model.0", 1, 5), "_append_free_log_std.log_std": np.array([0.5], np.float32)}
+    tanh = parse_activation("tanh")
+    spec, notes = parse_rllib_torch(arrays, tanh)
+    assert notes == ["the value function (_value_branch) is not exported; --keep-value exports it as 'value'"]
+    assert [d.name for d in spec.hidden] == ["_hidden_layers.0._model.0", "_hidden_layers.1._model.0"]
+    assert [[(s.kind, s.scope, s.activation) for s in d.post] for d in spec.hidden] == [
+        [("activation", "_hidden_layers.0._model.1", tanh)], [("activation", "_hidden_layers.1._model.1", tanh)]]
+    assert (spec.value_hidden, spec.value_output, spec.free_log_std_name) == ([], None, "_append_free_log_std.log_std")
+    assert spec.free_log_std.tobytes() == arrays["_append_free_log_std.log_std"].tobytes()
+    kept, notes = parse_rllib_torch(arrays, None, keep_value=True)
+    assert notes == [] and kept.value_output.name == "_value_branch._model.0"
+    assert [d.name for d in kept.value_hidden] == ["_value_branch_separate.0._model.0"]
+    assert all(d.post == [] for d in kept.hidden + kept.value_hidden)  # a linear network: no activation steps
+    del arrays["_append_free_log_std.log_std"], arrays["_value_branch._model.0.weight"], arrays["_value_branch._model.0.bias"]
+    spec, notes = parse_rllib_torch(arrays, tanh)
+    assert notes == [] and (spec.free_log_std, spec.free_log_std_name) == (None, None)
+
+    def refused(bad, message, error=pp.BadModelError, keep_value=False):
+        with pytest.raises(error) as caught:
+            parse_rllib_torch(bad, tanh, keep_value=keep_value)
+        assert str(caught.value) == message
+
+    refused(arrays, "a value branch was asked for (--keep-value), but the weights hold no _value_branch",
+            error=pp.OptionError, keep_value=True)
+    refused({**arrays, "encoder.weight": np.zeros((1, 1)), "_logits.bias": np.zeros(1)},
+            "keys that do not fit RLlib's torch FullyConnectedNetwork: _logits.bias, encoder.weight")
+    refused({k: v for k, v in arrays.items() if not k.startswith("_logits")},
+            "no _logits._model.0.weight: RLlib's FullyConnectedNetwork has a _logits layer")
+    gap = {k.replace("_hidden_layers.1.", "_hidden_layers.2."): v for k, v in arrays.items()}
+    refused(gap, "_hidden_layers.<i> must be numbered 0..N-1 without gaps; found [0, 2]")
