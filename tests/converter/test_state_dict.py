@@ -433,3 +433,39 @@ def test_rllib_torch_state_dicts_parse_with_their_notes_log_std_and_refusals():
             "no _logits._model.0.weight: RLlib's FullyConnectedNetwork has a _logits layer")
     gap = {k.replace("_hidden_layers.1.", "_hidden_layers.2."): v for k, v in arrays.items()}
     refused(gap, "_hidden_layers.<i> must be numbered 0..N-1 without gaps; found [0, 2]")
+
+
+def test_sb3_actor_state_dicts_note_what_is_left_out_and_refuse_other_layouts_exactly():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor
+
+    rng = np.random.default_rng(26)
+    relu = parse_activation("relu")
+
+    def w(*shape):
+        return rng.normal(size=shape).astype(np.float32)
+
+    sac = {"actor.latent_pi.0.weight": w(4, 3), "actor.latent_pi.0.bias": w(4), "actor.mu.weight": w(2, 4),
+           "actor.mu.bias": w(2), "actor.log_std.weight": w(2, 4), "actor.log_std.bias": w(2),
+           "critic.qf0.0.weight": w(1, 5), "critic_target.qf0.0.weight": w(1, 5), "log_ent_coef": w(1)}
+    spec, family, notes = parse_sb3_actor(sac, relu)
+    assert family == "sac" and spec.output.name == "actor.mu" and [d.name for d in spec.hidden] == ["actor.latent_pi.0"]
+    assert notes[:2] == ["not exported: critic, critic_target, log_ent_coef (the deterministic action needs the actor only)",
+                         "actor.log_std (the state-dependent std) is not exported: the deterministic action does not use it"]
+    td3 = {"actor.mu.0.weight": w(4, 3), "actor.mu.0.bias": w(4), "actor.mu.2.weight": w(2, 4), "actor.mu.2.bias": w(2)}
+    spec, family, notes = parse_sb3_actor(td3, relu)
+    assert (family, notes, [d.name for d in spec.hidden], spec.output.name) == ("td3", [], ["actor.mu.0"], "actor.mu.2")
+
+    def refused(arrays, message):
+        with pytest.raises(pp.BadModelError) as caught:
+            parse_sb3_actor(arrays, relu)
+        assert str(caught.value) == message
+
+    extractor = {f"actor.features_extractor.cnn.{i}.weight": w(1) for i in range(5)}
+    refused({**td3, **extractor}, "the actor has a features extractor with parameters (actor.features_extractor.cnn.0.weight, "
+            "actor.features_extractor.cnn.1.weight, actor.features_extractor.cnn.2.weight, "
+            "actor.features_extractor.cnn.3.weight): a CNN or custom extractor; policyport converts MLP policies only")
+    refused({**sac, "actor.extra.weight": w(1)}, "keys that do not fit SB3's SAC actor: actor.extra.weight")
+    refused({k: v for k, v in sac.items() if not k.startswith("actor.log_std")},
+            "a SAC actor without actor.log_std: a gSDE actor, which policyport does not convert")
+    refused({**td3, "actor.mu.x": w(1)}, "keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): actor.mu.x")
