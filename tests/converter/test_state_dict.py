@@ -469,3 +469,14 @@ def test_sb3_actor_state_dicts_note_what_is_left_out_and_refuse_other_layouts_ex
     refused({k: v for k, v in sac.items() if not k.startswith("actor.log_std")},
             "a SAC actor without actor.log_std: a gSDE actor, which policyport does not convert")
     refused({**td3, "actor.mu.x": w(1)}, "keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): actor.mu.x")
+
+
+def test_the_reader_without_torch_rebuilds_parameters_and_parameters_with_attributes(tmp_path):
+    plain = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    tagged = torch.nn.Parameter(torch.tensor([1.5, -2.0], dtype=torch.float64), requires_grad=False)
+    tagged.note = "kept by _rebuild_parameter_with_state"
+    path = tmp_path / "params.pt"
+    torch.save({"plain": plain, "tagged": tagged}, path)
+    got = read_torch_zip(path)
+    assert got["plain"].dtype == np.float32 and got["plain"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert got["tagged"].dtype == np.float64 and got["tagged"].tolist() == [1.5, -2.0]
