@@ -863,3 +863,32 @@ def test_an_old_stack_algorithm_state_in_msgpack_gives_the_filter(tmp_path):
     ckpt = read_checkpoint(folder)
     np.testing.assert_array_equal(ckpt.obs_filter.mean, [1.0, -2.0, 0.5])
     assert ckpt.obs_filter.clip == 3.0 and "algorithm_state.msgpack" in ckpt.files
+
+
+def test_a_new_stack_with_several_modules_reads_the_one_named_and_the_filter_of_the_default_agent(tmp_path, monkeypatch):
+    import types
+
+    module = types.ModuleType("ray.rllib.core.rl_module")  # RLlib's class, for pickling only
+    module.DefaultPPOTorchRLModule = type("DefaultPPOTorchRLModule", (), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    folder = _new_stack(tmp_path, _ppo_module_state(27), pid="hero")
+    (folder / "learner_group" / "learner" / "rl_module" / "villain").mkdir()
+    villain = _ppo_module_state(28)
+    (folder / "learner_group" / "learner" / "rl_module" / "villain" / "module_state.pkl").write_bytes(pickle.dumps(villain))
+    ctor = {"class": module.DefaultPPOTorchRLModule, "ctor_args_and_kwargs": ((), {})}
+    (folder / "learner_group" / "learner" / "rl_module" / "villain" / "class_and_ctor_args.pkl").write_bytes(
+        pickle.dumps(ctor))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == f"policy 'default_policy' is not in {folder}; it holds: hero, villain (choose one with --policy-id)"
+    ckpt = read_checkpoint(folder, policy_id="villain")
+    assert (ckpt.policy_id, ckpt.policy_ids, ckpt.module_class) == ("villain", ["hero", "villain"], "DefaultPPOTorchRLModule")
+    assert all(ckpt.weights[k].tobytes() == villain[k].tobytes() for k in villain)
+    stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter"
+    stem.mkdir(parents=True)
+    for state, mean in (({None: FILTER_A, "agent_1": FILTER_B}, [1.0, -2.0, 0.5]),
+                        ({"null": FILTER_B, "agent_1": FILTER_A}, [-1.0, 0.0, 2.0]),
+                        ({"agent_1": FILTER_A, "agent_2": FILTER_B}, None)):
+        (stem / "state.pkl").write_bytes(pickle.dumps(state))
+        filt = read_checkpoint(folder, policy_id="hero").obs_filter
+        assert (filt is None) if mean is None else filt.mean.tolist() == mean
