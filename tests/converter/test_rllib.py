@@ -402,7 +402,7 @@ def test_the_model_config_of_the_policy_spec_chooses_the_activation_and_the_spac
 
 def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(tmp_path):
     folder = tmp_path / "ckpt"
-    for pid, seed, filt in (("hero", 8, FILTER_A), ("villain", 9, FILTER_B)):
+    for pid, seed, filt in (("hero", 8, FILTER_A), ("villain", 9, FILTER_B), ("zealot", 10, FILTER_B)):
         (folder / "policies" / pid).mkdir(parents=True)
         (folder / "policies" / pid / "policy_state.pkl").write_bytes(pickle.dumps(
             {"weights": _small_torch_weights(seed), "connector_configs": _connectors(filt)}))
@@ -412,15 +412,15 @@ def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(t
         {"worker": {"filters": {"hero": FILTER_B, "villain": FILTER_A}}}))
     with pytest.raises(pp.BadModelError) as caught:
         read_checkpoint(folder)
-    assert str(caught.value) == (f"policy 'default_policy' is not in {folder}; it holds: hero, villain "
+    assert str(caught.value) == (f"policy 'default_policy' is not in {folder}; it holds: hero, villain, zealot "
                                  "(choose one with --policy-id)")
     ckpt = read_checkpoint(folder, policy_id="villain")
-    assert (ckpt.policy_id, ckpt.policy_ids) == ("villain", ["hero", "villain"])
+    assert (ckpt.policy_id, ckpt.policy_ids) == ("villain", ["hero", "villain", "zealot"])
     w = _small_torch_weights(9)
     assert all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w) and list(ckpt.weights) == list(w)
     np.testing.assert_array_equal(ckpt.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
     converted = convert_source(folder, policy_id="hero")
-    assert "old-stack checkpoint: converted policy 'hero' (it also holds villain)" in converted.notes
+    assert "old-stack checkpoint: converted policy 'hero' (it also holds villain, zealot)" in converted.notes
     # a policy's own folder, given directly, is read as that policy (its connectors hold its filter)
     direct = read_checkpoint(folder / "policies" / "hero")
     assert (direct.layout, direct.policy_id, direct.policy_ids) == ("old-stack", "hero", ["hero"])
@@ -717,6 +717,8 @@ def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_
         outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
         if not dueling:
             assert outputs == {"logits": ["batch", 4], "action": ["batch"]}
+            source = convert_source(folder, opset=opset).reference(obs)  # what verify --source compares against
+            np.testing.assert_array_equal(source["action"], np.argmax(adv, axis=1))
             got = pp.load(model).run({"obs": obs})
             assert np.abs(got["logits"] - adv).max() <= 1e-5
             np.testing.assert_array_equal(got["action"], np.argmax(adv, axis=1))
