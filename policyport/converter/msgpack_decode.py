@@ -98,6 +98,10 @@ class _Reader:
         return _numpy_array(out, self.what) if b"nd" in out or "nd" in out else out
 
 
+#: The dtype kinds read as arrays: bool, signed and unsigned integers, floats, complex.
+NUMERIC_KINDS = "biufc"  # pragma: no mutate (mutmut's "XX" padding is no dtype kind)
+
+
 def _numpy_array(m: dict, what: str) -> Any:
     """A msgpack-numpy map ``{nd, type, shape, data}`` as an array (plain numeric dtypes only)."""
     get = lambda k: m.get(k.encode(), m.get(k))  # noqa: E731 — keys are bytes or str by writer version
@@ -109,11 +113,12 @@ def _numpy_array(m: dict, what: str) -> Any:
         dtype = np.dtype(type_)
     except TypeError as e:
         raise UnreadableFileError(f"{what} holds an array of unknown dtype {type_!r}") from e
-    if dtype.kind not in "biufc":
+    if dtype.kind not in NUMERIC_KINDS:
         raise UnreadableFileError(f"{what} holds an array of dtype {dtype}; only numeric arrays are read")
     shape = tuple(int(d) for d in get("shape"))
     data = get("data")
-    if not isinstance(data, bytes) or len(data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+    size = int(np.prod(shape, dtype=np.int64))  # pragma: no mutate (numpy 2 counts in int64 on every platform)
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize * size:
         raise UnreadableFileError(f"{what} holds an array whose data does not fit its shape {shape} and dtype {dtype}")
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 

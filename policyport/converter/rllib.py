@@ -324,25 +324,23 @@ def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarr
     return arrays, dropped
 
 
-def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, pid: str | None = None,
-                        ids: list[str] | None = None, algorithm_state: Any = None) -> Checkpoint:
+def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids: list[str] | None = None,
+                        algorithm_state: Any = None) -> Checkpoint:
     policy_state = files.state(folder / "policy_state")
-    pid = pid or policy_id or folder.name
+    pid = _pick([folder.name], policy_id, str(folder))  # a policy's own folder is that policy
     weights = _get(policy_state, "weights")
-    spec = _get(policy_state, "policy_spec", {}) or {}
-    config = _get(spec, "config", {}) or {}
-    model = dict(_get(config, "model", {}) or {})
+    spec = _get(policy_state, "policy_spec") or {}
+    config = _get(spec, "config") or {}
+    model = dict(_get(config, "model") or {})
     if isinstance(weights, (list, tuple)):
         weights = _name_tf2_list(list(weights), model, pid)
     if not isinstance(weights, dict):
         raise BadModelError(f"{folder}: policy_state holds no weights")
     arrays, dropped = _split_weights(weights, policy_state)
     framework = "tf" if any("/" in k for k in arrays) else "torch"
-    filt = None
-    if algorithm_state is not None:
-        filt = (_get(_get(algorithm_state, "worker", {}), "filters", {}) or {}).get(pid)
+    filt = (_get(_get(algorithm_state, "worker"), "filters") or {}).get(pid)
     if filt is None:  # the connector pipeline keeps the same statistics
-        agent = _get(_get(policy_state, "connector_configs", {}), "agent")
+        agent = _get(_get(policy_state, "connector_configs"), "agent")
         for entry in (agent[1] if isinstance(agent, (list, tuple)) and len(agent) == 2 else []):
             if isinstance(entry, (list, tuple)) and entry and "MeanStd" in str(entry[0]):
                 filt = entry[1]
@@ -354,10 +352,9 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, pid:
 def _read_old_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
     ids = sorted(p.name for p in (path / "policies").iterdir() if p.is_dir())
     pid = _pick(ids, policy_id, str(path))
-    algorithm_state = None
-    if any((path / f"algorithm_state{s}").is_file() for s in (".pkl", ".msgpack")):
-        algorithm_state = files.state(path / "algorithm_state")
-    return _read_policy_folder(path / "policies" / pid, files, policy_id, pid, ids, algorithm_state)
+    has_state = any((path / f"algorithm_state{s}").is_file() for s in (".pkl", ".msgpack"))
+    algorithm_state = files.state(path / "algorithm_state") if has_state else None
+    return _read_policy_folder(path / "policies" / pid, files, pid, ids, algorithm_state)
 
 
 def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]:
@@ -369,7 +366,7 @@ def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]
         BadModelError: the list does not have the count of arrays that order needs.
     """
     hiddens = list(model.get("fcnet_hiddens", [256, 256]))
-    shared = bool(model.get("vf_share_layers", False))
+    shared = bool(model.get("vf_share_layers"))
     layers = []
     for i in range(1, len(hiddens) + 1):
         layers.append(f"fc_{i}")

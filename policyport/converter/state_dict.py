@@ -312,7 +312,7 @@ def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool
         if nums != list(range(len(nums))):
             raise BadModelError(f"{prefix}.<i> must be numbered 0..N-1 without gaps; found {nums}")
         steps = lambda i: [Step("activation", f"{prefix}.{i}._model.1", activation)] if activation else []  # noqa: E731
-        return [_with_steps(_dense(arrays, f"{prefix}.{i}._model.0", f"{prefix}.{i}._model.0"), steps(i)) for i in nums]
+        return [_with_steps(_dense(arrays, f"{prefix}.{i}._model.0"), steps(i)) for i in nums]
 
     hidden, value_hidden = slim("_hidden_layers"), slim("_value_branch_separate")
     output = _dense(arrays, "_logits._model.0")

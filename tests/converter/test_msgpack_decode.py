@@ -92,3 +92,13 @@ def test_nesting_is_bounded_and_files_are_named(tmp_path):
         load(path, what="policy state")
     with pytest.raises(UnreadableFileError, match=f"^cannot read {tmp_path / 'missing'}"):
         load(tmp_path / "missing")
+
+
+def test_fixmaps_and_fixarrays_of_fifteen_entries_and_arrays_16_and_32_nest_within_the_bound():
+    fixmap = bytes([0x8F]) + b"".join(bytes([i, i]) for i in range(15))
+    assert load(fixmap) == {i: i for i in range(15)}
+    assert load(bytes([0x9F]) + bytes(range(15))) == list(range(15))
+    for head in (bytes.fromhex("dc 00 01"), bytes.fromhex("dd 00 00 00 01"), bytes.fromhex("de 00 01 00")):
+        assert load(head * 200 + b"\x00") is not None
+        with pytest.raises(UnreadableFileError, match="nests MessagePack values deeper than 200"):
+            load(head * 201 + b"\x00")

@@ -287,3 +287,608 @@ def test_an_old_tf2_weight_list_is_named_in_policy_variables_order():
                                  "(fcnet_hiddens [8], vf_share_layers False) needs 8: p/fc_1/kernel, p/fc_1/bias, "
                                  "p/fc_value_1/kernel, p/fc_value_1/bias, p/fc_out/kernel, p/fc_out/bias, "
                                  "p/value_out/kernel, p/value_out/bias")
+
+
+# ----------------------------------------------------------------------- old API stack, built in tmp_path
+
+
+def _small_torch_weights(seed: int = 3) -> dict:
+    """A 3-4-2 FullyConnectedNetwork state_dict in RLlib's old-stack torch names."""
+    rng = np.random.default_rng(seed)
+    return {"_hidden_layers.0._model.0.weight": rng.normal(size=(4, 3)).astype(np.float32),
+            "_hidden_layers.0._model.0.bias": rng.normal(size=4).astype(np.float32),
+            "_logits._model.0.weight": rng.normal(size=(2, 4)).astype(np.float32),
+            "_logits._model.0.bias": rng.normal(size=2).astype(np.float32)}
+
+
+def _stats_filter(mean, sum_sq, n: int, clip=None) -> dict:
+    """A Ray 2.x MeanStdFilter state as the old stack pickles it (arrays plain)."""
+    return {"demean": True, "destd": True, "clip": clip, "running_stats": [
+        {"num_pushes": n, "mean_array": np.asarray(mean, np.float64), "sum_sq_diff_array": np.asarray(sum_sq, np.float64)}]}
+
+
+def _connectors(filt: dict) -> dict:
+    """``policy_state['connector_configs']`` as Ray 2.x writes it, the filter's state second."""
+    return {"agent": ("AgentConnectorPipeline", [("ObsPreprocessorConnector", None),
+                                                  ("MeanStdObservationFilterAgentConnector", filt)])}
+
+
+FILTER_A = _stats_filter([1.0, -2.0, 0.5], [36.0, 4.0, 0.0], 5, clip=3.0)  # std 3, 1, 0
+FILTER_B = _stats_filter([-1.0, 0.0, 2.0], [4.0, 16.0, 64.0], 5)  # std 1, 2, 4
+
+
+def test_an_old_stack_filter_is_read_from_algorithm_state_before_the_connectors(tmp_path):
+    w = _small_torch_weights()
+    folder = _policy_folder(tmp_path, {"weights": w, "connector_configs": _connectors(FILTER_B)})
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps(
+        {"worker": {"filters": {"default_policy": FILTER_A, "other": FILTER_B}}}))
+    ckpt = read_checkpoint(folder)
+    f = ckpt.obs_filter
+    np.testing.assert_array_equal(f.mean, [1.0, -2.0, 0.5])
+    np.testing.assert_array_equal(f.std, [3.0, 1.0, 0.0])
+    assert (f.clip, f.count, f.epsilon, f.form) == (3.0, 5, EPSILON_RUNNING_STATS, "running_stats")
+    assert set(ckpt.files) == {"algorithm_state.pkl", str(Path("policies/default_policy/policy_state.pkl"))}
+
+    # The converted graph divides by std + 1e-6, clips at 3 and runs tanh (RLlib's default activation).
+    obs = np.array([[4.0, -2.5, 0.5], [1.0, 0.0, 0.5 + 1e-6], [-20.0, -2.0, 0.0]], np.float32)
+    y = np.clip((obs.astype(np.float64) - [1.0, -2.0, 0.5]) / (np.array([3.0, 1.0, 0.0]) + 1e-6), -3, 3)
+    h = np.tanh(y @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"])
+    logits = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    model = pp.convert(folder)
+    assert [o.name for o in model.graph.output] == ["logits"]  # no action space recorded: no head
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+        np.testing.assert_allclose(got["obs_filter/clip"], y, rtol=1e-5, atol=1e-5)
+        assert np.abs(got["logits"] - logits).max() <= 1e-5
+
+    # Without algorithm_state (or without its worker's filter) the connector pipeline's copy is read.
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"worker": {"filters": {"other": FILTER_A}}}))
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.mean, [-1.0, 0.0, 2.0])
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"counters": {}}))
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.std, [1.0, 2.0, 4.0])
+    (folder / "algorithm_state.pkl").unlink()
+    b = read_checkpoint(folder).obs_filter
+    np.testing.assert_array_equal(b.std, [1.0, 2.0, 4.0])
+    assert b.clip is None
+
+
+@pytest.mark.parametrize("connectors", [
+    {}, {"agent": None}, {"agent": ("AgentConnectorPipeline",)},
+    {"agent": ("AgentConnectorPipeline", [("ObsPreprocessorConnector", None), (), ("ClipRewardAgentConnector", FILTER_B)])},
+])
+def test_connector_configs_without_a_mean_std_filter_give_no_filter(tmp_path, connectors):
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(), "connector_configs": connectors})
+    assert read_checkpoint(folder).obs_filter is None
+    model = pp.convert(folder)
+    assert not [n for n in model.graph.node if n.name.startswith("obs_filter")]
+
+
+def test_a_policy_state_without_spec_config_or_model_takes_rllibs_defaults(tmp_path):
+    w = _small_torch_weights(4)
+    obs = np.random.default_rng(5).normal(size=(6, 3)).astype(np.float32)
+    h = np.tanh(obs @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"])
+    expected = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    for n, state in enumerate([{"weights": w}, {"weights": w, "policy_spec": None},
+                               {"weights": w, "policy_spec": {"config": None}},
+                               {"weights": w, "policy_spec": {"config": {"model": None}}},
+                               {"weights": w, "policy_spec": {"config": {"model": {"fcnet_hiddens": [4]}}}}]):
+        ckpt = read_checkpoint(_policy_folder(tmp_path / str(n), state))
+        assert (ckpt.layout, ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == (
+            "old-stack", "default_policy", ["default_policy"], "torch")
+        assert (ckpt.obs_space, ckpt.action_space, ckpt.obs_filter, ckpt.dropped) == (None, None, None, [])
+        assert ckpt.model_config == ({"fcnet_hiddens": [4]} if n == 4 else {})
+        converted = convert_source(tmp_path / str(n) / "ckpt")
+        assert any("old-stack checkpoint: converted policy 'default_policy'" == note for note in converted.notes)
+        got = pp.load(converted.model).run({"obs": obs})["logits"]
+        assert np.abs(got - expected).max() <= 1e-5  # tanh, RLlib's default fcnet_activation
+
+
+def test_the_model_config_of_the_policy_spec_chooses_the_activation_and_the_spaces_the_head(tmp_path):
+    w = _small_torch_weights(6)
+    folder = _policy_folder(tmp_path, {"weights": w, "policy_spec": {
+        "observation_space": {"space": {"space": "box", "shape": [3]}},
+        "action_space": {"space": {"space": "discrete", "n": 2}},
+        "config": {"model": {"fcnet_activation": "relu", "vf_share_layers": True}}}})
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.obs_space, ckpt.action_space) == (("box", (3,)), ("discrete", 2))
+    assert ckpt.model_config == {"fcnet_activation": "relu", "vf_share_layers": True}
+    obs = np.random.default_rng(7).normal(size=(5, 3)).astype(np.float32)
+    h = np.maximum(obs @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"], 0)
+    logits = h @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    got = pp.load(pp.convert(folder)).run({"obs": obs})
+    assert np.abs(got["logits"] - logits).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))  # Discrete actions: categorical
+
+
+def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(tmp_path):
+    folder = tmp_path / "ckpt"
+    for pid, seed, filt in (("hero", 8, FILTER_A), ("villain", 9, FILTER_B), ("zealot", 10, FILTER_B)):
+        (folder / "policies" / pid).mkdir(parents=True)
+        (folder / "policies" / pid / "policy_state.pkl").write_bytes(pickle.dumps(
+            {"weights": _small_torch_weights(seed), "connector_configs": _connectors(filt)}))
+    (folder / "policies" / "README").write_text("not a policy")
+    (folder / "rllib_checkpoint.json").write_text('{"type": "Algorithm", "checkpoint_version": "1.1"}')
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps(
+        {"worker": {"filters": {"hero": FILTER_B, "villain": FILTER_A}}}))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == (f"policy 'default_policy' is not in {folder}; it holds: hero, villain, zealot "
+                                 "(choose one with --policy-id)")
+    ckpt = read_checkpoint(folder, policy_id="villain")
+    assert (ckpt.policy_id, ckpt.policy_ids) == ("villain", ["hero", "villain", "zealot"])
+    w = _small_torch_weights(9)
+    assert all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w) and list(ckpt.weights) == list(w)
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
+    converted = convert_source(folder, policy_id="hero")
+    assert "old-stack checkpoint: converted policy 'hero' (it also holds villain, zealot)" in converted.notes
+    # a policy's own folder, given directly, is read as that policy (its connectors hold its filter)
+    direct = read_checkpoint(folder / "policies" / "hero")
+    assert (direct.layout, direct.policy_id, direct.policy_ids) == ("old-stack", "hero", ["hero"])
+    np.testing.assert_array_equal(direct.obs_filter.mean, FILTER_A["running_stats"][0]["mean_array"])
+    assert list(direct.files) == ["policy_state.pkl"]
+
+
+# ------------------------------------------------------------------- spaces, serialised arrays, filters
+
+
+def _record(global_name: str, state):
+    """An inert record of ``module.Class`` with ``state``, as the restricted unpickler makes one."""
+    from policyport.converter import unpickle
+
+    module, name = global_name.rsplit(".", 1)
+    record = unpickle._stand_in(module, name)()
+    record.__setstate__(state)
+    return record
+
+
+def _ray_array(a: np.ndarray) -> str:
+    """RLlib's JSON-able array: base64 of zlib of ``.npy`` bytes (``ray/rllib/utils/serialization.py``)."""
+    import base64
+    import io
+    import zlib
+
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return base64.b64encode(zlib.compress(buf.getvalue())).decode()
+
+
+def test_spaces_in_rllibs_serialised_form_and_as_gymnasium_records():
+    from policyport.converter.rllib import _space
+
+    assert _space({"space": "discrete", "n": np.int64(4)}) == ("discrete", 4)
+    assert _space({"space": {"space": "Multi-Discrete", "nvec": _ray_array(np.array([3, 2]))}}) == ("multidiscrete", (3, 2))
+    assert _space({"space": "multi_discrete", "nvec": [[2], [5]]}) == ("multidiscrete", (2, 5))
+    assert _space({"space": "BOX", "shape": [2, 3], "low": "eJx"}) == ("box", (2, 3))
+    assert _space({"space": "box"}) == ("box", ())
+    assert _space({"space": "tuple", "spaces": []}) == ("tuple", None)
+    assert [_space(v) for v in (None, "discrete", {"n": 3}, 5)] == [None] * 4
+    prefix = "gymnasium.spaces."
+    assert _space(_record(prefix + "discrete.Discrete", {"n": np.int64(6), "start": 0})) == ("discrete", 6)
+    assert _space(_record(prefix + "multi_discrete.MultiDiscrete", {"nvec": np.array([[4, 3]])})) == ("multidiscrete", (4, 3))
+    assert _space(_record(prefix + "box.Box", {"_shape": (5,), "shape": (9,)})) == ("box", (5,))
+    assert _space(_record(prefix + "box.Box", {"shape": [2, 2]})) == ("box", (2, 2))
+    assert _space(_record(prefix + "box.Box", {"low": 0.0})) == ("box", None)
+    assert _space(_record(prefix + "dict.Dict", {"spaces": {}})) == ("dict", None)
+
+
+def test_serialised_arrays_are_decoded_and_anything_else_comes_back_as_it_was():
+    from policyport.converter.rllib import _decode_array
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = _decode_array(_ray_array(a))
+    assert got.dtype == np.float32 and got.tobytes() == a.tobytes() and got.shape == (2, 3)
+    import base64
+    import zlib
+
+    not_npy = base64.b64encode(zlib.compress(b"not an npy file at all")).decode()
+    not_zlib = "eJ" + base64.b64encode(b"xy").decode()
+    for value in ("eJ not base64 !", not_zlib, not_npy, "mean", "", 7, None, [1.0]):
+        assert _decode_array(value) is value
+
+
+def test_filter_statistics_defaults_and_refusals():
+    s = np.array([1.0, 2.0 / 3.0, -0.5])
+    new = _filter({"running_stats": [{"num_pushes": 4, "mean_array": _ray_array(np.array([0.5, 1.0, 2.0])),
+                                      "sum_sq_diff_array": _ray_array(s)}]})
+    assert (new.demean, new.destd, new.clip, new.count) == (True, True, None, 4)  # RLlib's defaults
+    np.testing.assert_array_equal(new.mean, [0.5, 1.0, 2.0])
+    # var = sum_sq_diff / (n - 1) rounded to float32 as Ray does, a negative one read as 0
+    expected = np.sqrt(np.maximum(0, (s / 3).astype(np.float32))).astype(np.float64)
+    assert new.std.dtype == np.float64 and new.std.tobytes() == expected.tobytes()
+    assert new.std[1] != np.sqrt(2.0 / 9.0)
+
+    rs = _filter(_record("ray.rllib.utils.filter.ConcurrentMeanStdFilter", {
+        "demean": False, "destd": True, "clip": 0, "rs": {"_n": 3, "_M": np.array([1.0, 2.0]), "_S": np.array([8.0, 2.0])}}))
+    assert (rs.demean, rs.destd, rs.clip, rs.count, rs.form) == (False, True, None, 3, "rs")  # clip 0: none
+    np.testing.assert_array_equal(rs.std, [2.0, 1.0])
+    two = _filter({"de_mean_to_zero": False, "de_std_to_one": False, "clip_by_value": "10", "running_stats":
+                   {"num_pushes": 0, "mean_array": np.array([3.0]), "sum_sq_diff_array": np.array([5.0])}})
+    assert (two.demean, two.destd, two.clip, two.count) == (False, False, 10.0, 0) and two.std[0] == 0.0
+    assert _filter(_record("ray.rllib.utils.filter.NoFilter", {})) is None and _filter(None) is None
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.RunningStat", {}))
+    assert str(caught.value) == ("the checkpoint's observation filter is a RunningStat; policyport bakes in "
+                                 "MeanStdFilter only (convert with --no-filter to leave it out)")
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter({"running_stats": [{}, {}]})
+    assert str(caught.value) == ("the MeanStdFilter holds 2 running statistics (a structured observation); "
+                                 "policyport bakes in the filter of a flat Box observation only")
+    for empty in ({"demean": True}, {"running_stats": None}, {"running_stats": [None]}):
+        with pytest.raises(pp.BadModelError) as caught:
+            _filter(empty)
+        assert str(caught.value) == "the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics"
+
+
+# ------------------------------------------------------------------ new API stack and legacy, built in tmp_path
+
+
+def _new_stack(tmp_path: Path, state, ctor=None, filter_state=None, pid="default_policy") -> Path:
+    folder = tmp_path / "new"
+    module = folder / "learner_group" / "learner" / "rl_module" / pid
+    module.mkdir(parents=True)
+    (folder / "rllib_checkpoint.json").write_text('{"type": "Algorithm", "checkpoint_version": "2.1"}')
+    (module / "module_state.pkl").write_bytes(pickle.dumps(state))
+    if ctor is not None:
+        (module / "class_and_ctor_args.pkl").write_bytes(pickle.dumps(ctor))
+    if filter_state is not None:
+        stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter"
+        stem.mkdir(parents=True)
+        (stem / "state.pkl").write_bytes(pickle.dumps(filter_state))
+    return folder
+
+
+def _ppo_module_state(seed: int = 10) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def f(*shape):
+        return rng.normal(size=shape).astype(np.float32)
+
+    return {"encoder.actor_encoder.net.mlp.0.weight": f(4, 3), "encoder.actor_encoder.net.mlp.0.bias": f(4),
+            "encoder.critic_encoder.net.mlp.0.weight": f(4, 3), "encoder.critic_encoder.net.mlp.0.bias": f(4),
+            "pi.net.mlp.0.weight": f(2, 4), "pi.net.mlp.0.bias": f(2),
+            "vf.net.mlp.0.weight": f(1, 4), "vf.net.mlp.0.bias": f(1)}
+
+
+def test_a_new_stack_module_state_drops_targets_buffers_and_counters_and_reads_its_ctor_args(tmp_path):
+    w = _ppo_module_state()
+    state = {**w, "_target_pi.net.mlp.0.weight": w["pi.net.mlp.0.weight"] + 1, "_target_pi.net.mlp.0.bias": w["pi.net.mlp.0.bias"],
+             "pi.log_std_clip_param_const": np.array(20.0, np.float32), "num_updates": np.array(7, np.int64)}
+    ctor = {"class": "ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module.DefaultPPOTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"observation_space": {"space": "box", "shape": [3]},
+                                          "action_space": {"space": "discrete", "n": 2},
+                                          "model_config": {"fcnet_activation": "relu", "vf_share_layers": False}})}
+    folder = _new_stack(tmp_path, state, ctor, {None: FILTER_B})
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.layout, ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == ("new-stack", "default_policy",
+                                                                            ["default_policy"], "torch")
+    assert list(ckpt.weights) == list(w) and all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w)
+    assert ckpt.dropped == ["the target network (2 _target_* arrays)"]
+    assert (ckpt.module_class, ckpt.model_config) == ("DefaultPPOTorchRLModule", {"fcnet_activation": "relu",
+                                                                                  "vf_share_layers": False})
+    assert (ckpt.obs_space, ckpt.action_space) == (("box", (3,)), ("discrete", 2))
+    np.testing.assert_array_equal(ckpt.obs_filter.std, [1.0, 2.0, 4.0])
+    assert sorted(ckpt.files) == sorted(str(Path(p)) for p in (
+        "learner_group/learner/rl_module/default_policy/module_state.pkl",
+        "learner_group/learner/rl_module/default_policy/class_and_ctor_args.pkl",
+        "env_runner/env_to_module_connector/MeanStdFilter/state.pkl"))
+
+    converted = convert_source(folder, keep_value=True)
+    assert "dropped the target network (2 _target_* arrays)" in converted.notes
+    obs = np.random.default_rng(11).normal(size=(5, 3)).astype(np.float32)
+    x = (obs - np.array([-1.0, 0.0, 2.0], np.float32)) / np.array([1.0, 2.0, 4.0], np.float32)
+    h = np.maximum(x @ w["encoder.actor_encoder.net.mlp.0.weight"].T + w["encoder.actor_encoder.net.mlp.0.bias"], 0)
+    v = np.maximum(x @ w["encoder.critic_encoder.net.mlp.0.weight"].T + w["encoder.critic_encoder.net.mlp.0.bias"], 0)
+    logits = h @ w["pi.net.mlp.0.weight"].T + w["pi.net.mlp.0.bias"]
+    value = v @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]
+    got = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - value).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(logits, axis=1))
+
+
+@pytest.mark.parametrize("wrapped", [None, "null", "default"])
+def test_the_new_stack_filter_state_is_found_under_its_key(tmp_path, wrapped):
+    folder = _new_stack(tmp_path, _ppo_module_state(), None, {wrapped: FILTER_A})
+    ckpt = read_checkpoint(folder)
+    assert ckpt.obs_filter is not None and ckpt.obs_filter.clip == 3.0
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, [1.0, -2.0, 0.5])
+    assert (ckpt.module_class, ckpt.model_config, ckpt.obs_space, ckpt.action_space) == (None, {}, None, None)
+
+
+@pytest.mark.parametrize("ctor", [
+    {"class": "X", "ctor_args_and_kwargs": ((), {"model_config": ["not", "a", "dict"]})},
+    {"class": "X", "ctor_args_and_kwargs": ({"model_config": {"fcnet_activation": "relu"}},)},
+    {"class": "X", "ctor_args_and_kwargs": ((), ["model_config"])},
+    {"class": "X", "ctor_args_and_kwargs": None},
+    {"class": "X", "ctor_args_and_kwargs": ((), {"model_config": None})},
+])
+def test_ctor_args_of_another_form_give_an_empty_model_config(tmp_path, ctor):
+    ckpt = read_checkpoint(_new_stack(tmp_path, _ppo_module_state(), ctor))
+    assert (ckpt.module_class, ckpt.model_config, ckpt.obs_space, ckpt.action_space) == ("X", {}, None, None)
+
+
+def test_a_new_stack_module_state_that_is_no_mapping_is_refused(tmp_path):
+    folder = _new_stack(tmp_path, [np.zeros(3, np.float32)])
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    module = folder / "learner_group" / "learner" / "rl_module" / "default_policy"
+    assert str(caught.value) == f"{module}: module_state is not a mapping of parameter names to arrays"
+
+
+def _legacy(tmp_path: Path, worker, name="checkpoint-3") -> Path:
+    folder = tmp_path / "checkpoint_000003"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(pickle.dumps({"worker": pickle.dumps(worker), "optimizer": b""}))
+    return folder / name
+
+
+def test_legacy_checkpoints_read_their_params_from_the_folder_or_the_one_above(tmp_path):
+    w = _small_torch_weights(12)
+    path = _legacy(tmp_path, {"state": {"default_policy": {**w, "_optimizer_variables": [np.zeros(1)] * 3}},
+                              "filters": {"default_policy": FILTER_B}})
+    obs = np.random.default_rng(13).normal(size=(4, 3)).astype(np.float32)
+    x = (obs - np.array([-1.0, 0.0, 2.0], np.float32)) / np.array([1.0, 2.0, 4.0], np.float32)
+
+    def forward(act):
+        return act(x @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"]) \
+            @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+
+    ckpt = read_checkpoint(path)
+    assert (ckpt.layout, ckpt.framework, ckpt.model_config) == ("legacy", "torch", {})
+    assert ckpt.dropped == ["optimizer state (3 _optimizer_variables)"]
+    assert np.abs(pp.load(pp.convert(path)).run({"obs": obs})["logits"] - forward(np.tanh)).max() <= 1e-5
+    (tmp_path / "params.pkl").write_bytes(pickle.dumps({"model": {"fcnet_activation": "relu"}}))
+    assert read_checkpoint(path).model_config == {"fcnet_activation": "relu"}
+    relu = pp.load(pp.convert(path)).run({"obs": obs})["logits"]
+    assert np.abs(relu - forward(lambda z: np.maximum(z, 0))).max() <= 1e-5
+    (path.parent / "params.pkl").write_bytes(pickle.dumps({"model": {"fcnet_activation": "elu"}, "env": "x"}))
+    assert read_checkpoint(path).model_config == {"fcnet_activation": "elu"}  # the folder's own first
+    (path.parent / "params.pkl").write_bytes(pickle.dumps({"model": None}))
+    assert read_checkpoint(path).model_config == {}
+
+
+def test_legacy_checkpoints_of_another_shape_are_refused_with_what_is_missing(tmp_path):
+    cases = [
+        ({"state": [1, 2]}, "{path}: the worker state holds no per-policy 'state' dict"),
+        ({"filters": {}}, "{path}: the worker state holds no per-policy 'state' dict"),
+        ({"state": {"default_policy": [np.zeros(2)]}}, "{path}: policy 'default_policy' holds no weights dict"),
+        ({"state": {"default_policy": {"weights": None}}}, "{path}: policy 'default_policy' holds no weights dict"),
+    ]
+    for n, (worker, message) in enumerate(cases):
+        path = _legacy(tmp_path / str(n), worker)
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == message.format(path=path)
+    for n, outer in enumerate([[1], {"worker": "text"}, {"state": {}}]):
+        path = tmp_path / f"o{n}" / "checkpoint-1"
+        path.parent.mkdir()
+        path.write_bytes(pickle.dumps(outer))
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == (f"{path} is not a legacy RLlib checkpoint: expected a dict with a pickled "
+                                     "'worker' entry")
+    # the policy is found in the weights dict itself or under "weights"; the only policy when none is named
+    w = _small_torch_weights(14)
+    ckpt = read_checkpoint(_legacy(tmp_path / "w", {"state": {"p1": {"weights": w, "global_timestep": 5}}}))
+    assert (ckpt.policy_id, ckpt.policy_ids, list(ckpt.weights), ckpt.obs_filter) == ("p1", ["p1"], list(w), None)
+
+
+def test_where_a_path_is_no_checkpoint_and_which_legacy_file_is_read(tmp_path):
+    from policyport.converter.rllib import find_legacy_file
+
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(tmp_path / "missing")
+    assert str(caught.value) == f"{tmp_path / 'missing'}: no such file or folder"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(tmp_path / "empty")
+    assert str(caught.value) == (f"{tmp_path / 'empty'} is not an RLlib checkpoint: expected a checkpoint-<N> file, a "
+                                 "folder with policies/<id>/ (Ray 2.x) or learner_group/learner/rl_module/<id>/ "
+                                 "(new API stack)")
+    for name in ("checkpoint-9", "checkpoint-10", "checkpoint-2", "checkpoint-11.tune_metadata", "checkpoint-x"):
+        (tmp_path / "empty" / name).write_bytes(b"")
+    (tmp_path / "empty" / "checkpoint-12").mkdir()
+    assert find_legacy_file(tmp_path / "empty") == tmp_path / "empty" / "checkpoint-10"  # the latest file: 10 after 9
+    assert find_legacy_file(tmp_path / "empty" / "checkpoint-2") == tmp_path / "empty" / "checkpoint-2"
+    assert find_legacy_file(tmp_path / "empty" / "checkpoint-11.tune_metadata") is None
+    assert find_legacy_file(tmp_path) is None
+
+
+def _dqn_module_state(seed: int, dueling: bool) -> dict:
+    rng = np.random.default_rng(seed)
+    state = {"encoder.net.mlp.0.weight": rng.normal(size=(5, 3)), "encoder.net.mlp.0.bias": rng.normal(size=5),
+             "af.net.mlp.0.weight": rng.normal(size=(4, 5)), "af.net.mlp.0.bias": rng.normal(size=4)}
+    if dueling:
+        state.update({"vf.net.mlp.0.weight": rng.normal(size=(1, 5)), "vf.net.mlp.0.bias": rng.normal(size=1)})
+    return {k: v.astype(np.float32) for k, v in state.items()}
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_one_names_its_steps(tmp_path, opset):
+    ctor = {"class": "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module.DefaultDQNTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "relu"}})}
+    obs = np.random.default_rng(15).normal(size=(7, 3)).astype(np.float32)
+    for dueling in (False, True):
+        w = _dqn_module_state(16, dueling)
+        folder = _new_stack(tmp_path / str(dueling), w, ctor)
+        model = pp.convert(folder, opset=opset)
+        h = np.maximum(obs @ w["encoder.net.mlp.0.weight"].T + w["encoder.net.mlp.0.bias"], 0)
+        adv = h @ w["af.net.mlp.0.weight"].T + w["af.net.mlp.0.bias"]
+        outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
+        if not dueling:
+            assert outputs == {"logits": ["batch", 4], "action": ["batch"]}
+            source = convert_source(folder, opset=opset).reference(obs)  # what verify --source compares against
+            np.testing.assert_array_equal(source["action"], np.argmax(adv, axis=1))
+            got = pp.load(model).run({"obs": obs})
+            assert np.abs(got["logits"] - adv).max() <= 1e-5
+            np.testing.assert_array_equal(got["action"], np.argmax(adv, axis=1))
+            continue
+        assert outputs == {"logits": ["batch", 4], "value": ["batch", 1], "q_values": ["batch", 0], "action": ["batch"]}
+        q = (h @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]) + adv - adv.mean(axis=1, keepdims=True)
+        for backend in ("numpy", "onnxruntime"):
+            got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+            np.testing.assert_allclose(got["dueling/mean_advantage"], adv.mean(axis=1, keepdims=True), atol=1e-5)
+            np.testing.assert_allclose(got["dueling/centered_advantage"], adv - adv.mean(axis=1, keepdims=True), atol=1e-5)
+            assert np.abs(got["q_values"] - q).max() <= 1e-5
+            np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
+        if opset >= 18:
+            axes = next(t for t in model.graph.initializer if t.name == "dueling/axes")
+            assert list(axes.int64_data) or axes.raw_data == np.array([1], np.int64).tobytes()
+
+
+def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_needs():
+    from policyport.converter.rllib import _name_tf2_list
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _name_tf2_list([np.zeros(1)] * 3, {}, "p")
+    assert str(caught.value).startswith("the tf2 policy's weights are an unnamed list of 3 arrays; its model config "
+                                        "(fcnet_hiddens [256, 256], vf_share_layers False) needs 12: p/fc_1/kernel, ")
+
+
+def _linear(rng, out: int, inp: int, prefix: str, bias: bool = True) -> dict:
+    layer = {f"{prefix}.weight": rng.normal(size=(out, inp)).astype(np.float32)}
+    if bias:
+        layer[f"{prefix}.bias"] = rng.normal(size=out).astype(np.float32)
+    return layer
+
+
+def _apply(w: dict, prefix: str, x: np.ndarray, act=None) -> np.ndarray:
+    y = x @ w[f"{prefix}.weight"].T + w.get(f"{prefix}.bias", 0)
+    return act(y) if act else y
+
+
+def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(tmp_path):
+    rng = np.random.default_rng(17)
+    w = {}
+    for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("encoder.actor_encoder.net.mlp.2", 4, 5),
+                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3),
+                             ("vf.net.mlp.0", 2, 6)):
+        w.update(_linear(rng, out, inp, prefix))
+    w.update(_linear(rng, 1, 2, "vf.net.mlp.2", bias=False))
+    ctor = {"class": "DefaultPPOTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "tanh"}})}  # head activation omitted
+    model = pp.convert(_new_stack(tmp_path, w, ctor), keep_value=True)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    relu = lambda z: np.maximum(z, 0)  # noqa: E731 - RLlib's default head_fcnet_activation
+    h = _apply(w, "encoder.actor_encoder.net.mlp.2", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh), np.tanh)
+    logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", h, relu))
+    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), relu))
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).run({"obs": obs})
+        assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - v).max() <= 1e-5
+    assert {"vf.net.mlp.2.weight"} <= set(pp.extract_weights(model)) and "vf.net.mlp.2.bias" not in pp.extract_weights(model)
+
+
+def test_a_shared_rl_module_encoder_feeds_both_heads(tmp_path):
+    rng = np.random.default_rng(18)
+    w = {**_linear(rng, 5, 3, "encoder.encoder.net.mlp.0"), **_linear(rng, 2, 5, "pi.net.mlp.0"),
+         **_linear(rng, 1, 5, "vf.net.mlp.0")}
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {"model_config": {
+        "fcnet_activation": "relu", "head_fcnet_activation": "tanh", "vf_share_layers": True}})}
+    model = pp.convert(_new_stack(tmp_path, w, ctor), keep_value=True)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    h = _apply(w, "encoder.encoder.net.mlp.0", obs, lambda z: np.maximum(z, 0))
+    got = pp.load(model).run({"obs": obs})
+    assert np.abs(got["logits"] - _apply(w, "pi.net.mlp.0", h)).max() <= 1e-5
+    assert np.abs(got["value"] - _apply(w, "vf.net.mlp.0", h)).max() <= 1e-5
+
+
+def test_rl_module_layouts_policyport_cannot_convert_are_refused_naming_what_is_wrong():
+    from policyport.converter.rllib import parse_rl_module
+
+    rng = np.random.default_rng(19)
+    enc = _linear(rng, 4, 3, "encoder.encoder.net.mlp.0")
+
+    def refused(arrays, message, error=pp.BadModelError, keep_value=False, dqn=False):
+        with pytest.raises(error) as caught:
+            parse_rl_module(arrays, {}, None, None, keep_value, dqn)
+        assert str(caught.value) == message
+
+    refused({**enc, "pi.weight": np.zeros((2, 4)), "a.net.mlp.x.bias": np.zeros(2)},
+            "cannot place 2 array(s) in RLlib's default RLModule layout (<module>.net.mlp.<i>.weight|bias): "
+            "a.net.mlp.x.bias, pi.weight")
+    refused({**enc, "pi.net.mlp.0.bias": np.zeros(2)}, "pi.net.mlp.0 has no weight")
+    refused(enc, "the RLModule has no pi head; found modules encoder.encoder")
+    pi = _linear(rng, 2, 4, "pi.net.mlp.0")
+    refused({**enc, **pi}, "a value branch was asked for (--keep-value), but the RLModule has no vf head",
+            error=pp.OptionError, keep_value=True)
+    refused({**enc, **pi, **_linear(rng, 3, 4, "vf.net.mlp.0"), **_linear(rng, 1, 3, "vf.net.mlp.1")},
+            "a vf head with hidden layers on a shared encoder is not supported", keep_value=True)
+    dqn_enc = _linear(rng, 4, 3, "encoder.net.mlp.0")
+    refused({**dqn_enc, **_linear(rng, 1, 4, "vf.net.mlp.0")},
+            "a DQN RLModule needs an af (advantage) head; found modules encoder, vf", dqn=True)
+    for two in ("af", "vf"):
+        arrays = {**dqn_enc, **_linear(rng, 2, 4, "af.net.mlp.0"), **_linear(rng, 1, 4, "vf.net.mlp.0"),
+                  **_linear(rng, 2, 2 if two == "af" else 1, f"{two}.net.mlp.1")}
+        refused(arrays, "policyport converts DQN RLModules whose af/vf heads are single layers (head_fcnet_hiddens=[])",
+                dqn=True)
+    spec, dueling = parse_rl_module({**dqn_enc, **_linear(rng, 2, 4, "af.net.mlp.0")}, {}, None, None, False, True)
+    assert (dueling, spec.value_output, [d.name for d in spec.hidden], spec.output.name) == (
+        False, None, ["encoder.net.mlp.0"], "af.net.mlp.0")
+    spec, dueling = parse_rl_module({**enc, **pi, **_linear(rng, 1, 4, "vf.net.mlp.0")}, {}, None, None, False, False)
+    assert (dueling, spec.value_output, spec.value_hidden) == (False, None, [])  # the value head only with keep_value
+
+
+def test_a_policy_folder_read_directly_is_its_own_policy_and_its_state_must_hold_weights(tmp_path):
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(20), "_optimizer_variables": [np.zeros(2)] * 4,
+                                       "global_timestep": 100})
+    policy = folder / "policies" / "default_policy"
+    ckpt = read_checkpoint(policy, policy_id="default_policy")
+    assert (ckpt.policy_id, ckpt.policy_ids, ckpt.framework) == ("default_policy", ["default_policy"], "torch")
+    assert ckpt.dropped == ["optimizer state (4 _optimizer_variables)"]
+    assert "dropped optimizer state (4 _optimizer_variables)" in convert_source(folder).notes
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(policy, policy_id="hero")
+    assert str(caught.value) == f"policy 'hero' is not in {policy}; it holds: default_policy (choose one with --policy-id)"
+    for state in ({"policy_spec": {}}, {"weights": np.zeros(3, np.float32)}):
+        bad = _policy_folder(tmp_path / str(len(state)) / type(state.get("weights")).__name__, state)
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(bad)
+        assert str(caught.value) == f"{bad / 'policies' / 'default_policy'}: policy_state holds no weights"
+
+
+def test_an_unnamed_tf2_weight_list_reads_as_a_tf_policy(tmp_path):
+    rng = np.random.default_rng(21)
+    listed = [rng.normal(size=s).astype(np.float32) for s in ((3, 4), (4,), (3, 4), (4,), (4, 2), (2,), (4, 1), (1,))]
+    ckpt = read_checkpoint(_policy_folder(tmp_path, {"weights": listed, "policy_spec": {"config": {"model": {
+        "fcnet_hiddens": [4]}}}}))
+    assert ckpt.framework == "tf" and list(ckpt.weights)[:2] == ["default_policy/fc_1/kernel", "default_policy/fc_1/bias"]
+
+
+def test_an_old_stack_algorithm_state_in_msgpack_gives_the_filter(tmp_path):
+    msgpack = pytest.importorskip("msgpack")  # Ray's own dependency
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(22), "connector_configs": _connectors(FILTER_B)})
+    stats = FILTER_A["running_stats"][0]
+    serialised = {"demean": True, "destd": True, "clip": 3.0, "running_stats": [{
+        "num_pushes": 5, "mean_array": _ray_array(stats["mean_array"]), "sum_sq_diff_array": _ray_array(stats["sum_sq_diff_array"])}]}
+    (folder / "algorithm_state.msgpack").write_bytes(msgpack.packb({"worker": {"filters": {"default_policy": serialised}}}))
+    ckpt = read_checkpoint(folder)
+    np.testing.assert_array_equal(ckpt.obs_filter.mean, [1.0, -2.0, 0.5])
+    assert ckpt.obs_filter.clip == 3.0 and "algorithm_state.msgpack" in ckpt.files
+
+
+def test_a_new_stack_with_several_modules_reads_the_one_named_and_the_filter_of_the_default_agent(tmp_path, monkeypatch):
+    import types
+
+    module = types.ModuleType("ray.rllib.core.rl_module")  # RLlib's class, for pickling only
+    module.DefaultPPOTorchRLModule = type("DefaultPPOTorchRLModule", (), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    folder = _new_stack(tmp_path, _ppo_module_state(27), pid="hero")
+    (folder / "learner_group" / "learner" / "rl_module" / "villain").mkdir()
+    villain = _ppo_module_state(28)
+    (folder / "learner_group" / "learner" / "rl_module" / "villain" / "module_state.pkl").write_bytes(pickle.dumps(villain))
+    ctor = {"class": module.DefaultPPOTorchRLModule, "ctor_args_and_kwargs": ((), {})}
+    (folder / "learner_group" / "learner" / "rl_module" / "villain" / "class_and_ctor_args.pkl").write_bytes(
+        pickle.dumps(ctor))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == f"policy 'default_policy' is not in {folder}; it holds: hero, villain (choose one with --policy-id)"
+    ckpt = read_checkpoint(folder, policy_id="villain")
+    assert (ckpt.policy_id, ckpt.policy_ids, ckpt.module_class) == ("villain", ["hero", "villain"], "DefaultPPOTorchRLModule")
+    assert all(ckpt.weights[k].tobytes() == villain[k].tobytes() for k in villain)
+    stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter"
+    stem.mkdir(parents=True)
+    for state, mean in (({None: FILTER_A, "agent_1": FILTER_B}, [1.0, -2.0, 0.5]),
+                        ({"null": FILTER_B, "agent_1": FILTER_A}, [-1.0, 0.0, 2.0])):
+        (stem / "state.pkl").write_bytes(pickle.dumps(state))
+        assert read_checkpoint(folder, policy_id="hero").obs_filter.mean.tolist() == mean

@@ -240,3 +240,62 @@ def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded):
     agreeing = convert_source(path, activation=recorded)
     assert not any("names no activation" in n for n in agreeing.notes)
     assert [n.op_type for n in agreeing.model.graph.node if n.op_type in ("Relu", "Tanh")][0].lower() == recorded
+
+
+def test_vec_normalize_nodes_clip_both_ways_and_add_epsilon_to_the_variance():
+    """Every tensor of the VecNormalize step, by name, against SB3's formula on observations beyond the clip
+    and a variance of 0 (where only epsilon keeps the division finite)."""
+    from policyport.converter.build import Dense, MlpSpec, ObsNorm, build_mlp
+    from policyport.converter.reference import reference_forward
+
+    rng = np.random.default_rng(23)
+    norm = ObsNorm(np.array([1.0, -2.0, 0.0]), np.array([4.0, 0.0, 0.25]), epsilon=0.25, clip_obs=2.5,
+                   mean_name="norm.mean", var_name="norm.var")
+    out = Dense("out", rng.normal(size=(2, 3)).astype(np.float32), "out.weight", np.zeros(2, np.float32), "out.bias",
+                "out_in", None)
+    spec = MlpSpec([], out, obs_norm=norm)
+    obs = np.array([[9.0, -2.0, 0.1], [-9.0, -1.9, -3.0], [1.0, -2.2, 0.2]], np.float32)
+    x64 = obs.astype(np.float64)
+    std = np.sqrt(norm.var + 0.25)
+    expected = {"vec_normalize/obs_float64": x64, "vec_normalize/centered": x64 - norm.mean,
+                "vec_normalize/var_eps": norm.var + 0.25, "vec_normalize/std": std,
+                "vec_normalize/scaled": (x64 - norm.mean) / std,
+                "vec_normalize/clipped": np.clip((x64 - norm.mean) / std, -2.5, 2.5)}
+    expected["vec_normalize/obs"] = expected["vec_normalize/clipped"].astype(np.float32)
+    assert (expected["vec_normalize/clipped"] == 2.5).any() and (expected["vec_normalize/clipped"] == -2.5).any()
+    ref = reference_forward(spec, obs)
+    assert ref["vec_normalize/obs"].dtype == np.float32
+    np.testing.assert_array_equal(ref["vec_normalize/obs"], expected["vec_normalize/obs"])
+    model = build_mlp(spec)
+    assert {"norm.mean", "norm.var", "vec_normalize/epsilon", "vec_normalize/clip_low", "vec_normalize/clip_high"} <= {
+        t.name for t in model.graph.initializer}
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+        for name, value in expected.items():
+            assert got[name].dtype == value.dtype and np.abs(got[name] - value).max() <= 1e-12, (backend, name)
+    weights = pp.extract_weights(model)
+    assert weights["norm.mean"].tobytes() == norm.mean.tobytes() and weights["norm.var"].tobytes() == norm.var.tobytes()
+
+
+def test_a_multi_discrete_action_takes_one_argmax_per_sub_space_of_three():
+    """SB3's MultiCategoricalDistribution splits the logits by nvec: (2, 3, 4) reads columns 0-1, 2-4, 5-8."""
+    from policyport.converter.build import ActionHead, Dense, MlpSpec, build_mlp
+
+    rng = np.random.default_rng(24)
+    out = Dense("action_net", rng.normal(size=(9, 3)).astype(np.float32), "action_net.weight",
+                rng.normal(size=9).astype(np.float32), "action_net.bias", "out_in", None)
+    spec = MlpSpec([], out, action=ActionHead("multi_argmax", nvec=(2, 3, 4)))
+    model = build_mlp(spec)
+    action = next(o for o in model.graph.output if o.name == "action")
+    assert [d.dim_param or d.dim_value for d in action.type.tensor_type.shape.dim] == ["batch", 3]
+    obs = rng.normal(size=(64, 3)).astype(np.float32)
+    logits = obs @ out.weight.T + out.bias
+    expected = np.stack([np.argmax(logits[:, a:b], axis=1) for a, b in ((0, 2), (2, 5), (5, 9))], axis=1)
+    assert len(set(map(tuple, expected))) > 10  # many combinations: a wrong split shows
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+        assert got["action"].dtype == np.int64
+        np.testing.assert_array_equal(got["action"], expected)
+        for i, (a, b) in enumerate(((0, 2), (2, 5), (5, 9))):
+            np.testing.assert_array_equal(got[f"action/logits_{i}"], got["logits"][:, a:b])
+            np.testing.assert_array_equal(got[f"action/argmax_{i}"], expected[:, i:i + 1])

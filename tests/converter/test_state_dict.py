@@ -373,3 +373,110 @@ def test_the_layout_reader_names_what_is_wrong(tmp_path):
     refused(tmp_path / "missing.safetensors", "cannot read {path}: [Errno 2] No such file or directory: '{path}'")
     with pytest.raises(pp.UnreadableFileError, match=rf"^{short} is not a readable .safetensors file: "):
         read_safetensors(short)
+
+
+def test_without_the_safetensors_library_the_layout_reader_reads_the_file_and_names_it(tmp_path, monkeypatch):
+    body = np.arange(4, dtype="<f4").tobytes()
+    path = _safetensors(tmp_path / "m.safetensors", {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}, body)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)  # as on a machine without safetensors
+    got = read_safetensors(path)
+    assert list(got) == ["w"] and got["w"].dtype == np.float32 and got["w"].tolist() == [[0, 1], [2, 3]]
+    bf16 = _safetensors(tmp_path / "bf16.safetensors", {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}},
+                        b"\x80\x3f\x00\x40")
+    assert read_safetensors(bf16)["w"].astype(np.float32).tolist() == [1.0, 2.0]
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_safetensors(bf16)
+    assert str(caught.value) == (f"{bf16} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+                                 "(pip install ml_dtypes)")
+
+
+def test_rllib_torch_state_dicts_parse_with_their_notes_log_std_and_refusals():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_rllib_torch
+
+    rng = np.random.default_rng(25)
+
+    def linear(prefix, out, inp):
+        return {f"{prefix}.weight": rng.normal(size=(out, inp)).astype(np.float32),
+                f"{prefix}.bias": rng.normal(size=out).astype(np.float32)}
+
+    arrays = {**linear("_hidden_layers.0._model.0", 4, 3), **linear("_hidden_layers.1._model.0", 4, 4),
+              **linear("_logits._model.0", 2, 4), **linear("_value_branch_separate.0._model.0", 5, 3),
+              **linear("_value_branch._model.0", 1, 5), "_append_free_log_std.log_std": np.array([0.5], np.float32)}
+    tanh = parse_activation("tanh")
+    spec, notes = parse_rllib_torch(arrays, tanh)
+    assert notes == ["the value function (_value_branch) is not exported; --keep-value exports it as 'value'"]
+    assert [d.name for d in spec.hidden] == ["_hidden_layers.0._model.0", "_hidden_layers.1._model.0"]
+    assert [[(s.kind, s.scope, s.activation) for s in d.post] for d in spec.hidden] == [
+        [("activation", "_hidden_layers.0._model.1", tanh)], [("activation", "_hidden_layers.1._model.1", tanh)]]
+    assert (spec.value_hidden, spec.value_output, spec.free_log_std_name) == ([], None, "_append_free_log_std.log_std")
+    assert spec.free_log_std.tobytes() == arrays["_append_free_log_std.log_std"].tobytes()
+    kept, notes = parse_rllib_torch(arrays, None, keep_value=True)
+    assert notes == [] and kept.value_output.name == "_value_branch._model.0"
+    assert [d.name for d in kept.value_hidden] == ["_value_branch_separate.0._model.0"]
+    assert all(d.post == [] for d in kept.hidden + kept.value_hidden)  # a linear network: no activation steps
+    del arrays["_append_free_log_std.log_std"], arrays["_value_branch._model.0.weight"], arrays["_value_branch._model.0.bias"]
+    spec, notes = parse_rllib_torch(arrays, tanh)
+    assert notes == [] and (spec.free_log_std, spec.free_log_std_name) == (None, None)
+
+    def refused(bad, message, error=pp.BadModelError, keep_value=False):
+        with pytest.raises(error) as caught:
+            parse_rllib_torch(bad, tanh, keep_value=keep_value)
+        assert str(caught.value) == message
+
+    refused(arrays, "a value branch was asked for (--keep-value), but the weights hold no _value_branch",
+            error=pp.OptionError, keep_value=True)
+    refused({**arrays, "encoder.weight": np.zeros((1, 1)), "_logits.bias": np.zeros(1)},
+            "keys that do not fit RLlib's torch FullyConnectedNetwork: _logits.bias, encoder.weight")
+    refused({k: v for k, v in arrays.items() if not k.startswith("_logits")},
+            "no _logits._model.0.weight: RLlib's FullyConnectedNetwork has a _logits layer")
+    gap = {k.replace("_hidden_layers.1.", "_hidden_layers.2."): v for k, v in arrays.items()}
+    refused(gap, "_hidden_layers.<i> must be numbered 0..N-1 without gaps; found [0, 2]")
+
+
+def test_sb3_actor_state_dicts_note_what_is_left_out_and_refuse_other_layouts_exactly():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor
+
+    rng = np.random.default_rng(26)
+    relu = parse_activation("relu")
+
+    def w(*shape):
+        return rng.normal(size=shape).astype(np.float32)
+
+    sac = {"actor.latent_pi.0.weight": w(4, 3), "actor.latent_pi.0.bias": w(4), "actor.mu.weight": w(2, 4),
+           "actor.mu.bias": w(2), "actor.log_std.weight": w(2, 4), "actor.log_std.bias": w(2),
+           "critic.qf0.0.weight": w(1, 5), "critic_target.qf0.0.weight": w(1, 5), "log_ent_coef": w(1)}
+    spec, family, notes = parse_sb3_actor(sac, relu)
+    assert family == "sac" and spec.output.name == "actor.mu" and [d.name for d in spec.hidden] == ["actor.latent_pi.0"]
+    assert notes[:2] == ["not exported: critic, critic_target, log_ent_coef (the deterministic action needs the actor only)",
+                         "actor.log_std (the state-dependent std) is not exported: the deterministic action does not use it"]
+    td3 = {"actor.mu.0.weight": w(4, 3), "actor.mu.0.bias": w(4), "actor.mu.2.weight": w(2, 4), "actor.mu.2.bias": w(2)}
+    spec, family, notes = parse_sb3_actor(td3, relu)
+    assert (family, notes, [d.name for d in spec.hidden], spec.output.name) == ("td3", [], ["actor.mu.0"], "actor.mu.2")
+
+    def refused(arrays, message):
+        with pytest.raises(pp.BadModelError) as caught:
+            parse_sb3_actor(arrays, relu)
+        assert str(caught.value) == message
+
+    extractor = {f"actor.features_extractor.cnn.{i}.weight": w(1) for i in range(5)}
+    refused({**td3, **extractor}, "the actor has a features extractor with parameters (actor.features_extractor.cnn.0.weight, "
+            "actor.features_extractor.cnn.1.weight, actor.features_extractor.cnn.2.weight, "
+            "actor.features_extractor.cnn.3.weight): a CNN or custom extractor; policyport converts MLP policies only")
+    refused({**sac, "actor.extra.weight": w(1)}, "keys that do not fit SB3's SAC actor: actor.extra.weight")
+    refused({k: v for k, v in sac.items() if not k.startswith("actor.log_std")},
+            "a SAC actor without actor.log_std: a gSDE actor, which policyport does not convert")
+    refused({**td3, "actor.mu.x": w(1)}, "keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): actor.mu.x")
+
+
+def test_the_reader_without_torch_rebuilds_parameters_and_parameters_with_attributes(tmp_path):
+    plain = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    tagged = torch.nn.Parameter(torch.tensor([1.5, -2.0], dtype=torch.float64), requires_grad=False)
+    tagged.note = "kept by _rebuild_parameter_with_state"
+    path = tmp_path / "params.pt"
+    torch.save({"plain": plain, "tagged": tagged}, path)
+    got = read_torch_zip(path)
+    assert got["plain"].dtype == np.float32 and got["plain"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert got["tagged"].dtype == np.float64 and got["tagged"].tolist() == [1.5, -2.0]

@@ -218,3 +218,12 @@ def test_only_latin1_text_is_encoded_to_bytes():
         with pytest.raises(UntrustedFileError, match=rf"^the pickle asks for _codecs.encode\(\.\.\., {encoding!r}\); "
                                                      r"only latin1 bytes are rebuilt$"):
             load(pickle.dumps(_Encode(text, encoding), protocol=2))
+
+
+def test_a_records_repr_names_the_type_of_a_state_that_is_no_dict():
+    record = Record()
+    assert repr(record) == "<Record ? state=NoneType>"
+    record.__setstate__([1, 2])
+    assert repr(record) == "<Record ? state=list>"
+    record.__setstate__({"b": 1, "a": 2})
+    assert repr(record) == "<Record ? state=['a', 'b']>"
