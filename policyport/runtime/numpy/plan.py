@@ -524,7 +524,7 @@ class Plan:
         env[f"f{s.index}"] = s.fn
         src = args[0] if len(args) == 1 else ""
         if scratch and s.kind == "relu" and self._batched(args[0]):
-            src = args[0]
+            src = args[0]  # the zero constant is args[1]
             mine = (mode == "run" and src not in views and self._overwritable(src, outputs)
                     and self._producer.get(self._tensor_of[src]) in _FRESH)
             out = view or (src if mine else f"buf.like({s.index}, {src})")
