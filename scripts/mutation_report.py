@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -22,13 +23,24 @@ KILLED = {1, 3, 36, 24, -24, 152, 255, -11, -9, 37}
 SURVIVED = {0, 5, 33}
 
 
+def _exit_codes(meta: Path) -> dict[str, int | None]:
+    """A .meta file's exit codes; a running mutmut rewrites these files, so a half-written one is
+    read again a moment later."""
+    for _ in range(20):
+        try:
+            return json.loads(meta.read_text())["exit_code_by_key"]
+        except json.JSONDecodeError:
+            time.sleep(0.1)
+    return json.loads(meta.read_text())["exit_code_by_key"]
+
+
 def read(group: str) -> dict[str, Counter]:
     """module path -> Counter of "killed", "survived", "unchecked", and the surviving mutant names."""
     found: dict[str, Counter] = defaultdict(Counter)
     survivors: dict[str, list[str]] = defaultdict(list)
     for meta in sorted((WORK / group / "mutants").rglob("*.py.meta")):
         module = str(meta.relative_to(WORK / group / "mutants"))[: -len(".meta")]
-        for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+        for name, code in _exit_codes(meta).items():
             if code in KILLED:
                 found[module]["killed"] += 1
             elif code in SURVIVED:
