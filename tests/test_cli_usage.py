@@ -279,7 +279,7 @@ def test_cli_without_typer_says_which_extra_and_still_tells_its_version(tmp_path
 # ---------------------------------------------------------------------------------------------- completion
 
 
-def test_shell_completion_completes_commands_options_and_choices():
+def test_shell_completion_completes_commands_options_and_choices(monkeypatch):
     def complete(words: str, cword: int) -> list[str]:
         env = {**os.environ, "_POLICYPORT_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
         proc = subprocess.run([sys.executable, "-m", "policyport"], capture_output=True, text=True, env=env)
@@ -289,6 +289,9 @@ def test_shell_completion_completes_commands_options_and_choices():
     assert complete("policyport ru", 1) == ["run"]
     assert complete("policyport run --ba", 2) == ["--backend"]
     assert complete("policyport run --backend ", 3) == ["numpy", "onnxruntime"]
+    # typer's own switch: --show-completion takes the shell's name instead of detecting the shell from
+    # the parent processes (which fails where none is a shell, as under nohup or a CI runner)
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     script = invoke("--show-completion", "bash")
     assert script.exit_code == 0 and "_POLICYPORT_COMPLETE=complete_bash" in script.stdout
 
