@@ -6,7 +6,10 @@ only those of the group's tests that reach the mutated function. Not part of CI.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -104,15 +107,57 @@ def prepare(group: str) -> Path:
     return folder
 
 
+def mutant_names(folder: Path) -> list[str]:
+    """Every mutant mutmut generated in ``folder`` (the keys of its ``.meta`` files), sorted."""
+    names = []
+    for meta in (folder / "mutants").rglob("*.py.meta"):
+        names += json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(names)
+
+
+def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int) -> int:
+    """mutmut over one group; with ``sample``, over that many of its mutants drawn uniformly at random
+    (``seed`` fixes the draw), the rest left unchecked: the score then estimates the whole group's."""
+    folder = prepare(group)
+    print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
+    # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
+    # deadlocks in the OpenMP thread pool its parent started (and times out after minutes) unless
+    # that pool has one thread.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    command = [str(mutmut), "run", "--max-children", children]
+    if sample is not None:
+        # A filter that matches no mutant: mutmut generates every mutant and maps tests to functions,
+        # then stops, which lists the names to draw from.
+        subprocess.run([*command, "no-such-mutant"], cwd=folder, env=env, capture_output=True)
+        names = mutant_names(folder)
+        if not names:
+            print(f"mutmut generated no mutants for {group}", file=sys.stderr)
+            return 1
+        drawn = random.Random(seed).sample(names, min(sample, len(names)))
+        print(f"== {group}: {len(drawn)} of {len(names)} mutants drawn (seed {seed})", flush=True)
+        command += drawn
+    return subprocess.run(command, cwd=folder, env=env).returncode
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--list"]:
+    parser = argparse.ArgumentParser(description="mutmut over groups of modules (see scripts/mutation.sh)")
+    parser.add_argument("groups", nargs="*", metavar="GROUP", help="groups to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the groups, their modules and tests")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="check N mutants of each group drawn at random instead of all of them")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --sample's draw (default 0)")
+    args = parser.parse_args(argv)
+    if args.list:
         for name, (modules, tests) in GROUPS.items():
             print(f"{name}: mutates {' '.join(modules)}; tests {' '.join(tests)}")
         return 0
-    groups = argv or list(GROUPS)
+    groups = args.groups or list(GROUPS)
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         print(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    if args.sample is not None and args.sample < 1:
+        print(f"--sample must be at least 1, not {args.sample}", file=sys.stderr)
         return 2
     mutmut = Path(sys.executable).with_name("mutmut")
     # MUTATION_CHILDREN=1 leaves a shared machine's other core free (default 2, the figures' setting).
@@ -121,13 +166,7 @@ def main(argv: list[str]) -> int:
         print(f"MUTATION_CHILDREN must be a positive whole number, not {children!r}", file=sys.stderr)
         return 2
     for group in groups:
-        folder = prepare(group)
-        print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
-        # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
-        # deadlocks in the OpenMP thread pool its parent started (and times out after minutes) unless
-        # that pool has one thread.
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        code = subprocess.run([str(mutmut), "run", "--max-children", children], cwd=folder, env=env).returncode
+        code = run_group(group, mutmut, children, args.sample, args.seed)
         if code:
             print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
             return code
