@@ -123,19 +123,30 @@ def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tm
     assert not (tmp_path / "z.npz").exists()
 
 
-def test_a_failed_record_removes_the_output_it_wrote(folder, obs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("existing", [None, b"old outputs"])
+def test_a_failed_record_leaves_every_output_as_it_was(folder, obs, tmp_path, monkeypatch, capsys, existing):
     import policyport.files as files
 
-    real = files.save_npz
+    out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
+    if existing is not None:
+        out.write_bytes(existing)
+    real = files.npz_writer
 
-    def fail_second(path, arrays, force=False):
-        if path.name == "acts.npz":
+    def fail_the_record(arrays):
+        if "h" not in arrays:
+            return real(arrays)
+
+        def write(file):
+            file.write(b"partial")
             raise files.UnreadableFileError("disk full")
-        return real(path, arrays, force)
 
-    monkeypatch.setattr(files, "save_npz", fail_second)
-    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--record", str(tmp_path / "acts.npz")]) == 3
-    assert not (tmp_path / "y.npz").exists()
+        return write
+
+    monkeypatch.setattr(files, "npz_writer", fail_the_record)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--record", str(acts), "--force"]) == 3
+    assert capsys.readouterr().err == "error: disk full\n"
+    assert (out.read_bytes() if out.exists() else None) == existing and not acts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["obs.npy"] + (["y.npz"] if existing else []))
 
 
 @pytest.mark.parametrize("error,code,message", [
@@ -190,3 +201,62 @@ def test_the_parser_and_table():
 def test_table_layout(capsys):
     entry._table(("name", "n"), [("a", "1"), ("long\x07", "100")], right=(1,))
     assert capsys.readouterr().out.splitlines() == ["name        n", "a           1", "long\\x07  100"]
+
+
+def test_max_bytes_limits_what_the_run_reads(folder, obs, tmp_path, monkeypatch, capsys):
+    from policyport.files import limits
+
+    seen = []
+    monkeypatch.setattr(entry, "_verify", lambda folder, args: seen.append(limits().array_bytes) or 0)
+    assert entry.main(folder, ["--verify", "--max-bytes", "1.5K"]) == 0 and seen == [1536]
+    assert entry.main(folder, ["--verify"]) == 0 and seen[1] == limits().array_bytes  # the default outside
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--max-bytes", "8"]) == 3
+    err = capsys.readouterr().err
+    assert err == (f"error: {obs} (float32, shape (2, 3)) would take 24 B (24 bytes), above the limit of 8 B for arrays "
+                   "read from a file; if you trust it and have the memory, raise the limit with --max-bytes 1M (or "
+                   "POLICYPORT_MAX_ARRAY_BYTES=1M)\n")  # --max-bytes is run.py's own option: no note
+    assert not (tmp_path / "y.npz").exists()
+    with pytest.raises(SystemExit) as ended:
+        entry.main(folder, ["--verify", "--max-bytes", "lots"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("run.py: error: --max-bytes: 'lots' is not a size; write e.g. "
+                                                        "4G, 512M, 1.5GiB or 1000000 (bytes)")
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("run it with --backend onnxruntime", "run it with --backend onnxruntime (--backend is an option of the policyport "
+                                          "command, not of run.py)"),
+    ("use --backend x or --max-nodes, --backend again, or --force", "use --backend x or --max-nodes, --backend again, "
+     "or --force (--backend, --max-nodes are options of the policyport command, not of run.py)"),
+    ("replace it with --force or --max-bytes", "replace it with --force or --max-bytes"),
+    ("a-b x--backend, -backend and --Backend", "a-b x--backend, -backend and --Backend"),
+])
+def test_a_message_naming_policyports_options_says_run_py_lacks_them(folder, obs, tmp_path, monkeypatch, capsys,
+                                                                     message, shown):
+    def refuse(folder, args):
+        raise pp.BadModelError(message)
+
+    monkeypatch.setattr(entry, "_run", refuse)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz")]) == 3
+    assert capsys.readouterr().err == f"error: {shown}\n"
+
+
+def test_main_off_the_main_thread_leaves_sigterm_alone(folder):
+    import signal
+    import threading
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def verify(folder, args):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return 0
+
+    original = entry._verify
+    entry._verify = verify
+    try:
+        worker = threading.Thread(target=lambda: seen.append(entry.main(folder, ["--verify"])))
+        worker.start()
+        worker.join()
+    finally:
+        entry._verify = original
+    assert seen == [before, 0]

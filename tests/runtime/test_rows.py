@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.runtime.numpy import rows as rows_module
@@ -320,3 +320,103 @@ def test_relus_of_constants_in_a_row_block_graph_keep_their_shapes(big_obs):
     np.testing.assert_array_equal(session.run(obs)["y"], obs + np.array([0.0, 3.0, 0.0], np.float32))
     recorded = session.record(obs)
     assert recorded["rc"].shape == () and recorded["rc"] == 0 and recorded["rv"].tolist() == [0.0, 3.0, 0.0]
+
+
+def const(name, shape, dtype=np.float32, value=None):
+    array = np.full(shape, 0.5, dtype) if value is None else np.asarray(value, dtype)
+    return numpy_helper.from_array(array, name)
+
+
+W43, C3 = const("W", (4, 3)), const("C", (3,))
+N = helper.make_node
+
+
+@pytest.mark.parametrize("obs_shape, nodes, inits, rank", [
+    # Gemm: the fast path (constant B, C), the call form (alpha) with C broadcast along rows, transA
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"])], [W43, C3], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, C3], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, const("C", (1, 3))], 2),
+    ([None, 4], [N("Gemm", ["obs", "W"], ["y"], alpha=2.0)], [W43], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, const("C", (5, 3))], None),
+    ([None, 4], [N("Gemm", ["obs", "W"], ["y"], transA=1)], [W43], None),
+    ([None, 4], [N("Gemm", ["W", "obs"], ["y"], transB=1)], [const("W", (3, 4))], None),
+    # a constant Slice: along a feature axis, or along the batch axis
+    ([None, 4], [N("Slice", ["obs", "s", "e", "a"], ["y"])],
+     [const(n, (1,), np.int64, [v]) for n, v in (("s", 1), ("e", 3), ("a", 1))], 2),
+    ([None, 4], [N("Slice", ["obs", "s", "e", "a"], ["y"])],
+     [const(n, (1,), np.int64, [v]) for n, v in (("s", 1), ("e", 3), ("a", 0))], None),
+    # unary ops keep the rank; a Dropout without training_mode
+    ([None, 2, 4], [N("Tanh", ["obs"], ["y"])], [], 3),
+    ([None, 4], [N("Cast", ["obs"], ["y"], to=11)], [], 2),
+    ([None, 4], [N("Dropout", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Dropout", ["obs", "r", "m"], ["y"])], [const("r", (), value=0.5), const("m", (), np.bool_, False)],
+     None),
+    # broadcasting: constants without the batch axis, or of size 1 along it; both sides batched
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (4,))], 2),
+    ([None, 4], [N("Mul", ["b", "obs"], ["y"])], [const("b", (1, 4))], 2),
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (3, 4))], None),
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (1, 1, 4))], None),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Sub", ["t", "obs"], ["y"])], [], 2),
+    ([None, 4], [N("Where", ["m", "obs", "b"], ["y"])], [const("m", (4,), np.bool_, [1, 0, 1, 0]), const("b", (4,))], 2),
+    # Concat of batched tensors along a feature axis
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=1)], [], 2),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=-1)], [], 2),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=0)], [], None),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=-2)], [], None),
+    ([None, 4], [N("Concat", ["obs", "b"], ["y"], axis=1)], [const("b", (1, 4))], None),
+    ([None, 4], [N("Concat", ["obs", "obs"], ["y"], axis=2)], [], None),
+    # ops along an axis: only off the batch axis
+    ([None, 4], [N("Softmax", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Softmax", ["obs"], ["y"], axis=-2)], [], None),
+    ([None, 2, 4], [N("LogSoftmax", ["obs"], ["y"], axis=1)], [], 3),
+    ([None, 2, 4], [N("Flatten", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Flatten", ["obs"], ["y"])], [], 2),
+    ([None, 2, 4], [N("Flatten", ["obs"], ["y"], axis=0)], [], None),
+    ([None, 2, 4], [N("ArgMax", ["obs"], ["y"], axis=2, keepdims=0)], [], 2),
+    ([None, 2, 4], [N("ArgMin", ["obs"], ["y"], axis=1)], [], 3),
+    ([None, 2, 4], [N("ArgMax", ["obs"], ["y"])], [], None),
+    ([None, 4], [N("LayerNormalization", ["obs", "g"], ["y"])], [const("g", (4,))], 2),
+    ([None, 4], [N("LayerNormalization", ["obs", "g"], ["y"], axis=0)], [const("g", (4,))], None),
+    # MatMul by a matrix; per-sample ops over (N, C, ...)
+    ([None, 2, 4], [N("MatMul", ["obs", "W"], ["y"])], [W43], 3),
+    ([None, 4], [N("MatMul", ["obs", "W"], ["y"])], [W43], 2),
+    ([None, 4], [N("MatMul", ["obs", "W"], ["y"])], [const("W", (2, 4, 3))], None),
+    ([None], [N("MatMul", ["obs", "W"], ["y"])], [const("W", (4, 3))], None),
+    ([None, 1, 6, 6], [N("MaxPool", ["obs"], ["y"], kernel_shape=[2, 2])], [], 4),
+    ([None, 1, 6, 6], [N("MaxPool", ["obs"], ["y", "i"], kernel_shape=[2, 2])], [], None),
+    ([None, 1, 6, 6], [N("GlobalAveragePool", ["obs"], ["y"])], [], 4),
+    # Reshape keeping axis 0, Transpose keeping it first
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"])], [const("s", (3,), np.int64, [0, 2, 2])], 3),
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"], allowzero=1)], [const("s", (3,), np.int64, [0, 2, 2])], None),
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"])], [const("s", (2,), np.int64, [-1, 4])], None),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"], perm=[0, 2, 1])], [], 3),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"], perm=[2, 0, 1])], [], None),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"])], [], None),  # reverses every axis
+    ([None, 4], [N("ReduceSum", ["obs"], ["y"], keepdims=1)], [], None),
+    ([None, 4], [N("Size", ["obs"], ["y"])], [], None),
+])
+def test_the_row_tracker_follows_the_batch_axis_through_each_kind_of_node(obs_shape, nodes, inits, rank):
+    obs_shape = ["batch" if d is None else d for d in obs_shape]
+    m = model(nodes, [f32("obs", obs_shape)], [f32("y", None)], inits)  # compiled only: the declared type is not used
+    session = pp.load(m, threads=2)
+    split = session.backend.plan.row_split
+    if rank is None:
+        assert split is None
+        return
+    assert split is not None and split.inputs == ("obs",) and split.ranks["y"] == rank
+    assert split.ranks["obs"] == len(obs_shape) and not split.whole & {"obs", "y"}
+    obs = np.random.default_rng(5).standard_normal((SPLIT_ROWS + 5, *obs_shape[1:])).astype(np.float32)
+    whole = session.backend.plan._compile("record", split=False)({"obs": obs})
+    same_bits(session.record(obs), whole)  # in blocks, on two threads: the whole batch's bits
+
+
+def test_tensors_of_constants_alone_are_whole_and_a_graph_without_a_batch_axis_never_splits():
+    m = model([N("Tanh", ["b"], ["tb"]), N("Add", ["obs", "tb"], ["y"])], [f32("obs", ["batch", 4])], [f32("y", None)],
+              [const("b", (4,))])
+    split = pp.load(m).backend.plan.row_split
+    assert split.whole == {"b", "tb"} and split.ranks == {"obs": 2, "y": 2}
+    fixed = model([N("Tanh", ["obs"], ["y"])], [f32("obs", [2, 4])], [f32("y", None)])
+    assert pp.load(fixed).backend.plan.row_split is None
+    unknown_rank = model([N("Tanh", ["obs"], ["y"])], [helper.make_tensor_value_info("obs", TensorProto.FLOAT, None)],
+                         [f32("y", None)])
+    assert pp.load(unknown_rank).backend.plan.row_split is None

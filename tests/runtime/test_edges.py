@@ -1,0 +1,406 @@
+"""The runtime's less travelled paths, each with its exact result or refusal: feeds of other forms,
+memory estimates, graphs built by hand, the BLAS limiter, numpy 1's error state, result pools,
+worker threads, and golden data of random tensors."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import policyport as pp
+from policyport.graph import Graph, Node, ValueInfo, from_onnx
+from policyport.runtime import base, blas
+from policyport.runtime.numpy import floating, registry
+from policyport.runtime.numpy import rows as rows_module
+from policyport.runtime.numpy.rows import SPLIT_ROWS, ResultPool, reusing
+from test_plan import f32, model  # noqa: E402  (pytest puts this folder on sys.path)
+
+F32 = np.dtype(np.float32)
+
+
+def exactly(message: str) -> str:
+    return "^" + re.escape(message) + "$"
+
+
+def tanh_model(width: int = 4, extra_outputs=(), extra_nodes=(), inits=()):
+    return model([helper.make_node("Tanh", ["obs"], ["y"], name="act"), *extra_nodes], [f32("obs", ["batch", width])],
+                 [f32("y", ["batch", width]), *extra_outputs], inits)
+
+
+def two_input_model():
+    """a (n, 4) and b (m, 4), named apart: y = Tanh(a), z = Tanh(b)."""
+    return model([helper.make_node("Tanh", ["a"], ["y"]), helper.make_node("Tanh", ["b"], ["z"])],
+                 [f32("a", ["n", 4]), f32("b", ["m", 4])], [f32("y", ["n", 4]), f32("z", ["m", 4])])
+
+
+# ------------------------------------------------------------------------------------------ Session
+
+
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_feeds_in_any_mapping_and_a_bare_array_only_for_one_input(backend):
+    session = pp.load(two_input_model(), backend=backend)
+    a, b = np.ones((2, 4), np.float32), np.zeros((3, 4), np.float32)
+    got = session.run(types.MappingProxyType({"a": a, "b": b}))
+    assert got["y"].tolist() == np.tanh(a).tolist() and got["z"].tolist() == b.tolist()
+    for call in (session.run, session.record, lambda f: session.record_iter([f]).__next__()):
+        with pytest.raises(pp.BadModelError, match=exactly("the model has 2 inputs ['a', 'b']; pass a dict of feeds")):
+            call(a)
+
+
+def test_observers_and_onnxruntime_sessions_need_what_they_need():
+    ort = pp.load(tanh_model(), backend="onnxruntime")
+    with pytest.raises(pp.BadModelError, match=exactly("observers need the numpy backend; this session runs on "
+                                                       "onnxruntime")):
+        ort.observe(np.ones((1, 4), np.float32), lambda i, j, v: v)
+    with pytest.raises(pp.BadModelError, match=exactly("the onnxruntime backend needs an ONNX model: pass the "
+                                                       "ModelProto or the .onnx path")):
+        pp.load(from_onnx(tanh_model()), backend="onnxruntime")
+    numpy = pp.load(from_onnx(tanh_model()))  # a Graph runs on numpy
+    assert numpy.run(np.zeros((1, 4), np.float32))["y"].tolist() == [[0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_memory_needed_extrapolates_the_bytes_of_one_and_two_rows(backend):
+    constant = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones(3, np.float32)))
+    session = pp.load(tanh_model(extra_outputs=[f32("c", [3])], extra_nodes=[constant]), backend=backend)
+    obs = np.ones((10, 4), np.float32)
+    # one row: y 16 bytes + c 12 bytes; each further row 16 bytes more
+    assert session.memory_needed(obs) == 28 + 16 * 9
+    assert session.memory_needed(obs, "y") == 28 + 16 * 9  # a record holds the graph outputs too
+    assert session.memory_needed(obs[:3]) == 28 + 16 * 2
+    assert session.memory_needed(obs[:2]) == 0 and session.memory_needed(obs[:0]) == 0  # two rows tell nothing more
+
+
+def test_memory_needed_of_results_that_do_not_grow_and_of_what_cannot_be_told():
+    total = model([helper.make_node("ReduceSum", ["obs"], ["s"], keepdims=0)], [f32("obs", ["batch", 4])], [f32("s", [])])
+    assert pp.load(total).memory_needed(np.ones((50, 4), np.float32)) == 4  # one float32, whatever the rows
+    two = pp.load(two_input_model())
+    assert two.memory_needed({"a": np.ones((5, 4), np.float32), "b": np.ones((6, 4), np.float32)}) == 0
+    assert two.memory_needed({"a": np.ones((5, 4), np.float32), "b": np.ones((5, 4), np.float32)}) == 2 * 5 * 16
+    fixed = pp.load(model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", [5, 4])], [f32("y", [5, 4])]))
+    assert fixed.memory_needed(np.ones((5, 4), np.float32)) == 0  # no batched input
+    # a model that fails on one row: Reshape to (2, -1) needs an even number of elements over the batch
+    odd = model([helper.make_node("Reshape", ["obs", "shape"], ["y"])], [f32("obs", ["batch", 3])], [f32("y", None)],
+                [numpy_helper.from_array(np.array([2, -1], np.int64), "shape")])
+    assert pp.load(odd).memory_needed(np.ones((4, 3), np.float32)) == 0
+
+
+# ------------------------------------------------------------------------------------------- base
+
+
+def test_feeds_from_arrays_maps_one_array_to_the_one_input_and_keeps_named_ones():
+    arr = np.ones((2, 3), np.float32)
+    assert base.feeds_from_arrays({"": arr}, ["obs"], "x.npy") == {"obs": arr}
+    assert base.feeds_from_arrays({"anything": arr}, ["obs"], "x.npz") == {"obs": arr}
+    named = {"a": arr, "b": arr[:1]}
+    got = base.feeds_from_arrays(named, ["a", "b"], "x.npz")
+    assert got == named and got is not named
+    assert base.feeds_from_arrays({"obs": arr}, ["obs"], "x.npz") == {"obs": arr}
+    with pytest.raises(pp.InputMismatchError, match=exactly("x.npy holds one array but the model has inputs ['a', 'b']; "
+                                                            "use an .npz keyed by input name")):
+        base.feeds_from_arrays({"": arr}, ["a", "b"], "x.npy")
+    assert base.feeds_from_arrays({"c": arr}, ["a", "b"], "x.npz") == {"c": arr}  # check_feeds names what is wrong
+
+
+def test_an_input_of_unknown_rank_takes_any_shape_of_its_dtype():
+    inputs = [ValueInfo("x", F32, None), ValueInfo("y", F32, ("n", 2))]
+    feeds = {"x": np.ones((3, 1, 2), np.float32), "y": np.ones((5, 2), np.float32)}
+    assert base.check_feeds(feeds, inputs) == feeds
+    assert base.compile_feed_check(inputs)(feeds) == feeds
+    with pytest.raises(pp.InputMismatchError, match=exactly("input 'x' expects dtype float32, got float64; convert it "
+                                                            "first (e.g. x.astype(np.float32))")):
+        base.check_feeds({"x": np.ones(2), "y": feeds["y"]}, inputs)
+
+
+@pytest.mark.parametrize("array, rows", [
+    (np.float32(np.nan), 1), (np.array(np.inf), 1), (np.float64(2.0), 0), (np.int64(3), 0), (np.array(True), 0),
+    (np.zeros((0, 3), np.float32), 0), (np.zeros((2, 0), np.float32), 0),
+    (np.array([[1, np.nan], [2, 3], [np.inf, -np.inf]], np.float32), 2),
+    (np.array([[[0, 0], [0, np.nan]], [[0, 0], [0, 0]], [[-np.inf, 0], [0, 0]]]), 2),
+    (np.array([1 + 1j, complex(0, np.nan)]), 1), (np.arange(6).reshape(3, 2), 0), (np.ones((4, 2), np.float16), 0),
+])
+def test_nonfinite_rows_counts_rows_holding_a_nan_or_an_infinity(array, rows):
+    assert base.nonfinite_rows(array) == rows and type(base.nonfinite_rows(array)) is int
+
+
+# ---------------------------------------------------------------------------------- Plan refusals
+
+
+def test_a_hand_built_graph_is_refused_where_it_reads_or_returns_what_nothing_makes():
+    obs = ValueInfo("obs", F32, ("batch", 4))
+    unsorted = Graph([Node("Tanh", ("h",), ("y",), name="second"), Node("Tanh", ("obs",), ("h",), name="first")],
+                     [obs], [ValueInfo("y", F32, None)], {}, {"": 17})
+    with pytest.raises(pp.BadModelError, match=exactly('Tanh node "second" reads tensor \'h\', which no graph input, '
+                                                       "initializer or earlier node produces (nodes must be "
+                                                       "topologically sorted)")):
+        pp.load(unsorted)
+    orphan = Graph([Node("Tanh", ("obs",), ("h",), name="first")], [obs],
+                   [ValueInfo("h", F32, None), ValueInfo("z", F32, None), ValueInfo("w", F32, None)], {}, {"": 17})
+    with pytest.raises(pp.BadModelError, match=exactly("graph outputs ['z', 'w'] are produced by no node, input or "
+                                                       "initializer")):
+        pp.load(orphan)
+
+
+@pytest.mark.parametrize("opset, message", [
+    (28, None),
+    (29, "the model declares default-domain opset 29, newer than the operator sets the numpy backend knows (up to 28); "
+         "its ops may mean something else there — re-export it with --opset 28 or older"),
+])
+def test_the_newest_opset_the_numpy_backend_follows(opset, message):
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", ["batch", 2])], opset=opset)
+    if message is None:
+        assert pp.load(m).run(np.zeros((1, 2), np.float32))["y"].tolist() == [[0, 0]]
+        return
+    with pytest.raises(pp.UnsupportedOpError, match=exactly(message)):
+        pp.load(m)
+
+
+@pytest.mark.parametrize("node, message", [
+    (helper.make_node("Tanh", ["obs", "obs"], ["y"], name="n"),
+     'Tanh node "n" (opset 17): it has 2 inputs; the operator takes at most 1 (x)'),
+    (helper.make_node("Gemm", ["obs", ""], ["y"], name="n"), 'Gemm node "n" (opset 17): input 1 (b) is required but omitted'),
+    (helper.make_node("Gemm", ["obs"], ["y"], name="n"), 'Gemm node "n" (opset 17): input 1 (b) is required but missing'),
+    (helper.make_node("Tanh", ["obs"], ["y"], name="n", foo=1, alpha=2.0),
+     'Tanh node "n" (opset 17): attribute(s) alpha, foo are not attributes of Tanh-6 (it takes none)'),
+    (helper.make_node("Elu", ["obs"], ["y"], name="n", beta=1.0),
+     'Elu node "n" (opset 17): attribute(s) beta are not attributes of Elu-6 (it takes alpha)'),
+])
+def test_a_node_its_operator_page_forbids_is_refused_naming_it(node, message):
+    with pytest.raises(pp.BadModelError, match=exactly(message)):
+        pp.load(model([node], [f32("obs", ["batch", 4])], [f32("y", None)]))
+
+
+def test_a_constant_or_cast_that_cannot_be_inferred_is_left_to_the_run_which_names_the_node():
+    bad_constant = helper.make_node("Constant", [], ["c"], name="const")  # no value attribute
+    m = model([bad_constant, helper.make_node("Add", ["obs", "c"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", None)])
+    session = pp.load(m)
+    with pytest.raises(pp.BadModelError, match=exactly('Constant node "const" on the numpy backend failed: ValueError: '
+                                                       "Constant node has no value attribute (sparse_value is not "
+                                                       "supported)")):
+        session.run(np.ones((1, 2), np.float32))
+    cast = model([helper.make_node("Cast", ["obs"], ["y"], name="cast", to=99)], [f32("obs", ["batch", 2])],
+                 [f32("y", None)])
+    with pytest.raises(pp.BadModelError, match="^ONNX element type 99 has no numpy equivalent; "):
+        pp.load(cast).run(np.ones((1, 2), np.float32))
+
+
+def test_resolve_names_the_node_and_the_versions_that_exist():
+    with pytest.raises(pp.UnsupportedOpError) as caught:
+        registry.resolve("Gelu", 19, node_name="g")
+    (missing,) = caught.value.missing
+    assert (missing.op_type, missing.domain, missing.opset, missing.nodes, missing.versions) == ("Gelu", "", 19, ("g",), (20,))
+    assert registry.resolve("Gelu", 20).since == 20 and registry.resolve("Gelu", 28).since == 20
+    assert [registry.resolve("Softmax", v).since for v in (1, 12, 13, 28)] == [1, 1, 13, 13]
+    assert registry.versions("NoSuchOp") == [] and registry.versions("Softmax") == [1, 13]
+
+
+def test_observe_is_compiled_once():
+    plan = pp.load(tanh_model()).backend.plan
+    assert plan.observe is plan.observe and plan.record is plan.record
+
+
+# ------------------------------------------------------------------------------- row blocks, pools
+
+
+def test_batched_inputs_of_different_lengths_run_whole():
+    session = pp.load(two_input_model(), threads=2)
+    a = np.random.default_rng(1).standard_normal((SPLIT_ROWS + 3, 4)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    got = session.record({"a": a, "b": b})
+    whole = session.backend.plan._compile("record", split=False)({"a": a, "b": b})
+    assert [v.shape for v in got.values()] == [(SPLIT_ROWS + 3, 4), (3, 4)]
+    for name in whole:
+        assert got[name].tobytes() == whole[name].tobytes()
+    same = session.run({"a": a, "b": a})  # one length: in blocks
+    assert same["y"].tobytes() == same["z"].tobytes() == np.tanh(a).tobytes()
+
+
+def test_a_returned_feed_and_a_tensor_returned_twice_are_copied_into_each_blocks_rows():
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", 3])],
+              [f32("y", ["batch", 3]), f32("obs", ["batch", 3])])
+    session = pp.load(m, threads=2)
+    obs = np.random.default_rng(3).standard_normal((SPLIT_ROWS + 10, 3)).astype(np.float32)
+    for got in (session.run(obs), session.record(obs)):
+        assert got["obs"].tobytes() == obs.tobytes() and not np.shares_memory(got["obs"], obs)
+        assert got["y"].tobytes() == np.tanh(obs).tobytes()
+
+
+def test_row_shapes_are_remembered_for_at_most_16_layouts():
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", "width"])], [f32("y", None)])
+    session = pp.load(m)
+    for width in range(1, 19):
+        obs = np.full((SPLIT_ROWS, width), 0.5, np.float32)
+        assert session.run(obs)["y"].tobytes() == np.tanh(obs).tobytes()
+    blocks = [v for v in session.backend.plan.run.__globals__.values() if isinstance(v, rows_module.RowBlocks)]
+    assert len(blocks) == 1 and len(blocks[0]._layouts) == 16
+
+
+def test_results_come_from_a_pool_and_go_back_to_it():
+    session = pp.load(tanh_model(3))
+    obs = np.random.default_rng(4).standard_normal((SPLIT_ROWS, 3)).astype(np.float32)
+    pool = ResultPool()
+    with reusing(pool) as same:
+        assert same is pool
+        first = session.record(obs)
+    assert rows_module._RESULTS.get() is None  # the context is left as it was
+    assert first["y"].tobytes() == np.tanh(obs).tobytes()
+    held = first["y"]
+    pool.give_back(list(first.values()) + [np.empty((SPLIT_ROWS, 3), np.float32)])  # a foreign array is ignored
+    with reusing(pool):
+        second = session.record(obs[::-1].copy())
+    assert second["y"] is held and second["y"].tobytes() == np.tanh(obs[::-1]).tobytes()
+    assert session.record(obs)["y"] is not held  # outside the context: fresh arrays
+
+
+def test_a_pool_matches_arrays_by_shape_and_dtype_and_takes_back_only_its_own():
+    pool = ResultPool()
+    a = pool.take((4, 3), np.float32)
+    assert a.shape == (4, 3) and a.dtype == np.float32
+    pool.give_back([a])
+    assert pool.take((4, 3), np.float64) is not a and pool.take((3, 4), np.float32) is not a
+    assert pool.take((4, 3), "float32") is a
+    assert pool.take((4, 3), np.float32) is not a  # handed out once
+    pool.give_back([a, a])  # given back twice: kept once
+    assert pool.take((4, 3), np.float32) is a and pool.take((4, 3), np.float32) is not a
+
+
+@pytest.mark.parametrize("affinity, count, cores", [({0, 1, 2}, 8, 3), (set(), 8, 1), (AttributeError, 6, 6),
+                                                    (OSError, None, 1), (AttributeError, 0, 1)])
+def test_usable_cores_follow_the_affinity_else_the_cpu_count(monkeypatch, affinity, count, cores):
+    def getaffinity(pid):
+        assert pid == 0
+        if isinstance(affinity, type):
+            raise affinity("no affinity here")
+        return affinity
+
+    monkeypatch.setattr(rows_module.os, "sched_getaffinity", getaffinity, raising=False)
+    monkeypatch.setattr(rows_module.os, "cpu_count", lambda: count)
+    assert rows_module.usable_cores() == cores
+
+
+def test_the_worker_pool_grows_to_the_threads_asked_for_and_is_forgotten_in_a_child(monkeypatch):
+    monkeypatch.setattr(rows_module, "_POOL", None)
+    monkeypatch.setattr(rows_module, "_POOL_SIZE", 0)
+    first = rows_module._pool(2)
+    try:
+        assert first._max_workers == 2 and rows_module._pool(1) is first and rows_module._pool(2) is first
+        grown = rows_module._pool(3)
+        assert grown is not first and grown._max_workers == 3 and rows_module._POOL_SIZE == 3
+        assert first._shutdown
+        assert grown.submit(lambda: 7).result() == 7
+        rows_module._forget_pool()
+        assert (rows_module._POOL, rows_module._POOL_SIZE) == (None, 0)
+    finally:
+        first.shutdown()
+        grown.shutdown()
+
+
+def test_without_the_blas_module_the_row_blocks_have_no_limiter(monkeypatch):
+    monkeypatch.setitem(sys.modules, "policyport.runtime.blas", None)
+    assert rows_module._blas_one_thread() is None
+
+
+# ------------------------------------------------------------------------------------------- blas
+
+
+class FakeController:
+    """threadpoolctl's controller as OneThread uses it, counting what it is asked."""
+
+    def __init__(self):
+        self.limits, self.restored = [], 0
+        self.lib_controllers = [types.SimpleNamespace(info=lambda: {"internal_api": "openblas", "num_threads": 8})]
+
+    def limit(self, limits):
+        self.limits.append(limits)
+        return types.SimpleNamespace(restore_original_limits=self.restore)
+
+    def restore(self):
+        self.restored += 1
+
+
+def test_one_thread_limits_on_first_entry_and_restores_on_last_exit():
+    controller = FakeController()
+    one = blas.OneThread(controller)
+    with one as entered:
+        assert entered is one and controller.limits == [1]
+        with one:
+            assert controller.limits == [1] and controller.restored == 0
+        assert controller.restored == 0
+    assert controller.restored == 1 and one._limiter is None and one._depth == 0
+    with one:
+        assert controller.limits == [1, 1]
+    assert controller.restored == 2
+    assert one.describe() == [{"internal_api": "openblas", "num_threads": 8}]
+    one.__enter__()
+    one._forget()  # a forked child: nothing of the parent's runs there
+    assert (one._depth, one._limiter) == (0, None) and one._lock.acquire(blocking=False)
+
+
+def test_one_thread_is_none_without_threadpoolctl_or_without_a_blas(monkeypatch):
+    monkeypatch.setattr(blas, "_LOOKED", False)
+    monkeypatch.setattr(blas, "_ONE_THREAD", None)
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    assert blas.one_thread() is None and blas._LOOKED
+    monkeypatch.setattr(blas, "_LOOKED", False)
+    empty = types.SimpleNamespace(ThreadpoolController=lambda: types.SimpleNamespace(
+        select=lambda user_api: types.SimpleNamespace(lib_controllers=[], user_api=user_api)))
+    monkeypatch.setitem(sys.modules, "threadpoolctl", empty)
+    assert blas.one_thread() is None
+    monkeypatch.setattr(blas, "_LOOKED", False)
+    chosen = []
+    found = types.SimpleNamespace(ThreadpoolController=lambda: types.SimpleNamespace(
+        select=lambda user_api: chosen.append(user_api) or FakeController()))
+    monkeypatch.setitem(sys.modules, "threadpoolctl", found)
+    monkeypatch.delattr(blas.os, "register_at_fork")
+    one = blas.one_thread()
+    assert isinstance(one, blas.OneThread) and chosen == ["blas"] and blas.one_thread() is one  # looked once
+
+
+def test_the_real_blas_is_described():
+    pytest.importorskip("threadpoolctl")
+    one = blas.one_thread()
+    if one is None:
+        pytest.skip("numpy's BLAS is not one threadpoolctl controls")
+    assert all(d["user_api"] == "blas" and d["num_threads"] >= 1 for d in one.describe())
+
+
+# --------------------------------------------------------------------------------------- floating
+
+
+@pytest.mark.parametrize("numpy1", [False, True])
+def test_quiet_silences_numpy_unless_the_caller_chose_otherwise(monkeypatch, numpy1):
+    if numpy1:
+        monkeypatch.setattr(floating, "_STATE", None)  # numpy 1 keeps the state in np.geterr/np.seterr
+
+    def inside():
+        return np.geterr()
+
+    quiet = floating.quiet(inside)
+    assert quiet.__name__ == "inside"
+    assert np.geterr() == floating.NUMPY_DEFAULTS  # the test runs under numpy's defaults
+    assert quiet() == floating.SILENT
+    assert np.geterr() == floating.NUMPY_DEFAULTS  # restored afterwards
+    with np.errstate(all="raise"):
+        assert quiet() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
+
+
+# ----------------------------------------------------------------------------------------- packed
+
+
+def test_verifying_a_folder_skips_the_tensors_of_random_nodes(tmp_path):
+    m = model([helper.make_node("RandomNormalLike", ["obs"], ["noise"], name="draw", seed=1.0),
+               helper.make_node("Add", ["obs", "noise"], ["y"]), helper.make_node("Tanh", ["obs"], ["t"])],
+              [f32("obs", ["batch", 2])], [f32("y", ["batch", 2]), f32("t", ["batch", 2])])
+    pp.pack(m, tmp_path / "bundle", samples=3, runtime=False)
+    from policyport.runtime.packed import verify_bundle
+
+    report = verify_bundle(tmp_path / "bundle")
+    assert report.passed and [c.tensor for c in report.comparisons] == ["t"]
+    assert [(s.tensor, s.reason) for s in report.skipped] == [
+        ("noise", "depends on the random RandomNormalLike node 'draw'"),
+        ("y", "depends on the random RandomNormalLike node 'draw'")]
