@@ -404,3 +404,169 @@ def test_verifying_a_folder_skips_the_tensors_of_random_nodes(tmp_path):
     assert [(s.tensor, s.reason) for s in report.skipped] == [
         ("noise", "depends on the random RandomNormalLike node 'draw'"),
         ("y", "depends on the random RandomNormalLike node 'draw'")]
+
+
+# ------------------------------------------------------------------------------- ops at their edges
+
+
+def const_init(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def typed(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+GRID = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+ONES = np.ones((2, 4), np.float32)
+RNG = np.random.default_rng(0)
+SEQ = RNG.standard_normal((4, 2, 2)).astype(np.float32)
+W_GRU, R_GRU = RNG.standard_normal((1, 9, 2)).astype(np.float32), RNG.standard_normal((1, 9, 3)).astype(np.float32)
+W_RNN, R_RNN = RNG.standard_normal((2, 3, 2)).astype(np.float32), RNG.standard_normal((2, 3, 3)).astype(np.float32)
+N = helper.make_node
+
+REFUSED = {  # model, feeds, the numpy backend's message (BadModelError, at load or run)
+    "a Clip bound fed as a vector": (
+        model([N("Clip", ["x", "lo"], ["y"], name="c")], [f32("x", ["n", 3]), f32("lo", ["k"])], [f32("y", None)],
+              opset=13), {"x": np.ones((2, 3), np.float32), "lo": np.zeros(2, np.float32)},
+        'Clip node "c" on the numpy backend failed: ValueError: min has shape (2,); it must be a scalar'),
+    "an unknown auto_pad": (
+        model([N("Conv", ["x", "w"], ["y"], name="c", auto_pad="FOO")], [f32("x", [1, 1, 4, 4])], [f32("y", None)],
+              [const_init("w", np.ones((1, 1, 2, 2)))]), {"x": GRID},
+        'Conv node "c" on the numpy backend failed: ValueError: auto_pad must be NOTSET, VALID, SAME_UPPER or '
+        "SAME_LOWER, not 'FOO'"),
+    "a kernel_shape the weights contradict": (
+        model([N("Conv", ["x", "w"], ["y"], name="c", kernel_shape=[3, 3])], [f32("x", [1, 1, 4, 4])],
+              [f32("y", None)], [const_init("w", np.ones((1, 1, 2, 2)))]), {"x": GRID},
+        'Conv node "c" on the numpy backend failed: ValueError: kernel_shape [3, 3] differs from the weights\' '
+        "spatial shape [2, 2]"),
+    "a constant Gemm bias of another width": (
+        model([N("Gemm", ["x", "w", "b"], ["y"], name="g")], [f32("x", ["n", 2])], [f32("y", None)],
+              [const_init("w", np.ones((2, 4))), const_init("b", np.ones(3))]), {"x": ONES[:, :2]},
+        'Gemm node "g" (opset 17): C of shape (3,) does not broadcast to (M, 4)'),
+    "a fed Gemm bias with more rows than A": (
+        model([N("Gemm", ["x", "w", "b"], ["y"], name="g")], [f32("x", ["n", 2]), f32("b", ["p", "q"])],
+              [f32("y", None)], [const_init("w", np.ones((2, 4)))]), {"x": ONES[:1, :2], "b": ONES},
+        'Gemm node "g" on the numpy backend failed: ValueError: C of shape (2, 4) does not broadcast to (1, 4)'),
+    "two -1 in a Reshape": (
+        model([N("Reshape", ["x", "s"], ["y"], name="r")], [f32("x", ["n", 4])], [f32("y", None)],
+              [const_init("s", [-1, -1], np.int64)]), {"x": ONES},
+        'Reshape node "r" (opset 17): shape [-1, -1] has more than one -1'),
+    "0 and -1 under allowzero": (
+        model([N("Reshape", ["x", "s"], ["y"], name="r", allowzero=1)], [f32("x", ["n", 4])], [f32("y", None)],
+              [const_init("s", [0, -1], np.int64)]), {"x": ONES},
+        'Reshape node "r" (opset 17): shape [0, -1] has both 0 and -1, which allowzero=1 forbids'),
+    "a Slice step of 0": (
+        model([N("Slice", ["x", "s", "e", "a", "st"], ["y"], name="s")], [f32("x", ["n", 4])], [f32("y", None)],
+              [const_init(n, [v], np.int64) for n, v in (("s", 0), ("e", 2), ("a", 1), ("st", 0))]), {"x": ONES},
+        'Slice node "s" (opset 17): steps [0] include 0'),
+    "a negative Tile count": (
+        model([N("Tile", ["x", "r"], ["y"], name="t")], [f32("x", ["n", 4])], [f32("y", None)],
+              [const_init("r", [1, -1], np.int64)]), {"x": ONES},
+        'Tile node "t" (opset 17): repeats [1, -1] include a negative count'),
+    "Split-18 into more parts than ceil allows": (
+        model([N("Split", ["x"], ["a", "b", "c", "d"], name="s", axis=1, num_outputs=4)], [f32("x", ["n", 5])],
+              [f32("a", None)], opset=18), {"x": np.ones((2, 5), np.float32)},
+        'Split node "s" (opset 18): an axis of length 5 cannot be split into 4 parts of ceil(5/4)'),
+    "RNN weights for two directions": (
+        model([N("RNN", ["x", "W", "R"], ["y", "h"], name="r", hidden_size=3)], [f32("x", [4, 2, 2])],
+              [f32("y", None), f32("h", None)], [const_init("W", W_RNN), const_init("R", R_RNN)]), {"x": SEQ},
+        'RNN node "r" on the numpy backend failed: ValueError: W (2, 3, 2) and R (2, 3, 3) do not fit 1 direction(s), '
+        "1 gates and hidden_size 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_what_an_operator_page_forbids_is_refused_naming_the_node(case):
+    m, feeds, message = REFUSED[case]
+    with pytest.raises(pp.BadModelError, match=exactly(message)):
+        pp.load(m).run(feeds)
+    with pytest.raises(pp.BadModelError):  # onnxruntime refuses it too, at load or run
+        pp.load(m, backend="onnxruntime").run(feeds)
+
+
+def test_einsum_operands_whose_ellipses_do_not_broadcast_are_left_to_numpy_which_names_them():
+    m = model([N("Einsum", ["a", "b"], ["y"], name="e", equation="...i,...i->...")], [f32("a", [2, 3, 4]), f32("b", [5, 4])],
+              [f32("y", None)])
+    with pytest.raises(pp.BadModelError, match=r'^Einsum node "e" on the numpy backend failed: ValueError: operands could '
+                                               r"not be broadcast together"):
+        pp.load(m).run({"a": np.ones((2, 3, 4), np.float32), "b": np.ones((5, 4), np.float32)})
+
+
+AGREE = {  # model, feeds: numpy gives what onnxruntime gives
+    "Hardmax of no rows": (model([N("Hardmax", ["x"], ["y"])], [f32("x", ["n", 4])], [f32("y", None)]),
+                           {"x": np.ones((0, 4), np.float32)}),
+    "MaxPool-1": (model([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])], [f32("x", [1, 1, 4, 4])], [f32("y", None)],
+                        opset=7), {"x": GRID}),
+    "AveragePool-1, padding excluded": (
+        model([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])], [f32("x", [1, 1, 4, 4])],
+              [f32("y", None)], opset=7), {"x": GRID}),
+    "RandomUniformLike with low = high": (
+        model([N("RandomUniformLike", ["x"], ["y"], low=2.0, high=2.0, seed=1.0)], [f32("x", ["n", 4])],
+              [f32("y", None)]), {"x": ONES}),
+    "Constant strings": (model([N("Constant", [], ["y"], value_strings=["a", "b"])], [f32("x", ["n", 4])],
+                               [typed("y", TensorProto.STRING, None)]), {"x": ONES}),
+    "GRU linear_before_reset without biases": (
+        model([N("GRU", ["x", "W", "R"], ["y", "h"], hidden_size=3, linear_before_reset=1)], [f32("x", [4, 2, 2])],
+              [f32("y", None), f32("h", None)], [const_init("W", W_GRU), const_init("R", R_GRU)]), {"x": SEQ}),
+}
+
+
+@pytest.mark.parametrize("case", list(AGREE))
+def test_numpy_agrees_with_onnxruntime_at_the_edges_of_an_op(case):
+    m, feeds = AGREE[case]
+    got, expected = pp.load(m).run(feeds), pp.load(m, backend="onnxruntime").run(feeds)
+    assert list(got) == list(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape
+        if got[name].dtype == object:
+            assert got[name].tolist() == expected[name].tolist()
+        else:
+            np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-6)
+
+
+def test_one_rnn_activation_serves_both_directions():
+    def rnn(activations):
+        return model([N("RNN", ["x", "W", "R"], ["y", "h"], hidden_size=3, direction="bidirectional",
+                        activations=activations)], [f32("x", [4, 2, 2])], [f32("y", None), f32("h", None)],
+                     [const_init("W", W_RNN), const_init("R", R_RNN)])
+
+    got = pp.load(rnn(["Relu"])).run({"x": SEQ})
+    expected = pp.load(rnn(["Relu", "Relu"]), backend="onnxruntime").run({"x": SEQ})
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-6)
+
+
+def test_batch_normalization_in_training_mode_with_one_output_normalizes_by_the_batch():
+    x = RNG.standard_normal((4, 2, 3)).astype(np.float32)
+    scale, bias = np.array([1, 2], np.float32), np.array([0, 1], np.float32)
+    m = model([N("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], training_mode=1)], [f32("x", ["n", 2, 3])],
+              [f32("y", None)], [const_init("s", scale), const_init("b", bias), const_init("m", np.zeros(2)),
+                                 const_init("v", np.ones(2))], opset=15)
+    mean, var = x.mean(axis=(0, 2), keepdims=True), x.var(axis=(0, 2), keepdims=True)
+    expected = (x - mean) / np.sqrt(var + 1e-5) * scale[None, :, None] + bias[None, :, None]
+    np.testing.assert_allclose(pp.load(m).run({"x": x})["y"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("through", [16, 21])  # bfloat16, uint4
+def test_casts_to_int4_from_other_small_types_follow_the_onnx_reference(through):
+    from onnx.reference import ReferenceEvaluator
+
+    first = model([N("Cast", ["x"], ["y"], to=through)], [f32("x", ["n"])], [typed("y", through, None)], opset=21)
+    both = model([N("Cast", ["x"], ["c"], to=through), N("Cast", ["c"], ["y"], to=22)], [f32("x", ["n"])],
+                 [typed("y", 22, None)], opset=21)
+    x = np.array([3, -2.7, 9, -9, 0.5, 15], np.float32)
+    small = ReferenceEvaluator(first).run(None, {"x": x})[0]
+    if through == 21:  # the reference cannot cast uint4 to int4: ONNX's integer casts wrap around
+        expected = [u - 16 if u >= 8 else u for u in small.astype(np.int64).tolist()]
+    else:
+        expected = ReferenceEvaluator(both).run(None, {"x": x})[0].tolist()
+    got = pp.load(both).run({"x": x})["y"]
+    assert got.dtype.name == "int4" and got.tolist() == expected
+
+
+def test_strings_cast_to_int4_as_the_floats_they_spell():
+    m = model([N("Cast", ["x"], ["y"], to=22)], [typed("x", TensorProto.STRING, ["n"])], [typed("y", 22, None)], opset=21)
+    got = pp.load(m).run({"x": np.array(["3", "-2.7", "9", "-0.5"], dtype=object)})["y"]
+    floats = pp.load(model([N("Cast", ["x"], ["y"], to=22)], [f32("x", ["n"])], [typed("y", 22, None)], opset=21))
+    assert got.tolist() == floats.run({"x": np.array([3, -2.7, 9, -0.5], np.float32)})["y"].tolist() == [3, -2, -7, 0]
