@@ -204,3 +204,106 @@ def test_running_out_of_memory_in_a_node_names_it(monkeypatch):
     for run in (session.run, session.record):
         with pytest.raises(pp.LimitExceededError, match='Add node "sum" on the numpy backend ran out of memory: Unable to allocate 1 TiB'):
             run(np.ones((1, 4), np.float32))
+
+
+# ------------------------------------------------------------------ what the plan knows before running
+
+
+def exactly(message: str) -> str:
+    import re
+
+    return "^" + re.escape(message) + "$"
+
+
+def const(name, value, dtype):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+#: Ops whose output keeps the first input's element type (the plan's _SAME_AS_INPUT): op -> its
+#: other inputs (constants) and attributes.
+KEEPS_TYPE = {op: ([], {}) for op in (
+    "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+    "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sign", "Floor", "Ceil",
+    "Round", "Erf", "Identity", "Softmax", "LogSoftmax", "Hardmax", "Clip", "Dropout")}
+KEEPS_TYPE["PRelu"] = ([const("slope", [0.1] * 4, np.float32)], {})
+KEEPS_TYPE.update({  # ops whose output type the plan infers otherwise
+    "Gemm": ([const("w", np.ones((4, 4)), np.float32)], {}),
+    "Flatten": ([], {}),
+    "Concat": ([const("other", np.ones((1, 4)), np.float32)], {"axis": 0}),
+    "MatMul": ([const("w", np.ones((4, 4)), np.float32)], {}),
+    "Add": ([const("other", np.ones(4), np.float32)], {}),
+    "Div": ([const("other", np.ones(4), np.float32)], {}),
+})
+
+
+@pytest.mark.parametrize("op", list(KEEPS_TYPE))
+def test_an_output_type_known_before_running_refuses_a_mismatch_downstream_at_load(op):
+    others, attrs = KEEPS_TYPE[op]
+    nodes = [helper.make_node(op, ["obs", *(t.name for t in others)], ["o"], name="first", **attrs),
+             helper.make_node("Add", ["o", "k"], ["y"], name="sum")]
+    m = model(nodes, [f32("obs", ["batch", 4])], [f32("y", None)], [*others, const("k", np.ones(4), np.float64)], opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly('Add node "sum" (opset 20): its inputs must share one element '
+                                                       "type; found input 0 float32, input 1 float64")):
+        pp.load(m)
+
+
+@pytest.mark.parametrize("op, dtype", [("Equal", "bool"), ("Greater", "bool"), ("Less", "bool"),
+                                       ("GreaterOrEqual", "bool"), ("LessOrEqual", "bool"), ("Cast", "float64"),
+                                       ("Constant", "int64"), ("Not", "bool"), ("Or", "bool"), ("And", "bool")])
+def test_comparisons_casts_and_constants_have_their_own_output_type(op, dtype):
+    if op == "Constant":
+        first = helper.make_node("Constant", [], ["o"], name="first", value=numpy_helper.from_array(np.ones(4, np.int64)))
+    elif op == "Cast":
+        first = helper.make_node("Cast", ["obs"], ["o"], name="first", to=TensorProto.DOUBLE)
+    elif op in ("Not", "And", "Or"):
+        first = helper.make_node(op, ["b"] * (1 if op == "Not" else 2), ["o"], name="first")
+    else:
+        first = helper.make_node(op, ["obs", "obs"], ["o"], name="first")
+    other = "float32" if dtype != "float32" else "float64"
+    m = model([first, helper.make_node("Where", ["c", "o", "k"], ["y"], name="pick")],
+              [f32("obs", ["batch", 4]), helper.make_tensor_value_info("b", TensorProto.BOOL, ["batch", 4])],
+              [f32("y", None)], [const("c", [True] * 4, np.bool_), const("k", np.ones(4), np.dtype(other))], opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly(f'Where node "pick" (opset 20): its inputs must share one '
+                                                       f"element type; found input 1 {dtype}, input 2 {other}")):
+        pp.load(m)
+
+
+@pytest.mark.parametrize("op, inputs, found", [
+    ("Sub", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Mul", ["d", "obs"], "input 0 float64, input 1 float32"),
+    ("Div", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Greater", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("MatMul", ["obs", "dm"], "input 0 float32, input 1 float64"),
+    ("Gemm", ["obs", "fm", "d"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("PRelu", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Concat", ["obs", "obs", "dm"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("Sum", ["obs", "f", "d"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("Mean", ["d", "obs"], "input 0 float64, input 1 float32"),
+    ("Max", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Min", ["obs", "f", "f", "d"], "input 0 float32, input 1 float32, input 2 float32, input 3 float64"),
+    ("Where", ["c", "obs", "d"], "input 1 float32, input 2 float64"),
+])
+def test_inputs_of_one_type_variable_must_share_one_element_type(op, inputs, found):
+    inits = [const("d", np.ones(4), np.float64), const("f", np.ones(4), np.float32), const("c", [True] * 4, np.bool_),
+             const("dm", np.ones((4, 4)), np.float64), const("fm", np.ones((4, 4)), np.float32)]
+    attrs = {"axis": 0} if op == "Concat" else {}
+    m = model([helper.make_node(op, inputs, ["y"], name="n", **attrs)], [f32("obs", ["batch", 4])], [f32("y", None)],
+              inits, opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly(f'{op} node "n" (opset 20): its inputs must share one element '
+                                                       f"type; found {found}")):
+        pp.load(m)
+
+
+def test_where_compares_only_the_two_values_and_casts_nothing():
+    m = model([helper.make_node("Where", ["c", "obs", "f"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", None)],
+              [const("c", [True, False], np.bool_), const("f", [7.0, 8.0], np.float32)])
+    assert pp.load(m).run(np.zeros((1, 2), np.float32))["y"].tolist() == [[0.0, 8.0]]
+
+
+@pytest.mark.parametrize("seed, expected", [(0.0, 0), (-0.0, 0), (3.0, 3), (-1.0, int(np.float64(-1.0).view(np.uint64))),
+                                            (2.5, int(np.float64(2.5).view(np.uint64)))])
+def test_a_nodes_own_seed_seeds_its_generator(seed, expected):
+    from policyport.runtime.numpy.plan import node_generator
+
+    assert node_generator(seed).integers(1 << 62, size=3).tolist() == \
+        np.random.default_rng(expected).integers(1 << 62, size=3).tolist()
