@@ -420,3 +420,88 @@ def test_tensors_of_constants_alone_are_whole_and_a_graph_without_a_batch_axis_n
     unknown_rank = model([N("Tanh", ["obs"], ["y"])], [helper.make_tensor_value_info("obs", TensorProto.FLOAT, None)],
                          [f32("y", None)])
     assert pp.load(unknown_rank).backend.plan.row_split is None
+
+
+ROW_WISE = {  # every op the row tracker follows, as one node reading the batched obs (batch, 1, 4, 4)
+    **{op: ([], {}) for op in ("Relu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid",
+                               "HardSwish", "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log",
+                               "Sqrt", "Reciprocal", "Sign", "Floor", "Ceil", "Round", "Erf", "Identity", "Clip",
+                               "Dropout", "GlobalAveragePool", "GlobalMaxPool")},
+    "Cast": ([], {"to": TensorProto.DOUBLE}),
+    **{op: (["k"], {}) for op in ("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Max", "Min", "Sum", "Mean", "Equal",
+                                  "Greater", "Less", "GreaterOrEqual", "LessOrEqual")},
+    "Where": (["c", "k"], {}),
+    "Conv": (["w"], {}),
+    "AveragePool": ([], {"kernel_shape": [2, 2]}),
+    "MaxPool": ([], {"kernel_shape": [2, 2]}),
+    "BatchNormalization": (["s", "b", "m", "v"], {}),
+}
+
+
+@pytest.mark.parametrize("op", list(ROW_WISE))
+def test_every_row_wise_op_runs_a_large_batch_in_blocks_with_the_whole_batchs_bits(op):
+    others, attrs = ROW_WISE[op]
+    inputs = ["c", "obs", "k"] if op == "Where" else ["obs", *others]
+    inits = [const("k", (4,), value=[0.5, 2.0, -1.0, 3.0]), const("c", (4,), np.bool_, [1, 0, 1, 0]),
+             const("w", (1, 1, 2, 2), value=[[[[1.0, -1.0], [0.5, 2.0]]]]), *(const(n, (1,)) for n in "sbmv")]
+    m = model([N(op, inputs, ["y"], **attrs)], [f32("obs", ["batch", 1, 4, 4])], [f32("y", None)], inits, opset=20)
+    session = pp.load(m, threads=2)
+    split = session.backend.plan.row_split
+    assert split is not None and split.ranks["y"] == 4
+    obs = np.random.default_rng(6).uniform(0.1, 2, (SPLIT_ROWS + 1, 1, 4, 4)).astype(np.float32)
+    same_bits(session.run(obs), session.backend.plan._compile("run", split=False)({"obs": obs}))
+
+
+def spy_on_blocks(monkeypatch):
+    """The row counts RowBlocks was called with, and the worker counts it asked the pool for."""
+    calls, workers = [], []
+    real_blocks, real_pool = rows_module.blocks, rows_module._pool
+    monkeypatch.setattr(rows_module, "blocks", lambda rows: calls.append(rows) or real_blocks(rows))
+    monkeypatch.setattr(rows_module, "_pool", lambda n: workers.append(n) or real_pool(n))
+    return calls, workers
+
+
+def test_a_batch_runs_in_blocks_from_1024_rows_on(metadrive_model, big_obs, monkeypatch):
+    calls, _ = spy_on_blocks(monkeypatch)
+    session = pp.load(metadrive_model, threads=1)
+    for rows in (1023, 1024, 1025):
+        session.run(big_obs[:rows])
+        session.record(big_obs[:rows])
+        session.run(big_obs[:rows], overrides="fc_1/tanh[0]=0")
+    assert calls == [1024] * 3 + [1025] * 3
+
+
+@pytest.mark.parametrize("threads, rows, cores, workers", [
+    (1, 4096, 8, []), (2, 4096, 8, [1]), (3, 1100, 8, [2, 2]), (8, 1100, 8, [2, 2]), (0, 4096, 3, [2, 2]),
+    (0, 4096, 1, []),
+])
+def test_blocks_run_on_as_many_threads_as_asked_for_cores_and_blocks_allow(metadrive_model, big_obs, monkeypatch,
+                                                                           threads, rows, cores, workers):
+    _, asked = spy_on_blocks(monkeypatch)
+    monkeypatch.setattr(rows_module, "usable_cores", lambda: cores)
+    expected = pp.load(metadrive_model, threads=1).run(big_obs[:rows])
+    same_bits(pp.load(metadrive_model, threads=threads).run(big_obs[:rows]), expected)
+    assert asked == workers  # one pool of threads - 1 workers, asked once per worker the call starts
+
+
+@pytest.mark.parametrize("rows, sizes", [
+    (1024, [512, 512]), (1025, [342, 342, 341]), (1536, [512] * 3), (1537, [385, 384, 384, 384]), (512, [512]),
+    (1, [1]),
+])
+def test_blocks_are_at_most_512_rows_of_near_equal_size(rows, sizes):
+    bounds = blocks(rows)
+    assert [hi - lo for lo, hi in bounds] == sizes and bounds[0][0] == 0 and bounds[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_scratch_keeps_buffers_of_up_to_4_mib_and_512_rows():
+    scratch = rows_module.Scratch()
+    kept = np.ones((512, 2048), np.float32)  # 512 rows of 8 KiB: exactly 4 MiB
+    assert np.shares_memory(scratch.like(1, kept), scratch.like(1, kept))
+    assert np.shares_memory(scratch.like(2, kept[:3]), scratch.like(2, kept))  # room for 512 rows from the start
+    over = np.ones((4, 2049), np.float32)
+    assert not np.shares_memory(scratch.like(3, over), scratch.like(3, over))
+    assert scratch.like(3, over).shape == (4, 2049)
+    big = np.ones((600, 4), np.float32)  # a block of more rows than 512 gets a buffer of its own size
+    assert np.shares_memory(scratch.like(4, big), scratch.like(4, big)) and scratch.like(4, big).shape == (600, 4)
+    assert scratch.like(4, big[:2]).base is scratch.like(4, big).base
