@@ -38,7 +38,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                  "tests/runtime/test_session.py", "tests/runtime/test_strict_ops.py", "tests/runtime/test_recurrent.py",
                  "tests/runtime/test_conv_pool.py", "tests/runtime/test_sampling.py", "tests/test_inputs.py",
                  "tests/test_pack.py", "tests/runtime/test_overrides.py", "tests/runtime/test_rows.py",
-                 "tests/runtime/test_profile.py", "tests/runtime/test_edges.py"]),
+                 "tests/runtime/test_profile.py", "tests/runtime/test_edges.py", "tests/test_tensor_names.py"]),
     "converter": (["policyport/converter/__init__.py", "policyport/converter/activations.py",
                    "policyport/converter/build.py", "policyport/converter/msgpack_decode.py",
                    "policyport/converter/reference.py", "policyport/converter/rllib.py",

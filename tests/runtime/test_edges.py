@@ -570,3 +570,130 @@ def test_strings_cast_to_int4_as_the_floats_they_spell():
     got = pp.load(m).run({"x": np.array(["3", "-2.7", "9", "-0.5"], dtype=object)})["y"]
     floats = pp.load(model([N("Cast", ["x"], ["y"], to=22)], [f32("x", ["n"])], [typed("y", 22, None)], opset=21))
     assert got.tolist() == floats.run({"x": np.array([3, -2.7, 9, -0.5], np.float32)})["y"].tolist() == [3, -2, -7, 0]
+
+
+# --------------------------------------------------------------------------------------- registry
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """An empty registry the test fills (the real one is put back afterwards)."""
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    monkeypatch.setattr(registry, "_loaded", True)
+    return registry._REGISTRY
+
+
+def test_registering_reads_inputs_and_attributes_from_the_signature(own_registry):
+    @registry.op("Mix", since=3, domain="test.domain")
+    def mix(a, b, c=None, /, *, alpha=1.0, node_outputs, rng):
+        return a
+
+    @registry.op("Many", since=1)
+    def many(*inputs, axis=0):
+        return inputs[0]
+
+    @registry.op("Loose", since=1)
+    def loose(x, y=None, **attrs):
+        return x
+
+    impl = own_registry[("test.domain", "Mix")][3]
+    assert (impl.op_type, impl.since, impl.fn, impl.domain) == ("Mix", 3, mix, "test.domain")
+    assert (impl.input_names, impl.required_inputs, impl.max_inputs) == (("a", "b", "c"), 2, 3)
+    assert impl.attribute_names == {"alpha"} and impl.wants_node_outputs and impl.wants_rng and impl.check is None
+    many_impl = own_registry[("", "Many")][1]
+    assert (many_impl.input_names, many_impl.required_inputs, many_impl.max_inputs) == ((), 0, None)
+    assert many_impl.attribute_names == {"axis"} and not many_impl.wants_node_outputs and not many_impl.wants_rng
+    loose_impl = own_registry[("", "Loose")][1]
+    assert (loose_impl.input_names, loose_impl.required_inputs, loose_impl.attribute_names) == (("x", "y"), 1, None)
+    assert registry.supported_ops() == {"Loose": [1], "Many": [1]}  # the default domain only, by name
+    assert registry.versions("Mix", "test.domain") == [3] and registry.versions("Mix") == []
+
+
+def test_an_op_registered_twice_at_one_version_is_refused(own_registry):
+    def first(x):
+        return x
+
+    def second(x):
+        return x
+
+    registry.op("Twice", since=5)(first)
+    registry.op("Twice", since=6)(second)  # another version: fine
+    with pytest.raises(ValueError, match=exactly(
+            "Twice since opset 5 is registered twice: test_edges.test_an_op_registered_twice_at_one_version_is_refused."
+            "<locals>.first and test_edges.test_an_op_registered_twice_at_one_version_is_refused.<locals>.second")):
+        registry.op("Twice", since=5)(second)
+    assert registry.versions("Twice") == [5, 6]
+    assert registry.resolve("Twice", 5).fn is first and registry.resolve("Twice", 7).fn is second
+    with pytest.raises(pp.UnsupportedOpError):
+        registry.resolve("Twice", 4)
+
+
+def test_the_op_table_lists_each_op_with_its_versions_in_rows_of_columns(own_registry):
+    for name, since in (("A", 1), ("B", 7), ("B", 13), ("C", 2), ("D", 4), ("E", 9)):
+        registry.op(name, since=since)(lambda x: x)
+    registry.op("Z", since=1, domain="other")(lambda x: x)
+    assert registry.op_table_markdown(columns=2) == (
+        "| op (since opset) | op (since opset) |\n"
+        "|---|---|\n"
+        "| A (1) | B (7, 13) |\n"
+        "| C (2) | D (4) |\n"
+        "| E (9) |  |\n")
+    assert registry.op_table_markdown().splitlines()[:3] == [
+        "| op (since opset) | op (since opset) | op (since opset) | op (since opset) |", "|---|---|---|---|",
+        "| A (1) | B (7, 13) | C (2) | D (4) |"]
+
+
+def test_missing_ops_names_each_op_once_with_every_node_in_order_of_first_use():
+    m = model([N("Foo", ["obs"], ["a"], name="f1"), N("Tanh", ["a"], ["b"], name="t"), N("Bar", ["b"], ["c"], name="b1"),
+               N("Foo", ["c"], ["y"], name="f2"), N("Gelu", ["y"], ["z"], name="g")],
+              [f32("obs", ["batch", 2])], [f32("z", None)], opset=19)
+    found = registry.missing_ops(from_onnx(m))
+    assert [(x.op_type, x.domain, x.opset, x.nodes, x.versions) for x in found] == [
+        ("Foo", "", 19, ("f1", "f2"), ()), ("Bar", "", 19, ("b1",), ()), ("Gelu", "", 19, ("g",), (20,))]
+
+
+# ----------------------------------------------------------------------------------- feed checks
+
+
+def test_valid_feeds_pass_the_compiled_check_as_they_are_and_anything_else_goes_the_long_way():
+    inputs = [ValueInfo("a", F32, ("n", 3)), ValueInfo("b", np.dtype(np.int64), (2,))]
+    check = base.compile_feed_check(inputs, [ValueInfo("w", F32, (3,))])
+    feeds = {"a": np.ones((4, 3), np.float32), "b": np.zeros(2, np.int64)}
+    assert check(feeds) is feeds  # nothing copied, nothing rebuilt
+    with_optional = {**feeds, "w": np.ones(3, np.float32)}
+    got = check(with_optional)
+    assert got is not with_optional and list(got) == ["a", "b", "w"]
+    swapped = {"b": feeds["b"], "a": feeds["a"]}  # read by name: any order passes as it is
+    assert check(swapped) is swapped
+    assert list(base.check_feeds(swapped, inputs)) == ["a", "b"]  # the long way: in graph-input order
+    for bad, message in (
+            ({"a": feeds["a"]}, "the model's inputs are ['a', 'b'] (and optionally ['w']); the feeds have missing ['b']"),
+            ({**feeds, "a": feeds["a"].astype(np.float64)}, "input 'a' expects dtype float32, got float64; convert it "
+                                                            "first (e.g. x.astype(np.float32))"),
+            ({**feeds, "a": np.ones((4, 3, 1), np.float32)}, "input 'a' expects rank 2 with shape (n, 3), got rank 3 "
+                                                             "with shape (4, 3, 1)"),
+            ({**feeds, "a": np.ones((4, 2), np.float32)}, "input 'a' expects shape (n, 3), got (4, 2) (axis 1 is 2, "
+                                                          "the model needs 3)"),
+            ({**feeds, "b": np.zeros(3, np.int64)}, "input 'b' expects shape (2,), got (3,) (axis 0 is 3, the model "
+                                                    "needs 2)"),
+            ({**feeds, "b": np.zeros((1, 2), np.int64)}, "input 'b' expects rank 1 with shape (2,), got rank 2 with "
+                                                         "shape (1, 2)"),
+            ({**feeds, "b": np.int64(3)}, "input 'b' expects rank 1 with shape (2,), got rank 0 with shape () (add a "
+                                          "batch axis: x[None])"),
+            ({**feeds, "a": [[1.0, 2.0, 3.0]]}, "input 'a' expects dtype float32, got float64; convert it first (e.g. "
+                                                "x.astype(np.float32))")):
+        with pytest.raises(pp.InputMismatchError, match=exactly(message)):
+            check(bad)
+
+
+def test_inputs_sharing_a_symbol_must_agree_and_other_byte_orders_are_converted():
+    inputs = [ValueInfo("a", F32, ("n", 3)), ValueInfo("b", F32, ("n",))]
+    check = base.compile_feed_check(inputs)
+    with pytest.raises(pp.InputMismatchError, match=exactly("dimension 'n' is 4 in input 'a' but 5 in input 'b'")):
+        check({"a": np.ones((4, 3), np.float32), "b": np.ones(5, np.float32)})
+    swapped = np.arange(3, dtype=">f4").reshape(1, 3)
+    got = check({"a": swapped, "b": np.ones(1, np.float32)})
+    assert got["a"].dtype == np.dtype("<f4") and got["a"].tolist() == [[0, 1, 2]]
+    assert base.native_order(swapped).dtype.isnative and base.native_order(np.ones(2, np.uint8)).dtype == np.uint8
+    kept = np.ones(2, np.float32)
+    assert base.native_order(kept) is kept and base.native_order("text") == "text"
