@@ -307,3 +307,82 @@ def test_a_nodes_own_seed_seeds_its_generator(seed, expected):
 
     assert node_generator(seed).integers(1 << 62, size=3).tolist() == \
         np.random.default_rng(expected).integers(1 << 62, size=3).tolist()
+
+
+GEMM_W = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5  # (K=3, N=4)
+
+
+@pytest.mark.parametrize("attrs, bias, kind", [
+    ({}, np.arange(4, dtype=np.float32), "gemm"),
+    ({}, None, "gemm"),
+    ({}, np.arange(4, dtype=np.float32).reshape(1, 4), "gemm"),
+    ({}, np.float32(0.5), "gemm"),
+    ({"transB": 1}, np.arange(4, dtype=np.float32), "gemm"),
+    ({"alpha": 2.0}, np.arange(4, dtype=np.float32), "call"),
+    ({"beta": 0.5}, np.arange(4, dtype=np.float32), "call"),
+    ({"beta": 0.5}, None, "gemm"),  # beta scales no bias
+    ({"transA": 1}, np.arange(4, dtype=np.float32), "call"),
+    ({}, np.arange(12, dtype=np.float32).reshape(3, 4), "gemm"),  # a bias of M rows (M = 3 here)
+])
+def test_gemm_takes_the_dot_and_add_path_only_where_it_computes_the_same(attrs, bias, kind):
+    w = GEMM_W.T.copy() if attrs.get("transB") else GEMM_W
+    a_shape = [3, 3]
+    inits = [numpy_helper.from_array(w, "W")] + ([] if bias is None else [numpy_helper.from_array(np.asarray(bias), "C")])
+    node = helper.make_node("Gemm", ["a", "W"] + ([] if bias is None else ["C"]), ["y"], **attrs)
+    m = model([node], [f32("a", a_shape)], [f32("y", None)], inits)
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == [kind]
+    a = np.random.default_rng(9).standard_normal((3, 3)).astype(np.float32)
+    expected = pp.load(m, backend="onnxruntime").run({"a": a})["y"]
+    np.testing.assert_allclose(session.run({"a": a})["y"], expected, rtol=1e-6, atol=1e-6)
+    assert pp.load(m).record({"a": a})["y"].tolist() == session.run({"a": a})["y"].tolist()
+
+
+def test_gemm_with_weights_or_a_bias_that_are_not_constant_or_alike_is_called():
+    w64 = numpy_helper.from_array(GEMM_W.astype(np.float64), "W")
+    c64 = numpy_helper.from_array(np.arange(4, dtype=np.float64), "C")
+    cases = [  # (nodes, inputs, inits)
+        ([helper.make_node("Gemm", ["a", "w", "C"], ["y"])], [f32("a", [2, 3]), f32("w", [3, 4])],
+         [numpy_helper.from_array(np.arange(4, dtype=np.float32), "C")]),  # B fed
+        ([helper.make_node("Gemm", ["a", "W", "c"], ["y"])], [f32("a", [2, 3]), f32("c", [4])],
+         [numpy_helper.from_array(GEMM_W, "W")]),  # C fed
+    ]
+    for nodes, inputs, inits in cases:
+        session = pp.load(model(nodes, inputs, [f32("y", None)], inits))
+        assert [s.kind for s in session.backend.plan.steps] == ["call"]
+    with pytest.raises(pp.BadModelError, match="its inputs must share one element type"):  # C of another type: refused
+        pp.load(model([helper.make_node("Gemm", ["a", "W", "C"], ["y"])], [f32("a", [2, 3])], [f32("y", None)],
+                      [numpy_helper.from_array(GEMM_W, "W"), c64]))
+    one_d = model([helper.make_node("Gemm", ["a", "W"], ["y"])], [f32("a", [2, 3])], [f32("y", None)], [w64])
+    with pytest.raises(pp.BadModelError):
+        pp.load(one_d)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps, kind", [
+    ([1], [3], [1], None, "index"),
+    ([1], [3], None, None, "index"),  # axes default to 0, 1 ...
+    ([0, 1], [2, 9], [0, 1], [1, 2], "index"),
+    ([3], [0], [1], [-1], "index"),
+    ([-3], [-1], [1], [1], "index"),
+    ([1], [3], [-1], [1], "call"),  # a negative axis needs the data's rank
+    ([1, 0], [3, 9], [1, 0], [1, 1], "index"),  # axes in any order
+])
+def test_a_constant_slice_is_one_prebuilt_index_where_python_slicing_agrees(starts, ends, axes, steps, kind):
+    names = ["x", "s", "e"] + (["ax"] if axes is not None else []) + (["st"] if steps is not None else [])
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("s", starts), ("e", ends), ("ax", axes), ("st", steps)) if v is not None]
+    m = model([helper.make_node("Slice", names, ["y"])], [f32("x", [4, 5])], [f32("y", None)], inits)
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == [kind]
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    expected = pp.load(m, backend="onnxruntime").run({"x": x})["y"]
+    got = session.run({"x": x})["y"]
+    assert got.shape == expected.shape and got.tolist() == expected.tolist()
+
+
+def test_a_slice_naming_an_axis_twice_is_refused_at_load():
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [1, 0]), ("e", [3, 2]), ("ax", [1, 1]))]
+    m = model([helper.make_node("Slice", ["x", "s", "e", "ax"], ["y"], name="cut")], [f32("x", [4, 5])], [f32("y", None)],
+              inits)
+    with pytest.raises(pp.BadModelError, match=exactly('Slice node "cut" (opset 17): axes [1, 1] repeat an axis')):
+        pp.load(m)
