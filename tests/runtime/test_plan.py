@@ -386,3 +386,41 @@ def test_a_slice_naming_an_axis_twice_is_refused_at_load():
               inits)
     with pytest.raises(pp.BadModelError, match=exactly('Slice node "cut" (opset 17): axes [1, 1] repeat an axis')):
         pp.load(m)
+
+
+def in_place_chain():
+    """Which results a run may overwrite in place, and which it must keep: a Gemm's product read twice
+    (Tanh and Sub), MatMul -> Tanh (a product that may be a numpy scalar), an Add's sum that is a graph
+    output and read by Exp, then Neg -> Abs -> Sqrt -> Relu; and Gemm -> Tanh, whose product the
+    Tanh alone reads."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32) / 2, "W"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "B"),
+             numpy_helper.from_array(rng.standard_normal((6, 5)).astype(np.float32) / 2, "W2"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "B2"),
+             numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W3")]
+    nodes = [helper.make_node("Gemm", ["obs", "W", "B"], ["g"]), helper.make_node("Tanh", ["g"], ["t"]),
+             helper.make_node("Sub", ["g", "t"], ["d"]), helper.make_node("MatMul", ["t", "W2"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["mt"]), helper.make_node("Add", ["mt", "B2"], ["a"]),
+             helper.make_node("Exp", ["a"], ["e"]), helper.make_node("Neg", ["e"], ["n"]),
+             helper.make_node("Abs", ["n"], ["ab"]), helper.make_node("Sqrt", ["ab"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Gemm", ["obs", "W3"], ["g2"]),
+             helper.make_node("Tanh", ["g2"], ["t2"])]
+    return model(nodes, [f32("obs", ["batch", 4])], [f32("r", ["batch", 5]), f32("a", ["batch", 5]), f32("d", ["batch", 6]),
+                                                     f32("t2", ["batch", 3])], inits)
+
+
+@pytest.mark.parametrize("rows", [3, 1100])
+def test_results_written_in_place_are_those_nothing_else_reads(rows):
+    m = in_place_chain()
+    obs = np.random.default_rng(12).standard_normal((rows, 4)).astype(np.float32)
+    expected = pp.load(m, backend="onnxruntime").record(obs)
+    session = pp.load(m, threads=2)
+    for got in (session.run(obs), session.record(obs), session.record(obs, overrides="t[0]*=1")):
+        assert set(got) <= set(expected)
+        for name in got:
+            np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=2e-6, err_msg=name)
+    recorded = session.record(obs)
+    assert list(recorded) == ["g", "t", "d", "m", "mt", "a", "e", "n", "ab", "s", "r", "g2", "t2"]
+    assert (recorded["n"] < 0).all() and (recorded["e"] > 0).all()  # Neg's input kept: not overwritten by Neg
+    assert (np.abs(recorded["g2"]) > 1).any()  # the product, not its tanh
