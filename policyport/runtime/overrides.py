@@ -35,7 +35,6 @@ Index = tuple[int, ...] | tuple[int, int] | None
 
 _SPEC = re.compile(r"^\s*(?P<tensor>.+?)\[(?P<index>[^\[\]]*)\]\s*(?P<op>\*=|=)\s*(?P<value>.+?)\s*$")
 _CLIP = re.compile(r"^clip\(\s*(?P<lo>[^,()]+?)\s*,\s*(?P<hi>[^,()]+?)\s*\)$")
-_OPS = ("set", "scale", "clip")
 
 
 @dataclass(frozen=True)

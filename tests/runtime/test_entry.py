@@ -260,3 +260,30 @@ def test_main_off_the_main_thread_leaves_sigterm_alone(folder):
     finally:
         entry._verify = original
     assert seen == [before, 0]
+
+
+def test_the_help_names_every_option_with_its_meaning_and_default(capsys):
+    p = entry.parser()
+    assert p.description == ("Run the policy packed in this folder on the numpy backend, or re-check it against the golden "
+                             "data it carries. Needs Python and numpy only.")
+    assert p.epilog == ("exit codes: 0 ok; 1 the golden data does not match; 2 usage error; 3 bad model or input "
+                        "(including a changed or damaged file of the folder); 4 missing dependency; 70 a bug in policyport")
+    helps = {a.option_strings[-1]: (a.help, a.default, a.metavar) for a in p._actions}
+    assert helps == {
+        "--help": ("show this help message and exit", "==SUPPRESS==", None),
+        "--input": (".npy (single-input model) or .npz keyed by input name", None, None),
+        "--output": ("the .npz of graph outputs to write", None, None),
+        "--record": ("also write every recorded activation to this .npz", None, None),
+        "--tensors": ("with --record: comma-separated globs over tensor names (default: all)", None, None),
+        "--force": ("replace existing output files", False, None),
+        "--verify": ("re-run the golden observations and compare every tensor; exit 1 on a mismatch", False, None),
+        "--atol": ("with --verify: absolute tolerance", 1e-5, None),
+        "--rtol": ("with --verify: relative tolerance", 1e-5, None),
+        "--max-bytes": ("the most the arrays of the input file may take, and one tensor the model sizes from a value in "
+                        "it: 4G, 512M, 1.5GiB or a number of bytes (default 1 GiB, or POLICYPORT_MAX_ARRAY_BYTES)",
+                        None, "SIZE"),
+        "--json": ("print one JSON document on stdout and nothing else", False, None),
+        "--debug": ("print the traceback of an unexpected error (exit 70)", False, None),
+    }
+    assert [a.option_strings for a in p._actions][:3] == [["-h", "--help"], ["-i", "--input"], ["-o", "--output"]]
+    assert entry.EXIT_BUG == 70 and entry.EXIT_INTERRUPTED == 130 and entry.EXIT_TERMINATED == 143
