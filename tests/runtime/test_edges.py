@@ -697,3 +697,39 @@ def test_inputs_sharing_a_symbol_must_agree_and_other_byte_orders_are_converted(
     assert base.native_order(swapped).dtype.isnative and base.native_order(np.ones(2, np.uint8)).dtype == np.uint8
     kept = np.ones(2, np.float32)
     assert base.native_order(kept) is kept and base.native_order("text") == "text"
+
+
+# ------------------------------------------------------------------------------------ onnxruntime
+
+
+def test_onnxruntime_sessions_get_the_threads_asked_for_and_stay_quiet():
+    session = pp.load(tanh_model(), backend="onnxruntime", threads=3)
+    session.record(np.ones((2, 4), np.float32), "y")  # a recording session is built alike
+    for built in [session.backend._session, *session.backend._recording.values()]:
+        opts = built.get_session_options()
+        assert (opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level) == (3, 1, 4)
+        assert built.get_providers() == ["CPUExecutionProvider"]
+    assert pp.load(tanh_model(), backend="onnxruntime").backend._session.get_session_options().intra_op_num_threads == 0
+
+
+def test_onnxruntime_records_nothing_more_as_a_plain_run_and_copies_a_fed_output():
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", 2])],
+              [f32("y", ["batch", 2]), f32("obs", ["batch", 2])])
+    backend = pp.load(m, backend="onnxruntime").backend
+    obs = np.array([[0.5, -1.0]], np.float32)
+    assert list(backend.record({"obs": obs}, [])) == ["y", "obs"] and backend._recording == {}
+    steered = backend.record_steered({"obs": obs}, None, pp.runtime.Steering(parse("y[0]=3"), ["y"]))
+    assert steered["y"].tolist() == [[3.0, np.tanh(np.float32(-1.0))]] and steered["obs"].tolist() == obs.tolist()
+    assert steered["obs"] is not obs
+
+
+def parse(spec):
+    from policyport.runtime.overrides import parse_overrides
+
+    return parse_overrides(spec)
+
+
+def test_a_seed_is_a_whole_number_from_0():
+    with pytest.raises(pp.InputMismatchError, match=r"^seed must be a finite number >= 0, got -1$"):
+        pp.load(tanh_model(), seed=-1)
+    assert pp.load(tanh_model(), seed=0).backend.seed == 0

@@ -287,3 +287,22 @@ def test_the_help_names_every_option_with_its_meaning_and_default(capsys):
     }
     assert [a.option_strings for a in p._actions][:3] == [["-h", "--help"], ["-i", "--input"], ["-o", "--output"]]
     assert entry.EXIT_BUG == 70 and entry.EXIT_INTERRUPTED == 130 and entry.EXIT_TERMINATED == 143
+
+
+def test_one_observation_and_empty_tensors_read_right(tmp_path, capsys):
+    w = numpy_helper.from_array(np.array([[2.0], [-1.0]], np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["obs", "W"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    one = tmp_path / "one"
+    pp.pack(model, one, samples=1, runtime=False)
+    assert entry.main(one, ["--verify"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "max abs error on 1 observation (atol 1e-05, rtol 1e-05)"
+    np.save(tmp_path / "none.npy", np.zeros((0, 2), np.float32))
+    assert entry.main(one, ["-i", str(tmp_path / "none.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["tensor  dtype    shape   min  max", "y       float32  (0, 1)"]
+    assert entry.main(one, ["-i", str(tmp_path / "none.npy"), "-o", str(tmp_path / "y.npz"), "--force", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tensors"] == [
+        {"name": "y", "dtype": "float32", "shape": "(0, 1)", "min": "", "max": ""}]
