@@ -505,3 +505,16 @@ def test_scratch_keeps_buffers_of_up_to_4_mib_and_512_rows():
     big = np.ones((600, 4), np.float32)  # a block of more rows than 512 gets a buffer of its own size
     assert np.shares_memory(scratch.like(4, big), scratch.like(4, big)) and scratch.like(4, big).shape == (600, 4)
     assert scratch.like(4, big[:2]).base is scratch.like(4, big).base
+
+
+def test_overriding_a_tensor_without_a_feature_axis_runs_the_batch_whole():
+    """A neuron of a (batch,) tensor is a row: in blocks, every block would steer its own row 3."""
+    m = model([N("ArgMax", ["obs"], ["a"], axis=1, keepdims=0), N("Cast", ["a"], ["y"], to=TensorProto.FLOAT)],
+              [f32("obs", ["batch", 4])], [f32("y", None)])
+    session = pp.load(m, threads=2)
+    assert session.backend.plan.row_split.ranks["a"] == 1
+    obs = np.tile(np.eye(4, dtype=np.float32), (SPLIT_ROWS // 4 + 30, 1))
+    plain = session.run(obs)["y"]
+    steered = session.run(obs, overrides="a[3]=7")["y"]
+    changed = np.flatnonzero(steered != plain)
+    assert changed.tolist() == [3] and steered[3] == 7
