@@ -733,3 +733,35 @@ def test_a_seed_is_a_whole_number_from_0():
     with pytest.raises(pp.InputMismatchError, match=r"^seed must be a finite number >= 0, got -1$"):
         pp.load(tanh_model(), seed=-1)
     assert pp.load(tanh_model(), seed=0).backend.seed == 0
+
+
+def optional_input_model():
+    """y = Tanh(obs * w), w an initializer that is a graph input too (a feed may replace it)."""
+    graph = helper.make_graph([helper.make_node("Mul", ["obs", "w"], ["p"]), helper.make_node("Tanh", ["p"], ["y"])], "g",
+                              [f32("obs", ["batch", 3]), f32("w", [3])], [f32("y", ["batch", 3])],
+                              [numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_an_optional_input_fed_or_not_in_every_mode_with_and_without_overrides(backend):
+    session = pp.load(optional_input_model(), backend=backend)
+    assert [v.name for v in session.inputs] == ["obs"] and [v.name for v in session.optional_inputs] == ["w"]
+    obs = np.array([[0.1, 0.2, 0.3]], np.float32)
+    w = np.array([-1.0, 0.5, 0.0], np.float32)
+    default, fed = np.tanh(obs * [1, 2, 3]).astype(np.float32), np.tanh(obs * w).astype(np.float32)
+    for _ in range(2):  # each variant compiled once, then reused
+        for feeds, expected in (({"obs": obs}, default), ({"obs": obs, "w": w}, fed)):
+            np.testing.assert_allclose(session.run(feeds)["y"], expected, rtol=1e-6)
+            np.testing.assert_allclose(session.record(feeds, "p")["p"], np.arctanh(expected), rtol=1e-5)
+            steered = expected.copy()
+            steered[:, 1] = 9
+            np.testing.assert_allclose(session.run(feeds, overrides="y[1]=9")["y"], steered, rtol=1e-6)
+            recorded = session.record(feeds, overrides="y[1]=9")
+            assert list(recorded) == ["p", "y"]
+            np.testing.assert_allclose(recorded["y"], steered, rtol=1e-6)
+    if backend == "numpy":
+        assert sorted(map(sorted, session.backend._plans)) == [[], ["w"]]
+        assert len(session.backend._steered) == 4  # run and record, with and without w
