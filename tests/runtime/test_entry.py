@@ -71,17 +71,36 @@ def test_verify_passes_with_a_table_and_json(folder, capsys):
     assert doc["passed"] is True and (doc["atol"], doc["rtol"]) == (0.5, 0.0)
 
 
-def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
+def with_golden(folder, copy, changes):
+    """A copy of the packed ``folder`` whose golden.npz has ``changes`` (key -> value added), re-signed."""
     import shutil
 
-    copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
     golden = dict(np.load(copy / "golden.npz"))
-    golden["activations/h"] = golden["activations/h"] + np.float32(0.01)
+    for key, delta in changes.items():
+        golden[key] = golden[key] + np.float32(delta)
     np.savez(copy / "golden.npz", **golden)
     policy = json.loads((copy / "policy.json").read_text())
     policy["files"]["golden.npz"] = hashlib.sha256((copy / "golden.npz").read_bytes()).hexdigest()
     (copy / "policy.json").write_text(json.dumps(policy))
+    return copy
+
+
+@pytest.mark.parametrize("changes, worst", [
+    ({"outputs/y": 0.25}, 0.25), ({"activations/y": 0.5}, 0.5), ({"outputs/y": 0.25, "activations/y": 0.5}, 0.5),
+    ({"outputs/y": 0.5, "activations/y": 0.25}, 0.5),
+])
+def test_a_graph_outputs_comparison_is_the_worse_of_its_run_and_its_record(folder, tmp_path, changes, worst):
+    from policyport.runtime.packed import verify_bundle
+
+    report = verify_bundle(with_golden(folder, tmp_path / "copy", changes))
+    h, y = report.comparisons
+    assert (h.tensor, h.passed, y.tensor, y.passed) == ("h", True, "y", False)
+    assert y.max_abs == pytest.approx(worst) and report.samples == 4 and not report.passed
+
+
+def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
+    copy = with_golden(folder, tmp_path / "copy", {"activations/h": 0.01})
     assert read_golden(copy)["inputs"]["obs"].shape == (4, 3)
     assert entry.main(copy, ["--verify"]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -97,6 +116,8 @@ def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
     (["-i", "x.npy"], "give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it"),
     (["-o", "x.npz"], "give -i INPUT and -o OUTPUT"),
     (["--verify", "-o", "x.npz", "--record", "r.npz"], "so -o, --record do not apply"),
+    (["--verify", "--tensors", "h"], "run.py: error: --verify re-runs the folder's own golden observations, so --tensors "
+                                     "does not apply"),
     (["-i", "a", "-o", "b", "--tensors", "h"], "--tensors selects what --record writes; give --record too"),
     (["--verify", "--atol", "nan"], "--atol must be a finite number >= 0, not nan"),
     (["--verify", "--rtol", "-1"], "--rtol must be a finite number >= 0, not -1.0"),
