@@ -21,6 +21,7 @@ from policyport.runtime.numpy.rows import SPLIT_ROWS, ResultPool, reusing
 from test_plan import f32, model  # noqa: E402  (pytest puts this folder on sys.path)
 
 F32 = np.dtype(np.float32)
+N = helper.make_node
 
 
 def exactly(message: str) -> str:
@@ -123,9 +124,31 @@ def test_an_input_of_unknown_rank_takes_any_shape_of_its_dtype():
     (np.array([[1, np.nan], [2, 3], [np.inf, -np.inf]], np.float32), 2),
     (np.array([[[0, 0], [0, np.nan]], [[0, 0], [0, 0]], [[-np.inf, 0], [0, 0]]]), 2),
     (np.array([1 + 1j, complex(0, np.nan)]), 1), (np.arange(6).reshape(3, 2), 0), (np.ones((4, 2), np.float16), 0),
+    (np.complex64(complex(np.inf, 0)), 1), (np.complex128(1j), 0),
 ])
 def test_nonfinite_rows_counts_rows_holding_a_nan_or_an_infinity(array, rows):
     assert base.nonfinite_rows(array) == rows and type(base.nonfinite_rows(array)) is int
+
+
+@pytest.mark.parametrize("inputs, feeds, count", [
+    ([ValueInfo("x", F32, None)], {"x": np.float32(1)}, 1),  # unknown rank: axis 0 of the feed, a scalar is one
+    ([ValueInfo("x", F32, None)], {"x": np.ones((5, 2))}, 5),
+    ([ValueInfo("x", F32, (1, 480))], {"x": np.ones((1, 480))}, 1),  # no batch axis: one observation
+    ([ValueInfo("s", F32, ()), ValueInfo("x", F32, ("n", 2))], {"s": np.float32(0), "x": np.ones((7, 2))}, 7),
+    ([ValueInfo("a", F32, ("n", 2)), ValueInfo("b", F32, ("m",))], {"a": np.ones((3, 2)), "b": np.ones(9)}, 3),
+    ([ValueInfo("w", F32, ("n",)), ValueInfo("x", F32, ("n", 2))], {"x": np.ones((4, 2))}, 4),  # w not fed
+    ([ValueInfo("x", F32, (None, 2))], {"x": np.ones((0, 2))}, 0),
+])
+def test_count_observations_reads_the_first_batched_input(inputs, feeds, count):
+    assert base.count_observations(inputs, feeds) == count
+
+
+@pytest.mark.parametrize("backend, held", [("numpy", 16 + 16), ("onnxruntime", 16)])
+def test_a_numpy_run_holds_every_node_output_onnxruntime_only_the_outputs(backend, held):
+    m = model([N("Tanh", ["obs"], ["h"]), N("Neg", ["h"], ["y"])], [f32("obs", ["batch", 4])], [f32("y", ["batch", 4])])
+    session = pp.load(m, backend=backend)
+    assert session.memory_needed(np.ones((5, 4), np.float32)) == held * 5
+    assert session.memory_needed(np.ones((5, 4), np.float32), "h") == 32 * 5  # a record of h holds y too
 
 
 # ---------------------------------------------------------------------------------- Plan refusals
@@ -423,7 +446,6 @@ RNG = np.random.default_rng(0)
 SEQ = RNG.standard_normal((4, 2, 2)).astype(np.float32)
 W_GRU, R_GRU = RNG.standard_normal((1, 9, 2)).astype(np.float32), RNG.standard_normal((1, 9, 3)).astype(np.float32)
 W_RNN, R_RNN = RNG.standard_normal((2, 3, 2)).astype(np.float32), RNG.standard_normal((2, 3, 3)).astype(np.float32)
-N = helper.make_node
 
 REFUSED = {  # model, feeds, the numpy backend's message (BadModelError, at load or run)
     "a Clip bound fed as a vector": (
