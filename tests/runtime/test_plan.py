@@ -322,13 +322,15 @@ GEMM_W = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5  # (K=3, N=4)
     ({"beta": 0.5}, np.arange(4, dtype=np.float32), "call"),
     ({"beta": 0.5}, None, "gemm"),  # beta scales no bias
     ({"transA": 1}, np.arange(4, dtype=np.float32), "call"),
+    ({}, "omitted", "gemm"),  # C named "": as if absent
     ({}, np.arange(12, dtype=np.float32).reshape(3, 4), "gemm"),  # a bias of M rows (M = 3 here)
 ])
 def test_gemm_takes_the_dot_and_add_path_only_where_it_computes_the_same(attrs, bias, kind):
     w = GEMM_W.T.copy() if attrs.get("transB") else GEMM_W
     a_shape = [3, 3]
-    inits = [numpy_helper.from_array(w, "W")] + ([] if bias is None else [numpy_helper.from_array(np.asarray(bias), "C")])
-    node = helper.make_node("Gemm", ["a", "W"] + ([] if bias is None else ["C"]), ["y"], **attrs)
+    given = bias is not None and not isinstance(bias, str)
+    inits = [numpy_helper.from_array(w, "W")] + ([numpy_helper.from_array(np.asarray(bias), "C")] if given else [])
+    node = helper.make_node("Gemm", ["a", "W"] + (["C"] if given else [""] if bias == "omitted" else []), ["y"], **attrs)
     m = model([node], [f32("a", a_shape)], [f32("y", None)], inits)
     session = pp.load(m)
     assert [s.kind for s in session.backend.plan.steps] == [kind]
@@ -424,3 +426,13 @@ def test_results_written_in_place_are_those_nothing_else_reads(rows):
     assert list(recorded) == ["g", "t", "d", "m", "mt", "a", "e", "n", "ab", "s", "r", "g2", "t2"]
     assert (recorded["n"] < 0).all() and (recorded["e"] > 0).all()  # Neg's input kept: not overwritten by Neg
     assert (np.abs(recorded["g2"]) > 1).any()  # the product, not its tanh
+
+
+@pytest.mark.parametrize("mode", ["run", "record"])
+def test_an_output_that_is_an_initializer_itself_is_a_writable_copy(mode):
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", ["batch", 2]), f32("B", [2])],
+              [numpy_helper.from_array(np.array([0.5, -0.5], np.float32), "B")])
+    session = pp.load(m)
+    out = getattr(session, mode)(np.zeros((1, 2), np.float32))
+    out["B"] *= 100.0  # the caller's array
+    assert getattr(session, mode)(np.zeros((1, 2), np.float32))["B"].tolist() == [0.5, -0.5]
