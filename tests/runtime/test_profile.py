@@ -87,9 +87,12 @@ def timed(profile: Profile) -> list[tuple[str, str, str, float]]:
 def test_numpy_times_each_node_from_the_previous_nodes_end_to_its_first_output(clock):
     session = pp.load(split_model())
     obs = np.ones((3, 4), np.float32)
+    runs, plain = [], session.run
+    session.run = lambda feeds: runs.append(1) or plain(feeds)
     result = profile_numpy(session, obs, budget=0.02)
     # 0.01 s for the observed runs; one run reads perf_counter twice, 1 ms apart: 1 ms a run, 10 runs
     assert result.backend == "numpy" and result.runs == 10
+    assert len(runs) == 11  # the other 0.01 s: Session.run timed once, then 10 times for the median
     # every mark is 1 µs after the one before: each node is one mark after the previous node's last one
     assert timed(result) == [("mm", "MatMul", "h", 1000), ("split", "Split", "a", 1000), ("act", "Tanh", "y", 1000)]
     assert result.run_seconds == pytest.approx(0.001)
@@ -156,7 +159,10 @@ def test_onnxruntime_profile_reads_kernel_times_from_the_profile_file(monkeypatc
     fake = FakeOrt(events)
     monkeypatch.setattr(session.backend, "_ort", fake)
     obs = np.ones((3, 4), np.float32)
+    plain_runs, plain = [], session.run
+    session.run = lambda feeds: plain_runs.append(1) or plain(feeds)
     result = profile_onnxruntime(session, obs, budget=0.02)
+    assert len(plain_runs) == 11  # Session.run timed once, then 10 times for the median
     opts = fake.options
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level, opts.enable_profiling) == \
         (3, 1, 4, True)
