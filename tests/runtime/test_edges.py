@@ -309,7 +309,7 @@ def test_usable_cores_follow_the_affinity_else_the_cpu_count(monkeypatch, affini
 def test_the_worker_pool_grows_to_the_threads_asked_for_and_is_forgotten_in_a_child(monkeypatch):
     monkeypatch.setattr(rows_module, "_POOL", None)
     monkeypatch.setattr(rows_module, "_POOL_SIZE", 0)
-    first = rows_module._pool(2)
+    first, grown = rows_module._pool(2), None
     try:
         assert first._max_workers == 2 and rows_module._pool(1) is first and rows_module._pool(2) is first
         grown = rows_module._pool(3)
@@ -319,8 +319,9 @@ def test_the_worker_pool_grows_to_the_threads_asked_for_and_is_forgotten_in_a_ch
         rows_module._forget_pool()
         assert (rows_module._POOL, rows_module._POOL_SIZE) == (None, 0)
     finally:
-        first.shutdown()
-        grown.shutdown()
+        for pool in (first, grown):
+            if pool is not None:
+                pool.shutdown()
 
 
 def test_without_the_blas_module_the_row_blocks_have_no_limiter(monkeypatch):
