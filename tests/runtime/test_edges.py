@@ -499,6 +499,11 @@ REFUSED = {  # model, feeds, the numpy backend's message (BadModelError, at load
         model([N("Tile", ["x", "r"], ["y"], name="t")], [f32("x", ["n", 4]), typed("r", TensorProto.INT64, ["k"])],
               [f32("y", None)]), {"x": ONES, "r": np.array([1, 1, 2], np.int64)},
         'Tile node "t" on the numpy backend failed: ValueError: Tile needs one repeat per axis: 3 repeats for 2 axes'),
+    "Multinomial of a vector": (
+        model([N("Multinomial", ["x"], ["y"], name="m", sample_size=2)], [f32("x", ["k"])],
+              [typed("y", TensorProto.INT32, None)]), {"x": np.zeros(4, np.float32)},
+        'Multinomial node "m" on the numpy backend failed: ValueError: Multinomial takes (batch, classes) '
+        "log-probabilities, got shape (4,)"),
     "RNN weights for two directions": (
         model([N("RNN", ["x", "W", "R"], ["y", "h"], name="r", hidden_size=3)], [f32("x", [4, 2, 2])],
               [f32("y", None), f32("h", None)], [const_init("W", W_RNN), const_init("R", R_RNN)]), {"x": SEQ},
