@@ -181,7 +181,7 @@ def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
 
 
 def _run(folder: Path, args: argparse.Namespace) -> None:
-    from ..files import load_arrays, save_npz
+    from ..files import load_arrays, npz_writer, write_outputs
     from . import load
     from .base import feeds_from_arrays
 
@@ -193,15 +193,10 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
         results = {v.name: values[v.name] for v in session.outputs}
     else:
         values = results = session.run(feeds)
-    existed = args.output.exists()
-    save_npz(args.output, results, args.force)
+    writers = {args.output: npz_writer(results)}
     if args.record is not None:
-        try:
-            save_npz(args.record, values, args.force)
-        except BaseException:
-            if not existed:  # all outputs or none: the first one was ours alone
-                args.output.unlink(missing_ok=True)
-            raise
+        writers[args.record] = npz_writer(values)
+    write_outputs(writers, args.force)  # both files, or neither (a file replaced with --force is restored)
     rows = [(name, v.dtype.name, str(tuple(v.shape)), *((f"{v.min():.4g}", f"{v.max():.4g}") if v.size else ("", "")))
             for name, v in values.items()]
     if args.json:

@@ -86,14 +86,18 @@ class OrtBackend(Backend):
                        steering: Steering) -> dict[str, np.ndarray]:
         """Run the graph split at the overridden tensors (:func:`policyport.passes.split_at`) stage by
         stage, replacing each overridden tensor between the stage that makes it and those that read it.
-        The split models and their onnxruntime sessions are built once per set of tensors."""
+        The split models and their onnxruntime sessions are built once per set of tensors (and of
+        optional inputs fed, which the stages then read from the feeds instead of their initializers)."""
         wanted = list(self._out_names if names is None else dict.fromkeys([*names, *self._out_names]))
-        key = (steering.tensors, tuple(wanted))
+        fed = tuple(v.name for v in self.optional_inputs if v.name in feeds)
+        key = (steering.tensors, tuple(wanted), fed)
         stages = self._steered.get(key)
         if stages is None:
             from ..passes import split_at
 
-            pieces = split_at(self.model, steering.tensors, keep=wanted)
+            # an initializer that is a graph input too and is fed: a stage reads it from the feeds
+            source = _left_to_feeds(self.model, fed) if fed else self.model
+            pieces = split_at(source, steering.tensors, keep=wanted)
             stages = self._steered[key] = [(p, self._make_session(p.model)) for p in pieces]
         steer = dict(zip(steering.tensors, steering.appliers(lambda tensor: True)))  # onnxruntime's arrays are ours
         values = dict(feeds)
@@ -102,3 +106,13 @@ class OrtBackend(Backend):
             for name, value in zip(piece.outputs, results):
                 values[name] = steer[name](value) if name in steer else value
         return {n: np.array(values[n]) if n in feeds else values[n] for n in wanted}
+
+
+def _left_to_feeds(model, names: tuple[str, ...]):
+    """A copy of ``model`` without the initializers ``names`` (graph inputs too, fed by the caller)."""
+    copy = type(model)()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if t.name not in names]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    return copy

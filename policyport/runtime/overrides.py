@@ -35,7 +35,6 @@ Index = tuple[int, ...] | tuple[int, int] | None
 
 _SPEC = re.compile(r"^\s*(?P<tensor>.+?)\[(?P<index>[^\[\]]*)\]\s*(?P<op>\*=|=)\s*(?P<value>.+?)\s*$")
 _CLIP = re.compile(r"^clip\(\s*(?P<lo>[^,()]+?)\s*,\s*(?P<hi>[^,()]+?)\s*\)$")
-_OPS = ("set", "scale", "clip")
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,7 @@ def _from_value(tensor: str, index: object, value: object) -> Edit:
     """An edit from the mapping form ``{tensor: {index: value}}``."""
     where = f"{tensor}[{index}]"
     if isinstance(value, bool):
-        raise InputMismatchError(f"override {where}: {value!r} is not a number")
+        raise InputMismatchError(f"override {where!r}: {value!r} is not a number")
     if isinstance(value, (int, float, np.number)):
         return _edit(tensor, index, "set", (float(value),), where)
     if isinstance(value, str):
@@ -184,15 +183,15 @@ def _from_value(tensor: str, index: object, value: object) -> Edit:
         (op, arg), = value.items()
         if op in ("set", "scale"):
             if isinstance(arg, bool) or not isinstance(arg, (int, float, np.number)):
-                raise InputMismatchError(f"override {where}: {op} needs a number, got {arg!r}")
+                raise InputMismatchError(f"override {where!r}: {op} needs a number, got {arg!r}")
             return _edit(tensor, index, op, (float(arg),), where)
         if op == "clip":
             if (not isinstance(arg, (list, tuple)) or len(arg) != 2
                     or not all(isinstance(a, (int, float, np.number)) and not isinstance(a, bool) for a in arg)):
-                raise InputMismatchError(f"override {where}: clip needs [low, high], got {arg!r}")
+                raise InputMismatchError(f"override {where!r}: clip needs [low, high], got {arg!r}")
             return _edit(tensor, index, "clip", (float(arg[0]), float(arg[1])), where)
     raise InputMismatchError(
-        f"override {where}: {value!r} is not a number, {{'set': v}}, {{'scale': f}} or {{'clip': [lo, hi]}}")
+        f"override {where!r}: {value!r} is not a number, {{'set': v}}, {{'scale': f}} or {{'clip': [lo, hi]}}")
 
 
 def parse_overrides(overrides: object) -> list[Edit]:

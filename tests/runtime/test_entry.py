@@ -71,17 +71,36 @@ def test_verify_passes_with_a_table_and_json(folder, capsys):
     assert doc["passed"] is True and (doc["atol"], doc["rtol"]) == (0.5, 0.0)
 
 
-def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
+def with_golden(folder, copy, changes):
+    """A copy of the packed ``folder`` whose golden.npz has ``changes`` (key -> value added), re-signed."""
     import shutil
 
-    copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
     golden = dict(np.load(copy / "golden.npz"))
-    golden["activations/h"] = golden["activations/h"] + np.float32(0.01)
+    for key, delta in changes.items():
+        golden[key] = golden[key] + np.float32(delta)
     np.savez(copy / "golden.npz", **golden)
     policy = json.loads((copy / "policy.json").read_text())
     policy["files"]["golden.npz"] = hashlib.sha256((copy / "golden.npz").read_bytes()).hexdigest()
     (copy / "policy.json").write_text(json.dumps(policy))
+    return copy
+
+
+@pytest.mark.parametrize("changes, worst", [
+    ({"outputs/y": 0.25}, 0.25), ({"activations/y": 0.5}, 0.5), ({"outputs/y": 0.25, "activations/y": 0.5}, 0.5),
+    ({"outputs/y": 0.5, "activations/y": 0.25}, 0.5),
+])
+def test_a_graph_outputs_comparison_is_the_worse_of_its_run_and_its_record(folder, tmp_path, changes, worst):
+    from policyport.runtime.packed import verify_bundle
+
+    report = verify_bundle(with_golden(folder, tmp_path / "copy", changes))
+    h, y = report.comparisons
+    assert (h.tensor, h.passed, y.tensor, y.passed) == ("h", True, "y", False)
+    assert y.max_abs == pytest.approx(worst) and report.samples == 4 and not report.passed
+
+
+def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
+    copy = with_golden(folder, tmp_path / "copy", {"activations/h": 0.01})
     assert read_golden(copy)["inputs"]["obs"].shape == (4, 3)
     assert entry.main(copy, ["--verify"]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -97,6 +116,8 @@ def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
     (["-i", "x.npy"], "give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it"),
     (["-o", "x.npz"], "give -i INPUT and -o OUTPUT"),
     (["--verify", "-o", "x.npz", "--record", "r.npz"], "so -o, --record do not apply"),
+    (["--verify", "--tensors", "h"], "run.py: error: --verify re-runs the folder's own golden observations, so --tensors "
+                                     "does not apply"),
     (["-i", "a", "-o", "b", "--tensors", "h"], "--tensors selects what --record writes; give --record too"),
     (["--verify", "--atol", "nan"], "--atol must be a finite number >= 0, not nan"),
     (["--verify", "--rtol", "-1"], "--rtol must be a finite number >= 0, not -1.0"),
@@ -123,19 +144,30 @@ def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tm
     assert not (tmp_path / "z.npz").exists()
 
 
-def test_a_failed_record_removes_the_output_it_wrote(folder, obs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("existing", [None, b"old outputs"])
+def test_a_failed_record_leaves_every_output_as_it_was(folder, obs, tmp_path, monkeypatch, capsys, existing):
     import policyport.files as files
 
-    real = files.save_npz
+    out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
+    if existing is not None:
+        out.write_bytes(existing)
+    real = files.npz_writer
 
-    def fail_second(path, arrays, force=False):
-        if path.name == "acts.npz":
+    def fail_the_record(arrays):
+        if "h" not in arrays:
+            return real(arrays)
+
+        def write(file):
+            file.write(b"partial")
             raise files.UnreadableFileError("disk full")
-        return real(path, arrays, force)
 
-    monkeypatch.setattr(files, "save_npz", fail_second)
-    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--record", str(tmp_path / "acts.npz")]) == 3
-    assert not (tmp_path / "y.npz").exists()
+        return write
+
+    monkeypatch.setattr(files, "npz_writer", fail_the_record)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--record", str(acts), "--force"]) == 3
+    assert capsys.readouterr().err == "error: disk full\n"
+    assert (out.read_bytes() if out.exists() else None) == existing and not acts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["obs.npy"] + (["y.npz"] if existing else []))
 
 
 @pytest.mark.parametrize("error,code,message", [
@@ -190,3 +222,108 @@ def test_the_parser_and_table():
 def test_table_layout(capsys):
     entry._table(("name", "n"), [("a", "1"), ("long\x07", "100")], right=(1,))
     assert capsys.readouterr().out.splitlines() == ["name        n", "a           1", "long\\x07  100"]
+
+
+def test_max_bytes_limits_what_the_run_reads(folder, obs, tmp_path, monkeypatch, capsys):
+    from policyport.files import limits
+
+    seen = []
+    monkeypatch.setattr(entry, "_verify", lambda folder, args: seen.append(limits().array_bytes) or 0)
+    assert entry.main(folder, ["--verify", "--max-bytes", "1.5K"]) == 0 and seen == [1536]
+    assert entry.main(folder, ["--verify"]) == 0 and seen[1] == limits().array_bytes  # the default outside
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz"), "--max-bytes", "8"]) == 3
+    err = capsys.readouterr().err
+    assert err == (f"error: {obs} (float32, shape (2, 3)) would take 24 B (24 bytes), above the limit of 8 B for arrays "
+                   "read from a file; if you trust it and have the memory, raise the limit with --max-bytes 1M (or "
+                   "POLICYPORT_MAX_ARRAY_BYTES=1M)\n")  # --max-bytes is run.py's own option: no note
+    assert not (tmp_path / "y.npz").exists()
+    with pytest.raises(SystemExit) as ended:
+        entry.main(folder, ["--verify", "--max-bytes", "lots"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("run.py: error: --max-bytes: 'lots' is not a size; write e.g. "
+                                                        "4G, 512M, 1.5GiB or 1000000 (bytes)")
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("run it with --backend onnxruntime", "run it with --backend onnxruntime (--backend is an option of the policyport "
+                                          "command, not of run.py)"),
+    ("use --backend x or --max-nodes, --backend again, or --force", "use --backend x or --max-nodes, --backend again, "
+     "or --force (--backend, --max-nodes are options of the policyport command, not of run.py)"),
+    ("replace it with --force or --max-bytes", "replace it with --force or --max-bytes"),
+    ("a-b x--backend, -backend and --Backend", "a-b x--backend, -backend and --Backend"),
+])
+def test_a_message_naming_policyports_options_says_run_py_lacks_them(folder, obs, tmp_path, monkeypatch, capsys,
+                                                                     message, shown):
+    def refuse(folder, args):
+        raise pp.BadModelError(message)
+
+    monkeypatch.setattr(entry, "_run", refuse)
+    assert entry.main(folder, ["-i", str(obs), "-o", str(tmp_path / "y.npz")]) == 3
+    assert capsys.readouterr().err == f"error: {shown}\n"
+
+
+def test_main_off_the_main_thread_leaves_sigterm_alone(folder):
+    import signal
+    import threading
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def verify(folder, args):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return 0
+
+    original = entry._verify
+    entry._verify = verify
+    try:
+        worker = threading.Thread(target=lambda: seen.append(entry.main(folder, ["--verify"])))
+        worker.start()
+        worker.join()
+    finally:
+        entry._verify = original
+    assert seen == [before, 0]
+
+
+def test_the_help_names_every_option_with_its_meaning_and_default(capsys):
+    p = entry.parser()
+    assert p.description == ("Run the policy packed in this folder on the numpy backend, or re-check it against the golden "
+                             "data it carries. Needs Python and numpy only.")
+    assert p.epilog == ("exit codes: 0 ok; 1 the golden data does not match; 2 usage error; 3 bad model or input "
+                        "(including a changed or damaged file of the folder); 4 missing dependency; 70 a bug in policyport")
+    helps = {a.option_strings[-1]: (a.help, a.default, a.metavar) for a in p._actions}
+    assert helps == {
+        "--help": ("show this help message and exit", "==SUPPRESS==", None),
+        "--input": (".npy (single-input model) or .npz keyed by input name", None, None),
+        "--output": ("the .npz of graph outputs to write", None, None),
+        "--record": ("also write every recorded activation to this .npz", None, None),
+        "--tensors": ("with --record: comma-separated globs over tensor names (default: all)", None, None),
+        "--force": ("replace existing output files", False, None),
+        "--verify": ("re-run the golden observations and compare every tensor; exit 1 on a mismatch", False, None),
+        "--atol": ("with --verify: absolute tolerance", 1e-5, None),
+        "--rtol": ("with --verify: relative tolerance", 1e-5, None),
+        "--max-bytes": ("the most the arrays of the input file may take, and one tensor the model sizes from a value in "
+                        "it: 4G, 512M, 1.5GiB or a number of bytes (default 1 GiB, or POLICYPORT_MAX_ARRAY_BYTES)",
+                        None, "SIZE"),
+        "--json": ("print one JSON document on stdout and nothing else", False, None),
+        "--debug": ("print the traceback of an unexpected error (exit 70)", False, None),
+    }
+    assert [a.option_strings for a in p._actions][:3] == [["-h", "--help"], ["-i", "--input"], ["-o", "--output"]]
+    assert entry.EXIT_BUG == 70 and entry.EXIT_INTERRUPTED == 130 and entry.EXIT_TERMINATED == 143
+
+
+def test_one_observation_and_empty_tensors_read_right(tmp_path, capsys):
+    w = numpy_helper.from_array(np.array([[2.0], [-1.0]], np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["obs", "W"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    one = tmp_path / "one"
+    pp.pack(model, one, samples=1, runtime=False)
+    assert entry.main(one, ["--verify"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "max abs error on 1 observation (atol 1e-05, rtol 1e-05)"
+    np.save(tmp_path / "none.npy", np.zeros((0, 2), np.float32))
+    assert entry.main(one, ["-i", str(tmp_path / "none.npy"), "-o", str(tmp_path / "y.npz")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["tensor  dtype    shape   min  max", "y       float32  (0, 1)"]
+    assert entry.main(one, ["-i", str(tmp_path / "none.npy"), "-o", str(tmp_path / "y.npz"), "--force", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tensors"] == [
+        {"name": "y", "dtype": "float32", "shape": "(0, 1)", "min": "", "max": ""}]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -200,3 +202,158 @@ def test_no_overrides_at_all_is_a_plain_run(metadrive_model, metadrive_obs, back
     np.testing.assert_array_equal(session.run(metadrive_obs[:4], overrides=empty)["action"],
                                   session.run(metadrive_obs[:4])["action"])
     assert list(session.record(metadrive_obs[:4], overrides=empty)) == session.tensor_names
+
+
+def exactly(message: str) -> str:
+    """A pattern that matches ``message`` and nothing longer or shorter."""
+    return "^" + re.escape(message) + "$"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ("t[1]=nan", None),  # a NaN to set is a value like any other
+    ("t[1]*=inf", "override 't[1]*=inf': the factor must be finite"),
+    ("t[1]*=nan", "override 't[1]*=nan': the factor must be finite"),
+    ("t[1]=clip(2,2)", None),  # low == high is a constant
+    ("t[0:1]=0", None),
+    ("t[1:1]=0", "override 't[1:1]=0': range 1:1 is empty or negative; write a:b with 0 <= a < b"),
+    ("t[-1:3]=0", "override 't[-1:3]=0': range -1:3 is empty or negative; write a:b with 0 <= a < b"),
+    ("t[1:2:3]=0", "override 't[1:2:3]=0': range 1:2:3 is empty or negative; write a:b with 0 <= a < b"),
+    ("t[0,-2]=0", "override 't[0,-2]=0': neuron numbers start at 0, got -2"),
+    ("t[1,,2]=0", "override 't[1,,2]=0': index '1,,2' is not a neuron number, a comma list, a range a:b or *"),
+    (" [1]=0", "override ' [1]=0' names no tensor"),
+    ({"t": {(): 1.0}}, "override 't[()]': index () is not a neuron number, a comma list, a range a:b or *"),
+    ({"t": {(1, True): 1.0}}, "override 't[(1, True)]': index (1, True) is not a neuron number, a comma list, a range "
+                              "a:b or *"),
+    ({"t": {(1, 2.0): 1.0}}, "override 't[(1, 2.0)]': index (1, 2.0) is not a neuron number, a comma list, a range "
+                             "a:b or *"),
+    ({"t": {1.5: 1.0}}, "override 't[1.5]': index 1.5 is not a neuron number, a comma list, a range a:b or *"),
+    ({"t": {1: True}}, "override 't[1]': True is not a number"),
+    ({"t": {1: {"set": True}}}, "override 't[1]': set needs a number, got True"),
+    ({"t": {1: {"scale": "2"}}}, "override 't[1]': scale needs a number, got '2'"),
+    ({"t": {1: {"scale": np.float32(2)}}}, None),
+    ({"t": {1: {"clip": [0, 1, 2]}}}, "override 't[1]': clip needs [low, high], got [0, 1, 2]"),
+    ({"t": {1: {"clip": (0, False)}}}, "override 't[1]': clip needs [low, high], got (0, False)"),
+    ({"t": {1: {"clip": "0,1"}}}, "override 't[1]': clip needs [low, high], got '0,1'"),
+    ({"t": {1: {"clip": [1, 0]}}}, "override 't[1]': clip(1, 0) needs low <= high"),
+    ({"t": {1: {"set": 1, "scale": 2}}}, "override 't[1]': {'set': 1, 'scale': 2} is not a number, {'set': v}, "
+                                         "{'scale': f} or {'clip': [lo, hi]}"),
+    ({"t": {1: {"push": 1}}}, "override 't[1]': {'push': 1} is not a number, {'set': v}, {'scale': f} or "
+                              "{'clip': [lo, hi]}"),
+    ({"t": {1: None}}, "override 't[1]': None is not a number, {'set': v}, {'scale': f} or {'clip': [lo, hi]}"),
+    ({"t": {1: " *= 2"}}, None),
+    ({"t": [1]}, "overrides map a tensor name to {neuron index: value}; got 't': [1]"),
+    ({3: {1: 1.0}}, "overrides map a tensor name to {neuron index: value}; got 3: {1: 1.0}"),
+    (["t[1]=0", 5], "an override is a text spec or an Edit, got 5"),
+    (5, "overrides must be a mapping, a text spec or a list of specs; got int"),
+    (None, "overrides must be a mapping, a text spec or a list of specs; got NoneType"),
+])
+def test_every_refusal_of_an_override_says_exactly_what_is_wrong(overrides, message):
+    if message is None:
+        assert len(parse_overrides(overrides)) == 1
+        return
+    with pytest.raises(pp.InputMismatchError, match=exactly(message)):
+        parse_overrides(overrides)
+
+
+@pytest.mark.parametrize("index, parsed", [
+    (slice(2, 5), ((2, 5), True)),
+    (slice(2, 5, 1), ((2, 5), True)),
+    (slice(2, 5, 2), None),
+    (slice(None, 5), None),
+    (slice(2, None), None),
+    (slice(5, 2), "override 's': range 5:2 is empty or negative; write a:b with 0 <= a < b"),
+    ([3, np.int32(1)], ((3, 1), False)),
+    ("*", (None, False)),
+    (" * ", (None, False)),
+    ("4", ((4,), False)),
+])
+def test_an_index_may_be_a_slice_a_list_or_text(index, parsed):
+    from policyport.runtime.overrides import _parse_index
+
+    if isinstance(parsed, tuple):
+        assert _parse_index(index, "s") == parsed
+        return
+    message = parsed or f"override 's': index {index!r} is not a neuron number, a comma list, a range a:b or *"
+    with pytest.raises(pp.InputMismatchError, match=exactly(message)):
+        _parse_index(index, "s")
+
+
+@pytest.mark.parametrize("overrides, spec", [
+    ({"t": {np.int64(4): -0.5}}, "t[4]=-0.5"),
+    ({"t": {(3, 1, 3): 2}}, "t[3,1]=2"),
+    ({"t": {"*": "clip(0, 1e3)"}}, "t[*]=clip(0,1000)"),
+    ({"t": {" 2 ": {"scale": 1.5}}}, "t[2]*=1.5"),
+    ({"t": {7: " *= 2"}}, "t[7]*=2"),
+    ({"t": {7: "=3"}}, "t[7]=3"),
+    ([Edit("t", (0,), False, "set", (1.0,)), "u[1]=2"], "t[0]=1"),
+])
+def test_the_mapping_form_reads_every_kind_of_index_and_value(overrides, spec):
+    assert parse_overrides(overrides)[0].spec == spec
+
+
+@pytest.mark.parametrize("edit, selector, largest", [
+    (Edit("t", None, False, "set", (1.0,)), slice(None), -1),
+    (Edit("t", (2, 6), True, "set", (1.0,)), slice(2, 6), 5),
+    (Edit("t", (4,), False, "set", (1.0,)), 4, 4),
+    (Edit("t", (4, 9, 1), False, "set", (1.0,)), [4, 9, 1], 9),
+])
+def test_an_edit_selects_its_neurons_on_the_last_axis(edit, selector, largest):
+    got = edit.selector()
+    if isinstance(selector, list):
+        assert got.dtype == np.intp and got.tolist() == selector
+    else:
+        assert got == selector
+    assert edit.largest() == largest
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ("t[1]=5", [[0, 5, 2, 3], [4, 5, 6, 7]]),
+    ("t[1:3]*=-2", [[0, -2, -4, 3], [4, -10, -12, 7]]),
+    ("t[*]=clip(1,5)", [[1, 1, 2, 3], [4, 5, 5, 5]]),
+    ("t[3,0]*=10", [[0, 1, 2, 30], [40, 5, 6, 70]]),
+])
+def test_an_edit_writes_set_scale_and_clip(edit, expected):
+    value = np.arange(8, dtype=np.float32).reshape(2, 4)
+    parse_spec(edit).apply(value)
+    assert value.tolist() == expected
+
+
+def test_steering_orders_tensors_as_the_graph_and_edits_as_given():
+    steering = pp.runtime.Steering(parse_overrides(["b[0]=1", "a[1]*=2", "b[2]=clip(-1,1)"]), ["a", "b", "c"])
+    assert steering.tensors == ("a", "b") and steering.specs == ["a[1]*=2", "b[0]=1", "b[2]=clip(-1,1)"]
+    assert repr(steering) == "Steering(a[1]*=2, b[0]=1, b[2]=clip(-1,1))"
+    with pytest.raises(pp.InputMismatchError, match=exactly("override(s) name ['d', 'e'], which no node of the model "
+                                                             "produces; it has: a, b, c")):
+        pp.runtime.Steering(parse_overrides(["d[0]=1", "a[0]=1", "e[0]=1"]), ["a", "b", "c"])
+    session = pp.load(aliasing_model())
+    assert session.steering(steering) is steering  # a Steering is taken as it is
+
+
+def test_an_applier_copies_what_the_run_does_not_own_and_refuses_scalars():
+    a_fn, = pp.runtime.Steering(parse_overrides("a[1]=9"), ["a"]).appliers(lambda t: True)
+    owned = np.zeros((2, 3), np.float32)
+    assert a_fn(owned) is owned and owned[:, 1].tolist() == [9, 9]  # written in place
+    read_only = np.zeros((2, 3), np.float32)
+    read_only.flags.writeable = False
+    steered = a_fn(read_only)
+    assert steered is not read_only and steered[:, 1].tolist() == [9, 9] and not read_only.any()
+    b_fn, = pp.runtime.Steering(parse_overrides("a[1]=9"), ["a"]).appliers(lambda t: False)
+    feed = np.zeros((2, 3), np.float32)
+    assert b_fn(feed) is not feed and not feed.any()
+    for scalar in (np.float32(1.0), np.array(1.0, np.float32), 1.0):
+        with pytest.raises(pp.InputMismatchError, match=exactly("tensor 'a' is a scalar here; overrides address "
+                                                                 "neurons on a tensor's last axis")):
+            a_fn(scalar)
+    with pytest.raises(pp.InputMismatchError, match=exactly("override a[1]=9: tensor 'a' has 1 neurons on its last "
+                                                             "axis (0 to 0)")):
+        a_fn(np.zeros((2, 1), np.float32))
+    assert a_fn(np.zeros((2, 2), np.float32))[:, 1].tolist() == [9, 9]  # neuron 1 of 2: the edge fits
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '"brake"', "null"])
+def test_an_override_file_must_hold_named_sets(tmp_path, text):
+    path = tmp_path / "sets.json"
+    path.write_text(text)
+    with pytest.raises(pp.InputMismatchError, match=exactly(
+            f"{path} must hold a JSON object of named override sets, e.g. " '{"brake": {"fc_2/tanh": {"17": 1.0}}}')):
+        load_override_sets(path)

@@ -204,3 +204,235 @@ def test_running_out_of_memory_in_a_node_names_it(monkeypatch):
     for run in (session.run, session.record):
         with pytest.raises(pp.LimitExceededError, match='Add node "sum" on the numpy backend ran out of memory: Unable to allocate 1 TiB'):
             run(np.ones((1, 4), np.float32))
+
+
+# ------------------------------------------------------------------ what the plan knows before running
+
+
+def exactly(message: str) -> str:
+    import re
+
+    return "^" + re.escape(message) + "$"
+
+
+def const(name, value, dtype):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+#: Ops whose output keeps the first input's element type (the plan's _SAME_AS_INPUT): op -> its
+#: other inputs (constants) and attributes.
+KEEPS_TYPE = {op: ([], {}) for op in (
+    "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+    "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Sign", "Floor", "Ceil",
+    "Round", "Erf", "Identity", "Softmax", "LogSoftmax", "Hardmax", "Clip", "Dropout")}
+KEEPS_TYPE["PRelu"] = ([const("slope", [0.1] * 4, np.float32)], {})
+KEEPS_TYPE.update({  # ops whose output type the plan infers otherwise
+    "Gemm": ([const("w", np.ones((4, 4)), np.float32)], {}),
+    "Flatten": ([], {}),
+    "Concat": ([const("other", np.ones((1, 4)), np.float32)], {"axis": 0}),
+    "MatMul": ([const("w", np.ones((4, 4)), np.float32)], {}),
+    "Add": ([const("other", np.ones(4), np.float32)], {}),
+    "Div": ([const("other", np.ones(4), np.float32)], {}),
+})
+
+
+@pytest.mark.parametrize("op", list(KEEPS_TYPE))
+def test_an_output_type_known_before_running_refuses_a_mismatch_downstream_at_load(op):
+    others, attrs = KEEPS_TYPE[op]
+    nodes = [helper.make_node(op, ["obs", *(t.name for t in others)], ["o"], name="first", **attrs),
+             helper.make_node("Add", ["o", "k"], ["y"], name="sum")]
+    m = model(nodes, [f32("obs", ["batch", 4])], [f32("y", None)], [*others, const("k", np.ones(4), np.float64)], opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly('Add node "sum" (opset 20): its inputs must share one element '
+                                                       "type; found input 0 float32, input 1 float64")):
+        pp.load(m)
+
+
+@pytest.mark.parametrize("op, dtype", [("Equal", "bool"), ("Greater", "bool"), ("Less", "bool"),
+                                       ("GreaterOrEqual", "bool"), ("LessOrEqual", "bool"), ("Cast", "float64"),
+                                       ("Constant", "int64"), ("Not", "bool"), ("Or", "bool"), ("And", "bool")])
+def test_comparisons_casts_and_constants_have_their_own_output_type(op, dtype):
+    if op == "Constant":
+        first = helper.make_node("Constant", [], ["o"], name="first", value=numpy_helper.from_array(np.ones(4, np.int64)))
+    elif op == "Cast":
+        first = helper.make_node("Cast", ["obs"], ["o"], name="first", to=TensorProto.DOUBLE)
+    elif op in ("Not", "And", "Or"):
+        first = helper.make_node(op, ["b"] * (1 if op == "Not" else 2), ["o"], name="first")
+    else:
+        first = helper.make_node(op, ["obs", "obs"], ["o"], name="first")
+    other = "float32" if dtype != "float32" else "float64"
+    m = model([first, helper.make_node("Where", ["c", "o", "k"], ["y"], name="pick")],
+              [f32("obs", ["batch", 4]), helper.make_tensor_value_info("b", TensorProto.BOOL, ["batch", 4])],
+              [f32("y", None)], [const("c", [True] * 4, np.bool_), const("k", np.ones(4), np.dtype(other))], opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly(f'Where node "pick" (opset 20): its inputs must share one '
+                                                       f"element type; found input 1 {dtype}, input 2 {other}")):
+        pp.load(m)
+
+
+@pytest.mark.parametrize("op, inputs, found", [
+    ("Sub", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Mul", ["d", "obs"], "input 0 float64, input 1 float32"),
+    ("Div", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Greater", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("MatMul", ["obs", "dm"], "input 0 float32, input 1 float64"),
+    ("Gemm", ["obs", "fm", "d"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("PRelu", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Concat", ["obs", "obs", "dm"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("Sum", ["obs", "f", "d"], "input 0 float32, input 1 float32, input 2 float64"),
+    ("Mean", ["d", "obs"], "input 0 float64, input 1 float32"),
+    ("Max", ["obs", "d"], "input 0 float32, input 1 float64"),
+    ("Min", ["obs", "f", "f", "d"], "input 0 float32, input 1 float32, input 2 float32, input 3 float64"),
+    ("Where", ["c", "obs", "d"], "input 1 float32, input 2 float64"),
+])
+def test_inputs_of_one_type_variable_must_share_one_element_type(op, inputs, found):
+    inits = [const("d", np.ones(4), np.float64), const("f", np.ones(4), np.float32), const("c", [True] * 4, np.bool_),
+             const("dm", np.ones((4, 4)), np.float64), const("fm", np.ones((4, 4)), np.float32)]
+    attrs = {"axis": 0} if op == "Concat" else {}
+    m = model([helper.make_node(op, inputs, ["y"], name="n", **attrs)], [f32("obs", ["batch", 4])], [f32("y", None)],
+              inits, opset=20)
+    with pytest.raises(pp.BadModelError, match=exactly(f'{op} node "n" (opset 20): its inputs must share one element '
+                                                       f"type; found {found}")):
+        pp.load(m)
+
+
+def test_where_compares_only_the_two_values_and_casts_nothing():
+    m = model([helper.make_node("Where", ["c", "obs", "f"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", None)],
+              [const("c", [True, False], np.bool_), const("f", [7.0, 8.0], np.float32)])
+    assert pp.load(m).run(np.zeros((1, 2), np.float32))["y"].tolist() == [[0.0, 8.0]]
+
+
+@pytest.mark.parametrize("seed, expected", [(0.0, 0), (-0.0, 0), (3.0, 3), (-1.0, int(np.float64(-1.0).view(np.uint64))),
+                                            (2.5, int(np.float64(2.5).view(np.uint64)))])
+def test_a_nodes_own_seed_seeds_its_generator(seed, expected):
+    from policyport.runtime.numpy.plan import node_generator
+
+    assert node_generator(seed).integers(1 << 62, size=3).tolist() == \
+        np.random.default_rng(expected).integers(1 << 62, size=3).tolist()
+
+
+GEMM_W = np.arange(12, dtype=np.float32).reshape(3, 4) / 7 - 0.5  # (K=3, N=4)
+
+
+@pytest.mark.parametrize("attrs, bias, kind", [
+    ({}, np.arange(4, dtype=np.float32), "gemm"),
+    ({}, None, "gemm"),
+    ({}, np.arange(4, dtype=np.float32).reshape(1, 4), "gemm"),
+    ({}, np.float32(0.5), "gemm"),
+    ({"transB": 1}, np.arange(4, dtype=np.float32), "gemm"),
+    ({"alpha": 2.0}, np.arange(4, dtype=np.float32), "call"),
+    ({"beta": 0.5}, np.arange(4, dtype=np.float32), "call"),
+    ({"beta": 0.5}, None, "gemm"),  # beta scales no bias
+    ({"transA": 1}, np.arange(4, dtype=np.float32), "call"),
+    ({}, "omitted", "gemm"),  # C named "": as if absent
+    ({}, np.arange(12, dtype=np.float32).reshape(3, 4), "gemm"),  # a bias of M rows (M = 3 here)
+])
+def test_gemm_takes_the_dot_and_add_path_only_where_it_computes_the_same(attrs, bias, kind):
+    w = GEMM_W.T.copy() if attrs.get("transB") else GEMM_W
+    a_shape = [3, 3]
+    given = bias is not None and not isinstance(bias, str)
+    inits = [numpy_helper.from_array(w, "W")] + ([numpy_helper.from_array(np.asarray(bias), "C")] if given else [])
+    node = helper.make_node("Gemm", ["a", "W"] + (["C"] if given else [""] if bias == "omitted" else []), ["y"], **attrs)
+    m = model([node], [f32("a", a_shape)], [f32("y", None)], inits)
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == [kind]
+    a = np.random.default_rng(9).standard_normal((3, 3)).astype(np.float32)
+    expected = pp.load(m, backend="onnxruntime").run({"a": a})["y"]
+    np.testing.assert_allclose(session.run({"a": a})["y"], expected, rtol=1e-6, atol=1e-6)
+    assert pp.load(m).record({"a": a})["y"].tolist() == session.run({"a": a})["y"].tolist()
+
+
+def test_gemm_with_weights_or_a_bias_that_are_not_constant_or_alike_is_called():
+    w64 = numpy_helper.from_array(GEMM_W.astype(np.float64), "W")
+    c64 = numpy_helper.from_array(np.arange(4, dtype=np.float64), "C")
+    cases = [  # (nodes, inputs, inits)
+        ([helper.make_node("Gemm", ["a", "w", "C"], ["y"])], [f32("a", [2, 3]), f32("w", [3, 4])],
+         [numpy_helper.from_array(np.arange(4, dtype=np.float32), "C")]),  # B fed
+        ([helper.make_node("Gemm", ["a", "W", "c"], ["y"])], [f32("a", [2, 3]), f32("c", [4])],
+         [numpy_helper.from_array(GEMM_W, "W")]),  # C fed
+    ]
+    for nodes, inputs, inits in cases:
+        session = pp.load(model(nodes, inputs, [f32("y", None)], inits))
+        assert [s.kind for s in session.backend.plan.steps] == ["call"]
+    with pytest.raises(pp.BadModelError, match="its inputs must share one element type"):  # C of another type: refused
+        pp.load(model([helper.make_node("Gemm", ["a", "W", "C"], ["y"])], [f32("a", [2, 3])], [f32("y", None)],
+                      [numpy_helper.from_array(GEMM_W, "W"), c64]))
+    one_d = model([helper.make_node("Gemm", ["a", "W"], ["y"])], [f32("a", [2, 3])], [f32("y", None)], [w64])
+    with pytest.raises(pp.BadModelError):
+        pp.load(one_d)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps, kind", [
+    ([1], [3], [1], None, "index"),
+    ([1], [3], None, None, "index"),  # axes default to 0, 1 ...
+    ([0, 1], [2, 9], [0, 1], [1, 2], "index"),
+    ([3], [0], [1], [-1], "index"),
+    ([-3], [-1], [1], [1], "index"),
+    ([1], [3], [-1], [1], "call"),  # a negative axis needs the data's rank
+    ([1, 0], [3, 9], [1, 0], [1, 1], "index"),  # axes in any order
+])
+def test_a_constant_slice_is_one_prebuilt_index_where_python_slicing_agrees(starts, ends, axes, steps, kind):
+    names = ["x", "s", "e"] + (["ax"] if axes is not None else []) + (["st"] if steps is not None else [])
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for n, v in (("s", starts), ("e", ends), ("ax", axes), ("st", steps)) if v is not None]
+    m = model([helper.make_node("Slice", names, ["y"])], [f32("x", [4, 5])], [f32("y", None)], inits)
+    session = pp.load(m)
+    assert [s.kind for s in session.backend.plan.steps] == [kind]
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    expected = pp.load(m, backend="onnxruntime").run({"x": x})["y"]
+    got = session.run({"x": x})["y"]
+    assert got.shape == expected.shape and got.tolist() == expected.tolist()
+
+
+def test_a_slice_naming_an_axis_twice_is_refused_at_load():
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [1, 0]), ("e", [3, 2]), ("ax", [1, 1]))]
+    m = model([helper.make_node("Slice", ["x", "s", "e", "ax"], ["y"], name="cut")], [f32("x", [4, 5])], [f32("y", None)],
+              inits)
+    with pytest.raises(pp.BadModelError, match=exactly('Slice node "cut" (opset 17): axes [1, 1] repeat an axis')):
+        pp.load(m)
+
+
+def in_place_chain():
+    """Which results a run may overwrite in place, and which it must keep: a Gemm's product read twice
+    (Tanh and Sub), MatMul -> Tanh (a product that may be a numpy scalar), an Add's sum that is a graph
+    output and read by Exp, then Neg -> Abs -> Sqrt -> Relu; and Gemm -> Tanh, whose product the
+    Tanh alone reads."""
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32) / 2, "W"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "B"),
+             numpy_helper.from_array(rng.standard_normal((6, 5)).astype(np.float32) / 2, "W2"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "B2"),
+             numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W3")]
+    nodes = [helper.make_node("Gemm", ["obs", "W", "B"], ["g"]), helper.make_node("Tanh", ["g"], ["t"]),
+             helper.make_node("Sub", ["g", "t"], ["d"]), helper.make_node("MatMul", ["t", "W2"], ["m"]),
+             helper.make_node("Tanh", ["m"], ["mt"]), helper.make_node("Add", ["mt", "B2"], ["a"]),
+             helper.make_node("Exp", ["a"], ["e"]), helper.make_node("Neg", ["e"], ["n"]),
+             helper.make_node("Abs", ["n"], ["ab"]), helper.make_node("Sqrt", ["ab"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]), helper.make_node("Gemm", ["obs", "W3"], ["g2"]),
+             helper.make_node("Tanh", ["g2"], ["t2"])]
+    return model(nodes, [f32("obs", ["batch", 4])], [f32("r", ["batch", 5]), f32("a", ["batch", 5]), f32("d", ["batch", 6]),
+                                                     f32("t2", ["batch", 3])], inits)
+
+
+@pytest.mark.parametrize("rows", [3, 1100])
+def test_results_written_in_place_are_those_nothing_else_reads(rows):
+    m = in_place_chain()
+    obs = np.random.default_rng(12).standard_normal((rows, 4)).astype(np.float32)
+    expected = pp.load(m, backend="onnxruntime").record(obs)
+    session = pp.load(m, threads=2)
+    for got in (session.run(obs), session.record(obs), session.record(obs, overrides="t[0]*=1")):
+        assert set(got) <= set(expected)
+        for name in got:
+            np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=2e-6, err_msg=name)
+    recorded = session.record(obs)
+    assert list(recorded) == ["g", "t", "d", "m", "mt", "a", "e", "n", "ab", "s", "r", "g2", "t2"]
+    assert (recorded["n"] < 0).all() and (recorded["e"] > 0).all()  # Neg's input kept: not overwritten by Neg
+    assert (np.abs(recorded["g2"]) > 1).any()  # the product, not its tanh
+
+
+@pytest.mark.parametrize("mode", ["run", "record"])
+def test_an_output_that_is_an_initializer_itself_is_a_writable_copy(mode):
+    m = model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", ["batch", 2])], [f32("y", ["batch", 2]), f32("B", [2])],
+              [numpy_helper.from_array(np.array([0.5, -0.5], np.float32), "B")])
+    session = pp.load(m)
+    out = getattr(session, mode)(np.zeros((1, 2), np.float32))
+    out["B"] *= 100.0  # the caller's array
+    assert getattr(session, mode)(np.zeros((1, 2), np.float32))["B"].tolist() == [0.5, -0.5]

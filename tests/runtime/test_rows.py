@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.runtime.numpy import rows as rows_module
@@ -320,3 +320,201 @@ def test_relus_of_constants_in_a_row_block_graph_keep_their_shapes(big_obs):
     np.testing.assert_array_equal(session.run(obs)["y"], obs + np.array([0.0, 3.0, 0.0], np.float32))
     recorded = session.record(obs)
     assert recorded["rc"].shape == () and recorded["rc"] == 0 and recorded["rv"].tolist() == [0.0, 3.0, 0.0]
+
+
+def const(name, shape, dtype=np.float32, value=None):
+    array = np.full(shape, 0.5, dtype) if value is None else np.asarray(value, dtype)
+    return numpy_helper.from_array(array, name)
+
+
+W43, C3 = const("W", (4, 3)), const("C", (3,))
+N = helper.make_node
+
+
+@pytest.mark.parametrize("obs_shape, nodes, inits, rank", [
+    # Gemm: the fast path (constant B, C), the call form (alpha) with C broadcast along rows, transA
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"])], [W43, C3], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, C3], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, const("C", (1, 3))], 2),
+    ([None, 4], [N("Gemm", ["obs", "W"], ["y"], alpha=2.0)], [W43], 2),
+    ([None, 4], [N("Gemm", ["obs", "W", "C"], ["y"], alpha=2.0)], [W43, const("C", (5, 3))], None),
+    ([None, 4], [N("Gemm", ["obs", "W"], ["y"], transA=1)], [W43], None),
+    ([None, 4], [N("Gemm", ["W", "obs"], ["y"], transB=1)], [const("W", (3, 4))], None),
+    # a constant Slice: along a feature axis, or along the batch axis
+    ([None, 4], [N("Slice", ["obs", "s", "e", "a"], ["y"])],
+     [const(n, (1,), np.int64, [v]) for n, v in (("s", 1), ("e", 3), ("a", 1))], 2),
+    ([None, 4], [N("Slice", ["obs", "s", "e", "a"], ["y"])],
+     [const(n, (1,), np.int64, [v]) for n, v in (("s", 1), ("e", 3), ("a", 0))], None),
+    # unary ops keep the rank; a Dropout without training_mode
+    ([None, 2, 4], [N("Tanh", ["obs"], ["y"])], [], 3),
+    ([None, 4], [N("Cast", ["obs"], ["y"], to=11)], [], 2),
+    ([None, 4], [N("Dropout", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Dropout", ["obs", "r", "m"], ["y"])], [const("r", (), value=0.5), const("m", (), np.bool_, False)],
+     None),
+    # broadcasting: constants without the batch axis, or of size 1 along it; both sides batched
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (4,))], 2),
+    ([None, 4], [N("Mul", ["b", "obs"], ["y"])], [const("b", (1, 4))], 2),
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (3, 4))], None),
+    ([None, 4], [N("Add", ["obs", "b"], ["y"])], [const("b", (1, 1, 4))], None),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Sub", ["t", "obs"], ["y"])], [], 2),
+    ([None, 4], [N("Where", ["m", "obs", "b"], ["y"])], [const("m", (4,), np.bool_, [1, 0, 1, 0]), const("b", (4,))], 2),
+    # Concat of batched tensors along a feature axis
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=1)], [], 2),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=-1)], [], 2),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=0)], [], None),
+    ([None, 4], [N("Tanh", ["obs"], ["t"]), N("Concat", ["obs", "t"], ["y"], axis=-2)], [], None),
+    ([None, 4], [N("Concat", ["obs", "b"], ["y"], axis=1)], [const("b", (1, 4))], None),
+    ([None, 4], [N("Concat", ["obs", "obs"], ["y"], axis=2)], [], None),
+    # ops along an axis: only off the batch axis
+    ([None, 4], [N("Softmax", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Softmax", ["obs"], ["y"], axis=-2)], [], None),
+    ([None, 2, 4], [N("LogSoftmax", ["obs"], ["y"], axis=1)], [], 3),
+    ([None, 2, 4], [N("Flatten", ["obs"], ["y"])], [], 2),
+    ([None, 4], [N("Flatten", ["obs"], ["y"])], [], 2),
+    ([None, 2, 4], [N("Flatten", ["obs"], ["y"], axis=0)], [], None),
+    ([None, 2, 4], [N("ArgMax", ["obs"], ["y"], axis=2, keepdims=0)], [], 2),
+    ([None, 2, 4], [N("ArgMin", ["obs"], ["y"], axis=1)], [], 3),
+    ([None, 2, 4], [N("ArgMax", ["obs"], ["y"])], [], None),
+    ([None, 4], [N("LayerNormalization", ["obs", "g"], ["y"])], [const("g", (4,))], 2),
+    ([None, 4], [N("LayerNormalization", ["obs", "g"], ["y"], axis=0)], [const("g", (4,))], None),
+    # MatMul by a matrix; per-sample ops over (N, C, ...)
+    ([None, 2, 4], [N("MatMul", ["obs", "W"], ["y"])], [W43], 3),
+    ([None, 4], [N("MatMul", ["obs", "W"], ["y"])], [W43], 2),
+    ([None, 4], [N("MatMul", ["obs", "W"], ["y"])], [const("W", (2, 4, 3))], None),
+    ([None], [N("MatMul", ["obs", "W"], ["y"])], [const("W", (4, 3))], None),
+    ([None, 1, 6, 6], [N("MaxPool", ["obs"], ["y"], kernel_shape=[2, 2])], [], 4),
+    ([None, 1, 6, 6], [N("MaxPool", ["obs"], ["y", "i"], kernel_shape=[2, 2])], [], None),
+    ([None, 1, 6, 6], [N("GlobalAveragePool", ["obs"], ["y"])], [], 4),
+    # Reshape keeping axis 0, Transpose keeping it first
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"])], [const("s", (3,), np.int64, [0, 2, 2])], 3),
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"], allowzero=1)], [const("s", (3,), np.int64, [0, 2, 2])], None),
+    ([None, 4], [N("Reshape", ["obs", "s"], ["y"])], [const("s", (2,), np.int64, [-1, 4])], None),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"], perm=[0, 2, 1])], [], 3),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"], perm=[2, 0, 1])], [], None),
+    ([None, 2, 4], [N("Transpose", ["obs"], ["y"])], [], None),  # reverses every axis
+    ([None, 4], [N("ReduceSum", ["obs"], ["y"], keepdims=1)], [], None),
+    ([None, 4], [N("Size", ["obs"], ["y"])], [], None),
+])
+def test_the_row_tracker_follows_the_batch_axis_through_each_kind_of_node(obs_shape, nodes, inits, rank):
+    obs_shape = ["batch" if d is None else d for d in obs_shape]
+    m = model(nodes, [f32("obs", obs_shape)], [f32("y", None)], inits)  # compiled only: the declared type is not used
+    session = pp.load(m, threads=2)
+    split = session.backend.plan.row_split
+    if rank is None:
+        assert split is None
+        return
+    assert split is not None and split.inputs == ("obs",) and split.ranks["y"] == rank
+    assert split.ranks["obs"] == len(obs_shape) and not split.whole & {"obs", "y"}
+    obs = np.random.default_rng(5).standard_normal((SPLIT_ROWS + 5, *obs_shape[1:])).astype(np.float32)
+    whole = session.backend.plan._compile("record", split=False)({"obs": obs})
+    same_bits(session.record(obs), whole)  # in blocks, on two threads: the whole batch's bits
+
+
+def test_tensors_of_constants_alone_are_whole_and_a_graph_without_a_batch_axis_never_splits():
+    m = model([N("Tanh", ["b"], ["tb"]), N("Add", ["obs", "tb"], ["y"])], [f32("obs", ["batch", 4])], [f32("y", None)],
+              [const("b", (4,))])
+    split = pp.load(m).backend.plan.row_split
+    assert split.whole == {"b", "tb"} and split.ranks == {"obs": 2, "y": 2}
+    fixed = model([N("Tanh", ["obs"], ["y"])], [f32("obs", [2, 4])], [f32("y", None)])
+    assert pp.load(fixed).backend.plan.row_split is None
+    unknown_rank = model([N("Tanh", ["obs"], ["y"])], [helper.make_tensor_value_info("obs", TensorProto.FLOAT, None)],
+                         [f32("y", None)])
+    assert pp.load(unknown_rank).backend.plan.row_split is None
+
+
+ROW_WISE = {  # every op the row tracker follows, as one node reading the batched obs (batch, 1, 4, 4)
+    **{op: ([], {}) for op in ("Relu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Sigmoid", "HardSigmoid",
+                               "HardSwish", "Tanh", "Softplus", "Softsign", "Mish", "Gelu", "Neg", "Abs", "Exp", "Log",
+                               "Sqrt", "Reciprocal", "Sign", "Floor", "Ceil", "Round", "Erf", "Identity", "Clip",
+                               "Dropout", "GlobalAveragePool", "GlobalMaxPool")},
+    "Cast": ([], {"to": TensorProto.DOUBLE}),
+    **{op: (["k"], {}) for op in ("Add", "Sub", "Mul", "Div", "Pow", "PRelu", "Max", "Min", "Sum", "Mean", "Equal",
+                                  "Greater", "Less", "GreaterOrEqual", "LessOrEqual")},
+    "Where": (["c", "k"], {}),
+    "Conv": (["w"], {}),
+    "AveragePool": ([], {"kernel_shape": [2, 2]}),
+    "MaxPool": ([], {"kernel_shape": [2, 2]}),
+    "BatchNormalization": (["s", "b", "m", "v"], {}),
+}
+
+
+@pytest.mark.parametrize("op", list(ROW_WISE))
+def test_every_row_wise_op_runs_a_large_batch_in_blocks_with_the_whole_batchs_bits(op):
+    others, attrs = ROW_WISE[op]
+    inputs = ["c", "obs", "k"] if op == "Where" else ["obs", *others]
+    inits = [const("k", (4,), value=[0.5, 2.0, -1.0, 3.0]), const("c", (4,), np.bool_, [1, 0, 1, 0]),
+             const("w", (1, 1, 2, 2), value=[[[[1.0, -1.0], [0.5, 2.0]]]]), *(const(n, (1,)) for n in "sbmv")]
+    m = model([N(op, inputs, ["y"], **attrs)], [f32("obs", ["batch", 1, 4, 4])], [f32("y", None)], inits, opset=20)
+    session = pp.load(m, threads=2)
+    split = session.backend.plan.row_split
+    assert split is not None and split.ranks["y"] == 4
+    obs = np.random.default_rng(6).uniform(0.1, 2, (SPLIT_ROWS + 1, 1, 4, 4)).astype(np.float32)
+    same_bits(session.run(obs), session.backend.plan._compile("run", split=False)({"obs": obs}))
+
+
+def spy_on_blocks(monkeypatch):
+    """The row counts RowBlocks was called with, and the worker counts it asked the pool for."""
+    calls, workers = [], []
+    real_blocks, real_pool = rows_module.blocks, rows_module._pool
+    monkeypatch.setattr(rows_module, "blocks", lambda rows: calls.append(rows) or real_blocks(rows))
+    monkeypatch.setattr(rows_module, "_pool", lambda n: workers.append(n) or real_pool(n))
+    return calls, workers
+
+
+def test_a_batch_runs_in_blocks_from_1024_rows_on(metadrive_model, big_obs, monkeypatch):
+    calls, _ = spy_on_blocks(monkeypatch)
+    session = pp.load(metadrive_model, threads=1)
+    for rows in (1023, 1024, 1025):
+        session.run(big_obs[:rows])
+        session.record(big_obs[:rows])
+        session.run(big_obs[:rows], overrides="fc_1/tanh[0]=0")
+    assert calls == [1024] * 3 + [1025] * 3
+
+
+@pytest.mark.parametrize("threads, rows, cores, workers", [
+    (1, 4096, 8, []), (2, 4096, 8, [1]), (3, 1100, 8, [2, 2]), (8, 1100, 8, [2, 2]), (0, 4096, 3, [2, 2]),
+    (0, 4096, 1, []),
+])
+def test_blocks_run_on_as_many_threads_as_asked_for_cores_and_blocks_allow(metadrive_model, big_obs, monkeypatch,
+                                                                           threads, rows, cores, workers):
+    _, asked = spy_on_blocks(monkeypatch)
+    monkeypatch.setattr(rows_module, "usable_cores", lambda: cores)
+    expected = pp.load(metadrive_model, threads=1).run(big_obs[:rows])
+    same_bits(pp.load(metadrive_model, threads=threads).run(big_obs[:rows]), expected)
+    assert asked == workers  # one pool of threads - 1 workers, asked once per worker the call starts
+
+
+@pytest.mark.parametrize("rows, sizes", [
+    (1024, [512, 512]), (1025, [342, 342, 341]), (1536, [512] * 3), (1537, [385, 384, 384, 384]), (512, [512]),
+    (1, [1]),
+])
+def test_blocks_are_at_most_512_rows_of_near_equal_size(rows, sizes):
+    bounds = blocks(rows)
+    assert [hi - lo for lo, hi in bounds] == sizes and bounds[0][0] == 0 and bounds[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_scratch_keeps_buffers_of_up_to_4_mib_and_512_rows():
+    scratch = rows_module.Scratch()
+    kept = np.ones((512, 2048), np.float32)  # 512 rows of 8 KiB: exactly 4 MiB
+    assert np.shares_memory(scratch.like(1, kept), scratch.like(1, kept))
+    assert np.shares_memory(scratch.like(2, kept[:3]), scratch.like(2, kept))  # room for 512 rows from the start
+    over = np.ones((4, 2049), np.float32)
+    assert not np.shares_memory(scratch.like(3, over), scratch.like(3, over))
+    assert scratch.like(3, over).shape == (4, 2049)
+    big = np.ones((600, 4), np.float32)  # a block of more rows than 512 gets a buffer of its own size
+    assert np.shares_memory(scratch.like(4, big), scratch.like(4, big)) and scratch.like(4, big).shape == (600, 4)
+    assert scratch.like(4, big[:2]).base is scratch.like(4, big).base
+
+
+def test_overriding_a_tensor_without_a_feature_axis_runs_the_batch_whole():
+    """A neuron of a (batch,) tensor is a row: in blocks, every block would steer its own row 3."""
+    m = model([N("ArgMax", ["obs"], ["a"], axis=1, keepdims=0), N("Cast", ["a"], ["y"], to=TensorProto.FLOAT)],
+              [f32("obs", ["batch", 4])], [f32("y", None)])
+    session = pp.load(m, threads=2)
+    assert session.backend.plan.row_split.ranks["a"] == 1
+    obs = np.tile(np.eye(4, dtype=np.float32), (SPLIT_ROWS // 4 + 30, 1))
+    plain = session.run(obs)["y"]
+    steered = session.run(obs, overrides="a[3]=7")["y"]
+    changed = np.flatnonzero(steered != plain)
+    assert changed.tolist() == [3] and steered[3] == 7
