@@ -46,7 +46,11 @@ class _NumpyOps:
 
     @staticmethod
     def obs_norm(norm, x):
-        y = np.clip((x.astype(np.float64) - norm.mean) / np.sqrt(norm.var + norm.epsilon), -norm.clip_obs, norm.clip_obs)
+        # in float64 whatever the statistics' dtype, as the graph's float64 initializers hold them: a
+        # float32 var plus epsilon would otherwise round in float32
+        x64 = x.astype(np.float64)  # pragma: no mutate (astype(None) is astype(float64))
+        std = np.sqrt(np.asarray(norm.var, np.float64) + norm.epsilon)
+        y = np.clip((x64 - norm.mean) / std, -norm.clip_obs, norm.clip_obs)
         return y.astype(x.dtype)
 
     concat = staticmethod(lambda xs: np.concatenate(xs, axis=1))

@@ -1,0 +1,392 @@
+"""The graph build_mlp lays out around the network: SB3's VecNormalize, its action heads (squash
+rescale, one argmax per MultiDiscrete sub-space), RLlib's one-hot observation preprocessors and
+MeanStdFilter. Each is pinned node by node (op, inputs, output, attributes), initializer by
+initializer (name, dtype, value) and in its metadata, and the numpy reference forward of the same
+spec is checked against onnxruntime running that graph, tensor by tensor."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from policyport.converter.activations import parse_activation
+from policyport.converter.build import (ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, build_mlp)
+from policyport.converter.reference import reference_forward
+from policyport.errors import MissingDependencyError
+from policyport.passes import expose
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _spec(dtype=F32, obs_dim=3, n_out=2, **kw) -> MlpSpec:
+    """One tanh hidden layer of 4 and an output layer of ``n_out``, seeded arrays in ``dtype``."""
+    rng = np.random.default_rng(11)
+    hidden = Dense("fc_1", rng.normal(size=(obs_dim, 4)).astype(dtype), "fc_1/kernel", rng.normal(size=4).astype(dtype),
+                   "fc_1/bias", activation=parse_activation("tanh"))
+    output = Dense("fc_out", rng.normal(size=(4, n_out)).astype(dtype), "fc_out/kernel",
+                   rng.normal(size=n_out).astype(dtype), "fc_out/bias")
+    return MlpSpec(hidden=[hidden], output=output, **kw)
+
+
+def _nodes(model, upto: str | None = None) -> list[tuple]:
+    """(op type, inputs, output, attributes) of every node, up to the one producing ``upto``."""
+    rows = []
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        rows.append((node.op_type, list(node.input), node.output[0], attrs))
+        if node.output[0] == upto:
+            break
+    return rows
+
+
+def _inits(model) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def _props(model) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _io(value_info) -> tuple:
+    t = value_info.type.tensor_type
+    return value_info.name, t.elem_type, [d.dim_param or d.dim_value for d in t.shape.dim]
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def _onnxruntime(model, feed: dict) -> dict[str, np.ndarray]:
+    """Every tensor of ``model`` as onnxruntime computes it."""
+    exposed = expose(model)
+    session = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feed)))
+
+
+def _agrees(model, spec, obs, *, exact: tuple[str, ...], head=None, prelude_out=None) -> dict[str, np.ndarray]:
+    """onnxruntime's tensors of ``model`` on ``obs`` against the numpy reference: ``exact`` ones bit for
+    bit, the rest (Gemm sums, whose order may differ) to a few float32 ulps."""
+    want = dict(prelude_out or {})
+    x = obs
+    if prelude_out is not None:
+        x = list(prelude_out.values())[-1]
+    want.update(reference_forward(spec, x, head))
+    got = _onnxruntime(model, {model.graph.input[0].name: obs})
+    assert set(want) <= set(got)
+    for name in exact:
+        _same(got[name], want[name])
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype, name
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
+    return got
+
+
+# ------------------------------------------------------------------------- VecNormalize
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_vec_normalize_is_computed_in_float64_and_cast_back_to_the_policy_dtype(dtype):
+    # statistics given in float32: the graph must hold them as float64, as SB3 computes obs - mean
+    norm = ObsNorm(mean=np.array([0.5, -1.0, 2.0], np.float32), var=np.array([4.0, 0.25, 1e-9], np.float32),
+                   epsilon=1e-4, clip_obs=3.0, mean_name="env.obs_rms.mean", var_name="env.obs_rms.var")
+    spec = _spec(dtype, obs_norm=norm)
+    model = build_mlp(spec)
+    assert _nodes(model, "vec_normalize/obs") == [
+        ("Cast", ["obs"], "vec_normalize/obs_float64", {"to": TensorProto.DOUBLE}),
+        ("Sub", ["vec_normalize/obs_float64", "env.obs_rms.mean"], "vec_normalize/centered", {}),
+        ("Add", ["env.obs_rms.var", "vec_normalize/epsilon"], "vec_normalize/var_eps", {}),
+        ("Sqrt", ["vec_normalize/var_eps"], "vec_normalize/std", {}),
+        ("Div", ["vec_normalize/centered", "vec_normalize/std"], "vec_normalize/scaled", {}),
+        ("Clip", ["vec_normalize/scaled", "vec_normalize/clip_low", "vec_normalize/clip_high"], "vec_normalize/clipped", {}),
+        ("Cast", ["vec_normalize/clipped"], "vec_normalize/obs", {"to": helper.np_dtype_to_tensor_dtype(dtype)}),
+    ]
+    assert model.graph.node[7].input[0] == "vec_normalize/obs"  # the first layer reads the normalised obs
+    inits = _inits(model)
+    _same(inits["env.obs_rms.mean"], np.array([0.5, -1.0, 2.0]))
+    _same(inits["env.obs_rms.var"], np.array([4.0, 0.25, 1e-9], np.float32).astype(np.float64))
+    _same(inits["vec_normalize/epsilon"], np.array(1e-4))
+    _same(inits["vec_normalize/clip_low"], np.array(-3.0))
+    _same(inits["vec_normalize/clip_high"], np.array(3.0))
+    assert json.loads(_props(model)["policyport.parameters"]) == {
+        "env.obs_rms.mean": "env.obs_rms.mean", "env.obs_rms.var": "env.obs_rms.var", "fc_1/kernel": "fc_1/kernel",
+        "fc_1/bias": "fc_1/bias", "fc_out/kernel": "fc_out/kernel", "fc_out/bias": "fc_out/bias"}
+
+    # both clip bounds reached, and values inside them; the near-zero variance makes epsilon matter
+    obs = np.array([[0.5, -1.0, 2.0], [100.0, -100.0, 2.0001], [-3.0, 0.2, 1.99995]], dtype)
+    got = _agrees(model, spec, obs, exact=("vec_normalize/obs",))
+    x64 = obs.astype(np.float64)
+    want = np.clip((x64 - norm.mean.astype(np.float64)) / np.sqrt(norm.var.astype(np.float64) + 1e-4), -3.0, 3.0)
+    _same(got["vec_normalize/obs"], want.astype(dtype))
+    assert got["vec_normalize/obs"][1, :2].tolist() == [3.0, -3.0]
+
+
+def test_vec_normalize_defaults_are_sb3s():
+    norm = ObsNorm(mean=np.zeros(3), var=np.ones(3))
+    assert (norm.epsilon, norm.clip_obs, norm.mean_name, norm.var_name) == (1e-8, 10.0, "obs_rms.mean", "obs_rms.var")
+    model = build_mlp(_spec(obs_norm=norm))
+    inits = _inits(model)
+    assert (inits["vec_normalize/epsilon"], inits["vec_normalize/clip_low"], inits["vec_normalize/clip_high"]) == (1e-8, -10, 10)
+    assert {"obs_rms.mean", "obs_rms.var"} <= set(inits)
+
+
+# ------------------------------------------------------------------------- action heads
+
+
+def test_a_squash_head_rescales_tanh_to_the_bounds_in_sb3s_order_and_the_policy_dtype():
+    # bounds given in float64: the graph holds them in the policy's float32, width = high - low in float32
+    low, high = np.array([-0.3, -2.0, 0.1]), np.array([0.1, 1 / 3, 0.7])
+    spec = _spec(n_out=3, action=ActionHead("squash", low=low, high=high, tanh_scope="actor.mu.5"))
+    model = build_mlp(spec)
+    nodes = _nodes(model)
+    assert nodes[nodes.index(("Gemm", ["fc_1/tanh", "fc_out/kernel", "fc_out/bias"], "logits", {"transB": 0})) + 1:] == [
+        ("Tanh", ["logits"], "actor.mu.5/tanh", {}),
+        ("Add", ["actor.mu.5/tanh", "action/one"], "action/plus_one", {}),
+        ("Mul", ["action/plus_one", "action/half"], "action/unit", {}),
+        ("Mul", ["action/unit", "action/width"], "action/scaled", {}),
+        ("Add", ["action/low", "action/scaled"], "action", {}),
+    ]
+    inits = _inits(model)
+    _same(inits["action/one"], np.array(1, np.float32))
+    _same(inits["action/half"], np.array(0.5, np.float32))
+    low32, high32 = low.astype(np.float32), high.astype(np.float32)
+    _same(inits["action/width"], high32 - low32)
+    assert inits["action/width"][2] != np.float32(high[2] - low32[2])  # rounded once, from the float32 bounds
+    _same(inits["action/low"], low32)
+    assert [_io(o) for o in model.graph.output] == [("logits", TensorProto.FLOAT, ["batch", 3]),
+                                                    ("action", TensorProto.FLOAT, ["batch", 3])]
+    obs = np.random.default_rng(2).normal(size=(50, 3)).astype(np.float32) * 3
+    got = _agrees(model, spec, obs, exact=())
+    a = got["actor.mu.5/tanh"]  # onnxruntime's tanh may differ from numpy's by an ulp
+    _same(got["action"], low32 + np.float32(0.5) * (a + np.float32(1)) * (high32 - low32))
+
+
+def test_a_multidiscrete_head_takes_one_argmax_per_sub_space():
+    spec = _spec(n_out=7, action=ActionHead("multi_argmax", nvec=(2, 3, 2)))
+    model = build_mlp(spec)
+    nodes = _nodes(model)
+    assert nodes[3:] == [
+        ("Slice", ["logits", "action/start_0", "action/end_0", "action/axes"], "action/logits_0", {}),
+        ("ArgMax", ["action/logits_0"], "action/argmax_0", {"axis": 1, "keepdims": 1}),
+        ("Slice", ["logits", "action/start_1", "action/end_1", "action/axes"], "action/logits_1", {}),
+        ("ArgMax", ["action/logits_1"], "action/argmax_1", {"axis": 1, "keepdims": 1}),
+        ("Slice", ["logits", "action/start_2", "action/end_2", "action/axes"], "action/logits_2", {}),
+        ("ArgMax", ["action/logits_2"], "action/argmax_2", {"axis": 1, "keepdims": 1}),
+        ("Concat", ["action/argmax_0", "action/argmax_1", "action/argmax_2"], "action", {"axis": 1}),
+    ]
+    inits = _inits(model)
+    for name, value in {"action/axes": [1], "action/start_0": [0], "action/end_0": [2], "action/start_1": [2],
+                        "action/end_1": [5], "action/start_2": [5], "action/end_2": [7]}.items():
+        _same(inits[name], np.array(value, np.int64))
+    assert "action/axes" not in json.loads(_props(model)["policyport.parameters"])  # constants, not parameters
+    assert _io(model.graph.output[1]) == ("action", TensorProto.INT64, ["batch", 3])
+    obs = np.random.default_rng(3).normal(size=(200, 3)).astype(np.float32) * 2
+    got = _agrees(model, spec, obs, exact=("action",))
+    logits = got["logits"]
+    want = np.stack([logits[:, :2].argmax(1), logits[:, 2:5].argmax(1), logits[:, 5:].argmax(1)], axis=1)
+    _same(got["action"], want.astype(np.int64))
+    assert all(len(set(column)) > 1 for column in want.T)  # no sub-space decides alone
+
+
+# ------------------------------------------------------------------------- observation preprocessors
+
+
+def _one_hot_rows(obs, nvec, dtype=np.float32):
+    return np.concatenate([np.eye(n, dtype=dtype)[obs[:, i]] for i, n in enumerate(nvec)], axis=1)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 17])
+def test_a_multidiscrete_observation_is_one_hot_encoded_by_gathering_shifted_rows(opset):
+    nvec = (2, 3, 4)
+    prelude = Prelude(one_hot_nvec=nvec)
+    spec = _spec(obs_dim=9)
+    model = build_mlp(spec, opset=opset, input_name="observation", prelude=prelude)
+    reduce = (("ReduceSum", ["obs_preprocessor/one_hot_rows", "obs_preprocessor/axes"], "obs_preprocessor/one_hot",
+               {"keepdims": 0}) if opset >= 13 else
+              ("ReduceSum", ["obs_preprocessor/one_hot_rows"], "obs_preprocessor/one_hot", {"axes": [1], "keepdims": 0}))
+    assert _nodes(model, "obs_preprocessor/one_hot") == [
+        ("Add", ["observation", "obs_preprocessor/offsets"], "obs_preprocessor/rows", {}),
+        ("Gather", ["obs_preprocessor/one_hot_table", "obs_preprocessor/rows"], "obs_preprocessor/one_hot_rows", {"axis": 0}),
+        reduce,
+    ]
+    inits = _inits(model)
+    _same(inits["obs_preprocessor/offsets"], np.array([0, 2, 5], np.int64))
+    _same(inits["obs_preprocessor/one_hot_table"], np.eye(9, dtype=np.float32))
+    assert ("obs_preprocessor/axes" in inits) == (opset >= 13)
+    if opset >= 13:
+        _same(inits["obs_preprocessor/axes"], np.array([1], np.int64))
+    assert _io(model.graph.input[0]) == ("observation", TensorProto.INT64, ["batch", 3])
+    props = _props(model)
+    assert json.loads(props["policyport.observation_preprocessor"]) == {"type": "one_hot", "nvec": [2, 3, 4]}
+    assert json.loads(props["policyport.input_ranges"]) == {"observation": {"low": 0, "high": [2, 3, 4]}}
+    assert "policyport.observation_filter" not in props
+
+    obs = np.stack(np.meshgrid(range(2), range(3), range(4), indexing="ij"), -1).reshape(-1, 3).astype(np.int64)
+    x, out = prelude.reference(obs, F32)
+    _same(x, _one_hot_rows(obs, nvec))
+    assert list(out) == ["obs_preprocessor/one_hot"] and out["obs_preprocessor/one_hot"] is x
+    _agrees(model, spec, obs, exact=("obs_preprocessor/one_hot",), prelude_out=out)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_a_discrete_observation_is_one_hot_encoded_by_gathering_rows_of_the_identity(dtype):
+    prelude = Prelude(one_hot=5)
+    spec = _spec(dtype, obs_dim=5)
+    model = build_mlp(spec, prelude=prelude)
+    assert _nodes(model, "obs_preprocessor/one_hot") == [
+        ("Gather", ["obs_preprocessor/one_hot_table", "obs"], "obs_preprocessor/one_hot", {"axis": 0})]
+    _same(_inits(model)["obs_preprocessor/one_hot_table"], np.eye(5, dtype=dtype))
+    assert _io(model.graph.input[0]) == ("obs", TensorProto.INT64, ["batch"])
+    props = _props(model)
+    assert json.loads(props["policyport.observation_preprocessor"]) == {"type": "one_hot", "n": 5}
+    assert json.loads(props["policyport.input_ranges"]) == {"obs": {"low": 0, "high": 5}}
+    obs = np.array([4, 0, 3, 1, 2, 2], np.int64)
+    x, out = prelude.reference(obs, dtype)
+    _same(x, np.eye(5, dtype=dtype)[obs])
+    assert list(out) == ["obs_preprocessor/one_hot"]
+    _agrees(model, spec, obs, exact=("obs_preprocessor/one_hot",), prelude_out=out)
+
+
+@pytest.mark.parametrize("prelude, spec, message", [
+    (Prelude(one_hot=4), _spec(obs_dim=5),
+     r"the observation space Discrete\(4\) one-hot encodes to 4 features, but the first layer takes 5"),
+    (Prelude(one_hot_nvec=(2, 2)), _spec(obs_dim=5),
+     r"the observation space MultiDiscrete\[2, 2\] one-hot encodes to 4 features, but the first layer takes 5"),
+])
+def test_a_one_hot_width_that_is_not_the_first_layers_is_refused(prelude, spec, message):
+    from policyport.errors import BadModelError
+
+    with pytest.raises(BadModelError, match=f"^{message}$"):
+        build_mlp(spec, prelude=prelude)
+
+
+def test_prelude_truth_and_width():
+    assert not Prelude() and Prelude().width is None
+    assert Prelude(one_hot=3) and Prelude(one_hot=np.int64(3)).width == 3
+    assert type(Prelude(one_hot=np.int64(3)).width) is int
+    assert Prelude(one_hot_nvec=(2, 5)) and Prelude(one_hot_nvec=(2, 5)).width == 7
+    assert type(Prelude(one_hot_nvec=(np.int64(2), 5)).width) is int
+    assert Prelude(obs_filter=ObsFilter(np.zeros(2), np.ones(2), 1e-8)) and Prelude(obs_filter=ObsFilter(
+        np.zeros(2), np.ones(2), 1e-8)).width is None
+    assert Prelude().metadata() == {}
+
+
+# ------------------------------------------------------------------------- RLlib MeanStdFilter
+
+
+MEAN, STD = np.array([0.1, -2.0, 3.3]), np.array([0.3, 1.7, 1e-7])
+FILTERS = [  # (demean, destd, clip): the nodes, in RLlib's order
+    (True, True, 2.5), (True, True, None), (True, True, 0.0), (False, True, 5.0), (True, False, 1.5), (False, False, 1.0),
+]
+
+
+@pytest.mark.parametrize("demean, destd, clip", FILTERS)
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_a_mean_std_filter_demeans_destds_and_clips_in_rllibs_order(demean, destd, clip, dtype):
+    filt = ObsFilter(MEAN, STD, 1e-6, demean=demean, destd=destd, clip=clip, count=np.int64(12), form="rs")
+    prelude = Prelude(obs_filter=filt)
+    spec = _spec(dtype)
+    model = build_mlp(spec, prelude=prelude)
+    want_nodes, x, names = [], "obs", []
+    if demean:
+        want_nodes.append(("Sub", [x, "obs_filter/mean"], "obs_filter/demean", {}))
+        x = "obs_filter/demean"
+    if destd:
+        want_nodes.append(("Div", [x, "obs_filter/std_plus_epsilon"], "obs_filter/destd", {}))
+        x = "obs_filter/destd"
+    if clip:
+        want_nodes.append(("Clip", [x, "obs_filter/clip_min", "obs_filter/clip_max"], "obs_filter/clip", {}))
+        x = "obs_filter/clip"
+    names = [n[2] for n in want_nodes]
+    nodes = _nodes(model)
+    assert nodes[:len(want_nodes)] == want_nodes and nodes[len(want_nodes)][1][0] == x
+    inits = _inits(model)
+    assert ("obs_filter/mean" in inits) == demean and ("obs_filter/std_plus_epsilon" in inits) == destd
+    assert ("obs_filter/clip_min" in inits) == ("obs_filter/clip_max" in inits) == bool(clip)
+    if demean:
+        _same(inits["obs_filter/mean"], MEAN.astype(dtype))
+    if destd:
+        _same(inits["obs_filter/std_plus_epsilon"], (STD + 1e-6).astype(dtype))  # summed in float64, rounded once
+    if clip:
+        _same(inits["obs_filter/clip_min"], np.array(-clip, dtype))
+        _same(inits["obs_filter/clip_max"], np.array(clip, dtype))
+    assert _io(model.graph.input[0]) == ("obs", helper.np_dtype_to_tensor_dtype(dtype), ["batch", 3])
+    props = _props(model)
+    doc = json.loads(props["policyport.observation_filter"])
+    assert doc == {"type": "MeanStdFilter", "form": "rs", "count": 12, "demean": demean, "destd": destd,
+                   "clip": None if clip is None else clip, "epsilon": 1e-6, "mean": [0.1, -2.0, 3.3],
+                   "std": [0.3, 1.7, 1e-7]}
+    assert "policyport.observation_preprocessor" not in props and "policyport.input_ranges" not in props
+
+    obs = np.array([[0.1, -2.0, 3.3], [9.0, -9.0, 3.30001], [-1.0, 0.5, 3.0]], dtype)
+    filtered, out = prelude.reference(obs, dtype)
+    assert list(out) == names
+    y = obs
+    if demean:
+        y = y - MEAN.astype(dtype)
+    if destd:
+        y = y / (STD + 1e-6).astype(dtype)
+    if clip:
+        y = np.clip(y, -clip, clip).astype(dtype)
+        assert np.abs(y).max() == np.float32(clip)  # the bound is reached
+    _same(filtered, y)
+    _agrees(model, spec, obs, exact=tuple(names), prelude_out=out)
+
+
+def test_a_filter_after_a_one_hot_reads_the_encoded_rows():
+    filt = ObsFilter(np.array([0.25, 0.25, 0.5]), np.array([0.4, 0.4, 0.5]), 1e-8, clip=1.0)
+    prelude = Prelude(one_hot=3, obs_filter=filt)
+    spec = _spec()
+    model = build_mlp(spec, prelude=prelude)
+    assert [n[:3] for n in _nodes(model, "obs_filter/clip")] == [
+        ("Gather", ["obs_preprocessor/one_hot_table", "obs"], "obs_preprocessor/one_hot"),
+        ("Sub", ["obs_preprocessor/one_hot", "obs_filter/mean"], "obs_filter/demean"),
+        ("Div", ["obs_filter/demean", "obs_filter/std_plus_epsilon"], "obs_filter/destd"),
+        ("Clip", ["obs_filter/destd", "obs_filter/clip_min", "obs_filter/clip_max"], "obs_filter/clip")]
+    props = _props(model)
+    assert json.loads(props["policyport.observation_filter"])["clip"] == 1.0
+    assert json.loads(props["policyport.observation_preprocessor"]) == {"type": "one_hot", "n": 3}
+    obs = np.array([0, 1, 2, 2], np.int64)
+    _, out = prelude.reference(obs, F32)
+    assert list(out) == ["obs_preprocessor/one_hot", "obs_filter/demean", "obs_filter/destd", "obs_filter/clip"]
+    _agrees(model, spec, obs, exact=tuple(out), prelude_out=out)
+
+
+def test_a_filters_record_is_plain_json_types():
+    filt = ObsFilter(np.array([[1.5], [2.0]], np.float32), np.array([0.5, 0.25], np.float32), np.float32(1e-8),
+                     demean=np.bool_(False), destd=np.bool_(True), clip=np.float32(4), count=np.int64(7))
+    doc = filt.to_dict()
+    assert doc == {"type": "MeanStdFilter", "form": "running_stats", "count": 7, "demean": False, "destd": True,
+                   "clip": 4.0, "epsilon": float(np.float32(1e-8)), "mean": [1.5, 2.0], "std": [0.5, 0.25]}
+    assert [type(doc[k]) for k in ("count", "demean", "destd", "clip", "epsilon")] == [int, bool, bool, float, float]
+    assert {type(v) for v in doc["mean"] + doc["std"]} == {float}
+    assert json.loads(json.dumps(doc)) == doc
+    mean, denom = filt.constants(np.float32)
+    _same(mean, np.array([[1.5], [2.0]], np.float32))
+    _same(denom, (np.array([0.5, 0.25], np.float32).astype(np.float64) + np.float64(np.float32(1e-8))).astype(np.float32))
+    defaults = ObsFilter(np.zeros(1), np.ones(1), 1e-6)
+    assert (defaults.demean, defaults.destd, defaults.clip, defaults.count, defaults.form) == (True, True, None, 0, "running_stats")
+
+
+# ------------------------------------------------------------------------- without onnx
+
+
+def test_building_without_onnx_names_the_extra_that_installs_it(monkeypatch):
+    from policyport.converter.build import MlpBuilder, add_multi_argmax, add_obs_norm
+
+    b = MlpBuilder(17, np.float32)
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    for call in (lambda: add_obs_norm(b, "obs", ObsNorm(np.zeros(3), np.ones(3))),
+                 lambda: add_multi_argmax(b, "logits", (2, 2)),
+                 lambda: MlpBuilder(17, np.float32), lambda: build_mlp(_spec())):
+        with pytest.raises(MissingDependencyError, match=r"^building an ONNX model needs the Python package 'onnx', "
+                           r"which is not installed; install it with: pip install 'policyport\[onnx\]'$"):
+            call()
+    assert onnx  # the real module stays importable for the other tests
