@@ -13,6 +13,8 @@ loaded) and records each module's output with forward hooks, keyed by module pat
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .build import Dense, MlpSpec, Step
@@ -36,13 +38,15 @@ class _NumpyOps:
             mean = x.mean(axis=-1, keepdims=True)
             var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
             y = (x - mean) / np.sqrt(var + x.dtype.type(step.eps))
-            return y * p["weight"] + p["bias"] if "weight" in p else y
-        y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + x.dtype.type(step.eps))
-        return y * p["weight"] + p["bias"] if "weight" in p else y
+        else:
+            y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + x.dtype.type(step.eps))
+        # each affine parameter where the module has it (nn.LayerNorm(bias=False) has a weight alone)
+        y = y * p["weight"] if "weight" in p else y
+        return y + p["bias"] if "bias" in p else y
 
     @staticmethod
     def flatten(x):
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: numpy cannot infer it for an empty batch
 
     @staticmethod
     def obs_norm(norm, x):

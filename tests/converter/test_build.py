@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from policyport.converter.activations import parse_activation
-from policyport.converter.build import (ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, build_mlp)
+from policyport.converter.build import ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, Step, build_mlp
 from policyport.converter.reference import reference_forward
 from policyport.errors import MissingDependencyError
 from policyport.passes import expose
@@ -390,3 +390,144 @@ def test_building_without_onnx_names_the_extra_that_installs_it(monkeypatch):
                            r"which is not installed; install it with: pip install 'policyport\[onnx\]'$"):
             call()
     assert onnx  # the real module stays importable for the other tests
+
+
+# ------------------------------------------------------------------------- the network and its heads
+
+
+def _dense(name, n_in, n_out, *, bias=True, layout="out_in", activation=None, post=(), seed=0) -> Dense:
+    rng = np.random.default_rng(seed)
+    shape = (n_out, n_in) if layout == "out_in" else (n_in, n_out)
+    return Dense(name, rng.normal(size=shape).astype(np.float32), f"{name}.weight",
+                 rng.normal(size=n_out).astype(np.float32) if bias else None, f"{name}.bias" if bias else None, layout,
+                 parse_activation(activation) if activation else None, list(post))
+
+
+def _norm(kind, scope, n, roles, seed=5) -> Step:
+    rng = np.random.default_rng(seed)
+    arrays = {"weight": rng.uniform(0.5, 2, n), "bias": rng.normal(size=n), "running_mean": rng.normal(size=n),
+              "running_var": rng.uniform(0.2, 3, n)}
+    return Step(kind, scope, params={r: (f"{scope}.{r}", arrays[r].astype(np.float32)) for r in roles}, eps=1e-3)
+
+
+def _tanh(scope) -> Step:
+    return Step("activation", scope, parse_activation("tanh"))
+
+
+# (spec, head, the tensors compared bit for bit: integer actions and slices)
+NETWORKS = {
+    "categorical, no bias": (lambda: MlpSpec([_dense("pi.0", 3, 5, bias=False, activation="leaky_relu:0.2")],
+                                             _dense("pi.1", 5, 4, seed=1)), "categorical", ("action",)),
+    "diag-gaussian": (lambda: MlpSpec([_dense("fc_1", 3, 5, layout="in_out", activation="elu")],
+                                      _dense("fc_out", 5, 4, layout="in_out", seed=1)), "diag-gaussian", ()),
+    "argmax, value branch": (lambda: MlpSpec(
+        [_dense("policy.0", 3, 5, activation="tanh")], _dense("action_net", 5, 3, seed=1),
+        value_hidden=[_dense("value.0", 3, 6, activation="relu", seed=2)], value_output=_dense("value_net", 6, 1, seed=3),
+        action=ActionHead("argmax")), None, ("action",)),
+    "clip, free log_std, shared trunk": (lambda: MlpSpec(
+        [_dense("policy.0", 4, 5, activation="tanh")], _dense("action_net", 5, 2, seed=1),
+        value_output=_dense("value_net", 5, 1, seed=3), trunk=[_dense("shared.0", 3, 4, activation="relu", seed=4)],
+        free_log_std=np.array([-0.5, 0.25], np.float32), free_log_std_name="log_std",
+        action=ActionHead("clip", low=np.array([1.5, -0.8], np.float32), high=np.array([2.5, -0.3], np.float32))),
+        None, ()),
+    "trunk and own value layers": (lambda: MlpSpec(
+        [_dense("policy.0", 4, 5, activation="tanh")], _dense("action_net", 5, 2, seed=1),
+        value_hidden=[_dense("value.0", 4, 3, activation="tanh", seed=2)], value_output=_dense("value_net", 3, 1, seed=3),
+        trunk=[_dense("shared.0", 3, 4, activation="relu", seed=4)]), None, ()),
+    "flattened observation, normalisation modules": (lambda: MlpSpec(
+        [_dense("net.0", 6, 4, post=[_norm("layer_norm", "net.1", 4, ("weight", "bias")), _tanh("net.2")]),
+         _dense("net.3", 4, 4, post=[_norm("batch_norm", "net.4", 4, ("weight", "bias", "running_mean", "running_var")),
+                                     _tanh("net.5")]),
+         _dense("net.6", 4, 4, post=[_norm("layer_norm", "net.7", 4, ("weight",)), _tanh("net.8")]),
+         _dense("net.9", 4, 4, post=[_norm("batch_norm", "net.10", 4, ("running_mean", "running_var")), _tanh("net.11")])],
+        _dense("net.12", 4, 3, post=[_norm("layer_norm", "net.13", 3, ("weight", "bias")), _tanh("net.14")]),
+        obs_shape=(2, 3), flatten_scope="features_extractor.flatten"), None, ("features_extractor.flatten/flatten",)),
+    "gelu": (lambda: MlpSpec([_dense("fc_1", 3, 5, layout="in_out", activation="gelu")],
+                             _dense("fc_out", 5, 2, layout="in_out", seed=1)), None, ()),
+}
+
+
+@pytest.mark.parametrize("case", list(NETWORKS))
+def test_the_reference_forward_names_and_computes_every_tensor_the_graph_has(case):
+    make, head, exact = NETWORKS[case]
+    spec = make()
+    model = build_mlp(spec, head=head)
+    shape = spec.input_shape
+    obs = np.random.default_rng(9).normal(size=(64, *shape)).astype(np.float32) * 2
+    got = _agrees(model, spec, obs, exact=exact, head=head)
+    if head == "diag-gaussian":  # the halves of onnxruntime's own logits
+        _same(got["action"], got["logits"][:, :2])
+        _same(got["log_std"], got["logits"][:, 2:])
+    if spec.free_log_std is not None:
+        _same(got["logits"], np.concatenate([got["action_net/mean"], np.tile(spec.free_log_std, (64, 1))], axis=1))
+        _same(got["action"], np.minimum(np.maximum(got["action_net/mean"], spec.action.low), spec.action.high))
+        _same(got["log_std"], got["logits"][:, 2:])
+        assert ((got["action"] == spec.action.low).any(0) & (got["action"] == spec.action.high).any(0)).all()
+    graph_tensors = {n.output[0] for n in model.graph.node}
+    assert set(reference_forward(spec, obs, head)) == graph_tensors & set(got) - {"obs"} - {
+        n.output[0] for n in model.graph.node if n.output[0].startswith(("action/", "head/", "log_std/"))
+        or n.output[0].endswith(("/mean_shape", "/free_log_std", "/obs_float64", "/centered", "/var_eps", "/std",
+                                 "/scaled", "/clipped", "/unit", "/plus_one", "/sqrt2", "/erf", "/erf_plus_one",
+                                 "/x_times", "/above_low"))}
+    empty = reference_forward(spec, obs[:0], head)
+    assert all(v.shape[0] == 0 for v in empty.values())
+    assert {k: v.dtype for k, v in empty.items()} == {k: v.dtype for k, v in reference_forward(spec, obs, head).items()}
+
+
+def test_the_normalisation_modules_are_laid_out_with_their_parameters_and_fills():
+    spec = NETWORKS["flattened observation, normalisation modules"][0]()
+    model = build_mlp(spec)
+    norms = [row for row in _nodes(model) if row[0] in ("LayerNormalization", "BatchNormalization")]
+    assert norms == [
+        ("LayerNormalization", ["net.0/linear", "net.1.weight", "net.1.bias"], "net.1/layer_norm",
+         {"axis": -1, "epsilon": pytest.approx(1e-3)}),
+        ("BatchNormalization", ["net.3/linear", "net.4.weight", "net.4.bias", "net.4.running_mean", "net.4.running_var"],
+         "net.4/batch_norm", {"epsilon": pytest.approx(1e-3)}),
+        ("LayerNormalization", ["net.6/linear", "net.7.weight"], "net.7/layer_norm", {"axis": -1, "epsilon": pytest.approx(1e-3)}),
+        ("BatchNormalization", ["net.9/linear", "net.10/unit_scale", "net.10/zero_bias", "net.10.running_mean",
+                                "net.10.running_var"], "net.10/batch_norm", {"epsilon": pytest.approx(1e-3)}),
+        ("LayerNormalization", ["net.12/linear", "net.13.weight", "net.13.bias"], "net.13/layer_norm",
+         {"axis": -1, "epsilon": pytest.approx(1e-3)}),
+    ]
+    assert model.graph.node[-1].op_type == "Tanh" and model.graph.node[-1].output[0] == "logits"
+    inits = _inits(model)
+    _same(inits["net.10/unit_scale"], np.ones(4, np.float32))
+    _same(inits["net.10/zero_bias"], np.zeros(4, np.float32))
+    assert "net.10/unit_scale" not in json.loads(_props(model)["policyport.parameters"])
+
+
+def test_the_numpy_normalisation_steps_are_torchs_definitions():
+    from policyport.converter.reference import _NumpyOps
+
+    x = np.random.default_rng(4).normal(size=(5, 4)).astype(np.float32)
+    for roles in (("weight", "bias"), ("weight",), ()):
+        step = _norm("layer_norm", "ln", 4, roles)
+        p = {r: a for r, (_, a) in step.params.items()}
+        y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + np.float32(1e-3))
+        want = y * p.get("weight", np.float32(1)) + p.get("bias", np.float32(0))
+        np.testing.assert_allclose(_NumpyOps.step(step, x), want, rtol=1e-6, atol=1e-6)
+        step = _norm("batch_norm", "bn", 4, ("running_mean", "running_var", *roles))
+        p = {r: a for r, (_, a) in step.params.items()}
+        y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + np.float32(1e-3))
+        want = y * p.get("weight", np.float32(1)) + p.get("bias", np.float32(0))
+        np.testing.assert_allclose(_NumpyOps.step(step, x), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(_NumpyOps.flatten(np.arange(24).reshape(2, 3, 4)), np.arange(24).reshape(2, 12))
+    np.testing.assert_array_equal(_NumpyOps.flatten(np.zeros((0, 3, 4))), np.zeros((0, 12)))
+
+
+@pytest.mark.parametrize("case", ["categorical, no bias", "clip, free log_std, shared trunk",
+                                  "flattened observation, normalisation modules"])
+def test_torch_runs_the_same_forward_with_the_same_names(case):
+    pytest.importorskip("torch")
+    from policyport.converter.reference import torch_forward
+
+    make, head, exact = NETWORKS[case]
+    spec = make()
+    obs = np.random.default_rng(9).normal(size=(64, *spec.input_shape)).astype(np.float32) * 2
+    want, got = reference_forward(spec, obs, head), torch_forward(spec, obs, head)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    for name in exact:
+        _same(got[name], want[name])

@@ -1,6 +1,10 @@
-"""Options a source kind does not read are refused (exit 2), never silently ignored."""
+"""Options a source kind does not read are refused (exit 2), never silently ignored; the options a model
+records come back as they were given, except the trust, which is never read from a file."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -43,3 +47,33 @@ def test_every_kind_has_its_reads():
 
     assert set(READS) == set(KINDS)
     assert all("opset" in reads for reads in READS.values())
+
+
+def test_recorded_options_come_back_as_given_but_never_the_trust():
+    from policyport.converter import ConvertOptions
+
+    given = ConvertOptions(activation="relu", head="categorical", opset=13, keep_value=True, exporter="dynamo",
+                           policy_id="p1", obs_filter=False, obs_norm="vecnormalize.pkl", trust=True,
+                           input_shape=(2, 3), output_names=("logits", "value"))
+    text = given.to_metadata()
+    assert "trust" not in json.loads(text)
+    back = ConvertOptions.from_metadata(text)
+    assert back == dataclasses.replace(given, trust=False)
+    assert type(back.input_shape) is tuple and type(back.output_names) is tuple
+    recorded = json.loads(text) | {"trust": True, "added_later": 1}  # a newer policyport's key, a forged trust
+    assert ConvertOptions.from_metadata(json.dumps(recorded)) == back
+    assert ConvertOptions.from_metadata(json.dumps({"opset": 12, "input_shape": None})) == ConvertOptions(opset=12)
+    assert ConvertOptions.from_metadata(None) == ConvertOptions.from_metadata("") == ConvertOptions()
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[1, 2]", "expected an object, got list"),
+    ('"opset"', "expected an object, got str"),
+    ("{opset: 13}", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+])
+def test_malformed_recorded_options_are_refused(text, reason):
+    from policyport.converter import ConvertOptions
+
+    with pytest.raises(pp.BadModelError) as caught:
+        ConvertOptions.from_metadata(text)
+    assert str(caught.value) == f"model metadata 'policyport.convert_options' is malformed: {reason}"

@@ -299,3 +299,74 @@ def test_a_multi_discrete_action_takes_one_argmax_per_sub_space_of_three():
         for i, (a, b) in enumerate(((0, 2), (2, 5), (5, 9))):
             np.testing.assert_array_equal(got[f"action/logits_{i}"], got["logits"][:, a:b])
             np.testing.assert_array_equal(got[f"action/argmax_{i}"], expected[:, i:i + 1])
+
+
+class VecNormalize:
+    """Pickled under this module's name: the reader must take any class's state as SB3's, inertly."""
+
+    def __init__(self, **state):
+        self.__dict__.update(state)
+
+
+class RunningMeanStd(VecNormalize):
+    pass
+
+
+MEAN32, VAR32 = np.array([0.1, -2.5, 3.0], np.float32), np.array([0.3, 1.7, 1e-7], np.float32)
+
+
+@pytest.mark.parametrize("state, epsilon, clip_obs", [
+    ({"norm_obs": True, "epsilon": 0.01, "clip_obs": 3.5}, 0.01, 3.5),
+    ({}, 1e-8, 10.0),  # an older save without these attributes: SB3's defaults
+])
+def test_vecnormalize_statistics_are_read_in_float64_with_epsilon_and_clip(tmp_path, state, epsilon, clip_obs):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32, count=4.0), **state)))
+    norm = read_vecnormalize(pkl)
+    assert norm.mean.dtype == norm.var.dtype == np.float64
+    assert norm.mean.tolist() == MEAN32.tolist() and norm.var.tolist() == VAR32.tolist()
+    assert (type(norm.epsilon), norm.epsilon, type(norm.clip_obs), norm.clip_obs) == (float, epsilon, float, clip_obs)
+    assert (norm.mean_name, norm.var_name) == ("obs_rms.mean", "obs_rms.var")
+
+
+def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(norm_obs=False, obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32))))
+    assert read_vecnormalize(pkl) is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"obs_rms": {"mean": MEAN32}}, "{pkl} holds a dict, not a pickled VecNormalize"),
+    (VecNormalize(obs_rms={"position": RunningMeanStd(), "speed": RunningMeanStd()}),
+     "{pkl} normalises a dict observation (position, speed); policyport converts Box observations"),
+    (VecNormalize(), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=[MEAN32, VAR32]), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(mean=MEAN32)), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(var=VAR32)), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(mean=[0.0], var=VAR32)),
+     "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+])
+def test_what_is_not_a_box_vecnormalize_is_refused_naming_the_file(tmp_path, content, message):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(content))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_vecnormalize(pkl)
+    assert str(caught.value) == message.format(pkl=pkl)
+
+
+def test_a_hostile_vecnormalize_is_refused_naming_the_file_and_the_function(tmp_path):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    marker = tmp_path / "pwned"
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(obs_rms=_Hostile(marker))))
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_vecnormalize(pkl)
+    assert str(caught.value).startswith(f"{pkl} asks to call {os.system.__module__}.system while unpickling")
+    assert not marker.exists()
