@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from policyport.converter.activations import parse_activation
 from policyport.converter.build import ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, Step, build_mlp
 from policyport.converter.reference import reference_forward
-from policyport.errors import MissingDependencyError
+from policyport.errors import BadModelError, MissingDependencyError, OptionError
 from policyport.passes import expose
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -137,6 +137,14 @@ def test_vec_normalize_defaults_are_sb3s():
     assert {"obs_rms.mean", "obs_rms.var"} <= set(inits)
 
 
+def test_vec_normalize_constants_given_as_float32_scalars_are_held_in_float64():
+    norm = ObsNorm(mean=np.zeros(3), var=np.ones(3), epsilon=np.float32(1e-4), clip_obs=np.float32(2.5))
+    inits = _inits(build_mlp(_spec(obs_norm=norm)))
+    _same(inits["vec_normalize/epsilon"], np.array(np.float32(1e-4), np.float64))
+    _same(inits["vec_normalize/clip_low"], np.array(-2.5))
+    _same(inits["vec_normalize/clip_high"], np.array(2.5))
+
+
 # ------------------------------------------------------------------------- action heads
 
 
@@ -169,7 +177,7 @@ def test_a_squash_head_rescales_tanh_to_the_bounds_in_sb3s_order_and_the_policy_
 
 
 def test_a_multidiscrete_head_takes_one_argmax_per_sub_space():
-    spec = _spec(n_out=7, action=ActionHead("multi_argmax", nvec=(2, 3, 2)))
+    spec = _spec(n_out=7, action=ActionHead("multi_argmax", nvec=tuple(np.array([2, 3, 2], np.int32))))
     model = build_mlp(spec)
     nodes = _nodes(model)
     assert nodes[3:] == [
@@ -261,8 +269,6 @@ def test_a_discrete_observation_is_one_hot_encoded_by_gathering_rows_of_the_iden
      r"the observation space MultiDiscrete\[2, 2\] one-hot encodes to 4 features, but the first layer takes 5"),
 ])
 def test_a_one_hot_width_that_is_not_the_first_layers_is_refused(prelude, spec, message):
-    from policyport.errors import BadModelError
-
     with pytest.raises(BadModelError, match=f"^{message}$"):
         build_mlp(spec, prelude=prelude)
 
@@ -371,6 +377,10 @@ def test_a_filters_record_is_plain_json_types():
     mean, denom = filt.constants(np.float32)
     _same(mean, np.array([[1.5], [2.0]], np.float32))
     _same(denom, (np.array([0.5, 0.25], np.float32).astype(np.float64) + np.float64(np.float32(1e-8))).astype(np.float32))
+    # std + epsilon summed in float64 and rounded once: float32 arithmetic would round this sum differently
+    std = np.array([1.917357622005511e-06], np.float32)
+    _same(ObsFilter(np.zeros(1), std, 1e-6).constants(np.float32)[1], (std.astype(np.float64) + 1e-6).astype(np.float32))
+    assert (std.astype(np.float64) + 1e-6).astype(np.float32) != std + np.float32(1e-6)
     defaults = ObsFilter(np.zeros(1), np.ones(1), 1e-6)
     assert (defaults.demean, defaults.destd, defaults.clip, defaults.count, defaults.form) == (True, True, None, 0, "running_stats")
 
@@ -531,3 +541,146 @@ def test_torch_runs_the_same_forward_with_the_same_names(case):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
     for name in exact:
         _same(got[name], want[name])
+
+
+# ------------------------------------------------------------------------- activations, by opset
+
+
+X = "fc_1/linear"
+ACTIVATIONS = [  # (activation, opsets, the nodes after fc_1's Gemm up to the activation's output)
+    ("tanh", (11, 17), [("Tanh", [X], "fc_1/tanh", {})]),
+    ("relu", (11, 17), [("Relu", [X], "fc_1/relu", {})]),
+    ("elu", (11, 17), [("Elu", [X], "fc_1/elu", {})]),
+    ("selu", (11, 17), [("Selu", [X], "fc_1/selu", {})]),
+    ("softplus", (11, 17), [("Softplus", [X], "fc_1/softplus", {})]),
+    ("sigmoid", (11, 17), [("Sigmoid", [X], "fc_1/sigmoid", {})]),
+    ("leaky_relu:0.2", (11, 17), [("LeakyRelu", [X], "fc_1/leaky_relu", {"alpha": pytest.approx(0.2)})]),
+    ("silu", (11, 17), [("Sigmoid", [X], "fc_1/swish/sigmoid", {}), ("Mul", [X, "fc_1/swish/sigmoid"], "fc_1/swish", {})]),
+    ("mish", (18, 20), [("Mish", [X], "fc_1/mish", {})]),
+    ("mish", (11, 17), [("Softplus", [X], "fc_1/mish/softplus", {}), ("Tanh", ["fc_1/mish/softplus"], "fc_1/mish/tanh", {}),
+                        ("Mul", [X, "fc_1/mish/tanh"], "fc_1/mish", {})]),
+    ("hardswish", (14, 17), [("HardSwish", [X], "fc_1/hardswish", {})]),
+    ("hardswish", (11, 13), [("HardSigmoid", [X], "fc_1/hardswish/hard_sigmoid",
+                              {"alpha": pytest.approx(1 / 6), "beta": pytest.approx(0.5)}),
+                             ("Mul", [X, "fc_1/hardswish/hard_sigmoid"], "fc_1/hardswish", {})]),
+    ("gelu", (20, 21), [("Gelu", [X], "fc_1/gelu", {})]),
+    ("gelu", (11, 19), [("Div", [X, "fc_1/gelu/sqrt2"], "fc_1/gelu/scaled", {}),
+                        ("Erf", ["fc_1/gelu/scaled"], "fc_1/gelu/erf", {}),
+                        ("Add", ["fc_1/gelu/erf", "fc_1/gelu/one"], "fc_1/gelu/erf_plus_one", {}),
+                        ("Mul", [X, "fc_1/gelu/erf_plus_one"], "fc_1/gelu/x_times", {}),
+                        ("Mul", ["fc_1/gelu/x_times", "fc_1/gelu/half"], "fc_1/gelu", {})]),
+]
+
+
+@pytest.mark.parametrize("activation, opset, nodes", [(a, o, n) for a, opsets, n in ACTIVATIONS for o in opsets])
+def test_each_activation_has_its_onnx_form_at_each_opset(activation, opset, nodes):
+    spec = MlpSpec([_dense("fc_1", 3, 5, layout="in_out", activation=activation)], _dense("fc_out", 5, 2, layout="in_out", seed=1))
+    model = build_mlp(spec, opset=opset)
+    assert _nodes(model, nodes[-1][2])[1:] == nodes
+    assert model.opset_import[0].version == opset
+    if "fc_1/gelu/sqrt2" in _inits(model):
+        inits = _inits(model)
+        _same(inits["fc_1/gelu/sqrt2"], np.array(np.sqrt(2), np.float32))
+        _same(inits["fc_1/gelu/one"], np.array(1, np.float32))
+        _same(inits["fc_1/gelu/half"], np.array(0.5, np.float32))
+    obs = np.linspace(-4, 4, 60, dtype=np.float32).reshape(20, 3)
+    _agrees(model, spec, obs, exact=())
+
+
+@pytest.mark.parametrize("opset, ir_version", [(11, 7), (13, 7), (14, 8), (18, 8), (19, 9), (20, 9), (21, 10), (23, 10)])
+def test_the_ir_version_is_the_one_of_the_opset_so_older_runtimes_load_the_model(opset, ir_version):
+    model = build_mlp(_spec(), opset=opset)
+    assert model.ir_version == ir_version and model.producer_name == "policyport"
+
+
+def test_the_newest_opset_gets_the_newest_ir_version():
+    model = build_mlp(_spec(), opset=onnx.defs.onnx_opset_version())
+    assert model.ir_version == min(onnx.IR_VERSION, helper.make_model(helper.make_graph([], "g", [], [])).ir_version)
+
+
+def test_the_metadata_records_the_parameters_head_source_and_what_the_caller_adds():
+    spec = _spec(n_out=4, source={"kind": "npz", "file": "policy.npz"})
+    spec.free_log_std, spec.free_log_std_name = None, None
+    props = _props(build_mlp(spec, head="diag-gaussian", metadata={"policyport.activation": "tanh"}))
+    assert props == {"policyport.parameters": json.dumps({"fc_1/kernel": "fc_1/kernel", "fc_1/bias": "fc_1/bias",
+                                                          "fc_out/kernel": "fc_out/kernel", "fc_out/bias": "fc_out/bias"}),
+                     "policyport.head": "diag-gaussian", "policyport.source": '{"kind": "npz", "file": "policy.npz"}',
+                     "policyport.activation": "tanh"}
+    assert _props(build_mlp(_spec()))["policyport.head"] == "none"
+
+
+def test_a_parameter_name_taken_already_gets_a_numbered_initializer_name():
+    from policyport.converter.build import MlpBuilder
+
+    b = MlpBuilder(17, np.float32)
+    names = [b.initializer(np.zeros(1, np.float32), "shared.weight", "shared.weight") for _ in range(3)]
+    assert names == ["shared.weight", "shared.weight/parameter", "shared.weight/parameter_2"]
+    assert b.parameters == {n: "shared.weight" for n in names}
+    assert b.constant([3], "action/axes") == "action/axes" and b.parameters == {n: "shared.weight" for n in names}
+
+
+def test_a_source_parameter_named_like_a_graph_output_gets_another_initializer_name():
+    spec = _spec(n_out=2)
+    spec.free_log_std, spec.free_log_std_name = np.array([0.5, -0.5], np.float32), "log_std"
+    spec.output.weight_name = "action"  # an unprefixed name that is also a graph output's
+    model = build_mlp(spec)
+    params = json.loads(_props(model)["policyport.parameters"])
+    assert params["log_std/parameter"] == "log_std" and params["action/parameter"] == "action"
+    assert {"log_std/parameter", "action/parameter"} <= set(_inits(model)) and not {"log_std", "action"} & set(_inits(model))
+    assert [o.name for o in model.graph.output] == ["logits"]
+    _same(_inits(model)["log_std/parameter"], np.array([0.5, -0.5], np.float32))
+
+
+def _refusal_cases():
+    def spec_with(**changes):
+        spec = _spec()
+        for key, value in changes.items():
+            setattr(spec, key, value)
+        return spec
+
+    wide = _dense("value.0", 4, 3, layout="in_out")
+    return [
+        (lambda: build_mlp(_spec(), head="beta"), OptionError,
+         "unknown head 'beta'; choose one of diag-gaussian, categorical (or none)"),
+        (lambda: build_mlp(_spec(), opset=10), OptionError,
+         f"opset 10 is out of range: policyport builds opset 11 to {onnx.defs.onnx_opset_version()}"),
+        (lambda: build_mlp(_spec(), opset=onnx.defs.onnx_opset_version() + 1), OptionError,
+         f"opset {onnx.defs.onnx_opset_version() + 1} is out of range: policyport builds opset 11 to "
+         f"{onnx.defs.onnx_opset_version()}"),
+        (lambda: build_mlp(spec_with(output=_dense("fc_out", 5, 2, layout="in_out"))), BadModelError,
+         "policy layers do not chain: 'fc_1' outputs 4 features but 'fc_out' takes 5 (fc_1/kernel (3, 4), "
+         "fc_out.weight (5, 2))"),
+        (lambda: build_mlp(spec_with(value_output=_dense("value_net", 5, 1))), BadModelError,
+         "value layers do not chain: 'fc_1' outputs 4 features but 'value_net' takes 5 (fc_1/kernel (3, 4), "
+         "value_net.weight (1, 5))"),
+        (lambda: build_mlp(spec_with(value_hidden=[wide], value_output=_dense("value_net", 3, 1))), BadModelError,
+         "value branch layer 'value.0' takes 4 inputs, the observation has 3"),
+        (lambda: build_mlp(spec_with(output=Dense("fc_out", np.zeros((4, 2), np.float32), "fc_out/kernel",
+                                                   np.zeros(3, np.float32), "fc_out/bias"))), BadModelError,
+         "fc_out/bias has shape (3,), expected (2,) for fc_out/kernel (4, 2)"),
+        (lambda: build_mlp(spec_with(obs_shape=(2, 2))), BadModelError,
+         "an observation of shape (2, 2) flattens to 4 features, but the first layer takes 3"),
+        (lambda: build_mlp(_spec(n_out=3), head="diag-gaussian"), BadModelError,
+         "a diag-gaussian head splits logits into mean and log_std halves, but there are 3 logits"),
+        (lambda: build_mlp(spec_with(hidden=[_dense("fc_1", 3, 4, layout="in_out",
+                                                    post=[_norm("layer_norm", "net.1", 4, ("weight", "bias"))])],
+                                     output=_dense("fc_out", 4, 2, layout="in_out")), opset=16), BadModelError,
+         "LayerNorm module 'net.1' needs ONNX LayerNormalization, which opset 16 lacks (it exists from opset 17); "
+         "convert with --opset 17 or newer"),
+        (lambda: build_mlp(spec_with(hidden=[_dense("fc_1", 3, 4, layout="in_out", post=[Step("group_norm", "net.1")])],
+                                     output=_dense("fc_out", 4, 2, layout="in_out"))), BadModelError,
+         "unknown layer step 'group_norm' for 'net.1'"),
+        (lambda: build_mlp(spec_with(action=ActionHead("beta"))), BadModelError, "unknown action head 'beta'"),
+        (lambda: build_mlp(spec_with(hidden=[_dense("fc_1", 3, 4, activation="tanh"), _dense("fc_1", 4, 4, activation="tanh")],
+                                     output=_dense("fc_out", 4, 2))), BadModelError,
+         "tensor name 'fc_1/linear' would be produced twice; the source has duplicate layer names"),
+        (lambda: build_mlp(_spec(obs_dim=4), prelude=Prelude(one_hot=4, one_hot_nvec=(2, 2))), BadModelError,
+         "parameter name 'obs_preprocessor/one_hot_table' occurs twice"),
+    ]
+
+
+@pytest.mark.parametrize("build, error, message", _refusal_cases())
+def test_what_cannot_be_built_is_refused_saying_why(build, error, message):
+    with pytest.raises(error) as caught:
+        build()
+    assert type(caught.value) is error and str(caught.value) == message
