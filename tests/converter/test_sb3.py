@@ -488,3 +488,84 @@ def test_options_an_sb3_zip_cannot_take_are_refused(tmp_path):
     with pytest.raises(pp.UnreadableFileError) as caught:
         convert_source(CARTPOLE, obs_norm=str(tmp_path / "none.pkl"))
     assert str(caught.value) == f"{tmp_path / 'none.pkl'}: no such file"
+
+
+def _pickled(obj, protocol) -> str:
+    return base64.b64encode(pickle.dumps(obj, protocol=protocol)).decode()
+
+
+def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
+    from collections import OrderedDict
+
+    from policyport.converter.sb3 import pickled_global
+
+    # GLOBAL (protocols 0-2) and STACK_GLOBAL (4, 5) name the class; anything else first names none
+    assert [pickled_global(_pickled(OrderedDict, p)) for p in (0, 2, 4, 5)] == ["collections.OrderedDict"] * 4
+    assert [pickled_global(s) for s in (_pickled({"a": 1}, 4), _pickled(3, 2), base64.b64encode(b"garbage").decode(),
+                                        "!!not base64", "")] == [None] * 5
+    one_string = base64.b64encode(b"\x80\x04\x8c\x0bOrderedDict\x94\x93\x94.").decode()  # STACK_GLOBAL after one string
+    assert pickled_global(one_string) is None
+
+
+@pytest.mark.parametrize("text, values", [
+    ("[-1. -1. -8.]", [-1.0, -1.0, -8.0]), ("[[1 2]\n [3 4]]", [1.0, 2.0, 3.0, 4.0]), ([1, 2], [1.0, 2.0]),
+    (3, 3.0), (2.5, 2.5), ("[ 1e-3  -inf]", [1e-3, -np.inf]),
+])
+def test_a_printed_array_is_read_as_float64(text, values):
+    from policyport.converter.sb3 import _array
+
+    got = _array(text, "observation_space.low")
+    assert got.dtype == np.float64 and got.tolist() == values
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "the zip's observation_space.low is not readable text ('None'): numpy summarised it"),
+    ("[1. 1. ... 1. 1.]", "the zip's observation_space.low is not readable text ('[1. 1. ... 1. 1.]'): numpy summarised it"),
+    ("[a b]", "the zip's observation_space.low is not a list of numbers: '[a b]'"),
+])
+def test_an_array_that_is_not_printed_numbers_is_refused(text, message):
+    from policyport.converter.sb3 import _array
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _array(text, "observation_space.low")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("text, name", [
+    ("<class 'torch.nn.modules.activation.Tanh'>", "tanh"), ("torch.nn.modules.activation.ELU", "elu"),
+    ("LeakyReLU", "leaky_relu"), ("<class 'torch.nn.modules.activation.ReLU'>  ", "relu"),
+    ("<class 'torch.nn.modules.linear.Identity'>", "linear"), ("<class 'torch.nn.modules.activation.SiLU'>", "silu"),
+    (None, None),
+])
+def test_the_activation_is_read_from_the_class_text_of_policy_kwargs(text, name):
+    from policyport.converter.sb3 import _activation_name
+
+    assert _activation_name({} if text is None else {"activation_fn": text}) == name
+
+
+def test_policy_kwargs_keep_only_their_readable_entries():
+    from policyport.converter.sb3 import _policy_kwargs
+
+    assert _policy_kwargs({"policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": "gA==", "net_arch": [8]}}) == {
+        "net_arch": [8]}
+    assert _policy_kwargs({"policy_kwargs": None}) == _policy_kwargs({"policy_kwargs": [1]}) == _policy_kwargs({}) == {}
+
+
+@pytest.mark.parametrize("entry, space", [
+    ({":type:": "<class 'gymnasium.spaces.discrete.Discrete'>", "n": "5", "shape": []},
+     {"type": "Discrete", "shape": (), "dtype": None, "n": 5}),
+    ({":type:": "<class 'gym.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[2 3]", "_shape": [2], "dtype": "int64"},
+     {"type": "MultiDiscrete", "shape": (2,), "dtype": "int64", "nvec": (2, 3)}),
+    ({":type:": "Box", "_shape": [2], "shape": [9], "low": "[0. 1.]", "high": [2, 3], "dtype": "float32"},
+     {"type": "Box", "shape": (2,), "dtype": "float32", "low": [0.0, 1.0], "high": [2.0, 3.0]}),
+    ({":type:": "<class 'gymnasium.spaces.box.Box'>", "shape": [1], "low": "[0.]", "high": "[1.]"},
+     {"type": "Box", "shape": (1,), "dtype": None, "low": [0.0], "high": [1.0]}),
+    ({":type:": "<class 'gymnasium.spaces.box.Box'>", "low": "[0.]", "high": "[1.]"},
+     {"type": "Box", "shape": None, "dtype": None, "low": [0.0], "high": [1.0]}),
+])
+def test_a_space_is_read_from_its_readable_attributes(entry, space):
+    from policyport.converter.sb3 import _space
+
+    got = _space({"action_space": entry}, "action_space")
+    assert {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in got.items()} == space
+    assert type(got.get("n", 0)) is int and all(type(n) is int for n in got.get("nvec", ()))
