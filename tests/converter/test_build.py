@@ -684,3 +684,70 @@ def test_what_cannot_be_built_is_refused_saying_why(build, error, message):
     with pytest.raises(error) as caught:
         build()
     assert type(caught.value) is error and str(caught.value) == message
+
+
+# ------------------------------------------------------------------------- activation names
+
+
+@pytest.mark.parametrize("text, name, alpha", [
+    ("tanh", "tanh", None), (" ReLU ", "relu", None), ("SiLU", "swish", None), ("identity", "linear", None),
+    ("none", "linear", None), ("LeakyReLU", "leaky_relu", 0.01), ("leaky_relu", "leaky_relu", 0.01),
+    ("leaky_relu:0.2", "leaky_relu", 0.2), ("leakyrelu:-1e-3", "leaky_relu", -1e-3),
+])
+def test_activation_names_aliases_and_the_leaky_slope(text, name, alpha):
+    from policyport.converter.activations import Activation
+
+    act = parse_activation(text)
+    assert act == Activation(name, alpha) and act.label == name
+
+
+@pytest.mark.parametrize("text, message", [
+    ("softsign", f"unknown activation 'softsign'; choose one of tanh, relu, elu, selu, swish, silu, softplus, "
+                 "leaky_relu, gelu, mish, hardswish, sigmoid, linear"),
+    ("tanh:2", "activation 'tanh' takes no parameter (got 'tanh:2')"),
+    ("leaky_relu:steep", "leaky_relu slope must be a number, got 'steep'"),
+    ("leaky_relu:inf", "leaky_relu slope must be finite, got 'inf'"),
+    ("leaky_relu:nan", "leaky_relu slope must be finite, got 'nan'"),
+])
+def test_an_activation_that_cannot_be_parsed_is_refused(text, message):
+    with pytest.raises(BadModelError) as caught:
+        parse_activation(text)
+    assert str(caught.value) == message
+
+
+def test_a_recorded_activation_wins_and_a_given_one_fills_the_gap():
+    from policyport.converter.activations import choose_activation
+
+    assert choose_activation(None, "relu", "the zip") == ("relu", [])
+    assert choose_activation(None, None, "the zip") == (None, [])
+    assert choose_activation("SiLU", "swish", "the zip") == ("swish", [])  # the same activation, spelt otherwise
+    assert choose_activation("tanh", None, "the zip's policy_kwargs") == ("tanh", [
+        "the zip's policy_kwargs names no activation; using --activation tanh (the source check cannot tell whether "
+        "that is the one the policy was trained with)"])
+    with pytest.raises(OptionError) as caught:
+        choose_activation("tanh", "relu", "the zip's policy_kwargs")
+    assert str(caught.value) == ("--activation tanh contradicts the zip's policy_kwargs, which names relu; leave "
+                                 "--activation out to use the recorded one")
+
+
+@pytest.mark.parametrize("name", ["tanh", "relu", "elu", "selu", "swish", "softplus", "leaky_relu:0.3", "gelu", "mish",
+                                  "hardswish", "sigmoid", "linear"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_each_reference_activation_is_its_frameworks_formula_in_the_inputs_dtype(name, dtype):
+    import math
+
+    x = np.array([-30.0, -3.5, -1.0, -1e-3, 0.0, 1e-3, 0.5, 2.0, 3.5, 30.0], dtype)
+    erf = np.vectorize(math.erf)
+    softplus = np.log1p(np.exp(-np.abs(x.astype(np.float64)))) + np.maximum(x.astype(np.float64), 0)
+    formulas = {  # torch.nn's definitions, in float64
+        "tanh": np.tanh(x), "relu": np.maximum(x, 0), "elu": np.where(x > 0, x, np.exp(x.astype(np.float64)) - 1),
+        "selu": 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * (np.exp(x.astype(np.float64)) - 1)),
+        "swish": x / (1 + np.exp(-x.astype(np.float64))), "softplus": softplus,
+        "leaky_relu:0.3": np.where(x >= 0, x, 0.3 * x), "gelu": 0.5 * x * (1 + erf(x / np.sqrt(2))),
+        "mish": x * np.tanh(softplus), "hardswish": x * np.clip(x + 3.0, 0, 6) / 6,
+        "sigmoid": 1 / (1 + np.exp(-x.astype(np.float64))), "linear": x,
+    }
+    got = parse_activation(name).reference(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    np.testing.assert_allclose(got, formulas[name], rtol=2e-7 if dtype == F32 else 1e-13, atol=1e-30)
+    assert parse_activation(name).reference(x[:0]).shape == (0,)  # an empty batch too
