@@ -751,3 +751,40 @@ def test_each_reference_activation_is_its_frameworks_formula_in_the_inputs_dtype
     assert got.dtype == dtype and got.shape == x.shape
     np.testing.assert_allclose(got, formulas[name], rtol=2e-7 if dtype == F32 else 1e-13, atol=1e-30)
     assert parse_activation(name).reference(x[:0]).shape == (0,)  # an empty batch too
+
+
+def test_a_postlude_reads_the_logits_and_value_and_adds_its_outputs():
+    calls = []
+
+    def postlude(b, logits, value, outputs):
+        calls.append((logits, value, [o.name for o in outputs]))
+        b.node("Sub", [logits, value], "advantage")
+        outputs.append(helper.make_tensor_value_info("advantage", TensorProto.DOUBLE, ["batch", 2]))
+
+    spec = MlpSpec([_dense("fc_1", 3, 4, layout="in_out", activation="tanh")], _dense("fc_out", 4, 2, layout="in_out", seed=1),
+                   value_output=_dense("value_out", 4, 1, layout="in_out", seed=2))
+    for layer in (*spec.hidden, spec.output, spec.value_output):
+        layer.weight, layer.bias = layer.weight.astype(np.float64), layer.bias.astype(np.float64)
+    model = build_mlp(spec, postlude=postlude, input_name="observations")
+    assert calls == [("logits", "value", ["logits", "value"])]
+    assert _io(model.graph.input[0]) == ("observations", TensorProto.DOUBLE, ["batch", 3])
+    assert [_io(o) for o in model.graph.output] == [("logits", TensorProto.DOUBLE, ["batch", 2]),
+                                                    ("value", TensorProto.DOUBLE, ["batch", 1]),
+                                                    ("advantage", TensorProto.DOUBLE, ["batch", 2])]
+    obs = np.random.default_rng(1).normal(size=(8, 3))
+    got = _onnxruntime(model, {"observations": obs})
+    _same(got["advantage"], got["logits"] - got["value"])
+    build_mlp(MlpSpec(spec.hidden, spec.output), postlude=lambda b, logits, value, outputs: calls.append((logits, value)))
+    assert calls[-1] == ("logits", None)  # no value branch
+
+
+def test_a_clip_head_without_a_free_log_std_clips_the_logits():
+    spec = _spec(n_out=2, action=ActionHead("clip", low=np.array([-0.5, -0.1], np.float32), high=np.array([0.5, 0.1], np.float32)))
+    model = build_mlp(spec)
+    assert _nodes(model)[-2:] == [("Max", ["logits", "action/low"], "action/above_low", {}),
+                                  ("Min", ["action/above_low", "action/high"], "action", {})]
+    assert [o.name for o in model.graph.output] == ["logits", "action"]
+    obs = np.random.default_rng(5).normal(size=(64, 3)).astype(np.float32) * 3
+    got = _agrees(model, spec, obs, exact=())
+    _same(got["action"], np.clip(got["logits"], spec.action.low, spec.action.high))
+    assert (got["action"] == spec.action.low).any() and (got["action"] == spec.action.high).any()
