@@ -282,6 +282,8 @@ def test_prelude_truth_and_width():
     assert Prelude(obs_filter=ObsFilter(np.zeros(2), np.ones(2), 1e-8)) and Prelude(obs_filter=ObsFilter(
         np.zeros(2), np.ones(2), 1e-8)).width is None
     assert Prelude().metadata() == {}
+    assert Prelude(one_hot=3).metadata() == {  # the graph input is "obs" unless named
+        "policyport.observation_preprocessor": '{"type": "one_hot", "n": 3}', "policyport.input_ranges": '{"obs": {"low": 0, "high": 3}}'}
 
 
 # ------------------------------------------------------------------------- RLlib MeanStdFilter
