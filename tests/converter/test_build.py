@@ -279,6 +279,15 @@ def test_prelude_truth_and_width():
     assert type(Prelude(one_hot=np.int64(3)).width) is int
     assert Prelude(one_hot_nvec=(2, 5)) and Prelude(one_hot_nvec=(2, 5)).width == 7
     assert type(Prelude(one_hot_nvec=(np.int64(2), 5)).width) is int
+
+
+def test_the_one_hot_reference_takes_indices_of_any_number_type_as_sb3s_obs_long_does():
+    for obs in (np.array([2.0, 0.0, 1.0]), np.array([2, 0, 1], np.int32), [2, 0, 1]):
+        x, _ = Prelude(one_hot=3).reference(obs, F32)
+        _same(x, np.eye(3, dtype=np.float32)[[2, 0, 1]])
+    for obs in (np.array([[1.0, 2.0], [0.0, 0.0]]), np.array([[1, 2], [0, 0]], np.uint8)):
+        x, _ = Prelude(one_hot_nvec=(2, 3)).reference(obs, F64)
+        _same(x, np.array([[0, 1, 0, 0, 1], [1, 0, 1, 0, 0]], np.float64))
     assert Prelude(obs_filter=ObsFilter(np.zeros(2), np.ones(2), 1e-8)) and Prelude(obs_filter=ObsFilter(
         np.zeros(2), np.ones(2), 1e-8)).width is None
     assert Prelude().metadata() == {}
