@@ -1,8 +1,8 @@
-"""The graph build_mlp lays out around the network: SB3's VecNormalize, its action heads (squash
-rescale, one argmax per MultiDiscrete sub-space), RLlib's one-hot observation preprocessors and
-MeanStdFilter. Each is pinned node by node (op, inputs, output, attributes), initializer by
-initializer (name, dtype, value) and in its metadata, and the numpy reference forward of the same
-spec is checked against onnxruntime running that graph, tensor by tensor."""
+"""build_mlp's graph, pinned node by node (op, inputs, output, attributes), initializer by initializer
+(name, dtype, value) and in its metadata: SB3's VecNormalize and action heads, RLlib's one-hot
+preprocessors and MeanStdFilter, the normalisation modules, each activation's form at each opset, and
+every refusal by its whole message. The numpy reference forward of the same spec is checked against
+onnxruntime running that graph (and torch running the same layers), tensor by tensor."""
 
 from __future__ import annotations
 
@@ -801,3 +801,30 @@ def test_a_clip_head_without_a_free_log_std_clips_the_logits():
     got = _agrees(model, spec, obs, exact=())
     _same(got["action"], np.clip(got["logits"], spec.action.low, spec.action.high))
     assert (got["action"] == spec.action.low).any() and (got["action"] == spec.action.high).any()
+
+
+@pytest.mark.parametrize("norm", ["batch_norm_without_affine", "layer_norm_without_bias"])
+def test_a_state_dict_with_a_normalisation_lacking_affine_parameters_converts_and_matches_torch(tmp_path, monkeypatch, norm):
+    torch = pytest.importorskip("torch")
+    import policyport as pp
+    from policyport.converter import convert_source
+
+    torch.manual_seed(3)
+    module = (torch.nn.BatchNorm1d(4, affine=False) if norm == "batch_norm_without_affine"
+              else torch.nn.LayerNorm(4, bias=False))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), module, torch.nn.Tanh(), torch.nn.Linear(4, 2)).eval()
+    if norm == "batch_norm_without_affine":
+        module.running_mean.uniform_(-1, 1), module.running_var.uniform_(0.5, 2)
+    else:
+        torch.nn.init.uniform_(module.weight, 0.5, 2)
+    torch.save(net.state_dict(), tmp_path / "policy.pt")
+    obs = np.random.default_rng(4).normal(size=(32, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = net(torch.from_numpy(obs)).numpy()
+    monkeypatch.setitem(sys.modules, "torch", None)  # the numpy reference, as on a machine without torch
+    c = convert_source(tmp_path / "policy.pt", activation="tanh")
+    for backend in ("numpy", "onnxruntime"):
+        np.testing.assert_allclose(pp.load(c.model, backend=backend).run({"obs": obs})["logits"], expected,
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c.reference(obs)["logits"], expected, rtol=1e-5, atol=1e-6)
+    assert pp.verify(c.model, reference=c.reference).passed
