@@ -828,3 +828,6 @@ def test_a_state_dict_with_a_normalisation_lacking_affine_parameters_converts_an
                                    rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(c.reference(obs)["logits"], expected, rtol=1e-5, atol=1e-6)
     assert pp.verify(c.model, reference=c.reference).passed
+    state = {k: v.numpy() for k, v in net.state_dict().items()}
+    weights = pp.extract_weights(c.model)  # the source's arrays back, and no filler of the graph's
+    assert sorted(weights) == sorted(state) and all(weights[k].tobytes() == state[k].tobytes() for k in state)
