@@ -136,6 +136,22 @@ def test_a_source_of_no_kind_is_refused_saying_what_policyport_tells(tmp_path, m
     assert str(caught.value) == f"cannot tell what kind of policy the {what} {path} is: policyport tells {TELLS}"
 
 
+def test_a_live_object_is_told_by_the_framework_of_its_classes():
+    from policyport.converter import detect_kind
+
+    def subclass_of(module: str):
+        base = type("Model", (), {"__module__": module})
+        return type("MyPolicy", (base,), {"__module__": "my_project.policies"})()
+
+    assert [detect_kind(subclass_of(m)) for m in ("keras.src.models.model", "tensorflow.python.eager.polymorphic_function",
+                                                   "tf_keras.src.engine.training", "torch.nn.modules.module")] == [
+        "keras", "keras", "keras", "torch"]
+    assert detect_kind(type("Tensor", (), {"__module__": "torch"})()) == "torch"
+    with pytest.raises(pp.BadModelError) as caught:
+        detect_kind(subclass_of("kerasish.models"))
+    assert str(caught.value).startswith("cannot convert a MyPolicy; supported sources: ")
+
+
 def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
     from policyport.converter import detect_kind
 

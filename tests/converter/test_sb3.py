@@ -505,6 +505,9 @@ def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
                                         "!!not base64", "")] == [None] * 5
     one_string = base64.b64encode(b"\x80\x04\x8c\x0bOrderedDict\x94\x93\x94.").decode()  # STACK_GLOBAL after one string
     assert pickled_global(one_string) is None
+    # the long-string and memo opcodes a pickler may write between the two names (BINUNICODE, BINPUT)
+    long_form = (b"\x80\x04X\x0b\x00\x00\x00collectionsq\x00X\x0b\x00\x00\x00OrderedDictq\x01\x93q\x02.")
+    assert pickled_global(base64.b64encode(long_form).decode()) == "collections.OrderedDict"
 
 
 @pytest.mark.parametrize("text, values", [
