@@ -506,8 +506,11 @@ def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
     one_string = base64.b64encode(b"\x80\x04\x8c\x0bOrderedDict\x94\x93\x94.").decode()  # STACK_GLOBAL after one string
     assert pickled_global(one_string) is None
     # the long-string and memo opcodes a pickler may write between the two names (BINUNICODE, BINPUT)
-    long_form = (b"\x80\x04X\x0b\x00\x00\x00collectionsq\x00X\x0b\x00\x00\x00OrderedDictq\x01\x93q\x02.")
+    long_form = (b"\x80\x04X\x0b\x00\x00\x00collectionsq\x00X\x0b\x00\x00\x00OrderedDictr\x01\x00\x00\x00\x93q\x02.")
     assert pickled_global(base64.b64encode(long_form).decode()) == "collections.OrderedDict"
+    # STACK_GLOBAL takes the last two strings pushed
+    three = b"\x80\x04\x8c\x05extra\x94\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94."
+    assert pickled_global(base64.b64encode(three).decode()) == "collections.OrderedDict"
 
 
 @pytest.mark.parametrize("text, values", [
