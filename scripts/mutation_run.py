@@ -50,7 +50,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                    "policyport/converter/rllib_weights.py", "policyport/converter/sb3.py",
                    "policyport/converter/state_dict.py", "policyport/converter/torch_files.py",
                    "policyport/converter/unpickle.py"],
-                  ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py",
+                  ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py", "tests/converter/test_build.py",
                    "tests/converter/test_msgpack_decode.py", "tests/converter/test_unpickle.py",
                    "tests/converter/test_rllib.py", "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py",
                    "tests/converter/test_options.py", "tests/converter/test_hostile_torch.py",

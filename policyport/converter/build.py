@@ -258,17 +258,24 @@ class MlpBuilder:
         """The ONNX nodes of one :class:`Step` applied to ``x``; the last one is named ``out``."""
         if step.kind == "activation":
             return self.activation(step.activation, x, out)
-        params = [self.initializer(a, name, name) for name, a in
-                  (step.params[k] for k in ("weight", "bias", "running_mean", "running_var") if k in step.params)]
+        params = {role: self.initializer(step.params[role][1], step.params[role][0], step.params[role][0])
+                  for role in ("weight", "bias", "running_mean", "running_var") if role in step.params}
         if step.kind == "layer_norm":
             if self.opset < 17:
                 raise BadModelError(
                     f"LayerNorm module {step.scope!r} needs ONNX LayerNormalization, which opset {self.opset} lacks "
                     "(it exists from opset 17); convert with --opset 17 or newer"
                 )
-            return self.node("LayerNormalization", [x, *params], out, axis=-1, epsilon=step.eps)
+            return self.node("LayerNormalization", [x, *params.values()], out, axis=-1, epsilon=step.eps)
         if step.kind == "batch_norm":
-            return self.node("BatchNormalization", [x, *params], out, epsilon=step.eps)
+            # BatchNormalization takes a scale and a bias; a BatchNorm1d(affine=False) has neither, and
+            # a scale of 1 and a bias of 0 leave its normalised values exactly as they are
+            like = step.params["running_mean"][1]
+            for role, fill, name in (("weight", 1, "unit_scale"), ("bias", 0, "zero_bias")):
+                if role not in params:
+                    params[role] = self.initializer(np.full(like.shape, fill, like.dtype), f"{step.scope}/{name}")
+            inputs = [params[role] for role in ("weight", "bias", "running_mean", "running_var")]
+            return self.node("BatchNormalization", [x, *inputs], out, epsilon=step.eps)
         raise BadModelError(f"unknown layer step {step.kind!r} for {step.scope!r}")
 
     def activation(self, act: Activation, x: str, out: str) -> str:

@@ -13,6 +13,8 @@ loaded) and records each module's output with forward hooks, keyed by module pat
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .build import Dense, MlpSpec, Step
@@ -36,17 +38,23 @@ class _NumpyOps:
             mean = x.mean(axis=-1, keepdims=True)
             var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
             y = (x - mean) / np.sqrt(var + x.dtype.type(step.eps))
-            return y * p["weight"] + p["bias"] if "weight" in p else y
-        y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + x.dtype.type(step.eps))
-        return y * p["weight"] + p["bias"] if "weight" in p else y
+        else:
+            y = (x - p["running_mean"]) / np.sqrt(p["running_var"] + x.dtype.type(step.eps))
+        # each affine parameter where the module has it (nn.LayerNorm(bias=False) has a weight alone)
+        y = y * p["weight"] if "weight" in p else y
+        return y + p["bias"] if "bias" in p else y
 
     @staticmethod
     def flatten(x):
-        return x.reshape(x.shape[0], -1)
+        return x.reshape(x.shape[0], math.prod(x.shape[1:]))  # not -1: numpy cannot infer it for an empty batch
 
     @staticmethod
     def obs_norm(norm, x):
-        y = np.clip((x.astype(np.float64) - norm.mean) / np.sqrt(norm.var + norm.epsilon), -norm.clip_obs, norm.clip_obs)
+        # in float64 whatever the statistics' dtype, as the graph's float64 initializers hold them: a
+        # float32 var plus epsilon would otherwise round in float32
+        x64 = x.astype(np.float64)  # pragma: no mutate (astype(None) is astype(float64))
+        std = np.sqrt(np.asarray(norm.var, np.float64) + norm.epsilon)
+        y = np.clip((x64 - norm.mean) / std, -norm.clip_obs, norm.clip_obs)
         return y.astype(x.dtype)
 
     concat = staticmethod(lambda xs: np.concatenate(xs, axis=1))

@@ -129,6 +129,8 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
             data = json.loads(zf.read("data"))
             policy = zf.read("policy.pth")
             version = zf.read("_stable_baselines3_version").decode().strip() if "_stable_baselines3_version" in names else None
+    except UnreadableFileError:  # an OSError too: not to be wrapped in the message below
+        raise
     except (zipfile.BadZipFile, OSError) as e:
         raise UnreadableFileError(f"{path} is not a readable zip archive: {e}") from e
     except ValueError as e:

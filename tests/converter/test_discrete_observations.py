@@ -161,3 +161,14 @@ def test_pack_records_the_golden_observations_given_with_i(tmp_path):
                                  "--seed", "3"])
     assert result.exit_code == 2 and "-i gives the golden observations, so --seed" in " ".join(result.stderr.split())
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("name, space", [("ppo_discrete_obs", "Discrete(16)"), ("a2c_multidiscrete_obs", "MultiDiscrete[3, 5]")])
+def test_an_sb3_discrete_observation_space_is_named_in_the_note_and_in_the_vecnormalize_refusal(tmp_path, name, space):
+    c = convert_source(SB3_DIR / f"{name}.zip")
+    assert c.notes[-1] == (f"observation space {space}: the graph takes int64 indices and one-hot encodes them, "
+                           "as SB3's preprocess_obs does")
+    norm = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(SB3_DIR / f"{name}.zip", obs_norm=str(norm))
+    assert str(caught.value) == (f"{norm} normalises Box observations; this policy's observation space is {space}")

@@ -1,6 +1,10 @@
-"""Options a source kind does not read are refused (exit 2), never silently ignored."""
+"""Options a source kind does not read are refused (exit 2), never silently ignored; the options a model
+records come back as they were given, except the trust, which is never read from a file."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -43,3 +47,167 @@ def test_every_kind_has_its_reads():
 
     assert set(READS) == set(KINDS)
     assert all("opset" in reads for reads in READS.values())
+
+
+def test_recorded_options_come_back_as_given_but_never_the_trust():
+    from policyport.converter import ConvertOptions
+
+    given = ConvertOptions(activation="relu", head="categorical", opset=13, keep_value=True, exporter="dynamo",
+                           policy_id="p1", obs_filter=False, obs_norm="vecnormalize.pkl", trust=True,
+                           input_shape=(2, 3), output_names=("logits", "value"))
+    text = given.to_metadata()
+    assert "trust" not in json.loads(text)
+    back = ConvertOptions.from_metadata(text)
+    assert back == dataclasses.replace(given, trust=False)
+    assert type(back.input_shape) is tuple and type(back.output_names) is tuple
+    recorded = json.loads(text) | {"trust": True, "added_later": 1}  # a newer policyport's key, a forged trust
+    assert ConvertOptions.from_metadata(json.dumps(recorded)) == back
+    assert ConvertOptions.from_metadata(json.dumps({"opset": 12, "input_shape": None})) == ConvertOptions(opset=12)
+    assert ConvertOptions.from_metadata(None) == ConvertOptions.from_metadata("") == ConvertOptions()
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[1, 2]", "expected an object, got list"),
+    ('"opset"', "expected an object, got str"),
+    ("{opset: 13}", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+])
+def test_malformed_recorded_options_are_refused(text, reason):
+    from policyport.converter import ConvertOptions
+
+    with pytest.raises(pp.BadModelError) as caught:
+        ConvertOptions.from_metadata(text)
+    assert str(caught.value) == f"model metadata 'policyport.convert_options' is malformed: {reason}"
+
+
+TELLS = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), state-dict "
+         "(.safetensors), keras (.keras, .h5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
+         "folder with rllib_checkpoint.json or checkpoint-N) by their names; name the kind of a source named otherwise "
+         "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
+         "savedmodel, rllib")
+
+
+def _zip(path, *names):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in names:
+            zf.writestr(name, b"")
+    return path
+
+
+def _file(path, content=b""):
+    path.write_bytes(content)
+    return path
+
+
+def test_a_source_kind_is_told_from_its_name_and_layout(tmp_path):
+    from policyport.converter import detect_kind
+
+    for name in ("a.NPZ", "c.safetensors", "d.keras", "e.H5", "f.hdf5", "checkpoint-12", "g.pth"):
+        (tmp_path / name).write_bytes(b"")
+    for folder, inner in (("sm", "saved_model.pb"), ("rl", "rllib_checkpoint.json"), ("rl2", "checkpoint-3")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / inner).write_bytes(b"")
+    kinds = {name: detect_kind(tmp_path / name) for name in
+             ("a.NPZ", "c.safetensors", "d.keras", "e.H5", "f.hdf5", "checkpoint-12", "g.pth", "sm", "rl", "rl2")}
+    assert kinds == {"a.NPZ": "npz", "c.safetensors": "state-dict", "d.keras": "keras", "e.H5": "keras",
+                     "f.hdf5": "keras", "checkpoint-12": "rllib", "g.pth": "state-dict", "sm": "savedmodel",
+                     "rl": "rllib", "rl2": "rllib"}
+    assert detect_kind(_zip(tmp_path / "nested.zip", "model/policy.pth", "model/data")) == "sb3"
+    assert detect_kind(_zip(tmp_path / "script.PT", "archive/data.pkl", "archive/constants.pkl")) == "torchscript"
+    assert detect_kind(_zip(tmp_path / "weights.pt", "archive/data.pkl")) == "state-dict"
+    assert detect_kind(str(CARTPOLE)) == "sb3" and detect_kind({"fc_1/kernel": None}) == "npz"
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda tmp: _zip(tmp / "other.zip", "policy.pth"), "file"),
+    (lambda tmp: _zip(tmp / "other.zip", "data", "policy.pt"), "file"),
+    (lambda tmp: _file(tmp / "notzip.zip", b"PK"), "file"),
+    (lambda tmp: _file(tmp / "checkpoint-x"), "file"),
+    (lambda tmp: _file(tmp / "policy.bin"), "file"),
+    (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "folder"),
+])
+def test_a_source_of_no_kind_is_refused_saying_what_policyport_tells(tmp_path, make, what):
+    from policyport.converter import UnknownKindError, detect_kind
+
+    path = make(tmp_path)
+    with pytest.raises(UnknownKindError) as caught:
+        detect_kind(path)
+    assert str(caught.value) == f"cannot tell what kind of policy the {what} {path} is: policyport tells {TELLS}"
+
+
+def test_a_live_object_is_told_by_the_framework_of_its_classes():
+    from policyport.converter import detect_kind
+
+    def subclass_of(module: str):
+        base = type("Model", (), {"__module__": module})
+        return type("MyPolicy", (base,), {"__module__": "my_project.policies"})()
+
+    assert [detect_kind(subclass_of(m)) for m in ("keras.src.models.model", "tensorflow.python.eager.polymorphic_function",
+                                                   "tf_keras.src.engine.training", "torch.nn.modules.module")] == [
+        "keras", "keras", "keras", "torch"]
+    assert detect_kind(type("Tensor", (), {"__module__": "torch"})()) == "torch"
+    with pytest.raises(pp.BadModelError) as caught:
+        detect_kind(subclass_of("kerasish.models"))
+    assert str(caught.value).startswith("cannot convert a MyPolicy; supported sources: ")
+
+
+def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
+    from policyport.converter import detect_kind
+
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        detect_kind(tmp_path / "nothere.npz")
+    assert str(caught.value) == f"{tmp_path / 'nothere.npz'}: no such file"
+    with pytest.raises(pp.BadModelError) as caught:
+        detect_kind(3)
+    assert str(caught.value) == ("cannot convert a int; supported sources: npz, torch, torchscript, state-dict, sb3, "
+                                 "rllib-torch, keras, savedmodel, rllib")
+
+
+ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, mish, hardswish, sigmoid, linear"
+
+
+@pytest.mark.parametrize("source, options, error, message", [
+    (EXPERT, {"opset": "17"}, pp.ArgumentTypeError, "opset must be a whole number, not str '17'"),
+    (EXPERT, {"keep_value": 1}, pp.ArgumentTypeError, "convert(): keep_value must be bool, not int 1"),
+    (EXPERT, {"obs_norm": 3}, pp.ArgumentTypeError, "convert(): obs_norm must be str or PathLike, not int 3"),
+    (EXPERT, {"activation": 3}, pp.ArgumentTypeError, "convert(): activation must be str, not int 3"),
+    (EXPERT, {"trust": None}, pp.ArgumentTypeError, "convert(): trust must be bool, not NoneType None"),
+    (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
+    (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, categorical (or none)"),
+    (EXPERT, {"kind": "onnx"}, pp.OptionError,
+     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib"),
+    (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
+    (EXPERT, {"activation": "relu,softsign", "kind": "state-dict"}, pp.OptionError,
+     f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
+    (EXPERT, {"policy_id": "p", "input_shape": (5,)}, pp.OptionError,
+     "--policy-id, --input-shape do not apply to npz sources (--policy-id applies to rllib; --input-shape applies to "
+     "rllib-torch, state-dict, torch, torchscript)"),
+    (EXPERT, {"activation": "relu,tanh"}, pp.OptionError,
+     "--activation (activation=) 'relu,tanh' is a list, one activation per parameter-free module, which applies to "
+     "state-dict sources of a plain nn.Sequential; npz sources take one activation name"),
+    (CARTPOLE, {"activation": "relu,tanh"}, pp.OptionError,
+     "--activation (activation=) 'relu,tanh' is a list, one activation per parameter-free module, which applies to "
+     "state-dict sources of a plain nn.Sequential; sb3 sources take one activation name; an SB3 zip records its "
+     "activation in policy_kwargs (leave --activation out to use it)"),
+    (ROOT / "fixtures/rllib/ray/ppo_old_torch", {"activation": "relu,tanh"}, pp.OptionError,
+     "--activation (activation=) 'relu,tanh' is a list, one activation per parameter-free module, which applies to "
+     "state-dict sources of a plain nn.Sequential; rllib sources take one activation name; an RLlib checkpoint "
+     "records its activation in its model config (fcnet_activation)"),
+])
+def test_option_values_are_checked_before_the_source_is_read(source, options, error, message):
+    with pytest.raises(error) as caught:
+        convert_source(source, **options)
+    assert type(caught.value) is error and str(caught.value) == message
+
+
+def test_the_options_the_conversion_ran_with_are_recorded_once_in_the_model():
+    from policyport.converter import OPTIONS_KEY, ConvertOptions
+
+    c = convert_source(EXPERT, options=ConvertOptions(activation="relu"), opset=13)
+    keys = [p.key for p in c.model.metadata_props]
+    assert keys.count(OPTIONS_KEY) == keys.count("policyport.source_kind") == 1
+    props = {p.key: p.value for p in c.model.metadata_props}
+    assert props["policyport.source_kind"] == "npz"
+    assert ConvertOptions.from_metadata(props[OPTIONS_KEY]) == ConvertOptions(activation="relu", opset=13)
+    assert c.model.opset_import[0].version == 13 and "Relu" in {n.op_type for n in c.model.graph.node}

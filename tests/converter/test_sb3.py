@@ -4,6 +4,7 @@ VecNormalize statistics become graph nodes; what cannot be converted is refused 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -126,7 +127,9 @@ def test_extract_gives_policy_pth_and_the_normalisation_back_bit_for_bit():
 
 def test_vecnormalize_beside_the_zip_is_said_and_can_be_skipped_or_named(tmp_path):
     c = convert_source(ZIPS["ppo_pendulum_vecnorm"][0])
-    assert any("VecNormalize" in n and "vecnormalize.pkl" in n for n in c.notes)
+    beside = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    assert c.notes[-1] == (f"baking in the VecNormalize observation statistics found beside the zip: {beside} "
+                           "(--no-filter skips them)")
     assert "vec_normalize/obs" in {n.output[0] for n in c.model.graph.node}
     plain = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_filter=False)
     assert not any(n.output[0].startswith("vec_normalize") for n in plain.model.graph.node)
@@ -185,27 +188,85 @@ def rewrite_zip(src, dst, *, data=None, state=None):
     return dst
 
 
-def test_what_cannot_be_converted_is_refused_saying_why(tmp_path):
+def _policy_class(name: str):
+    """A zip data edit naming the policy class ``name`` as SB3 pickles it (a GLOBAL opcode)."""
+    module, _, cls = name.rpartition(".")
+    serialized = base64.b64encode(b"\x80\x02c" + f"{module}\n{cls}\n".encode() + b"q\x00.").decode()
+    return lambda d: d["policy_class"].update({":serialized:": serialized})
+
+
+GSDE = ("the policy uses gSDE (use_sde=True): its exploration noise depends on the latent features and its log_std is "
+        "a matrix; policyport converts the plain Gaussian and squashed policies")
+DICT_OBS = "the policy takes dict observations (MultiInputPolicy); policyport converts a single Box observation"
+
+
+def _space_edit(kind: str, name: str, **attributes):
+    """A zip data edit making the observation or action space a gymnasium ``name`` with ``attributes``."""
+    return lambda d: d[f"{kind}_space"].update({":type:": f"<class 'gymnasium.spaces.{name}'>", **attributes})
+
+
+def _refusals(tmp_path):
+    """(name, the zip, the whole message) of every policy an SB3 zip can hold that policyport refuses."""
     import torch
 
     pendulum = ZIPS["ppo_pendulum"][0]
-    cases = {
-        "gSDE": rewrite_zip(pendulum, tmp_path / "sde.zip", data=lambda d: d.update(use_sde=True)),
-        "dict observations": rewrite_zip(pendulum, tmp_path / "dict.zip", data=lambda d: d["observation_space"].update(
-            {":type:": "<class 'gymnasium.spaces.dict.Dict'>"})),
-        "image observations": rewrite_zip(pendulum, tmp_path / "cnn.zip", data=lambda d: d["observation_space"].update(
-            _shape=[3, 64, 64])),
-        "CNN or custom extractor": rewrite_zip(pendulum, tmp_path / "extractor.zip", state=lambda sd: {
-            **sd, "features_extractor.cnn.0.weight": torch.zeros(8, 3, 3, 3)}),
-        "recurrent": rewrite_zip(pendulum, tmp_path / "lstm.zip", state=lambda sd: {
-            **sd, "lstm_actor.weight_ih_l0": torch.zeros(4, 3)}),
-        "MultiBinary": rewrite_zip(pendulum, tmp_path / "mb.zip", data=lambda d: d["action_space"].update(
-            {":type:": "<class 'gymnasium.spaces.multi_binary.MultiBinary'>"})),
-    }
-    for why, path in cases.items():
+    data_cases = [
+        ("gsde", lambda d: d.update(use_sde=True), GSDE),
+        ("gsde_kwargs", lambda d: d["policy_kwargs"].update(use_sde=True), GSDE),
+        ("dict", _space_edit("observation", "dict.Dict"), DICT_OBS),
+        ("multi_input", _policy_class("stable_baselines3.common.policies.MultiInputActorCriticPolicy"), DICT_OBS),
+        ("image", lambda d: d["observation_space"].update(_shape=[3, 64, 64]),
+         "stable_baselines3.common.policies.ActorCriticPolicy takes image observations (3, 64, 64) through a CNN "
+         "features extractor; policyport converts MLP policies"),
+        ("cnn", _policy_class("stable_baselines3.common.policies.ActorCriticCnnPolicy"),
+         "stable_baselines3.common.policies.ActorCriticCnnPolicy takes image observations (3,) through a CNN "
+         "features extractor; policyport converts MLP policies"),
+        ("recurrent_contrib", _policy_class("sb3_contrib.common.recurrent.policies.RecurrentActorCriticPolicy"),
+         "sb3_contrib.common.recurrent.policies.RecurrentActorCriticPolicy is a recurrent policy; policyport converts "
+         "feed-forward MLP policies"),
+        ("recurrent_own", _policy_class("mypolicies.RecurrentPolicy"),
+         "mypolicies.RecurrentPolicy is a recurrent policy; policyport converts feed-forward MLP policies"),
+        ("tuple_obs", _space_edit("observation", "tuple.Tuple"),
+         "the observation space is Tuple; policyport converts Box, Discrete and MultiDiscrete observations"),
+        ("multibinary", _space_edit("action", "multi_binary.MultiBinary"),
+         "the action space is MultiBinary; policyport builds the deterministic action of Box, Discrete and "
+         "MultiDiscrete spaces"),
+        ("activation", lambda d: d["policy_kwargs"].update(activation_fn="<class 'torch.nn.modules.activation.Softsign'>"),
+         "the policy's activation_fn is \"<class 'torch.nn.modules.activation.Softsign'>\", which policyport does not "
+         "map; name it with --activation"),
+        ("no_space", lambda d: d.pop("observation_space"), "the zip's data has no readable observation_space"),
+        ("box_shape", lambda d: d["action_space"].update(_shape=[2], low="[-2. -2.]", high="[2. 2.]"),
+         "a Box action space of shape (2,), but the action network outputs 1 values"),
+        ("discrete", _space_edit("action", "discrete.Discrete", n=3),
+         "a Discrete(3) action space, but the action network outputs 1 values"),
+        ("multidiscrete", _space_edit("action", "multi_discrete.MultiDiscrete", nvec="[2 3]"),
+         "a MultiDiscrete[2, 3] action space, but the action network outputs 1 logits"),
+        ("nvec_text", _space_edit("action", "multi_discrete.MultiDiscrete", nvec="[a b]"),
+         "the zip's action_space.nvec is not a list of numbers: '[a b]'"),
+    ]
+    cases = [(name, rewrite_zip(pendulum, tmp_path / f"{name}.zip", data=edit), message) for name, edit, message in data_cases]
+    state_cases = [
+        ("extractor", lambda sd: {**sd, "features_extractor.cnn.0.weight": torch.zeros(8, 3, 3, 3)},
+         "the policy has a features extractor with parameters (features_extractor.cnn.0.weight): a CNN or custom "
+         "extractor; policyport converts MLP policies (FlattenExtractor) only"),
+        ("lstm", lambda sd: {**sd, "lstm_actor.weight_ih_l0": torch.zeros(4, 3)},
+         "{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies"),
+        ("no_log_std", lambda sd: {k: v for k, v in sd.items() if k != "log_std"},
+         "a Box action space, but the policy has no log_std: not a Gaussian policy"),
+    ]
+    for name, edit, message in state_cases:
+        path = rewrite_zip(pendulum, tmp_path / f"{name}.zip", state=edit)
+        cases.append((name, path, message.format(path=path)))
+    return cases
+
+
+def test_what_cannot_be_converted_is_refused_saying_why(tmp_path):
+    for name, path, message in _refusals(tmp_path):
+        with pytest.raises(pp.BadModelError) as caught:
+            convert_source(path)
+        assert str(caught.value) == message, name
         result = cli("convert", path, "-o", tmp_path / "m.onnx")
-        assert result.exit_code == 3, (why, result.output)
-        assert why in result.stderr, (why, result.stderr)
+        assert result.exit_code == 3 and " ".join(result.stderr.split()) == f"error: {message}", (name, result.output)
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -299,3 +360,218 @@ def test_a_multi_discrete_action_takes_one_argmax_per_sub_space_of_three():
         for i, (a, b) in enumerate(((0, 2), (2, 5), (5, 9))):
             np.testing.assert_array_equal(got[f"action/logits_{i}"], got["logits"][:, a:b])
             np.testing.assert_array_equal(got[f"action/argmax_{i}"], expected[:, i:i + 1])
+
+
+class VecNormalize:
+    """Pickled under this module's name: the reader must take any class's state as SB3's, inertly."""
+
+    def __init__(self, **state):
+        self.__dict__.update(state)
+
+
+class RunningMeanStd(VecNormalize):
+    pass
+
+
+MEAN32, VAR32 = np.array([0.1, -2.5, 3.0], np.float32), np.array([0.3, 1.7, 1e-7], np.float32)
+
+
+@pytest.mark.parametrize("state, epsilon, clip_obs", [
+    ({"norm_obs": True, "epsilon": 0.01, "clip_obs": 3.5}, 0.01, 3.5),
+    ({}, 1e-8, 10.0),  # an older save without these attributes: SB3's defaults
+])
+def test_vecnormalize_statistics_are_read_in_float64_with_epsilon_and_clip(tmp_path, state, epsilon, clip_obs):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32, count=4.0), **state)))
+    norm = read_vecnormalize(pkl)
+    assert norm.mean.dtype == norm.var.dtype == np.float64
+    assert norm.mean.tolist() == MEAN32.tolist() and norm.var.tolist() == VAR32.tolist()
+    assert (type(norm.epsilon), norm.epsilon, type(norm.clip_obs), norm.clip_obs) == (float, epsilon, float, clip_obs)
+    assert (norm.mean_name, norm.var_name) == ("obs_rms.mean", "obs_rms.var")
+
+
+def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(norm_obs=False, obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32))))
+    assert read_vecnormalize(pkl) is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"obs_rms": {"mean": MEAN32}}, "{pkl} holds a dict, not a pickled VecNormalize"),
+    (VecNormalize(obs_rms={"position": RunningMeanStd(), "speed": RunningMeanStd()}),
+     "{pkl} normalises a dict observation (position, speed); policyport converts Box observations"),
+    (VecNormalize(), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=[MEAN32, VAR32]), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(mean=MEAN32)), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(var=VAR32)), "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+    (VecNormalize(obs_rms=RunningMeanStd(mean=[0.0], var=VAR32)),
+     "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
+])
+def test_what_is_not_a_box_vecnormalize_is_refused_naming_the_file(tmp_path, content, message):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(content))
+    with pytest.raises(pp.BadModelError) as caught:
+        read_vecnormalize(pkl)
+    assert str(caught.value) == message.format(pkl=pkl)
+
+
+def test_a_hostile_vecnormalize_is_refused_naming_the_file_and_the_function(tmp_path):
+    from policyport.converter.sb3 import read_vecnormalize
+
+    marker = tmp_path / "pwned"
+    pkl = tmp_path / "vecnormalize.pkl"
+    pkl.write_bytes(pickle.dumps(VecNormalize(obs_rms=_Hostile(marker))))
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_vecnormalize(pkl)
+    assert str(caught.value).startswith(f"{pkl} asks to call {os.system.__module__}.system while unpickling")
+    assert not marker.exists()
+
+
+def _zip(path, members: dict[str, bytes]):
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, content in members.items():
+            zf.writestr(name, content)
+    return path
+
+
+@pytest.mark.parametrize("members, message", [
+    (None, "{path} is not a readable zip archive: File is not a zip file"),
+    ({"policy.pth": b"x"}, "{path} is not a Stable-Baselines3 save: it lacks ['data']"),
+    ({"data": b"{}"}, "{path} is not a Stable-Baselines3 save: it lacks ['policy.pth']"),
+    ({"other": b""}, "{path} is not a Stable-Baselines3 save: it lacks ['data', 'policy.pth']"),
+    ({"policy.pth": b"x", "data": b"{no"},
+     "{path}: its data member is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ({"policy.pth": b"x", "data": b"[1]"}, "{path}: its data member is not a JSON object"),
+])
+def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path, members, message):
+    from policyport.converter.sb3 import read_zip
+
+    path = tmp_path / "policy.zip"
+    if members is None:
+        path.write_bytes(b"not a zip")
+    else:
+        _zip(path, members)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_zip(path)
+    assert str(caught.value) == message.format(path=path)
+
+
+def test_a_zip_gives_its_data_policy_and_version(tmp_path):
+    from policyport.converter.sb3 import read_zip
+
+    with zipfile.ZipFile(ZIPS["ppo_pendulum"][0]) as zf:
+        data, policy = json.loads(zf.read("data")), zf.read("policy.pth")
+    assert read_zip(ZIPS["ppo_pendulum"][0]) == (data, policy, "2.9.2")
+    unversioned = _zip(tmp_path / "old.zip", {"data": b'{"n": 1}', "policy.pth": b"weights"})
+    assert read_zip(unversioned) == ({"n": 1}, b"weights", None)
+    spaced = _zip(tmp_path / "spaced.zip", {"data": b"{}", "policy.pth": b"", "_stable_baselines3_version": b" 1.8.0\n"})
+    assert read_zip(spaced)[2] == "1.8.0"
+
+
+def test_options_an_sb3_zip_cannot_take_are_refused(tmp_path):
+    from policyport.converter import ConvertOptions
+    from policyport.converter.sb3 import convert_sb3
+
+    with pytest.raises(pp.OptionError) as caught:
+        convert_sb3(ZIPS["ppo_pendulum"][0], ConvertOptions(head="categorical"))
+    assert str(caught.value) == "--head does not apply to an SB3 zip: its action head comes from its action space"
+    norm = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(CARTPOLE, obs_norm=str(norm))
+    assert str(caught.value) == f"{norm} normalises observations of shape (3,), the policy takes 4 features"
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        convert_source(CARTPOLE, obs_norm=str(tmp_path / "none.pkl"))
+    assert str(caught.value) == f"{tmp_path / 'none.pkl'}: no such file"
+
+
+def _pickled(obj, protocol) -> str:
+    return base64.b64encode(pickle.dumps(obj, protocol=protocol)).decode()
+
+
+def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
+    from collections import OrderedDict
+
+    from policyport.converter.sb3 import pickled_global
+
+    # GLOBAL (protocols 0-2) and STACK_GLOBAL (4, 5) name the class; anything else first names none
+    assert [pickled_global(_pickled(OrderedDict, p)) for p in (0, 2, 4, 5)] == ["collections.OrderedDict"] * 4
+    assert [pickled_global(s) for s in (_pickled({"a": 1}, 4), _pickled(3, 2), base64.b64encode(b"garbage").decode(),
+                                        "!!not base64", "")] == [None] * 5
+    one_string = base64.b64encode(b"\x80\x04\x8c\x0bOrderedDict\x94\x93\x94.").decode()  # STACK_GLOBAL after one string
+    assert pickled_global(one_string) is None
+    # the long-string and memo opcodes a pickler may write between the two names (BINUNICODE, BINPUT)
+    long_form = (b"\x80\x04X\x0b\x00\x00\x00collectionsq\x00X\x0b\x00\x00\x00OrderedDictr\x01\x00\x00\x00\x93q\x02.")
+    assert pickled_global(base64.b64encode(long_form).decode()) == "collections.OrderedDict"
+    # STACK_GLOBAL takes the last two strings pushed
+    three = b"\x80\x04\x8c\x05extra\x94\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94."
+    assert pickled_global(base64.b64encode(three).decode()) == "collections.OrderedDict"
+
+
+@pytest.mark.parametrize("text, values", [
+    ("[-1. -1. -8.]", [-1.0, -1.0, -8.0]), ("[[1 2]\n [3 4]]", [1.0, 2.0, 3.0, 4.0]), ([1, 2], [1.0, 2.0]),
+    (3, 3.0), (2.5, 2.5), ("[ 1e-3  -inf]", [1e-3, -np.inf]),
+])
+def test_a_printed_array_is_read_as_float64(text, values):
+    from policyport.converter.sb3 import _array
+
+    got = _array(text, "observation_space.low")
+    assert got.dtype == np.float64 and got.tolist() == values
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "the zip's observation_space.low is not readable text ('None'): numpy summarised it"),
+    ("[1. 1. ... 1. 1.]", "the zip's observation_space.low is not readable text ('[1. 1. ... 1. 1.]'): numpy summarised it"),
+    ("[a b]", "the zip's observation_space.low is not a list of numbers: '[a b]'"),
+])
+def test_an_array_that_is_not_printed_numbers_is_refused(text, message):
+    from policyport.converter.sb3 import _array
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _array(text, "observation_space.low")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("text, name", [
+    ("<class 'torch.nn.modules.activation.Tanh'>", "tanh"), ("torch.nn.modules.activation.ELU", "elu"),
+    ("LeakyReLU", "leaky_relu"), ("<class 'torch.nn.modules.activation.ReLU'>  ", "relu"),
+    ("<class 'torch.nn.modules.linear.Identity'>", "linear"), ("<class 'torch.nn.modules.activation.SiLU'>", "silu"),
+    (None, None),
+])
+def test_the_activation_is_read_from_the_class_text_of_policy_kwargs(text, name):
+    from policyport.converter.sb3 import _activation_name
+
+    assert _activation_name({} if text is None else {"activation_fn": text}) == name
+
+
+def test_policy_kwargs_keep_only_their_readable_entries():
+    from policyport.converter.sb3 import _policy_kwargs
+
+    assert _policy_kwargs({"policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": "gA==", "net_arch": [8]}}) == {
+        "net_arch": [8]}
+    assert _policy_kwargs({"policy_kwargs": None}) == _policy_kwargs({"policy_kwargs": [1]}) == _policy_kwargs({}) == {}
+
+
+@pytest.mark.parametrize("entry, space", [
+    ({":type:": "<class 'gymnasium.spaces.discrete.Discrete'>", "n": "5", "shape": []},
+     {"type": "Discrete", "shape": (), "dtype": None, "n": 5}),
+    ({":type:": "<class 'gym.spaces.multi_discrete.MultiDiscrete'>", "nvec": "[2 3]", "_shape": [2], "dtype": "int64"},
+     {"type": "MultiDiscrete", "shape": (2,), "dtype": "int64", "nvec": (2, 3)}),
+    ({":type:": "Box", "_shape": [2], "shape": [9], "low": "[0. 1.]", "high": [2, 3], "dtype": "float32"},
+     {"type": "Box", "shape": (2,), "dtype": "float32", "low": [0.0, 1.0], "high": [2.0, 3.0]}),
+    ({":type:": "<class 'gymnasium.spaces.box.Box'>", "shape": [1], "low": "[0.]", "high": "[1.]"},
+     {"type": "Box", "shape": (1,), "dtype": None, "low": [0.0], "high": [1.0]}),
+    ({":type:": "<class 'gymnasium.spaces.box.Box'>", "low": "[0.]", "high": "[1.]"},
+     {"type": "Box", "shape": None, "dtype": None, "low": [0.0], "high": [1.0]}),
+])
+def test_a_space_is_read_from_its_readable_attributes(entry, space):
+    from policyport.converter.sb3 import _space
+
+    got = _space({"action_space": entry}, "action_space")
+    assert {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in got.items()} == space
+    assert type(got.get("n", 0)) is int and all(type(n) is int for n in got.get("nvec", ()))
