@@ -73,7 +73,7 @@ STATIC = ["tests/test_cli_usage.py::test_every_install_hint_names_an_extra_that_
           "tests/test_cli_misuse.py::test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing"]
 
 #: Files the tests read besides the package and tests/.
-ALSO_COPY = ["fixtures", "README.md", "SECURITY.md", "scripts", "benchmarks"]
+ALSO_COPY = ["fixtures", "README.md", "SECURITY.md", "scripts", "benchmarks", "docs"]
 
 
 def prepare(group: str) -> Path:
