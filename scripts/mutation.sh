@@ -10,6 +10,8 @@
 #   MUTATION_CHILDREN=1 scripts/mutation.sh cli   one mutmut child at a time (default 2), on a shared machine
 #   scripts/mutation.sh --sample 400 runtime      400 of the group's mutants drawn at random (--seed S, default 0):
 #                                                 an estimate of the score where a full run takes hours
+#   scripts/mutation.sh --resume converter        after adding tests: keep the last run's kills in functions
+#                                                 unchanged since, check every other mutant again
 #
 # Afterwards: .venv/bin/python scripts/mutation_report.py [GROUP...] prints killed/total per module
 # and every surviving mutant; `cd .mutation/GROUP && ../../.venv/bin/mutmut show NAME` shows one.

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mutation_report import KILLED  # scripts/ is this script's folder, first on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".mutation"
 
@@ -118,9 +120,44 @@ def mutant_names(folder: Path) -> list[str]:
     return sorted(names)
 
 
-def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int) -> int:
+def _metas(folder: Path) -> dict[Path, dict]:
+    """mutmut's results in ``folder``: module .meta file (relative) -> its JSON."""
+    root = folder / "mutants"
+    return {meta.relative_to(root): json.loads(meta.read_text()) for meta in root.rglob("*.py.meta")}
+
+
+def _function(mutant: str) -> str:
+    """The mangled function name of a mutant (``pkg.mod.x_fn__mutmut_3`` -> ``x_fn``)."""
+    return mutant.rsplit(".", 1)[1].rsplit("__mutmut_", 1)[0]
+
+
+def carry_over(previous: dict[Path, dict], folder: Path) -> list[str]:
+    """Copy into ``folder``'s fresh results every kill of ``previous`` whose function is unchanged (same
+    source hash); returns the mutants left to check. Tests are only ever added between runs, so a mutant
+    a test killed stays killed; everything else (survivors, unchecked, changed functions) runs again."""
+    left = []
+    for relative, data in _metas(folder).items():
+        old = previous.get(relative, {"exit_code_by_key": {}, "hash_by_function_name": {}})
+        codes = data["exit_code_by_key"]
+        for name in codes:
+            same = old["hash_by_function_name"].get(_function(name)) == data["hash_by_function_name"].get(_function(name))
+            if same and old["exit_code_by_key"].get(name) in KILLED:
+                codes[name] = old["exit_code_by_key"][name]
+            else:
+                left.append(name)
+        (folder / "mutants" / relative).write_text(json.dumps(data, indent=4))
+    return sorted(left)
+
+
+def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int, resume: bool) -> int:
     """mutmut over one group; with ``sample``, over that many of its mutants drawn uniformly at random
-    (``seed`` fixes the draw), the rest left unchecked: the score then estimates the whole group's."""
+    (``seed`` fixes the draw), the rest left unchecked: the score then estimates the whole group's.
+    With ``resume``, the kills of the previous run in functions unchanged since are kept and every other
+    mutant is checked against the tests as they are now."""
+    previous = _metas(WORK / group) if resume and (WORK / group / "mutants").is_dir() else None
+    if resume and not previous:
+        print(f"no previous run of {group} to resume", file=sys.stderr)
+        return 2
     folder = prepare(group)
     print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
     # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
@@ -128,7 +165,7 @@ def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed:
     # that pool has one thread.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     command = [str(mutmut), "run", "--max-children", children]
-    if sample is not None:
+    if sample is not None or previous:
         # A filter that matches no mutant: mutmut generates every mutant and maps tests to functions,
         # then stops, which lists the names to draw from.
         subprocess.run([*command, "no-such-mutant"], cwd=folder, env=env, capture_output=True)
@@ -136,8 +173,15 @@ def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed:
         if not names:
             print(f"mutmut generated no mutants for {group}", file=sys.stderr)
             return 1
-        drawn = random.Random(seed).sample(names, min(sample, len(names)))
-        print(f"== {group}: {len(drawn)} of {len(names)} mutants drawn (seed {seed})", flush=True)
+        if previous:
+            drawn = carry_over(previous, folder)
+            print(f"== {group}: {len(names) - len(drawn)} kills of unchanged functions kept; "
+                  f"{len(drawn)} mutants to check", flush=True)
+            if not drawn:
+                return 0
+        else:
+            drawn = random.Random(seed).sample(names, min(sample, len(names)))
+            print(f"== {group}: {len(drawn)} of {len(names)} mutants drawn (seed {seed})", flush=True)
         command += drawn
     return subprocess.run(command, cwd=folder, env=env).returncode
 
@@ -149,6 +193,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sample", type=int, metavar="N",
                         help="check N mutants of each group drawn at random instead of all of them")
     parser.add_argument("--seed", type=int, default=0, help="the seed of --sample's draw (default 0)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the previous run's kills in functions unchanged since; check the rest "
+                             "(its survivors, what it left unchecked, changed functions) against the current tests")
     args = parser.parse_args(argv)
     if args.list:
         for name, (modules, tests) in GROUPS.items():
@@ -158,6 +205,9 @@ def main(argv: list[str]) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         print(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    if args.sample is not None and args.resume:
+        print("--sample and --resume do not go together", file=sys.stderr)
         return 2
     if args.sample is not None and args.sample < 1:
         print(f"--sample must be at least 1, not {args.sample}", file=sys.stderr)
@@ -169,7 +219,7 @@ def main(argv: list[str]) -> int:
         print(f"MUTATION_CHILDREN must be a positive whole number, not {children!r}", file=sys.stderr)
         return 2
     for group in groups:
-        code = run_group(group, mutmut, children, args.sample, args.seed)
+        code = run_group(group, mutmut, children, args.sample, args.seed, args.resume)
         if code:
             print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
             return code
