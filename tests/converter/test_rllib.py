@@ -761,8 +761,8 @@ def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(
     rng = np.random.default_rng(17)
     w = {}
     for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("encoder.actor_encoder.net.mlp.2", 4, 5),
-                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3),
-                             ("vf.net.mlp.0", 2, 6)):
+                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("encoder.critic_encoder.net.mlp.2", 6, 6),
+                             ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3), ("vf.net.mlp.0", 2, 6)):
         w.update(_linear(rng, out, inp, prefix))
     w.update(_linear(rng, 1, 2, "vf.net.mlp.2", bias=False))
     ctor = {"class": "DefaultPPOTorchRLModule",
@@ -772,7 +772,8 @@ def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(
     relu = lambda z: np.maximum(z, 0)  # noqa: E731 - RLlib's default head_fcnet_activation
     h = _apply(w, "encoder.actor_encoder.net.mlp.2", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh), np.tanh)
     logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", h, relu))
-    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), relu))
+    critic = _apply(w, "encoder.critic_encoder.net.mlp.2", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), np.tanh)
+    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", critic, relu))
     for backend in ("numpy", "onnxruntime"):
         got = pp.load(model, backend=backend).run({"obs": obs})
         assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - v).max() <= 1e-5
@@ -892,3 +893,104 @@ def test_a_new_stack_with_several_modules_reads_the_one_named_and_the_filter_of_
                         ({"null": FILTER_B, "agent_1": FILTER_A}, [-1.0, 0.0, 2.0])):
         (stem / "state.pkl").write_bytes(pickle.dumps(state))
         assert read_checkpoint(folder, policy_id="hero").obs_filter.mean.tolist() == mean
+
+
+def test_a_dueling_dqn_with_two_encoder_layers_activates_both_and_its_source_reference_combines_the_heads(tmp_path):
+    rng = np.random.default_rng(29)
+    w = {**_linear(rng, 6, 3, "encoder.net.mlp.0"), **_linear(rng, 5, 6, "encoder.net.mlp.2"),
+         **_linear(rng, 4, 5, "af.net.mlp.0"), **_linear(rng, 1, 5, "vf.net.mlp.0")}
+    ctor = {"class": "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module.DefaultDQNTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "relu"}})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor))
+    assert converted.notes == ["new-stack checkpoint: converted policy 'default_policy'"]  # vf is no value branch here
+    obs = rng.normal(size=(8, 3)).astype(np.float32)
+    relu = lambda z: np.maximum(z, 0)  # noqa: E731
+    h = _apply(w, "encoder.net.mlp.2", _apply(w, "encoder.net.mlp.0", obs, relu), relu)
+    adv, value = _apply(w, "af.net.mlp.0", h), _apply(w, "vf.net.mlp.0", h)
+    q = value + adv - adv.mean(axis=1, keepdims=True)
+    source = converted.reference(obs)  # what verify --source compares every backend against
+    np.testing.assert_allclose(source["q_values"], q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(source["action"], np.argmax(q, axis=1))
+    got = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(got["q_values"] - q).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
+
+
+class _CallsSystem:
+    """Pickles as a call of ``os.system`` (never run: the reader refuses the global)."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("exit 0",))
+
+
+def _refusal(what: str, global_name: str) -> str:
+    return (f"{what} asks to call {global_name} while unpickling, which could run arbitrary code; policyport rebuilds "
+            "only numpy arrays and plain containers from a pickle and refused it (nothing from the file ran). If you "
+            "trust this file, pass --trust (trust=True)")
+
+
+def test_a_legacy_checkpoint_names_the_file_in_its_refusals_and_reads_its_state_with_trust(tmp_path):
+    w = _small_torch_weights(30)
+    path = _legacy(tmp_path / "worker", {"state": {"default_policy": w}, "hook": _CallsSystem()})
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_checkpoint(path)
+    assert str(caught.value) == _refusal(f"{path} (its worker state)", "posix.system")
+
+    outer = tmp_path / "outer" / "checkpoint-4"
+    outer.parent.mkdir()
+    outer.write_bytes(pickle.dumps({"worker": pickle.dumps({"state": {"default_policy": w}}), "hook": len}))
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_checkpoint(outer)
+    assert str(caught.value) == _refusal(str(outer), "builtins.len")
+    trusted = read_checkpoint(outer, trust=True)  # the standard unpickler: builtins.len is rebuilt as itself
+    assert list(trusted.weights) == list(w) and trusted.files == {"checkpoint-4": _sha256(outer)}
+
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(outer, policy_id="hero", trust=True)
+    assert str(caught.value) == f"policy 'hero' is not in {outer}; it holds: default_policy (choose one with --policy-id)"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("names, framework", [
+    (["_hidden_layers.0._model.0.weight", "_hidden_layers.0._model.0.bias"], "torch"),  # no_final_linear: no _logits
+    (["_logits._model.0.weight", "_logits._model.0.bias"], "torch"),  # fcnet_hiddens []: no hidden layer
+    (["default_policy/fc_1/kernel", "default_policy/fc_1/bias", "default_policy/fc_out/kernel"], "tf"),
+])
+def test_a_legacy_checkpoints_framework_is_told_by_its_weight_names(tmp_path, names, framework):
+    w = {name: np.full((2, 2) if name.endswith(("weight", "kernel")) else 2, n, np.float32) for n, name in enumerate(names)}
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": w}}))
+    assert (ckpt.framework, list(ckpt.weights)) == (framework, names)
+
+
+def test_a_legacy_policy_state_beside_its_weights_dict_reports_its_optimizer_state(tmp_path):
+    w = _small_torch_weights(31)
+    state = {"weights": {**w, "step": np.int64(3)}, "_optimizer_variables": [np.zeros(2)] * 2, "global_timestep": 9}
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
+    assert ckpt.dropped == ["optimizer state (2 _optimizer_variables)", "step (not a float array)"]
+    assert list(ckpt.weights) == list(w)
+    assert "dropped optimizer state (2 _optimizer_variables)" in convert_source(tmp_path / "checkpoint_000003").notes
+
+
+def test_a_new_stack_filter_state_of_another_agent_first_or_pickled_as_its_filter_object(tmp_path, monkeypatch):
+    import types
+
+    folder = _new_stack(tmp_path, _ppo_module_state(32), None, {"agent_1": FILTER_B, None: FILTER_A})
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.mean, [1.0, -2.0, 0.5])  # the default agent's
+
+    module = types.ModuleType("ray.rllib.utils.filter")  # RLlib's class, for pickling only
+    module.MeanStdFilter = type("MeanStdFilter", (), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    filt = module.MeanStdFilter()
+    filt.__dict__.update(FILTER_B)
+    stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state.pkl"
+    stem.write_bytes(pickle.dumps(filt))
+    got = read_checkpoint(folder).obs_filter  # the filter itself, read as an inert record
+    assert (got.clip, got.count, got.form) == (None, 5, "running_stats")
+    np.testing.assert_array_equal(got.std, [1.0, 2.0, 4.0])
