@@ -994,3 +994,138 @@ def test_a_new_stack_filter_state_of_another_agent_first_or_pickled_as_its_filte
     got = read_checkpoint(folder).obs_filter  # the filter itself, read as an inert record
     assert (got.clip, got.count, got.form) == (None, 5, "running_stats")
     np.testing.assert_array_equal(got.std, [1.0, 2.0, 4.0])
+
+
+# --------------------------------------------------------------------- what convert says and records
+
+
+@pytest.mark.parametrize("options, notes", [
+    ({}, ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
+          "dropped the value branch (fc_value_1, fc_value_2, value_out); --keep-value exports it as 'value'",
+          "dropped optimizer state (3 _optimizer_variables)",
+          "baked in the MeanStdFilter (12000 observations, epsilon 1e-08, clip 5.0); --no-filter leaves it out"]),
+    ({"obs_filter": False, "keep_value": True},
+     ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
+      "dropped optimizer state (3 _optimizer_variables)",
+      "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations"]),
+    ({"policy_id": "opponent"}, ["legacy checkpoint: converted policy 'opponent' (it also holds default_policy)",
+                                 "baked in the MeanStdFilter (0 observations, epsilon 1e-08, clip 10.0); --no-filter "
+                                 "leaves it out"]),
+])
+def test_the_notes_and_the_recorded_source_of_a_legacy_conversion(options, notes):
+    converted = convert_source(LEGACY, **options)
+    assert (converted.kind, converted.notes) == ("rllib", notes)
+    metadata = {p.key: p.value for p in converted.model.metadata_props}
+    pid = options.get("policy_id", "default_policy")
+    assert json.loads(metadata["policyport.source"]) == {
+        "kind": "rllib", "layout": "legacy", "policy_id": pid, "framework": "tf", "files": {"checkpoint-120": _sha256(LEGACY)}}
+    assert metadata["policyport.activation"] == "tanh"
+
+
+def test_obs_norm_is_refused_by_the_rllib_converter_itself():
+    from policyport.converter import ConvertOptions
+    from policyport.converter.rllib import convert_rllib
+
+    with pytest.raises(pp.OptionError) as caught:
+        convert_rllib(LEGACY, ConvertOptions(obs_norm="vecnormalize.pkl"))
+    assert str(caught.value) == "--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter"
+
+
+def _ppo_with_hidden_heads(rng) -> dict:
+    w = {}
+    for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("pi.net.mlp.0", 4, 5), ("pi.net.mlp.2", 2, 4)):
+        w.update(_linear(rng, out, inp, prefix))
+    return w
+
+
+@pytest.mark.parametrize("config, activation, act, head_act, recorded, steps", [
+    ({"fcnet_activation": "linear", "head_fcnet_activation": "tanh"}, None, None, np.tanh, "linear", ["pi.net.mlp.0/tanh"]),
+    ({"fcnet_activation": "relu", "head_fcnet_activation": "linear"}, None, lambda z: np.maximum(z, 0), None, "relu",
+     ["encoder.actor_encoder.net.mlp.0/relu"]),
+    ({"head_fcnet_activation": "relu"}, "leaky_relu:0.25", lambda z: np.where(z > 0, z, 0.25 * z),
+     lambda z: np.maximum(z, 0), "leaky_relu:0.25", ["encoder.actor_encoder.net.mlp.0/leaky_relu", "pi.net.mlp.0/relu"]),
+])
+def test_rl_module_encoder_and_head_activations_from_the_model_config(tmp_path, config, activation, act, head_act,
+                                                                       recorded, steps):
+    rng = np.random.default_rng(33)
+    w = _ppo_with_hidden_heads(rng)
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {
+        "model_config": config, "action_space": {"space": "discrete", "n": 2}})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor), activation=activation)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, act),
+                                                head_act))
+    metadata = {p.key: p.value for p in converted.model.metadata_props}
+    assert metadata["policyport.activation"] == recorded
+    chosen = [f"the checkpoint's model config (fcnet_activation) names no activation; using --activation {activation} "
+              "(the source check cannot tell whether that is the one the policy was trained with)"] if activation else []
+    assert converted.notes == chosen + ["new-stack checkpoint: converted policy 'default_policy'"]
+    source = converted.reference(obs)
+    got = pp.load(converted.model).run({"obs": obs})
+    for values in (source, got):
+        assert np.abs(values["logits"] - logits).max() <= 1e-5
+        np.testing.assert_array_equal(values["action"], np.argmax(logits, axis=1))  # Discrete: categorical
+    assert [n.output[0] for n in converted.model.graph.node if n.op_type not in ("Gemm", "ArgMax")] == steps
+
+
+_FILTER_540 = "baked in the MeanStdFilter (540 observations, epsilon 1e-06, clip none); --no-filter leaves it out"
+_OLD_TORCH = ["old-stack checkpoint: converted policy 'default_policy'",
+              "dropped the value branch (_value_branch_separate.0, _value_branch_separate.1, _value_branch); "
+              "--keep-value exports it as 'value'", "dropped optimizer state (1 _optimizer_variables)"]
+
+
+@pytest.mark.parametrize("name, notes", [
+    ("ppo_old_torch", _OLD_TORCH + [_FILTER_540]),
+    ("ppo_old_torch_discrete", _OLD_TORCH + [
+        "observation space Discrete(4): the graph takes int64 indices and one-hot encodes them", _FILTER_540]),
+    ("ppo_old_torch_multidiscrete", _OLD_TORCH + [
+        "observation space MultiDiscrete[2, 2]: the graph takes int64 indices, one per sub-space, and one-hot encodes "
+        "each", _FILTER_540]),
+    ("ppo_new", ["new-stack checkpoint: converted policy 'default_policy'",
+                 "dropped the value branch (encoder.critic_encoder.net.mlp.0, encoder.critic_encoder.net.mlp.2, "
+                 "vf.net.mlp.0); --keep-value exports it as 'value'",
+                 "baked in the MeanStdFilter (534 observations, epsilon 1e-06, clip 10.0); --no-filter leaves it out"]),
+])
+def test_the_notes_of_ray_written_checkpoints_and_their_source_reference_tensor_by_tensor(name, notes):
+    converted = convert_source(RAY / name)
+    assert converted.notes == notes
+    nvec = {"ppo_old_torch_discrete": (4,), "ppo_old_torch_multidiscrete": (2, 2)}.get(name)
+    rng = np.random.default_rng(34)
+    if nvec is None:
+        obs = rng.normal(size=(9, 4)).astype(np.float32)
+    else:
+        obs = rng.integers(0, nvec, size=(9, len(nvec))).astype(np.int64)
+        obs = obs[:, 0] if len(nvec) == 1 else obs
+    source = converted.reference(obs)
+    got = pp.load(converted.model).record({"obs": obs}, "*")
+    assert {"logits", "action"} <= set(source) <= set(got)
+    for tensor, value in source.items():
+        assert value.dtype == got[tensor].dtype and np.abs(value - got[tensor]).max() <= 1e-5, tensor
+    if nvec is not None:
+        rows = obs.reshape(len(obs), -1)
+        one_hot = np.concatenate([np.eye(n, dtype=np.float32)[rows[:, i]] for i, n in enumerate(nvec)], axis=1)
+        np.testing.assert_array_equal(source["obs_preprocessor/one_hot"], one_hot)
+    np.testing.assert_array_equal(source["action"], np.argmax(source["logits"], axis=1))
+
+
+@pytest.mark.parametrize("space, head, outputs", [
+    ({"space": "box", "shape": [1]}, None, ["logits", "action", "log_std"]),  # a Box action: diag-gaussian
+    ({"space": "discrete", "n": 2}, None, ["logits", "action"]),  # Discrete: categorical
+    ({"space": "box", "shape": [1]}, "categorical", ["logits", "action"]),  # --head chooses
+    ({"space": "tuple", "spaces": []}, None, ["logits"]),  # no deterministic action for another space
+])
+def test_the_head_follows_the_recorded_action_space_unless_one_is_given(tmp_path, space, head, outputs):
+    w = _ppo_module_state(35)
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {"action_space": space})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor), head=head)
+    assert [o.name for o in converted.model.graph.output] == outputs
+    obs = np.random.default_rng(36).normal(size=(5, 3)).astype(np.float32)
+    source, got = converted.reference(obs), pp.load(converted.model).run({"obs": obs})
+    logits = _apply(w, "pi.net.mlp.0", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh))
+    for values in (source, got):
+        assert np.abs(values["logits"] - logits).max() <= 1e-5
+        if "log_std" in outputs:
+            np.testing.assert_array_equal(values["action"], values["logits"][:, :1])
+            np.testing.assert_array_equal(values["log_std"], values["logits"][:, 1:])
+        elif "action" in outputs:
+            np.testing.assert_array_equal(values["action"], np.argmax(logits, axis=1))
