@@ -946,6 +946,7 @@ def test_a_legacy_checkpoint_names_the_file_in_its_refusals_and_reads_its_state_
     assert str(caught.value) == _refusal(str(outer), "builtins.len")
     trusted = read_checkpoint(outer, trust=True)  # the standard unpickler: builtins.len is rebuilt as itself
     assert list(trusted.weights) == list(w) and trusted.files == {"checkpoint-4": _sha256(outer)}
+    assert convert_source(outer, trust=True).notes == ["legacy checkpoint: converted policy 'default_policy'"]
 
     with pytest.raises(pp.BadModelError) as caught:
         read_checkpoint(outer, policy_id="hero", trust=True)
@@ -1129,3 +1130,79 @@ def test_the_head_follows_the_recorded_action_space_unless_one_is_given(tmp_path
             np.testing.assert_array_equal(values["log_std"], values["logits"][:, 1:])
         elif "action" in outputs:
             np.testing.assert_array_equal(values["action"], np.argmax(logits, axis=1))
+
+
+# ------------------------------------------------------------------------------- files and weights read
+
+
+def _msgpack_array(a: np.ndarray) -> dict:
+    """An array as msgpack-numpy writes it in Ray's ``.msgpack`` states."""
+    return {b"nd": True, b"type": a.dtype.str, b"shape": list(a.shape), b"data": a.tobytes()}
+
+
+def test_a_policy_folder_in_msgpack_is_read_and_its_damage_named(tmp_path):
+    msgpack = pytest.importorskip("msgpack")  # Ray's own dependency
+    w = _small_torch_weights(37)
+    folder = tmp_path / "default_policy"
+    folder.mkdir()
+    data = msgpack.packb({"weights": {k: _msgpack_array(v) for k, v in w.items()},
+                          "policy_spec": {"config": {"model": {"fcnet_activation": "relu"}}}})
+    (folder / "policy_state.msgpack").write_bytes(data)
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.layout, ckpt.policy_id, ckpt.framework, ckpt.model_config) == (
+        "old-stack", "default_policy", "torch", {"fcnet_activation": "relu"})
+    assert all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w) and list(ckpt.weights) == list(w)
+    assert ckpt.files == {"policy_state.msgpack": _sha256(folder / "policy_state.msgpack")}
+    (folder / "policy_state.msgpack").write_bytes(data[:-3])
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == (f"{folder / 'policy_state.msgpack'} is truncated: a MessagePack value runs past the end "
+                                 "of the file")
+
+
+def test_a_missing_module_state_and_an_unreadable_file_are_named(tmp_path, monkeypatch):
+    folder = _new_stack(tmp_path, _ppo_module_state(38))
+    module = folder / "learner_group" / "learner" / "rl_module" / "default_policy"
+    (module / "module_state.pkl").unlink()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == f"{module / 'module_state'}.pkl (or .msgpack) is missing from the checkpoint"
+
+    path = _legacy(tmp_path, {"state": {"default_policy": _small_torch_weights(39)}})
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(path)
+    assert str(caught.value) == f"cannot read {path}: [Errno 13] Permission denied"
+
+
+def test_framework_helpers_a_checkpoint_names_are_recorded_inertly(tmp_path, monkeypatch):
+    import types
+
+    helpers = {}
+    for name in ("ray.rllib.policyport_helpers", "cloudpickle.policyport_helpers", "numpy.random.policyport_helpers"):
+        module = types.ModuleType(name)  # the frameworks' helper functions, for pickling only
+        module.helper = lambda x: x
+        module.helper.__module__, module.helper.__qualname__ = name, "helper"
+        monkeypatch.setitem(sys.modules, name, module)
+        helpers[name] = module.helper
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {
+        "model_config": {"fcnet_activation": "relu"}, "hooks": list(helpers.values())})}
+    ckpt = read_checkpoint(_new_stack(tmp_path, _ppo_module_state(40), ctor))
+    assert (ckpt.module_class, ckpt.model_config) == ("DefaultPPOTorchRLModule", {"fcnet_activation": "relu"})
+
+
+@pytest.mark.parametrize("state, weights, dropped", [
+    ({"_optimizer_variables": [np.zeros(2)] * 2, "a": np.ones(2, np.float32), "b": np.zeros(1, np.float64)}, ["a", "b"],
+     ["optimizer state (2 _optimizer_variables)"]),  # the optimizer state first in the dict: the rest is still read
+    ({"a": np.ones(2, np.float32), "n": 7, "x": np.float64(2.0), "_optimizer_variables": np.zeros(3)}, ["a"],
+     ["optimizer state (1 _optimizer_variables)", "n (not a float array)", "x (not a float array)"]),
+    ({"a": np.ones(2, np.float16), "i": np.arange(3), "_optimizer_variables": {"m": 1, "v": 2, "t": 3}}, ["a"],
+     ["optimizer state (3 _optimizer_variables)", "i (not a float array)"]),
+])
+def test_the_weights_of_a_policy_state_and_what_else_it_held(tmp_path, state, weights, dropped):
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
+    assert (list(ckpt.weights), ckpt.dropped) == (weights, dropped)
