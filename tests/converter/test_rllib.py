@@ -1206,3 +1206,49 @@ def test_framework_helpers_a_checkpoint_names_are_recorded_inertly(tmp_path, mon
 def test_the_weights_of_a_policy_state_and_what_else_it_held(tmp_path, state, weights, dropped):
     ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
     assert (list(ckpt.weights), ckpt.dropped) == (weights, dropped)
+
+
+def test_a_checkpoint_without_policies_says_it_holds_none(tmp_path):
+    folder = _new_stack(tmp_path, _ppo_module_state(41))
+    modules = folder / "learner_group" / "learner" / "rl_module"
+    (modules / "default_policy" / "module_state.pkl").unlink()
+    (modules / "default_policy").rmdir()
+    (tmp_path / "old" / "policies").mkdir(parents=True)
+    for path in (folder, tmp_path / "old"):
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == f"policy 'default_policy' is not in {path}; it holds: no policies (choose one with --policy-id)"
+
+
+def test_serialised_arrays_are_read_strictly_and_never_unpickled():
+    import base64
+    import io
+    import zlib
+
+    from policyport.converter.rllib import _decode_array
+
+    text = _ray_array(np.arange(4, dtype=np.float64))
+    damaged = text[:12] + "!" + text[12:]  # a lenient base64 decoder would skip the "!"
+    assert _decode_array(damaged) is damaged
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    pickled = base64.b64encode(zlib.compress(buf.getvalue())).decode()
+    assert _decode_array(pickled) is pickled
+
+
+def test_a_pickled_filter_object_takes_rllibs_defaults_for_what_it_does_not_record():
+    rs = _filter(_record("ray.rllib.utils.filter.MeanStdFilter", {
+        "rs": {"_n": 3, "_M": np.array([1.0]), "_S": np.array([8.0])}}))
+    assert (rs.demean, rs.destd, rs.clip, rs.count, rs.form) == (True, True, None, 3, "rs")
+    np.testing.assert_array_equal(rs.std, [2.0])
+
+
+def test_filter_statistics_of_two_observations_are_float64_whatever_the_stored_dtype():
+    mean, sum_sq = np.array([0.5, -1.5], np.float32), np.array([2.25, 0.09], np.float32)
+    rs = _filter({"rs": {"_n": 2, "_M": mean, "_S": sum_sq}})  # n = 2: var = _S / 1, not _M ** 2
+    new = _filter({"running_stats": [{"num_pushes": 2, "mean_array": mean, "sum_sq_diff_array": sum_sq}]})
+    for f in (rs, new):
+        assert f.mean.dtype == f.std.dtype == np.float64 and f.count == 2
+        assert f.mean.tobytes() == mean.astype(np.float64).tobytes()
+    assert rs.std.tobytes() == np.sqrt(sum_sq.astype(np.float64)).tobytes()
+    assert new.std.tobytes() == np.sqrt(sum_sq.astype(np.float64).astype(np.float32)).astype(np.float64).tobytes()
