@@ -1202,6 +1202,8 @@ def test_framework_helpers_a_checkpoint_names_are_recorded_inertly(tmp_path, mon
      ["optimizer state (1 _optimizer_variables)", "n (not a float array)", "x (not a float array)"]),
     ({"a": np.ones(2, np.float16), "i": np.arange(3), "_optimizer_variables": {"m": 1, "v": 2, "t": 3}}, ["a"],
      ["optimizer state (3 _optimizer_variables)", "i (not a float array)"]),
+    ({"weights": {"a": np.ones(2, np.float32), "_optimizer_variables": [np.zeros(1)] * 4}, "global_timestep": 1}, ["a"],
+     ["optimizer state (4 _optimizer_variables)"]),  # the optimizer state inside the weights dict
 ])
 def test_the_weights_of_a_policy_state_and_what_else_it_held(tmp_path, state, weights, dropped):
     ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
