@@ -916,6 +916,12 @@ def test_a_dueling_dqn_with_two_encoder_layers_activates_both_and_its_source_ref
     np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
 
 
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 class _CallsSystem:
     """Pickles as a call of ``os.system`` (never run: the reader refuses the global)."""
 
@@ -951,12 +957,6 @@ def test_a_legacy_checkpoint_names_the_file_in_its_refusals_and_reads_its_state_
     with pytest.raises(pp.BadModelError) as caught:
         read_checkpoint(outer, policy_id="hero", trust=True)
     assert str(caught.value) == f"policy 'hero' is not in {outer}; it holds: default_policy (choose one with --policy-id)"
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("names, framework", [
