@@ -1247,8 +1247,9 @@ def test_a_pickled_filter_object_takes_rllibs_defaults_for_what_it_does_not_reco
 
 def test_filter_statistics_of_two_observations_are_float64_whatever_the_stored_dtype():
     mean, sum_sq = np.array([0.5, -1.5], np.float32), np.array([2.25, 0.09], np.float32)
-    rs = _filter({"rs": {"_n": 2, "_M": mean, "_S": sum_sq}})  # n = 2: var = _S / 1, not _M ** 2
+    rs = _filter({"destd": False, "rs": {"_n": 2, "_M": mean, "_S": sum_sq}})  # n = 2: var = _S / 1, not _M ** 2
     new = _filter({"running_stats": [{"num_pushes": 2, "mean_array": mean, "sum_sq_diff_array": sum_sq}]})
+    assert (rs.demean, rs.destd, new.demean, new.destd) == (True, False, True, True)
     for f in (rs, new):
         assert f.mean.dtype == f.std.dtype == np.float64 and f.count == 2
         assert f.mean.tobytes() == mean.astype(np.float64).tobytes()
