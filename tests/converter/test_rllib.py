@@ -1255,3 +1255,9 @@ def test_filter_statistics_of_two_observations_are_float64_whatever_the_stored_d
         assert f.mean.tobytes() == mean.astype(np.float64).tobytes()
     assert rs.std.tobytes() == np.sqrt(sum_sq.astype(np.float64)).tobytes()
     assert new.std.tobytes() == np.sqrt(sum_sq.astype(np.float64).astype(np.float32)).astype(np.float64).tobytes()
+    # a count past float32's integers: the division still in float64, as Ray divides its float64 sums
+    n = 2 ** 24 + 2
+    big = _filter({"running_stats": [{"num_pushes": n, "mean_array": np.zeros(1, np.float32),
+                                      "sum_sq_diff_array": np.array([2.0 ** 24], np.float32)}]})
+    var = np.float32(2.0 ** 24 / (n - 1))
+    assert var == np.float32(1 - 2.0 ** -24) and big.std[0] == np.float64(np.sqrt(var)) < 1.0
