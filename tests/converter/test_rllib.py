@@ -1179,18 +1179,18 @@ def test_a_missing_module_state_and_an_unreadable_file_are_named(tmp_path, monke
     assert str(caught.value) == f"cannot read {path}: [Errno 13] Permission denied"
 
 
-def test_framework_helpers_a_checkpoint_names_are_recorded_inertly(tmp_path, monkeypatch):
+def test_framework_functions_a_checkpoint_names_are_recorded_inertly(tmp_path, monkeypatch):
     import types
 
-    helpers = {}
-    for name in ("ray.rllib.policyport_helpers", "cloudpickle.policyport_helpers", "numpy.random.policyport_helpers"):
-        module = types.ModuleType(name)  # the frameworks' helper functions, for pickling only
-        module.helper = lambda x: x
-        module.helper.__module__, module.helper.__qualname__ = name, "helper"
+    hooks = []
+    for name in ("ray.rllib.policyport_hooks", "cloudpickle.policyport_hooks", "numpy.random.policyport_hooks"):
+        module = types.ModuleType(name)  # a framework module's function, for pickling only
+        module.hook = lambda x: x
+        module.hook.__module__, module.hook.__qualname__ = name, "hook"
         monkeypatch.setitem(sys.modules, name, module)
-        helpers[name] = module.helper
+        hooks.append(module.hook)
     ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {
-        "model_config": {"fcnet_activation": "relu"}, "hooks": list(helpers.values())})}
+        "model_config": {"fcnet_activation": "relu"}, "hooks": hooks})}
     ckpt = read_checkpoint(_new_stack(tmp_path, _ppo_module_state(40), ctor))
     assert (ckpt.module_class, ckpt.model_config) == ("DefaultPPOTorchRLModule", {"fcnet_activation": "relu"})
 
