@@ -761,8 +761,8 @@ def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(
     rng = np.random.default_rng(17)
     w = {}
     for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("encoder.actor_encoder.net.mlp.2", 4, 5),
-                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3),
-                             ("vf.net.mlp.0", 2, 6)):
+                             ("encoder.critic_encoder.net.mlp.0", 6, 3), ("encoder.critic_encoder.net.mlp.2", 6, 6),
+                             ("pi.net.mlp.0", 3, 4), ("pi.net.mlp.2", 2, 3), ("vf.net.mlp.0", 2, 6)):
         w.update(_linear(rng, out, inp, prefix))
     w.update(_linear(rng, 1, 2, "vf.net.mlp.2", bias=False))
     ctor = {"class": "DefaultPPOTorchRLModule",
@@ -772,7 +772,8 @@ def test_rl_module_heads_with_hidden_layers_take_rllibs_head_activation_default(
     relu = lambda z: np.maximum(z, 0)  # noqa: E731 - RLlib's default head_fcnet_activation
     h = _apply(w, "encoder.actor_encoder.net.mlp.2", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh), np.tanh)
     logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", h, relu))
-    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), relu))
+    critic = _apply(w, "encoder.critic_encoder.net.mlp.2", _apply(w, "encoder.critic_encoder.net.mlp.0", obs, np.tanh), np.tanh)
+    v = _apply(w, "vf.net.mlp.2", _apply(w, "vf.net.mlp.0", critic, relu))
     for backend in ("numpy", "onnxruntime"):
         got = pp.load(model, backend=backend).run({"obs": obs})
         assert np.abs(got["logits"] - logits).max() <= 1e-5 and np.abs(got["value"] - v).max() <= 1e-5
@@ -892,3 +893,371 @@ def test_a_new_stack_with_several_modules_reads_the_one_named_and_the_filter_of_
                         ({"null": FILTER_B, "agent_1": FILTER_A}, [-1.0, 0.0, 2.0])):
         (stem / "state.pkl").write_bytes(pickle.dumps(state))
         assert read_checkpoint(folder, policy_id="hero").obs_filter.mean.tolist() == mean
+
+
+def test_a_dueling_dqn_with_two_encoder_layers_activates_both_and_its_source_reference_combines_the_heads(tmp_path):
+    rng = np.random.default_rng(29)
+    w = {**_linear(rng, 6, 3, "encoder.net.mlp.0"), **_linear(rng, 5, 6, "encoder.net.mlp.2"),
+         **_linear(rng, 4, 5, "af.net.mlp.0"), **_linear(rng, 1, 5, "vf.net.mlp.0")}
+    ctor = {"class": "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module.DefaultDQNTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "relu"}})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor))
+    assert converted.notes == ["new-stack checkpoint: converted policy 'default_policy'"]  # vf is no value branch here
+    obs = rng.normal(size=(8, 3)).astype(np.float32)
+    relu = lambda z: np.maximum(z, 0)  # noqa: E731
+    h = _apply(w, "encoder.net.mlp.2", _apply(w, "encoder.net.mlp.0", obs, relu), relu)
+    adv, value = _apply(w, "af.net.mlp.0", h), _apply(w, "vf.net.mlp.0", h)
+    q = value + adv - adv.mean(axis=1, keepdims=True)
+    source = converted.reference(obs)  # what verify --source compares every backend against
+    np.testing.assert_allclose(source["q_values"], q, rtol=1e-5, atol=1e-5)
+    assert source["action"].dtype == np.int64 and source["action"].tolist() == np.argmax(q, axis=1).tolist()
+    got = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(got["q_values"] - q).max() <= 1e-5
+    np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class _CallsSystem:
+    """Pickles as a call of ``os.system`` (never run: the reader refuses the global)."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("exit 0",))
+
+
+def _refusal(what: str, global_name: str) -> str:
+    return (f"{what} asks to call {global_name} while unpickling, which could run arbitrary code; policyport rebuilds "
+            "only numpy arrays and plain containers from a pickle and refused it (nothing from the file ran). If you "
+            "trust this file, pass --trust (trust=True)")
+
+
+def test_a_legacy_checkpoint_names_the_file_in_its_refusals_and_reads_its_state_with_trust(tmp_path):
+    w = _small_torch_weights(30)
+    path = _legacy(tmp_path / "worker", {"state": {"default_policy": w}, "hook": _CallsSystem()})
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_checkpoint(path)
+    assert str(caught.value) == _refusal(f"{path} (its worker state)", "posix.system")
+
+    outer = tmp_path / "outer" / "checkpoint-4"
+    outer.parent.mkdir()
+    outer.write_bytes(pickle.dumps({"worker": pickle.dumps({"state": {"default_policy": w}}), "hook": len}))
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        read_checkpoint(outer)
+    assert str(caught.value) == _refusal(str(outer), "builtins.len")
+    trusted = read_checkpoint(outer, trust=True)  # the standard unpickler: builtins.len is rebuilt as itself
+    assert list(trusted.weights) == list(w) and trusted.files == {"checkpoint-4": _sha256(outer)}
+    assert convert_source(outer, trust=True).notes == ["legacy checkpoint: converted policy 'default_policy'"]
+
+    with pytest.raises(pp.BadModelError) as caught:
+        read_checkpoint(outer, policy_id="hero", trust=True)
+    assert str(caught.value) == f"policy 'hero' is not in {outer}; it holds: default_policy (choose one with --policy-id)"
+
+
+@pytest.mark.parametrize("names, framework", [
+    (["_hidden_layers.0._model.0.weight", "_hidden_layers.0._model.0.bias"], "torch"),  # no_final_linear: no _logits
+    (["_logits._model.0.weight", "_logits._model.0.bias"], "torch"),  # fcnet_hiddens []: no hidden layer
+    (["default_policy/fc_1/kernel", "default_policy/fc_1/bias", "default_policy/fc_out/kernel"], "tf"),
+])
+def test_a_legacy_checkpoints_framework_is_told_by_its_weight_names(tmp_path, names, framework):
+    w = {name: np.full((2, 2) if name.endswith(("weight", "kernel")) else 2, n, np.float32) for n, name in enumerate(names)}
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": w}}))
+    assert (ckpt.framework, list(ckpt.weights)) == (framework, names)
+
+
+def test_a_legacy_policy_state_beside_its_weights_dict_reports_its_optimizer_state(tmp_path):
+    w = _small_torch_weights(31)
+    state = {"weights": {**w, "step": np.int64(3)}, "_optimizer_variables": [np.zeros(2)] * 2, "global_timestep": 9}
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
+    assert ckpt.dropped == ["optimizer state (2 _optimizer_variables)", "step (not a float array)"]
+    assert list(ckpt.weights) == list(w)
+    assert "dropped optimizer state (2 _optimizer_variables)" in convert_source(tmp_path / "checkpoint_000003").notes
+
+
+def test_a_new_stack_filter_state_of_another_agent_first_or_pickled_as_its_filter_object(tmp_path, monkeypatch):
+    import types
+
+    folder = _new_stack(tmp_path, _ppo_module_state(32), None, {"agent_1": FILTER_B, None: FILTER_A})
+    np.testing.assert_array_equal(read_checkpoint(folder).obs_filter.mean, [1.0, -2.0, 0.5])  # the default agent's
+
+    module = types.ModuleType("ray.rllib.utils.filter")  # RLlib's class, for pickling only
+    module.MeanStdFilter = type("MeanStdFilter", (), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    filt = module.MeanStdFilter()
+    filt.__dict__.update(FILTER_B)
+    stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state.pkl"
+    stem.write_bytes(pickle.dumps(filt))
+    got = read_checkpoint(folder).obs_filter  # the filter itself, read as an inert record
+    assert (got.clip, got.count, got.form) == (None, 5, "running_stats")
+    np.testing.assert_array_equal(got.std, [1.0, 2.0, 4.0])
+
+
+# --------------------------------------------------------------------- what convert says and records
+
+
+@pytest.mark.parametrize("options, notes", [
+    ({}, ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
+          "dropped the value branch (fc_value_1, fc_value_2, value_out); --keep-value exports it as 'value'",
+          "dropped optimizer state (3 _optimizer_variables)",
+          "baked in the MeanStdFilter (12000 observations, epsilon 1e-08, clip 5.0); --no-filter leaves it out"]),
+    ({"obs_filter": False, "keep_value": True},
+     ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
+      "dropped optimizer state (3 _optimizer_variables)",
+      "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations"]),
+    ({"policy_id": "opponent"}, ["legacy checkpoint: converted policy 'opponent' (it also holds default_policy)",
+                                 "baked in the MeanStdFilter (0 observations, epsilon 1e-08, clip 10.0); --no-filter "
+                                 "leaves it out"]),
+])
+def test_the_notes_and_the_recorded_source_of_a_legacy_conversion(options, notes):
+    converted = convert_source(LEGACY, **options)
+    assert (converted.kind, converted.notes) == ("rllib", notes)
+    metadata = {p.key: p.value for p in converted.model.metadata_props}
+    pid = options.get("policy_id", "default_policy")
+    assert json.loads(metadata["policyport.source"]) == {
+        "kind": "rllib", "layout": "legacy", "policy_id": pid, "framework": "tf", "files": {"checkpoint-120": _sha256(LEGACY)}}
+    assert metadata["policyport.activation"] == "tanh"
+
+
+def test_obs_norm_is_refused_by_the_rllib_converter_itself():
+    from policyport.converter import ConvertOptions
+    from policyport.converter.rllib import convert_rllib
+
+    with pytest.raises(pp.OptionError) as caught:
+        convert_rllib(LEGACY, ConvertOptions(obs_norm="vecnormalize.pkl"))
+    assert str(caught.value) == "--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter"
+
+
+def _ppo_with_hidden_heads(rng) -> dict:
+    w = {}
+    for prefix, out, inp in (("encoder.actor_encoder.net.mlp.0", 5, 3), ("pi.net.mlp.0", 4, 5), ("pi.net.mlp.2", 2, 4)):
+        w.update(_linear(rng, out, inp, prefix))
+    return w
+
+
+@pytest.mark.parametrize("config, activation, act, head_act, recorded, steps", [
+    ({"fcnet_activation": "linear", "head_fcnet_activation": "tanh"}, None, None, np.tanh, "linear", ["pi.net.mlp.0/tanh"]),
+    ({"fcnet_activation": "relu", "head_fcnet_activation": "linear"}, None, lambda z: np.maximum(z, 0), None, "relu",
+     ["encoder.actor_encoder.net.mlp.0/relu"]),
+    ({"head_fcnet_activation": "relu"}, "leaky_relu:0.25", lambda z: np.where(z > 0, z, 0.25 * z),
+     lambda z: np.maximum(z, 0), "leaky_relu:0.25", ["encoder.actor_encoder.net.mlp.0/leaky_relu", "pi.net.mlp.0/relu"]),
+])
+def test_rl_module_encoder_and_head_activations_from_the_model_config(tmp_path, config, activation, act, head_act,
+                                                                       recorded, steps):
+    rng = np.random.default_rng(33)
+    w = _ppo_with_hidden_heads(rng)
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {
+        "model_config": config, "action_space": {"space": "discrete", "n": 2}})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor), activation=activation)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    logits = _apply(w, "pi.net.mlp.2", _apply(w, "pi.net.mlp.0", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, act),
+                                                head_act))
+    metadata = {p.key: p.value for p in converted.model.metadata_props}
+    assert metadata["policyport.activation"] == recorded
+    chosen = [f"the checkpoint's model config (fcnet_activation) names no activation; using --activation {activation} "
+              "(the source check cannot tell whether that is the one the policy was trained with)"] if activation else []
+    assert converted.notes == chosen + ["new-stack checkpoint: converted policy 'default_policy'"]
+    source = converted.reference(obs)
+    got = pp.load(converted.model).run({"obs": obs})
+    for values in (source, got):
+        assert np.abs(values["logits"] - logits).max() <= 1e-5
+        np.testing.assert_array_equal(values["action"], np.argmax(logits, axis=1))  # Discrete: categorical
+    assert [n.output[0] for n in converted.model.graph.node if n.op_type not in ("Gemm", "ArgMax")] == steps
+
+
+_FILTER_540 = "baked in the MeanStdFilter (540 observations, epsilon 1e-06, clip none); --no-filter leaves it out"
+_OLD_TORCH = ["old-stack checkpoint: converted policy 'default_policy'",
+              "dropped the value branch (_value_branch_separate.0, _value_branch_separate.1, _value_branch); "
+              "--keep-value exports it as 'value'", "dropped optimizer state (1 _optimizer_variables)"]
+
+
+@pytest.mark.parametrize("name, notes", [
+    ("ppo_old_torch", _OLD_TORCH + [_FILTER_540]),
+    ("ppo_old_torch_discrete", _OLD_TORCH + [
+        "observation space Discrete(4): the graph takes int64 indices and one-hot encodes them", _FILTER_540]),
+    ("ppo_old_torch_multidiscrete", _OLD_TORCH + [
+        "observation space MultiDiscrete[2, 2]: the graph takes int64 indices, one per sub-space, and one-hot encodes "
+        "each", _FILTER_540]),
+    ("ppo_new", ["new-stack checkpoint: converted policy 'default_policy'",
+                 "dropped the value branch (encoder.critic_encoder.net.mlp.0, encoder.critic_encoder.net.mlp.2, "
+                 "vf.net.mlp.0); --keep-value exports it as 'value'",
+                 "baked in the MeanStdFilter (534 observations, epsilon 1e-06, clip 10.0); --no-filter leaves it out"]),
+])
+def test_the_notes_of_ray_written_checkpoints_and_their_source_reference_tensor_by_tensor(name, notes):
+    converted = convert_source(RAY / name)
+    assert converted.notes == notes
+    nvec = {"ppo_old_torch_discrete": (4,), "ppo_old_torch_multidiscrete": (2, 2)}.get(name)
+    rng = np.random.default_rng(34)
+    if nvec is None:
+        obs = rng.normal(size=(9, 4)).astype(np.float32)
+    else:
+        obs = rng.integers(0, nvec, size=(9, len(nvec))).astype(np.int64)
+        obs = obs[:, 0] if len(nvec) == 1 else obs
+    source = converted.reference(obs)
+    got = pp.load(converted.model).record({"obs": obs}, "*")
+    assert {"logits", "action"} <= set(source) <= set(got)
+    for tensor, value in source.items():
+        assert value.dtype == got[tensor].dtype and np.abs(value - got[tensor]).max() <= 1e-5, tensor
+    if nvec is not None:
+        rows = obs.reshape(len(obs), -1)
+        one_hot = np.concatenate([np.eye(n, dtype=np.float32)[rows[:, i]] for i, n in enumerate(nvec)], axis=1)
+        np.testing.assert_array_equal(source["obs_preprocessor/one_hot"], one_hot)
+    np.testing.assert_array_equal(source["action"], np.argmax(source["logits"], axis=1))
+
+
+@pytest.mark.parametrize("space, head, outputs", [
+    ({"space": "box", "shape": [1]}, None, ["logits", "action", "log_std"]),  # a Box action: diag-gaussian
+    ({"space": "discrete", "n": 2}, None, ["logits", "action"]),  # Discrete: categorical
+    ({"space": "box", "shape": [1]}, "categorical", ["logits", "action"]),  # --head chooses
+    ({"space": "tuple", "spaces": []}, None, ["logits"]),  # no deterministic action for another space
+])
+def test_the_head_follows_the_recorded_action_space_unless_one_is_given(tmp_path, space, head, outputs):
+    w = _ppo_module_state(35)
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {"action_space": space})}
+    converted = convert_source(_new_stack(tmp_path, w, ctor), head=head)
+    assert [o.name for o in converted.model.graph.output] == outputs
+    obs = np.random.default_rng(36).normal(size=(5, 3)).astype(np.float32)
+    source, got = converted.reference(obs), pp.load(converted.model).run({"obs": obs})
+    logits = _apply(w, "pi.net.mlp.0", _apply(w, "encoder.actor_encoder.net.mlp.0", obs, np.tanh))
+    for values in (source, got):
+        assert np.abs(values["logits"] - logits).max() <= 1e-5
+        if "log_std" in outputs:
+            np.testing.assert_array_equal(values["action"], values["logits"][:, :1])
+            np.testing.assert_array_equal(values["log_std"], values["logits"][:, 1:])
+        elif "action" in outputs:
+            np.testing.assert_array_equal(values["action"], np.argmax(logits, axis=1))
+
+
+# ------------------------------------------------------------------------------- files and weights read
+
+
+def _msgpack_array(a: np.ndarray) -> dict:
+    """An array as msgpack-numpy writes it in Ray's ``.msgpack`` states."""
+    return {b"nd": True, b"type": a.dtype.str, b"shape": list(a.shape), b"data": a.tobytes()}
+
+
+def test_a_policy_folder_in_msgpack_is_read_and_its_damage_named(tmp_path):
+    msgpack = pytest.importorskip("msgpack")  # Ray's own dependency
+    w = _small_torch_weights(37)
+    folder = tmp_path / "default_policy"
+    folder.mkdir()
+    data = msgpack.packb({"weights": {k: _msgpack_array(v) for k, v in w.items()},
+                          "policy_spec": {"config": {"model": {"fcnet_activation": "relu"}}}})
+    (folder / "policy_state.msgpack").write_bytes(data)
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.layout, ckpt.policy_id, ckpt.framework, ckpt.model_config) == (
+        "old-stack", "default_policy", "torch", {"fcnet_activation": "relu"})
+    assert all(ckpt.weights[k].tobytes() == w[k].tobytes() for k in w) and list(ckpt.weights) == list(w)
+    assert ckpt.files == {"policy_state.msgpack": _sha256(folder / "policy_state.msgpack")}
+    (folder / "policy_state.msgpack").write_bytes(data[:-3])
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == (f"{folder / 'policy_state.msgpack'} is truncated: a MessagePack value runs past the end "
+                                 "of the file")
+
+
+def test_a_missing_module_state_and_an_unreadable_file_are_named(tmp_path, monkeypatch):
+    folder = _new_stack(tmp_path, _ppo_module_state(38))
+    module = folder / "learner_group" / "learner" / "rl_module" / "default_policy"
+    (module / "module_state.pkl").unlink()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(folder)
+    assert str(caught.value) == f"{module / 'module_state'}.pkl (or .msgpack) is missing from the checkpoint"
+
+    path = _legacy(tmp_path, {"state": {"default_policy": _small_torch_weights(39)}})
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_checkpoint(path)
+    assert str(caught.value) == f"cannot read {path}: [Errno 13] Permission denied"
+
+
+def test_framework_functions_a_checkpoint_names_are_recorded_inertly(tmp_path, monkeypatch):
+    import types
+
+    hooks = []
+    for name in ("ray.rllib.policyport_hooks", "cloudpickle.policyport_hooks", "numpy.random.policyport_hooks"):
+        module = types.ModuleType(name)  # a framework module's function, for pickling only
+        module.hook = lambda x: x
+        module.hook.__module__, module.hook.__qualname__ = name, "hook"
+        monkeypatch.setitem(sys.modules, name, module)
+        hooks.append(module.hook)
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {
+        "model_config": {"fcnet_activation": "relu"}, "hooks": hooks})}
+    ckpt = read_checkpoint(_new_stack(tmp_path, _ppo_module_state(40), ctor))
+    assert (ckpt.module_class, ckpt.model_config) == ("DefaultPPOTorchRLModule", {"fcnet_activation": "relu"})
+
+
+@pytest.mark.parametrize("state, weights, dropped", [
+    ({"_optimizer_variables": [np.zeros(2)] * 2, "a": np.ones(2, np.float32), "b": np.zeros(1, np.float64)}, ["a", "b"],
+     ["optimizer state (2 _optimizer_variables)"]),  # the optimizer state first in the dict: the rest is still read
+    ({"a": np.ones(2, np.float32), "n": 7, "x": np.float64(2.0), "_optimizer_variables": np.zeros(3)}, ["a"],
+     ["optimizer state (1 _optimizer_variables)", "n (not a float array)", "x (not a float array)"]),
+    ({"a": np.ones(2, np.float16), "i": np.arange(3), "_optimizer_variables": {"m": 1, "v": 2, "t": 3}}, ["a"],
+     ["optimizer state (3 _optimizer_variables)", "i (not a float array)"]),
+    ({"weights": {"a": np.ones(2, np.float32), "_optimizer_variables": [np.zeros(1)] * 4}, "global_timestep": 1}, ["a"],
+     ["optimizer state (4 _optimizer_variables)"]),  # the optimizer state inside the weights dict
+])
+def test_the_weights_of_a_policy_state_and_what_else_it_held(tmp_path, state, weights, dropped):
+    ckpt = read_checkpoint(_legacy(tmp_path, {"state": {"default_policy": state}}))
+    assert (list(ckpt.weights), ckpt.dropped) == (weights, dropped)
+
+
+def test_a_checkpoint_without_policies_says_it_holds_none(tmp_path):
+    folder = _new_stack(tmp_path, _ppo_module_state(41))
+    modules = folder / "learner_group" / "learner" / "rl_module"
+    (modules / "default_policy" / "module_state.pkl").unlink()
+    (modules / "default_policy").rmdir()
+    (tmp_path / "old" / "policies").mkdir(parents=True)
+    for path in (folder, tmp_path / "old"):
+        with pytest.raises(pp.BadModelError) as caught:
+            read_checkpoint(path)
+        assert str(caught.value) == f"policy 'default_policy' is not in {path}; it holds: no policies (choose one with --policy-id)"
+
+
+def test_serialised_arrays_are_read_strictly_and_never_unpickled():
+    import base64
+    import io
+    import zlib
+
+    from policyport.converter.rllib import _decode_array
+
+    text = _ray_array(np.arange(4, dtype=np.float64))
+    damaged = text[:12] + "!" + text[12:]  # a lenient base64 decoder would skip the "!"
+    assert _decode_array(damaged) is damaged
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    pickled = base64.b64encode(zlib.compress(buf.getvalue())).decode()
+    assert _decode_array(pickled) is pickled
+
+
+def test_a_pickled_filter_object_takes_rllibs_defaults_for_what_it_does_not_record():
+    rs = _filter(_record("ray.rllib.utils.filter.MeanStdFilter", {
+        "rs": {"_n": 3, "_M": np.array([1.0]), "_S": np.array([8.0])}}))
+    assert (rs.demean, rs.destd, rs.clip, rs.count, rs.form) == (True, True, None, 3, "rs")
+    np.testing.assert_array_equal(rs.std, [2.0])
+
+
+def test_filter_statistics_of_two_observations_are_float64_whatever_the_stored_dtype():
+    mean, sum_sq = np.array([0.5, -1.5], np.float32), np.array([2.25, 0.09], np.float32)
+    rs = _filter({"destd": False, "rs": {"_n": 2, "_M": mean, "_S": sum_sq}})  # n = 2: var = _S / 1, not _M ** 2
+    new = _filter({"running_stats": [{"num_pushes": 2, "mean_array": mean, "sum_sq_diff_array": sum_sq}]})
+    assert (rs.demean, rs.destd, new.demean, new.destd) == (True, False, True, True)
+    for f in (rs, new):
+        assert f.mean.dtype == f.std.dtype == np.float64 and f.count == 2
+        assert f.mean.tobytes() == mean.astype(np.float64).tobytes()
+    assert rs.std.tobytes() == np.sqrt(sum_sq.astype(np.float64)).tobytes()
+    assert new.std.tobytes() == np.sqrt(sum_sq.astype(np.float64).astype(np.float32)).astype(np.float64).tobytes()
+    # a count past float32's integers: the division still in float64, as Ray divides its float64 sums
+    n = 2 ** 24 + 2
+    big = _filter({"running_stats": [{"num_pushes": n, "mean_array": np.zeros(1, np.float32),
+                                      "sum_sq_diff_array": np.array([2.0 ** 24], np.float32)}]})
+    var = np.float32(2.0 ** 24 / (n - 1))
+    assert var == np.float32(1 - 2.0 ** -24) and big.std[0] == np.float64(np.sqrt(var)) < 1.0
