@@ -75,6 +75,9 @@ class Checkpoint:
         module_class: the RLModule class name (new stack), e.g. ``DefaultDQNTorchRLModule``.
         dropped: what was read but not converted (optimizer state ...), one phrase each.
         files: provenance: the files read and their sha256.
+        filter_agents: a new-stack ``MeanStdFilter`` state holding the filters of several agents and
+            none of the default agent (``None``): their ids. Which agent's observations a module
+            sees is the policy mapping function's choice, which the checkpoint does not record.
     """
 
     layout: str
@@ -89,6 +92,7 @@ class Checkpoint:
     module_class: str | None = None
     dropped: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    filter_agents: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -411,15 +415,17 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpo
     targets = [k for k in state if k.startswith("_target_")]
     if targets:
         dropped.append(f"the target network ({len(targets)} _target_* arrays)")
-    filt = None
+    filt, agents = None, []
     filter_stem = path / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state"
     if any(filter_stem.with_name(f"state{s}").is_file() for s in (".pkl", ".msgpack")):
         raw = files.state(filter_stem)
         filt = raw.get(None, raw.get("null")) if isinstance(raw, dict) else raw
         if isinstance(raw, dict) and filt is None and len(raw) == 1:
             filt = next(iter(raw.values()))
+        elif isinstance(raw, dict) and filt is None and raw:
+            agents = sorted(str(agent) for agent in raw)
     return Checkpoint("new-stack", pid, ids, arrays, "torch", config, obs_space, action_space, _filter(filt),
-                      module_class, dropped)
+                      module_class, dropped, filter_agents=agents)
 
 
 # -------------------------------------------------------------------------------- weights -> MLP
@@ -583,6 +589,15 @@ def convert_rllib(source, options):
                          f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")
         else:
             notes.append("left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations")
+    elif ckpt.filter_agents:
+        if options.obs_filter:
+            raise BadModelError(
+                f"the checkpoint's MeanStdFilter holds the statistics of agents {', '.join(ckpt.filter_agents)} and "
+                f"none of the default agent; which agent's observations module {ckpt.policy_id!r} sees is the policy "
+                "mapping function's choice, which the checkpoint does not record: convert with --no-filter and "
+                "feed observations filtered with that agent's statistics")
+        notes.append(f"left the checkpoint's MeanStdFilter out (--no-filter; it holds agents "
+                     f"{', '.join(ckpt.filter_agents)}): feed filtered observations")
     head = options.head
     if head is None and not dqn and ckpt.action_space is not None:
         head = {"box": "diag-gaussian", "discrete": "categorical"}.get(ckpt.action_space[0])

@@ -997,6 +997,28 @@ def test_a_new_stack_filter_state_of_another_agent_first_or_pickled_as_its_filte
     np.testing.assert_array_equal(got.std, [1.0, 2.0, 4.0])
 
 
+def test_a_new_stack_filter_state_of_other_agents_only_is_refused_unless_left_out(tmp_path):
+    # {agent id: filter} without the default agent (None): the policy mapping function, which the
+    # checkpoint does not record, decides which agent's statistics the module's observations carry
+    folder = _new_stack(tmp_path, _ppo_module_state(33), None, {"runner": FILTER_A, "chaser": FILTER_B})
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.obs_filter, ckpt.filter_agents) == (None, ["chaser", "runner"])
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(folder, activation="tanh")
+    assert str(caught.value) == (
+        "the checkpoint's MeanStdFilter holds the statistics of agents chaser, runner and none of the default agent; "
+        "which agent's observations module 'default_policy' sees is the policy mapping function's choice, which the "
+        "checkpoint does not record: convert with --no-filter and feed observations filtered with that agent's "
+        "statistics")
+    converted = convert_source(folder, activation="tanh", obs_filter=False)
+    assert ("left the checkpoint's MeanStdFilter out (--no-filter; it holds agents chaser, runner): "
+            "feed filtered observations") in converted.notes
+    assert [n.op_type for n in converted.model.graph.node][:1] == ["Gemm"]  # no filter in front of the network
+    result = CliRunner().invoke(app, ["convert", str(folder), "--activation", "tanh", "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 3 and not (tmp_path / "m.onnx").exists()
+    assert "convert with --no-filter" in " ".join(result.output.split())
+
+
 # --------------------------------------------------------------------- what convert says and records
 
 
