@@ -285,45 +285,49 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
 
 
+#: The opcodes that push a string (the operands of ``STACK_GLOBAL``), every protocol's.
+_STRING_OPCODES = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
+                             "SHORT_BINSTRING"})
+
+
 def pickled_globals(data: bytes) -> list[str]:
     """Every global (``"module.name"``) the pickles at the start of ``data`` name, in order, read
     from their opcodes without unpickling anything.
 
     ``data`` may hold several pickles one after another (torch's legacy format writes five, then raw
     storage bytes); reading stops at the first bytes that are not a pickle. ``STACK_GLOBAL``'s two
-    names are the last two strings pushed, memoised ones included.
+    names are the last two strings pushed, memoised ones included: the memo is numbered as the
+    unpickler numbers it (``MEMOIZE`` counts every object memoised, strings or not), so a module name
+    fetched back from the memo is the one the unpickler would use.
     """
     import pickletools
 
     found: list[str] = []
     start = 0
-    while start < len(data):
-        pushed: list[Any] = []
+    while start < len(data):  # pragma: no mutate (at the end, genops raises on no bytes: <= reads the same)
+        pushed: list[Any] = []  # the strings pushed, in order ("" for a memo entry that holds no string)
         memo: dict[int, Any] = {}
-        end = None
+        top = ""  # the string on top of the stack if the last opcode pushed one, else ""
         try:
             for opcode, arg, pos in pickletools.genops(io.BytesIO(data[start:])):
                 name = opcode.name
+                if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):  # every object memoised takes an index
+                    memo[len(memo) if name == "MEMOIZE" else int(arg)] = top
+                    continue
+                top = ""
                 if name in ("GLOBAL", "INST"):
                     found.append(str(arg).replace(" ", "."))
                 elif name == "STACK_GLOBAL" and len(pushed) >= 2:
                     found.append(f"{pushed[-2]}.{pushed[-1]}")
-                elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
-                              "SHORT_BINSTRING"):
-                    pushed.append(arg)
-                elif name == "MEMOIZE" and pushed:
-                    memo[len(memo)] = pushed[-1]
-                elif name in ("PUT", "BINPUT", "LONG_BINPUT") and pushed:
-                    memo[int(arg)] = pushed[-1]
+                elif name in _STRING_OPCODES:
+                    top = str(arg)
+                    pushed.append(top)
                 elif name in ("GET", "BINGET", "LONG_BINGET"):
-                    pushed.append(memo.get(int(arg), ""))
-                elif name == "STOP":
-                    end = start + pos + 1
+                    top = memo.get(int(arg), "")
+                    pushed.append(top)
         except Exception:  # noqa: BLE001 - the bytes after the last pickle (or a damaged one): stop reading
             break
-        if end is None or end <= start:
-            break
-        start = end
+        start += pos + 1  # genops ends at the STOP opcode or raises
     return found
 
 
