@@ -115,8 +115,15 @@ def _numpy_core(name: str):
 
 def _reconstructor(cls, base, state):
     """``copyreg._reconstructor`` for the classes this unpickler lets through, stand-ins included."""
-    if isinstance(cls, type) and issubclass(cls, Record):
-        return cls()
+    if isinstance(cls, type) and issubclass(cls, Record):  # protocols 0-1 pass a dict or list subclass's items here
+        record = cls()
+        if isinstance(state, dict):
+            record.items.update(state)
+        elif isinstance(state, list):
+            record.list_items.extend(state)
+        elif state is not None:
+            record.args = (state,)
+        return record
     if base is object:
         return object.__new__(cls)
     obj = base.__new__(cls, state)
@@ -126,8 +133,9 @@ def _reconstructor(cls, base, state):
 
 
 def _newobj(cls, *args):
-    """``copyreg.__newobj__``: ``cls.__new__(cls, *args)`` for an allowed class or a stand-in."""
-    return cls(*args) if isinstance(cls, type) and issubclass(cls, Record) else cls.__new__(cls, *args)
+    """``copyreg.__newobj__``: ``cls.__new__(cls, *args)`` for an allowed class or a stand-in (whose
+    ``__new__`` records the arguments)."""
+    return cls.__new__(cls, *args)
 
 
 def _defaultdict(factory=None, *args):
@@ -153,7 +161,8 @@ def _allowed() -> dict[tuple[str, str], Any]:
     allowed.update({
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
-        ("numpy", "bool_"): np.bool_,
+        ("numpy", "bool_"): np.bool_,  # numpy 1's name of the type
+        ("numpy", "bool"): np.bool_,  # numpy 2's
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("collections", "defaultdict"): _defaultdict,
         ("copyreg", "_reconstructor"): _reconstructor,
