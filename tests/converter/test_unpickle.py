@@ -298,7 +298,8 @@ def fake_framework(monkeypatch):
 
     class Outer:
         class Inner:
-            pass
+            class Deepest:
+                pass
 
         @staticmethod
         def make():
@@ -311,9 +312,9 @@ def fake_framework(monkeypatch):
         obj.__module__ = module.__name__
         setattr(module, obj.__name__, obj)
     for obj, qualname in ((make_thing, "make_thing"), (Count, "Count"), (Outer, "Outer"), (Outer.Inner, "Outer.Inner"),
-                          (Slotted, "Slotted")):
+                          (Outer.Inner.Deepest, "Outer.Inner.Deepest"), (Slotted, "Slotted")):
         obj.__qualname__ = qualname
-    Outer.Inner.__module__ = Outer.make.__module__ = module.__name__
+    Outer.Inner.__module__ = Outer.Inner.Deepest.__module__ = Outer.make.__module__ = module.__name__
     Outer.make.__qualname__ = "Outer.make"
     monkeypatch.setitem(sys.modules, "fakefw", types.ModuleType("fakefw"))
     monkeypatch.setitem(sys.modules, "fakefw.util", module)
@@ -345,6 +346,8 @@ def test_a_nested_class_is_a_class_and_its_stand_in_is_named_after_it(fake_frame
     first, second = load(data)
     assert type(first) is type(second) and type(first).__name__ == "Inner"  # one stand-in per global
     assert first.global_name == "fakefw.util.Outer.Inner" and type(first).__module__ == "policyport.inert"
+    deepest = load(pickle.dumps(fake_framework.Outer.Inner.Deepest(), protocol=protocol))
+    assert type(deepest).__name__ == "Deepest" and deepest.global_name == "fakefw.util.Outer.Inner.Deepest"
     with pytest.raises(UntrustedFileError, match=r"^the pickle asks to call fakefw\.util\.Outer\.make while"):
         load(pickle.dumps(fake_framework.Outer.make, protocol=protocol))  # a function, by its qualified name
 
@@ -425,3 +428,48 @@ def test_messages_name_the_file_by_its_path_or_as_the_pickle(tmp_path):
         load(path)
     with pytest.raises(UnreadableFileError, match=r"^the pickle is not a readable pickle: UnpicklingError: "):
         load(b"\x80\x02K")
+
+
+@pytest.mark.parametrize("module, name, refused", [
+    ("multiprocessing.pool", "ThreadPool", True),  # a class, but of a submodule of a dangerous module
+    ("os.path", "Thing", True),
+    ("numpy.lib.format", "Header", True),
+    ("ossify.models", "Model", False),  # a module whose name merely starts like a dangerous one
+    ("subprocessing", "Runner", False),
+])
+def test_every_submodule_of_a_dangerous_module_is_refused_and_only_those(module, name, refused):
+    data = f"c{module}\n{name}\n.".encode()  # a protocol-0 reference to the global, nothing called
+    if refused:
+        with pytest.raises(UntrustedFileError) as caught:
+            load(data)
+        assert str(caught.value) == REFUSED.format(what="the pickle", name=f"{module}.{name}")
+    else:
+        stand_in = load(data)
+        assert issubclass(stand_in, Record) and stand_in.global_name == f"{module}.{name}"
+
+
+def test_the_numpy_core_modules_are_found_under_numpy_2_and_numpy_1_names(monkeypatch):
+    import importlib
+
+    from policyport.converter.unpickle import _numpy_core
+
+    real = importlib.import_module
+    assert _numpy_core("multiarray") is real("numpy._core.multiarray" if int(np.__version__.split(".")[0]) >= 2
+                                                     else "numpy.core.multiarray")
+    tried = []
+
+    def numpy_1(name):
+        tried.append(name)
+        if name.startswith("numpy._core."):
+            raise ImportError(name)
+        return f"module {name}"
+
+    monkeypatch.setattr(importlib, "import_module", numpy_1)
+    assert _numpy_core("numeric") == "module numpy.core.numeric" and tried == ["numpy._core.numeric", "numpy.core.numeric"]
+
+    def neither(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr(importlib, "import_module", neither)
+    with pytest.raises(UnreadableFileError, match=r"^numpy has no module core\.numeric$"):
+        _numpy_core("numeric")
