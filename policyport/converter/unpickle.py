@@ -316,14 +316,16 @@ def pickled_globals(data: bytes) -> list[str]:
     while start < len(data):  # pragma: no mutate (at the end, genops raises on no bytes: <= reads the same)
         pushed: list[Any] = []  # the strings pushed, in order ("" for a memo entry that holds no string)
         memo: dict[int, Any] = {}
-        top = ""  # the string on top of the stack if the last opcode pushed one, else ""
+        # the string on top of the stack if the last opcode pushed one, else "" (what a non-string is
+        # memoised as reaches STACK_GLOBAL only in a pickle the unpickler refuses as malformed)
+        top = ""  # pragma: no mutate
         try:
             for opcode, arg, pos in pickletools.genops(io.BytesIO(data[start:])):
                 name = opcode.name
                 if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):  # every object memoised takes an index
                     memo[len(memo) if name == "MEMOIZE" else int(arg)] = top
                     continue
-                top = ""
+                top = ""  # pragma: no mutate
                 if name in ("GLOBAL", "INST"):
                     found.append(str(arg).replace(" ", "."))
                 elif name == "STACK_GLOBAL" and len(pushed) >= 2:
