@@ -650,3 +650,13 @@ def test_the_refused_global_of_a_torch_zip_is_read_from_its_one_data_pkl(members
             zf.writestr(name, pickles[which])
     assert _refused_global(io.BytesIO(buffer.getvalue())) == expected
     assert _refused_global(io.BytesIO(pickles["hostile"])) == "posix.system"  # not a zip: the pickle itself
+
+
+def test_a_bare_sequential_without_a_linear_layer_is_refused_by_its_name():
+    from policyport.converter.state_dict import parse_sequential
+
+    norm = {"0.weight": np.ones(3, np.float32), "0.bias": np.zeros(3, np.float32)}
+    with pytest.raises(pp.BadModelError, match=r"^nn\.Sequential has no Linear layer \(no 2-D weight\)$"):
+        parse_sequential(norm, "", None)
+    with pytest.raises(pp.BadModelError, match=r"^policy has no Linear layer \(no 2-D weight under net\.\)$"):
+        parse_sequential({f"net.{k}": v for k, v in norm.items()}, "net.", None, what="policy")

@@ -473,3 +473,9 @@ def test_the_numpy_core_modules_are_found_under_numpy_2_and_numpy_1_names(monkey
     monkeypatch.setattr(importlib, "import_module", neither)
     with pytest.raises(UnreadableFileError, match=r"^numpy has no module core\.numeric$"):
         _numpy_core("numeric")
+
+
+@pytest.mark.parametrize("name, numpy_type", [("bool_", np.bool_), ("bool", np.bool_), ("float32", np.float32),
+                                              ("uint64", np.uint64), ("ndarray", np.ndarray), ("dtype", np.dtype)])
+def test_numpy_types_are_rebuilt_by_the_names_numpy_1_and_2_pickle_them_under(name, numpy_type):
+    assert load(f"cnumpy\n{name}\n.".encode()) is numpy_type  # numpy 1 pickles its bool type as bool_, numpy 2 as bool
