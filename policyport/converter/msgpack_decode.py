@@ -35,7 +35,7 @@ class _Reader:
         return out
 
     def uint(self, n: int) -> int:
-        return int.from_bytes(self.take(n), "big")
+        return int.from_bytes(self.take(n), "big")  # pragma: no mutate (3.11+ defaults to big; 3.10 needs it)
 
     def value(self, depth: int = 0) -> Any:
         if depth > _MAX_DEPTH:
@@ -67,7 +67,7 @@ class _Reader:
             return self.uint(1 << (b - 0xCC))
         if 0xD0 <= b <= 0xD3:
             n = 1 << (b - 0xD0)
-            return int.from_bytes(self.take(n), "big", signed=True)
+            return int.from_bytes(self.take(n), "big", signed=True)  # pragma: no mutate (as in uint)
         if 0xD4 <= b <= 0xD8:  # fixext 1, 2, 4, 8, 16
             code = self.take(1)[0]
             return ("ext", code, self.take(1 << (b - 0xD4)))
@@ -81,7 +81,7 @@ class _Reader:
 
     def text(self, n: int) -> str:
         try:
-            return self.take(n).decode("utf-8")
+            return self.take(n).decode("utf-8")  # pragma: no mutate (codec names ignore case)
         except UnicodeDecodeError as e:
             raise UnreadableFileError(f"{self.what} holds a MessagePack string that is not UTF-8: {e}") from e
 
@@ -95,7 +95,7 @@ class _Reader:
                 out[key] = self.value(depth + 1)
             except TypeError as e:
                 raise UnreadableFileError(f"{self.what} holds a MessagePack map key that cannot be a key: {e}") from e
-        return _numpy_array(out, self.what) if b"nd" in out or "nd" in out else out
+        return _numpy_array(out, self.what)  # the map itself unless it is a msgpack-numpy array
 
 
 #: The dtype kinds read as arrays: bool, signed and unsigned integers, floats, complex.

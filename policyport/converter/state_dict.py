@@ -132,7 +132,7 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
                                 f"{[tuple(a.shape) for _, a in params.values()]}, which fit no Linear, LayerNorm or BatchNorm1d")
     linears = [i for i in sorted(kinds) if kinds[i] == "linear"]
     if not linears:
-        raise BadModelError(f"{what} {prefix or ''}has no Linear layer (no 2-D weight)")
+        raise BadModelError(f"{what} has no Linear layer (no 2-D weight{f' under {prefix}' if prefix else ''})")
     notes: list[str] = []
     needs_activation: list[int] = []
     layers: list[Dense] = []

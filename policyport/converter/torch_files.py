@@ -113,7 +113,9 @@ def _refused_global(source) -> str | None:
     if zipfile.is_zipfile(io.BytesIO(data)):
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-            data = zf.read(pickles[0]) if len(pickles) == 1 else b""
+            if len(pickles) != 1:
+                return None
+            data = zf.read(pickles[0])
     return refused_global(data, allowed_roots=("torch",))
 
 
@@ -181,18 +183,21 @@ def read_torch_zip(source, what: str | None = None) -> object:
                 storages[key] = np.frombuffer(raw, dtype=dtype, count=int(numel))
             return storages[key]
 
-        def rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
+        def rebuild_tensor(storage, offset, size, stride,
+                           requires_grad=False, hooks=None, metadata=None):  # pragma: no mutate (flags unused)
             size, stride = tuple(int(s) for s in size), tuple(int(s) for s in stride)
             if not isinstance(storage, np.ndarray) or len(size) != len(stride) or offset < 0 or any(s < 0 for s in (*size, *stride)):
                 raise UnreadableFileError(f"{path} holds a malformed tensor (size {size}, stride {stride}, offset {offset})")
             if math.prod(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size:
                 raise UnreadableFileError(f"{path} holds a tensor reaching outside its storage (size {size}, stride {stride})")
-            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * storage.itemsize for s in stride], writeable=False)
+            view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * storage.itemsize for s in stride],
+                                                   writeable=False)  # pragma: no mutate (copied at once)
             return np.array(view, dtype=storage.dtype.newbyteorder("="))
 
         rebuilders = {
             ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor,
-            ("torch._utils", "_rebuild_parameter"): lambda data, requires_grad=False, hooks=None: data,
+            ("torch._utils", "_rebuild_parameter"):
+                lambda data, requires_grad=False, hooks=None: data,  # pragma: no mutate (flags unused)
             ("torch._utils", "_rebuild_parameter_with_state"): lambda data, requires_grad, hooks, state: data,
             **{("torch", name): _StorageType(name) for name in STORAGE_DTYPES},
         }

@@ -115,8 +115,15 @@ def _numpy_core(name: str):
 
 def _reconstructor(cls, base, state):
     """``copyreg._reconstructor`` for the classes this unpickler lets through, stand-ins included."""
-    if isinstance(cls, type) and issubclass(cls, Record):
-        return cls()
+    if isinstance(cls, type) and issubclass(cls, Record):  # protocols 0-1 pass a dict or list subclass's items here
+        record = cls()
+        if isinstance(state, dict):
+            record.items.update(state)
+        elif isinstance(state, list):
+            record.list_items.extend(state)
+        elif state is not None:
+            record.args = (state,)
+        return record
     if base is object:
         return object.__new__(cls)
     obj = base.__new__(cls, state)
@@ -126,8 +133,9 @@ def _reconstructor(cls, base, state):
 
 
 def _newobj(cls, *args):
-    """``copyreg.__newobj__``: ``cls.__new__(cls, *args)`` for an allowed class or a stand-in."""
-    return cls(*args) if isinstance(cls, type) and issubclass(cls, Record) else cls.__new__(cls, *args)
+    """``copyreg.__newobj__``: ``cls.__new__(cls, *args)`` for an allowed class or a stand-in (whose
+    ``__new__`` records the arguments)."""
+    return cls.__new__(cls, *args)
 
 
 def _defaultdict(factory=None, *args):
@@ -153,7 +161,8 @@ def _allowed() -> dict[tuple[str, str], Any]:
     allowed.update({
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,
-        ("numpy", "bool_"): np.bool_,
+        ("numpy", "bool_"): np.bool_,  # numpy 1's name of the type
+        ("numpy", "bool"): np.bool_,  # numpy 2's
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("collections", "defaultdict"): _defaultdict,
         ("copyreg", "_reconstructor"): _reconstructor,
@@ -285,45 +294,51 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
 
 
+#: The opcodes that push a string (the operands of ``STACK_GLOBAL``), every protocol's.
+_STRING_OPCODES = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
+                             "SHORT_BINSTRING"})
+
+
 def pickled_globals(data: bytes) -> list[str]:
     """Every global (``"module.name"``) the pickles at the start of ``data`` name, in order, read
     from their opcodes without unpickling anything.
 
     ``data`` may hold several pickles one after another (torch's legacy format writes five, then raw
     storage bytes); reading stops at the first bytes that are not a pickle. ``STACK_GLOBAL``'s two
-    names are the last two strings pushed, memoised ones included.
+    names are the last two strings pushed, memoised ones included: the memo is numbered as the
+    unpickler numbers it (``MEMOIZE`` counts every object memoised, strings or not), so a module name
+    fetched back from the memo is the one the unpickler would use.
     """
     import pickletools
 
     found: list[str] = []
     start = 0
-    while start < len(data):
-        pushed: list[Any] = []
+    while start < len(data):  # pragma: no mutate (at the end, genops raises on no bytes: <= reads the same)
+        pushed: list[Any] = []  # the strings pushed, in order ("" for a memo entry that holds no string)
         memo: dict[int, Any] = {}
-        end = None
+        # the string on top of the stack if the last opcode pushed one, else "" (what a non-string is
+        # memoised as reaches STACK_GLOBAL only in a pickle the unpickler refuses as malformed)
+        top = ""  # pragma: no mutate
         try:
             for opcode, arg, pos in pickletools.genops(io.BytesIO(data[start:])):
                 name = opcode.name
+                if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):  # every object memoised takes an index
+                    memo[len(memo) if name == "MEMOIZE" else int(arg)] = top
+                    continue
+                top = ""  # pragma: no mutate
                 if name in ("GLOBAL", "INST"):
                     found.append(str(arg).replace(" ", "."))
                 elif name == "STACK_GLOBAL" and len(pushed) >= 2:
                     found.append(f"{pushed[-2]}.{pushed[-1]}")
-                elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING",
-                              "SHORT_BINSTRING"):
-                    pushed.append(arg)
-                elif name == "MEMOIZE" and pushed:
-                    memo[len(memo)] = pushed[-1]
-                elif name in ("PUT", "BINPUT", "LONG_BINPUT") and pushed:
-                    memo[int(arg)] = pushed[-1]
+                elif name in _STRING_OPCODES:
+                    top = str(arg)
+                    pushed.append(top)
                 elif name in ("GET", "BINGET", "LONG_BINGET"):
-                    pushed.append(memo.get(int(arg), ""))
-                elif name == "STOP":
-                    end = start + pos + 1
+                    top = memo.get(int(arg), "")
+                    pushed.append(top)
         except Exception:  # noqa: BLE001 - the bytes after the last pickle (or a damaged one): stop reading
             break
-        if end is None or end <= start:
-            break
-        start = end
+        start += pos + 1  # genops ends at the STOP opcode or raises
     return found
 
 

@@ -69,9 +69,15 @@ def _array_map(type_: bytes, shape: list[int], data: bytes) -> bytes:
     (bytes.fromhex("01 02"), "the MessagePack data has 1 bytes after its MessagePack value"),
     (bytes.fromhex("a2 ff fe"), "holds a MessagePack string that is not UTF-8"),
     (bytes.fromhex("81 81 01 01 01"), "holds a MessagePack map key that cannot be a key"),
-    (_array_map(b"|O", [1], b"\x00" * 8), "holds an array of dtype object; only numeric arrays are read"),
-    (_array_map(b"zz", [1], b"\x00"), "holds an array of unknown dtype 'zz'"),
-    (_array_map(b"<f4", [2], b"\x00" * 4), "holds an array whose data does not fit its shape (2,) and dtype float32"),
+    (_array_map(b"|O", [1], b"\x00" * 8),
+     "the MessagePack data holds an array of dtype object; only numeric arrays are read"),
+    (_array_map(b"zz", [1], b"\x00"), "the MessagePack data holds an array of unknown dtype 'zz'"),
+    # the dtype written as bin (msgpack-numpy's older writers), named as text
+    (_array_map(b"zz", [1], b"\x00").replace(b"\xa2zz", b"\xc4\x02zz"),
+     "the MessagePack data holds an array of unknown dtype 'zz'"),
+    (_array_map(b"<f4", [2], b"\x00" * 4),
+     "the MessagePack data holds an array whose data does not fit its shape (2,) and dtype float32"),
+    (b"\x81" * 202 + b"\x00" * 203, "the MessagePack data nests MessagePack values deeper than 200"),  # through keys
 ])
 def test_malformed_data_is_refused_with_the_reason(raw, message):
     with pytest.raises(UnreadableFileError) as caught:

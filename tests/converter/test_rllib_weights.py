@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -246,3 +247,87 @@ def test_layers_without_any_bias_are_fine():
     p = "default_policy/"
     expected = np.tanh(np.tanh(obs @ w[p + "fc_1/kernel"]) @ w[p + "fc_2/kernel"]) @ w[p + "fc_out/kernel"]
     assert np.abs(pp.load(model).run(obs)["logits"] - expected).max() <= 1e-5
+
+
+def _without(w, *names):
+    return {k: v for k, v in w.items() if k not in names}
+
+
+P = "default_policy/"
+REFUSALS = {
+    "same-parameter": (lambda w: {**w, P + "fc_1/kernel:0": w[P + "fc_1/kernel"]},
+                       "'default_policy/fc_1/kernel:0' and 'default_policy/fc_1/kernel' are the same parameter fc_1/kernel"),
+    "same-log-std": (lambda w: {**w, P + "log_std": np.zeros(4, np.float32), P + "log_std:0": np.zeros(4, np.float32)},
+                     "'default_policy/log_std:0' and 'default_policy/log_std' are the same parameter log_std/"),
+    "no-output": (lambda w: _without(w, P + "fc_out/kernel", P + "fc_out/bias", P + "fc_2/bias"),
+                  "no output layer: expected an array named <prefix>fc_out/kernel; found default_policy/fc_1/bias, "
+                  "default_policy/fc_1/kernel, default_policy/fc_2/kernel"),
+    "nothing": (lambda w: {}, "no output layer: expected an array named <prefix>fc_out/kernel; found no arrays"),
+    "mixed-floats": (lambda w: {**w, P + "fc_1/bias": w[P + "fc_1/bias"].astype(np.float64)},
+                     "the weights must share one float dtype; found ['float32', 'float64']"),
+    "integers": (lambda w: {k: v.astype(np.int32) for k, v in w.items()},
+                 "the weights must share one float dtype; found ['int32']"),
+    "bias-no-kernel": (lambda w: _without(w, P + "fc_1/kernel"), "layer 'fc_1' has a bias but no kernel"),
+    "kernel-rank": (lambda w: {**w, P + "fc_1/kernel": w[P + "fc_1/kernel"][..., None]},
+                    "default_policy/fc_1/kernel must be a 2-D kernel [in, out], got shape (6, 16, 1)"),
+    "truncated": (lambda w: _without(w, P + "fc_1/bias", P + "fc_2/bias"),
+                  "layer(s) fc_1, fc_2 have no bias while fc_out do; RLlib's layers all carry one — is the file "
+                  "truncated?"),
+    "log-std-rank": (lambda w: {**w, P + "log_std": np.zeros((1, 4), np.float32)},
+                     "default_policy/log_std must be a vector, got shape (1, 4)"),
+}
+
+
+@pytest.mark.parametrize("change, message", REFUSALS.values(), ids=REFUSALS)
+def test_each_refusal_says_exactly_what_is_wrong(change, message):
+    from policyport.converter.rllib_weights import parse_rllib_fcnet
+
+    with pytest.raises(pp.BadModelError) as caught:
+        parse_rllib_fcnet(change(fcnet()), parse_activation("tanh"))
+    assert str(caught.value) == message
+
+
+def test_a_value_layer_is_found_by_its_kernel_or_its_bias():
+    from policyport.converter.rllib_weights import parse_rllib_fcnet
+
+    unbiased = {k: v for k, v in fcnet(sizes=(6, 8, 4), value=(6, 5, 1)).items() if not k.endswith("bias")}
+    spec = parse_rllib_fcnet(unbiased, None, keep_value=True)
+    assert spec.value_output.weight_name == P + "value_out/kernel" and spec.value_output.bias is None
+    assert [d.name for d in spec.value_hidden] == ["fc_value_1"]
+    bias_only = _without(fcnet(sizes=(6, 8, 4), value=(6, 5, 1)), P + "value_out/kernel")
+    with pytest.raises(pp.BadModelError, match=r"^layer 'value_out' has a bias but no kernel$"):
+        parse_rllib_fcnet(bias_only, None, keep_value=True)
+    without_value = parse_rllib_fcnet(fcnet(sizes=(6, 8, 4), value=(6, 5, 1)), None)
+    assert without_value.value_hidden == [] and without_value.value_output is None
+
+
+def test_provenance_names_the_file_and_its_digest(tmp_path):
+    import hashlib
+
+    from policyport.converter.rllib_weights import parse_rllib_fcnet, read_weights
+
+    w = fcnet(sizes=(6, 8, 4))
+    assert read_weights(w)[1] == {"kind": "npz"} and parse_rllib_fcnet(w, None).source == {"kind": "npz"}
+    path = tmp_path / "weights.npz"
+    np.savez(path, **w)
+    arrays, provenance = read_weights(path)
+    assert provenance == {"kind": "npz", "file": "weights.npz", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert list(arrays) == list(w) and all(arrays[k].tobytes() == w[k].tobytes() for k in w)
+    assert parse_rllib_fcnet(arrays, None, source=provenance).source is provenance
+    metadata = {p.key: p.value for p in pp.convert(path).metadata_props}
+    assert json.loads(metadata["policyport.source"]) == provenance and metadata["policyport.activation"] == "tanh"
+    assert {p.key: p.value for p in pp.convert(w, activation="relu").metadata_props}["policyport.activation"] == "relu"
+    single = tmp_path / "one.npy"
+    np.save(single, np.zeros(3, np.float32))
+    with pytest.raises(pp.BadModelError, match=rf"^{single} is a single \.npy array; a policy's weights must be an "
+                                               r"\.npz of named arrays$"):
+        read_weights(single)
+
+
+def test_an_observation_normalisation_file_is_refused_for_weights():
+    from policyport.converter import ConvertOptions
+    from policyport.converter.rllib_weights import convert_npz
+
+    with pytest.raises(pp.BadModelError, match=r"^an observation-normalisation file applies to SB3 sources, not to an "
+                                               r"\.npz of weights$"):
+        convert_npz(fcnet(), ConvertOptions(obs_norm="vecnormalize.pkl"))

@@ -480,3 +480,183 @@ def test_the_reader_without_torch_rebuilds_parameters_and_parameters_with_attrib
     got = read_torch_zip(path)
     assert got["plain"].dtype == np.float32 and got["plain"].tolist() == [[0, 1, 2], [3, 4, 5]]
     assert got["tagged"].dtype == np.float64 and got["tagged"].tolist() == [1.5, -2.0]
+
+
+def test_rllib_torch_is_the_layout_it_is_told_and_names_itself(tmp_path):
+    path = TORCH_DIR / "rllib_fcnet.state_dict.pt"
+    c = convert_source(path, kind="rllib-torch")
+    metadata = {p.key: p.value for p in c.model.metadata_props}
+    assert c.kind == "rllib-torch" and metadata["policyport.layout"] == "rllib-torch"
+    assert json.loads(metadata["policyport.source"])["kind"] == "rllib-torch"
+    sequential = tmp_path / "sequential.pt"
+    torch.save({"0.weight": torch.zeros(3, 2), "0.bias": torch.zeros(3)}, sequential)
+    with pytest.raises(pp.BadModelError) as caught:  # read as RLlib's, not as the nn.Sequential its keys look like
+        convert_source(sequential, kind="rllib-torch")
+    assert str(caught.value) == "keys that do not fit RLlib's torch FullyConnectedNetwork: 0.bias, 0.weight"
+
+
+def _actor(layout, dtype=np.float32, seed=27):
+    """SB3 actor state_dicts: a SAC and a TD3 actor with a Dropout after their first Linear."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return rng.normal(size=shape).astype(dtype)
+
+    if layout == "sac":
+        return {"actor.latent_pi.0.weight": w(4, 3), "actor.latent_pi.0.bias": w(4), "actor.latent_pi.3.weight": w(4, 4),
+                "actor.latent_pi.3.bias": w(4), "actor.mu.weight": w(2, 4), "actor.mu.bias": w(2),
+                "actor.log_std.weight": w(2, 4), "actor.log_std.bias": w(2)}
+    return {"actor.mu.0.weight": w(4, 3), "actor.mu.0.bias": w(4), "actor.mu.3.weight": w(2, 4), "actor.mu.3.bias": w(2)}
+
+
+@pytest.mark.parametrize("family, hidden, output, gap_note", [
+    ("sac", ["actor.latent_pi.0", "actor.latent_pi.3"], "actor.mu",
+     "actor.latent_pi: indices actor.latent_pi.1..2 hold no parameters; taken as one activation and modules without "
+     "effect in eval mode (Dropout)"),
+    ("td3", ["actor.mu.0"], "actor.mu.3",
+     "actor.mu: indices actor.mu.1..2 hold no parameters; taken as one activation and modules without effect in eval "
+     "mode (Dropout)"),
+])
+def test_an_sb3_actor_names_its_sequential_in_notes_and_refusals(family, hidden, output, gap_note):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor
+
+    relu = parse_activation("relu")
+    spec, got_family, notes = parse_sb3_actor(_actor(family), relu)
+    assert (got_family, [d.name for d in spec.hidden], spec.output.name) == (family, hidden, output)
+    assert gap_note in notes
+    if family == "sac":  # the latent features end in an activation too (SB3's create_mlp)
+        assert [(s.kind, s.scope) for s in spec.hidden[-1].post] == [("activation", "actor.latent_pi.4")]
+    prefix = "actor.mu" if family == "td3" else "actor.latent_pi"
+    norm_only = {k: v for k, v in _actor(family).items() if not k.startswith(f"{prefix}.")}
+    norm_only[f"{prefix}.0.weight"] = np.ones(4, np.float32)  # a LayerNorm's, no Linear's
+    with pytest.raises(pp.BadModelError) as caught:
+        parse_sb3_actor(norm_only, relu)
+    assert str(caught.value) == f"{prefix} has no Linear layer (no 2-D weight under {prefix}.)"
+
+
+def test_an_sb3_state_dict_without_an_actor_has_no_actor_mu():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor
+
+    with pytest.raises(pp.BadModelError, match=r"^actor\.mu has no Linear layer$"):
+        parse_sb3_actor({"critic.qf0.0.weight": np.zeros((1, 5), np.float32)}, parse_activation("relu"))
+
+
+@pytest.mark.parametrize("family, arrays, kind, scope, note", [
+    ("sac", _actor("sac"), "squash", "action",
+     "the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] (convert the SB3 zip to "
+     "rescale it to the action space)"),
+    ("td3", _actor("td3"), "squash", "actor.mu.4",
+     "the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] (convert the SB3 zip to "
+     "rescale it to the action space)"),
+    ("ac", {"action_net.weight": np.ones((2, 3), np.float32), "log_std": np.zeros(2, np.float32)}, "clip", "action",
+     "the action bounds are not in a state_dict: 'action' is the unclipped Gaussian mean (convert the SB3 zip to clip "
+     "it to the action space)"),
+    ("ac", {"action_net.weight": np.ones((2, 3), np.float32)}, "argmax", "action",
+     "no log_std: taken as a Discrete action space, action = argmax of the logits (a MultiDiscrete policy needs its "
+     "SB3 zip)"),
+])
+def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, arrays, kind, scope, note):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import bare_actor_head, parse_sb3_actor, parse_sb3_actor_critic
+
+    relu = parse_activation("relu")
+    spec = parse_sb3_actor(arrays, relu)[0] if family != "ac" else parse_sb3_actor_critic(arrays, relu)[0]
+    notes = ["earlier"]
+    bare_actor_head(spec, family, notes)
+    assert notes == ["earlier", note]
+    action = spec.action
+    assert (action.kind, action.tanh_scope) == (kind, scope)
+    bounds = {"squash": (-1.0, 1.0), "clip": (-np.inf, np.inf), "argmax": None}[kind]
+    if bounds is None:
+        assert action.low is None and action.high is None
+    else:
+        for got, want in zip((action.low, action.high), bounds):
+            assert got.dtype == np.float32 and got.shape == (2,) and np.all(got == want)
+    untouched = parse_sb3_actor(_actor("td3"), relu)[0]
+    bare_actor_head(untouched, None, notes)  # no family (a plain Sequential, RLlib): no head, no note
+    assert untouched.action is None and len(notes) == 2
+
+
+def test_a_state_dict_loaded_without_torch_is_never_taken_for_a_module(tmp_path, monkeypatch):
+    from policyport.converter.state_dict import read_arrays
+
+    path = tmp_path / "w.npz"
+    np.savez(path, **{"0.weight": np.ones((2, 3), np.float32)})
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    arrays, provenance = read_arrays(path, trust=True)
+    assert list(arrays) == ["0.weight"] and provenance["file"] == "w.npz" and "sha256" in provenance
+
+
+@pytest.mark.parametrize("crafted, message", [
+    # the file's storage holds more bytes than the tensor's numel says: only numel elements are the storage
+    (dict(size=(5,), data=np.arange(6, dtype="<f4").tobytes()),
+     "{path} holds a tensor reaching outside its storage (size (5,), stride (1,))"),
+    (dict(size=(2,), stride=(4,)), "{path} holds a tensor reaching outside its storage (size (2,), stride (4,))"),
+    (dict(size=(2, 2), stride=(3, 1)), "{path} holds a tensor reaching outside its storage (size (2, 2), stride (3, 1))"),
+])
+def test_a_tensor_may_reach_only_the_elements_its_storage_declares(tmp_path, crafted, message):
+    path = _crafted_pt(tmp_path / "bad.pt", **crafted)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_torch_zip(path)
+    assert str(caught.value) == message.replace("{path}", str(path))
+
+
+def test_a_torch_zip_names_itself_in_the_restricted_unpicklers_refusal(tmp_path):
+    import os
+
+    class RunsCommand:
+        def __reduce__(self):
+            return os.system, ("true",)
+
+    path = tmp_path / "hostile.pt"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("hostile/data.pkl", pickle.dumps({"w": RunsCommand()}, protocol=2))
+    with pytest.raises(pp.UntrustedFileError, match=rf"^{path} asks to call {os.system.__module__}\.system while"):
+        read_torch_zip(path)
+    with pytest.raises(pp.UntrustedFileError, match=rf"^policy\.pth asks to call {os.system.__module__}\.system while"):
+        read_torch_zip(path, what="policy.pth")
+
+
+def test_bfloat16_storages_need_ml_dtypes_and_say_so(tmp_path, monkeypatch):
+    path = tmp_path / "bf16.pt"
+    torch.save({"w": torch.tensor([1.5, -2.0], dtype=torch.bfloat16)}, path)
+    got = read_torch_zip(path)["w"]
+    assert got.dtype.name == "bfloat16" and got.astype(np.float32).tolist() == [1.5, -2.0]
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        read_torch_zip(path, what="policy.pth")
+    assert str(caught.value) == ("policy.pth holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+                                 "(pip install ml_dtypes)")
+
+
+@pytest.mark.parametrize("members, expected", [
+    ({"data.pkl": "hostile"}, "posix.system"),  # a pickle at the archive's root, as torch also reads
+    ({"model/data.pkl": "hostile"}, "posix.system"),
+    ({"model/data.pkl": "plain"}, None),
+    ({"a/data.pkl": "hostile", "b/data.pkl": "hostile"}, None),  # no single pickle: nothing to name
+    ({"model/other.pkl": "hostile"}, None),
+])
+def test_the_refused_global_of_a_torch_zip_is_read_from_its_one_data_pkl(members, expected):
+    import io
+
+    from policyport.converter.torch_files import _refused_global
+
+    pickles = {"hostile": b"\x80\x02cposix\nsystem\nq\x00.", "plain": pickle.dumps({"w": np.zeros(2)}, protocol=2)}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for name, which in members.items():
+            zf.writestr(name, pickles[which])
+    assert _refused_global(io.BytesIO(buffer.getvalue())) == expected
+    assert _refused_global(io.BytesIO(pickles["hostile"])) == "posix.system"  # not a zip: the pickle itself
+
+
+def test_a_bare_sequential_without_a_linear_layer_is_refused_by_its_name():
+    from policyport.converter.state_dict import parse_sequential
+
+    norm = {"0.weight": np.ones(3, np.float32), "0.bias": np.zeros(3, np.float32)}
+    with pytest.raises(pp.BadModelError, match=r"^nn\.Sequential has no Linear layer \(no 2-D weight\)$"):
+        parse_sequential(norm, "", None)
+    with pytest.raises(pp.BadModelError, match=r"^policy has no Linear layer \(no 2-D weight under net\.\)$"):
+        parse_sequential({f"net.{k}": v for k, v in norm.items()}, "net.", None, what="policy")

@@ -4,8 +4,11 @@ inert records, and a pickle that would run code is refused before anything runs.
 from __future__ import annotations
 
 import collections
+import copyreg
+import io
 import os
 import pickle
+import re
 import sys
 import types
 
@@ -162,7 +165,7 @@ def fake_spaces(monkeypatch):
     return module
 
 
-@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+@pytest.mark.parametrize("protocol", PROTOCOLS)  # 0-1 pass the items to copyreg._reconstructor, 2+ set them
 def test_dict_and_list_subclasses_keep_their_items_and_state(fake_spaces, protocol):
     table = fake_spaces.Table(a=1, b=[2])
     table.note = "t"
@@ -227,3 +230,252 @@ def test_a_records_repr_names_the_type_of_a_state_that_is_no_dict():
     assert repr(record) == "<Record ? state=list>"
     record.__setstate__({"b": 1, "a": 2})
     assert repr(record) == "<Record ? state=['a', 'b']>"
+
+
+class _Reduces:
+    """Pickles as ``callable(*args)`` (and a ``state`` for ``__setstate__``), the way a class's own
+    ``__reduce__`` may name a reconstructor at any protocol."""
+
+    def __init__(self, callable_, args, state=None):
+        self.reduced = (callable_, args) if state is None else (callable_, args, state)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+#: values pickled through the reconstructors the reader allows; copyreg.__newobj__ is a global of
+#: protocols 0 and 1 only (2+ write the NEWOBJ opcode, and refuse to pickle these odd arguments)
+RECONSTRUCTED = {
+    "newobj-dict": (_Reduces(copyreg.__newobj__, (dict, {"a": 1})), (0, 1)),  # __new__ alone: an empty dict
+    "newobj-int": (_Reduces(copyreg.__newobj__, (int, 5)), (0, 1)),
+    "newobj-state": (_Reduces(copyreg.__newobj__, (collections.OrderedDict,), {"x": 1}), (0, 1)),
+    "reconstructor-dict": (_Reduces(copyreg._reconstructor, (collections.OrderedDict, dict, {"b": 2})), PROTOCOLS),
+    "reconstructor-int": (_Reduces(copyreg._reconstructor, (int, int, 7)), PROTOCOLS),
+    "reconstructor-object": (_Reduces(copyreg._reconstructor, (object, object, None)), PROTOCOLS),
+    "defaultdict-items": (_Reduces(collections.defaultdict, (list, {"k": [1]})), PROTOCOLS),
+    "xrange": (range(2, 9, 3), PROTOCOLS),  # protocols 0-2 write Python 2's __builtin__.xrange
+    "numpy-types": ([np.bool_, np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8,
+                     np.uint16, np.uint32, np.uint64, np.ndarray, np.dtype], PROTOCOLS),
+}
+
+
+@pytest.mark.parametrize("value, protocol", [pytest.param(value, protocol, id=f"{name}-{protocol}")
+                                             for name, (value, protocols) in RECONSTRUCTED.items()
+                                             for protocol in protocols])
+def test_the_reconstructors_it_allows_build_what_pickle_builds(value, protocol):
+    data = pickle.dumps(value, protocol=protocol)
+    got, want = load(data), pickle.loads(data)
+    assert type(got) is type(want)
+    if type(want) is object:
+        return
+    assert got == want
+    if isinstance(want, collections.OrderedDict):
+        assert got.__dict__ == want.__dict__
+    if isinstance(want, collections.defaultdict):
+        assert got.default_factory is list
+
+
+@pytest.mark.parametrize("prefix", [b"numpy.core", b"numpy._core"])
+def test_arrays_and_scalars_pickled_by_numpy_1_or_2_both_come_back(prefix):
+    value = [np.arange(6, dtype=np.int16).reshape(2, 3), np.float32(2.5), np.bool_(True)]
+    data = pickle.dumps(value, protocol=2).replace(b"numpy._core.multiarray\n", prefix + b".multiarray\n")
+    assert data.count(prefix + b".multiarray\n") == 2  # _reconstruct and scalar, as a GLOBAL each
+    got = load(data)
+    assert got[0].dtype == np.int16 and got[0].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert type(got[1]) is np.float32 and got[1] == 2.5 and type(got[2]) is np.bool_ and got[2]
+
+
+@pytest.fixture
+def fake_framework(monkeypatch):
+    """A framework module holding a reconstructor, an int subclass, a nested class and a slotted class."""
+    module = types.ModuleType("fakefw.util")
+
+    def make_thing(n):
+        return n
+
+    class Count(int):
+        pass
+
+    class Outer:
+        class Inner:
+            class Deepest:
+                pass
+
+        @staticmethod
+        def make():
+            return None
+
+    class Slotted:
+        __slots__ = ("a",)
+
+    for obj in (make_thing, Count, Outer, Slotted):
+        obj.__module__ = module.__name__
+        setattr(module, obj.__name__, obj)
+    for obj, qualname in ((make_thing, "make_thing"), (Count, "Count"), (Outer, "Outer"), (Outer.Inner, "Outer.Inner"),
+                          (Outer.Inner.Deepest, "Outer.Inner.Deepest"), (Slotted, "Slotted")):
+        obj.__qualname__ = qualname
+    Outer.Inner.__module__ = Outer.Inner.Deepest.__module__ = Outer.make.__module__ = module.__name__
+    Outer.make.__qualname__ = "Outer.make"
+    monkeypatch.setitem(sys.modules, "fakefw", types.ModuleType("fakefw"))
+    monkeypatch.setitem(sys.modules, "fakefw.util", module)
+    return module
+
+
+REFUSED = ("{what} asks to call {name} while unpickling, which could run arbitrary code; policyport rebuilds only "
+           "numpy arrays and plain containers from a pickle and refused it (nothing from the file ran). If you trust "
+           "this file, pass --trust (trust=True)")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_function_of_a_framework_is_refused_unless_its_module_is_inert(fake_framework, protocol):
+    data = pickle.dumps([_Reduces(fake_framework.make_thing, (3,))], protocol=protocol)
+    with pytest.raises(UntrustedFileError) as refused:
+        load(data, what="ckpt.pkl")
+    assert str(refused.value) == REFUSED.format(what="ckpt.pkl", name="fakefw.util.make_thing")
+    for inert in (("fakefw",), ("fakefw.util",), ("other", "fakefw")):
+        record = load(data, inert_modules=inert)[0]
+        assert isinstance(record, Record) and record.global_name == "fakefw.util.make_thing" and record.args == (3,)
+    for not_inert in (("fakef",), ("fakefw.util.make",), ("fakefw.utility",)):
+        with pytest.raises(UntrustedFileError, match=r"asks to call fakefw\.util\.make_thing while"):
+            load(data, inert_modules=not_inert)
+
+
+@pytest.mark.parametrize("protocol", range(4, pickle.HIGHEST_PROTOCOL + 1))
+def test_a_nested_class_is_a_class_and_its_stand_in_is_named_after_it(fake_framework, protocol):
+    data = pickle.dumps([fake_framework.Outer.Inner(), fake_framework.Outer.Inner()], protocol=protocol)
+    first, second = load(data)
+    assert type(first) is type(second) and type(first).__name__ == "Inner"  # one stand-in per global
+    assert first.global_name == "fakefw.util.Outer.Inner" and type(first).__module__ == "policyport.inert"
+    deepest = load(pickle.dumps(fake_framework.Outer.Inner.Deepest(), protocol=protocol))
+    assert type(deepest).__name__ == "Deepest" and deepest.global_name == "fakefw.util.Outer.Inner.Deepest"
+    with pytest.raises(UntrustedFileError, match=r"^the pickle asks to call fakefw\.util\.Outer\.make while"):
+        load(pickle.dumps(fake_framework.Outer.make, protocol=protocol))  # a function, by its qualified name
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_subclass_of_a_builtin_keeps_the_builtins_value_at_every_protocol(fake_framework, protocol):
+    got = load(pickle.dumps(fake_framework.Count(7), protocol=protocol))
+    assert isinstance(got, Record) and got.global_name == "fakefw.util.Count"
+    assert got.args == (7,) and got.items == {} and got.list_items == []
+
+
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_slot_values_are_merged_into_the_state(fake_framework, protocol):
+    obj = fake_framework.Slotted()
+    obj.a = np.int8(4)
+    got = load(pickle.dumps(obj, protocol=protocol))
+    assert got.state == {"a": 4} and type(got.a) is np.int8
+
+
+@pytest.mark.parametrize("state, merged", [
+    ((None, {"a": 1}), {"a": 1}),
+    (({"a": 1, "b": 2}, {"b": 3}), {"a": 1, "b": 3}),  # the slots win, as object.__setstate__ sets them last
+    (({}, {}), {}),
+    (({"a": 1}, None), ({"a": 1}, None)),  # not (dict, slots): kept as it came
+    (({"a": 1}, {"b": 2}, {}), ({"a": 1}, {"b": 2}, {})),
+    (([1], {"b": 2}), ([1], {"b": 2})),
+    ((None, None), (None, None)),
+    ([{"a": 1}, {"b": 2}], [{"a": 1}, {"b": 2}]),
+])
+def test_setstate_merges_a_dict_and_slots_pair_and_keeps_anything_else(state, merged):
+    record = Record()
+    record.__setstate__(state)
+    assert record.state == merged and type(record.state) is type(merged)
+
+
+def test_get_append_and_attributes_read_the_records_own_parts():
+    record = Record()
+    assert record.get("a") is None and record.get("a", 5) == 5
+    with pytest.raises(AttributeError, match=r"^\? record has no attribute 'a'$"):
+        record.a  # noqa: B018
+    record.__setstate__({"a": 0, "b": None})
+    assert record.get("a", 5) == 0 and record.get("b", 5) is None and record.get("c", 5) == 5 and record.get("c") is None
+    assert record.a == 0 and record.b is None
+    record.__setstate__([("a", 1)])  # a state that is no dict has no attributes
+    assert record.get("a", 5) == 5
+    with pytest.raises(AttributeError, match=r"^\? record has no attribute 'a'$"):
+        record.a  # noqa: B018
+    record.append(np.float32(1))  # pure-Python unpicklers append one by one; the C one extends
+    record.append([2])
+    record.extend([3])
+    assert record.list_items == [1, [2], 3] and type(record.list_items[0]) is np.float32
+
+
+def test_a_persistent_id_is_refused_without_a_resolver():
+    class WithIds(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", 3) if isinstance(obj, bytes) else None
+
+    buffer = io.BytesIO()
+    WithIds(buffer).dump({"w": b"raw"})
+    with pytest.raises(UntrustedFileError, match=r"^model\.pt uses persistent ids \(tuple\), which this reader does "
+                                                 r"not rebuild$"):
+        load(buffer.getvalue(), what="model.pt")
+    assert load(buffer.getvalue(), persistent_load=lambda pid: f"resolved {pid}") == {"w": "resolved ('storage', 3)"}
+
+
+def test_messages_name_the_file_by_its_path_or_as_the_pickle(tmp_path):
+    path = tmp_path / "bad.pkl"
+    path.write_bytes(pickle.dumps(os.getcwd))
+    name = f"{os.getcwd.__module__}.getcwd"
+    for source, what, named in ((path, None, str(path)), (str(path), None, str(path)), (path, "x.pkl", "x.pkl"),
+                                (path.read_bytes(), None, "the pickle"), (path.read_bytes(), "y", "y")):
+        with pytest.raises(UntrustedFileError) as refused:
+            load(source, what=what)
+        assert str(refused.value) == REFUSED.format(what=named, name=name)
+    path.write_bytes(b"")
+    with pytest.raises(UnreadableFileError, match=rf"^{re.escape(str(path))} is not a readable pickle: EOFError: "):
+        load(path)
+    with pytest.raises(UnreadableFileError, match=r"^the pickle is not a readable pickle: UnpicklingError: "):
+        load(b"\x80\x02K")
+
+
+@pytest.mark.parametrize("module, name, refused", [
+    ("multiprocessing.pool", "ThreadPool", True),  # a class, but of a submodule of a dangerous module
+    ("os.path", "Thing", True),
+    ("numpy.lib.format", "Header", True),
+    ("ossify.models", "Model", False),  # a module whose name merely starts like a dangerous one
+    ("subprocessing", "Runner", False),
+])
+def test_every_submodule_of_a_dangerous_module_is_refused_and_only_those(module, name, refused):
+    data = f"c{module}\n{name}\n.".encode()  # a protocol-0 reference to the global, nothing called
+    if refused:
+        with pytest.raises(UntrustedFileError) as caught:
+            load(data)
+        assert str(caught.value) == REFUSED.format(what="the pickle", name=f"{module}.{name}")
+    else:
+        stand_in = load(data)
+        assert issubclass(stand_in, Record) and stand_in.global_name == f"{module}.{name}"
+
+
+def test_the_numpy_core_modules_are_found_under_numpy_2_and_numpy_1_names(monkeypatch):
+    import importlib
+
+    from policyport.converter.unpickle import _numpy_core
+
+    real = importlib.import_module
+    assert _numpy_core("multiarray") is real("numpy._core.multiarray" if int(np.__version__.split(".")[0]) >= 2
+                                                     else "numpy.core.multiarray")
+    tried = []
+
+    def numpy_1(name):
+        tried.append(name)
+        if name.startswith("numpy._core."):
+            raise ImportError(name)
+        return f"module {name}"
+
+    monkeypatch.setattr(importlib, "import_module", numpy_1)
+    assert _numpy_core("numeric") == "module numpy.core.numeric" and tried == ["numpy._core.numeric", "numpy.core.numeric"]
+
+    def neither(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr(importlib, "import_module", neither)
+    with pytest.raises(UnreadableFileError, match=r"^numpy has no module core\.numeric$"):
+        _numpy_core("numeric")
+
+
+@pytest.mark.parametrize("name, numpy_type", [("bool_", np.bool_), ("bool", np.bool_), ("float32", np.float32),
+                                              ("uint64", np.uint64), ("ndarray", np.ndarray), ("dtype", np.dtype)])
+def test_numpy_types_are_rebuilt_by_the_names_numpy_1_and_2_pickle_them_under(name, numpy_type):
+    assert load(f"cnumpy\n{name}\n.".encode()) is numpy_type  # numpy 1 pickles its bool type as bool_, numpy 2 as bool
