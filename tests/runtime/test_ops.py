@@ -26,7 +26,7 @@ import policyport as pp  # noqa: E402
 from policyport.graph import Graph, from_onnx, onnx_dtype  # noqa: E402
 from policyport.runtime.numpy.ops.special import erf, erfc  # noqa: E402
 from policyport.runtime.numpy.registry import op, supported_ops  # noqa: E402
-from onnx_node import RNG, assert_same, both, close, f32, i64, node_model, run  # noqa: E402
+from onnx_node import RNG, assert_same, both, close, f32, i64, narrow, node_model, run  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -223,7 +223,7 @@ def test_unary_float_ops_keep_dtype(op_type, attrs, dtype):
         x = np.abs(x) + 0.25
     elif op_type == "ReduceProd":  # a product of 24 normals underflows float16
         x = 1 + x / 8
-    x = x.astype(dtype)
+    x = narrow(x, dtype)
     model = node_model(op_type, {"x": x}, 22, **attrs)
     ours = run(model, {"x": x})[0]
     assert ours.dtype == dtype
@@ -240,10 +240,10 @@ def test_unary_float_ops_keep_dtype(op_type, attrs, dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
 def test_parametrized_ops_keep_dtype(dtype):
     """Every multi-input float op keeps float64 / float16."""
-    x, w = f32(4, 3).astype(dtype), f32(3, 5).astype(dtype)
-    c3 = f32(3).astype(dtype)
+    x, w = narrow(f32(4, 3), dtype), narrow(f32(3, 5), dtype)
+    c3 = narrow(f32(3), dtype)
     cases = [
-        ("Gemm", {"a": x, "b": w, "c": f32(5).astype(dtype)}, {"alpha": 0.3, "beta": 0.7}),
+        ("Gemm", {"a": x, "b": w, "c": narrow(f32(5), dtype)}, {"alpha": 0.3, "beta": 0.7}),
         ("MatMul", {"a": x, "b": w}, {}),
         ("Einsum", {"a": x, "b": w}, {"equation": "ij,jk->ik"}),
         ("PRelu", {"x": x, "s": c3}, {}),
