@@ -75,7 +75,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5), savedmodel (a folder with saved_model.pb) and "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
 

@@ -80,7 +80,7 @@ def test_malformed_recorded_options_are_refused(text, reason):
 
 
 TELLS = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), state-dict "
-         "(.safetensors), keras (.keras, .h5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
+         "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
          "folder with rllib_checkpoint.json or checkpoint-N) by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
          "savedmodel, rllib")

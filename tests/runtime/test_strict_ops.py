@@ -103,6 +103,14 @@ CASES = {
                               r"its inputs must share one element type; found input 0 float32, input 1 float64"),
     "concat float32 + float64": (model("Concat", ["x", "w"], ["y"], 13, [("w", np.ones((2, 3), np.float64))], axis=0),
                                  "load", r"must share one element type"),
+    # a recurrent node lists its activations for every direction
+    "bidirectional rnn with one activation": (
+        model("RNN", ["x", "w", "r"], ["y"], 14, [("w", np.ones((2, 4, 3), np.float32)), ("r", np.ones((2, 4, 4), np.float32))],
+              (2, 1, 3), hidden_size=4, direction="bidirectional", activations=["Tanh"]),
+        "run", r"activations lists 1 functions; 2 expected \(1 per direction\)"),
+    # a Constant takes exactly one value attribute
+    "constant with two values": (model("Constant", [], ["y"], 13, value_float=1.0, value_int=2), "load",
+                                 r"it has 2 value attributes \(value_float, value_int\); the operator takes exactly one"),
 }
 
 
@@ -149,6 +157,10 @@ VALID = {
     "gemm C row": model("Gemm", ["x", "w", "c"], ["y"], 13, [("w", F32), ("c", np.ones((1, 2), np.float32))]),
     "clip bound of shape (1,)": model("Clip", ["x", "lo"], ["y"], 13, [("lo", np.full(1, 0.5, np.float32))]),
     "reduce-sum repeated axis": model("ReduceSum", ["x", "a"], ["y"], 13, [("a", i64(1, 1))]),
+    "constant with one value": model("Constant", [], ["y"], 13, value_floats=[1.5, -2.0]),
+    "bidirectional rnn with two activations": model(
+        "RNN", ["x", "w", "r"], ["y"], 14, [("w", np.full((2, 4, 3), 0.1, np.float32)), ("r", np.full((2, 4, 4), 0.1, np.float32))],
+        (2, 1, 3), hidden_size=4, direction="bidirectional", activations=["Tanh", "Relu"]),
 }
 
 

@@ -67,8 +67,6 @@ def _activation_functions(names, alphas, betas, defaults, num_directions):
     """One list of unary functions per direction, their parameters bound (see the module docstring)."""
     names = list(defaults * num_directions if names is None else names)
     per_direction = len(defaults)
-    if len(names) == per_direction and num_directions == 2:
-        names = names * 2
     if len(names) != per_direction * num_directions:
         raise ValueError(
             f"activations lists {len(names)} functions; {per_direction * num_directions} expected "

@@ -21,7 +21,18 @@ def identity(x):
     return x
 
 
-@op("Constant", since=1)
+_CONSTANT_VALUES = ("value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
+                    "value_strings", "sparse_value")
+
+
+def _check_constant(inputs, attrs, outputs):
+    """Constant-12+: "Exactly one of the attributes must be specified" (the operator page)."""
+    given = [a for a in _CONSTANT_VALUES if attrs.get(a) is not None]
+    if len(given) > 1:
+        raise ValueError(f"it has {len(given)} value attributes ({', '.join(given)}); the operator takes exactly one")
+
+
+@op("Constant", since=1, check=_check_constant)
 def constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None,
              value_string=None, value_strings=None, sparse_value=None):
     """The one attribute given becomes the output (the value_* attributes exist from opset 12)."""
