@@ -354,6 +354,13 @@ def test_reduce_log_sum_exp_large_and_empty():
     for name, identity in identities:
         y = run(node_model(name, {"x": empty, "axes": axes}, 18), {"x": empty, "axes": axes})[0]
         np.testing.assert_array_equal(y, np.full((2, 1), identity, np.float32), err_msg=name)
+    # integers: the type's own extremes
+    for dtype in (np.int32, np.int64, np.uint8):
+        empty = np.zeros((2, 0), dtype)
+        for name, identity in [("ReduceMax", np.iinfo(dtype).min), ("ReduceMin", np.iinfo(dtype).max)]:
+            y = run(node_model(name, {"x": empty, "axes": axes}, 18), {"x": empty, "axes": axes})[0]
+            assert y.dtype == dtype, name
+            np.testing.assert_array_equal(y, np.full((2, 1), identity, dtype), err_msg=f"{name} {dtype.__name__}")
 
 
 def test_erf_against_math_erf_dense_grid():

@@ -221,6 +221,8 @@ def exactly(message: str) -> str:
     ("t[0,-2]=0", "override 't[0,-2]=0': neuron numbers start at 0, got -2"),
     ("t[1,,2]=0", "override 't[1,,2]=0': index '1,,2' is not a neuron number, a comma list, a range a:b or *"),
     (" [1]=0", "override ' [1]=0' names no tensor"),
+    ("t[1]", "override 't[1]' does not read as TENSOR[INDEX]=VALUE, TENSOR[INDEX]*=FACTOR or TENSOR[INDEX]=clip(LO,HI) "
+             "(INDEX: a neuron number, a comma list, a range a:b, or *)"),
     ({"t": {(): 1.0}}, "override 't[()]': index () is not a neuron number, a comma list, a range a:b or *"),
     ({"t": {(1, True): 1.0}}, "override 't[(1, True)]': index (1, True) is not a neuron number, a comma list, a range "
                               "a:b or *"),
