@@ -566,18 +566,6 @@ def test_numpy_agrees_with_onnxruntime_at_the_edges_of_an_op(case):
             np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-6)
 
 
-def test_one_rnn_activation_serves_both_directions():
-    def rnn(activations):
-        return model([N("RNN", ["x", "W", "R"], ["y", "h"], hidden_size=3, direction="bidirectional",
-                        activations=activations)], [f32("x", [4, 2, 2])], [f32("y", None), f32("h", None)],
-                     [const_init("W", W_RNN), const_init("R", R_RNN)])
-
-    got = pp.load(rnn(["Relu"])).run({"x": SEQ})
-    expected = pp.load(rnn(["Relu", "Relu"]), backend="onnxruntime").run({"x": SEQ})
-    for name in expected:
-        np.testing.assert_allclose(got[name], expected[name], rtol=2e-6, atol=1e-6)
-
-
 def test_batch_normalization_in_training_mode_with_one_output_normalizes_by_the_batch():
     x = RNG.standard_normal((4, 2, 3)).astype(np.float32)
     scale, bias = np.array([1, 2], np.float32), np.array([0, 1], np.float32)
