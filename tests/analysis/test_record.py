@@ -108,11 +108,13 @@ class Accounting:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx, fmt, monkeypatch):
     """Chunk accounting: at most 5 blocks are alive (being read, read ahead, being computed, queued,
-    being written), and the peak of traced allocations does not grow with the number of blocks."""
+    being written), and the peak of traced allocations does not grow with the number of blocks. Both
+    runs are long enough to fill the pipeline (a run of 4 blocks may never have 5 alive at once, and then
+    peaks lower than a long run by the thread timing alone)."""
     rng = np.random.default_rng(5)
     batch = 256
     peaks = {}
-    for blocks in (4, 24):
+    for blocks in (8, 24):
         data = tmp_path / f"obs{blocks}.npy"
         np.save(data, rng.uniform(0, 1, (batch * blocks, 275)).astype(np.float32))
         acc = Accounting(monkeypatch, fmt)
@@ -127,7 +129,7 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, metadrive_onnx
         monkeypatch.undo()
     block_bytes = batch * (4 * 256 + 4 + 2 + 2) * 4 + batch * 275 * 4  # one block of activations + observations
     dataset_bytes = 24 * block_bytes
-    assert peaks[24] < peaks[4] + block_bytes, peaks  # no growth with the dataset
+    assert peaks[24] < peaks[8] + block_bytes, peaks  # no growth with the dataset
     assert peaks[24] < dataset_bytes / 2, (peaks, dataset_bytes)
 
 
