@@ -112,18 +112,15 @@ def prepare(group: str) -> Path:
     return folder
 
 
-def mutant_names(folder: Path) -> list[str]:
-    """Every mutant mutmut generated in ``folder`` (the keys of its ``.meta`` files), sorted."""
-    names = []
-    for meta in (folder / "mutants").rglob("*.py.meta"):
-        names += json.loads(meta.read_text())["exit_code_by_key"]
-    return sorted(names)
-
-
 def _metas(folder: Path) -> dict[Path, dict]:
     """mutmut's results in ``folder``: module .meta file (relative) -> its JSON."""
     root = folder / "mutants"
     return {meta.relative_to(root): json.loads(meta.read_text()) for meta in root.rglob("*.py.meta")}
+
+
+def mutant_names(folder: Path) -> list[str]:
+    """Every mutant mutmut generated in ``folder`` (the keys of its ``.meta`` files), sorted."""
+    return sorted(name for data in _metas(folder).values() for name in data["exit_code_by_key"])
 
 
 def _function(mutant: str) -> str:
@@ -133,8 +130,9 @@ def _function(mutant: str) -> str:
 
 def carry_over(previous: dict[Path, dict], folder: Path) -> list[str]:
     """Copy into ``folder``'s fresh results every kill of ``previous`` whose function is unchanged (same
-    source hash); returns the mutants left to check. Tests are only ever added between runs, so a mutant
-    a test killed stays killed; everything else (survivors, unchecked, changed functions) runs again."""
+    source hash); returns the mutants left to check. This assumes tests were only added or sharpened
+    since, so a mutant a test killed stays killed; everything else (survivors, unchecked, changed
+    functions) runs again."""
     left = []
     for relative, data in _metas(folder).items():
         old = previous.get(relative, {"exit_code_by_key": {}, "hash_by_function_name": {}})
@@ -168,7 +166,12 @@ def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed:
     if sample is not None or previous:
         # A filter that matches no mutant: mutmut generates every mutant and maps tests to functions,
         # then stops, which lists the names to draw from.
-        subprocess.run([*command, "no-such-mutant"], cwd=folder, env=env, capture_output=True)
+        primed = subprocess.run([*command, "no-such-mutant"], cwd=folder, env=env, capture_output=True, text=True)
+        if "nothing matches" not in primed.stdout + primed.stderr:  # it failed before the filter: say why
+            print(primed.stdout[-4000:], primed.stderr[-4000:], sep="\n", file=sys.stderr)
+            print(f"mutmut could not generate the mutants of {group} or map its tests (exit {primed.returncode})",
+                  file=sys.stderr)
+            return primed.returncode or 1
         names = mutant_names(folder)
         if not names:
             print(f"mutmut generated no mutants for {group}", file=sys.stderr)
