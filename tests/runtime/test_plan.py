@@ -436,3 +436,38 @@ def test_an_output_that_is_an_initializer_itself_is_a_writable_copy(mode):
     out = getattr(session, mode)(np.zeros((1, 2), np.float32))
     out["B"] *= 100.0  # the caller's array
     assert getattr(session, mode)(np.zeros((1, 2), np.float32))["B"].tolist() == [0.5, -0.5]
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("rows", [1, 7, 1100])
+def test_relu_after_a_gemm_compares_against_a_row_of_zeros_and_keeps_a_product_read_twice(trans_b, rows):
+    """A Relu's zero is a (1, N) row where N is known (a Gemm's constant B gives it, transposed or
+    not): numpy's maximum against a 0-d zero takes its slow scalar loop. A run overwrites the
+    product the Relu alone reads; a product that is also a graph output is kept."""
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((3, 5)).astype(np.float32)  # K=3, N=5: a wrong N would not broadcast
+    inits = [numpy_helper.from_array(w.T.copy() if trans_b else w, "W"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "B")]
+    nodes = [helper.make_node("Gemm", ["obs", "W", "B"], ["g"], transB=trans_b), helper.make_node("Relu", ["g"], ["r"]),
+             helper.make_node("Gemm", ["obs", "W"], ["g2"], transB=trans_b), helper.make_node("Relu", ["g2"], ["r2"]),
+             helper.make_node("Relu", ["obs"], ["r3"])]
+    m = model(nodes, [f32("obs", ["batch", 3])], [f32("r", ["batch", 5]), f32("g2", ["batch", 5]), f32("r2", ["batch", 5]),
+                                                  f32("r3", ["batch", 3])], inits)
+    session = pp.load(m, threads=2)
+    plan = session.backend.plan
+    zeros = [plan._consts[s.args[1]] for s in plan.steps if s.kind == "relu"]
+    assert [z.shape for z in zeros] == [(1, 5), (1, 5), (1, 3)] and not any(z.any() for z in zeros)
+    obs = rng.standard_normal((rows, 3)).astype(np.float32)
+    expected = pp.load(m, backend="onnxruntime").record(obs)
+    for got in (session.run(obs), session.record(obs)):
+        for name in got:
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    assert (session.run(obs)["g2"] < 0).any()  # the product, not its relu
+
+
+def test_relu_of_a_tensor_whose_last_axis_is_unknown_compares_against_a_0d_zero():
+    m = model([helper.make_node("Relu", ["obs"], ["r"])], [f32("obs", ["batch", "width"])], [f32("r", None)])
+    step, = pp.load(m).backend.plan.steps
+    assert step.kind == "relu" and pp.load(m).backend.plan._consts[step.args[1]].shape == ()
+    obs = np.array([[-1.0, 2.0, -0.0, np.nan]], np.float32)
+    np.testing.assert_array_equal(pp.load(m).run(obs)["r"], [[0.0, 2.0, 0.0, np.nan]])
