@@ -55,7 +55,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                   ["tests/converter/test_rllib_weights.py", "tests/converter/test_layer_order.py", "tests/converter/test_build.py",
                    "tests/converter/test_msgpack_decode.py", "tests/converter/test_unpickle.py",
                    "tests/converter/test_rllib.py", "tests/converter/test_state_dict.py", "tests/converter/test_sb3.py",
-                   "tests/converter/test_options.py", "tests/converter/test_hostile_torch.py",
+                   "tests/converter/test_options.py", "tests/converter/test_hostile_torch.py", "tests/converter/test_torch_files.py",
                    "tests/converter/test_discrete_observations.py", "tests/converter/test_refusals.py",
                    "tests/test_layers.py", "tests/test_spine.py"]),
     # The exporters of live torch modules and Keras/TensorFlow models: their tests run the frameworks.

@@ -286,3 +286,20 @@ def test_a_model_of_two_inputs_converts_and_verifies_against_keras_taking_each_i
         np.testing.assert_allclose(pp.load(model, backend=backend).run(feeds)["head"], expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(pp.BadModelError, match=r"the model takes inputs pos, vel; no observations for vel"):
         convert_source(path).reference({"pos": feeds["pos"]})
+
+
+def test_a_frameworks_error_is_reported_by_its_first_line_or_its_type():
+    from policyport.converter.keras import _first_line
+
+    assert _first_line(ValueError("  \n first line \nsecond")) == "first line "  # the text stripped, then its first line
+    assert _first_line(KeyError()) == "KeyError" and _first_line(OSError("   ")) == "OSError"
+
+
+def test_an_incompatible_pair_of_frameworks_names_tf2onnx_and_the_extra_that_installs_the_pair():
+    from policyport.converter.keras import EXTRA, IncompatibleFrameworkError
+
+    error = IncompatibleFrameworkError("tf2onnx failed inside itself")
+    assert isinstance(error, pp.MissingDependencyError) and error.exit_code == 4
+    assert (error.module, error.extra, str(error)) == ("tf2onnx", EXTRA, "tf2onnx failed inside itself")
+    assert EXTRA in __import__("tomllib").loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]

@@ -151,6 +151,66 @@ def test_an_op_without_onnx_form_is_refused_naming_the_module_and_op():
         pp.convert(module)
 
 
+class Spectrum(torch.nn.Module):
+    """A leaf whose op (aten::fft_fft) the TorchScript exporter has no ONNX form for."""
+
+    def forward(self, x):
+        return torch.fft.fft(x).real
+
+
+FFT_REFUSED = "Exporting the operator 'aten::fft_fft' to ONNX opset version 17 is not supported"
+
+
+def test_the_leaf_that_fails_to_export_is_named_inside_nested_containers():
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Tanh(), Spectrum()), torch.nn.Linear(4, 2))
+    with pytest.raises(pp.UnsupportedOpError) as caught:
+        pp.convert(module)
+    assert str(caught.value) == ("module '1.1' (Spectrum) cannot be exported to ONNX opset 17 by the torchscript exporter: "
+                                 f"op aten::fft_fft has no ONNX form there ({FFT_REFUSED}); try another --opset or --exporter")
+
+
+class Gain(torch.nn.Module):
+    def forward(self, k, x):  # a number first: no layer input to export the leaf on alone
+        return k * x
+
+
+class GainThenSpectrum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gain, self.fc, self.spectrum = Gain(), torch.nn.Linear(4, 4), Spectrum()
+
+    def forward(self, x):
+        return self.spectrum(self.fc(self.gain(2.0, x)))
+
+
+def test_a_leaf_called_with_something_else_than_a_tensor_first_is_not_tried_alone():
+    with pytest.raises(pp.UnsupportedOpError, match=r"^module 'spectrum' \(Spectrum\) cannot be exported"):
+        pp.convert(GainThenSpectrum(), input_shape=(4,))
+
+
+def test_a_failure_no_exported_leaf_tells_apart_is_the_exporters_own_message():
+    """With no leaf that exports on its own, no culprit can be told apart: the exporter's first line."""
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(torch.nn.Sequential(Spectrum()), input_shape=(4,))
+    assert type(caught.value) is pp.BadModelError
+    assert str(caught.value) == f"torch.onnx.export (torchscript exporter, opset 17) failed: {FFT_REFUSED}"
+
+
+def test_an_export_error_is_reported_by_its_first_plain_line_and_op():
+    from policyport.converter.torch_module import _export_error
+
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), Spectrum())
+    example = torch.zeros(1, 4)
+    coloured = RuntimeError("\x1b[31mno form for aten.fft_fft\x1b[0m here\nsecond line")
+    error = _export_error(module, example, "torchscript", 17, coloured)
+    assert str(error) == ("module '1' (Spectrum) cannot be exported to ONNX opset 17 by the torchscript exporter: op aten.fft_fft "
+                          "has no ONNX form there (no form for aten.fft_fft here); try another --opset or --exporter")
+    error = _export_error(module, example, "torchscript", 17, RuntimeError("  "))
+    assert str(error).endswith(": its op has no ONNX form there (RuntimeError); try another --opset or --exporter")
+    error = _export_error(torch.nn.Sequential(torch.nn.Linear(4, 4)), example, "torchscript", 17, ValueError(""))
+    assert type(error) is pp.BadModelError and str(error) == "torch.onnx.export (torchscript exporter, opset 17) failed: ValueError"
+
+
 def test_a_module_whose_input_shape_is_not_readable_asks_for_it():
     module, _ = load_module("activations")  # starts with Flatten of (batch, 2, 3)
     with pytest.raises(pp.BadModelError, match="--input-shape"):

@@ -1,0 +1,213 @@
+"""Reading torch files (policyport/converter/torch_files.py): torch.load's weights-only reader and
+its refusals, the reader without torch, tensors of every container and bfloat16 as numpy, the
+state_dict check, and the layout metadata that lets extract give a state_dict back in its order."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import pickle
+import re
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import policyport as pp
+from policyport.converter.torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
+from policyport.converter.unpickle import Record
+from policyport.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
+
+torch = pytest.importorskip("torch")
+
+REFUSAL_TAIL = ("while unpickling; torch.load(weights_only=True) rebuilds only tensors and plain containers and "
+                "refused it (nothing from the file ran). A whole pickled module runs code when loaded: if you trust "
+                "this file, pass --trust (trust=True)")
+
+
+def saved(value, **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer, **kwargs)
+    return buffer.getvalue()
+
+
+def torch_error(data: bytes, weights_only: bool = True) -> str:
+    """The first line of what torch.load says of ``data``."""
+    with pytest.raises(Exception) as caught:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    text = str(caught.value).strip()
+    return text.splitlines()[0] if text else type(caught.value).__name__
+
+
+def test_a_missing_file_is_named():
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file("/no/such/policy.pt")
+    assert str(caught.value) == "/no/such/policy.pt: no such file"
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_junk_is_unreadable_with_torchs_first_line_and_the_bytes_named_as_given(trust):
+    data = b"junk bytes, not a pickle"
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(data, trust=trust)
+    assert str(caught.value) == f"the torch file is not a readable torch file: {torch_error(data, weights_only=not trust)}"
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(data, what="policy.pth in model.zip")
+    assert str(caught.value).startswith("policy.pth in model.zip is not a readable torch file: ")
+
+
+def test_an_empty_file_names_the_error_type_when_torch_says_nothing(tmp_path):
+    path = tmp_path / "empty.pt"
+    path.write_bytes(b"")
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(path)
+    assert str(caught.value) == f"{path} is not a readable torch file: EOFError"
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_whole_pickled_module_is_refused_naming_its_class_and_loads_with_trust(tmp_path, legacy):
+    linear = torch.nn.Linear(2, 3)
+    path = tmp_path / "module.pt"
+    path.write_bytes(saved(linear, _use_new_zipfile_serialization=not legacy))
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        load_torch_file(path)
+    assert str(caught.value) == f"{path} asks for torch.nn.modules.linear.Linear {REFUSAL_TAIL}"
+    loaded = load_torch_file(path, trust=True)  # weights_only=False: the module itself
+    assert isinstance(loaded, torch.nn.Linear)
+    assert torch.equal(loaded.weight, linear.weight) and loaded.weight.device.type == "cpu"
+
+
+class CallsSystem:
+    def __reduce__(self):
+        import os
+
+        return os.system, ("true",)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_refusal_torch_does_not_name_is_named_from_the_pickle_or_said_in_general():
+    """torch's weights-only reader stops at a plain pickle's first opcode (protocol 4's FRAME), naming no
+    GLOBAL: the global is then read from the pickle's opcodes, and a class policyport's own reader
+    would rebuild inertly (Counter) is not named at all."""
+    calls = pickle.dumps(CallsSystem())
+    assert re.search(r"GLOBAL ([\w.]+)", str(pytest.raises(Exception, torch.load, io.BytesIO(calls)).value)) is None
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        load_torch_file(calls, what="calls.pt")
+    assert str(caught.value) == f"calls.pt asks for {CallsSystem().__reduce__()[0].__module__}.system {REFUSAL_TAIL}"
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        load_torch_file(pickle.dumps(collections.Counter(a=1)), what="counter.pt")
+    assert str(caught.value) == f"counter.pt asks for objects beyond tensors and containers {REFUSAL_TAIL}"
+
+
+def test_tensors_of_every_container_become_numpy_and_everything_else_stays(tmp_path):
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    bf = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16)
+    path = tmp_path / "mixed.pt"
+    path.write_bytes(saved({"w": t, "bf": bf, "list": [t[0], 7], "tuple": (t[1],), "nested": {"n": 5, "s": "x"}}))
+    got = load_torch_file(path)
+    assert list(got) == ["w", "bf", "list", "tuple", "nested"]
+    np.testing.assert_array_equal(got["w"], t.numpy())
+    assert got["w"].dtype == np.float32 and isinstance(got["w"], np.ndarray)
+    assert got["bf"].dtype.name == "bfloat16" and got["bf"].astype(np.float32).tolist() == [1.5, -2.25, 3.0]
+    assert type(got["list"]) is list and isinstance(got["list"][0], np.ndarray) and got["list"][1] == 7
+    np.testing.assert_array_equal(got["list"][0], [0.0, 1.0, 2.0])
+    assert type(got["tuple"]) is tuple and got["tuple"][0].tolist() == [3.0, 4.0, 5.0]
+    assert got["nested"] == {"n": 5, "s": "x"}
+
+
+def test_bfloat16_without_ml_dtypes_is_refused_with_the_package_to_install(monkeypatch):
+    data = saved({"w": torch.ones(2, dtype=torch.bfloat16)})
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(data)
+    assert str(caught.value) == ("the file holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+                                 "(pip install ml_dtypes)")
+
+
+def test_without_torch_the_zip_is_read_by_policyports_reader_naming_the_path(tmp_path, monkeypatch):
+    t = torch.arange(4, dtype=torch.float32)
+    good, junk = tmp_path / "sd.pt", tmp_path / "junk.pt"
+    good.write_bytes(saved({"w": t}))
+    junk.write_bytes(b"not a zip")
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    assert load_torch_file(good)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(junk)
+    assert str(caught.value).startswith(f"{junk} is not a torch zip archive")
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(b"not a zip")  # bytes: named as the torch file, as with torch
+    assert str(caught.value).startswith("the torch file is not a torch zip archive")
+    with pytest.raises(pp.MissingDependencyError) as caught:
+        load_torch_file(good, trust=True)
+    assert str(caught.value) == ("loading a whole pickled torch module (--trust) needs the Python package 'torch', which "
+                                 "is not installed; install it with: pip install 'policyport[torch]'")
+    assert (caught.value.module, caught.value.extra) == ("torch", "torch")
+
+
+def test_as_state_dict_says_what_the_file_holds_instead():
+    with pytest.raises(pp.UntrustedFileError) as caught:
+        as_state_dict(type("Policy", (Record,), {"global_name": "mymodule.Policy"})(), "policy.pt")
+    assert str(caught.value) == ("policy.pt holds a whole pickled object (mymodule.Policy), not a state_dict; loading it "
+                                 "runs code from the file: if you trust it, pass --trust (trust=True)")
+    with pytest.raises(pp.BadModelError) as caught:
+        as_state_dict([np.zeros(2)], "policy.pt")
+    assert str(caught.value) == "policy.pt holds a list, not a state_dict (a mapping of parameter names to tensors)"
+    with pytest.raises(pp.BadModelError) as caught:
+        as_state_dict({"w": np.zeros(2), "meta": {"a": 1}}, "policy.pt")
+    assert str(caught.value) == "policy.pt is not a flat state_dict: meta is not tensors"
+    many = {f"k{i}": i for i in range(12)}
+    with pytest.raises(pp.BadModelError) as caught:
+        as_state_dict({"w": np.zeros(2), **many}, "policy.pt")
+    assert str(caught.value) == f"policy.pt is not a flat state_dict: {', '.join(list(many)[:10])} are not tensors"
+    assert list(as_state_dict({1: np.ones(1), "b": np.zeros(1)}, "p")) == ["1", "b"]
+
+
+def layout_model(mapping: dict | None) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    if mapping is not None:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = PARAMETERS_KEY, json.dumps(mapping)
+    return model
+
+
+def props(model) -> dict:
+    return {p.key: json.loads(p.value) for p in model.metadata_props}
+
+
+def test_the_layout_records_unread_integer_buffers_and_the_state_dicts_order():
+    # initializer -> the source's name, or {"name": ..., "also": [names the same initializer stands for]}
+    mapping = {"W": "fc.weight", "scale": {"name": "bn.weight", "also": ["bn.bias"]}, "mean": {"name": "bn.running_mean"}}
+    state = {
+        "bn.num_batches_tracked": np.array(7, np.int64),  # recorded as a value
+        "fc.weight": np.zeros((2, 2), np.float32),
+        "bn.bias": np.zeros(2, np.float32),  # mapped through "also"
+        "bn.weight": np.ones(2, np.float32),
+        "other.num_batches_tracked": np.array(1.0, np.float32),  # not an integer: left out
+        "steps": np.array(3, np.int64),  # an integer not named num_batches_tracked: left out
+        "big.num_batches_tracked": np.zeros(MAX_VALUE_ELEMENTS + 1, np.int32),  # too large for a value
+        "edge.num_batches_tracked": np.arange(MAX_VALUE_ELEMENTS, dtype=np.uint8),  # exactly the limit
+        "bn.running_mean": np.zeros(2, np.float32),
+    }
+    model = layout_model(mapping)
+    keep_state_dict_layout(model, state)
+    got = props(model)
+    assert got[ORDER_KEY] == ["bn.num_batches_tracked", "fc.weight", "bn.bias", "bn.weight", "edge.num_batches_tracked",
+                              "bn.running_mean"]
+    assert got[PARAMETERS_KEY] == {
+        **mapping,
+        "bn.num_batches_tracked": {"name": "bn.num_batches_tracked", "value": {"dtype": "int64", "shape": [], "data": [7]}},
+        "edge.num_batches_tracked": {"name": "edge.num_batches_tracked",
+                                     "value": {"dtype": "uint8", "shape": [MAX_VALUE_ELEMENTS], "data": list(range(MAX_VALUE_ELEMENTS))}},
+    }
+    keep_state_dict_layout(model, state)  # again: the entries are replaced, not added twice
+    assert [p.key for p in model.metadata_props] == [PARAMETERS_KEY, ORDER_KEY] and props(model) == got
+
+
+def test_the_layout_of_a_model_without_parameter_metadata_holds_only_the_buffers():
+    model = layout_model(None)
+    keep_state_dict_layout(model, {"w": np.zeros(2, np.float32), "num_batches_tracked": np.array(2, np.int64)})
+    assert props(model) == {PARAMETERS_KEY: {"num_batches_tracked": {"name": "num_batches_tracked",
+                                                                     "value": {"dtype": "int64", "shape": [], "data": [2]}}},
+                            ORDER_KEY: ["num_batches_tracked"]}
