@@ -660,3 +660,111 @@ def test_a_bare_sequential_without_a_linear_layer_is_refused_by_its_name():
         parse_sequential(norm, "", None)
     with pytest.raises(pp.BadModelError, match=r"^policy has no Linear layer \(no 2-D weight under net\.\)$"):
         parse_sequential({f"net.{k}": v for k, v in norm.items()}, "net.", None, what="policy")
+
+
+def _actor_critic(*, shared=(), pi=(8,), vf=(8,), value=True, log_std=True, gap=None, obs=5, actions=2, seed=3):
+    """An SB3 ActorCriticPolicy state_dict (stable_baselines3/common/policies.py, torch_layers.py's MlpExtractor):
+    Linear layers at even indices of each Sequential, their activations at the odd ones; ``gap`` names a
+    Sequential whose second Linear sits two indices further (a Dropout after the activation)."""
+    rng = np.random.default_rng(seed)
+    arrays, width = {}, obs
+
+    def sequential(name, sizes):
+        nonlocal width
+        index, start = 0, width
+        for size in sizes:
+            arrays[f"mlp_extractor.{name}.{index}.weight"] = rng.normal(size=(size, start)).astype(np.float32)
+            arrays[f"mlp_extractor.{name}.{index}.bias"] = rng.normal(size=size).astype(np.float32)
+            index += 4 if gap == name else 2
+            start = size
+        return start
+
+    width = sequential("shared_net", shared)
+    latent_pi, latent_vf = sequential("policy_net", pi), sequential("value_net", vf)
+    arrays["action_net.weight"] = rng.normal(size=(actions, latent_pi)).astype(np.float32)
+    arrays["action_net.bias"] = rng.normal(size=actions).astype(np.float32)
+    if value:
+        arrays["value_net.weight"] = rng.normal(size=(1, latent_vf)).astype(np.float32)
+        arrays["value_net.bias"] = rng.normal(size=1).astype(np.float32)
+    if log_std:
+        arrays["log_std"] = np.full(actions, -0.5, np.float32)
+    return arrays
+
+
+VALUE_NOT_EXPORTED = "the value function (mlp_extractor.value_net, value_net) is not exported; --keep-value exports it as 'value'"
+SHARES = "the value branch shares the policy's latent features"
+
+
+@pytest.mark.parametrize("prefix", ["features_extractor.", "pi_features_extractor.", "vf_features_extractor."])
+@pytest.mark.parametrize("count, listed", [(4, "{p}0.weight, {p}1.weight, {p}2.weight, {p}3.weight"),
+                                           (5, "{p}0.weight, {p}1.weight, {p}2.weight, {p}3.weight ...")])
+def test_an_sb3_extractor_with_parameters_is_refused_listing_four_of_them(prefix, count, listed):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic
+
+    arrays = {**_actor_critic(), **{f"{prefix}{i}.weight": np.ones((2, 2), np.float32) for i in range(count)}}
+    with pytest.raises(pp.BadModelError) as caught:
+        parse_sb3_actor_critic(arrays, parse_activation("tanh"))
+    assert str(caught.value) == (f"the policy has a features extractor with parameters ({listed.format(p=prefix)}): a CNN or "
+                                 "custom extractor; policyport converts MLP policies (FlattenExtractor) only")
+
+
+def test_an_sb3_actor_critic_state_dict_is_refused_exactly_where_it_does_not_fit():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic
+
+    tanh = parse_activation("tanh")
+    cases = [
+        ({**_actor_critic(), "zeta": np.ones(1, np.float32), "critic.0.weight": np.ones((1, 1), np.float32)}, pp.BadModelError,
+         "keys that do not fit SB3's ActorCriticPolicy: critic.0.weight, zeta"),
+        ({k: v for k, v in _actor_critic().items() if not k.startswith("action_net.")}, pp.BadModelError,
+         "no action_net.weight: an SB3 ActorCriticPolicy state_dict has one"),
+        ({**_actor_critic(), "log_std": np.zeros((2, 8), np.float32)}, pp.BadModelError,
+         "log_std has shape (2, 8): a gSDE policy (use_sde=True), whose exploration noise depends on the latent features; "
+         "policyport converts the plain Gaussian policies (a log_std vector)"),
+    ]
+    for arrays, error, message in cases:
+        with pytest.raises(error) as caught:
+            parse_sb3_actor_critic(arrays, tanh)
+        assert type(caught.value) is error and str(caught.value) == message
+    with pytest.raises(pp.OptionError) as caught:
+        parse_sb3_actor_critic(_actor_critic(value=False), tanh, keep_value=True)
+    assert str(caught.value) == "a value branch was asked for (--keep-value), but the state_dict has no value_net"
+
+
+@pytest.mark.parametrize("net", ["shared_net", "policy_net", "value_net"])
+def test_an_sb3_actor_critic_names_each_sequential_in_its_notes(net):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic
+
+    arrays = _actor_critic(shared=(6, 6), pi=(8, 8), vf=(8, 8), gap=net)
+    spec, notes = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=True)
+    p = f"mlp_extractor.{net}"
+    assert notes == [f"{p}: indices {p}.1..2 hold no parameters; taken as one activation and modules without effect in "
+                     "eval mode (Dropout)"]
+    assert [d.name for d in spec.trunk + spec.hidden + spec.value_hidden] == [
+        "mlp_extractor.shared_net.0", f"mlp_extractor.shared_net.{4 if net == 'shared_net' else 2}",
+        "mlp_extractor.policy_net.0", f"mlp_extractor.policy_net.{4 if net == 'policy_net' else 2}",
+        "mlp_extractor.value_net.0", f"mlp_extractor.value_net.{4 if net == 'value_net' else 2}"]
+
+
+@pytest.mark.parametrize("arrays, keep_value, notes, value_layers", [
+    (_actor_critic(), False, [VALUE_NOT_EXPORTED], []),
+    (_actor_critic(), True, [], ["mlp_extractor.value_net.0"]),
+    (_actor_critic(vf=()), True, [SHARES], []),  # the value head on the policy's latent features
+    (_actor_critic(pi=(), vf=(), shared=(6,)), True, [SHARES], []),  # a trunk alone: shared too
+    (_actor_critic(pi=(), vf=()), True, [], []),  # linear heads on the observation: nothing shared
+    (_actor_critic(value=False), False, [], []),
+])
+def test_an_sb3_actor_critic_keeps_its_value_branch_only_when_asked_and_says_what_it_shares(arrays, keep_value, notes,
+                                                                                          value_layers):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic
+
+    spec, got = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=keep_value)
+    assert got == notes
+    assert [d.name for d in spec.value_hidden] == value_layers
+    assert (spec.value_output is not None) == (keep_value and "value_net.weight" in arrays)
+    assert spec.free_log_std_name == "log_std" and spec.free_log_std.tolist() == [-0.5, -0.5]
+    spec, _ = parse_sb3_actor_critic(_actor_critic(log_std=False), parse_activation("tanh"))
+    assert spec.free_log_std is None and spec.free_log_std_name is None
