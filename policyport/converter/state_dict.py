@@ -428,8 +428,6 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     from . import Converted
     from .build import build_mlp
 
-    if options.obs_norm is not None:
-        raise OptionError("an observation-normalisation file applies to SB3 zips; a state_dict has no observation space")
     arrays, provenance = read_arrays(source, trust=options.trust)
     if not isinstance(arrays, dict):  # a whole module, loaded with --trust
         from .torch_module import convert_torch

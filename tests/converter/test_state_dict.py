@@ -768,3 +768,201 @@ def test_an_sb3_actor_critic_keeps_its_value_branch_only_when_asked_and_says_wha
     assert spec.free_log_std_name == "log_std" and spec.free_log_std.tolist() == [-0.5, -0.5]
     spec, _ = parse_sb3_actor_critic(_actor_critic(log_std=False), parse_activation("tanh"))
     assert spec.free_log_std is None and spec.free_log_std_name is None
+
+
+def _saved(tmp_path, arrays, name="sd.pt"):
+    path = tmp_path / name
+    torch.save({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}, path)
+    return path
+
+
+def _metadata(model) -> dict:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+@pytest.mark.parametrize("arrays, kind, options, layout, activation, op", [
+    (_actor_critic(), None, {}, "sb3", "tanh", "Tanh"),
+    (_actor("sac"), None, {}, "sb3-actor", "relu", "Relu"),
+    (None, "rllib-torch", {}, "rllib-torch", "tanh", "Tanh"),
+    ({"0.weight": np.ones((3, 2), np.float32), "2.weight": np.ones((1, 3), np.float32)}, None, {"activation": "elu"},
+     "sequential", "elu", "Elu"),
+    ({"0.weight": np.ones((3, 2), np.float32), "0.bias": np.zeros(3, np.float32)}, None, {}, "sequential", "none", None),
+])
+def test_a_state_dict_records_its_layout_and_the_activation_it_was_read_with(tmp_path, arrays, kind, options, layout,
+                                                                              activation, op):
+    path = TORCH_DIR / "rllib_fcnet.state_dict.pt" if arrays is None else _saved(tmp_path, arrays)
+    c = convert_source(path, kind=kind, **options)
+    metadata = _metadata(c.model)
+    assert (metadata["policyport.layout"], metadata["policyport.activation"]) == (layout, activation)
+    assert json.loads(metadata["policyport.source"])["layout"] == layout
+    ops = {n.op_type for n in c.model.graph.node}
+    assert op is None and not ops & {"Tanh", "Relu", "Elu"} or op in ops
+
+
+def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
+    arrays = {"2.weight": np.ones((3, 6), np.float32), "2.bias": np.zeros(3, np.float32)}  # 0..1: a Flatten
+    c = convert_source(_saved(tmp_path, arrays), opset=13, input_shape=(2, 3))
+    assert c.model.opset_import[0].version == 13
+    assert [d.dim_value for d in c.model.graph.input[0].type.tensor_type.shape.dim[1:]] == [2, 3]
+    assert "0..1 hold no parameters before the first layer: taken as nn.Flatten" in c.notes
+    obs = observations((2, 3), 4)
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], obs.reshape(4, 6) @ np.ones((6, 3)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["sac", "td3"])
+def test_a_head_is_refused_for_an_sb3_actor_naming_its_family(tmp_path, family):
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(_saved(tmp_path, _actor(family)), head="diag-gaussian")
+    assert str(caught.value) == f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean"
+
+
+def test_a_state_dicts_reference_computes_the_head_asked_for(tmp_path):
+    c = convert_source(_saved(tmp_path, _actor_critic()), head="diag-gaussian")
+    obs = observations((5,), 6)
+    reference = c.reference(obs)
+    assert {"logits", "action", "log_std"} <= set(reference)
+    np.testing.assert_array_equal(reference["log_std"], np.full((6, 2), -0.5, np.float32))
+    assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def test_a_whole_module_in_a_state_dict_file_converts_with_trust_as_a_state_dict_kind(tmp_path):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    path = tmp_path / "module.pt"
+    torch.save(module, path)
+    with pytest.raises(pp.UntrustedFileError):
+        convert_source(path)
+    c = convert_source(path, trust=True)
+    assert c.kind == "state-dict"
+    obs = observations((3,), 5)
+    with torch.no_grad():
+        expected = module(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_state_dicts_layout_refuses_options_it_cannot_take_by_their_whole_message(tmp_path):
+    cases = [
+        (_actor_critic(), {"activation": "relu,tanh"}, pp.OptionError,
+         "--activation (activation=) 'relu,tanh' is a list, one activation per module, which applies to a plain "
+         "nn.Sequential; this state_dict has the sb3 layout"),
+        (_actor("sac"), {"keep_value": True}, pp.OptionError,
+         "--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))"),
+        ({"0.weight": np.ones((3, 2), np.float32)}, {"keep_value": True}, pp.OptionError,
+         "--keep-value: a plain nn.Sequential has no value branch"),
+        ({"a.0.weight": np.ones((3, 2), np.float32), "b.0.weight": np.ones((3, 2), np.float32)}, {}, pp.BadModelError,
+         "the keys carry more than one prefix (['a.', 'b.']); give one nn.Sequential's state_dict"),
+        ({"0.weight": np.ones((3, 2), np.float32), "0.bias": np.zeros(3, np.float64)}, {}, pp.BadModelError,
+         "the parameters must share one float dtype; found ['float32', 'float64']"),
+    ]
+    for arrays, options, error, message in cases:
+        with pytest.raises(error) as caught:
+            convert_source(_saved(tmp_path, arrays), **options)
+        assert type(caught.value) is error and str(caught.value) == message
+
+
+def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
+    from policyport.converter.state_dict import read_arrays
+
+    module = tmp_path / "module.pt"
+    torch.save(torch.nn.Linear(2, 2), module)
+    with pytest.raises(pp.UntrustedFileError):
+        read_arrays(module)  # trust is off unless given
+    value, provenance = read_arrays(module, trust=True)
+    assert isinstance(value, torch.nn.Linear) and provenance == {"kind": "torch", "file": "module.pt"}
+    from safetensors.numpy import save_file
+
+    st = tmp_path / "Weights.SafeTensors"
+    save_file({"0.weight": np.ones((2, 3), np.float32)}, str(st))
+    arrays, provenance = read_arrays(st)
+    assert list(arrays) == ["0.weight"] and arrays["0.weight"].shape == (2, 3)
+    import hashlib
+
+    assert provenance == {"file": "Weights.SafeTensors", "sha256": hashlib.sha256(st.read_bytes()).hexdigest()}
+    listed = tmp_path / "list.pt"
+    torch.save([torch.ones(2)], listed)
+    with pytest.raises(pp.BadModelError) as caught:
+        read_arrays(listed)
+    assert str(caught.value) == f"{listed} holds a list, not a state_dict (a mapping of parameter names to tensors)"
+
+
+def test_a_sequential_index_that_fits_no_module_is_refused_naming_its_parameters_and_shapes():
+    from policyport.converter.state_dict import parse_sequential
+
+    arrays = {"0.weight": np.ones((3, 2), np.float32), "1.bias": np.ones(3, np.float32)}
+    with pytest.raises(pp.BadModelError) as caught:
+        parse_sequential(arrays, "", None)
+    assert str(caught.value) == "1 holds bias with shapes [(3,)], which fit no Linear, LayerNorm or BatchNorm1d"
+
+
+def test_a_list_of_activations_must_name_one_per_parameter_free_module_and_linear_adds_nothing(tmp_path):
+    arrays = {f"{i}.weight": np.eye(2, dtype=np.float32) for i in (0, 2, 4, 6)}  # gaps at 1, 3, 5; no biases
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(_saved(tmp_path, arrays), activation="relu,tanh")
+    assert str(caught.value) == ("nn.Sequential: --activation (activation=) gives 2 activations for 3 parameter-free "
+                                 "module(s) at 1, 3, 5; give one, or one per module")
+    c = convert_source(_saved(tmp_path, arrays), activation="relu,linear,tanh")
+    assert [n.op_type for n in c.model.graph.node if n.op_type in ("Relu", "Tanh", "Identity")] == ["Relu", "Tanh"]
+    obs = np.array([[-2.0, 3.0]], np.float32)
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], [[0.0, np.tanh(3.0)]], rtol=1e-6)
+
+
+def test_an_action_net_must_be_a_linear_weight_and_may_have_no_bias():
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic
+
+    tanh = parse_activation("tanh")
+    with pytest.raises(pp.BadModelError) as caught:
+        parse_sb3_actor_critic({"action_net.weight": np.ones(3, np.float32)}, tanh)
+    assert str(caught.value) == "action_net.weight must be a 2-D Linear weight [out, in], got shape (3,)"
+    spec, _ = parse_sb3_actor_critic({"action_net.weight": np.ones((2, 3), np.float32)}, tanh)
+    assert (spec.output.name, spec.output.weight_name, spec.output.bias, spec.output.bias_name) == (
+        "action_net", "action_net.weight", None, None)
+
+
+@pytest.mark.parametrize("keys, layout", [
+    (["action_net.weight"], "sb3"),
+    (["mlp_extractor.policy_net.0.weight"], "sb3"),
+    (["actor.mu.0.weight"], "sb3-actor"),
+    (["0.weight", "net.2.bias"], "sequential"),
+])
+def test_the_layout_is_read_from_any_one_key_of_it(keys, layout):
+    from policyport.converter.state_dict import detect_layout
+
+    assert detect_layout({k: np.ones((1, 1), np.float32) for k in keys}) == layout
+
+
+def test_keys_that_fit_no_layout_are_counted_and_the_first_twenty_listed():
+    from policyport.converter.state_dict import detect_layout
+
+    keys = [f"odd_{i:02d}" for i in range(21)] + ["0.weight"]
+    with pytest.raises(pp.BadModelError) as caught:
+        detect_layout({k: np.ones(1, np.float32) for k in keys})
+    assert str(caught.value) == (
+        "the state_dict's keys fit no layout policyport knows (nn.Sequential <i>.weight, SB3 mlp_extractor/action_net, "
+        "SB3 actor.*, RLlib _hidden_layers.<i>._model.0/_logits): 21 key(s) do not fit: "
+        + ", ".join(keys[:20]) + " … and 1 more")
+
+
+def test_non_finite_weights_are_refused_by_name_and_integer_buffers_are_not_checked(tmp_path):
+    arrays = {"0.weight": np.array([[np.nan, 1.0]], np.float32), "0.bias": np.array([np.inf], np.float32),
+              "2.weight": np.ones((1, 1), np.float32)}
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(_saved(tmp_path, arrays), activation="relu")
+    assert str(caught.value) == "non-finite values (NaN or inf) in 0.bias, 0.weight; a trained policy's weights are finite"
+    from policyport.converter.state_dict import _check_finite
+
+    _check_finite({"steps": np.array([2**62], np.int64), "w": np.ones(2, np.float32)})  # nothing to refuse
+
+
+def test_without_torch_the_reference_is_numpys_with_the_head_asked_for(monkeypatch):
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.state_dict import parse_sb3_actor_critic, reference_for
+
+    spec, _ = parse_sb3_actor_critic(_actor_critic(), parse_activation("tanh"))
+    obs = observations((5,), 3)
+    with_torch = reference_for(spec, "diag-gaussian")(obs)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    without = reference_for(spec, "diag-gaussian")(obs)
+    assert set(without) == set(with_torch) and {"action", "log_std"} <= set(without)
+    for name in without:
+        np.testing.assert_allclose(without[name], with_torch[name], rtol=1e-5, atol=1e-6, err_msg=name)
