@@ -290,14 +290,19 @@ def test_verify_against_the_zip_finds_a_different_policy(tmp_path):
     assert doc["first_divergence"]["tensor"] == "mlp_extractor.policy_net.2/linear"
 
 
-@pytest.mark.parametrize("path,given,recorded", [
-    (CARTPOLE, "relu", "tanh"),  # policy_kwargs {}: SB3's ActorCriticPolicy default built it
-    (SB3_DIR / "ppo_pendulum.zip", "tanh", "relu"),  # policy_kwargs names activation_fn ReLU
-    (SB3_DIR / "sac_pendulum.zip", "tanh", "relu"),  # an actor: SAC's default
+DEFAULT_BUILT = "SB3's default for this policy (its policy_kwargs name no activation_fn)"
+
+
+@pytest.mark.parametrize("path,given,recorded,what", [
+    (CARTPOLE, "relu", "tanh", DEFAULT_BUILT),  # policy_kwargs {}: SB3's ActorCriticPolicy default built it
+    (SB3_DIR / "ppo_pendulum.zip", "tanh", "relu", "the zip's policy_kwargs"),  # policy_kwargs names activation_fn ReLU
+    (SB3_DIR / "sac_pendulum.zip", "tanh", "relu", DEFAULT_BUILT),  # an actor: SAC's default
 ])
-def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded):
-    with pytest.raises(pp.OptionError, match=f"--activation {given} contradicts .* which names {recorded}"):
+def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded, what):
+    with pytest.raises(pp.OptionError) as caught:
         pp.convert(path, activation=given)
+    assert str(caught.value) == (f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
+                                 "to use the recorded one")
     agreeing = convert_source(path, activation=recorded)
     assert not any("names no activation" in n for n in agreeing.notes)
     assert [n.op_type for n in agreeing.model.graph.node if n.op_type in ("Relu", "Tanh")][0].lower() == recorded
@@ -575,3 +580,63 @@ def test_a_space_is_read_from_its_readable_attributes(entry, space):
     got = _space({"action_space": entry}, "action_space")
     assert {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in got.items()} == space
     assert type(got.get("n", 0)) is int and all(type(n) is int for n in got.get("nvec", ()))
+
+
+@pytest.mark.parametrize("name, layout, activation, policy_class, action_space", [
+    ("ppo_pendulum", "sb3", "relu", "stable_baselines3.common.policies.ActorCriticPolicy", "Box"),
+    ("sac_pendulum", "sb3-actor", "relu", "stable_baselines3.sac.policies.SACPolicy", "Box"),
+    ("td3_pendulum", "sb3-actor", "relu", "stable_baselines3.td3.policies.TD3Policy", "Box"),
+    ("a2c_multidiscrete", "sb3", "tanh", "stable_baselines3.common.policies.ActorCriticPolicy", "MultiDiscrete"),
+    ("ppo_pendulum_vecnorm", "sb3", "tanh", "stable_baselines3.common.policies.ActorCriticPolicy", "Box"),
+])
+def test_an_sb3_model_records_its_source_layout_and_activation(name, layout, activation, policy_class, action_space):
+    import hashlib
+
+    path = ZIPS[name][0]
+    c = convert_source(path, opset=13)
+    metadata = {p.key: p.value for p in c.model.metadata_props}
+    with zipfile.ZipFile(path) as zf:
+        version = zf.read("_stable_baselines3_version").decode().strip()
+    expected = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                "policy_class": policy_class, "sb3_version": version, "action_space": action_space}
+    if name.endswith("_vecnorm"):
+        expected["obs_norm"] = "vecnormalize.pkl"
+    assert json.loads(metadata["policyport.source"]) == expected
+    assert (metadata["policyport.layout"], metadata["policyport.activation"]) == (layout, activation)
+    assert c.kind == "sb3" and c.model.opset_import[0].version == 13
+    obs = observations(c.model, n=5)
+    assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+@pytest.mark.parametrize("name, scope", [("ppo_pendulum", "features_extractor.flatten"),
+                                         ("sac_pendulum", "actor.features_extractor.flatten")])
+def test_an_observation_of_more_than_one_axis_is_flattened_by_the_extractor_it_names(tmp_path, name, scope):
+    path = rewrite_zip(ZIPS[name][0], tmp_path / f"{name}_2d.zip", data=lambda d: d["observation_space"].update(_shape=[1, 3]))
+    c = convert_source(path)
+    dims = c.model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims[1:]] == [1, 3]
+    assert [n.op_type for n in c.model.graph.node if n.name.startswith(f"/{scope}/") or scope in n.output[0]][:1] == ["Flatten"]
+    flat = convert_source(ZIPS[name][0])
+    obs = np.random.default_rng(2).uniform(-1, 1, (4, 1, 3)).astype(np.float32)
+    np.testing.assert_array_equal(pp.load(c.model).run({"obs": obs})["action"],
+                                  pp.load(flat.model).run({"obs": obs.reshape(4, 3)})["action"])
+
+
+def test_a_zip_with_an_lstm_critic_alone_is_refused_as_recurrent(tmp_path):
+    import torch
+
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "lstm_critic.zip",
+                       state=lambda sd: {**sd, "lstm_critic.weight_ih_l0": torch.zeros(4, 3)})
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies"
+
+
+def test_a_policy_pth_that_is_not_a_state_dict_is_named_inside_its_zip(tmp_path):
+    import torch
+
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "listed.zip", state=lambda sd: [sd["log_std"]])
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == (f"{path}:policy.pth holds a list, not a state_dict (a mapping of parameter names to "
+                                 "tensors)")
