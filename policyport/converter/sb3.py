@@ -104,6 +104,8 @@ def _space(data: dict, key: str) -> dict:
         raise BadModelError(f"the zip's data has no readable {key}")
     type_text = str(entry.get(":type:", ""))
     kind = re.sub(r".*\.", "", type_text.strip("<>'\" ").replace("class '", ""))
+    if not kind:
+        raise BadModelError(f"the zip's {key} does not name its space class (no :type: entry)")
     shape = entry.get("_shape", entry.get("shape"))
     space = {"type": kind, "shape": tuple(shape) if isinstance(shape, list) else None, "dtype": entry.get("dtype")}
     if kind == "Box":

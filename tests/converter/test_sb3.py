@@ -640,3 +640,69 @@ def test_a_policy_pth_that_is_not_a_state_dict_is_named_inside_its_zip(tmp_path)
         convert_source(path)
     assert str(caught.value) == (f"{path}:policy.pth holds a list, not a state_dict (a mapping of parameter names to "
                                  "tensors)")
+
+
+def test_the_policy_class_is_read_from_protocol_0_strings_and_memo_puts_too():
+    from policyport.converter.sb3 import pickled_global
+
+    crafted = b"\x80\x04Vmypolicies\np0\nVMlpPolicy\np1\n\x93."  # UNICODE strings, PUT memo entries, STACK_GLOBAL
+    assert pickled_global(base64.b64encode(crafted).decode()) == "mypolicies.MlpPolicy"
+
+
+@pytest.mark.parametrize("policy_class, refused", [
+    ("mypolicies.Recurrent.MlpPolicy", False),  # the class's own name decides, not its module's
+    ("sb3_contrib.ppo_mask.policies.MaskableActorCriticPolicy", False),  # sb3_contrib but not recurrent
+    ("sb3_contrib.Recurrent.MlpPolicy", True),  # a recurrent module of sb3_contrib
+])
+def test_a_recurrent_policy_is_told_by_its_class_name_or_sb3_contribs_recurrent_modules(tmp_path, policy_class, refused):
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "classed.zip", data=_policy_class(policy_class))
+    if not refused:
+        assert json.loads({p.key: p.value for p in convert_source(path).model.metadata_props}["policyport.source"])[
+            "policy_class"] == policy_class
+        return
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies"
+
+
+def test_a_space_class_is_read_without_its_module_and_a_space_without_one_is_refused(tmp_path):
+    dotless = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "dotless.zip",
+                          data=lambda d: d["observation_space"].update({":type:": "<class 'Box'>"}))
+    assert convert_source(dotless).model.graph.input[0].type.tensor_type.shape.dim[1].dim_value == 3
+    untyped = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "untyped.zip", data=lambda d: d["action_space"].pop(":type:"))
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(untyped)
+    assert str(caught.value) == "the zip's action_space does not name its space class (no :type: entry)"
+
+
+def test_an_activation_fn_that_is_not_a_class_name_is_refused_as_written(tmp_path):
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "called.zip",
+                       data=lambda d: d["policy_kwargs"].update(activation_fn="Tanh()"))
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == "the policy's activation_fn is 'Tanh()', which policyport does not map; name it with --activation"
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("ppo_pendulum", _space_edit("action", "discrete.Discrete", n=1),  # one output, but a log_std: Gaussian
+     "a Discrete(1) action space, but the action network outputs 1 values"),
+    ("sac_pendulum", _space_edit("action", "discrete.Discrete", n=1),  # an actor's squashed mean is no logits
+     "a Discrete(1) action space, but the action network outputs 1 values"),
+    ("sac_pendulum", _space_edit("action", "multi_discrete.MultiDiscrete", nvec="[1]"),
+     "a MultiDiscrete[1] action space, but the action network outputs 1 logits"),
+    ("ppo_pendulum", lambda d: d["action_space"].update(low="[-2. -2.]"),  # low of 2 values, high of 1
+     "a Box action space of shape (1,), but the action network outputs 1 values"),
+    ("ppo_pendulum", lambda d: d["action_space"].update(high="[2. 2.]"),
+     "a Box action space of shape (1,), but the action network outputs 1 values"),
+])
+def test_an_action_space_that_does_not_fit_the_network_is_refused(tmp_path, name, edit, message):
+    path = rewrite_zip(ZIPS[name][0], tmp_path / "spaced.zip", data=edit)
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == message
+
+
+def test_a_sac_actions_tanh_is_named_action_and_a_td3_actors_after_its_last_linear():
+    for name, scope in (("sac_pendulum", "action"), ("td3_pendulum", "actor.mu.5")):
+        nodes = {n.output[0]: n.op_type for n in convert_source(ZIPS[name][0]).model.graph.node}
+        assert nodes.get(f"{scope}/tanh") == "Tanh", (name, sorted(nodes))
