@@ -807,6 +807,7 @@ def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
     assert "0..1 hold no parameters before the first layer: taken as nn.Flatten" in c.notes
     obs = observations((2, 3), 4)
     np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], obs.reshape(4, 6) @ np.ones((6, 3)), rtol=1e-6)
+    assert pp.verify(c.model, obs, reference=c.reference).passed  # torch's nn.Flatten in the reference
 
 
 @pytest.mark.parametrize("family", ["sac", "td3"])

@@ -211,6 +211,27 @@ def test_an_export_error_is_reported_by_its_first_plain_line_and_op():
     assert type(error) is pp.BadModelError and str(error) == "torch.onnx.export (torchscript exporter, opset 17) failed: ValueError"
 
 
+def test_export_module_defaults_to_the_torchscript_exporter_at_opset_17():
+    from policyport.converter.torch_module import export_module
+
+    export = export_module(torch.nn.Sequential(torch.nn.Linear(3, 2)))
+    assert export.model.opset_import[0].version == 17
+
+
+@pytest.mark.parametrize("node_name, scope", [
+    ("/mlp_extractor/policy_net/policy_net.0/Gemm", "mlp_extractor.policy_net.0"),  # a Sequential's child
+    ("/mlp_extractor/policy_net/Tanh", "mlp_extractor.policy_net"),
+    ("/mlp_extractor/helper/Gemm", "mlp_extractor"),  # a scope that is no module: the last module
+    ("/Gemm", ""),
+    ("Gemm_3", None),
+])
+def test_a_torchscript_node_name_gives_the_module_that_computed_it(node_name, scope):
+    from policyport.converter.torch_module import _scope_of_ts_name
+
+    modules = {"mlp_extractor", "mlp_extractor.policy_net", "mlp_extractor.policy_net.0"}
+    assert _scope_of_ts_name(node_name, modules) == scope
+
+
 def test_a_module_whose_input_shape_is_not_readable_asks_for_it():
     module, _ = load_module("activations")  # starts with Flatten of (batch, 2, 3)
     with pytest.raises(pp.BadModelError, match="--input-shape"):
