@@ -303,3 +303,71 @@ def test_an_incompatible_pair_of_frameworks_names_tf2onnx_and_the_extra_that_ins
     assert (error.module, error.extra, str(error)) == ("tf2onnx", EXTRA, "tf2onnx failed inside itself")
     assert EXTRA in __import__("tomllib").loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
+
+
+def _graph(nodes, inputs=("obs",), inits=()):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from policyport.converter.keras import _Graph
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, [None, 2]) for i in inputs],
+                              [], [numpy_helper.from_array(np.ones(2, np.float32), n) for n in inits])
+    return _Graph(helper.make_model(graph))
+
+
+def test_the_graph_view_lists_each_tensors_readers():
+    from onnx import helper
+
+    g = _graph([helper.make_node("Relu", ["obs"], ["a"], name="r"), helper.make_node("Add", ["a", "obs"], ["b"], name="s")])
+    assert {k: [n.name for n in v] for k, v in g.consumers().items()} == {"obs": ["r", "s"], "a": ["s"]}
+
+
+def test_an_identity_cycle_ends_the_walk_back_to_a_tensors_root():
+    import threading
+
+    from onnx import helper
+
+    from policyport.converter.keras import _root
+
+    g = _graph([helper.make_node("Identity", ["b"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
+                helper.make_node("Identity", ["obs"], ["c"]), helper.make_node("Identity", ["c"], ["d"])])
+    found = {}
+    walker = threading.Thread(target=lambda: found.update(a=_root(g, "a", g.producers()), d=_root(g, "d", g.producers())),
+                              daemon=True)
+    walker.start()
+    walker.join(10)
+    assert not walker.is_alive() and found == {"a": "a", "d": "obs"}
+
+
+def test_names_of_a_graph_input_or_an_initializer_become_identities_and_the_source_keeps_its_name():
+    from onnx import helper
+
+    from policyport.converter.keras import _settle_names
+
+    g = _graph([helper.make_node("Identity", ["obs"], ["input_layer"]), helper.make_node("Identity", ["W"], ["dense/kernel"]),
+                helper.make_node("Add", ["input_layer", "dense/kernel"], ["sum"])], inits=["W"])
+    _settle_names(g, ["input_layer", "dense/kernel"])
+    got = [(n.op_type, list(n.input), list(n.output)) for n in g.g.node]  # identities first, at the start
+    assert sorted(got[:2]) == [("Identity", ["W"], ["dense/kernel"]), ("Identity", ["obs"], ["input_layer"])]
+    assert got[2:] == [("Add", ["input_layer", "dense/kernel"], ["sum"])]
+    assert set(g.init) == {"W"} and g.inputs == ["obs"]
+
+
+def test_traced_tensors_are_one_when_they_are_the_same_object_or_share_a_name():
+    from types import SimpleNamespace
+
+    from policyport.converter.keras import _same_tensor
+
+    a = SimpleNamespace(name="dense/BiasAdd:0")
+    assert _same_tensor(a, a) and _same_tensor(a, SimpleNamespace(name="dense/BiasAdd:0"))
+    assert not _same_tensor(a, SimpleNamespace(name="dense_1/BiasAdd:0")) and not _same_tensor(a, object())
+    unnamed = SimpleNamespace(name=None)
+    assert _same_tensor(unnamed, unnamed) and not _same_tensor(unnamed, SimpleNamespace(name=None))
+
+
+def test_a_keras_model_never_built_is_refused_saying_how_to_build_it(keras):
+    model = keras.Sequential([keras.layers.Dense(2)], name="policy")
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(model)
+    assert str(caught.value) == ("cannot tell the input shape of the Sequential model 'policy': it was never built; call it "
+                                 "once on an observation batch (or save it after that) before converting")
