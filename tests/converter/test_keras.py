@@ -371,3 +371,53 @@ def test_a_keras_model_never_built_is_refused_saying_how_to_build_it(keras):
         pp.convert(model)
     assert str(caught.value) == ("cannot tell the input shape of the Sequential model 'policy': it was never built; call it "
                                  "once on an observation batch (or save it after that) before converting")
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("activation", "relu", "activation does not apply to a Keras model: the model records its own layers"),
+    ("policy_id", "p0", "policy_id does not apply to a Keras model: the model records its own layers"),
+    ("obs_norm", "vecnormalize.pkl", "obs_norm does not apply to a Keras model: the model records its own layers"),
+    ("keep_value", True, "--keep-value does not apply to a Keras model: every output the model has is exported"),
+])
+def test_called_directly_the_keras_converters_refuse_options_of_other_sources(option, value, message):
+    from policyport.converter import ConvertOptions
+    from policyport.converter.keras import _check_options
+
+    with pytest.raises(pp.OptionError) as caught:
+        _check_options(ConvertOptions(**{option: value}), "a Keras model")
+    assert str(caught.value) == message
+
+
+def test_a_diag_gaussian_head_splits_a_keras_models_output_into_action_and_log_std(obs):
+    c = convert_source(FIXTURES / "mlp_activations.keras", head="diag-gaussian")
+    outputs = [(o.name, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]) for o in c.model.graph.output]
+    assert outputs == [("fc_out", ["batch", 4]), ("action", ["batch", 2]), ("log_std", ["batch", 2])]
+    assert {"head/axes", "head/zero", "head/mid", "head/end"} <= {i.name for i in c.model.graph.initializer}
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(c.model, backend=backend).run({"obs": obs})
+        np.testing.assert_array_equal(got["action"], got["fc_out"][:, :2])
+        np.testing.assert_array_equal(got["log_std"], got["fc_out"][:, 2:])
+    assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def test_a_keras_head_needs_an_output_it_can_split_and_categorical_takes_the_argmax(obs):
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(FIXTURES / "mlp_norm.keras", head="diag-gaussian")
+    assert str(caught.value) == "a diag-gaussian head splits 'fc_out' into mean and log_std halves; it has width 3"
+    c = convert_source(FIXTURES / "mlp_norm.keras", head="categorical")
+    got = pp.load(c.model).run({"obs": obs})
+    np.testing.assert_array_equal(got["action"], np.argmax(got["fc_out"], axis=1))
+
+
+def test_a_saved_model_without_serving_default_lists_the_signatures_it_has(tmp_path):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.w = tf.Variable(tf.ones((3, 2)))
+    module.act = tf.function(lambda x: tf.matmul(x, module.w), input_signature=[tf.TensorSpec((None, 3), tf.float32)])
+    path = tmp_path / "policy_savedmodel"
+    tf.saved_model.save(module, str(path), signatures={"act_greedy": module.act.get_concrete_function()})
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        convert_source(path)
+    assert str(caught.value) == f"{path} has no serving_default signature; it has: act_greedy"
