@@ -12,6 +12,8 @@
 #                                                 an estimate of the score where a full run takes hours
 #   scripts/mutation.sh --resume converter        after adding tests: keep the last run's kills in functions
 #                                                 unchanged since, check every other mutant again
+#   scripts/mutation.sh --recheck converter-frameworks   check the timed-out mutants of the last run again, each
+#                                                 in a fresh interpreter (every run does this at its end)
 #
 # Afterwards: .venv/bin/python scripts/mutation_report.py [GROUP...] prints killed/total per module
 # and every surviving mutant; `cd .mutation/GROUP && ../../.venv/bin/mutmut show NAME` shows one.

@@ -147,6 +147,46 @@ def carry_over(previous: dict[Path, dict], folder: Path) -> list[str]:
     return sorted(left)
 
 
+#: mutmut's exit codes for a mutant that ran past its time limit (mutmut/stats.py).
+TIMEOUTS = {36, 24, -24, 152, 255}
+#: The most seconds a timed-out mutant's tests may take when checked again in an interpreter of their own.
+RECHECK_SECONDS = 900
+
+
+def recheck_timeouts(group: str, folder: Path, env: dict) -> None:
+    """Check every mutant that timed out again, in a fresh interpreter, and record what its tests say.
+
+    mutmut runs a mutant's tests in a child forked from a process that has run them before. A library
+    whose threads were started in that parent (TensorFlow) can hang in the child, so that the
+    mutant "times out" whatever it changed, and mutmut counts it as killed. Here each such mutant's
+    tests (the group's, stopping at the first failure) run in a new process with mutmut's
+    ``MUTANT_UNDER_TEST`` switch: exit 0 is recorded as survived, 1 as killed, and a mutant that
+    still runs past :data:`RECHECK_SECONDS` stays a timeout.
+    """
+    tests = [t for t in GROUPS[group][1] if (folder / "mutants" / t).exists()]
+    deselected = [arg for t in STATIC for arg in ("--deselect", t)]  # as prepare() selects them for mutmut
+    outcome = {"killed": 0, "survived": 0, "timeout": 0}
+    for meta, data in _metas(folder).items():
+        codes = data["exit_code_by_key"]
+        timed_out = [name for name, code in codes.items() if code in TIMEOUTS]
+        for name in timed_out:
+            command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *deselected, *tests]
+            try:
+                done = subprocess.run(command, cwd=folder / "mutants", env={**env, "MUTANT_UNDER_TEST": name},
+                                      capture_output=True, timeout=RECHECK_SECONDS)
+            except subprocess.TimeoutExpired:
+                outcome["timeout"] += 1
+                continue
+            codes[name] = 0 if done.returncode == 0 else 1
+            outcome["survived" if done.returncode == 0 else "killed"] += 1
+            print(f"   {name}: {'survived' if done.returncode == 0 else 'killed'} in a fresh interpreter", flush=True)
+        if timed_out:
+            (folder / "mutants" / meta).write_text(json.dumps(data))
+    if sum(outcome.values()):
+        print(f"== {group}: timeouts checked again in a fresh interpreter: {outcome['killed']} killed, "
+              f"{outcome['survived']} survived, {outcome['timeout']} still past {RECHECK_SECONDS} s", flush=True)
+
+
 def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int, resume: bool) -> int:
     """mutmut over one group; with ``sample``, over that many of its mutants drawn uniformly at random
     (``seed`` fixes the draw), the rest left unchecked: the score then estimates the whole group's.
@@ -186,7 +226,10 @@ def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed:
             drawn = random.Random(seed).sample(names, min(sample, len(names)))
             print(f"== {group}: {len(drawn)} of {len(names)} mutants drawn (seed {seed})", flush=True)
         command += drawn
-    return subprocess.run(command, cwd=folder, env=env).returncode
+    code = subprocess.run(command, cwd=folder, env=env).returncode
+    if code == 0:
+        recheck_timeouts(group, folder, env)
+    return code
 
 
 def main(argv: list[str]) -> int:
@@ -196,6 +239,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--sample", type=int, metavar="N",
                         help="check N mutants of each group drawn at random instead of all of them")
     parser.add_argument("--seed", type=int, default=0, help="the seed of --sample's draw (default 0)")
+    parser.add_argument("--recheck", action="store_true",
+                        help="only check the last run's timed-out mutants again, each in a fresh interpreter "
+                             "(done after every run; for a run stopped before it)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the previous run's kills in functions unchanged since; check the rest "
                              "(its survivors, what it left unchecked, changed functions) against the current tests")
@@ -221,7 +267,14 @@ def main(argv: list[str]) -> int:
     if not children.isdigit() or int(children) < 1:
         print(f"MUTATION_CHILDREN must be a positive whole number, not {children!r}", file=sys.stderr)
         return 2
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for group in groups:
+        if args.recheck:
+            if not (WORK / group / "mutants").is_dir():
+                print(f"no run of {group} to check again", file=sys.stderr)
+                return 2
+            recheck_timeouts(group, WORK / group, env)
+            continue
         code = run_group(group, mutmut, children, args.sample, args.seed, args.resume)
         if code:
             print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)

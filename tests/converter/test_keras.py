@@ -165,6 +165,8 @@ def test_live_models_and_tf_functions_convert(keras, obs):
                                atol=1e-5, rtol=1e-5)
     with pytest.raises(pp.BadModelError, match="input_signature"):
         pp.convert(tf.function(lambda x: model(x)), kind="keras")
+    plain = convert_source(tf.function(lambda x: model(x) * 2.0, input_signature=[tf.TensorSpec((None, 6), tf.float32)]))
+    assert [o.name for o in plain.model.graph.output] == ["output"]  # a function's one unnamed result
 
 
 def test_cli_convert_then_verify_against_the_keras_file_layer_by_layer(tmp_path):
@@ -234,6 +236,7 @@ def test_subclassed_and_nested_models_name_their_inner_layers(keras, obs):
     nested = keras.Model(inp, layers.Dense(2, name="head")(trunk(inp)))
     for model, names in ((sub, ["fc_1", "bn", "fc_out"]), (nested, ["a", "b", "head"])):
         c = convert_source(model)
+        assert [i.name for i in c.model.graph.input] == ["obs"]  # a subclassed model's: from the shape it was built with
         report = pp.verify(c.model, obs, reference=c.reference)
         assert report.passed
         assert {x.tensor for x in report.comparisons if x.reference == "source"} >= set(names)
@@ -421,3 +424,23 @@ def test_a_saved_model_without_serving_default_lists_the_signatures_it_has(tmp_p
     with pytest.raises(pp.UnreadableFileError) as caught:
         convert_source(path)
     assert str(caught.value) == f"{path} has no serving_default signature; it has: act_greedy"
+
+
+def test_below_opset_17_a_layer_norm_is_spelled_out_in_nodes_named_after_their_step():
+    c = convert_source(FIXTURES / "mlp_norm.keras", opset=13)
+    assert [n.name for n in c.model.graph.node if n.name.startswith("ln/")] == [
+        "ln/mean", "ln/centered", "ln/squared", "ln/variance", "ln/variance_eps", "ln/std", "ln/normalized", "ln/scaled"]
+
+
+def test_a_layers_internal_tensors_and_constants_are_named_under_the_layer():
+    from onnx import helper
+
+    from policyport.converter.keras import _readable_names
+
+    g = _graph([helper.make_node("Add", ["obs", "Const_3"], ["StatefulPartitionedCall/fc_1/BiasAdd:0"]),
+                helper.make_node("Mul", ["StatefulPartitionedCall/fc_1/BiasAdd:0", "fc"], ["fc_out"])], inits=["Const_3", "fc"])
+    _readable_names(g, {"fc": list(g.g.node)}, {"obs", "fc_out"})
+    assert [(n.name, list(n.input), list(n.output)) for n in g.g.node] == [
+        ("fc/BiasAdd", ["obs", "fc/Const_3"], ["fc/BiasAdd"]),  # TF's call wrappers, scope and :0 gone
+        ("fc_out", ["fc/BiasAdd", "fc/constant"], ["fc_out"])]  # a constant named like the layer itself
+    assert sorted(g.init) == ["fc/Const_3", "fc/constant"]
