@@ -41,6 +41,16 @@ def test_malformed_specs_say_what_is_wrong(text, message):
         parse_spec(text)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("fc_2/tanh[1]=clip(a,1)", "override 'fc_2/tanh[1]=clip(a,1)': 'a' is not a number"),
+    ("fc_2/tanh[1]=clip(0,b)", "override 'fc_2/tanh[1]=clip(0,b)': 'b' is not a number"),
+])
+def test_a_clip_bound_that_is_not_a_number_is_named_with_its_spec(text, message):
+    with pytest.raises(pp.InputMismatchError) as caught:
+        parse_spec(text)
+    assert str(caught.value) == message
+
+
 def test_the_mapping_form_and_override_files(tmp_path):
     edits = parse_overrides({"fc_2/tanh": {17: 1.0, "0:8": {"clip": [-0.5, 0.5]}, "*": {"scale": 2}, "3,4": "*=0.5"}})
     assert [e.spec for e in edits] == ["fc_2/tanh[17]=1", "fc_2/tanh[0:8]=clip(-0.5,0.5)", "fc_2/tanh[*]*=2",

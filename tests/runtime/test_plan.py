@@ -471,3 +471,34 @@ def test_relu_of_a_tensor_whose_last_axis_is_unknown_compares_against_a_0d_zero(
     assert step.kind == "relu" and pp.load(m).backend.plan._consts[step.args[1]].shape == ()
     obs = np.array([[-1.0, 2.0, -0.0, np.nan]], np.float32)
     np.testing.assert_array_equal(pp.load(m).run(obs)["r"], [[0.0, 2.0, 0.0, np.nan]])
+
+
+def test_a_chunked_plan_keeps_a_feed_it_reads_again_after_many_nodes(monkeypatch):
+    """In a chunked plan the feeds and node outputs share one list: a feed read at the end (a residual
+    Add) must still hold the feed, not a node output stored in its place."""
+    from policyport.runtime.numpy import plan as plan_module
+
+    nodes = [helper.make_node("Neg", ["obs"], ["n0"]), *(helper.make_node("Neg", [f"n{i}"], [f"n{i + 1}"]) for i in range(5)),
+             helper.make_node("Add", ["n5", "obs"], ["y"])]
+    m = model(nodes, [f32("obs", ["batch", 4])], [f32("y", ["batch", 4])])
+    monkeypatch.setattr(plan_module, "CHUNK_LINES", 2)
+    session = pp.load(m)
+    assert len(session.backend.plan._line_steps) > 2
+    obs = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(session.run(obs)["y"], 2 * obs)  # six negations of obs, plus obs
+
+
+def test_a_failure_outside_any_node_is_blamed_on_the_numpy_backend():
+    session = pp.load(relu_chain(2))
+    error = session.backend.plan.explain(ValueError("bad"))  # no frame of the plan's code in its traceback
+    assert type(error) is pp.BadModelError and str(error) == "the numpy backend failed: ValueError: bad"
+
+
+def test_reduce_log_sum_exp_without_keepdims_drops_only_the_reduced_axis():
+    m = model([helper.make_node("ReduceLogSumExp", ["x"], ["y"], axes=[2], keepdims=0)], [f32("x", [2, 1, 3])],
+              [f32("y", None)], opset=13)
+    x = np.log(np.arange(1, 7, dtype=np.float32)).reshape(2, 1, 3)
+    for backend in ("numpy", "onnxruntime"):
+        y = pp.load(m, backend=backend).run({"x": x})["y"]
+        assert y.shape == (2, 1)
+        np.testing.assert_allclose(y, np.log([[6.0], [15.0]]), rtol=1e-6)

@@ -70,6 +70,9 @@ CASES = {
                                        r"differ in length"),
     "slice repeated axis": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
                                   [("s", i64(0, 1)), ("e", i64(1, 2)), ("a", i64(1, 1))]), "load", r"repeat an axis"),
+    "slice axis repeated once negative": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
+                                                [("s", i64(0, 1)), ("e", i64(1, 2)), ("a", i64(1, -1))]), "load",
+                                          r"axes \[1, -1\] repeat an axis"),
     "slice axis out of range": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
                                       [("s", i64(0)), ("e", i64(1)), ("a", i64(2))]), "load", r"out of range for a rank-2"),
     "tile repeats of another rank": (model("Tile", ["x", "r"], ["y"], 13, [("r", i64(2))]), "load",
@@ -98,6 +101,8 @@ CASES = {
                           r"ratio is 1.5; it must be in \[0, 1\)"),
     "clip bound that is not a scalar": (model("Clip", ["x", "lo"], ["y"], 13, [("lo", np.ones(3, np.float32))]), "load",
                                         r"min has shape \(3,\); it must be a scalar"),
+    "clip bound of rank 2": (model("Clip", ["x", "lo"], ["y"], 13, [("lo", np.ones((1, 1), np.float32))]), "load",
+                             r"min has shape \(1, 1\); it must be a scalar"),
     # element types the operator gives one type variable
     "add float32 + float64": (model("Add", ["x", "w"], ["y"], 13, [("w", np.ones((2, 3), np.float64))]), "load",
                               r"its inputs must share one element type; found input 0 float32, input 1 float64"),
