@@ -74,3 +74,9 @@ def test_expose_by_exact_name():
     exposed = pp.expose(bracket_model(), ["h[0]"], exact=True)
     assert [o.name for o in exposed.graph.output] == ["y", "h[0]"]
     assert [o.name for o in pp.expose(bracket_model(), "h[0]").graph.output] == ["y", "h[0]"]
+
+
+def test_a_pattern_that_matches_nothing_lists_the_tensors_there_are_as_written():
+    with pytest.raises(InputMismatchError) as caught:
+        select_tensors(["fc_1/linear", "fc_1/tanh"], "fc_9/*")
+    assert str(caught.value) == "tensor pattern(s) ['fc_9/*'] match no tensor of the model; it has: fc_1/linear, fc_1/tanh"
