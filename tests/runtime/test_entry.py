@@ -58,6 +58,10 @@ def test_run_records_chosen_tensors_and_speaks_json(folder, obs, tmp_path, capsy
         assert sorted(f.files) == ["h", "y"] and np.allclose(f["h"], [[0.5, -1.0], [1.0, 1.5]])
     assert list(np.load(out).files) == ["y"]
     assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--force"]) == 0  # replaced with --force
+    only = tmp_path / "only_y.npz"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--force", "--record", str(only), "--tensors", "y"]) == 0
+    with np.load(only) as f:
+        assert f.files == ["y"]  # what --tensors chose, not every tensor
 
 
 def test_verify_passes_with_a_table_and_json(folder, capsys):
