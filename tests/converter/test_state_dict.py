@@ -967,3 +967,18 @@ def test_without_torch_the_reference_is_numpys_with_the_head_asked_for(monkeypat
     assert set(without) == set(with_torch) and {"action", "log_std"} <= set(without)
     for name in without:
         np.testing.assert_allclose(without[name], with_torch[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("activation", ["mish", "softplus", "gelu", "hardswish"])
+def test_the_torch_reference_runs_each_named_activation_as_its_module(tmp_path, activation):
+    arrays = {"0.weight": np.full((3, 2), 0.5, np.float32), "2.weight": np.full((1, 3), -0.25, np.float32)}
+    c = convert_source(_saved(tmp_path, arrays), activation=activation)
+    obs = observations((2,), 5)
+    module = torch.nn.Sequential(torch.nn.Linear(2, 3, bias=False), {"mish": torch.nn.Mish, "softplus": torch.nn.Softplus,
+                                 "gelu": torch.nn.GELU, "hardswish": torch.nn.Hardswish}[activation](),
+                                 torch.nn.Linear(3, 1, bias=False))
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in arrays.items()})
+    with torch.no_grad():
+        expected = module(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(c.reference(obs)["logits"], expected, rtol=1e-6, atol=1e-7)
+    assert pp.verify(c.model, obs, reference=c.reference).passed

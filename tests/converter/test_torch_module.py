@@ -312,3 +312,12 @@ def test_every_activation_has_an_exact_form_at_every_opset(opset):
     assert ("HardSwish" in ops) == (opset >= 14) and ("Gelu" in ops) == (opset >= 20)
     report = pp.verify(c.model, observations(shape, 7), reference=c.reference)
     assert report.passed and len({x.tensor for x in report.comparisons if x.reference == "source"}) == 20
+
+
+def test_called_directly_the_module_converter_refuses_options_of_weight_files():
+    from policyport.converter import ConvertOptions
+    from policyport.converter.torch_module import convert_torch
+
+    with pytest.raises(pp.OptionError) as caught:
+        convert_torch(torch.nn.Sequential(torch.nn.Linear(3, 2)), ConvertOptions(activation="relu"))
+    assert str(caught.value) == "--activation applies to weight files; a torch module carries its own activations"
