@@ -633,8 +633,6 @@ def test_a_zip_with_an_lstm_critic_alone_is_refused_as_recurrent(tmp_path):
 
 
 def test_a_policy_pth_that_is_not_a_state_dict_is_named_inside_its_zip(tmp_path):
-    import torch
-
     path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "listed.zip", state=lambda sd: [sd["log_std"]])
     with pytest.raises(pp.BadModelError) as caught:
         convert_source(path)
