@@ -444,3 +444,55 @@ def test_a_layers_internal_tensors_and_constants_are_named_under_the_layer():
         ("fc/BiasAdd", ["obs", "fc/Const_3"], ["fc/BiasAdd"]),  # TF's call wrappers, scope and :0 gone
         ("fc_out", ["fc/BiasAdd", "fc/constant"], ["fc_out"])]  # a constant named like the layer itself
     assert sorted(g.init) == ["fc/Const_3", "fc/constant"]
+
+
+def test_loading_a_keras_file_is_safe_unless_trusted():
+    from policyport.converter.keras import load_keras_file
+
+    with pytest.raises(pp.UntrustedFileError, match="Lambda"):
+        load_keras_file(FIXTURES / "gaussian_lambda.keras")  # safe mode by default
+    assert load_keras_file(FIXTURES / "gaussian_lambda.keras", trust=True).name
+
+
+def test_nested_outputs_of_a_tf_function_are_named_by_their_path(keras, obs):
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="fc")])
+    fn = tf.function(lambda x: {"policy": {"mean": model(x)[:, :2], "log_std": model(x)[:, 2:]}},
+                     input_signature=[tf.TensorSpec((None, 6), tf.float32)])
+    c = convert_source(fn)
+    assert sorted(o.name for o in c.model.graph.output) == ["policy/log_std", "policy/mean"]
+    got = pp.load(c.model).run({"obs": obs})
+    np.testing.assert_allclose(got["policy/mean"], model.predict(obs, verbose=0)[:, :2], rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_without_beta_or_gamma_is_rebuilt_with_their_neutral_values(keras, obs):
+    keras.utils.set_random_seed(5)
+    inp = keras.Input((6,))
+    out = keras.layers.Dense(3, name="fc_out")(keras.layers.LayerNormalization(center=False, scale=False, name="ln")(
+        keras.layers.Dense(8, name="fc_1")(inp)))
+    model = keras.Model(inp, out)
+    expected = model.predict(obs, verbose=0)
+    for opset, spelled_out in ((17, False), (13, True)):  # below 17 the norm is spelled out in primitive ops
+        c = convert_source(model, opset=opset)
+        assert ("LayerNormalization" not in {n.op_type for n in c.model.graph.node}) == spelled_out
+        np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["fc_out"], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_folder_without_saved_model_pb_or_without_signatures_is_refused_saying_so(tmp_path):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    empty = tmp_path / "empty_savedmodel"
+    empty.mkdir()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        convert_source(empty, kind="savedmodel")
+    assert str(caught.value) == f"{empty} is not a TF SavedModel folder (it has no saved_model.pb)"
+    module = tf.Module()
+    module.w = tf.Variable(tf.ones((3, 2)))
+    bare = tmp_path / "bare_savedmodel"
+    tf.saved_model.save(module, str(bare), signatures={})
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        convert_source(bare)
+    assert str(caught.value) == f"{bare} has no serving_default signature; it has: none"
