@@ -187,21 +187,19 @@ def recheck_timeouts(group: str, folder: Path, env: dict) -> None:
               f"{outcome['survived']} survived, {outcome['timeout']} still past {RECHECK_SECONDS} s", flush=True)
 
 
-def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int, resume: bool) -> int:
-    """mutmut over one group; with ``sample``, over that many of its mutants drawn uniformly at random
-    (``seed`` fixes the draw), the rest left unchecked: the score then estimates the whole group's.
-    With ``resume``, the kills of the previous run in functions unchanged since are kept and every other
-    mutant is checked against the tests as they are now."""
+def run_group(group: str, mutmut: Path, children: str, sample: int | None, seed: int, resume: bool,
+              env: dict) -> int:
+    """mutmut over one group (in environment ``env``), then its timeouts checked again; with ``sample``,
+    over that many of its mutants drawn uniformly at random (``seed`` fixes the draw), the rest left
+    unchecked: the score then estimates the whole group's. With ``resume``, the kills of the previous
+    run in functions unchanged since are kept and every other mutant is checked against the tests as
+    they are now."""
     previous = _metas(WORK / group) if resume and (WORK / group / "mutants").is_dir() else None
     if resume and not previous:
         print(f"no previous run of {group} to resume", file=sys.stderr)
         return 2
     folder = prepare(group)
     print(f"== {group}: mutmut run in {folder.relative_to(ROOT)}", flush=True)
-    # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
-    # deadlocks in the OpenMP thread pool its parent started (and times out after minutes) unless
-    # that pool has one thread.
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     command = [str(mutmut), "run", "--max-children", children]
     if sample is not None or previous:
         # A filter that matches no mutant: mutmut generates every mutant and maps tests to functions,
@@ -255,6 +253,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}", file=sys.stderr)
         return 2
+    if args.recheck and (args.sample is not None or args.resume):
+        print("--recheck checks the last run again; it takes neither --sample nor --resume", file=sys.stderr)
+        return 2
     if args.sample is not None and args.resume:
         print("--sample and --resume do not go together", file=sys.stderr)
         return 2
@@ -267,6 +268,9 @@ def main(argv: list[str]) -> int:
     if not children.isdigit() or int(children) < 1:
         print(f"MUTATION_CHILDREN must be a positive whole number, not {children!r}", file=sys.stderr)
         return 2
+    # mutmut forks a child per mutant from a process that has run the tests: a child that uses torch
+    # deadlocks in the OpenMP thread pool its parent started (and times out after minutes) unless
+    # that pool has one thread.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     for group in groups:
         if args.recheck:
@@ -275,7 +279,7 @@ def main(argv: list[str]) -> int:
                 return 2
             recheck_timeouts(group, WORK / group, env)
             continue
-        code = run_group(group, mutmut, children, args.sample, args.seed, args.resume)
+        code = run_group(group, mutmut, children, args.sample, args.seed, args.resume, env)
         if code:
             print(f"mutmut run failed for {group} (exit {code})", file=sys.stderr)
             return code
