@@ -541,6 +541,7 @@ def convert_rllib(source, options):
 
     Raises:
         UntrustedFileError, UnreadableFileError, BadModelError: see :func:`read_checkpoint`.
+        OptionError: ``obs_norm`` given, or a ``head`` other than categorical for a DQN.
     """
     from . import Converted
     from .build import build_mlp
@@ -599,6 +600,9 @@ def convert_rllib(source, options):
         notes.append(f"left the checkpoint's MeanStdFilter out (--no-filter; it holds agents "
                      f"{', '.join(ckpt.filter_agents)}): feed filtered observations")
     head = options.head
+    if dqn and head not in (None, "categorical"):
+        raise OptionError(f"--head {head} does not apply to a DQN checkpoint: its action is the argmax of its Q-values "
+                          "(the categorical head, which it always has)")
     if head is None and not dqn and ckpt.action_space is not None:
         head = {"box": "diag-gaussian", "discrete": "categorical"}.get(ckpt.action_space[0])
     if dqn:

@@ -736,6 +736,17 @@ def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_
             assert list(axes.int64_data) or axes.raw_data == np.array([1], np.int64).tobytes()
 
 
+def test_a_dqn_refuses_a_diag_gaussian_head_and_takes_categorical_as_the_argmax_it_has(tmp_path):
+    ctor = {"class": "ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module.DefaultDQNTorchRLModule",
+            "ctor_args_and_kwargs": ((), {"model_config": {"fcnet_activation": "relu"}})}
+    folder = _new_stack(tmp_path, _dqn_module_state(16, False), ctor)
+    with pytest.raises(pp.OptionError) as caught:
+        pp.convert(folder, head="diag-gaussian")
+    assert str(caught.value) == ("--head diag-gaussian does not apply to a DQN checkpoint: its action is the argmax of its "
+                                 "Q-values (the categorical head, which it always has)")
+    assert pp.convert(folder, head="categorical").graph == pp.convert(folder).graph  # the options recorded differ
+
+
 def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_needs():
     from policyport.converter.rllib import _name_tf2_list
 
