@@ -433,6 +433,11 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpo
 
 _MODULE_LAYER = re.compile(r"^(?P<module>.+)\.net\.mlp\.(?P<index>\d+)\.(?P<param>weight|bias)$")
 
+#: The modules of RLlib's default RLModules (``ray/rllib/algorithms/ppo/default_ppo_rl_module.py``,
+#: ``ray/rllib/algorithms/dqn/default_dqn_rl_module.py``): encoders, then heads.
+_PPO_MODULES = frozenset({"encoder.encoder", "encoder.actor_encoder", "encoder.critic_encoder", "pi", "vf"})
+_DQN_MODULES = frozenset({"encoder", "af", "vf"})
+
 
 def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Activation | None,
                     head_activation: Activation | None, keep_value: bool, dqn: bool) -> tuple[MlpSpec, bool]:
@@ -447,7 +452,8 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
         The spec and whether it is a dueling DQN (its value branch is the state value).
 
     Raises:
-        BadModelError: modules that do not form such a network.
+        BadModelError: modules that do not form such a network, or modules the default layout does
+            not have (another algorithm's RLModule).
     """
     modules: dict[str, dict[int, dict[str, tuple[str, np.ndarray]]]] = {}
     unplaced = []
@@ -460,6 +466,12 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
     if unplaced:
         raise BadModelError(f"cannot place {len(unplaced)} array(s) in RLlib's default RLModule layout "
                             f"(<module>.net.mlp.<i>.weight|bias): {listing(sorted(unplaced), show=str)}")
+    known = _DQN_MODULES if dqn else _PPO_MODULES
+    unknown = sorted(set(modules) - known)
+    if unknown:  # another algorithm's modules (SAC's qf, an extra head ...): a network policyport would get wrong
+        raise BadModelError(f"the {'DQN' if dqn else 'PPO'} RLModule holds module(s) {listing(unknown, show=str)} "
+                            f"that its default layout does not have ({', '.join(sorted(known))}); "
+                            "policyport converts RLlib's default PPO and DQN modules only")
 
     def layers(module: str, act: Activation | None, last_act: Activation | None) -> list[Dense]:
         found = modules.get(module, {})

@@ -820,6 +820,16 @@ def test_rl_module_layouts_policyport_cannot_convert_are_refused_naming_what_is_
             "cannot place 2 array(s) in RLlib's default RLModule layout (<module>.net.mlp.<i>.weight|bias): "
             "a.net.mlp.x.bias, pi.weight")
     refused({**enc, "pi.net.mlp.0.bias": np.zeros(2)}, "pi.net.mlp.0 has no weight")
+    # another algorithm's modules (SAC's twin Q heads, a DQN's advantage head in a PPO module) would be left out
+    refused({**enc, **_linear(rng, 2, 4, "pi.net.mlp.0"), **_linear(rng, 1, 6, "qf.net.mlp.0"), **_linear(rng, 1, 6, "qf_twin.net.mlp.0")},
+            "the PPO RLModule holds module(s) qf, qf_twin that its default layout does not have (encoder.actor_encoder, "
+            "encoder.critic_encoder, encoder.encoder, pi, vf); policyport converts RLlib's default PPO and DQN modules only")
+    refused({**_linear(rng, 4, 3, "encoder.net.mlp.0"), **_linear(rng, 2, 4, "af.net.mlp.0"), **_linear(rng, 2, 4, "pi.net.mlp.0")},
+            "the DQN RLModule holds module(s) pi that its default layout does not have (af, encoder, vf); "
+            "policyport converts RLlib's default PPO and DQN modules only", dqn=True)
+    refused({**_linear(rng, 4, 3, "encoder.net.mlp.0"), **_linear(rng, 2, 4, "pi.net.mlp.0")},
+            "the PPO RLModule holds module(s) encoder that its default layout does not have (encoder.actor_encoder, "
+            "encoder.critic_encoder, encoder.encoder, pi, vf); policyport converts RLlib's default PPO and DQN modules only")
     refused(enc, "the RLModule has no pi head; found modules encoder.encoder")
     pi = _linear(rng, 2, 4, "pi.net.mlp.0")
     refused({**enc, **pi}, "a value branch was asked for (--keep-value), but the RLModule has no vf head",
