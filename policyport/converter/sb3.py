@@ -69,12 +69,16 @@ def _array(text, what: str) -> np.ndarray:
     """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), as float64.
 
     Raises:
-        BadModelError: text numpy summarised (``'[[[0 0 0 ... 0 0 0]'``: large arrays print only
-            their edges) or anything but numbers.
+        BadModelError: missing (``None``), text numpy summarised (``'[[[0 0 0 ... 0 0 0]'``: large
+            arrays print only their edges) or anything but numbers.
     """
     if isinstance(text, (list, int, float)):
         return np.asarray(text, dtype=np.float64)
-    if not isinstance(text, str) or "..." in text:
+    if text is None:
+        raise BadModelError(f"the zip's {what} is missing")
+    if not isinstance(text, str):
+        raise BadModelError(f"the zip's {what} is a {type(text).__name__} ({str(text)[:60]!r}), not numbers or their text")
+    if "..." in text:
         raise BadModelError(f"the zip's {what} is not readable text ({str(text)[:60]!r}): numpy summarised it")
     try:
         return np.array([float(t) for t in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)

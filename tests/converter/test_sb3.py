@@ -530,7 +530,8 @@ def test_a_printed_array_is_read_as_float64(text, values):
 
 
 @pytest.mark.parametrize("text, message", [
-    (None, "the zip's observation_space.low is not readable text ('None'): numpy summarised it"),
+    (None, "the zip's observation_space.low is missing"),
+    ({"0": 1}, "the zip's observation_space.low is a dict (\"{'0': 1}\"), not numbers or their text"),
     ("[1. 1. ... 1. 1.]", "the zip's observation_space.low is not readable text ('[1. 1. ... 1. 1.]'): numpy summarised it"),
     ("[a b]", "the zip's observation_space.low is not a list of numbers: '[a b]'"),
 ])
