@@ -456,6 +456,40 @@ def test_a_weight_two_layers_share_is_listed_once_under_its_first_layer(fw, laye
     assert _names(t.weights) == [("enc/kernel", "enc", (3, 2))]
 
 
+def test_a_model_that_fails_when_traced_is_refused_with_the_first_line_of_its_error(fw, layers):
+    keras = fw.keras
+
+    class Fragile(keras.layers.Layer):
+        broken = False
+
+        def call(self, x):
+            if self.broken:
+                raise ValueError("shapes do not fit\ntraceback noise")
+            return x
+
+    layer = Fragile(name="fragile")
+    inp = keras.Input((3,))
+    model = keras.Model(inp, layers.Dense(2)(layer(inp)), name="policy")
+    layer.broken = True
+    with pytest.raises(pp.BadModelError) as caught:
+        kc._trace_keras(fw, model)
+    assert str(caught.value) == ("calling the Keras model 'policy' on [(None, 3)] failed: "
+                                 "Exception encountered when calling Fragile.call(): shapes do not fit")
+    assert "call" not in layer.__dict__  # the observed layers are put back
+
+
+def test_an_error_keras_did_not_wrap_is_reported_by_its_own_first_line():
+    plain = ValueError("bad shape\nmore")
+    try:
+        raise plain
+    except ValueError:
+        try:
+            raise RuntimeError("while handling")
+        except RuntimeError as e:
+            assert kc._layer_error(e) == "while handling"  # a context of its own is not the layer's reason
+    assert kc._layer_error(plain) == "bad shape"
+
+
 def test_a_model_of_two_inputs_is_called_with_both_in_order(fw, layers):
     keras = fw.keras
     pos, vel = keras.Input((3,), name="pos"), keras.Input((2,), name="vel")
