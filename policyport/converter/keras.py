@@ -210,9 +210,10 @@ class _Trace:
 
 
 def _leaf_layers(model) -> list:
-    """The layers that compute something themselves (no sub-layers), in tracking order."""
+    """The layers that compute something themselves (no sub-layers), in tracking order: a bare layer
+    given as the model is its own one leaf."""
     leaves = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in model._flatten_layers(include_self=True, recursive=True):
         if type(layer).__name__ == "InputLayer":
             continue
         if not list(layer._flatten_layers(include_self=False, recursive=False)):

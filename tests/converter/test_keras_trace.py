@@ -232,6 +232,7 @@ def test_leaf_layers_are_the_computing_layers_of_every_depth(fw, layers):
     model = keras.Model(inp, layers.Dense(2, name="head")(trunk(inp)), name="m")
     assert sorted(layer.name for layer in kc._leaf_layers(model)) == ["a", "b", "head"]  # no Input, no container
     assert sorted(layer.name for layer in kc._leaf_layers(trunk)) == ["a", "b"]
+    assert kc._leaf_layers(trunk.layers[0]) == [trunk.layers[0]]  # a bare layer is its own leaf
 
 
 def test_observing_records_each_call_and_puts_the_layers_back(fw, layers):
@@ -681,6 +682,12 @@ def test_a_live_model_a_layer_and_a_tf_function_record_their_type(fw, layers):
                                 "keras": fw.keras.__version__, "tf2onnx": fw.tf2onnx.__version__}
     assert [o.name for o in c.model.graph.output] == ["twice", "action"]
     assert c.reference(obs)["action"].tolist() == [2, 2] and c.kind == "keras"
+    bare = kc.convert_keras(dense, ConvertOptions())  # a bare layer is a model of one layer
+    assert [o.name for o in bare.model.graph.output] == ["fc"] and _source(bare.model)["object"] == "Dense"
+    weights = pp.extract_weights(bare.model)
+    assert list(weights) == ["fc/kernel", "fc/bias"]
+    assert weights["fc/kernel"].tobytes() == np.asarray(dense.kernel.numpy()).tobytes()
+    np.testing.assert_allclose(pp.load(bare.model).run({"obs": obs})["fc"], np.asarray(dense(obs)), rtol=1e-6, atol=1e-6)
     with pytest.raises(pp.BadModelError) as caught:
         kc.convert_keras(3, ConvertOptions())
     assert str(caught.value) == "cannot convert a int as Keras: expected a keras.Model or a tf.function"
