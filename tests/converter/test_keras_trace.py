@@ -294,6 +294,7 @@ class _Built:
     (_Built({"input_shape": (None, 4)}, "float16", ValueError), ((None, 4), "float16", "obs")),
     (_Built({"input_shape": (None, 4)}, None, []), ((None, 4), "float32", "obs")),
     (_Built({"x": [None, 4]}), ((None, 4), "float32", "obs")),
+    (SimpleNamespace(_build_shapes_dict={"input_shape": (None, 5)}), ((None, 5), "float32", "obs")),  # no compute_dtype
 ])
 def test_a_model_known_only_by_its_build_shape_takes_obs_in_its_compute_dtype(fw, model, expected):
     assert [_spec(s) for s in kc._keras_input_specs(fw, model)] == [expected]
