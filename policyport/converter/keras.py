@@ -210,9 +210,10 @@ class _Trace:
 
 
 def _leaf_layers(model) -> list:
-    """The layers that compute something themselves (no sub-layers), in tracking order."""
+    """The layers that compute something themselves (no sub-layers), in tracking order: a bare layer
+    given as the model is its own one leaf."""
     leaves = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in model._flatten_layers(include_self=True, recursive=True):
         if type(layer).__name__ == "InputLayer":
             continue
         if not list(layer._flatten_layers(include_self=False, recursive=False)):
@@ -347,7 +348,8 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
     try:
         function.get_concrete_function()
     except Exception as e:  # whatever the model's own code raises while it is traced
-        raise BadModelError(f"calling the Keras model {model.name!r} on {[tuple(s.shape) for s in specs]} failed: {_first_line(e)}") from e
+        raise BadModelError(f"calling the Keras model {model.name!r} on {[tuple(s.shape) for s in specs]} failed: "
+                            f"{_layer_error(e)}") from e
     by_name = {names[id(l)]: l for l in leaves}
     owner = {}
     for layer_name, layer in by_name.items():
@@ -372,6 +374,16 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
         if kind:
             norms[layer_name] = (kind, layer)
     return _Trace(function, specs, list(outputs), layer_tensors, weights, norms, shapes)
+
+
+def _layer_error(e: BaseException) -> str:
+    """The first line of an error a layer raised while it was called, with the layer's own reason: Keras
+    re-raises it as ``Exception encountered when calling <Layer>.call().`` and puts the reason on a
+    later line, the layer's own exception being the context of the one it raises."""
+    inner = e.__context__ if getattr(e, "_keras_call_info_injected", False) else None
+    if inner is None:
+        return _first_line(e)
+    return f"{_first_line(e).removesuffix('.')}: {_first_line(inner)}"
 
 
 def _same_tensor(a, b) -> bool:
