@@ -61,7 +61,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     # The exporters of live torch modules and Keras/TensorFlow models: their tests run the frameworks.
     "converter-frameworks": (["policyport/converter/torch_module.py", "policyport/converter/keras.py"],
                              ["tests/converter/test_torch_module.py", "tests/converter/test_keras.py",
-                              "tests/converter/test_keras_passes.py", "tests/test_cli_torch.py"]),
+                              "tests/converter/test_keras_passes.py", "tests/converter/test_keras_trace.py",
+                              "tests/test_cli_torch.py"]),
 }
 
 #: Tests that read the package's source text rather than run it (under mutmut they would read its
