@@ -316,3 +316,193 @@ def test_a_leaf_of_an_unlisted_class_has_its_snake_case_role():
     classes = {"a": "Linear", "b": "MyAct"}
     assert tm._leaf_of(helper.make_node("MyAct", ["x"], ["y"]), "", "a", ["a", "b"], classes, set()) == "b"
     assert tm._leaf_of(helper.make_node("Relu", ["x"], ["y"]), "", "a", ["a", "b"], classes, set()) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the renaming pass on a TorchScript-style graph built here
+
+MODULE_NAMES = {"", "body", "body.0", "body.1", "act", "head"}
+TS_CLASSES = {"": "Net", "body": "Sequential", "body.0": "Linear", "body.1": "Tanh", "act": "GELU", "head": "Linear"}
+TS_LEAVES = ["body.0", "body.1", "act", "head"]
+
+
+def ts_graph():
+    """obs -> body.0 Gemm -> body.1 Tanh -> a functional Mul by a Constant -> act (GELU spelt out) ->
+    head Gemm -> logits, then a functional Split; ``body.0.weight`` is read through an Identity alias."""
+    w = np.arange(4, dtype=np.float32).reshape(2, 2)
+    b = np.array([1.0, -1.0], np.float32)
+    n = helper.make_node
+    nodes = [
+        n("Identity", ["body.0.weight"], ["onnx::Gemm_9"], name="Identity_0"),
+        n("Gemm", ["obs", "onnx::Gemm_9", "body.0.bias"], ["/body/body.0/Gemm_output_0"], name="/body/body.0/Gemm"),
+        n("Tanh", ["/body/body.0/Gemm_output_0"], ["/body/body.1/Tanh_output_0"], name="/body/body.1/Tanh"),
+        n("Constant", [], ["/Constant_output_0"], name="/Constant", value=numpy_helper.from_array(np.float32(2.0))),
+        n("Mul", ["/body/body.1/Tanh_output_0", "/Constant_output_0"], ["/Mul_output_0"], name="/Mul"),
+        n("Constant", [], ["/act/Constant_output_0"], name="/act/Constant", value=numpy_helper.from_array(np.float32(0.5))),
+        n("Mul", ["/Mul_output_0", "/act/Constant_output_0"], ["/act/Mul_output_0"], name="/act/Mul"),
+        n("Erf", ["/act/Mul_output_0"], ["/act/Erf_output_0"], name="/act/Erf"),
+        n("Mul", ["/act/Erf_output_0", "/Mul_output_0"], ["/act/Mul_1_output_0"], name="/act/Mul_1"),
+        n("Gemm", ["/act/Mul_1_output_0", "head.weight"], ["logits"], name="/head/Gemm"),
+        n("Mul", ["logits", "/Constant_output_0"], ["/Mul_1_output_0"], name="/Mul_1"),
+        n("Split", ["/Mul_1_output_0"], ["/Split_output_0", "", "/Split_output_2"], name="/Split", axis=1),
+    ]
+    for node in nodes:
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", "['']"
+    model = graph_of(nodes, initializers=[("body.0.weight", w), ("body.0.bias", b), ("head.weight", w)],
+                     value_info=["/body/body.1/Tanh_output_0"])
+    helper.set_model_props(model, {"exporter": "x"})
+    entry = model.graph.input[0].metadata_props.add()
+    entry.key, entry.value = "k", "v"
+    return model
+
+
+@pytest.fixture(scope="module")
+def ts_renamed():
+    raw = ts_graph()
+    before = raw.SerializeToString()
+    renamed = tm.rename_graph(raw, "torchscript", ["logits"], MODULE_NAMES, TS_CLASSES, TS_LEAVES)
+    assert raw.SerializeToString() == before  # the exporter's model is left as it was
+    return renamed
+
+
+def test_each_node_output_is_named_by_module_path_and_role(ts_renamed):
+    model, _, _ = ts_renamed
+    assert [(n.name, list(n.input), list(n.output)) for n in model.graph.node] == [
+        ("body.0/linear", ["obs", "body.0.weight", "body.0.bias"], ["body.0/linear"]),
+        ("body.1/tanh", ["body.0/linear"], ["body.1/tanh"]),
+        ("constant", [], ["constant"]),
+        ("mul", ["body.1/tanh", "constant"], ["mul"]),
+        ("act/gelu/constant", [], ["act/gelu/constant"]),
+        ("act/gelu/mul", ["mul", "act/gelu/constant"], ["act/gelu/mul"]),
+        ("act/gelu/erf", ["act/gelu/mul"], ["act/gelu/erf"]),
+        ("act/gelu", ["act/gelu/erf", "mul"], ["act/gelu"]),
+        ("logits", ["act/gelu", "head.weight"], ["logits"]),
+        ("mul_1", ["logits", "constant"], ["mul_1"]),
+        ("split", ["mul_1"], ["split", "", "split/split"]),
+    ]
+
+
+def test_the_renaming_maps_each_module_to_its_output_and_each_leaf_to_its_input(ts_renamed):
+    _, module_tensors, module_inputs = ts_renamed
+    assert module_tensors == {"body.0": "body.0/linear", "body.1": "body.1/tanh", "act": "act/gelu", "head": "logits"}
+    assert module_inputs == {"body.0": "obs", "body.1": "body.0/linear", "act": "mul", "head": "act/gelu"}
+
+
+def test_the_renaming_clears_the_exporters_metadata_and_names_the_batch_axis(ts_renamed):
+    model, _, _ = ts_renamed
+    graph = model.graph
+    assert [v.name for v in graph.value_info] == ["body.1/tanh"]
+    assert list(model.metadata_props) == [] and all(not n.metadata_props for n in graph.node)
+    assert all(not v.metadata_props for v in [*graph.input, *graph.output])
+    for v in [*graph.input, *graph.output]:
+        dims = v.type.tensor_type.shape.dim
+        assert (dims[0].dim_param, dims[1].dim_value, dims[1].dim_param) == ("batch", 2, "")
+    assert [t.name for t in graph.initializer] == ["body.0.weight", "body.0.bias", "head.weight"]
+
+
+def test_a_name_the_graph_holds_already_is_not_given_twice():
+    n = helper.make_node
+    model = graph_of([n("Relu", ["obs"], ["/Relu_output_0"], name="/Relu"),
+                      n("Relu", ["/Relu_output_0"], ["/Relu_1_output_0"], name="/Relu_1"),
+                      n("Add", ["/Relu_1_output_0", "relu"], ["logits"], name="/Add")], inputs=("obs", "relu"))
+    renamed, tensors, inputs = tm.rename_graph(model, "torchscript", ["logits"], {""}, {"": "Net"}, [])
+    assert [list(n.output) for n in renamed.graph.node] == [["relu_1"], ["relu_2"], ["logits"]]
+    assert tensors == {} and inputs == {}
+
+
+def test_the_dynamo_renaming_reads_the_scopes_from_node_metadata():
+    n = helper.make_node
+    nodes = [n("Gemm", ["obs", "fc.weight"], ["linear"], name="node_linear"),
+             n("Relu", ["linear"], ["relu"], name="node_relu"),
+             n("Neg", ["relu"], ["logits"], name="node_neg")]
+    for node, scopes in zip(nodes, ["['', 'fc', 'linear']", "['', 'act', 'relu']", "['', 'neg']"]):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", scopes
+    model = graph_of(nodes, initializers=[("fc.weight", np.eye(2, dtype=np.float32))])
+    classes = {"": "Net", "fc": "Linear", "act": "ReLU"}
+    renamed, tensors, inputs = tm.rename_graph(model, "dynamo", ["logits"], {"", "fc", "act"}, classes, ["fc", "act"])
+    assert [(n.name, list(n.output)) for n in renamed.graph.node] == [
+        ("fc/linear", ["fc/linear"]), ("act/relu", ["act/relu"]), ("logits", ["logits"])]
+    assert tensors == {"fc": "fc/linear", "act": "act/relu"} and inputs == {"fc": "obs", "act": "fc/linear"}
+    # the same graph read as TorchScript names: no scopes, the leaves found by parameter and role
+    renamed, tensors, _ = tm.rename_graph(model, "torchscript", ["logits"], {"", "fc", "act"}, classes, ["fc", "act"])
+    assert [n.name for n in renamed.graph.node] == ["fc/linear", "act/relu", "logits"]
+
+
+def test_a_leaf_read_from_two_tensors_has_no_single_input():
+    n = helper.make_node
+    model = graph_of([n("Add", ["obs", "other"], ["/add/Add_output_0"], name="/add/Add"),
+                      n("Neg", ["/add/Add_output_0"], ["logits"], name="/Neg")], inputs=("obs", "other"))
+    _, tensors, inputs = tm.rename_graph(model, "torchscript", ["logits"], {"", "add"}, {"": "Net", "add": "Adder"}, ["add"])
+    assert tensors == {"add": "add/adder"} and inputs == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# initializers -> state_dict keys
+
+
+def parameters_of(model):
+    return json.loads(props(model)["policyport.parameters"])
+
+
+def test_initializers_take_the_key_whose_tensor_they_hold_directly_or_transposed():
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([0.5, -0.5], np.float32)
+    n = helper.make_node
+    model = graph_of([n("MatMul", ["obs", "onnx::MatMul_7"], ["h"]), n("Add", ["h", "onnx::Add_8"], ["logits"])],
+                     inputs=("obs", "onnx::Add_8"), initializers=[("onnx::MatMul_7", w.T.copy()), ("onnx::Add_8", b)])
+    state = {"fc.weight": w, "fc.bias": b, "steps": np.array([3], np.int64), "empty": np.zeros(0, np.float32),
+             "names": np.array(["a"]), "unused": np.ones(3, np.float32)}
+    before = model.SerializeToString()
+    out, unmatched = tm.match_parameters(model, state)
+    assert model.SerializeToString() == before
+    assert [t.name for t in out.graph.initializer] == ["fc.weight", "fc.bias"]
+    assert [list(n.input) for n in out.graph.node] == [["obs", "fc.weight"], ["h", "fc.bias"]]
+    assert [i.name for i in out.graph.input] == ["obs", "fc.bias"]  # an initializer listed as an input too
+    assert parameters_of(out) == {"fc.weight": {"name": "fc.weight", "transpose": [1, 0]}, "fc.bias": "fc.bias"}
+    assert unmatched == ["steps", "empty", "names", "unused"]
+
+
+def test_an_initializers_own_name_wins_else_the_first_free_key_and_the_rest_are_aliases():
+    z = np.zeros(2, np.float32)
+    model = graph_of([helper.make_node("Add", ["obs", "b.bias"], ["h"]), helper.make_node("Add", ["h", "zeros"], ["logits"])],
+                     initializers=[("b.bias", z), ("zeros", z)])
+    state = {"a.bias": z, "b.bias": z, "c.bias": z, "d.bias": z}
+    out, unmatched = tm.match_parameters(model, state)
+    assert [t.name for t in out.graph.initializer] == ["b.bias", "a.bias"]
+    assert parameters_of(out) == {"b.bias": {"name": "b.bias", "also": ["c.bias", "d.bias"]}, "a.bias": "a.bias"}
+    assert unmatched == []
+
+
+def test_a_key_another_tensor_is_named_after_is_recorded_without_renaming():
+    w = np.ones((2, 2), np.float32) * 3
+    model = graph_of([helper.make_node("Add", ["obs", "init"], ["fc.weight"]),
+                      helper.make_node("Relu", ["fc.weight"], ["logits"])], initializers=[("init", w)])
+    out, _ = tm.match_parameters(model, {"fc.weight": w})
+    assert [t.name for t in out.graph.initializer] == ["init"] and parameters_of(out) == {"init": "fc.weight"}
+
+
+def test_two_initializers_that_would_take_one_name_keep_their_own():
+    w = np.eye(2, dtype=np.float32)
+    model = graph_of([helper.make_node("Add", ["obs", "i1"], ["h"]), helper.make_node("Add", ["h", "i2"], ["logits"])],
+                     initializers=[("i1", w), ("i2", w)])
+    out, unmatched = tm.match_parameters(model, {"a": w, "b": w.copy()})  # symmetric: each also matches transposed
+    assert [t.name for t in out.graph.initializer] == ["a", "b"]
+    assert parameters_of(out) == {"a": "a", "b": "b"} and unmatched == []
+
+
+def test_a_transposed_match_prefers_an_initializers_own_name():
+    w = np.arange(4, dtype=np.float32).reshape(2, 2)
+    model = graph_of([helper.make_node("MatMul", ["obs", "fc.weight"], ["logits"])], initializers=[("fc.weight", w.T.copy())])
+    out, _ = tm.match_parameters(model, {"other": w, "fc.weight": w})
+    assert parameters_of(out) == {"fc.weight": {"name": "fc.weight", "transpose": [1, 0], "also": ["other"]}}
+    model = graph_of([helper.make_node("MatMul", ["obs", "x"], ["logits"])], initializers=[("x", w.T.copy())])
+    out, unmatched = tm.match_parameters(model, {"fc.weight": w, "also.weight": w, "other": w.T.copy()})
+    assert parameters_of(out) == {"other": "other"} and unmatched == ["fc.weight", "also.weight"]
+
+
+def test_an_initializer_matching_nothing_is_not_recorded_and_a_dtype_must_match():
+    model = graph_of([helper.make_node("Add", ["obs", "c"], ["logits"])], initializers=[("c", np.ones(2, np.float32))])
+    out, unmatched = tm.match_parameters(model, {"c64": np.ones(2, np.float64), "c2": np.ones(3, np.float32)})
+    assert parameters_of(out) == {} and unmatched == ["c64", "c2"] and out.graph.initializer[0].name == "c"
