@@ -506,3 +506,443 @@ def test_an_initializer_matching_nothing_is_not_recorded_and_a_dtype_must_match(
     model = graph_of([helper.make_node("Add", ["obs", "c"], ["logits"])], initializers=[("c", np.ones(2, np.float32))])
     out, unmatched = tm.match_parameters(model, {"c64": np.ones(2, np.float64), "c2": np.ones(3, np.float32)})
     assert parameters_of(out) == {} and unmatched == ["c64", "c2"] and out.graph.initializer[0].name == "c"
+
+
+# ---------------------------------------------------------------------------------------------
+# exporting small modules
+
+
+def mlp(dtype=torch.float32, bias=False):
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2, bias=bias)).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def exported():
+    module = mlp()
+    module.train()
+    return module, tm.export_module(module)
+
+
+def test_an_exported_mlp_reads_like_the_module(exported):
+    module, export = exported
+    graph = export.model.graph
+    assert [(n.op_type, n.name, list(n.input), list(n.output)) for n in graph.node] == [
+        ("Gemm", "0/linear", ["obs", "0.weight", "0.bias"], ["0/linear"]),
+        ("Tanh", "1/tanh", ["0/linear"], ["1/tanh"]),
+        ("MatMul", "logits", ["1/tanh", "2.weight"], ["logits"]),  # bias-free: a pre-transposed constant, folded
+    ]
+    assert [(d.domain, d.version) for d in export.model.opset_import] == [("", 17)]
+    assert [t.name for t in graph.initializer] == ["0.weight", "0.bias", "2.weight"]
+    assert json.loads(props(export.model)["policyport.parameters"]) == {
+        "0.weight": "0.weight", "0.bias": "0.bias", "2.weight": {"name": "2.weight", "transpose": [1, 0]}}
+    assert export.module_tensors == {"0": "0/linear", "1": "1/tanh", "2": "logits"}
+    assert export.module_inputs == {"0": "obs", "1": "0/linear", "2": "1/tanh"}
+    assert export.output_names == ["logits"] and export.notes == [TRAINING_NOTE]
+    assert module.training  # restored
+    for v in [graph.input[0], graph.output[0]]:
+        assert v.type.tensor_type.elem_type == FLOAT
+        assert [(d.dim_param, d.dim_value) for d in v.type.tensor_type.shape.dim] in ([("batch", 0), ("", 3)], [("batch", 0), ("", 2)])
+    weights = pp.extract_weights(export.model)
+    for key, value in module.state_dict().items():
+        assert weights[key].tobytes() == value.numpy().tobytes()
+
+
+def test_an_exported_mlp_runs_at_any_batch_as_torch_does(exported):
+    module, export = exported
+    obs = np.random.default_rng(4).normal(size=(5, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = module.eval()(torch.as_tensor(obs)).numpy()
+    module.train()
+    for backend in ("numpy", "onnxruntime"):
+        np.testing.assert_allclose(pp.load(export.model, backend=backend).run({"obs": obs})["logits"], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_reference_records_each_module_under_its_graph_tensor_in_eval_mode(exported):
+    module, export = exported
+    obs = np.random.default_rng(5).normal(size=(4, 3))  # float64: run in the module's dtype
+    recorded = tm.module_reference(module, export)(obs)
+    assert module.training
+    x = torch.as_tensor(obs, dtype=torch.float32)
+    with torch.no_grad():
+        h0 = module[0](x)
+        h1 = torch.tanh(h0)
+        out = h1 @ module[2].weight.T
+    assert list(recorded) == ["0/linear", "1/tanh", "logits"]
+    for name, expected in zip(recorded, (h0, h1, out)):
+        assert recorded[name].dtype == np.float32
+        np.testing.assert_allclose(recorded[name], expected.numpy(), rtol=1e-6, atol=1e-6)
+    # the hooks are gone: a second module call records nothing more
+    assert not any(m._forward_hooks for m in module.modules())
+
+
+def test_the_exported_mlp_runs_in_float64_and_float16_in_the_modules_dtype():
+    export = tm.export_module(mlp(torch.float64))
+    assert export.model.graph.input[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert {t.data_type for t in export.model.graph.initializer} == {TensorProto.DOUBLE}
+    module = mlp(torch.float64)
+    obs = np.random.default_rng(6).normal(size=(3, 3))
+    recorded = tm.module_reference(module, export)(obs)
+    with torch.no_grad():
+        expected = module(torch.as_tensor(obs)).numpy()
+    assert recorded["logits"].dtype == np.float64
+    np.testing.assert_allclose(recorded["logits"], expected, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(pp.load(export.model, backend="onnxruntime").run({"obs": obs})["logits"], expected, rtol=1e-12, atol=1e-12)
+    half = tm.export_module(mlp(torch.float16))
+    assert half.model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
+    assert {t.data_type for t in half.model.graph.initializer} == {TensorProto.FLOAT16}
+
+
+def test_export_at_another_opset_and_with_output_names_and_a_state_dict_given():
+    module = mlp(bias=True)
+    weights = {f"policy.{k}": v.numpy() for k, v in module.state_dict().items()}
+    export = tm.export_module(module.eval(), opset=13, output_names=("action",), state_dict=weights)
+    assert export.model.opset_import[0].version == 13 and export.output_names == ["action"]
+    assert [o.name for o in export.model.graph.output] == ["action"] and export.module_tensors["2"] == "action"
+    assert [t.name for t in export.model.graph.initializer] == ["policy.0.weight", "policy.0.bias", "policy.2.weight", "policy.2.bias"]
+    assert export.notes == []
+
+
+def test_state_dict_entries_not_in_the_graph_are_noted_but_not_num_batches_tracked():
+    class Spare(torch.nn.Module):
+        def __init__(self, norm: bool):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+            self.scale = torch.nn.Parameter(torch.full((3,), 0.75))
+            if norm:
+                self.bn = torch.nn.BatchNorm1d(2, affine=False)
+            else:
+                self.register_buffer("bn_num_batches_tracked", torch.tensor(4))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    module = Spare(True).eval()
+    with torch.no_grad():
+        module.bn.running_mean.fill_(0.25)
+    notes = tm.export_module(module).notes
+    assert notes == ["3 state_dict entries are not in the graph as stored (unused, or folded by the exporter): "
+                     "scale, bn.running_mean, bn.running_var"]
+    assert tm.export_module(Spare(False).eval()).notes == [
+        "1 state_dict entry is not in the graph as stored (unused, or folded by the exporter): scale"]
+
+
+def test_an_unknown_exporter_and_dynamo_on_torchscript_are_refused():
+    with pytest.raises(OptionError) as caught:
+        tm.export_module(mlp(), exporter="onnx")
+    assert str(caught.value) == "unknown exporter 'onnx'; choose torchscript or dynamo"
+    scripted = torch.jit.script(mlp())
+    with pytest.raises(OptionError) as caught:
+        tm.export_module(scripted, exporter="dynamo")
+    assert str(caught.value) == "the dynamo exporter cannot trace a TorchScript module; use --exporter torchscript"
+
+
+def test_an_opset_newer_than_the_exporter_writes_is_refused_naming_the_newest():
+    version = torch.__version__.split("+")[0]
+    with pytest.raises(OptionError) as caught:
+        tm.export_module(mlp(), opset=21)
+    assert str(caught.value) == (f"opset 21 is out of range for the torchscript exporter: torch {version} writes opset 20 "
+                                 "at most with it; choose --opset 20 or lower (or --exporter dynamo)")
+    with pytest.raises(OptionError) as caught:
+        tm.export_module(mlp(), exporter="dynamo", opset=24)
+    assert str(caught.value) == (f"opset 24 is out of range for the dynamo exporter: torch {version} writes opset 23 "
+                                 "at most with it; choose --opset 23 or lower")
+
+
+def test_a_forward_that_fails_on_the_observation_asks_for_the_shape():
+    class Reshape(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.fc(x.reshape(-1, 5))
+
+    with pytest.raises(BadModelError) as caught:
+        tm.export_module(Reshape())
+    assert str(caught.value) == ("the module's forward fails on an observation of shape (batch, 3): RuntimeError: shape '[-1, 5]' "
+                                 "is invalid for input of size 6; give the shape with --input-shape")
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_the_export_uses_the_input_shape_given():
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 2))
+    export = tm.export_module(module, input_shape=(2, 3))
+    dims = export.model.graph.input[0].type.tensor_type.shape.dim
+    assert [(d.dim_param, d.dim_value) for d in dims] == [("batch", 0), ("", 2), ("", 3)]
+    assert export.module_tensors == {"0": "0/flatten", "1": "logits"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Softplus with its beta and threshold
+
+
+def softplus_constants(model):
+    values = {}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            t = node.attribute[0].t
+            values[node.output[0]] = (t.data_type, numpy_helper.to_array(t).item())
+    return values
+
+
+@pytest.mark.parametrize("dtype, beta, ops, constants", [
+    (torch.float32, 1.0, ["Gemm", "Softplus", "Constant", "Greater", "Where"], [(FLOAT, 5.0)]),
+    (torch.float32, 2.0, ["Gemm", "Constant", "Mul", "Softplus", "Constant", "Div", "Constant", "Greater", "Where"],
+     [(FLOAT, 2.0), (FLOAT, 2.0), (FLOAT, 5.0)]),
+    (torch.float64, 1.0, ["Gemm", "Exp", "Constant", "Add", "Log", "Constant", "Greater", "Where"],
+     [(TensorProto.DOUBLE, 1.0), (TensorProto.DOUBLE, 5.0)]),
+    (torch.float64, 3.0, ["Gemm", "Constant", "Mul", "Exp", "Constant", "Add", "Log", "Constant", "Div", "Constant", "Greater", "Where"],
+     [(TensorProto.DOUBLE, 3.0), (TensorProto.DOUBLE, 1.0), (TensorProto.DOUBLE, 3.0), (TensorProto.DOUBLE, 5.0)]),
+    (torch.float16, 2.0, ["Gemm", "Constant", "Mul", "Softplus", "Constant", "Div", "Constant", "Greater", "Where"],
+     [(TensorProto.FLOAT16, 2.0), (TensorProto.FLOAT16, 2.0), (TensorProto.FLOAT16, 5.0)]),
+])
+def test_softplus_is_spelt_with_its_beta_and_threshold(dtype, beta, ops, constants):
+    torch.manual_seed(7)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Softplus(beta=beta, threshold=5.0)).to(dtype)
+    with torch.no_grad():
+        module[0].weight.mul_(4)
+    export = tm.export_module(module)
+    assert [n.op_type for n in export.model.graph.node] == ops
+    assert list(softplus_constants(export.model).values()) == constants
+    if dtype == torch.float16:
+        return
+    obs = np.random.default_rng(8).normal(size=(16, 3)).astype(np.float64 if dtype == torch.float64 else np.float32)
+    with torch.no_grad():
+        pre = module[0](torch.as_tensor(obs)) * beta
+        expected = module(torch.as_tensor(obs)).numpy()
+    assert (pre > 5).any() and (pre < 5).any()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    got = pp.load(export.model, backend="onnxruntime").run({"obs": obs})["logits"]
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+
+
+def test_softplus_is_exported_as_torch_writes_it_once_policyport_is_done():
+    tm.export_module(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Softplus()))
+    import io
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.nn.Softplus(), (torch.zeros(1, 2),), f, dynamo=False, opset_version=17)
+    assert "Where" not in {n.op_type for n in onnx.load_from_string(f.getvalue()).graph.node}
+
+
+# ---------------------------------------------------------------------------------------------
+# the converters: options refused, provenance, TorchScript files
+
+
+@pytest.mark.parametrize("option, error, message", [
+    ({"head": "categorical"}, OptionError, "--head applies to weight files; {} exports its own outputs"),
+    ({"obs_norm": "vecnormalize.pkl"}, BadModelError, "an observation-normalisation file applies to SB3 sources, not to {}"),
+    ({"activation": "relu"}, OptionError, "--activation applies to weight files; {} carries its own activations"),
+])
+def test_both_converters_refuse_the_options_of_weight_files(option, error, message, tmp_path):
+    with pytest.raises(error) as caught:
+        tm.convert_torch(mlp(), ConvertOptions(**option))
+    assert type(caught.value) is error and str(caught.value) == message.format("a torch module")
+    with pytest.raises(error) as caught:
+        tm.convert_torchscript(tmp_path / "absent.pt", ConvertOptions(**option))
+    assert str(caught.value) == message.format("a TorchScript file")
+
+
+def test_a_converted_module_records_its_provenance_and_passes_the_checker():
+    c = tm.convert_torch(mlp().eval(), ConvertOptions(output_names=("q",)))
+    assert c.kind == "torch" and c.notes == []
+    meta = props(c.model)
+    assert json.loads(meta["policyport.source"]) == {"kind": "torch", "class": "Sequential", "exporter": "torchscript"}
+    assert meta["policyport.head"] == "none" and "policyport.parameters" in meta
+    assert c.model.producer_name == "policyport" and c.model.producer_version == pp.__version__
+    assert [o.name for o in c.model.graph.output] == ["q"] and list(c.reference(np.zeros((2, 3), np.float32))) == ["0/linear", "1/tanh", "q"]
+
+
+def test_finish_keeps_the_models_metadata_and_refuses_a_model_the_checker_refuses():
+    model = graph_of([helper.make_node("Relu", ["obs"], ["logits"])])
+    model.opset_import[0].version = 17
+    helper.set_model_props(model, {"kept": "1", "policyport.head": "old"})
+    tm._finish(model, {"kind": "x"})
+    assert props(model) == {"kept": "1", "policyport.head": "none", "policyport.source": '{"kind": "x"}'}
+    broken = graph_of([helper.make_node("Relu", ["missing"], ["logits"])])
+    with pytest.raises(BadModelError) as caught:
+        tm._finish(broken, {})
+    assert str(caught.value).startswith("the exported model fails onnx.checker: ") and "missing" in str(caught.value)
+    assert isinstance(caught.value.__cause__, onnx.checker.ValidationError)
+
+
+class Custom(torch.nn.Module):
+    """A custom forward over two leaves: scripted, it takes no hooks and is no Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.fc(x)) * 2.0)
+
+
+@pytest.fixture(scope="module")
+def scripted_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ts")
+    torch.manual_seed(9)
+    files = {}
+    for name, module in [("seq", mlp(bias=True).eval()), ("custom", Custom().eval())]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.save(torch.jit.script(module), folder / f"{name}.pt")
+        files[name] = (folder / f"{name}.pt", module)
+    return files
+
+
+def test_a_torchscript_file_records_its_name_and_digest(scripted_files):
+    path, module = scripted_files["seq"]
+    c = tm.convert_torchscript(str(path), ConvertOptions())
+    assert c.kind == "torchscript"
+    assert json.loads(props(c.model)["policyport.source"]) == {
+        "kind": "torchscript", "file": "seq.pt", "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "exporter": "torchscript"}
+    assert tm._sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    obs = np.random.default_rng(10).normal(size=(5, 3)).astype(np.float32)
+    recorded = c.reference(obs)
+    assert list(recorded) == ["0/linear", "1/tanh", "logits"]  # a scripted Sequential runs child by child
+    with torch.no_grad():
+        h0 = module[0](torch.as_tensor(obs))
+        expected = [h0, torch.tanh(h0), module(torch.as_tensor(obs))]
+    for name, value in zip(recorded, expected):
+        np.testing.assert_allclose(recorded[name], value.numpy(), rtol=1e-6, atol=1e-6)
+    assert pp.verify(c.model, obs, reference=c.reference, atol=1e-5, rtol=1e-5).passed
+
+
+def test_a_scripted_custom_forward_runs_each_leaf_on_the_graphs_input_to_it(scripted_files):
+    path, module = scripted_files["custom"]
+    c = tm.convert_torchscript(path, ConvertOptions())
+    names = [n.output[0] for n in c.model.graph.node]
+    assert names == ["fc/linear", "relu", "constant", "mul", "logits"]
+    obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
+    recorded = c.reference(obs)
+    with torch.no_grad():
+        h = module.fc(torch.as_tensor(obs))
+        expected = {"logits": module(torch.as_tensor(obs)), "fc/linear": h}
+    assert sorted(recorded) == ["fc/linear", "logits"]
+    for name, value in expected.items():
+        np.testing.assert_allclose(recorded[name], value.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_run_scripted_keeps_each_sequential_childs_output_by_path():
+    torch.manual_seed(12)
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    module = torch.nn.Sequential(inner, torch.nn.Linear(3, 1)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(module)
+    kept = {}
+    x = torch.randn(4, 2)
+    out = tm._run_scripted(scripted, "", x, lambda path, value: kept.setdefault(path, value))
+    assert list(kept) == ["0.0", "0.1", "0", "1", ""]
+    with torch.no_grad():
+        h = inner[0](x)
+        np.testing.assert_allclose(kept["0.0"].detach().numpy(), h.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(kept["0"].detach().numpy(), torch.relu(h).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(out.detach().numpy(), module(x).numpy(), rtol=1e-6)
+    assert kept[""] is out
+
+
+def test_an_unreadable_torchscript_file_is_refused_by_its_first_line(tmp_path):
+    path = tmp_path / "junk.pt"
+    path.write_bytes(b"not a zip archive\n")
+    with pytest.raises(UnreadableFileError) as caught:
+        tm.convert_torchscript(path, ConvertOptions())
+    message = str(caught.value)
+    assert message.startswith(f"{path} is not a readable TorchScript file: ") and "\n" not in message
+    assert isinstance(caught.value.__cause__, Exception)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch primitives of the weight-only reference forward pass
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return tm.torch_ops()
+
+
+ACTIVATIONS = {
+    "tanh": torch.tanh, "relu": torch.relu, "elu": torch.nn.functional.elu, "selu": torch.selu,
+    "swish": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus, "gelu": torch.nn.functional.gelu,
+    "mish": torch.nn.functional.mish, "hardswish": torch.nn.functional.hardswish, "sigmoid": torch.sigmoid,
+    "linear": lambda x: x, "leaky_relu": lambda x: torch.nn.functional.leaky_relu(x, 0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_each_activation_step_is_the_torch_function(ops, name):
+    from policyport.converter.activations import Activation
+    from policyport.converter.build import Step
+
+    x = torch.linspace(-4, 4, 17, dtype=torch.float64).reshape(1, 17)
+    act = Activation(name, 0.3 if name == "leaky_relu" else None)
+    got = ops.step(Step("activation", "fc", act), x)
+    assert got.dtype == torch.float64 and not got.requires_grad
+    np.testing.assert_array_equal(got.numpy(), ACTIVATIONS[name](x).numpy())
+    np.testing.assert_allclose(got.numpy(), act.reference(x.numpy()), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_affine_map_is_an_nn_linear_with_the_layers_weight(ops, layout, bias):
+    from policyport.converter.build import Dense
+
+    rng = np.random.default_rng(13)
+    w = rng.normal(size=(3, 4))  # [in, out]
+    b = rng.normal(size=4) if bias else None
+    layer = Dense("fc", w if layout == "in_out" else w.T.copy(), "fc.weight", b, "fc.bias" if bias else None, layout)
+    x = rng.normal(size=(5, 3))
+    got = ops.affine(layer, ops.tensor(x))
+    assert got.dtype == torch.float64 and not got.requires_grad
+    expected = x @ w + (b if bias else 0)
+    np.testing.assert_allclose(ops.to_numpy(got), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_norm_steps_are_torchs_layer_and_batch_norm(ops):
+    from policyport.converter.build import Step
+
+    rng = np.random.default_rng(14)
+    x = torch.as_tensor(rng.normal(size=(6, 4)))
+    weight, bias = rng.normal(size=4), rng.normal(size=4)
+    mean, var = rng.normal(size=4), rng.uniform(0.5, 2, size=4)
+    step = Step("layer_norm", "ln", params={"weight": ("ln.weight", weight), "bias": ("ln.bias", bias)}, eps=0.25)
+    expected = torch.nn.functional.layer_norm(x, (4,), torch.as_tensor(weight), torch.as_tensor(bias), 0.25)
+    np.testing.assert_array_equal(ops.step(step, x).numpy(), expected.numpy())
+    bare = ops.step(Step("layer_norm", "ln", eps=0.25), x).numpy()
+    centred = x.numpy() - x.numpy().mean(1, keepdims=True)
+    np.testing.assert_allclose(bare, centred / np.sqrt((centred ** 2).mean(1, keepdims=True) + 0.25), rtol=1e-12)
+    params = {"running_mean": ("bn.running_mean", mean), "running_var": ("bn.running_var", var),
+              "weight": ("bn.weight", weight), "bias": ("bn.bias", bias)}
+    got = ops.step(Step("batch_norm", "bn", params=params, eps=0.5), x).numpy()
+    np.testing.assert_allclose(got, (x.numpy() - mean) / np.sqrt(var + 0.5) * weight + bias, rtol=1e-12)
+    del params["weight"], params["bias"]
+    got = ops.step(Step("batch_norm", "bn", params=params, eps=0.5), x).numpy()
+    np.testing.assert_allclose(got, (x.numpy() - mean) / np.sqrt(var + 0.5), rtol=1e-12)
+
+
+def test_the_remaining_primitives_compute_as_numpy_does(ops):
+    from policyport.converter.build import ObsNorm
+    from policyport.converter.reference import _NumpyOps
+
+    rng = np.random.default_rng(15)
+    x = rng.normal(size=(3, 2, 2)).astype(np.float32)
+    t = ops.tensor(x)
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    assert ops.to_numpy(ops.flatten(t)).tolist() == x.reshape(3, 4).tolist()
+    flat = ops.flatten(t)
+    norm = ObsNorm(mean=np.full(4, 0.5), var=np.full(4, 4.0), epsilon=1e-8, clip_obs=0.3)
+    np.testing.assert_array_equal(ops.obs_norm(norm, flat).numpy(), _NumpyOps.obs_norm(norm, flat.numpy()))
+    assert ops.concat([flat, flat[:, :1]]).numpy().tolist() == np.concatenate([x.reshape(3, 4), x.reshape(3, 4)[:, :1]], 1).tolist()
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert ops.broadcast(v, flat).numpy().tolist() == [[1.0, 2.0, 3.0, 4.0]] * 3
+    scores = torch.tensor([[0.0, 3.0, 1.0], [5.0, -1.0, 2.0]])
+    assert ops.argmax(scores).tolist() == [1, 0]
+    low, high = torch.tensor([-0.5, 0.0, 1.0]), torch.tensor([0.5, 2.0, 1.5])
+    assert ops.clip(scores, low, high).tolist() == [[0.0, 2.0, 1.0], [0.5, 0.0, 1.5]]
+    assert ops.tanh(scores).tolist() == torch.tanh(scores).tolist()
+    as64 = ops.asarray([1, 2], torch.zeros(1, dtype=torch.float64))
+    assert as64.dtype == torch.float64 and as64.tolist() == [1.0, 2.0]
