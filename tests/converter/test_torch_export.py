@@ -775,10 +775,11 @@ class Custom(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = torch.nn.Linear(3, 4)
+        self.mid = torch.nn.Linear(4, 4)
         self.out = torch.nn.Linear(4, 2)
 
     def forward(self, x):
-        return self.out(torch.relu(self.fc(x)) * 2.0)
+        return self.out(self.mid(torch.relu(self.fc(x)) * 2.0))
 
 
 @pytest.fixture(scope="module")
@@ -816,13 +817,13 @@ def test_a_scripted_custom_forward_runs_each_leaf_on_the_graphs_input_to_it(scri
     path, module = scripted_files["custom"]
     c = tm.convert_torchscript(path, ConvertOptions())
     names = [n.output[0] for n in c.model.graph.node]
-    assert names == ["fc/linear", "relu", "constant", "mul", "logits"]
+    assert names == ["fc/linear", "relu", "constant", "mul", "mid/linear", "logits"]
     obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
     recorded = c.reference(obs)
     with torch.no_grad():
         h = module.fc(torch.as_tensor(obs))
-        expected = {"logits": module(torch.as_tensor(obs)), "fc/linear": h}
-    assert sorted(recorded) == ["fc/linear", "logits"]
+        expected = {"logits": module(torch.as_tensor(obs)), "fc/linear": h, "mid/linear": module.mid(torch.relu(h) * 2)}
+    assert sorted(recorded) == ["fc/linear", "logits", "mid/linear"]
     for name, value in expected.items():
         np.testing.assert_allclose(recorded[name], value.numpy(), rtol=1e-6, atol=1e-6)
 
@@ -946,3 +947,38 @@ def test_the_remaining_primitives_compute_as_numpy_does(ops):
     assert ops.tanh(scores).tolist() == torch.tanh(scores).tolist()
     as64 = ops.asarray([1, 2], torch.zeros(1, dtype=torch.float64))
     assert as64.dtype == torch.float64 and as64.tolist() == [1.0, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the dynamo exporter
+
+
+@pytest.fixture(scope="module")
+def dynamo_exports():
+    pytest.importorskip("onnxscript")
+    module = mlp().eval()
+    return module, tm.export_module(module, exporter="dynamo"), tm.export_module(module, exporter="dynamo", opset=20,
+                                                                                  output_names=("q",))
+
+
+@pytest.mark.slow
+def test_the_dynamo_export_reads_like_the_module_and_runs_at_any_batch(dynamo_exports):
+    module, export, at20 = dynamo_exports
+    graph = export.model.graph
+    assert [(n.op_type, n.name, list(n.input), list(n.output)) for n in graph.node] == [
+        ("Gemm", "0/linear", ["obs", "0.weight", "0.bias"], ["0/linear"]),
+        ("Tanh", "1/tanh", ["0/linear"], ["1/tanh"]),
+        ("Gemm", "logits", ["1/tanh", "2.weight"], ["logits"]),
+    ]
+    assert export.notes == ["the dynamo exporter writes opset 18 or newer; exported at opset 18"]
+    assert [(d.domain, d.version) for d in export.model.opset_import] == [("", 18)]
+    assert [(d.domain, d.version) for d in at20.model.opset_import] == [("", 20)] and at20.notes == []
+    assert [o.name for o in at20.model.graph.output] == ["q"] and at20.module_tensors["2"] == "q"
+    assert export.module_tensors == {"0": "0/linear", "1": "1/tanh", "2": "logits"}
+    assert export.module_inputs == {"0": "obs", "1": "0/linear", "2": "1/tanh"}
+    obs = np.random.default_rng(16).normal(size=(5, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.as_tensor(obs)).numpy()
+    for model in (export.model, at20.model):
+        np.testing.assert_allclose(pp.load(model, backend="onnxruntime").run({"obs": obs})[model.graph.output[0].name],
+                                   expected, rtol=1e-6, atol=1e-6)
