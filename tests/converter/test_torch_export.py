@@ -982,3 +982,34 @@ def test_the_dynamo_export_reads_like_the_module_and_runs_at_any_batch(dynamo_ex
     for model in (export.model, at20.model):
         np.testing.assert_allclose(pp.load(model, backend="onnxruntime").run({"obs": obs})[model.graph.output[0].name],
                                    expected, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# missing frameworks: each step names the package and the extra that installs it
+
+
+def missing(module: str, purpose: str, extra: str) -> str:
+    return (f"{purpose} needs the Python package {module!r}, which is not installed; "
+            f"install it with: pip install 'policyport[{extra}]'")
+
+
+def test_without_onnx_each_graph_step_names_the_onnx_extra(monkeypatch):
+    model = graph_of([helper.make_node("Relu", ["obs"], ["logits"])])
+    monkeypatch.setitem(__import__("sys").modules, "onnx", None)
+    for call in (lambda: tm.match_parameters(model, {}), lambda: tm._finish(model, {}),
+                 lambda: tm.rename_graph(model, "torchscript", ["logits"], {""}, {"": "Net"}, [])):
+        with pytest.raises(pp.MissingDependencyError) as caught:
+            call()
+        assert str(caught.value) == missing("onnx", "building an ONNX model", "onnx") and caught.value.extra == "onnx"
+
+
+def test_without_torch_each_entry_point_says_what_needed_it(monkeypatch, tmp_path):
+    module = mlp()
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)
+    for call, purpose in [(lambda: tm.export_module(module), "converting a torch module"),
+                          (lambda: tm.torch_ops(), "the torch reference forward pass"),
+                          (lambda: tm.convert_torchscript(tmp_path / "m.pt", ConvertOptions()), "converting a TorchScript file"),
+                          (lambda: tm.input_shape_of(module, (3,)) and tm._param_dtype(module), "converting a torch module")]:
+        with pytest.raises(pp.MissingDependencyError) as caught:
+            call()
+        assert str(caught.value) == missing("torch", purpose, "torch")
