@@ -1013,3 +1013,28 @@ def test_without_torch_each_entry_point_says_what_needed_it(monkeypatch, tmp_pat
         with pytest.raises(pp.MissingDependencyError) as caught:
             call()
         assert str(caught.value) == missing("torch", purpose, "torch")
+
+
+class Branch(torch.nn.Module):
+    """A forward whose trace depends on the observation's values (a Python branch on a tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x) * (2.0 if bool(x[0, 0] > 0) else 3.0)
+
+
+def test_the_export_does_not_depend_on_torchs_global_random_state():
+    signs = set()
+    for seed in (0, 4):
+        torch.manual_seed(seed)
+        signs.add(bool(torch.randn(2, 3)[0, 0] > 0))
+    assert signs == {True, False}  # these seeds would give a random example both branches
+    module = Branch().eval()
+    exported = set()
+    for seed in (0, 4):
+        torch.manual_seed(seed)
+        exported.add(tm.export_module(module).model.SerializeToString())
+    assert len(exported) == 1
