@@ -341,7 +341,7 @@ def ts_graph():
         n("Constant", [], ["/act/Constant_output_0"], name="/act/Constant", value=numpy_helper.from_array(np.float32(0.5))),
         n("Mul", ["/Mul_output_0", "/act/Constant_output_0"], ["/act/Mul_output_0"], name="/act/Mul"),
         n("Erf", ["/act/Mul_output_0"], ["/act/Erf_output_0"], name="/act/Erf"),
-        n("Mul", ["/act/Erf_output_0", "/Mul_output_0"], ["/act/Mul_1_output_0"], name="/act/Mul_1"),
+        n("Mul", ["/act/Erf_output_0", "/Constant_output_0"], ["/act/Mul_1_output_0"], name="/act/Mul_1"),
         n("Gemm", ["/act/Mul_1_output_0", "head.weight"], ["logits"], name="/head/Gemm"),
         n("Mul", ["logits", "/Constant_output_0"], ["/Mul_1_output_0"], name="/Mul_1"),
         n("Split", ["/Mul_1_output_0"], ["/Split_output_0", "", "/Split_output_2"], name="/Split", axis=1),
@@ -376,7 +376,7 @@ def test_each_node_output_is_named_by_module_path_and_role(ts_renamed):
         ("act/gelu/constant", [], ["act/gelu/constant"]),
         ("act/gelu/mul", ["mul", "act/gelu/constant"], ["act/gelu/mul"]),
         ("act/gelu/erf", ["act/gelu/mul"], ["act/gelu/erf"]),
-        ("act/gelu", ["act/gelu/erf", "mul"], ["act/gelu"]),
+        ("act/gelu", ["act/gelu/erf", "constant"], ["act/gelu"]),  # a constant computed outside: not its input
         ("logits", ["act/gelu", "head.weight"], ["logits"]),
         ("mul_1", ["logits", "constant"], ["mul_1"]),
         ("split", ["mul_1"], ["split", "", "split/split"]),
