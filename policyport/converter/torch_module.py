@@ -460,7 +460,8 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
 
 def _separate_initializers(graph) -> None:
     """Rename initializers that share a name with a node output (the dynamo exporter can name a
-    parameter and the output computed from it alike, e.g. ``log_std``), in place."""
+    parameter and the output computed from it alike, e.g. ``log_std``), in place: the nodes up to
+    the one computing that output read the parameter, the nodes after it read the output."""
     produced = {o for node in graph.node for o in node.output}
     taken = produced | {t.name for t in graph.initializer} | {i.name for i in graph.input}
     for init in graph.initializer:
@@ -470,8 +471,10 @@ def _separate_initializers(graph) -> None:
                 new, n = f"{init.name}.param{n}", n + 1
             taken.add(new)
             old, init.name = init.name, new
-            for node in graph.node:
+            for node in graph.node:  # in node order: the nodes from the one computing ``old`` on read its output
                 node.input[:] = [new if i == old else i for i in node.input]
+                if old in node.output:
+                    break
 
 
 def _leaf_of(node, scope: str, previous: str | None, leaves: list[str], classes: dict[str, str],
