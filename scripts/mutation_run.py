@@ -62,6 +62,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "converter-frameworks": (["policyport/converter/torch_module.py", "policyport/converter/keras.py"],
                              ["tests/converter/test_torch_module.py", "tests/converter/test_keras.py",
                               "tests/converter/test_keras_passes.py", "tests/converter/test_keras_trace.py",
+                              "tests/converter/test_torch_export.py",
                               "tests/test_cli_torch.py"]),
 }
 
