@@ -283,7 +283,7 @@ def _keras_input_specs(fw: _Frameworks, model) -> list:
     tf = fw.tf
     try:
         inputs = list(model.inputs)
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError, TypeError):  # not built, or no symbolic inputs (None)
         inputs = None
     if inputs:
         names = ["obs"] if len(inputs) == 1 else [str(getattr(t, "name", f"input_{i}")) for i, t in enumerate(inputs)]

@@ -293,6 +293,7 @@ class _Built:
     (_Built({"input_shape": (None, 2, 3)}, "float64"), ((None, 2, 3), "float64", "obs")),
     (_Built({"input_shape": (None, 4)}, "float16", ValueError), ((None, 4), "float16", "obs")),
     (_Built({"input_shape": (None, 4)}, None, []), ((None, 4), "float32", "obs")),
+    (_Built({"input_shape": (None, 6)}, "float32", None), ((None, 6), "float32", "obs")),  # inputs None: not iterable
     (_Built({"x": [None, 4]}), ((None, 4), "float32", "obs")),
     (SimpleNamespace(_build_shapes_dict={"input_shape": (None, 5)}), ((None, 5), "float32", "obs")),  # no compute_dtype
 ])
