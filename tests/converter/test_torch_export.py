@@ -861,8 +861,8 @@ def test_an_unreadable_torchscript_file_is_refused_by_its_first_line(tmp_path):
 # torch primitives of the weight-only reference forward pass
 
 
-@pytest.fixture(scope="module")
-def ops():
+@pytest.fixture
+def ops():  # per test (it is cheap): a mutation tool maps a module-scoped fixture's call to its first test only
     return tm.torch_ops()
 
 
