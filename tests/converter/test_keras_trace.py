@@ -726,16 +726,16 @@ def test_a_savedmodel_converts_its_serving_signature_and_records_its_digest(fw):
     assert names == {str(v.path if hasattr(v, "path") else v.name).removesuffix(":0") for v in loaded.variables}
 
 
-def test_a_savedmodel_of_two_inputs_takes_them_by_their_sorted_keys(fw, tmp_path):
+def test_a_savedmodel_of_two_float64_inputs_takes_them_by_their_sorted_keys_in_their_dtype(fw, tmp_path):
     tf = fw.tf
 
     class Two(tf.Module):
         def __init__(self):
             super().__init__()
-            self.w = tf.Variable(np.array([[1.0], [2.0]], np.float32), name="w")
+            self.w = tf.Variable(np.array([[1.0], [2.0]], np.float64), name="w")
 
-        @tf.function(input_signature=[tf.TensorSpec((None, 2), tf.float32, name="vel"),
-                                      tf.TensorSpec((None, 2), tf.float32, name="pos")])
+        @tf.function(input_signature=[tf.TensorSpec((None, 2), tf.float64, name="vel"),
+                                      tf.TensorSpec((None, 2), tf.float64, name="pos")])
         def __call__(self, vel, pos):
             return {"value": tf.matmul(pos - vel, self.w)}
 
@@ -743,7 +743,8 @@ def test_a_savedmodel_of_two_inputs_takes_them_by_their_sorted_keys(fw, tmp_path
     tf.saved_model.save(module, str(tmp_path / "two"), signatures=module.__call__)
     c = kc.convert_savedmodel(tmp_path / "two", ConvertOptions())
     assert [i.name for i in c.model.graph.input] == ["pos", "vel"] and [o.name for o in c.model.graph.output] == ["value"]
-    feeds = {"pos": np.array([[3.0, 1.0]], np.float32), "vel": np.array([[1.0, 1.0]], np.float32)}
+    assert {v.type.tensor_type.elem_type for v in [*c.model.graph.input, *c.model.graph.output]} == {onnx.TensorProto.DOUBLE}
+    feeds = {"pos": np.array([[3.0, 1.0]]), "vel": np.array([[1.0, 1.0]])}
     assert pp.load(c.model).run(feeds)["value"].tolist() == [[2.0]]
     assert c.reference(feeds)["value"].tolist() == [[2.0]]
     assert pp.extract_weights(c.model)["w"].tolist() == [[1.0], [2.0]]
