@@ -115,6 +115,18 @@ def test_pooling_matches_onnxruntime(op_type, opset, attrs):
     assert_same(*both(model, {"x": x}), atol=1e-6)
 
 
+@pytest.mark.parametrize("op_type, kernel, attrs", [
+    ("Conv", (5, 4), {}), ("Conv", (7, 4), {"pads": [1, 0, 1, 0], "strides": [3, 3]}),
+    ("MaxPool", (5, 4), {}), ("AveragePool", (5, 4), {}), ("MaxPool", (3, 2), {"strides": [3, 3]})])
+def test_a_window_that_just_fits_gives_one_output_position(op_type, kernel, attrs):
+    x = f32(2, 3, 5, 4)  # a window the size of the (padded) input, or strides past every other start
+    feeds = {"x": x, "w": f32(2, 3, *kernel)} if op_type == "Conv" else {"x": x}
+    model = node_model(op_type, feeds, 13, **attrs, **({} if op_type == "Conv" else {"kernel_shape": list(kernel)}))
+    got, expected = both(model, feeds)
+    assert got[0].shape == (2, 2 if op_type == "Conv" else 3, 1, 1)
+    assert_same(got, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("storage_order", [0, 1])
 @pytest.mark.parametrize("shape, kernel", [((2, 2, 7), [3]), ((1, 2, 5, 6), [2, 3]), ((1, 2, 4, 5, 6), [2, 2, 3])])
 def test_max_pool_indices_in_row_and_column_major_order(storage_order, shape, kernel):

@@ -69,6 +69,7 @@ def test_verify_passes_with_a_table_and_json(folder, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "max abs error on 4 observations (atol 1e-05, rtol 1e-05)"
     assert [line.split()[0] for line in lines[2:4]] == ["h", "y"] and lines[2].split()[-1] == "0"
+    assert len({len(line) for line in lines[1:4]}) == 1 and lines[3].endswith(" 0")  # the error column right-aligned
     assert lines[-1] == "PASS: 2 comparisons within atol 1e-05, rtol 1e-05; worst 0 on h (numpy vs golden)"
     assert entry.main(folder, ["--verify", "--json", "--atol", "0.5", "--rtol", "0"]) == 0
     doc = json.loads(capsys.readouterr().out)

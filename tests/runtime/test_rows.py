@@ -374,6 +374,7 @@ N = helper.make_node
     ([None, 2, 4], [N("Flatten", ["obs"], ["y"], axis=0)], [], None),
     ([None, 2, 4], [N("ArgMax", ["obs"], ["y"], axis=2, keepdims=0)], [], 2),
     ([None, 2, 4], [N("ArgMin", ["obs"], ["y"], axis=1)], [], 3),
+    ([None, 2, 4], [N("ArgMin", ["obs"], ["y"], axis=-1, keepdims=0)], [], 2),
     ([None, 2, 4], [N("ArgMax", ["obs"], ["y"])], [], None),
     ([None, 2, 4], [N("ArgMin", ["obs"], ["y"])], [], None),  # axis 0 by default, at every opset
     ([None, 4], [N("LayerNormalization", ["obs", "g"], ["y"])], [const("g", (4,))], 2),

@@ -54,6 +54,13 @@ def test_random_normal_has_the_mean_scale_shape_and_dtype_asked_for(backend, dty
     within(np.mean(np.abs(y - 10.0) < 0.5), 0.6827, np.sqrt(0.6827 * 0.3173 / N))  # the shape: one sigma
 
 
+@pytest.mark.parametrize("op_type", ["RandomNormal", "RandomUniform"])
+def test_float64_samples_are_drawn_in_float64_not_widened_from_float32(op_type):
+    y = run(generator_model(op_type, (1000,), out_dtype=np.float64, dtype=TensorProto.DOUBLE), {}, seed=6)[0]
+    widened = y.astype(np.float32).astype(np.float64) == y  # what a float32 draw cast to float64 would all be
+    assert y.dtype == np.float64 and widened.mean() < 0.01
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("like_dtype, attrs, out_dtype", [
     (np.float32, {}, np.float32),

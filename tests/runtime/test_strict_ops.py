@@ -84,6 +84,8 @@ CASES = {
     "gemm A of rank 3": (model("Gemm", ["x", "w"], ["y"], 13, [("w", F32)], (4, 2, 3)), "load",
                          r"A has rank 3; Gemm multiplies matrices"),
     "gemm A of rank 1": (model("Gemm", ["x", "w"], ["y"], 13, [("w", F32)], (3,)), "load", r"A has rank 1"),
+    "gemm B of rank 3": (model("Gemm", ["x", "w"], ["y"], 13, [("w", np.ones((3, 2, 2), np.float32))]), "load",
+                         r"B has rank 3; Gemm multiplies matrices"),
     "gemm C that does not broadcast": (model("Gemm", ["x", "w", "c"], ["y"], 13,
                                              [("w", F32), ("c", np.ones((5, 2, 2), np.float32))]), "load",
                                        r"C of shape \(5, 2, 2\) does not broadcast to \(M, N\)"),
