@@ -520,3 +520,26 @@ def test_overriding_a_tensor_without_a_feature_axis_runs_the_batch_whole():
     steered = session.run(obs, overrides="a[3]=7")["y"]
     changed = np.flatnonzero(steered != plain)
     assert changed.tolist() == [3] and steered[3] == 7
+
+
+def test_each_thread_keeps_one_scratch_between_calls_holding_every_product_and_relu_zeros(relu_model, big_obs,
+                                                                                           monkeypatch):
+    made = []
+
+    class Counted(rows_module.Scratch):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(rows_module, "Scratch", Counted)
+    session = pp.load(relu_model, threads=1)
+    obs = big_obs[:, :64]
+    first = session.run(obs)
+    for _ in range(2):
+        same_bits(session.run(obs), first)
+    assert len(made) == 1  # made by the first call's thread, kept for the next calls
+    scratch = made[0]
+    gemms = [s.index for s in session.backend.plan.steps if s.kind == "gemm"]
+    # each hidden layer's product, the first one's (read from the feed) too; the output layer's is the result
+    assert sorted(scratch._buffers) == gemms[:2] and len(gemms) == 3
+    assert len(scratch._zeros) == 1  # the zeros every ReLU compares against (one width: 256)

@@ -171,6 +171,14 @@ def test_tensors_of_the_wrong_type_raise_an_argument_type_error(session, tensors
         assert isinstance(caught.value, TypeError) and caught.value.exit_code == 2
 
 
+def test_a_selection_is_resolved_once_per_pattern_and_kept(session):
+    chosen = session.selection(["*/tanh", "action"])
+    assert chosen and chosen[-1] == "action" and all(n.endswith("/tanh") for n in chosen[:-1])
+    assert session.selection(["*/tanh", "action"]) is chosen  # a list's patterns: kept under their tuple
+    assert session.selection("*/tanh,action") is session.selection("*/tanh,action") == chosen
+    assert session.selection(None) is session.selection(None)
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"threads": 100_000}, pp.InputMismatchError, r"threads \(0: one per core\) must be a finite number >= 0 and <= 1024, got 100000"),
     ({"threads": -1}, pp.InputMismatchError, r"threads \(0: one per core\) must be a finite number >= 0 and <= 1024, got -1"),
