@@ -301,6 +301,7 @@ def test_a_model_known_only_by_its_build_shape_takes_obs_in_its_compute_dtype(fw
     assert [_spec(s) for s in kc._keras_input_specs(fw, model)] == [expected]
 
 
+@pytest.mark.filterwarnings("ignore:`build\\(\\)` was called on layer:UserWarning")  # Keras' own notice: the point here
 def test_the_build_shape_of_a_real_subclassed_model_gives_its_spec(fw, layers):
     keras = fw.keras
 

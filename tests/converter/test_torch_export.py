@@ -26,6 +26,9 @@ from policyport.errors import BadModelError, OptionError, UnreadableFileError  #
 
 FLOAT = TensorProto.FLOAT
 
+# TorchScript files are what these tests convert; torch 2.13 announces that scripting is deprecated
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 
 def props(model) -> dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
