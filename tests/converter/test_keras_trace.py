@@ -377,6 +377,17 @@ def test_a_traced_model_names_every_layer_tensor_output_weight_norm_and_shape(fw
         model.get_layer("d_in")(obs)))), rtol=1e-6, atol=1e-6)
 
 
+def test_a_repeated_layer_name_takes_the_next_number_no_other_layer_has(fw, layers):
+    keras = fw.keras
+    inp = keras.Input((3,))
+    h = layers.Dense(4, name="fc_1")(layers.Dense(4, name="fc")(inp))
+    model = keras.Model(inp, keras.Sequential([layers.Dense(2, name="fc")], name="inner")(h))  # "fc" again, inside
+    t = kc._trace_keras(fw, model)
+    assert list(t.layer_tensors) == ["fc", "fc_1", "fc_2"]  # fc_1 is taken by a layer of that name
+    assert [name for name, _, _ in t.weights] == ["fc/kernel", "fc/bias", "fc_1/kernel", "fc_1/bias", "fc_2/kernel",
+                                                  "fc_2/bias"]
+
+
 def test_a_layer_tensor_named_like_a_different_output_is_kept_apart(fw, layers):
     keras = fw.keras
     inp = keras.Input((3,))

@@ -798,6 +798,20 @@ def scripted_files(tmp_path_factory):
     return files
 
 
+def test_a_torchscript_file_saved_in_training_mode_is_exported_in_eval_mode_and_says_so(tmp_path):
+    module = mlp(bias=True)  # training mode, as torch.nn modules start
+    path = tmp_path / "training.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(module), path)
+    c = tm.convert_torchscript(str(path), ConvertOptions())
+    assert c.notes == [TRAINING_NOTE]
+    obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = module.eval()(torch.as_tensor(obs)).numpy()
+    np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_torchscript_file_records_its_name_and_digest(scripted_files):
     path, module = scripted_files["seq"]
     c = tm.convert_torchscript(str(path), ConvertOptions())
