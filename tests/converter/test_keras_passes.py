@@ -631,6 +631,18 @@ def test_finish_keeps_a_fixed_batch_size_and_leaves_dims_it_knows():
     assert [d.dim_param or d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 2]
 
 
+def test_finish_leaves_a_scalar_output_without_a_batch_axis():
+    g = _graph([helper.make_node("ReduceSum", ["obs"], ["score"], name="sum", keepdims=0)],
+               inputs=[("obs", ["unk__1", 4])], outputs=[("score", [])])
+    model, notes = _finish(g.proto, _trace(outputs=["score"]))
+    assert notes == [] and [n.name for n in model.graph.node] == ["score"]
+    score = model.graph.output[0].type.tensor_type
+    assert score.HasField("shape") and len(score.shape.dim) == 0  # rank 0: no batch axis to name
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    x = RNG.normal(size=(3, 4)).astype(np.float32)
+    assert _run(model, {"obs": x})["score"] == pytest.approx(x.sum(), rel=1e-5)
+
+
 def test_finish_notes_a_normalization_it_kept_folded_and_the_weights_it_therefore_cannot_name():
     proto, trace, _ = _tf2onnx_like()
     trace.shapes["ln"] = (None, 2, 3)
