@@ -78,6 +78,11 @@ class Checkpoint:
         filter_agents: a new-stack ``MeanStdFilter`` state holding the filters of several agents and
             none of the default agent (``None``): their ids. Which agent's observations a module
             sees is the policy mapping function's choice, which the checkpoint does not record.
+        filter_named: the observation filter the checkpoint says the policy used (``"MeanStdFilter"``),
+            from its filter state or, when that is absent or was not read, from its config or
+            connector classes; ``None`` when it names none (``NoFilter``).
+        filter_named_by: what names it (a file, a config entry).
+        filter_sought: where the filter's state was looked for.
     """
 
     layout: str
@@ -93,6 +98,9 @@ class Checkpoint:
     dropped: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     filter_agents: list[str] = field(default_factory=list)
+    filter_named: str | None = None
+    filter_named_by: str = ""
+    filter_sought: str = ""
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -236,6 +244,48 @@ def _filter(value: Any) -> ObsFilter | None:
     return ObsFilter(m, std, EPSILON_RUNNING_STATS, bool(demean), bool(destd), clip, n, "running_stats")
 
 
+def _filter_name(value: Any) -> str | None:
+    """The filter a config's ``observation_filter`` (a class name, or a class the pickle named) or a
+    filter state (a record of its class; a plain state dict is a ``MeanStdFilter``'s) stands for;
+    ``None`` for ``NoFilter`` or nothing."""
+    if value is None:
+        return None
+    name = getattr(value, "global_name", None) or (value if isinstance(value, str) else "MeanStdFilter")
+    name = str(name).rsplit(".", 1)[-1]
+    return None if name in ("NoFilter", "") else name
+
+
+def _config_filter(*configs: tuple[str, Any]) -> tuple[str | None, str]:
+    """The filter the first of ``(where, config)`` whose ``observation_filter`` names one names, and where."""
+    for where, config in configs:
+        name = _filter_name(_get(config, "observation_filter"))
+        if name:
+            return name, where
+    return None, ""
+
+
+#: Where a new-stack checkpoint names its env-to-module connectors' classes (pickles read for the
+#: globals they name, never unpickled: the algorithm's config holds cloudpickled functions).
+_CONNECTOR_CLASS_FILES = {
+    "env_runner/env_to_module_connector/MeanStdFilter/class_and_ctor_args.pkl": "the filter connector's class",
+    "env_runner/env_to_module_connector/class_and_ctor_args.pkl": "the env-to-module connector pipeline",
+    "env_runner/class_and_ctor_args.pkl": "the env runner's config",
+    "class_and_ctor_args.pkl": "the algorithm's config",
+}
+
+
+def _connector_filter(path: Path, files: _Files) -> tuple[str | None, str]:
+    """The observation filter a new-stack checkpoint's connector classes name (a ``...Filter`` class
+    of ``ray.rllib.connectors.env_to_module``), and the file that names it."""
+    for rel, what in _CONNECTOR_CLASS_FILES.items():
+        if (path / rel).is_file():
+            for name in unpickle.pickled_globals(files._bytes(path / rel)):
+                module, _, cls = name.rpartition(".")
+                if module.startswith("ray.rllib.connectors.env_to_module") and cls.endswith("Filter"):
+                    return cls, f"{path / rel} ({what})"
+    return None, ""
+
+
 # -------------------------------------------------------------------------------------- layouts
 
 
@@ -247,18 +297,25 @@ def find_legacy_file(path: Path) -> Path | None:
     return max(files, key=lambda p: int(p.name.split("-")[1]), default=None)  # the latest: 10 after 9
 
 
-def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool = False) -> Checkpoint:
+def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool = False,
+                    obs_filter: bool = True) -> Checkpoint:
     """Read one policy of an RLlib checkpoint (any of the three layouts), running nothing from it.
 
     Args:
         path: the ``checkpoint-<N>`` file or a checkpoint folder.
         policy_id: which policy; default ``default_policy`` (or the only one there is).
         trust: unpickle with the standard pickle (runs the files' code).
+        obs_filter: read the observation filter's state (default true). False leaves
+            ``Checkpoint.obs_filter`` ``None`` and reads no file and no entry only the filter needs
+            (``algorithm_state``, the new stack's ``MeanStdFilter/state``), so a damaged or
+            unsupported filter does not stop the conversion; ``filter_named`` still says which
+            filter the checkpoint names.
 
     Raises:
         UntrustedFileError: a pickle names a function or an OS-reaching global (named).
-        UnreadableFileError: files missing or unreadable.
-        BadModelError: an unknown policy id (the ids present are listed), or a layout that is not RLlib's.
+        UnreadableFileError: files missing or unreadable (the filter's state only when ``obs_filter``).
+        BadModelError: an unknown policy id (the ids present are listed), a layout that is not RLlib's,
+            or (only when ``obs_filter``) a filter policyport does not bake in.
     """
     path = Path(path)
     if not path.exists():
@@ -266,11 +323,11 @@ def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool 
     root = path if path.is_dir() else path.parent
     files = _Files(root, trust)
     if path.is_dir() and (path / "learner_group" / "learner" / "rl_module").is_dir():
-        ckpt = _read_new_stack(path, files, policy_id)
+        ckpt = _read_new_stack(path, files, policy_id, obs_filter)
     elif path.is_dir() and (path / "policies").is_dir():
-        ckpt = _read_old_stack(path, files, policy_id)
+        ckpt = _read_old_stack(path, files, policy_id, obs_filter)
     elif path.is_dir() and any((path / f"policy_state{s}").is_file() for s in (".pkl", ".msgpack")):
-        ckpt = _read_policy_folder(path, files, policy_id)
+        ckpt = _read_policy_folder(path, files, policy_id, obs_filter=obs_filter)
     else:
         legacy = find_legacy_file(path)
         if legacy is None:
@@ -278,12 +335,12 @@ def read_checkpoint(path: str | Path, policy_id: str | None = None, trust: bool 
                 f"{path} is not an RLlib checkpoint: expected a checkpoint-<N> file, a folder with policies/<id>/ "
                 "(Ray 2.x) or learner_group/learner/rl_module/<id>/ (new API stack)"
             )
-        ckpt = _read_legacy(legacy, files, policy_id)
+        ckpt = _read_legacy(legacy, files, policy_id, obs_filter)
     ckpt.files = dict(files.digests)
     return ckpt
 
 
-def _read_legacy(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+def _read_legacy(path: Path, files: _Files, policy_id: str | None, read_filter: bool = True) -> Checkpoint:
     outer = files.pickle(path)
     if not isinstance(outer, dict) or not isinstance(outer.get("worker"), (bytes, bytearray)):
         raise BadModelError(f"{path} is not a legacy RLlib checkpoint: expected a dict with a pickled 'worker' entry")
@@ -297,16 +354,23 @@ def _read_legacy(path: Path, files: _Files, policy_id: str | None) -> Checkpoint
     if not isinstance(weights, dict):
         raise BadModelError(f"{path}: policy {pid!r} holds no weights dict")
     arrays, dropped = _split_weights(weights, policy_state)
-    config = {}
+    config, loaded, params = {}, None, None
     for params in (path.parent / "params.pkl", path.parent.parent / "params.pkl"):
         if params.is_file():
             loaded = files.pickle(params)
             config = dict(_get(loaded, "model", {}) or {})
             break
     filters = _get(worker, "filters", {}) or {}
+    raw = filters.get(pid) if isinstance(filters, dict) else None
+    if raw is not None:
+        named, named_by = _filter_name(raw), f"{path} (its worker state's filters)"
+    else:  # Ray 1.x's worker state also keeps the policy config; params.pkl is the trainer's
+        named, named_by = _config_filter((f"{params} (observation_filter)", loaded),
+                                         (f"{path} (its worker state's policy_config)", _get(worker, "policy_config")))
     framework = "torch" if any(k.startswith("_hidden_layers") or k.startswith("_logits") for k in arrays) else "tf"
     return Checkpoint("legacy", pid, list(state), arrays, framework, config, None, None,
-                      _filter(filters.get(pid)), None, dropped)
+                      _filter(raw) if read_filter else None, None, dropped, filter_named=named, filter_named_by=named_by,
+                      filter_sought=f"the worker state's filters[{pid!r}] in {path}")
 
 
 def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -329,7 +393,8 @@ def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarr
 
 
 def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids: list[str] | None = None,
-                        algorithm_state: Any = None) -> Checkpoint:
+                        algorithm_state: Any = None, state_file: str | None = None,
+                        obs_filter: bool = True) -> Checkpoint:
     policy_state = files.state(folder / "policy_state")
     pid = _pick([folder.name], policy_id, str(folder))  # a policy's own folder is that policy
     weights = _get(policy_state, "weights")
@@ -348,17 +413,27 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
         for entry in (agent[1] if isinstance(agent, (list, tuple)) and len(agent) == 2 else []):
             if isinstance(entry, (list, tuple)) and entry and "MeanStd" in str(entry[0]):
                 filt = entry[1]
+    if filt is not None:
+        named, named_by = _filter_name(filt), f"{folder} (its filter state)"
+    else:
+        named, named_by = _config_filter((f"{folder / 'policy_state'} (policy_spec.config.observation_filter)", config),
+                                         (f"{state_file} (config.observation_filter)", _get(algorithm_state, "config")))
+    sought = (f"worker.filters[{pid!r}] in {state_file}, then " if state_file else "") + \
+        f"a MeanStd connector in {folder / 'policy_state'}'s connector_configs"
     return Checkpoint("old-stack", pid, ids or [pid], arrays, framework, model,
                       _space(_get(spec, "observation_space")), _space(_get(spec, "action_space")),
-                      _filter(filt), None, dropped)
+                      _filter(filt) if obs_filter else None, None, dropped, filter_named=named,
+                      filter_named_by=named_by, filter_sought=sought)
 
 
-def _read_old_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+def _read_old_stack(path: Path, files: _Files, policy_id: str | None, obs_filter: bool = True) -> Checkpoint:
     ids = sorted(p.name for p in (path / "policies").iterdir() if p.is_dir())
     pid = _pick(ids, policy_id, str(path))
     has_state = any((path / f"algorithm_state{s}").is_file() for s in (".pkl", ".msgpack"))
-    algorithm_state = files.state(path / "algorithm_state") if has_state else None
-    return _read_policy_folder(path / "policies" / pid, files, pid, ids, algorithm_state)
+    # the algorithm state is read for the filter alone: with obs_filter false, not at all
+    algorithm_state = files.state(path / "algorithm_state") if has_state and obs_filter else None
+    return _read_policy_folder(path / "policies" / pid, files, pid, ids, algorithm_state,
+                               f"{path / 'algorithm_state'}.pkl (or .msgpack)", obs_filter)
 
 
 def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]:
@@ -388,7 +463,7 @@ def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]
     return dict(zip(names, (np.asarray(v) for v in values)))
 
 
-def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpoint:
+def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filter: bool = True) -> Checkpoint:
     modules = path / "learner_group" / "learner" / "rl_module"
     ids = sorted(p.name for p in modules.iterdir() if p.is_dir())
     pid = _pick(ids, policy_id, str(path))
@@ -418,14 +493,19 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None) -> Checkpo
     filt, agents = None, []
     filter_stem = path / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state"
     if any(filter_stem.with_name(f"state{s}").is_file() for s in (".pkl", ".msgpack")):
-        raw = files.state(filter_stem)
-        filt = raw.get(None, raw.get("null")) if isinstance(raw, dict) else raw
-        if isinstance(raw, dict) and filt is None and len(raw) == 1:
-            filt = next(iter(raw.values()))
-        elif isinstance(raw, dict) and filt is None and raw:
-            agents = sorted(str(agent) for agent in raw)
+        named, named_by = "MeanStdFilter", str(filter_stem.parent)
+        if read_filter:
+            raw = files.state(filter_stem)
+            filt = raw.get(None, raw.get("null")) if isinstance(raw, dict) else raw
+            if isinstance(raw, dict) and filt is None and len(raw) == 1:
+                filt = next(iter(raw.values()))
+            elif isinstance(raw, dict) and filt is None and raw:
+                agents = sorted(str(agent) for agent in raw)
+    else:
+        named, named_by = _connector_filter(path, files)
     return Checkpoint("new-stack", pid, ids, arrays, "torch", config, obs_space, action_space, _filter(filt),
-                      module_class, dropped, filter_agents=agents)
+                      module_class, dropped, filter_agents=agents, filter_named=named, filter_named_by=named_by,
+                      filter_sought=f"{filter_stem}.pkl (or .msgpack)")
 
 
 # -------------------------------------------------------------------------------- weights -> MLP
@@ -540,11 +620,11 @@ def convert_rllib(source, options):
     Args:
         source: the ``checkpoint-<N>`` file or a checkpoint folder (legacy, Ray 2.x, new stack).
         options: a :class:`~policyport.converter.ConvertOptions`: ``policy_id``, ``keep_value``,
-            ``obs_filter`` (false: leave the filter out), ``head`` (default: the action
-            distribution's deterministic action — diag-gaussian for a Box action space,
-            categorical for Discrete; none when the checkpoint does not record the space),
-            ``activation`` (default: the checkpoint's model config, else RLlib's tanh), ``opset``,
-            ``trust``.
+            ``obs_filter`` (false: leave the filter out without reading its state), ``head``
+            (default: the action distribution's deterministic action — diag-gaussian for a Box
+            action space, categorical for Discrete; none when the checkpoint does not
+            record the space), ``activation`` (default: the checkpoint's model config, else RLlib's
+            tanh), ``opset``, ``trust``.
 
     Returns:
         A :class:`~policyport.converter.Converted` whose notes say what was dropped and baked in;
@@ -553,6 +633,10 @@ def convert_rllib(source, options):
 
     Raises:
         UntrustedFileError, UnreadableFileError, BadModelError: see :func:`read_checkpoint`.
+        BadModelError: (unless ``obs_filter`` is false) the checkpoint names an observation filter
+            (its config, its connector classes) whose state it does not hold, naming the filter,
+            what names it and where its state was looked for; or a MeanStdFilter state of other
+            agents only.
         OptionError: ``obs_norm`` given, or a ``head`` other than categorical for a DQN.
     """
     from . import Converted
@@ -561,7 +645,7 @@ def convert_rllib(source, options):
 
     if options.obs_norm is not None:
         raise OptionError("--obs-norm applies to SB3 sources; an RLlib checkpoint carries its own observation filter")
-    ckpt = read_checkpoint(source, options.policy_id, options.trust)
+    ckpt = read_checkpoint(source, options.policy_id, options.trust, options.obs_filter)
     config = ckpt.model_config
     recorded = config.get("fcnet_activation")
     activation_name, chosen = choose_activation(options.activation, None if recorded is None else str(recorded),
@@ -594,23 +678,25 @@ def convert_rllib(source, options):
         prelude.one_hot_nvec = tuple(ckpt.obs_space[1])
         notes.append(f"observation space MultiDiscrete{list(prelude.one_hot_nvec)}: the graph takes int64 indices, "
                      "one per sub-space, and one-hot encodes each")
-    if ckpt.obs_filter is not None:
+    if not options.obs_filter:  # the filter's state was not read
+        if ckpt.filter_named:
+            notes.append(f"left the checkpoint's {ckpt.filter_named} out (--no-filter): feed filtered observations")
+    elif ckpt.obs_filter is not None:
         f = ckpt.obs_filter
-        if options.obs_filter:
-            prelude.obs_filter = f
-            notes.append(f"baked in the MeanStdFilter ({f.count} observations, epsilon {f.epsilon:g}, "
-                         f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")
-        else:
-            notes.append("left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations")
+        prelude.obs_filter = f
+        notes.append(f"baked in the MeanStdFilter ({f.count} observations, epsilon {f.epsilon:g}, "
+                     f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")
     elif ckpt.filter_agents:
-        if options.obs_filter:
-            raise BadModelError(
-                f"the checkpoint's MeanStdFilter holds the statistics of agents {', '.join(ckpt.filter_agents)} and "
-                f"none of the default agent; which agent's observations module {ckpt.policy_id!r} sees is the policy "
-                "mapping function's choice, which the checkpoint does not record: convert with --no-filter and "
-                "feed observations filtered with that agent's statistics")
-        notes.append(f"left the checkpoint's MeanStdFilter out (--no-filter; it holds agents "
-                     f"{', '.join(ckpt.filter_agents)}): feed filtered observations")
+        raise BadModelError(
+            f"the checkpoint's MeanStdFilter holds the statistics of agents {', '.join(ckpt.filter_agents)} and "
+            f"none of the default agent; which agent's observations module {ckpt.policy_id!r} sees is the policy "
+            "mapping function's choice, which the checkpoint does not record: convert with --no-filter and "
+            "feed observations filtered with that agent's statistics")
+    elif ckpt.filter_named:
+        raise BadModelError(
+            f"{ckpt.filter_named_by} names the observation filter {ckpt.filter_named}, but its state is not in the "
+            f"checkpoint (looked for {ckpt.filter_sought}); without it the policy would see unfiltered observations. "
+            "Convert with --no-filter to leave the filter out (then feed filtered observations)")
     head = options.head
     if dqn and head not in (None, "categorical"):
         raise OptionError(f"--head {head} does not apply to a DQN checkpoint: its action is the argmax of its Q-values "

@@ -1031,9 +1031,8 @@ def test_a_new_stack_filter_state_of_other_agents_only_is_refused_unless_left_ou
         "which agent's observations module 'default_policy' sees is the policy mapping function's choice, which the "
         "checkpoint does not record: convert with --no-filter and feed observations filtered with that agent's "
         "statistics")
-    converted = convert_source(folder, activation="tanh", obs_filter=False)
-    assert ("left the checkpoint's MeanStdFilter out (--no-filter; it holds agents chaser, runner): "
-            "feed filtered observations") in converted.notes
+    converted = convert_source(folder, activation="tanh", obs_filter=False)  # the filter's state is not even read
+    assert "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations" in converted.notes
     assert [n.op_type for n in converted.model.graph.node][:1] == ["Gemm"]  # no filter in front of the network
     result = CliRunner().invoke(app, ["convert", str(folder), "--activation", "tanh", "-o", str(tmp_path / "m.onnx")])
     assert result.exit_code == 3 and not (tmp_path / "m.onnx").exists()
@@ -1041,6 +1040,7 @@ def test_a_new_stack_filter_state_of_other_agents_only_is_refused_unless_left_ou
 
 
 # --------------------------------------------------------------------- what convert says and records
+
 
 
 @pytest.mark.parametrize("options, notes", [
@@ -1304,3 +1304,169 @@ def test_filter_statistics_of_two_observations_are_float64_whatever_the_stored_d
                                       "sum_sq_diff_array": np.array([2.0 ** 24], np.float32)}]})
     var = np.float32(2.0 ** 24 / (n - 1))
     assert var == np.float32(1 - 2.0 ** -24) and big.std[0] == np.float64(np.sqrt(var)) < 1.0
+
+
+# ------------------------------------------------------- a filter the checkpoint names, and --no-filter
+
+
+def _missing_filter(named_by: str, sought: str, name: str = "MeanStdFilter") -> str:
+    return (f"{named_by} names the observation filter {name}, but its state is not in the checkpoint (looked for "
+            f"{sought}); without it the policy would see unfiltered observations. Convert with --no-filter to leave "
+            "the filter out (then feed filtered observations)")
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(RAY / name, tmp_path / name))
+
+
+@pytest.mark.parametrize("removed, named_by", [
+    ("env_runner", "class_and_ctor_args.pkl (the algorithm's config)"),
+    ("env_runner/env_to_module_connector", "env_runner/class_and_ctor_args.pkl (the env runner's config)"),
+    ("env_runner/env_to_module_connector/MeanStdFilter",
+     "env_runner/env_to_module_connector/class_and_ctor_args.pkl (the env-to-module connector pipeline)"),
+    ("env_runner/env_to_module_connector/MeanStdFilter/state.pkl",
+     "env_runner/env_to_module_connector/MeanStdFilter/class_and_ctor_args.pkl (the filter connector's class)"),
+])
+def test_a_new_stack_filter_named_by_its_config_but_missing_is_refused_unless_left_out(tmp_path, removed, named_by):
+    import shutil
+
+    folder = _copy("ppo_new", tmp_path)
+    gone = folder / removed
+    shutil.rmtree(gone) if gone.is_dir() else gone.unlink()
+    stem = folder / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state"
+    message = _missing_filter(f"{folder / named_by}", f"{stem}.pkl (or .msgpack)")
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(folder)
+    assert str(caught.value) == message
+    out = tmp_path / "n5.onnx"
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out)])
+    assert result.exit_code == 3 and not out.exists() and "Traceback" not in result.output
+    assert " ".join(message.split()) in " ".join(result.output.split())
+
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out), "--no-filter", "--samples", "20"])
+    assert result.exit_code == 0, result.output
+    assert "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations" in result.output
+    expected = dict(np.load(RAY / "ppo_new_expected.npz"))  # fed what Ray's filter made, it is Ray's policy
+    got = pp.load(str(out)).run({"obs": expected["filtered_obs"].astype(np.float32)})
+    assert np.abs(got["logits"] - expected["action_dist_inputs"]).max() <= 1e-5
+
+
+def test_a_new_stack_that_names_no_filter_converts_without_one(tmp_path):
+    import shutil
+
+    folder = _copy("dqn_new", tmp_path)
+    shutil.rmtree(folder / "env_runner")
+    ckpt = read_checkpoint(folder)
+    assert (ckpt.obs_filter, ckpt.filter_named) == (None, None)
+    converted = convert_source(folder)
+    assert not [n for n in converted.model.graph.node if n.name.startswith("obs_filter")]
+    assert not [note for note in converted.notes if "Filter" in note]
+
+
+def test_an_old_stack_filter_named_by_its_config_but_missing_is_refused_unless_left_out(tmp_path):
+    w = _small_torch_weights(40)
+    spec = {"config": {"observation_filter": "MeanStdFilter", "model": {}}}
+    folder = _policy_folder(tmp_path, {"weights": w, "policy_spec": spec,
+                                       "connector_configs": {"agent": ("AgentConnectorPipeline", [])}})
+    state = folder / "policies" / "default_policy" / "policy_state"
+    sought = (f"worker.filters['default_policy'] in {folder / 'algorithm_state'}.pkl (or .msgpack), then a MeanStd "
+              f"connector in {state}'s connector_configs")
+    message = _missing_filter(f"{state} (policy_spec.config.observation_filter)", sought)
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(folder)
+    assert str(caught.value) == message
+    # an algorithm state whose worker holds another policy's filter only: still missing
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"worker": {"filters": {"other": FILTER_A}}}))
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(folder)
+    assert str(caught.value) == message
+    converted = convert_source(folder, obs_filter=False)
+    assert "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations" in converted.notes
+    obs = np.random.default_rng(41).normal(size=(4, 3)).astype(np.float32)
+    expected = np.tanh(obs @ w["_hidden_layers.0._model.0.weight"].T + w["_hidden_layers.0._model.0.bias"]) \
+        @ w["_logits._model.0.weight"].T + w["_logits._model.0.bias"]
+    assert np.abs(pp.load(converted.model).run({"obs": obs})["logits"] - expected).max() <= 1e-5
+
+    # the algorithm state's own config names it too when the policy's does not
+    (folder / "policies" / "default_policy" / "policy_state.pkl").write_bytes(pickle.dumps({"weights": w}))
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps(
+        {"config": {"observation_filter": "MeanStdFilter"}, "worker": {"filters": {}}}))
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(folder)
+    assert str(caught.value) == _missing_filter(
+        f"{folder / 'algorithm_state'}.pkl (or .msgpack) (config.observation_filter)", sought)
+    # NoFilter, RLlib's default, names none
+    (folder / "algorithm_state.pkl").write_bytes(pickle.dumps({"config": {"observation_filter": "NoFilter"}}))
+    converted = convert_source(folder)
+    assert not [n for n in converted.model.graph.node if n.name.startswith("obs_filter")]
+    assert not [note for note in converted.notes if "Filter" in note]
+
+
+def test_a_legacy_filter_named_by_params_or_the_policy_config_but_missing_is_refused_unless_left_out(tmp_path):
+    w = _small_torch_weights(42)
+    sought_in = "the worker state's filters['default_policy'] in {path}"
+    path = _legacy(tmp_path / "a", {"state": {"default_policy": w}, "filters": {"opponent": FILTER_A}})
+    (tmp_path / "a" / "params.pkl").write_bytes(pickle.dumps({"observation_filter": "MeanStdFilter", "model": {}}))
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(path)
+    assert str(caught.value) == _missing_filter(f"{tmp_path / 'a' / 'params.pkl'} (observation_filter)",
+                                                sought_in.format(path=path))
+    converted = convert_source(path, obs_filter=False)
+    assert "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations" in converted.notes
+
+    path = _legacy(tmp_path / "b", {"state": {"default_policy": w},
+                                    "policy_config": {"observation_filter": "ConcurrentMeanStdFilter"}})
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(path)
+    assert str(caught.value) == _missing_filter(f"{path} (its worker state's policy_config)",
+                                                sought_in.format(path=path), "ConcurrentMeanStdFilter")
+    path = _legacy(tmp_path / "c", {"state": {"default_policy": w}, "policy_config": {"observation_filter": "NoFilter"}})
+    assert not [note for note in convert_source(path).notes if "Filter" in note]
+
+
+@pytest.mark.parametrize("name, damaged", [
+    ("ppo_new", "env_runner/env_to_module_connector/MeanStdFilter/state.pkl"),
+    ("ppo_new_msgpack", "env_runner/env_to_module_connector/MeanStdFilter/state.msgpack"),
+    ("ppo_old_torch", "algorithm_state.pkl"),
+])
+def test_with_no_filter_a_damaged_filter_state_is_not_read(tmp_path, name, damaged):
+    folder = _copy(name, tmp_path)
+    (folder / damaged).write_bytes(b"")
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out)])
+    assert result.exit_code == 3 and not out.exists() and "Traceback" not in result.output
+    reason = "is truncated" if damaged.endswith(".msgpack") else "is not a readable pickle: EOFError"
+    assert f"{folder / damaged} {reason}" in " ".join(result.output.split())
+
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out), "--no-filter", "--samples", "20"])
+    assert result.exit_code == 0, result.output
+    assert "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations" in result.output
+    import onnx
+
+    metadata = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    read = json.loads(metadata["policyport.source"])["files"]
+    assert str(Path(damaged)) not in read and str(Path(damaged).parent / "class_and_ctor_args.pkl") not in read
+    expected = dict(np.load(RAY / f"{name}_expected.npz"))
+    logits = expected.get("action_dist_inputs", expected.get("logits"))
+    got = pp.load(str(out)).run({"obs": expected["filtered_obs"].astype(np.float32)})
+    assert np.abs(got["logits"] - logits).max() <= 1e-5
+
+
+def test_with_no_filter_a_filter_of_another_kind_is_left_out_and_named(tmp_path, monkeypatch):
+    import types
+
+    module = types.ModuleType("ray.rllib.utils.filter")  # RLlib's module, for pickling only
+    module.RunningMinMaxFilter = type("RunningMinMaxFilter", (), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    path = _legacy(tmp_path, {"state": {"default_policy": _small_torch_weights(43)},
+                              "filters": {"default_policy": module.RunningMinMaxFilter()}})
+    with pytest.raises(pp.BadModelError) as caught:
+        pp.convert(path)
+    assert str(caught.value) == ("the checkpoint's observation filter is a RunningMinMaxFilter; policyport bakes in "
+                                 "MeanStdFilter only (convert with --no-filter to leave it out)")
+    converted = convert_source(path, obs_filter=False)
+    assert "left the checkpoint's RunningMinMaxFilter out (--no-filter): feed filtered observations" in converted.notes
+    assert not [n for n in converted.model.graph.node if n.name.startswith("obs_filter")]
+
