@@ -622,9 +622,9 @@ def convert_rllib(source, options):
         options: a :class:`~policyport.converter.ConvertOptions`: ``policy_id``, ``keep_value``,
             ``obs_filter`` (false: leave the filter out without reading its state), ``head``
             (default: the action distribution's deterministic action — diag-gaussian for a Box
-            action space, categorical for Discrete; none when the checkpoint does not
-            record the space), ``activation`` (default: the checkpoint's model config, else RLlib's
-            tanh), ``opset``, ``trust``.
+            action space, categorical for Discrete; none, with a note saying why, for another
+            space or when the checkpoint does not record it), ``activation`` (default: the
+            checkpoint's model config, else RLlib's tanh), ``opset``, ``trust``.
 
     Returns:
         A :class:`~policyport.converter.Converted` whose notes say what was dropped and baked in;
@@ -637,7 +637,9 @@ def convert_rllib(source, options):
             (its config, its connector classes) whose state it does not hold, naming the filter,
             what names it and where its state was looked for; or a MeanStdFilter state of other
             agents only.
-        OptionError: ``obs_norm`` given, or a ``head`` other than categorical for a DQN.
+        OptionError: ``obs_norm`` given; a ``head`` other than categorical for a DQN; a ``head``
+            contradicting the recorded action space (diag-gaussian for Discrete, categorical for
+            Box, either for MultiDiscrete or another space), naming the space and the head it implies.
     """
     from . import Converted
     from .build import build_mlp
@@ -701,10 +703,10 @@ def convert_rllib(source, options):
     if dqn and head not in (None, "categorical"):
         raise OptionError(f"--head {head} does not apply to a DQN checkpoint: its action is the argmax of its Q-values "
                           "(the categorical head, which it always has)")
-    if head is None and not dqn and ckpt.action_space is not None:
-        head = {"box": "diag-gaussian", "discrete": "categorical"}.get(ckpt.action_space[0])
     if dqn:
         head = None
+    else:
+        head = _action_head(ckpt.action_space, head, notes)
     model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
                       postlude=_dueling if dqn else None,
                       metadata={"policyport.activation": "linear" if act is None else act.name
@@ -721,6 +723,45 @@ def convert_rllib(source, options):
         return out
 
     return Converted(model, reference, "rllib", notes)
+
+
+def _space_text(space: tuple) -> str:
+    """``("box", (2,))`` -> ``Box(2,)``, ``("discrete", 2)`` -> ``Discrete(2)``, ``MultiDiscrete[2, 3]``."""
+    kind, detail = space
+    if kind == "box":
+        return f"Box{tuple(detail)}" if detail is not None else "Box"
+    if kind == "discrete":
+        return f"Discrete({detail})"
+    if kind == "multidiscrete":
+        return f"MultiDiscrete{list(detail)}"
+    return str(kind)
+
+
+def _action_head(space: tuple | None, head: str | None, notes: list[str]) -> str | None:
+    """The head of a policy (not a DQN) whose checkpoint records ``space`` (or ``None``): the one the
+    action distribution implies (Box -> diag-gaussian, Discrete -> categorical); ``head`` when given
+    and not contradicting it. Says in ``notes`` why no head was added.
+
+    Raises:
+        OptionError: ``head`` contradicts the recorded action space (diag-gaussian for a Discrete
+            one, categorical for a Box one, either for a space policyport builds no head for).
+    """
+    if space is None:
+        if head is None:
+            notes.append("the checkpoint does not record its action space, so no head was added (output logits only); "
+                         "--head diag-gaussian or --head categorical adds one")
+        return head
+    implied = {"box": "diag-gaussian", "discrete": "categorical"}.get(space[0])
+    if head is not None and head != implied:
+        if implied is None:
+            raise OptionError(f"--head {head} does not fit the checkpoint's action space {_space_text(space)}: "
+                              "policyport builds the deterministic action of Box (diag-gaussian) and Discrete "
+                              "(categorical) action spaces only; convert without --head to get the logits")
+        raise OptionError(f"--head {head} contradicts the checkpoint's action space {_space_text(space)}, which "
+                          f"implies the {implied} head (convert without --head to get it)")
+    if implied is None:
+        notes.append(f"the action space {_space_text(space)} has no head policyport builds: output logits only")
+    return implied
 
 
 def _value_layer_names(weights: dict[str, np.ndarray]) -> list[str]:

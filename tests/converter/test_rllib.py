@@ -973,7 +973,7 @@ def test_a_legacy_checkpoint_names_the_file_in_its_refusals_and_reads_its_state_
     assert str(caught.value) == _refusal(str(outer), "builtins.len")
     trusted = read_checkpoint(outer, trust=True)  # the standard unpickler: builtins.len is rebuilt as itself
     assert list(trusted.weights) == list(w) and trusted.files == {"checkpoint-4": _sha256(outer)}
-    assert convert_source(outer, trust=True).notes == ["legacy checkpoint: converted policy 'default_policy'"]
+    assert convert_source(outer, trust=True).notes == ["legacy checkpoint: converted policy 'default_policy'", NO_HEAD]
 
     with pytest.raises(pp.BadModelError) as caught:
         read_checkpoint(outer, policy_id="hero", trust=True)
@@ -1041,20 +1041,28 @@ def test_a_new_stack_filter_state_of_other_agents_only_is_refused_unless_left_ou
 
 # --------------------------------------------------------------------- what convert says and records
 
+NO_HEAD = ("the checkpoint does not record its action space, so no head was added (output logits only); "
+           "--head diag-gaussian or --head categorical adds one")
 
 
 @pytest.mark.parametrize("options, notes", [
     ({}, ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
           "dropped the value branch (fc_value_1, fc_value_2, value_out); --keep-value exports it as 'value'",
           "dropped optimizer state (3 _optimizer_variables)",
-          "baked in the MeanStdFilter (12000 observations, epsilon 1e-08, clip 5.0); --no-filter leaves it out"]),
+          "baked in the MeanStdFilter (12000 observations, epsilon 1e-08, clip 5.0); --no-filter leaves it out",
+          NO_HEAD]),
     ({"obs_filter": False, "keep_value": True},
      ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
       "dropped optimizer state (3 _optimizer_variables)",
-      "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations"]),
+      "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations", NO_HEAD]),
     ({"policy_id": "opponent"}, ["legacy checkpoint: converted policy 'opponent' (it also holds default_policy)",
                                  "baked in the MeanStdFilter (0 observations, epsilon 1e-08, clip 10.0); --no-filter "
-                                 "leaves it out"]),
+                                 "leaves it out", NO_HEAD]),
+    ({"head": "diag-gaussian"},  # a head asked for: no note about the one not added
+     ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
+      "dropped the value branch (fc_value_1, fc_value_2, value_out); --keep-value exports it as 'value'",
+      "dropped optimizer state (3 _optimizer_variables)",
+      "baked in the MeanStdFilter (12000 observations, epsilon 1e-08, clip 5.0); --no-filter leaves it out"]),
 ])
 def test_the_notes_and_the_recorded_source_of_a_legacy_conversion(options, notes):
     converted = convert_source(LEGACY, **options)
@@ -1155,7 +1163,8 @@ def test_the_notes_of_ray_written_checkpoints_and_their_source_reference_tensor_
 @pytest.mark.parametrize("space, head, outputs", [
     ({"space": "box", "shape": [1]}, None, ["logits", "action", "log_std"]),  # a Box action: diag-gaussian
     ({"space": "discrete", "n": 2}, None, ["logits", "action"]),  # Discrete: categorical
-    ({"space": "box", "shape": [1]}, "categorical", ["logits", "action"]),  # --head chooses
+    ({"space": "box", "shape": [1]}, "diag-gaussian", ["logits", "action", "log_std"]),  # --head agreeing with it
+    ({"space": "discrete", "n": 2}, "categorical", ["logits", "action"]),
     ({"space": "tuple", "spaces": []}, None, ["logits"]),  # no deterministic action for another space
 ])
 def test_the_head_follows_the_recorded_action_space_unless_one_is_given(tmp_path, space, head, outputs):
@@ -1470,3 +1479,56 @@ def test_with_no_filter_a_filter_of_another_kind_is_left_out_and_named(tmp_path,
     assert "left the checkpoint's RunningMinMaxFilter out (--no-filter): feed filtered observations" in converted.notes
     assert not [n for n in converted.model.graph.node if n.name.startswith("obs_filter")]
 
+
+# ------------------------------------------------------------------------ --head against the action space
+
+
+def test_a_head_contradicting_the_recorded_action_space_is_refused(tmp_path):
+    message = ("--head diag-gaussian contradicts the checkpoint's action space Discrete(2), which implies the "
+               "categorical head (convert without --head to get it)")
+    with pytest.raises(pp.OptionError) as caught:
+        pp.convert(RAY / "ppo_old_torch", head="diag-gaussian")
+    assert str(caught.value) == message
+    out = tmp_path / "x.onnx"
+    result = runner.invoke(app, ["convert", str(RAY / "ppo_old_torch"), "-o", str(out), "--head", "diag-gaussian"])
+    assert result.exit_code == 2 and not out.exists() and "Traceback" not in result.output
+    assert message in " ".join(result.output.split())
+    # the head the space implies, asked for, is the default one
+    assert pp.convert(RAY / "ppo_old_torch", head="categorical").graph == pp.convert(RAY / "ppo_old_torch").graph
+
+
+@pytest.mark.parametrize("space, head, message", [
+    ({"space": "box", "shape": [1]}, "categorical",
+     "--head categorical contradicts the checkpoint's action space Box(1,), which implies the diag-gaussian head "
+     "(convert without --head to get it)"),
+    ({"space": "multi-discrete", "nvec": [2, 3]}, "categorical",
+     "--head categorical does not fit the checkpoint's action space MultiDiscrete[2, 3]: policyport builds the "
+     "deterministic action of Box (diag-gaussian) and Discrete (categorical) action spaces only; convert without "
+     "--head to get the logits"),
+    ({"space": "multi-discrete", "nvec": [2, 3]}, "diag-gaussian",
+     "--head diag-gaussian does not fit the checkpoint's action space MultiDiscrete[2, 3]: policyport builds the "
+     "deterministic action of Box (diag-gaussian) and Discrete (categorical) action spaces only; convert without "
+     "--head to get the logits"),
+    ({"space": "tuple", "spaces": []}, "categorical",
+     "--head categorical does not fit the checkpoint's action space tuple: policyport builds the deterministic action "
+     "of Box (diag-gaussian) and Discrete (categorical) action spaces only; convert without --head to get the logits"),
+])
+def test_new_stack_heads_contradicting_the_action_space_are_refused(tmp_path, space, head, message):
+    ctor = {"class": "DefaultPPOTorchRLModule", "ctor_args_and_kwargs": ((), {"action_space": space})}
+    folder = _new_stack(tmp_path, _ppo_module_state(44), ctor)
+    with pytest.raises(pp.OptionError) as caught:
+        pp.convert(folder, head=head)
+    assert str(caught.value) == message
+    if space["space"] != "box":  # without --head: the logits, and a note saying why
+        converted = convert_source(folder)
+        assert [o.name for o in converted.model.graph.output] == ["logits"]
+        shown = "MultiDiscrete[2, 3]" if space["space"] == "multi-discrete" else "tuple"
+        assert f"the action space {shown} has no head policyport builds: output logits only" in converted.notes
+
+
+def test_without_a_recorded_action_space_the_note_says_why_no_head_was_added(tmp_path):
+    folder = _policy_folder(tmp_path, {"weights": _small_torch_weights(45)})
+    converted = convert_source(folder)
+    assert [o.name for o in converted.model.graph.output] == ["logits"] and NO_HEAD in converted.notes
+    chosen = convert_source(folder, head="categorical")  # any head may be asked for
+    assert [o.name for o in chosen.model.graph.output] == ["logits", "action"] and NO_HEAD not in chosen.notes
