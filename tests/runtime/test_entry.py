@@ -104,6 +104,16 @@ def test_a_graph_outputs_comparison_is_the_worse_of_its_run_and_its_record(folde
     assert y.max_abs == pytest.approx(worst) and report.samples == 4 and not report.passed
 
 
+def test_the_tolerances_given_judge_the_graph_outputs_too(folder, tmp_path):
+    from policyport.runtime.packed import verify_bundle
+
+    copy = with_golden(folder, tmp_path / "copy", {"outputs/y": 0.25})
+    assert not verify_bundle(copy).passed
+    report = verify_bundle(copy, atol=0.5, rtol=0.0)
+    assert report.passed and [c.passed for c in report.comparisons] == [True, True]
+    assert report.comparisons[1].max_abs == pytest.approx(0.25)
+
+
 def test_verify_fails_when_the_golden_data_disagrees(folder, tmp_path, capsys):
     copy = with_golden(folder, tmp_path / "copy", {"activations/h": 0.01})
     assert read_golden(copy)["inputs"]["obs"].shape == (4, 3)

@@ -63,6 +63,15 @@ def test_defaults_without_bias_or_initial_state(op_type):
 
 
 @pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
+def test_without_hidden_size_the_hidden_width_is_the_recurrence_weights_last_axis(op_type):
+    inputs = recurrent_inputs(op_type)
+    ours = run(node_model(op_type, inputs, 14, outputs_of(op_type)), inputs)  # the operator page: hidden_size optional
+    assert ours[0].shape == (SEQ, 1, BATCH, HIDDEN)
+    theirs = run(node_model(op_type, inputs, 14, outputs_of(op_type), hidden_size=HIDDEN), inputs, backend="onnxruntime")
+    assert_same(ours, theirs, rtol=1e-5, atol=1e-6)  # onnxruntime needs the attribute
+
+
+@pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize("clip", [0.1, 0.75])
 def test_clip_bounds_every_gate_input(op_type, clip):
     inputs = recurrent_inputs(op_type, 2, [5, 3, 4], scale=3.0, peepholes=True)

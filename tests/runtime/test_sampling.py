@@ -218,3 +218,15 @@ def test_node_generator_seeds():
 def test_bad_random_nodes_are_bad_model_errors_naming_the_node(op_type, feeds, attrs, message):
     with pytest.raises(pp.BadModelError, match=rf'{op_type} node "n0" on the numpy backend failed: ValueError: {message}'):
         run(node_model(op_type, feeds, 17, **attrs), feeds)
+
+
+def test_a_uniform_draw_that_rounds_up_to_high_is_kept_below_it():
+    from policyport.runtime.numpy.ops import sampling
+
+    class Top:  # every draw the largest float32 below 1
+        def random(self, shape, dtype):
+            return np.full(shape, 1 - 2.0 ** -24, dtype)
+
+    y = sampling._uniform((4,), np.dtype(np.float32), 1.0, 2.0, Top())
+    # 1 + (1 - 2**-24) rounds to 2.0 in float32: the range is [low, high), so the float32 just below 2
+    assert y.dtype == np.float32 and y.tolist() == [2 - 2.0 ** -23] * 4

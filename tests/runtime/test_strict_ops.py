@@ -67,7 +67,9 @@ CASES = {
     "slice lists of other lengths": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
                                            [("s", i64(0, 0)), ("e", i64(1)), ("a", i64(0, 1))]), "load", r"differ in length"),
     "slice-1 lists of other lengths": (model("Slice", ["x"], ["y"], 9, starts=[0, 0], ends=[1], axes=[0, 1]), "load",
-                                       r"differ in length"),
+                                       r"starts \[0, 0\], ends \[1\], axes \[0, 1\] and steps None differ in length"),
+    "slice-1 lists of other lengths without axes": (model("Slice", ["x"], ["y"], 9, starts=[0, 0], ends=[1]), "load",
+                                                    r"starts \[0, 0\], ends \[1\], axes None and steps None differ"),
     "slice repeated axis": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
                                   [("s", i64(0, 1)), ("e", i64(1, 2)), ("a", i64(1, 1))]), "load", r"repeat an axis"),
     "slice axis repeated once negative": (model("Slice", ["x", "s", "e", "a"], ["y"], 13,
@@ -180,3 +182,13 @@ def test_valid_neighbours_still_run_as_onnxruntime_does(name):
     theirs = pp.load(m, backend="onnxruntime").run({"x": x})
     for k in ours:
         np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+
+
+def test_a_slice_with_axes_of_an_input_of_unknown_rank_loads_and_runs():
+    node = helper.make_node("Slice", ["x", "s", "e", "a"], ["y"], name="n0")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(i64(*v), k) for k, v in (("s", (1,)), ("e", (3,)), ("a", (-1,)))])
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    got = pp.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])).run({"x": x})["y"]
+    np.testing.assert_array_equal(got, x[:, 1:3])
