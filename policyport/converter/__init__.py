@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import ArgumentTypeError, BadModelError, OptionError, UnreadableFileError, check_argument
-from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
+from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
 #: and returns a :class:`Converted`.
@@ -58,6 +58,9 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
 }
+
+#: Source kinds that add no action head unless one is asked for: ``head="none"`` is their default.
+_HEADLESS_BY_DEFAULT = frozenset({"keras", "savedmodel"})
 
 #: Where a source kind records its own activation, for the refusal of a list of them.
 _RECORDED_ACTIVATION = {
@@ -96,7 +99,8 @@ class ConvertOptions:
         activation: hidden-layer activation for sources whose files do not record it (an ``.npz``
             or a ``state_dict``); ``None`` lets the converter use the source's default (RLlib's
             ``tanh`` for an ``.npz``).
-        head: ``None`` (the source's natural outputs) or a name from :data:`HEADS`.
+        head: ``None`` (the source's own outputs: an SB3 zip's or an RLlib checkpoint's action, an
+            ``.npz``'s logits), ``"none"`` (``logits`` only, no action head) or a name from :data:`HEADS`.
         opset: ONNX default-domain opset (default 17).
         keep_value: also export the value function as output ``value``.
         exporter: for live torch modules: ``"torchscript"`` (default) or ``"dynamo"``.
@@ -267,7 +271,7 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     elif option_values:
         options = dataclasses.replace(options, **option_values)
     _check_types(options)
-    if options.head is not None and options.head not in HEADS:
+    if options.head not in (None, NO_HEAD, *HEADS):
         raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
     if kind not in SOURCES:
@@ -275,8 +279,11 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     _check_applies(options, kind)
     _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
+    given = options
+    if options.head == NO_HEAD and kind in _HEADLESS_BY_DEFAULT:
+        options = dataclasses.replace(options, head=None)
     converted = getattr(importlib.import_module(module), function)(source, options)
-    _record_options(converted.model, kind, options)
+    _record_options(converted.model, kind, given)
     return converted
 
 
@@ -362,7 +369,8 @@ def convert(source, *, kind: str | None = None, **options):
         kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
         **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
             swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or
-            RLlib's tanh), ``head`` (``None`` = logits only, ``"diag-gaussian"`` adds ``action`` = mean
+            RLlib's tanh), ``head`` (``None`` = the source's own outputs, ``"none"`` = ``logits`` only
+            without an action head, ``"diag-gaussian"`` adds ``action`` = mean
             and ``log_std``, ``"categorical"`` adds ``action`` = argmax, int64), ``opset`` (11 up to
             the installed onnx's newest; default 17), ``keep_value`` (export the value branch as
             ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust``.

@@ -11,7 +11,8 @@ source's own parameter names; :func:`build_mlp` lays them out so that no array i
 * tensors are named ``<layer>/linear`` before the activation and ``<layer>/<activation>`` after it;
   the output layer's raw output is ``logits``, a value branch's is ``value``.
 
-Heads (``head=``): ``None`` outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
+Heads (``head=``): ``None`` outputs ``logits`` and the spec's own action head, if any; ``"none"``
+outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
 half of ``logits``: the deterministic action) and ``log_std`` (the other half), as RLlib's
 ``DiagGaussian`` splits its inputs (``ray/rllib/models/tf/tf_action_dist.py``); ``"categorical"``
 adds ``action`` = argmax of ``logits`` (int64). Without ``head``, a spec's own :class:`ActionHead`
@@ -34,6 +35,9 @@ from ..graph import INPUT_RANGES_KEY
 from .activations import Activation
 
 HEADS = ("diag-gaussian", "categorical")
+#: ``head=`` asking for no head at all: ``logits`` only, without the source's own action head
+#: (``head=None`` leaves the head to the source).
+NO_HEAD = "none"
 MIN_OPSET = 11
 DEFAULT_OPSET = 17
 
@@ -320,7 +324,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
 
     Args:
         spec: the network, with the source's arrays and names.
-        head: ``None``, ``"diag-gaussian"`` or ``"categorical"`` (see the module docstring).
+        head: ``None``, ``"none"``, ``"diag-gaussian"`` or ``"categorical"`` (see the module docstring).
         opset: default-domain opset, ``MIN_OPSET`` (11) up to what the installed onnx supports;
             default 17.
         input_name: the graph input, ``obs`` by convention.
@@ -343,7 +347,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
-    if head not in (None, *HEADS):
+    if head not in (None, NO_HEAD, *HEADS):
         raise OptionError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
