@@ -277,6 +277,9 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     if kind not in SOURCES:
         raise OptionError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
     _check_applies(options, kind)
+    if options.obs_norm is not None and not options.obs_filter:
+        raise OptionError(f"--obs-norm (obs_norm=) {str(options.obs_norm)!r} bakes in observation normalisation, "
+                          "which --no-filter (obs_filter=False) leaves out; give one or the other")
     _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
     given = options
