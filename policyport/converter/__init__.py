@@ -59,6 +59,14 @@ READS: dict[str, frozenset[str]] = {
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
 }
 
+#: Options a source kind reads only for some of its files, and which files: a ``.pt`` of the state-dict
+#: kind holds either a state_dict (weights: policyport builds the graph) or, read with ``trust``, a
+#: whole pickled module (exported by torch.onnx); :mod:`.state_dict` refuses the other file's options.
+READS_ONLY_FOR = {
+    ("state-dict", "exporter"): "files holding a whole pickled module read with --trust",
+    ("state-dict", "output_names"): "files holding a whole pickled module read with --trust",
+}
+
 #: Source kinds that add no action head unless one is asked for: ``head="none"`` is their default.
 _HEADLESS_BY_DEFAULT = frozenset({"keras", "savedmodel"})
 
@@ -322,15 +330,35 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
         raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
                           "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
                           f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
-    defaults = ConvertOptions()
-    given = [f.name for f in dataclasses.fields(options)
-             if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+    given = given_fields(options)
     ignored = [name for name in given if name not in READS.get(kind, frozenset(given))]
     if ignored:
-        where = "; ".join(f"{_FLAGS.get(n, n)} applies to {', '.join(sorted(k for k, r in READS.items() if n in r))}"
-                          for n in ignored)
-        flags = ", ".join(_FLAGS.get(n, n) for n in ignored)
-        raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
+        raise OptionError(f"{flag_list(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources "
+                          f"({where_they_apply(ignored)})")
+
+
+def given_fields(options: ConvertOptions) -> list[str]:
+    """The :class:`ConvertOptions` fields given a value other than their default (``trust`` aside)."""
+    defaults = ConvertOptions()
+    return [f.name for f in dataclasses.fields(options)
+            if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+
+
+def flag_list(names) -> str:
+    """Option fields as the command line spells them: ``"--exporter, --output-names"``."""
+    return ", ".join(_FLAGS.get(n, n) for n in names)
+
+
+def where_they_apply(names) -> str:
+    """The source kinds that read each option of ``names``, options read by the same kinds together:
+    ``"--exporter, --output-names apply to state-dict files holding a whole pickled module read with
+    --trust, torch, torchscript"``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        kinds = sorted(k for k, reads in READS.items() if name in reads)
+        text = ", ".join(f"{k} {READS_ONLY_FOR[k, name]}" if (k, name) in READS_ONLY_FOR else k for k in kinds)
+        groups.setdefault(text, []).append(name)
+    return "; ".join(f"{flag_list(group)} appl{'ies' if len(group) == 1 else 'y'} to {kinds}" for kinds, group in groups.items())
 
 
 def _check_activation(activation: str | None) -> None:
