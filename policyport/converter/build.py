@@ -353,6 +353,8 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     if not MIN_OPSET <= opset <= max_opset:
         raise OptionError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
     _check_chain([*spec.trunk, *spec.hidden, spec.output], "policy")
+    check_free_log_std(spec)
+    _check_head(spec, head)
     if spec.value_output is not None:
         branch = spec.value_hidden or spec.hidden
         _check_chain([*spec.trunk, *branch, spec.value_output], "value")
@@ -395,10 +397,6 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     outputs = [helper.make_tensor_value_info(logits, elem, ["batch", n_logits])]
 
     if head == "diag-gaussian":
-        if n_logits % 2:
-            raise BadModelError(
-                f"a diag-gaussian head splits logits into mean and log_std halves, but there are {n_logits} logits"
-            )
         half = n_logits // 2
         axes = b.constant([1], "head/axes")
         mid = b.constant([half], "head/mid")
@@ -526,6 +524,53 @@ def add_multi_argmax(b: MlpBuilder, logits: str, nvec: tuple[int, ...]):
         start += n
     b.node("Concat", branches, "action", axis=1)
     return onnx.helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch", len(nvec)])
+
+
+def check_free_log_std(spec: MlpSpec) -> None:
+    """Refuse a free ``log_std`` that cannot sit beside the mean the output layer computes.
+
+    A state-independent ``log_std`` holds one entry per action dimension: RLlib's ``free_log_std``
+    halves the output layer to the mean's width and adds a vector of the same width
+    (``ray/rllib/models/tf/fcnet.py``, ``torch/fcnet.py``); SB3's ``DiagGaussianDistribution`` makes
+    ``log_std`` as wide as ``action_net``'s output (``stable_baselines3/common/distributions.py``).
+
+    Raises:
+        BadModelError: a ``log_std`` that is not a vector, or whose width is not the output layer's.
+    """
+    log_std, name = spec.free_log_std, spec.free_log_std_name or "log_std"
+    if log_std is None:
+        return
+    n = spec.output.out_features
+    if log_std.ndim != 1:
+        raise BadModelError(f"{name} has shape {tuple(log_std.shape)}; a free log_std is a vector, one entry per action "
+                            f"dimension ({spec.output.name!r} outputs {n} means)")
+    if log_std.shape[0] != n:
+        raise BadModelError(
+            f"{name} has {log_std.shape[0]} entries, but {spec.output.name!r} outputs {n}: a free log_std holds one entry "
+            f"per action dimension, as many as the means it follows in logits (a diag-gaussian policy with {n} means "
+            f"needs a log_std of {n}); are the weights of two different policies?"
+        )
+
+
+def _check_head(spec: MlpSpec, head: str | None) -> None:
+    """Refuse a head that contradicts what the network holds.
+
+    Raises:
+        OptionError: ``categorical`` on a Gaussian policy (one with a free ``log_std``: argmax over
+            means and log-standard-deviations means nothing); ``diag-gaussian`` on an odd number of
+            logits, which have no mean and log_std halves.
+    """
+    if head == "categorical" and spec.free_log_std is not None:
+        n = spec.output.out_features
+        raise OptionError(
+            f"--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the {n} "
+            f"means of {spec.output.name!r} followed by the {n} entries of its free log_std {spec.free_log_std_name!r}, "
+            "and an argmax over means and log-standard-deviations picks no action; use --head diag-gaussian (or none)"
+        )
+    n_logits = spec.output.out_features + (0 if spec.free_log_std is None else spec.free_log_std.shape[0])
+    if head == "diag-gaussian" and n_logits % 2:
+        raise OptionError(f"--head diag-gaussian splits logits into mean and log_std halves, but there are {n_logits} "
+                          "logits (an odd number); use --head categorical (or none)")
 
 
 def _check_chain(layers: list[Dense], branch: str) -> None:

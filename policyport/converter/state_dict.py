@@ -442,6 +442,10 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         bare_actor_head(spec, family, notes)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
+    elif family == "ac" and options.head == "diag-gaussian" and spec.free_log_std is None:
+        raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
+                          "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
+                          "space (use --head categorical, or none)")
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}

@@ -1028,3 +1028,36 @@ def test_the_torch_reference_runs_each_named_activation_as_its_module(tmp_path, 
         expected = module(torch.as_tensor(obs)).numpy()
     np.testing.assert_allclose(c.reference(obs)["logits"], expected, rtol=1e-6, atol=1e-7)
     assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def test_a_head_contradicting_the_state_dict_is_a_usage_error_saying_why(tmp_path):
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(app, ["convert", str(TORCH_DIR / "gaussian.state_dict.pt"), "-o", str(out),
+                                      "--head", "categorical"])
+    assert result.exit_code == 2 and not out.exists()
+    assert ("--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the 2 "
+            "means of 'action_net' followed by the 2 entries of its free log_std 'log_std'") in " ".join(result.stderr.split())
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian")
+    assert str(caught.value) == (
+        "--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
+        "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, or none)")
+    discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical").model
+    assert [o.name for o in discrete.graph.output] == ["logits", "action"]
+
+
+@pytest.mark.parametrize("arrays, name, means, kind", [
+    (_actor_critic() | {"log_std": np.zeros(3, np.float32)}, "log_std", ("action_net", 2), None),
+    (None, "_append_free_log_std.log_std", ("_logits._model.0", 4), "rllib-torch"),
+])
+def test_a_free_log_std_as_wide_as_no_output_layer_is_refused_before_anything_is_built(tmp_path, arrays, name, means, kind):
+    if arrays is None:  # RLlib's torch fcnet (4 logits) given a free_log_std one entry short
+        arrays = {k: v.numpy() for k, v in torch.load(TORCH_DIR / "rllib_fcnet.state_dict.pt").items()}
+        arrays[name] = np.zeros(3, np.float32)
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(_saved(tmp_path, arrays), kind=kind)
+    layer, n = means
+    assert str(caught.value) == (
+        f"{name} has {arrays[name].shape[0]} entries, but {layer!r} outputs {n}: a free log_std holds one entry per action "
+        f"dimension, as many as the means it follows in logits (a diag-gaussian policy with {n} means needs a log_std "
+        f"of {n}); are the weights of two different policies?")
