@@ -131,6 +131,11 @@ class ObsNorm:
     mean_name: str = "obs_rms.mean"
     var_name: str = "obs_rms.var"
 
+    def to_dict(self) -> dict:
+        """As the model metadata ``policyport.observation_filter`` records it."""
+        return {"type": "VecNormalize", "epsilon": float(self.epsilon), "clip_obs": float(self.clip_obs),
+                "mean": [float(v) for v in np.ravel(self.mean)], "var": [float(v) for v in np.ravel(self.var)]}
+
 
 @dataclass
 class ActionHead:
@@ -153,6 +158,16 @@ class ActionHead:
     high: np.ndarray | None = None
     nvec: tuple[int, ...] = ()
     tanh_scope: str = "action"
+
+    @property
+    def name(self) -> str:
+        """What the model metadata ``policyport.head`` calls this head: ``categorical``,
+        ``multi-categorical``, ``diag-gaussian`` (``action`` = the mean, with ``log_std``; unbounded),
+        ``clipped-diag-gaussian`` (the mean clipped to finite bounds) or ``squashed`` (tanh, rescaled)."""
+        if self.kind == "clip":
+            bounded = np.isfinite(self.low).any() or np.isfinite(self.high).any()
+            return "clipped-diag-gaussian" if bounded else "diag-gaussian"
+        return {"argmax": "categorical", "multi_argmax": "multi-categorical", "squash": "squashed"}.get(self.kind, self.kind)
 
 
 @dataclass
@@ -431,8 +446,9 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     props = {
         "policyport.parameters": json.dumps(b.parameters),
-        "policyport.head": head or "none",
+        "policyport.head": spec.action.name if head is None and spec.action is not None else head or NO_HEAD,
         "policyport.source": json.dumps(spec.source),
+        **({"policyport.observation_filter": json.dumps(spec.obs_norm.to_dict())} if spec.obs_norm is not None else {}),
         **(prelude.metadata(input_name) if prelude is not None else {}),
         **(metadata or {}),
     }

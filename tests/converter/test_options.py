@@ -225,14 +225,15 @@ def _head(model) -> str:
     return {p.key: p.value for p in model.metadata_props}["policyport.head"]
 
 
-@pytest.mark.parametrize("source, kind, own_outputs", [
-    (GAUSSIAN_STATE_DICT, None, ["logits", "action", "log_std"]),  # an SB3 state_dict's own Gaussian action
-    (PPO_RLLIB, None, ["logits", "action"]),  # the head of the checkpoint's action space
-    (EXPERT, None, ["logits"]),
-    (KERAS, None, ["fc_out"]),  # a Keras model's outputs are named by its layers
+@pytest.mark.parametrize("source, kind, own_outputs, own_head", [
+    (GAUSSIAN_STATE_DICT, None, ["logits", "action", "log_std"], "diag-gaussian"),  # an SB3 state_dict's own Gaussian
+    (PPO_RLLIB, None, ["logits", "action"], "categorical"),  # the head of the checkpoint's action space
+    (EXPERT, None, ["logits"], "none"),
+    (KERAS, None, ["fc_out"], "none"),  # a Keras model's outputs are named by its layers
 ])
-def test_head_none_leaves_logits_alone_where_the_source_would_add_its_own_action(source, kind, own_outputs):
-    assert _outputs(convert_source(source, kind=kind).model) == own_outputs
+def test_head_none_leaves_logits_alone_where_the_source_would_add_its_own_action(source, kind, own_outputs, own_head):
+    own = convert_source(source, kind=kind).model
+    assert _outputs(own) == own_outputs and _head(own) == own_head
     model = convert_source(source, kind=kind, head="none").model
     assert _outputs(model) == own_outputs[:1] and _head(model) == "none"
     assert not {n.output[0] for n in model.graph.node} & {"action", "log_std"}

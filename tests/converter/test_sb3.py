@@ -107,6 +107,27 @@ def test_heads_and_names_follow_the_action_space():
     assert "actor.mu.5/tanh" in td3 and td3[-1] == "action"
 
 
+def test_the_metadata_names_the_head_each_zip_was_built_with():
+    heads = {name: {p.key: p.value for p in convert_source(path).model.metadata_props}["policyport.head"]
+             for name, (path, _) in ZIPS.items()}
+    assert heads == {"cartpole": "categorical", "ppo_pendulum": "clipped-diag-gaussian",
+                     "a2c_multidiscrete": "multi-categorical", "sac_pendulum": "squashed", "td3_pendulum": "squashed",
+                     "ppo_pendulum_vecnorm": "clipped-diag-gaussian"}
+
+
+def test_the_metadata_holds_the_vecnormalize_statistics_baked_in():
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    props = {p.key: p.value for p in convert_source(ZIPS["ppo_pendulum_vecnorm"][0]).model.metadata_props}
+    norm = read_vecnormalize(pkl)
+    assert json.loads(props["policyport.observation_filter"]) == {
+        "type": "VecNormalize", "epsilon": norm.epsilon, "clip_obs": norm.clip_obs,
+        "mean": norm.mean.tolist(), "var": norm.var.tolist()}
+    plain = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_filter=False).model
+    assert "policyport.observation_filter" not in {p.key for p in plain.metadata_props}
+
+
 def test_extract_gives_policy_pth_and_the_normalisation_back_bit_for_bit():
     import torch
 
