@@ -527,7 +527,7 @@ def _source_reference(model, source, trust: bool) -> Callable:
     """
     import dataclasses
 
-    from .converter import FILE_KINDS, OPTIONS_KEY, ConvertOptions, UnknownKindError, convert_source, detect_kind
+    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, convert_source, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -535,7 +535,7 @@ def _source_reference(model, source, trust: bool) -> Callable:
     options = ConvertOptions.from_metadata(props.get(OPTIONS_KEY))
     if OPTIONS_KEY not in props:  # written before the options were recorded: what the metadata tells
         head = props.get("policyport.head")
-        options = ConvertOptions(activation=props.get("policyport.activation"), head=None if head in (None, "none") else head,
+        options = ConvertOptions(activation=props.get("policyport.activation"), head=head if head in HEADS else None,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     recorded_kind = props.get("policyport.source_kind")
     try:

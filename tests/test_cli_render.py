@@ -216,10 +216,11 @@ def test_parse_names():
             parse_names(bad)
 
 
-def test_check_convert_options_returns_the_head():
-    assert check_convert_options(None, None, None, 17, "torchscript") is None
-    assert check_convert_options("npz", "tanh,relu", "none", 11, "dynamo") is None
-    assert check_convert_options(None, None, "categorical", 17, "torchscript") == "categorical"
+def test_check_convert_options_takes_none_as_a_head_of_its_own_and_refuses_unknown_heads():
+    for head in (None, "none", "categorical", "diag-gaussian"):  # "none" is passed on as given, not as None
+        check_convert_options("npz", "tanh,relu", head, 11, "dynamo")
+    with pytest.raises(typer.BadParameter, match=r"^'None'; choose one of none, diag-gaussian, categorical$"):
+        check_convert_options(None, None, "None", 17, "torchscript")
 
 
 def test_check_range_accepts_a_finite_non_empty_range():

@@ -146,6 +146,22 @@ def test_policy_json_fields(model, tmp_path):
     assert parity["source_vs_numpy_max_abs"] is None  # no source given to this pack
 
 
+def test_policy_json_says_what_the_graph_of_an_sb3_box_policy_holds(tmp_path):
+    """The head SB3's action space gave (the clipped Gaussian mean, with log_std) and the VecNormalize
+    statistics baked in, not "none" and null."""
+    pytest.importorskip("torch")
+    zip_path = ROOT / "fixtures/sb3/ppo_pendulum_vecnorm.zip"
+    model = pp.convert(zip_path)
+    out = pp.pack(model, tmp_path / "pendulum", samples=8, low=-8.0, high=8.0, source=zip_path)
+    policy = json.loads((out / "policy.json").read_text())
+    assert [o["name"] for o in policy["outputs"]] == ["logits", "action", "log_std"]
+    assert policy["head"] == "clipped-diag-gaussian"
+    statistics = pp.extract_weights(model)
+    assert policy["observation_filter"]["type"] == "VecNormalize"
+    assert policy["observation_filter"]["mean"] == statistics["obs_rms.mean"].tolist()
+    assert policy["observation_filter"]["var"] == statistics["obs_rms.var"].tolist()
+
+
 def test_pack_with_the_source_records_its_parity(packed):
     parity = json.loads((packed / "policy.json").read_text())["parity"]
     assert parity["source_vs_numpy_max_abs"] is not None and parity["source_vs_numpy_max_abs"] <= 1e-5

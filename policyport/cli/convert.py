@@ -26,7 +26,7 @@ from .verify import print_report
 
 
 def check_convert_options(kind, activation, head, opset, exporter) -> str | None:
-    """Option values the library would refuse, refused here as usage errors (exit 2); the head."""
+    """Option values the library would refuse, refused here as usage errors (exit 2)."""
     from ..converter import HEADS, KINDS, MIN_OPSET
     from ..converter.activations import parse_activation
     from ..errors import BadModelError, require
@@ -50,7 +50,6 @@ def check_convert_options(kind, activation, head, opset, exporter) -> str | None
         raise typer.BadParameter(f"{opset}; policyport builds opset {MIN_OPSET} to {newest}", param_hint="--opset")
     if exporter not in EXPORTERS:
         raise typer.BadParameter(f"{exporter!r}; choose one of {', '.join(EXPORTERS)}", param_hint="--exporter")
-    return None if head in (None, "none") else head
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -84,7 +83,7 @@ def convert(
     output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
     activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
-    head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax)  [default: the source's own]")] = None,
+    head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only, no action), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax); a source whose head is fixed (an SB3 zip, a torch module) refuses every value  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(metavar="N", help="ONNX opset of the default domain.")] = 17,
     exporter: Annotated[str, typer.Option(metavar="NAME", help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
     policy_id: Annotated[Optional[str], typer.Option("--policy-id", metavar="ID", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
@@ -112,7 +111,7 @@ def convert(
         from ..files import check_distinct, check_writable, save_onnx
         from ..verification import verify as run_verify
 
-        chosen_head = check_convert_options(kind, activation, head, opset, exporter)
+        check_convert_options(kind, activation, head, opset, exporter)
         unchecked = (["-i"] * (inputs is not None) + given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol")
                      if not verify else [])
         if inputs is not None and not unchecked:
@@ -126,7 +125,7 @@ def convert(
         check_range(low, high)
         check_writable(output, force)
         check_distinct(output, src, obs_norm, inputs)
-        options = ConvertOptions(activation=activation, head=chosen_head, opset=opset, keep_value=keep_value,
+        options = ConvertOptions(activation=activation, head=head, opset=opset, keep_value=keep_value,
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
                                  input_shape=parse_shape(input_shape), output_names=parse_names(output_names))

@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import ArgumentTypeError, BadModelError, OptionError, UnreadableFileError, check_argument
-from .build import DEFAULT_OPSET, HEADS, MIN_OPSET
+from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
 #: and returns a :class:`Converted`.
@@ -58,6 +58,17 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
 }
+
+#: Options a source kind reads only for some of its files, and which files: a ``.pt`` of the state-dict
+#: kind holds either a state_dict (weights: policyport builds the graph) or, read with ``trust``, a
+#: whole pickled module (exported by torch.onnx); :mod:`.state_dict` refuses the other file's options.
+READS_ONLY_FOR = {
+    ("state-dict", "exporter"): "files holding a whole pickled module read with --trust",
+    ("state-dict", "output_names"): "files holding a whole pickled module read with --trust",
+}
+
+#: Source kinds that add no action head unless one is asked for: ``head="none"`` is their default.
+_HEADLESS_BY_DEFAULT = frozenset({"keras", "savedmodel"})
 
 #: Where a source kind records its own activation, for the refusal of a list of them.
 _RECORDED_ACTIVATION = {
@@ -96,7 +107,8 @@ class ConvertOptions:
         activation: hidden-layer activation for sources whose files do not record it (an ``.npz``
             or a ``state_dict``); ``None`` lets the converter use the source's default (RLlib's
             ``tanh`` for an ``.npz``).
-        head: ``None`` (the source's natural outputs) or a name from :data:`HEADS`.
+        head: ``None`` (the source's own outputs: an SB3 zip's or an RLlib checkpoint's action, an
+            ``.npz``'s logits), ``"none"`` (``logits`` only, no action head) or a name from :data:`HEADS`.
         opset: ONNX default-domain opset (default 17).
         keep_value: also export the value function as output ``value``.
         exporter: for live torch modules: ``"torchscript"`` (default) or ``"dynamo"``.
@@ -267,16 +279,22 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     elif option_values:
         options = dataclasses.replace(options, **option_values)
     _check_types(options)
-    if options.head is not None and options.head not in HEADS:
+    if options.head not in (None, NO_HEAD, *HEADS):
         raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
     if kind not in SOURCES:
         raise OptionError(f"unknown source kind {kind!r}; choose one of {', '.join(KINDS)}")
     _check_applies(options, kind)
+    if options.obs_norm is not None and not options.obs_filter:
+        raise OptionError(f"--obs-norm (obs_norm=) {str(options.obs_norm)!r} bakes in observation normalisation, "
+                          "which --no-filter (obs_filter=False) leaves out; give one or the other")
     _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
+    given = options
+    if options.head == NO_HEAD and kind in _HEADLESS_BY_DEFAULT:
+        options = dataclasses.replace(options, head=None)
     converted = getattr(importlib.import_module(module), function)(source, options)
-    _record_options(converted.model, kind, options)
+    _record_options(converted.model, kind, given)
     return converted
 
 
@@ -312,15 +330,35 @@ def _check_applies(options: ConvertOptions, kind: str) -> None:
         raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
                           "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
                           f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
-    defaults = ConvertOptions()
-    given = [f.name for f in dataclasses.fields(options)
-             if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+    given = given_fields(options)
     ignored = [name for name in given if name not in READS.get(kind, frozenset(given))]
     if ignored:
-        where = "; ".join(f"{_FLAGS.get(n, n)} applies to {', '.join(sorted(k for k, r in READS.items() if n in r))}"
-                          for n in ignored)
-        flags = ", ".join(_FLAGS.get(n, n) for n in ignored)
-        raise OptionError(f"{flags} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources ({where})")
+        raise OptionError(f"{flag_list(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources "
+                          f"({where_they_apply(ignored)})")
+
+
+def given_fields(options: ConvertOptions) -> list[str]:
+    """The :class:`ConvertOptions` fields given a value other than their default (``trust`` aside)."""
+    defaults = ConvertOptions()
+    return [f.name for f in dataclasses.fields(options)
+            if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+
+
+def flag_list(names) -> str:
+    """Option fields as the command line spells them: ``"--exporter, --output-names"``."""
+    return ", ".join(_FLAGS.get(n, n) for n in names)
+
+
+def where_they_apply(names) -> str:
+    """The source kinds that read each option of ``names``, options read by the same kinds together:
+    ``"--exporter, --output-names apply to state-dict files holding a whole pickled module read with
+    --trust, torch, torchscript"``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        kinds = sorted(k for k, reads in READS.items() if name in reads)
+        text = ", ".join(f"{k} {READS_ONLY_FOR[k, name]}" if (k, name) in READS_ONLY_FOR else k for k in kinds)
+        groups.setdefault(text, []).append(name)
+    return "; ".join(f"{flag_list(group)} appl{'ies' if len(group) == 1 else 'y'} to {kinds}" for kinds, group in groups.items())
 
 
 def _check_activation(activation: str | None) -> None:
@@ -362,7 +400,8 @@ def convert(source, *, kind: str | None = None, **options):
         kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
         **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
             swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or
-            RLlib's tanh), ``head`` (``None`` = logits only, ``"diag-gaussian"`` adds ``action`` = mean
+            RLlib's tanh), ``head`` (``None`` = the source's own outputs, ``"none"`` = ``logits`` only
+            without an action head, ``"diag-gaussian"`` adds ``action`` = mean
             and ``log_std``, ``"categorical"`` adds ``action`` = argmax, int64), ``opset`` (11 up to
             the installed onnx's newest; default 17), ``keep_value`` (export the value branch as
             ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust``.

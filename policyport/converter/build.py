@@ -11,7 +11,8 @@ source's own parameter names; :func:`build_mlp` lays them out so that no array i
 * tensors are named ``<layer>/linear`` before the activation and ``<layer>/<activation>`` after it;
   the output layer's raw output is ``logits``, a value branch's is ``value``.
 
-Heads (``head=``): ``None`` outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
+Heads (``head=``): ``None`` outputs ``logits`` and the spec's own action head, if any; ``"none"``
+outputs ``logits`` only; ``"diag-gaussian"`` adds ``action`` (the mean
 half of ``logits``: the deterministic action) and ``log_std`` (the other half), as RLlib's
 ``DiagGaussian`` splits its inputs (``ray/rllib/models/tf/tf_action_dist.py``); ``"categorical"``
 adds ``action`` = argmax of ``logits`` (int64). Without ``head``, a spec's own :class:`ActionHead`
@@ -34,6 +35,9 @@ from ..graph import INPUT_RANGES_KEY
 from .activations import Activation
 
 HEADS = ("diag-gaussian", "categorical")
+#: ``head=`` asking for no head at all: ``logits`` only, without the source's own action head
+#: (``head=None`` leaves the head to the source).
+NO_HEAD = "none"
 MIN_OPSET = 11
 DEFAULT_OPSET = 17
 
@@ -127,6 +131,11 @@ class ObsNorm:
     mean_name: str = "obs_rms.mean"
     var_name: str = "obs_rms.var"
 
+    def to_dict(self) -> dict:
+        """As the model metadata ``policyport.observation_filter`` records it."""
+        return {"type": "VecNormalize", "epsilon": float(self.epsilon), "clip_obs": float(self.clip_obs),
+                "mean": [float(v) for v in np.ravel(self.mean)], "var": [float(v) for v in np.ravel(self.var)]}
+
 
 @dataclass
 class ActionHead:
@@ -149,6 +158,16 @@ class ActionHead:
     high: np.ndarray | None = None
     nvec: tuple[int, ...] = ()
     tanh_scope: str = "action"
+
+    @property
+    def name(self) -> str:
+        """What the model metadata ``policyport.head`` calls this head: ``categorical``,
+        ``multi-categorical``, ``diag-gaussian`` (``action`` = the mean, with ``log_std``; unbounded),
+        ``clipped-diag-gaussian`` (the mean clipped to finite bounds) or ``squashed`` (tanh, rescaled)."""
+        if self.kind == "clip":
+            bounded = np.isfinite(self.low).any() or np.isfinite(self.high).any()
+            return "clipped-diag-gaussian" if bounded else "diag-gaussian"
+        return {"argmax": "categorical", "multi_argmax": "multi-categorical", "squash": "squashed"}.get(self.kind, self.kind)
 
 
 @dataclass
@@ -320,7 +339,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
 
     Args:
         spec: the network, with the source's arrays and names.
-        head: ``None``, ``"diag-gaussian"`` or ``"categorical"`` (see the module docstring).
+        head: ``None``, ``"none"``, ``"diag-gaussian"`` or ``"categorical"`` (see the module docstring).
         opset: default-domain opset, ``MIN_OPSET`` (11) up to what the installed onnx supports;
             default 17.
         input_name: the graph input, ``obs`` by convention.
@@ -343,12 +362,14 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
-    if head not in (None, *HEADS):
+    if head not in (None, NO_HEAD, *HEADS):
         raise OptionError(f"unknown head {head!r}; choose one of {', '.join(HEADS)} (or none)")
     max_opset = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= max_opset:
         raise OptionError(f"opset {opset} is out of range: policyport builds opset {MIN_OPSET} to {max_opset}")
     _check_chain([*spec.trunk, *spec.hidden, spec.output], "policy")
+    check_free_log_std(spec)
+    _check_head(spec, head)
     if spec.value_output is not None:
         branch = spec.value_hidden or spec.hidden
         _check_chain([*spec.trunk, *branch, spec.value_output], "value")
@@ -391,10 +412,6 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     outputs = [helper.make_tensor_value_info(logits, elem, ["batch", n_logits])]
 
     if head == "diag-gaussian":
-        if n_logits % 2:
-            raise BadModelError(
-                f"a diag-gaussian head splits logits into mean and log_std halves, but there are {n_logits} logits"
-            )
         half = n_logits // 2
         axes = b.constant([1], "head/axes")
         mid = b.constant([half], "head/mid")
@@ -429,8 +446,9 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     props = {
         "policyport.parameters": json.dumps(b.parameters),
-        "policyport.head": head or "none",
+        "policyport.head": spec.action.name if head is None and spec.action is not None else head or NO_HEAD,
         "policyport.source": json.dumps(spec.source),
+        **({"policyport.observation_filter": json.dumps(spec.obs_norm.to_dict())} if spec.obs_norm is not None else {}),
         **(prelude.metadata(input_name) if prelude is not None else {}),
         **(metadata or {}),
     }
@@ -522,6 +540,53 @@ def add_multi_argmax(b: MlpBuilder, logits: str, nvec: tuple[int, ...]):
         start += n
     b.node("Concat", branches, "action", axis=1)
     return onnx.helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch", len(nvec)])
+
+
+def check_free_log_std(spec: MlpSpec) -> None:
+    """Refuse a free ``log_std`` that cannot sit beside the mean the output layer computes.
+
+    A state-independent ``log_std`` holds one entry per action dimension: RLlib's ``free_log_std``
+    halves the output layer to the mean's width and adds a vector of the same width
+    (``ray/rllib/models/tf/fcnet.py``, ``torch/fcnet.py``); SB3's ``DiagGaussianDistribution`` makes
+    ``log_std`` as wide as ``action_net``'s output (``stable_baselines3/common/distributions.py``).
+
+    Raises:
+        BadModelError: a ``log_std`` that is not a vector, or whose width is not the output layer's.
+    """
+    log_std, name = spec.free_log_std, spec.free_log_std_name or "log_std"
+    if log_std is None:
+        return
+    n = spec.output.out_features
+    if log_std.ndim != 1:
+        raise BadModelError(f"{name} has shape {tuple(log_std.shape)}; a free log_std is a vector, one entry per action "
+                            f"dimension ({spec.output.name!r} outputs {n} means)")
+    if log_std.shape[0] != n:
+        raise BadModelError(
+            f"{name} has {log_std.shape[0]} entries, but {spec.output.name!r} outputs {n}: a free log_std holds one entry "
+            f"per action dimension, as many as the means it follows in logits (a diag-gaussian policy with {n} means "
+            f"needs a log_std of {n}); are the weights of two different policies?"
+        )
+
+
+def _check_head(spec: MlpSpec, head: str | None) -> None:
+    """Refuse a head that contradicts what the network holds.
+
+    Raises:
+        OptionError: ``categorical`` on a Gaussian policy (one with a free ``log_std``: argmax over
+            means and log-standard-deviations means nothing); ``diag-gaussian`` on an odd number of
+            logits, which have no mean and log_std halves.
+    """
+    if head == "categorical" and spec.free_log_std is not None:
+        n = spec.output.out_features
+        raise OptionError(
+            f"--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the {n} "
+            f"means of {spec.output.name!r} followed by the {n} entries of its free log_std {spec.free_log_std_name!r}, "
+            "and an argmax over means and log-standard-deviations picks no action; use --head diag-gaussian (or none)"
+        )
+    n_logits = spec.output.out_features + (0 if spec.free_log_std is None else spec.free_log_std.shape[0])
+    if head == "diag-gaussian" and n_logits % 2:
+        raise OptionError(f"--head diag-gaussian splits logits into mean and log_std halves, but there are {n_logits} "
+                          "logits (an odd number); use --head categorical (or none)")
 
 
 def _check_chain(layers: list[Dense], branch: str) -> None:

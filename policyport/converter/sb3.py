@@ -244,9 +244,9 @@ def convert_sb3(source, options):
         spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
     norm_path = Path(options.obs_norm) if options.obs_norm else None
     beside = path.parent / path.stem / "vecnormalize.pkl"
-    if norm_path is None and options.obs_filter and beside.is_file():
+    found = norm_path is None and options.obs_filter and beside.is_file()
+    if found:
         norm_path = beside
-        notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} (--no-filter skips them)")
     if norm_path is not None and prelude:
         raise BadModelError(f"{norm_path} normalises Box observations; this policy's observation space is "
                             f"{_space_text(obs_space)}")
@@ -257,6 +257,13 @@ def convert_sb3(source, options):
         if spec.obs_norm is not None and spec.obs_norm.mean.shape != (spec.obs_dim,):
             raise BadModelError(f"{norm_path} normalises observations of shape {spec.obs_norm.mean.shape}, "
                                 f"the policy takes {spec.obs_dim} features")
+        if spec.obs_norm is None:
+            notes.append(f"{norm_path} normalises no observation (its norm_obs is false): nothing baked in")
+        elif found:
+            notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} "
+                         "(--no-filter skips them)")
+        else:
+            notes.append(f"baking in the VecNormalize observation statistics of {norm_path}")
     spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                    "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}

@@ -429,6 +429,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     from .build import build_mlp
 
     arrays, provenance = read_arrays(source, trust=options.trust)
+    _refuse_options_of_the_other_file(options, module=not isinstance(arrays, dict))
     if not isinstance(arrays, dict):  # a whole module, loaded with --trust
         from .torch_module import convert_torch
 
@@ -441,6 +442,10 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         bare_actor_head(spec, family, notes)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
+    elif family == "ac" and options.head == "diag-gaussian" and spec.free_log_std is None:
+        raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
+                          "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
+                          "space (use --head categorical, or none)")
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}
@@ -451,6 +456,31 @@ def _convert(source, options, forced_layout: str | None, kind: str):
 
     keep_state_dict_layout(model, arrays)
     return Converted(model, reference_for(spec, options.head), kind, notes)
+
+
+#: Options only a whole pickled module reads (torch.onnx exports it), and options only a state_dict's
+#: arrays read (policyport builds their graph).
+MODULE_OPTIONS = ("exporter", "output_names")
+WEIGHT_OPTIONS = ("activation", "head", "keep_value")
+
+
+def _refuse_options_of_the_other_file(options, module: bool) -> None:
+    """Refuse the options a file of the state-dict kind does not read for what it holds.
+
+    Raises:
+        OptionError: naming the options, what the file holds, and where they apply (exit 2).
+    """
+    from . import flag_list, given_fields, where_they_apply
+
+    given = [n for n in given_fields(options) if n in (WEIGHT_OPTIONS if module else MODULE_OPTIONS)]
+    if not given:
+        return
+    verb = "does" if len(given) == 1 else "do"
+    if module:
+        raise OptionError(f"{flag_list(given)} {verb} not apply to a whole pickled module: torch.onnx exports its "
+                          "forward as it is, with its own layers, activations and outputs")
+    raise OptionError(f"{flag_list(given)} {verb} not apply to a state_dict, which holds weights and no module code: "
+                      f"policyport builds its graph itself ({where_they_apply(given)})")
 
 
 def convert_state_dict(source, options):

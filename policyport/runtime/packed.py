@@ -42,7 +42,8 @@ The folder (format ``policyport.bundle/1``):
     Written last. ``format``; ``inputs`` / ``outputs`` (name, dtype, shape; a string is a symbolic
     dimension such as ``"batch"``); ``head`` (model metadata ``policyport.head``); ``observation_filter``
     (the model metadata ``policyport.observation_filter`` a converter wrote — the observation filter
-    baked into the graph, such as RLlib's MeanStdFilter with its mean, std and clip — or ``null``); ``provenance`` (model metadata
+    baked into the graph, such as RLlib's MeanStdFilter with its mean, std and clip, or SB3's VecNormalize with
+    its mean, var, epsilon and clip_obs — or ``null``); ``provenance`` (model metadata
     ``policyport.source`` and ``policyport.activation``, policyport and numpy versions, opset,
     creation time in UTC ISO 8601); ``golden`` (how the observations were drawn, and ``samples``: how
     many observations ``golden.npz`` holds — 1 for inputs without a batch axis, whatever was asked);

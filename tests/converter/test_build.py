@@ -673,8 +673,19 @@ def _refusal_cases():
          "fc_out/bias has shape (3,), expected (2,) for fc_out/kernel (4, 2)"),
         (lambda: build_mlp(spec_with(obs_shape=(2, 2))), BadModelError,
          "an observation of shape (2, 2) flattens to 4 features, but the first layer takes 3"),
-        (lambda: build_mlp(_spec(n_out=3), head="diag-gaussian"), BadModelError,
-         "a diag-gaussian head splits logits into mean and log_std halves, but there are 3 logits"),
+        (lambda: build_mlp(_spec(n_out=3), head="diag-gaussian"), OptionError,
+         "--head diag-gaussian splits logits into mean and log_std halves, but there are 3 logits (an odd number); "
+         "use --head categorical (or none)"),
+        (lambda: build_mlp(spec_with(free_log_std=np.zeros(2, np.float32), free_log_std_name="log_std"), head="categorical"),
+         OptionError, "--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are "
+         "the 2 means of 'fc_out' followed by the 2 entries of its free log_std 'log_std', and an argmax over means and "
+         "log-standard-deviations picks no action; use --head diag-gaussian (or none)"),
+        (lambda: build_mlp(spec_with(free_log_std=np.zeros(1, np.float32), free_log_std_name="p/log_std")), BadModelError,
+         "p/log_std has 1 entries, but 'fc_out' outputs 2: a free log_std holds one entry per action dimension, as many "
+         "as the means it follows in logits (a diag-gaussian policy with 2 means needs a log_std of 2); are the weights "
+         "of two different policies?"),
+        (lambda: build_mlp(spec_with(free_log_std=np.zeros((1, 2), np.float32), free_log_std_name="log_std")), BadModelError,
+         "log_std has shape (1, 2); a free log_std is a vector, one entry per action dimension ('fc_out' outputs 2 means)"),
         (lambda: build_mlp(spec_with(hidden=[_dense("fc_1", 3, 4, layout="in_out",
                                                     post=[_norm("layer_norm", "net.1", 4, ("weight", "bias"))])],
                                      output=_dense("fc_out", 4, 2, layout="in_out")), opset=16), BadModelError,

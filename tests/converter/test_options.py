@@ -20,8 +20,8 @@ KERAS = ROOT / "fixtures/keras/mlp_norm.keras"
 
 
 @pytest.mark.parametrize("source,options,message", [
-    (EXPERT, {"exporter": "dynamo"}, r"--exporter does not apply to npz sources \(--exporter applies to state-dict, "
-                                     r"torch, torchscript\)"),
+    (EXPERT, {"exporter": "dynamo"}, r"--exporter does not apply to npz sources \(--exporter applies to state-dict "
+                                     r"files holding a whole pickled module read with --trust, torch, torchscript\)"),
     (EXPERT, {"policy_id": "p1", "input_shape": (5, 55)}, r"--policy-id, --input-shape do not apply to npz sources"),
     (EXPERT, {"obs_filter": False}, r"--no-filter does not apply to npz sources \(--no-filter applies to rllib, sb3\)"),
     (CARTPOLE, {"head": "categorical"}, r"--head does not apply to sb3 sources"),
@@ -211,3 +211,54 @@ def test_the_options_the_conversion_ran_with_are_recorded_once_in_the_model():
     assert props["policyport.source_kind"] == "npz"
     assert ConvertOptions.from_metadata(props[OPTIONS_KEY]) == ConvertOptions(activation="relu", opset=13)
     assert c.model.opset_import[0].version == 13 and "Relu" in {n.op_type for n in c.model.graph.node}
+
+
+GAUSSIAN_STATE_DICT = ROOT / "fixtures/torch/gaussian.state_dict.pt"
+PPO_RLLIB = ROOT / "fixtures/rllib/ray/ppo_new"
+
+
+def _outputs(model) -> list[str]:
+    return [o.name for o in model.graph.output]
+
+
+def _head(model) -> str:
+    return {p.key: p.value for p in model.metadata_props}["policyport.head"]
+
+
+@pytest.mark.parametrize("source, kind, own_outputs, own_head", [
+    (GAUSSIAN_STATE_DICT, None, ["logits", "action", "log_std"], "diag-gaussian"),  # an SB3 state_dict's own Gaussian
+    (PPO_RLLIB, None, ["logits", "action"], "categorical"),  # the head of the checkpoint's action space
+    (EXPERT, None, ["logits"], "none"),
+    (KERAS, None, ["fc_out"], "none"),  # a Keras model's outputs are named by its layers
+])
+def test_head_none_leaves_logits_alone_where_the_source_would_add_its_own_action(source, kind, own_outputs, own_head):
+    own = convert_source(source, kind=kind).model
+    assert _outputs(own) == own_outputs and _head(own) == own_head
+    model = convert_source(source, kind=kind, head="none").model
+    assert _outputs(model) == own_outputs[:1] and _head(model) == "none"
+    assert not {n.output[0] for n in model.graph.node} & {"action", "log_std"}
+
+
+@pytest.mark.parametrize("source, kind", [
+    (CARTPOLE, "sb3"),
+    (ROOT / "fixtures/torch/gaussian.torchscript.pt", "torchscript"),
+])
+@pytest.mark.parametrize("head", ["none", "categorical"])
+def test_every_head_value_is_refused_where_the_source_fixes_its_outputs(tmp_path, source, kind, head):
+    result = CliRunner().invoke(app, ["convert", str(source), "-o", str(tmp_path / "m.onnx"), "--head", head])
+    assert result.exit_code == 2, result.output
+    assert (f"--head does not apply to {kind} sources (--head applies to keras, npz, rllib, rllib-torch, savedmodel, "
+            "state-dict)") in result.stderr
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_head_none_from_the_command_line_reaches_the_converter(tmp_path):
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(app, ["convert", str(GAUSSIAN_STATE_DICT), "-o", str(out), "--head", "none"])
+    assert result.exit_code == 0, result.output
+    import onnx
+
+    model = onnx.load(out)
+    assert _outputs(model) == ["logits"] and _head(model) == "none"
+    recorded = {p.key: p.value for p in model.metadata_props}["policyport.convert_options"]
+    assert json.loads(recorded)["head"] == "none"

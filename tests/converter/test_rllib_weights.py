@@ -217,7 +217,8 @@ def test_unplaced_names_are_all_listed():
                                                    r"plain nn.Sequential; npz sources take one activation name$")),
     ({"head": "beta"}, pp.OptionError, "^unknown head 'beta'"),
     ({"opset": 7}, pp.OptionError, r"^opset 7 is out of range: policyport builds opset 11 to \d+$"),
-    ({"head": "diag-gaussian", "activation": "tanh"}, pp.BadModelError, "there are 3 logits"),  # no mean/log_std halves
+    ({"head": "diag-gaussian", "activation": "tanh"}, pp.OptionError,
+     r"^--head diag-gaussian splits logits into mean and log_std halves, but there are 3 logits \(an odd number\)"),
 ])
 def test_bad_options_raise(kwargs, error, message):
     w = fcnet(sizes=(6, 8, 3))
@@ -331,3 +332,26 @@ def test_an_observation_normalisation_file_is_refused_for_weights():
     with pytest.raises(pp.BadModelError, match=r"^an observation-normalisation file applies to SB3 sources, not to an "
                                                r"\.npz of weights$"):
         convert_npz(fcnet(), ConvertOptions(obs_norm="vecnormalize.pkl"))
+
+
+@pytest.mark.parametrize("prefix", ["default_policy/", ""])
+@pytest.mark.parametrize("verify", ["--verify", "--no-verify"])
+def test_a_free_log_std_narrower_than_the_output_layer_is_refused_naming_both(tmp_path, metadrive_weights, prefix, verify):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    arrays = {name.replace("default_policy/", prefix): a for name, a in metadrive_weights.items()}
+    arrays[f"{prefix}log_std"] = np.zeros(2, np.float32)  # fc_out outputs 4
+    src, out = tmp_path / "policy.npz", tmp_path / "m.onnx"
+    np.savez(src, **arrays)
+    message = (f"{prefix}log_std has 2 entries, but 'fc_out' outputs 4: a free log_std holds one entry per action "
+               "dimension, as many as the means it follows in logits (a diag-gaussian policy with 4 means needs a "
+               "log_std of 4); are the weights of two different policies?")
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(src)
+    assert str(caught.value) == message
+    result = CliRunner().invoke(app, ["convert", str(src), "-o", str(out), verify])
+    assert result.exit_code == 3 and message in " ".join(result.stderr.split()) and not out.exists()
+    arrays[f"{prefix}log_std"] = np.zeros(4, np.float32)  # as wide as fc_out: the means' log_std
+    assert [o.name for o in convert_source(arrays, head="diag-gaussian").model.graph.output] == ["logits", "action", "log_std"]

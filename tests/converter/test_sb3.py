@@ -107,6 +107,27 @@ def test_heads_and_names_follow_the_action_space():
     assert "actor.mu.5/tanh" in td3 and td3[-1] == "action"
 
 
+def test_the_metadata_names_the_head_each_zip_was_built_with():
+    heads = {name: {p.key: p.value for p in convert_source(path).model.metadata_props}["policyport.head"]
+             for name, (path, _) in ZIPS.items()}
+    assert heads == {"cartpole": "categorical", "ppo_pendulum": "clipped-diag-gaussian",
+                     "a2c_multidiscrete": "multi-categorical", "sac_pendulum": "squashed", "td3_pendulum": "squashed",
+                     "ppo_pendulum_vecnorm": "clipped-diag-gaussian"}
+
+
+def test_the_metadata_holds_the_vecnormalize_statistics_baked_in():
+    from policyport.converter.sb3 import read_vecnormalize
+
+    pkl = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    props = {p.key: p.value for p in convert_source(ZIPS["ppo_pendulum_vecnorm"][0]).model.metadata_props}
+    norm = read_vecnormalize(pkl)
+    assert json.loads(props["policyport.observation_filter"]) == {
+        "type": "VecNormalize", "epsilon": norm.epsilon, "clip_obs": norm.clip_obs,
+        "mean": norm.mean.tolist(), "var": norm.var.tolist()}
+    plain = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_filter=False).model
+    assert "policyport.observation_filter" not in {p.key for p in plain.metadata_props}
+
+
 def test_extract_gives_policy_pth_and_the_normalisation_back_bit_for_bit():
     import torch
 
@@ -137,6 +158,19 @@ def test_vecnormalize_beside_the_zip_is_said_and_can_be_skipped_or_named(tmp_pat
     shutil.copy(ZIPS["ppo_pendulum_vecnorm"][0], moved)
     named = convert_source(moved, obs_norm=str(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"))
     assert pp.extract_weights(named.model)["obs_rms.mean"].tobytes() == pp.extract_weights(c.model)["obs_rms.mean"].tobytes()
+    assert named.notes[-1] == f"baking in the VecNormalize observation statistics of {beside}"
+
+
+def test_a_named_vecnormalize_and_no_filter_contradict_each_other(tmp_path):
+    pkl = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
+    message = (f"--obs-norm (obs_norm=) {str(pkl)!r} bakes in observation normalisation, which --no-filter "
+               "(obs_filter=False) leaves out; give one or the other")
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_norm=str(pkl), obs_filter=False)
+    assert str(caught.value) == message
+    out = tmp_path / "m.onnx"
+    result = cli("convert", ZIPS["ppo_pendulum_vecnorm"][0], "-o", out, "--obs-norm", pkl, "--no-filter")
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split()) and not out.exists()
 
 
 class _Hostile:
@@ -403,6 +437,9 @@ def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path
     pkl = tmp_path / "vecnormalize.pkl"
     pkl.write_bytes(pickle.dumps(VecNormalize(norm_obs=False, obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32))))
     assert read_vecnormalize(pkl) is None
+    c = convert_source(ZIPS["ppo_pendulum"][0], obs_norm=str(pkl))
+    assert c.notes[-1] == f"{pkl} normalises no observation (its norm_obs is false): nothing baked in"
+    assert not any(n.output[0].startswith("vec_normalize") for n in c.model.graph.node)
 
 
 @pytest.mark.parametrize("content, message", [

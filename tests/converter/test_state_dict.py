@@ -11,8 +11,10 @@ import zipfile
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 import policyport as pp
+from policyport.cli import app
 from policyport.converter import convert_source
 from policyport.converter.reference import reference_forward, torch_forward
 from policyport.converter.torch_files import _read_safetensors_layout, read_safetensors, read_torch_zip
@@ -232,6 +234,9 @@ def test_conversion_without_torch_gives_the_same_model(tmp_path):
 import sys
 sys.modules["torch"] = None  # import torch fails
 import policyport as pp
+from typer.testing import CliRunner
+
+from policyport.cli import app
 from policyport.converter import convert_source
 for src, opts in [({str(TORCH_DIR / 'norms.state_dict.pt')!r}, dict(activation="tanh,relu")), ({str(CARTPOLE)!r}, {{}})]:
     c = convert_source(src, **opts)
@@ -844,6 +849,44 @@ def test_a_whole_module_in_a_state_dict_file_converts_with_trust_as_a_state_dict
     np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], expected, rtol=1e-5, atol=1e-6)
 
 
+MODULE_ONLY = ("(--exporter, --output-names apply to state-dict files holding a whole pickled module read with --trust, "
+               "torch, torchscript)")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"exporter": "dynamo"}, "--exporter does not apply to a state_dict, which holds weights and no module code: "
+                             "policyport builds its graph itself (--exporter applies to state-dict files holding a whole "
+                             "pickled module read with --trust, torch, torchscript)"),
+    ({"output_names": ("a", "b"), "exporter": "dynamo"},
+     "--exporter, --output-names do not apply to a state_dict, which holds weights and no module code: policyport "
+     f"builds its graph itself {MODULE_ONLY}"),
+])
+def test_a_state_dict_of_weights_refuses_the_options_of_a_module(tmp_path, options, message):
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(TORCH_DIR / "gaussian.state_dict.pt", **options)
+    assert str(caught.value) == message
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(app, ["convert", str(TORCH_DIR / "gaussian.state_dict.pt"), "-o", str(out),
+                                      "--output-names", "a,b", "--exporter", "dynamo"])
+    assert result.exit_code == 2 and "--exporter, --output-names do not apply to a state_dict" in result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"keep_value": True}, "--keep-value does not apply to a whole pickled module: torch.onnx exports its forward as it "
+                           "is, with its own layers, activations and outputs"),
+    ({"activation": "relu", "head": "none"}, "--activation, --head do not apply to a whole pickled module: torch.onnx "
+                                             "exports its forward as it is, with its own layers, activations and outputs"),
+])
+def test_a_whole_pickled_module_refuses_the_options_of_weights(tmp_path, options, message):
+    path = tmp_path / "module.pt"
+    torch.save(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)), path)
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(path, trust=True, **options)
+    assert str(caught.value) == message
+    assert [o.name for o in convert_source(path, trust=True, output_names=("mean",)).model.graph.output] == ["mean"]
+
+
 def test_a_state_dicts_layout_refuses_options_it_cannot_take_by_their_whole_message(tmp_path):
     cases = [
         (_actor_critic(), {"activation": "relu,tanh"}, pp.OptionError,
@@ -985,3 +1028,36 @@ def test_the_torch_reference_runs_each_named_activation_as_its_module(tmp_path, 
         expected = module(torch.as_tensor(obs)).numpy()
     np.testing.assert_allclose(c.reference(obs)["logits"], expected, rtol=1e-6, atol=1e-7)
     assert pp.verify(c.model, obs, reference=c.reference).passed
+
+
+def test_a_head_contradicting_the_state_dict_is_a_usage_error_saying_why(tmp_path):
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(app, ["convert", str(TORCH_DIR / "gaussian.state_dict.pt"), "-o", str(out),
+                                      "--head", "categorical"])
+    assert result.exit_code == 2 and not out.exists()
+    assert ("--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the 2 "
+            "means of 'action_net' followed by the 2 entries of its free log_std 'log_std'") in " ".join(result.stderr.split())
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian")
+    assert str(caught.value) == (
+        "--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
+        "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, or none)")
+    discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical").model
+    assert [o.name for o in discrete.graph.output] == ["logits", "action"]
+
+
+@pytest.mark.parametrize("arrays, name, means, kind", [
+    (_actor_critic() | {"log_std": np.zeros(3, np.float32)}, "log_std", ("action_net", 2), None),
+    (None, "_append_free_log_std.log_std", ("_logits._model.0", 4), "rllib-torch"),
+])
+def test_a_free_log_std_as_wide_as_no_output_layer_is_refused_before_anything_is_built(tmp_path, arrays, name, means, kind):
+    if arrays is None:  # RLlib's torch fcnet (4 logits) given a free_log_std one entry short
+        arrays = {k: v.numpy() for k, v in torch.load(TORCH_DIR / "rllib_fcnet.state_dict.pt").items()}
+        arrays[name] = np.zeros(3, np.float32)
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(_saved(tmp_path, arrays), kind=kind)
+    layer, n = means
+    assert str(caught.value) == (
+        f"{name} has {arrays[name].shape[0]} entries, but {layer!r} outputs {n}: a free log_std holds one entry per action "
+        f"dimension, as many as the means it follows in logits (a diag-gaussian policy with {n} means needs a log_std "
+        f"of {n}); are the weights of two different policies?")
