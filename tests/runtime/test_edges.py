@@ -385,6 +385,18 @@ def test_one_thread_is_none_without_threadpoolctl_or_without_a_blas(monkeypatch)
     assert isinstance(one, blas.OneThread) and chosen == ["blas"] and blas.one_thread() is one  # looked once
 
 
+def test_a_forked_child_forgets_the_parents_one_thread_state(monkeypatch):
+    monkeypatch.setattr(blas, "_LOOKED", False)
+    monkeypatch.setattr(blas, "_ONE_THREAD", None)
+    monkeypatch.setitem(sys.modules, "threadpoolctl", types.SimpleNamespace(
+        ThreadpoolController=lambda: types.SimpleNamespace(select=lambda user_api: FakeController())))
+    registered = []
+    monkeypatch.setattr(blas.os, "register_at_fork", lambda **hooks: registered.append(hooks))
+    one = blas.one_thread()
+    assert registered == [{"after_in_child": one._forget}]  # a lock held at fork time is not the child's
+    assert blas.one_thread() is one and len(registered) == 1
+
+
 def test_the_real_blas_is_described():
     pytest.importorskip("threadpoolctl")
     one = blas.one_thread()
