@@ -735,6 +735,10 @@ def convert_torchscript(source, options):
     torch = _torch("converting a TorchScript file")
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
+    if path.is_file():
+        from .torch_files import check_torch_file
+
+        check_torch_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript itself
