@@ -517,17 +517,31 @@ def _graph(model, sessions) -> Graph:
     return from_onnx(ensure_model(model))  # pragma: no mutate (for a backend without a graph; every one of BACKENDS has it)
 
 
+def _observation_shape(proto) -> tuple[int, ...] | None:
+    """The shape without the batch axis of a model's one graph input, when every such axis is fixed;
+    else ``None``. It is the shape the source's forward pass is fed, so a source that cannot tell
+    its own (a torch module starting with ``Flatten``) takes it."""
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in initializers]
+    if len(inputs) != 1 or not inputs[0].type.HasField("tensor_type"):
+        return None
+    dims = inputs[0].type.tensor_type.shape.dim[1:]
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 0 for d in dims)
+    return shape if shape and all(n > 0 for n in shape) else None
+
+
 def _source_reference(model, source, trust: bool) -> Callable:
     """The source's forward pass, rebuilt with the options recorded in the model at conversion.
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
     choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
-    cannot be told from its name is taken to be of the kind the conversion recorded.
+    cannot be told from its name is taken to be of the kind the conversion recorded. A torch source
+    with no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
     """
     import dataclasses
 
-    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, convert_source, detect_kind
+    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -547,6 +561,8 @@ def _source_reference(model, source, trust: bool) -> Callable:
             kind = recorded_kind
         if recorded_kind and kind != recorded_kind:
             options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+        if options.input_shape is None and "input_shape" in READS.get(kind, ()):
+            options = dataclasses.replace(options, input_shape=_observation_shape(proto))
         converted = convert_source(source, kind=kind, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e

@@ -71,6 +71,36 @@ def test_torch_refusals(args, exit_code, says, tmp_path):
     assert not (tmp_path / "m.onnx").exists()
 
 
+def test_a_torchscript_forward_failure_reports_torchs_exception_and_the_shape_tried(tmp_path):
+    expected = ("the module's forward fails on an observation of shape (batch, 7): RuntimeError: mat1 and mat2 shapes "
+                "cannot be multiplied (2x7 and 6x16); check --input-shape (the observation's shape without the batch axis)")
+    args = ("convert", TORCH_DIR / "activations.torchscript.pt", "-o", tmp_path / "m.onnx", "--input-shape", "7")
+    result = invoke(*args)
+    assert (result.exit_code, result.stderr) == (3, f"error: {expected}\n")
+    result = invoke(*args, "--json")
+    assert (result.exit_code, json.loads(result.stdout)) == (3, {"error": expected, "exit_code": 3})
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_torchscript_error_is_told_by_the_exception_its_code_raised():
+    from policyport.converter.torch_module import torch_error_text
+
+    class Checked(torch.nn.Module):
+        def forward(self, x):
+            if x.shape[1] != 4:
+                raise ValueError("expected 4 features")
+            return x
+
+    with pytest.raises(torch.jit.Error) as caught:  # what a scripted raise becomes
+        torch.jit.script(Checked())(torch.zeros(2, 3))
+    assert "Traceback of TorchScript" in str(caught.value)
+    assert torch_error_text(caught.value) == "builtins.ValueError: expected 4 features"
+    assert torch_error_text(caught.value, typed=False) == "expected 4 features"
+    assert torch_error_text(RuntimeError("\x1b[31mshape mismatch\x1b[0m\nmore")) == "RuntimeError: shape mismatch"
+    assert torch_error_text(KeyError()) == "KeyError"
+
+
 def test_without_torch_a_torchscript_file_asks_for_the_extra(tmp_path):
     script = ("import sys; sys.modules['torch'] = None\n"
               "from policyport.cli import main\nsys.argv = ['policyport', *sys.argv[1:]]\nmain()")

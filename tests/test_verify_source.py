@@ -121,3 +121,44 @@ def test_a_source_of_another_kind_takes_only_keep_value_and_its_own_defaults(tmp
                         "mlp_extractor.value_net.0/linear": True, "mlp_extractor.value_net.2/linear": False,
                         "value": False}
     assert report.first_divergence.tensor == "mlp_extractor.policy_net.2/linear"
+
+
+def test_a_torch_source_that_cannot_tell_its_observation_shape_takes_the_models(tmp_path):
+    """The TorchScript module starts with Flatten, so only the model can tell the shape it is fed; a model
+    that records no input shape (converted before the options were recorded) gives its own, (batch, 6)."""
+    import json
+
+    import onnx
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    pytest.importorskip("torch")
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "torch" / "activations.torchscript.pt"
+    model = convert_source(source, input_shape=(6,)).model
+    _set_props(model, {OPTIONS_KEY: None, "policyport.source_kind": None})
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "obs6.npy", np.random.default_rng(1).normal(0, 1.5, (16, 6)).astype(np.float32))
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "m.onnx"), "--source", str(source),
+                                      "-i", str(tmp_path / "obs6.npy"), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    source_checked = {c["tensor"] for c in doc["comparisons"] if c["reference"] == "source" and c["passed"]}
+    assert doc["passed"] and {"0/flatten", "1/linear", "18/hardswish", "logits"} <= source_checked
+
+
+def test_the_observation_shape_comes_from_one_graph_input_with_every_axis_but_the_batch_fixed():
+    from onnx import TensorProto, helper
+
+    from policyport.verification import _observation_shape
+
+    def model(*shapes):
+        inputs = [helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, s) for i, s in enumerate(shapes)]
+        out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+        return helper.make_model(helper.make_graph([helper.make_node("Identity", ["in0"], ["out"])], "g", inputs, [out]))
+
+    assert _observation_shape(model(["batch", 2, 3])) == (2, 3)
+    assert _observation_shape(model([1, 6])) == (6,)
+    assert _observation_shape(model(["batch", "features"])) is None
+    assert _observation_shape(model(["batch"])) is None
+    assert _observation_shape(model(["batch", 6], ["batch", 2])) is None

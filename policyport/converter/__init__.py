@@ -85,7 +85,7 @@ _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "k
 FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -198,7 +198,8 @@ def detect_kind(source) -> str:
     """The source kind of a path or object (``--from`` overrides this).
 
     Files are told apart by name and layout, never by loading them: an ``.npz`` is RLlib-layout
-    weights; a ``.zip`` holding ``policy.pth`` and ``data`` is a Stable-Baselines3 save; a
+    weights; a ``.zip`` is a Stable-Baselines3 save (one lacking its ``policy.pth`` or ``data`` is
+    refused by the SB3 reader, saying so); a
     ``.pt``/``.pth`` zip holding TorchScript ``code/`` is a TorchScript file, any other is a
     ``state_dict``; ``.safetensors`` is a ``state_dict``; ``.keras``/``.h5`` are Keras files; a folder
     with ``saved_model.pb`` is a TF SavedModel; a folder with ``rllib_checkpoint.json`` or a file
@@ -243,7 +244,7 @@ def _detect_path(path: Path) -> str | None:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return "npz"
-    if suffix == ".zip" and _is_zip_with(path, "policy.pth", "data"):
+    if suffix == ".zip":  # a damaged one gets the SB3 reader's own account of what is wrong
         return "sb3"
     if suffix in (".pt", ".pth"):
         return "torchscript" if _is_zip_with(path, "data.pkl", "constants.pkl") else "state-dict"
@@ -253,6 +254,33 @@ def _detect_path(path: Path) -> str | None:
         return "keras"
     if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
         return "rllib"
+    return None
+
+
+#: What each kind of file source is, for the refusal of a folder given as one.
+_FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
+               "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
+               "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file"}
+
+#: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.
+_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder"}
+
+
+def wrong_shape_of_source(path: Path, kind: str) -> str | None:
+    """Why ``path`` cannot be a ``kind`` source because it is a folder where a file is expected or a
+    file where a folder is, naming the ``--from`` it would convert with when its layout tells; ``None``
+    when the shape fits (or the path does not exist).
+    """
+    path = Path(path)
+    if path.is_dir() and kind in _FILE_TAKES:
+        detected = _detect_path(path)
+        if detected in _FOLDERS:
+            return f"{path} is a folder; {_FOLDERS[detected]} converts with --from {detected}"
+        return f"{path} is a folder; --from {kind} takes {_FILE_TAKES[kind]}"
+    if path.is_file() and kind == "savedmodel":
+        detected = _detect_path(path)
+        hint = f"; a {path.suffix or 'file'} file like this converts with --from {detected}" if detected else ""
+        return f"{path} is a file; --from savedmodel takes a SavedModel folder (holding saved_model.pb){hint}"
     return None
 
 
@@ -288,6 +316,8 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     if options.obs_norm is not None and not options.obs_filter:
         raise OptionError(f"--obs-norm (obs_norm=) {str(options.obs_norm)!r} bakes in observation normalisation, "
                           "which --no-filter (obs_filter=False) leaves out; give one or the other")
+    if isinstance(source, (str, os.PathLike)) and (wrong := wrong_shape_of_source(source, kind)):
+        raise UnreadableFileError(wrong)
     _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
     given = options

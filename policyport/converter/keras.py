@@ -36,6 +36,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -159,8 +162,9 @@ def load_keras_file(path: Path, trust: bool = False):
         BadModelError: the file names a custom class Keras cannot find.
     """
     fw = _frameworks()
-    if not path.is_file():
+    if not path.exists():
         raise UnreadableFileError(f"{path}: no such file")
+    _check_keras_file(path)
     try:
         return fw.keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except ValueError as e:
@@ -175,6 +179,99 @@ def load_keras_file(path: Path, trust: bool = False):
         raise BadModelError(f"{path} names a class Keras cannot rebuild: {_first_line(e)}") from e
     except (OSError, KeyError, AttributeError, EOFError) as e:
         raise UnreadableFileError(f"{path} is not a readable Keras model: {type(e).__name__}: {_first_line(e)}") from e
+
+
+#: The 8 bytes an HDF5 file starts with (at offset 0, or 512, 1024, 2048 ... after a user block);
+#: HDF5 File Format Specification, "Format Signature".
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _file_format(path: Path) -> str:
+    """``"empty"``, ``"zip"`` (starts with a zip header), ``"hdf5"`` (the HDF5 signature) or ``"other"``."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if not head:
+            return "empty"
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+            return "zip"
+        offset = 0
+        while head:
+            if head == _HDF5_SIGNATURE:
+                return "hdf5"
+            offset = 512 if offset == 0 else offset * 2
+            f.seek(offset)
+            head = f.read(8)
+    return "other"
+
+
+def _check_keras_file(path: Path) -> None:
+    """Refuse a file Keras could not load, saying what the file is, before Keras reads it.
+
+    A ``.keras`` file is a zip archive holding ``config.json`` (Keras 3 ``saving_lib``); an ``.h5``
+    / ``.hdf5`` file is HDF5. Keras itself reports a damaged ``.keras`` file as "File not found".
+
+    Raises:
+        UnreadableFileError: a folder, an empty file, a file whose contents are not its name's format
+            (naming the format they are), a damaged zip archive, or a name Keras does not load.
+    """
+    from . import wrong_shape_of_source
+
+    if wrong := wrong_shape_of_source(path, "keras"):
+        raise UnreadableFileError(wrong)
+    found = _file_format(path)
+    suffix = path.suffix.lower()
+    if found == "empty":
+        raise UnreadableFileError(f"{path} is empty")
+    if suffix == ".keras":
+        if found == "hdf5":
+            raise UnreadableFileError(f"{path} is an HDF5 file; rename it .h5")
+        if found != "zip":
+            raise UnreadableFileError(f"{path} is not a .keras archive (not a zip file)")
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = set(zf.namelist())
+        except (zipfile.BadZipFile, OSError) as e:
+            raise UnreadableFileError(f"{path} is not a readable .keras archive (a damaged or truncated zip file: {e})") from e
+        if "config.json" not in names:
+            raise UnreadableFileError(f"{path} is a zip archive but not a .keras archive (it lacks config.json)")
+    elif suffix in (".h5", ".hdf5"):
+        if found == "zip":
+            raise UnreadableFileError(f"{path} is a zip archive, as a .keras file is; rename it .keras")
+        if found != "hdf5":
+            raise UnreadableFileError(f"{path} is not an HDF5 file (it lacks the HDF5 signature)")
+    else:
+        named = {"zip": ".keras", "hdf5": ".h5"}.get(found)
+        hint = f"; this one is {'a zip archive' if found == 'zip' else 'an HDF5 file'}: rename it {named}" if named else ""
+        raise UnreadableFileError(f"{path}: Keras loads .keras and .h5 (.hdf5) files by their name{hint}")
+
+
+#: Characters TensorFlow's file layer reads as a glob pattern in a path (``tf.io.gfile.glob``).
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+@contextlib.contextmanager
+def _globless(path: Path):
+    """``path``, or while the block runs a path to the same folder that holds no glob character.
+
+    TensorFlow finds a SavedModel's ``variables/variables.*`` through ``tf.io.gfile.glob``, so a
+    folder whose path holds ``[``, ``*`` or ``?`` (``runs/seed[1]/sm``) either matches nothing or
+    matches other folders. Such a folder is reached through a symbolic link (a copy where links are
+    not allowed) in a fresh temporary folder, removed when the block ends; TensorFlow reads the
+    variables while loading, so nothing reads the link after that.
+    """
+    if not _GLOB_CHARACTERS & set(str(path)):
+        yield path
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="policyport-"))
+    plain = scratch / "source"
+    try:
+        try:
+            plain.symlink_to(path.resolve(), target_is_directory=path.is_dir())
+        except OSError:
+            shutil.copytree(path, plain) if path.is_dir() else shutil.copy2(path, plain)
+        yield plain
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _first_line(e: BaseException) -> str:
@@ -965,16 +1062,22 @@ def convert_savedmodel(source, options):
         UntrustedFileError: the signature holds ops that read/write files or run Python, without ``trust``.
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
+    from . import wrong_shape_of_source
+
     fw = _frameworks()
     _check_options(options, "a SavedModel")
     _check_opset(fw, options.opset)
     path = Path(source)
+    if wrong := wrong_shape_of_source(path, "savedmodel"):
+        raise UnreadableFileError(wrong)
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")
-    try:
-        loaded = fw.tf.saved_model.load(str(path))
-    except Exception as e:  # tf raises OSError, ValueError, NotFoundError ... for a broken folder
-        raise UnreadableFileError(f"{path} is not a loadable SavedModel: {type(e).__name__}: {_first_line(e)}") from e
+    with _globless(path) as plain:
+        try:
+            loaded = fw.tf.saved_model.load(str(plain))
+        except Exception as e:  # tf raises OSError, ValueError, NotFoundError ... for a broken folder
+            reason = _first_line(e).replace(str(plain), str(path))
+            raise UnreadableFileError(f"{path} is not a loadable SavedModel: {type(e).__name__}: {reason}") from e
     signatures = dict(getattr(loaded, "signatures", {}) or {})
     if "serving_default" not in signatures:
         raise UnreadableFileError(f"{path} has no serving_default signature; it has: {listing(signatures, show=str) or 'none'}")

@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import BadModelError, OptionError, UnreadableFileError, listing
 from . import msgpack_decode, unpickle
 from .activations import Activation, choose_activation, parse_activation
-from .build import Dense, MlpSpec, ObsFilter, Prelude
+from .build import NO_HEAD, Dense, MlpSpec, ObsFilter, Prelude
 from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
 
@@ -740,12 +740,14 @@ def _space_text(space: tuple) -> str:
 def _action_head(space: tuple | None, head: str | None, notes: list[str]) -> str | None:
     """The head of a policy (not a DQN) whose checkpoint records ``space`` (or ``None``): the one the
     action distribution implies (Box -> diag-gaussian, Discrete -> categorical); ``head`` when given
-    and not contradicting it. Says in ``notes`` why no head was added.
+    and not contradicting it; ``"none"`` (logits only) as asked. Says in ``notes`` why no head was added.
 
     Raises:
         OptionError: ``head`` contradicts the recorded action space (diag-gaussian for a Discrete
             one, categorical for a Box one, either for a space policyport builds no head for).
     """
+    if head == NO_HEAD:  # asked for the logits alone: no head, whatever the space implies
+        return head
     if space is None:
         if head is None:
             notes.append("the checkpoint does not record its action space, so no head was added (output logits only); "

@@ -40,6 +40,19 @@ def read_weights(source: str | os.PathLike | Mapping[str, np.ndarray]) -> tuple[
     return arrays, {"kind": "npz", "file": path.name, "sha256": sha256_file(path)}
 
 
+def _torch_layout_hint(arrays: Mapping[str, np.ndarray]) -> str:
+    """Which ``--from`` converts arrays named in a torch ``state_dict`` layout policyport knows, or ``""``."""
+    from .state_dict import detect_layout
+
+    try:
+        layout = detect_layout(arrays)
+    except BadModelError:
+        return ""
+    kind, what = ("rllib-torch", "an RLlib torch model's state_dict") if layout == "rllib-torch" else \
+        ("state-dict", "a torch state_dict")
+    return f"; the names are those of {what}: convert with --from {kind} (kind={kind!r} in Python)"
+
+
 def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation | None, keep_value: bool = False,
                       source: dict | None = None) -> MlpSpec:
     """Place every array of an RLlib TF FullyConnectedNetwork into an :class:`MlpSpec`.
@@ -71,7 +84,7 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
         raise BadModelError(
             f"cannot place {len(unplaced)} array(s) in RLlib's FullyConnectedNetwork layout "
             f"(expected [prefix/]fc_<i>/kernel|bias, fc_out/..., fc_value_<i>/..., value_out/..., log_std): "
-            f"{listing(sorted(unplaced), show=str)}"
+            f"{listing(sorted(unplaced), show=str)}{_torch_layout_hint(arrays)}"
         )
     if len(prefixes) > 1:
         raise BadModelError(f"the arrays carry more than one prefix ({sorted(prefixes)}); give one policy's weights")

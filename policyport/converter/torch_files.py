@@ -76,6 +76,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         path = Path(path)
         if not path.is_file():
             raise UnreadableFileError(f"{path}: no such file")
+        check_torch_file(path)
         source = str(path)
     try:
         import torch
@@ -101,6 +102,32 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
             ) from e
         raise UnreadableFileError(f"{path} is not a readable torch file: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}") from e
     return _tensors_to_numpy(loaded)
+
+
+def check_torch_file(path: Path) -> None:
+    """Refuse, saying what it is, a ``.pt``/``.pth`` file torch would report only by an internal error.
+
+    torch writes a zip archive whose members sit under one folder (``archive/data.pkl``); a file
+    that is not a zip is left to torch (the legacy pickle format).
+
+    Raises:
+        UnreadableFileError: the file is empty, a damaged zip archive, or a Stable-Baselines3 save
+            (a zip holding ``data`` and ``policy.pth`` at its top, ``stable_baselines3/common/save_util.py``).
+    """
+    with path.open("rb") as f:
+        head = f.read(4)
+    if not head:
+        raise UnreadableFileError(f"{path} is empty")
+    if head not in (b"PK\x03\x04", b"PK\x05\x06"):
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+    except (zipfile.BadZipFile, OSError) as e:
+        raise UnreadableFileError(f"{path} is not a readable torch file (a damaged or truncated zip archive: {e})") from e
+    if {"data", "policy.pth"} <= names:
+        raise UnreadableFileError(f"{path} is a Stable-Baselines3 save (a zip holding data and policy.pth), not a torch "
+                                  "file; convert it with --from sb3")
 
 
 def _refused_global(source) -> str | None:

@@ -261,8 +261,10 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
         try:
             result = module(example)
         except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
+            what = "check --input-shape (the observation's shape without the batch axis)" if input_shape else \
+                "give the shape with --input-shape"
             raise BadModelError(f"the module's forward fails on an observation of shape (batch, {', '.join(map(str, shape))}): "
-                                f"{type(e).__name__}: {e}; give the shape with --input-shape") from e
+                                f"{torch_error_text(e)}; {what}") from e
         names = _output_names(result, output_names)
         try:
             with _quiet():
@@ -297,6 +299,27 @@ def _class_name(module) -> str:
     return getattr(module, "original_name", None) or type(module).__name__
 
 
+def torch_error_text(error: BaseException, typed: bool = True) -> str:
+    """The line of a torch error that says what went wrong, prefixed with its type when ``typed``.
+
+    A TorchScript module's failure is a ``RuntimeError`` whose text is the interpreter's two
+    tracebacks (the serialized code's and the original source's, with the paths of the machine that
+    scripted it) ending in the exception the code raised, ``RuntimeError: mat1 and mat2 shapes cannot
+    be multiplied (2x7 and 6x16)``: that last line is the message. Any other error: its first line.
+    ANSI colours (the dynamo exporter's) are dropped.
+    """
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
+    lines = text.splitlines()
+    if "Traceback of TorchScript" in text:
+        raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception): ", line)]
+        if raised:
+            return raised[-1] if typed else raised[-1].split(": ", 1)[1]
+    first = lines[0] if lines else ""
+    if not typed:
+        return first or type(error).__name__
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
 def _export_error(module, example, exporter: str, opset: int, error: Exception) -> Exception:
     """The exporter's failure, attributed to the first leaf module that fails to export on its own."""
     torch = _torch()
@@ -314,8 +337,7 @@ def _export_error(module, example, exporter: str, opset: int, error: Exception) 
     finally:
         for h in hooks:
             h.remove()
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()  # the dynamo exporter colours its messages
-    message = text.splitlines()[0] if text else type(error).__name__
+    message = torch_error_text(error, typed=False)
     op = re.search(r"(aten::\w+|aten\.\w+)", str(error))
     failing, exported = None, False
     for name, x in inputs.items():
@@ -713,6 +735,10 @@ def convert_torchscript(source, options):
     torch = _torch("converting a TorchScript file")
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
+    if path.is_file():
+        from .torch_files import check_torch_file
+
+        check_torch_file(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript itself

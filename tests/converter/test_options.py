@@ -79,7 +79,7 @@ def test_malformed_recorded_options_are_refused(text, reason):
     assert str(caught.value) == f"model metadata 'policyport.convert_options' is malformed: {reason}"
 
 
-TELLS = ("npz (.npz), sb3 (.zip with policy.pth and data), torchscript or state-dict (.pt, .pth), state-dict "
+TELLS = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), state-dict "
          "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
          "folder with rllib_checkpoint.json or checkpoint-N) by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
@@ -120,9 +120,6 @@ def test_a_source_kind_is_told_from_its_name_and_layout(tmp_path):
 
 
 @pytest.mark.parametrize("make, what", [
-    (lambda tmp: _zip(tmp / "other.zip", "policy.pth"), "file"),
-    (lambda tmp: _zip(tmp / "other.zip", "data", "policy.pt"), "file"),
-    (lambda tmp: _file(tmp / "notzip.zip", b"PK"), "file"),
     (lambda tmp: _file(tmp / "checkpoint-x"), "file"),
     (lambda tmp: _file(tmp / "policy.bin"), "file"),
     (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "folder"),

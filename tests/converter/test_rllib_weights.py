@@ -355,3 +355,24 @@ def test_a_free_log_std_narrower_than_the_output_layer_is_refused_naming_both(tm
     assert result.exit_code == 3 and message in " ".join(result.stderr.split()) and not out.exists()
     arrays[f"{prefix}log_std"] = np.zeros(4, np.float32)  # as wide as fc_out: the means' log_std
     assert [o.name for o in convert_source(arrays, head="diag-gaussian").model.graph.output] == ["logits", "action", "log_std"]
+
+
+@pytest.mark.parametrize("names, hint", [
+    (["_hidden_layers.0._model.0.weight", "_hidden_layers.0._model.0.bias", "_logits._model.0.weight", "_logits._model.0.bias"],
+     "; the names are those of an RLlib torch model's state_dict: convert with --from rllib-torch (kind='rllib-torch' in Python)"),
+    (["0.weight", "0.bias", "2.weight", "2.bias"],
+     "; the names are those of a torch state_dict: convert with --from state-dict (kind='state-dict' in Python)"),
+    (["policy/w", "policy/b"], ""),
+])
+def test_arrays_named_in_a_torch_layout_are_sent_to_the_kind_that_reads_them(tmp_path, names, hint):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    path = tmp_path / "weights.npz"
+    np.savez(path, **{name: np.ones((2, 2) if name.endswith("weight") else 2, np.float32) for name in names})
+    result = CliRunner().invoke(app, ["convert", str(path), "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 3
+    assert result.stderr == (f"error: cannot place {len(names)} array(s) in RLlib's FullyConnectedNetwork layout (expected "
+                             "[prefix/]fc_<i>/kernel|bias, fc_out/..., fc_value_<i>/..., value_out/..., log_std): "
+                             f"{', '.join(sorted(names))}{hint}\n")

@@ -58,12 +58,15 @@ def test_junk_is_unreadable_with_torchs_first_line_and_the_bytes_named_as_given(
     assert str(caught.value).startswith("policy.pth in model.zip is not a readable torch file: ")
 
 
-def test_an_empty_file_names_the_error_type_when_torch_says_nothing(tmp_path):
+def test_an_empty_file_is_said_to_be_empty_and_empty_bytes_name_the_error_type_torch_gives(tmp_path):
     path = tmp_path / "empty.pt"
     path.write_bytes(b"")
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(path)
-    assert str(caught.value) == f"{path} is not a readable torch file: EOFError"
+    assert str(caught.value) == f"{path} is empty"
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(b"", what="policy.pth in model.zip")
+    assert str(caught.value) == "policy.pth in model.zip is not a readable torch file: EOFError"
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -211,3 +214,34 @@ def test_the_layout_of_a_model_without_parameter_metadata_holds_only_the_buffers
     assert props(model) == {PARAMETERS_KEY: {"num_batches_tracked": {"name": "num_batches_tracked",
                                                                      "value": {"dtype": "int64", "shape": [], "data": [2]}}},
                             ORDER_KEY: ["num_batches_tracked"]}
+
+
+def test_an_sb3_zip_named_pt_is_told_apart_and_sent_to_from_sb3(tmp_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+    from torch_fixtures import SB3_DIR
+
+    renamed = tmp_path / "policy.pt"
+    renamed.write_bytes((SB3_DIR / "ppo_pendulum.zip").read_bytes())
+    expected = (f"{renamed} is a Stable-Baselines3 save (a zip holding data and policy.pth), not a torch file; "
+                "convert it with --from sb3")
+    for kind in (None, "state-dict", "torchscript", "rllib-torch"):
+        with pytest.raises(pp.UnreadableFileError) as caught:
+            pp.convert(renamed, kind=kind)
+        assert str(caught.value) == expected
+    result = CliRunner().invoke(app, ["convert", str(renamed), "-o", str(tmp_path / "m.onnx")])
+    assert (result.exit_code, result.stderr) == (3, f"error: {expected}\n")
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "is empty"),
+    (saved({"w": torch.ones(3)})[:300], "is not a readable torch file (a damaged or truncated zip archive: File is not a zip file)"),
+])
+@pytest.mark.parametrize("kind", ["state-dict", "torchscript"])
+def test_an_empty_or_truncated_torch_file_is_refused_saying_so(tmp_path, content, reason, kind):
+    path = tmp_path / "policy.pt"
+    path.write_bytes(content)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        pp.convert(path, kind=kind)
+    assert str(caught.value) == f"{path} {reason}"
