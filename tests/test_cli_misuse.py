@@ -354,3 +354,14 @@ def test_convert_without_onnx_says_which_extra(monkeypatch, tmp_path, place):
     monkeypatch.setattr(errors, "require", missing)
     fails(4, "converting a policy needs the Python package 'onnx', which is not installed; install it with: "
              "pip install 'policyport[onnx]'", "convert", place / "src.npz", "-o", tmp_path / "x.onnx")
+
+
+@pytest.mark.parametrize("command", ["convert", "expose"])
+@pytest.mark.parametrize("name", ["out.npz", "out.PT", "policy.zip", "weights.keras"])
+def test_an_onnx_output_named_as_another_format_is_refused_and_nothing_is_written(place, tmp_path, command, name):
+    source = place / ("src.npz" if command == "convert" else "md.onnx")
+    out = tmp_path / name
+    fails(2, f"{out} is named as a {out.suffix} file, but the output is an ONNX model; name it .onnx",
+          command, source, "-o", out)
+    assert not out.exists()
+    assert invoke(command, source, "-o", tmp_path / "no_suffix").exit_code == 0  # any other name is the user's

@@ -17,6 +17,7 @@ from .options import (
     LowOpt,
     RtolOpt,
     SeedOpt,
+    check_onnx_output,
     check_range,
     drawing_advice,
     given_options,
@@ -123,6 +124,7 @@ def convert(
             raise typer.BadParameter(f"--no-verify skips the check against the source that {', '.join(unchecked)} "
                                      "would shape; drop one or the other", param_hint="--no-verify")
         check_range(low, high)
+        check_onnx_output(output)
         check_writable(output, force)
         check_distinct(output, src, obs_norm, inputs)
         options = ConvertOptions(activation=activation, head=head, opset=opset, keep_value=keep_value,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, JsonOpt, ModelArg
+from .options import ForceOpt, JsonOpt, ModelArg, check_onnx_output
 from .render import add_row, counted, literal, out, say, shape_text, table
 
 
@@ -118,6 +118,7 @@ def expose(
         from ..passes import expose as expose_pass
         from ..summary import format_shape
 
+        check_onnx_output(output)
         check_writable(output, force)
         check_distinct(output, model)
         exposed = expose_pass(load_onnx(model), tensors)

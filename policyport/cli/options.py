@@ -46,6 +46,23 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
+#: Suffixes of the files policyport reads as something other than an ONNX model.
+_NOT_ONNX = frozenset({".npz", ".npy", ".pt", ".pth", ".zip", ".keras", ".h5", ".hdf5", ".safetensors", ".pkl",
+                       ".msgpack", ".json", ".py", ".csv"})
+
+
+def check_onnx_output(path: Path) -> None:
+    """Refuse an ``-o`` whose name says another format (an ONNX model named ``.npz`` reads back as a
+    broken ``.npz``); any other name, ``.onnx`` or none, is the user's choice.
+
+    Raises:
+        typer.BadParameter: such a name (exit 2).
+    """
+    if path.suffix.lower() in _NOT_ONNX:
+        raise typer.BadParameter(f"{path} is named as a {path.suffix} file, but the output is an ONNX model; "
+                                 "name it .onnx", param_hint="-o")
+
+
 def thread_count(value: int) -> int:
     """--threads' callback: more than the runtime's MAX_THREADS is refused (exit 2), not clamped."""
     from ..runtime import MAX_THREADS

@@ -67,9 +67,6 @@ READS_ONLY_FOR = {
     ("state-dict", "output_names"): "files holding a whole pickled module read with --trust",
 }
 
-#: Source kinds that add no action head unless one is asked for: ``head="none"`` is their default.
-_HEADLESS_BY_DEFAULT = frozenset({"keras", "savedmodel"})
-
 #: Where a source kind records its own activation, for the refusal of a list of them.
 _RECORDED_ACTIVATION = {
     "sb3": "; an SB3 zip records its activation in policy_kwargs (leave --activation out to use it)",
@@ -320,11 +317,8 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
         raise UnreadableFileError(wrong)
     _check_activation(options.activation)
     module, function = SOURCES[kind].split(":")
-    given = options
-    if options.head == NO_HEAD and kind in _HEADLESS_BY_DEFAULT:
-        options = dataclasses.replace(options, head=None)
     converted = getattr(importlib.import_module(module), function)(source, options)
-    _record_options(converted.model, kind, given)
+    _record_options(converted.model, kind, options)
     return converted
 
 

@@ -866,7 +866,7 @@ def _add_head(graph: _Graph, output: str, head: str, opset: int) -> list:
         graph.g.node.append(helper.make_node("ArgMax", [output], ["action"], name="action", axis=1, keepdims=0))
         return [helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])]
     if not width or width % 2:
-        raise BadModelError(f"a diag-gaussian head splits {output!r} into mean and log_std halves; it has width {width or 'unknown'}")
+        raise OptionError(f"a diag-gaussian head splits {output!r} into mean and log_std halves; it has width {width or 'unknown'}")
     half = width // 2
     axes = graph.add_initializer(np.array([1], np.int64), "head/axes")
     mid = graph.add_initializer(np.array([half], np.int64), "head/mid")
@@ -1000,7 +1000,13 @@ def _check_options(options, what: str) -> None:
 
 
 def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, kind: str):
+    import dataclasses
+
     from . import Converted
+    from .build import NO_HEAD
+
+    if options.head == NO_HEAD:  # the model's own outputs, as without a head
+        options = dataclasses.replace(options, head=None)
 
     proto = _run_tf2onnx(fw, trace, options.opset)
     provenance = {**provenance, "tensorflow": fw.tf.__version__, "keras": fw.keras.__version__,
@@ -1016,7 +1022,8 @@ def convert_keras(source, options):
         source: a path to a ``.keras``/``.h5`` file, a built ``keras.Model``, or a ``tf.function``
             with an ``input_signature``.
         options: a :class:`~policyport.converter.ConvertOptions`; ``opset`` (11 to 18, tf2onnx's
-            newest), ``head`` (on a single-output model), ``trust`` (load ``Lambda`` bytecode).
+            newest), ``head`` (on a single-output model; ``"none"`` or ``None``: the model's own
+            outputs), ``trust`` (load ``Lambda`` bytecode).
 
     Returns:
         A :class:`~policyport.converter.Converted`: graph input ``obs`` (one input; else the Keras
@@ -1025,6 +1032,8 @@ def convert_keras(source, options):
 
     Raises:
         MissingDependencyError: tensorflow or tf2onnx is not installed (extra ``tf``).
+        OptionError: options of other sources, an opset tf2onnx cannot write, a diag-gaussian head
+            on an output of odd or unknown width.
         UntrustedFileError: a file with Python bytecode and ``trust`` false.
         UnreadableFileError, BadModelError, UnsupportedOpError: see :func:`load_keras_file` and tf2onnx.
     """

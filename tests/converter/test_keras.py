@@ -404,7 +404,7 @@ def test_a_diag_gaussian_head_splits_a_keras_models_output_into_action_and_log_s
 
 
 def test_a_keras_head_needs_an_output_it_can_split_and_categorical_takes_the_argmax(obs):
-    with pytest.raises(pp.BadModelError) as caught:
+    with pytest.raises(pp.OptionError) as caught:
         convert_source(FIXTURES / "mlp_norm.keras", head="diag-gaussian")
     assert str(caught.value) == "a diag-gaussian head splits 'fc_out' into mean and log_std halves; it has width 3"
     c = convert_source(FIXTURES / "mlp_norm.keras", head="categorical")

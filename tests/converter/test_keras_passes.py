@@ -541,13 +541,13 @@ def test_a_categorical_head_is_the_argmax_over_the_logits_as_int64_actions():
                                          ([None, 0], "unknown")])
 def test_a_diag_gaussian_head_refuses_an_output_it_cannot_halve(shape, said):
     g = _head_graph(4, shape=shape)
-    with pytest.raises(pp.BadModelError) as caught:
+    with pytest.raises(pp.OptionError) as caught:
         kc._add_head(g, "fc_out", "diag-gaussian", 17)
     assert str(caught.value) == f"a diag-gaussian head splits 'fc_out' into mean and log_std halves; it has width {said}"
     g = _head_graph(4, shape=shape)
     del g.g.output[0].type.tensor_type.shape.dim[:]
     g.g.output[0].type.tensor_type.ClearField("shape")
-    with pytest.raises(pp.BadModelError, match="it has width unknown$"):
+    with pytest.raises(pp.OptionError, match="it has width unknown$"):
         kc._add_head(g, "fc_out", "diag-gaussian", 17)
 
 
