@@ -134,7 +134,7 @@ def load(source: bytes | str | os.PathLike, what: str | None = None) -> Any:
         dicts, lists, str/bytes, numbers, ``None``/bools, and numpy arrays for msgpack-numpy maps.
 
     Raises:
-        UnreadableFileError: the file cannot be read, is truncated, or is not MessagePack.
+        UnreadableFileError: the file cannot be read, is empty or truncated, or is not MessagePack.
     """
     if isinstance(source, (str, os.PathLike)):
         what = what or str(source)
@@ -143,6 +143,8 @@ def load(source: bytes | str | os.PathLike, what: str | None = None) -> Any:
         except OSError as e:
             raise UnreadableFileError(f"cannot read {what}: {e}") from e
     reader = _Reader(bytes(source), what or "the MessagePack data")
+    if not reader.data:
+        raise UnreadableFileError(f"{reader.what} is empty: it holds no MessagePack value")
     value = reader.value()
     if reader.pos != len(reader.data):
         raise UnreadableFileError(f"{reader.what} has {len(reader.data) - reader.pos} bytes after its MessagePack value")

@@ -138,6 +138,8 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
     except UnreadableFileError:  # an OSError too: not to be wrapped in the message below
         raise
     except (zipfile.BadZipFile, OSError) as e:
+        if Path(path).is_file() and Path(path).stat().st_size == 0:
+            raise UnreadableFileError(f"{path} is empty (an SB3 save is a zip archive)") from e
         raise UnreadableFileError(f"{path} is not a readable zip archive: {e}") from e
     except ValueError as e:
         raise UnreadableFileError(f"{path}: its data member is not JSON: {e}") from e

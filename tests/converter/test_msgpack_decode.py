@@ -62,7 +62,8 @@ def _array_map(type_: bytes, shape: list[int], data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("raw,message", [
-    (b"", "the MessagePack data is truncated: a MessagePack value runs past the end of the file"),
+    (b"", "the MessagePack data is empty: it holds no MessagePack value"),
+    (b"\x92\x01", "the MessagePack data is truncated: a MessagePack value runs past the end of the file"),
     (bytes.fromhex("92 01"), "is truncated"),
     (bytes.fromhex("c1"), "the MessagePack data holds byte 0xc1 at offset 0, which starts no MessagePack value"),
     (bytes.fromhex("92 01 c1"), "holds byte 0xc1 at offset 2"),

@@ -1446,7 +1446,7 @@ def test_with_no_filter_a_damaged_filter_state_is_not_read(tmp_path, name, damag
     out = tmp_path / "m.onnx"
     result = runner.invoke(app, ["convert", str(folder), "-o", str(out)])
     assert result.exit_code == 3 and not out.exists() and "Traceback" not in result.output
-    reason = "is truncated" if damaged.endswith(".msgpack") else "is not a readable pickle: EOFError"
+    reason = "is empty: it holds no MessagePack value" if damaged.endswith(".msgpack") else "is not a readable pickle: EOFError"
     assert f"{folder / damaged} {reason}" in " ".join(result.output.split())
 
     result = runner.invoke(app, ["convert", str(folder), "-o", str(out), "--no-filter", "--samples", "20"])

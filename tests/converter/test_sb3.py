@@ -484,6 +484,7 @@ def _zip(path, members: dict[str, bytes]):
 
 @pytest.mark.parametrize("members, message", [
     (None, "{path} is not a readable zip archive: File is not a zip file"),
+    (b"", "{path} is empty (an SB3 save is a zip archive)"),
     ({"policy.pth": b"x"}, "{path} is not a Stable-Baselines3 save: it lacks ['data']"),
     ({"data": b"{}"}, "{path} is not a Stable-Baselines3 save: it lacks ['policy.pth']"),
     ({"other": b""}, "{path} is not a Stable-Baselines3 save: it lacks ['data', 'policy.pth']"),
@@ -495,8 +496,8 @@ def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path,
     from policyport.converter.sb3 import read_zip
 
     path = tmp_path / "policy.zip"
-    if members is None:
-        path.write_bytes(b"not a zip")
+    if members is None or isinstance(members, bytes):
+        path.write_bytes(b"not a zip" if members is None else members)
     else:
         _zip(path, members)
     with pytest.raises(pp.UnreadableFileError) as caught:

@@ -34,7 +34,7 @@ def _zip(path, **members):
 
 @pytest.mark.parametrize("make, reason", [
     (lambda p: p.write_bytes(CARTPOLE.read_bytes()[:300]), "is not a readable zip archive: File is not a zip file"),
-    (lambda p: p.write_bytes(b""), "is not a readable zip archive: File is not a zip file"),
+    (lambda p: p.write_bytes(b""), "is empty (an SB3 save is a zip archive)"),
     (lambda p: _zip(p, **{"policy.pth": b"x"}), "is not a Stable-Baselines3 save: it lacks ['data']"),
     (lambda p: _zip(p, data=b"{}"), "is not a Stable-Baselines3 save: it lacks ['policy.pth']"),
 ])
