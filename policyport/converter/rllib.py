@@ -688,6 +688,13 @@ def convert_rllib(source, options):
         prelude.obs_filter = f
         notes.append(f"baked in the MeanStdFilter ({f.count} observations, epsilon {f.epsilon:g}, "
                      f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")
+        if f.destd and not f.count:
+            notes.append(f"warning: the MeanStdFilter of policy {ckpt.policy_id!r} has seen no observations: it divides "
+                         f"by std + epsilon = {float(np.max(f.std)) + f.epsilon:g} at most, as RLlib does, so almost "
+                         "every observation ends "
+                         + (f"at the clip bound ±{f.clip:g} and the policy's output barely depends on it"
+                            if f.clip else "scaled by 1/epsilon")
+                         + "; was this policy ever trained?")
     elif ckpt.filter_agents:
         raise BadModelError(
             f"the checkpoint's MeanStdFilter holds the statistics of agents {', '.join(ckpt.filter_agents)} and "

@@ -125,6 +125,18 @@ def test_no_filter_leaves_the_filter_out(metadrive_weights, metadrive_obs):
     assert np.abs(got - _fcnet(metadrive_weights, metadrive_obs)).max() <= 1e-5
 
 
+def test_a_filter_that_has_seen_no_observations_is_baked_in_with_a_warning():
+    converted = convert_source(LEGACY, policy_id="opponent")
+    assert ("warning: the MeanStdFilter of policy 'opponent' has seen no observations: it divides by std + epsilon = "
+            "1e-08 at most, as RLlib does, so almost every observation ends at the clip bound ±10 and the policy's "
+            "output barely depends on it; was this policy ever trained?") in converted.notes
+    width = converted.model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    obs = np.linspace(-3, 3, 8 * width, dtype=np.float32).reshape(8, width)
+    clipped = pp.load(converted.model).record({"obs": obs}, "obs_filter/clip")["obs_filter/clip"]
+    assert (np.abs(clipped) == 10).all()  # as the warning says
+    assert not any("has seen no observations" in n for n in convert_source(LEGACY).notes)  # 12,000 observations
+
+
 def test_policy_id_picks_a_policy_and_an_unknown_one_lists_those_present(tmp_path):
     model = pp.convert(LEGACY, policy_id="opponent")
     assert [i.dims for i in model.graph.initializer if i.name == "opponent/fc_out/kernel"] == [[4, 2]]
