@@ -1069,7 +1069,11 @@ NO_HEAD = ("the checkpoint does not record its action space, so no head was adde
       "left the checkpoint's MeanStdFilter out (--no-filter): feed filtered observations", NO_HEAD]),
     ({"policy_id": "opponent"}, ["legacy checkpoint: converted policy 'opponent' (it also holds default_policy)",
                                  "baked in the MeanStdFilter (0 observations, epsilon 1e-08, clip 10.0); --no-filter "
-                                 "leaves it out", NO_HEAD]),
+                                 "leaves it out",
+                                 "warning: the MeanStdFilter of policy 'opponent' has seen no observations: it divides by "
+                                 "std + epsilon = 1e-08 at most, as RLlib does, so almost every observation ends at the "
+                                 "clip bound ±10 and the policy's output barely depends on it; was this policy ever "
+                                 "trained?", NO_HEAD]),
     ({"head": "diag-gaussian"},  # a head asked for: no note about the one not added
      ["legacy checkpoint: converted policy 'default_policy' (it also holds opponent)",
       "dropped the value branch (fc_value_1, fc_value_2, value_out); --keep-value exports it as 'value'",
