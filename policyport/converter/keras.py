@@ -928,7 +928,7 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     head = options.head
     if head is not None:
         if len(trace.outputs) != 1:
-            raise BadModelError(f"a {head} head needs a model with one output; this one has {len(trace.outputs)}: {', '.join(trace.outputs)}")
+            raise OptionError(f"a {head} head needs a model with one output; this one has {len(trace.outputs)}: {', '.join(trace.outputs)}")
         graph.g.output.extend(_add_head(graph, trace.outputs[0], head, options.opset))
     graph.g.name = "policy"
     proto.producer_name, proto.producer_version = "policyport", _version()
@@ -1032,8 +1032,8 @@ def convert_keras(source, options):
 
     Raises:
         MissingDependencyError: tensorflow or tf2onnx is not installed (extra ``tf``).
-        OptionError: options of other sources, an opset tf2onnx cannot write, a diag-gaussian head
-            on an output of odd or unknown width.
+        OptionError: options of other sources, an opset tf2onnx cannot write, a head on a model of
+            several outputs, a diag-gaussian head on an output of odd or unknown width.
         UntrustedFileError: a file with Python bytecode and ``trust`` false.
         UnreadableFileError, BadModelError, UnsupportedOpError: see :func:`load_keras_file` and tf2onnx.
     """

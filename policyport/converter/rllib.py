@@ -717,7 +717,8 @@ def convert_rllib(source, options):
     model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
                       postlude=_dueling if dqn else None,
                       metadata={"policyport.activation": "linear" if act is None else act.name
-                                + (f":{act.alpha}" if act.alpha is not None else "")})
+                                + (f":{act.alpha}" if act.alpha is not None else ""),
+                                **({"policyport.head": "categorical"} if dqn else {})})  # its argmax action
 
     def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
         x, out = prelude.reference(obs, spec.dtype) if prelude else (obs, {})

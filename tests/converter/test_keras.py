@@ -496,3 +496,10 @@ def test_a_folder_without_saved_model_pb_or_without_signatures_is_refused_saying
     with pytest.raises(pp.UnreadableFileError) as caught:
         convert_source(bare)
     assert str(caught.value) == f"{bare} has no serving_default signature; it has: none"
+
+
+def test_a_head_on_a_model_of_several_outputs_is_a_usage_error_on_the_command_line(tmp_path):
+    out = tmp_path / "k.onnx"
+    result = CliRunner().invoke(app, ["convert", str(FIXTURES / "three_heads.keras"), "-o", str(out), "--head", "categorical"])
+    assert result.exit_code == 2 and not out.exists()
+    assert "a categorical head needs a model with one output; this one has 3: steer, brake, gear" in " ".join(result.stderr.split())

@@ -673,7 +673,7 @@ def test_finish_adds_a_head_after_the_models_output_and_records_it(head):
 def test_finish_refuses_a_head_on_a_model_of_several_outputs():
     proto, trace, _ = _tf2onnx_like()
     trace.outputs = ["fc_1", "fc_out"]
-    with pytest.raises(pp.BadModelError) as caught:
+    with pytest.raises(pp.OptionError) as caught:  # exit 2, as every head that does not fit the source
         _finish(proto, trace, head="categorical")
     assert str(caught.value) == "a categorical head needs a model with one output; this one has 2: fc_1, fc_out"
 

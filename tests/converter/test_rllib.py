@@ -757,6 +757,7 @@ def test_a_dqn_refuses_a_diag_gaussian_head_and_takes_categorical_as_the_argmax_
     assert str(caught.value) == ("--head diag-gaussian does not apply to a DQN checkpoint: its action is the argmax of its "
                                  "Q-values (the categorical head, which it always has)")
     assert pp.convert(folder, head="categorical").graph == pp.convert(folder).graph  # the options recorded differ
+    assert {p.key: p.value for p in pp.convert(folder).metadata_props}["policyport.head"] == "categorical"
 
 
 def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_needs():
