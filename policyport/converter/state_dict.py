@@ -374,7 +374,8 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         first = min(int(SEQ_KEY.match(k)["index"]) for k in arrays)
         if first > 0:
             spec.flatten_scope = f"{prefix}0"
-            notes.append(f"{prefix}0..{first - 1} hold no parameters before the first layer: taken as nn.Flatten")
+            held = f"module {prefix}0 holds" if first == 1 else f"modules {prefix}0 to {prefix}{first - 1} hold"
+            notes.append(f"{held} no parameters before the first layer: taken as nn.Flatten")
         family = None
     dtypes = {a.dtype for a in arrays.values() if a.dtype.kind == "f"}
     if len(dtypes) != 1:

@@ -812,7 +812,9 @@ def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
     c = convert_source(_saved(tmp_path, arrays), opset=13, input_shape=(2, 3))
     assert c.model.opset_import[0].version == 13
     assert [d.dim_value for d in c.model.graph.input[0].type.tensor_type.shape.dim[1:]] == [2, 3]
-    assert "0..1 hold no parameters before the first layer: taken as nn.Flatten" in c.notes
+    assert "modules 0 to 1 hold no parameters before the first layer: taken as nn.Flatten" in c.notes
+    one = convert_source(_saved(tmp_path, {"1.weight": np.ones((3, 6), np.float32)}, "one.pt"), input_shape=(2, 3))
+    assert "module 0 holds no parameters before the first layer: taken as nn.Flatten" in one.notes
     obs = observations((2, 3), 4)
     np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], obs.reshape(4, 6) @ np.ones((6, 3)), rtol=1e-6)
     assert pp.verify(c.model, obs, reference=c.reference).passed  # torch's nn.Flatten in the reference
