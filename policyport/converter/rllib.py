@@ -683,6 +683,8 @@ def convert_rllib(source, options):
     if not options.obs_filter:  # the filter's state was not read
         if ckpt.filter_named:
             notes.append(f"left the checkpoint's {ckpt.filter_named} out (--no-filter): feed filtered observations")
+        else:
+            notes.append("--no-filter: the checkpoint names no observation filter; there was none to leave out")
     elif ckpt.obs_filter is not None:
         f = ckpt.obs_filter
         prelude.obs_filter = f

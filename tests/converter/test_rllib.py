@@ -1549,3 +1549,9 @@ def test_without_a_recorded_action_space_the_note_says_why_no_head_was_added(tmp
     assert [o.name for o in converted.model.graph.output] == ["logits"] and NO_HEAD in converted.notes
     chosen = convert_source(folder, head="categorical")  # any head may be asked for
     assert [o.name for o in chosen.model.graph.output] == ["logits", "action"] and NO_HEAD not in chosen.notes
+
+
+def test_no_filter_on_a_checkpoint_without_a_filter_says_there_was_none_to_leave_out():
+    notes = convert_source(RAY / "dqn_new", obs_filter=False).notes
+    assert "--no-filter: the checkpoint names no observation filter; there was none to leave out" in notes
+    assert not any("no observation filter" in n for n in convert_source(RAY / "dqn_new").notes)
