@@ -459,6 +459,16 @@ _NOT_FILES = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a FIFO (named p
               (stat.S_ISSOCK, "is a socket"))
 
 
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is not a regular file (``"is a character device"`` ...),
+    or None: a regular file or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((what for test, what in _NOT_FILES if test(mode)), None)
+
+
 def _open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading, refused unless it is a non-empty regular file.
 

@@ -123,6 +123,13 @@ def _draw(rng, v: ValueInfo, shape: tuple[int, ...], low: float, high: float, bo
     return np.asarray(rng.uniform(low, high, size=shape)).astype(v.dtype)
 
 
+def _integers(low, high) -> str:
+    """``the integers 0..3`` of the range ``[low, high)``, or of one range per position."""
+    if np.ndim(low) == 0 and np.ndim(high) == 0:
+        return f"the integers {int(low)}..{int(high) - 1}"
+    return "per position the integers of the ranges"
+
+
 def input_ranges(metadata: Mapping[str, str]) -> dict[str, tuple]:
     """The integer ranges a converter recorded for graph inputs (model metadata
     :data:`policyport.graph.INPUT_RANGES_KEY`), as :func:`sample_inputs` takes them.
@@ -239,8 +246,13 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         feeds = sample_inputs(first.inputs, asked, low, high, seed, ranges)
         ranged = [v.name for v in first.inputs if v.name in ranges]
         if ranged and (low, high) != (0.0, 1.0):  # the range asked for does not reach these inputs: say so
-            notes.append(f"input(s) {', '.join(map(repr, ranged))} take the integers of the range the model records; "
-                         f"[{low:g}, {high:g}) (--low/--high, low=/high=) applies to the other inputs")
+            if len(ranged) < len(first.inputs):
+                notes.append(f"input(s) {', '.join(map(repr, ranged))} take the integers of the range the model "
+                             f"records; [{low:g}, {high:g}) (--low/--high, low=/high=) applies to the other inputs")
+            else:
+                notes.append(f"[{low:g}, {high:g}) (--low/--high, low=/high=) applies to no input: "
+                             + "; ".join(f"{name!r} takes {_integers(*ranges[name])}" for name in ranged)
+                             + " the model records")
     else:
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)

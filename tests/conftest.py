@@ -35,6 +35,25 @@ def metadrive_obs() -> np.ndarray:
     return np.random.default_rng(2024).uniform(0, 1, size=(1000, 275)).astype(np.float32)
 
 
+@pytest.fixture(scope="module")
+def place(tmp_path_factory, metadrive_obs):
+    """A folder of the module's own holding md.onnx (the MetaDrive expert, converted by the CLI), its
+    source src.npz and obs.npy (5 rows)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    folder = tmp_path_factory.mktemp("place")
+    shutil.copy(METADRIVE, folder / "src.npz")
+    result = CliRunner().invoke(app, ["convert", str(folder / "src.npz"), "-o", str(folder / "md.onnx"),
+                                      "--head", "diag-gaussian", "--samples", "8"])
+    assert result.exit_code == 0, result.output
+    np.save(folder / "obs.npy", metadrive_obs[:5])
+    return folder
+
+
 @pytest.fixture
 def strict_numpy():
     """Turn numpy floating-point warnings into errors (overflow, invalid, divide)."""

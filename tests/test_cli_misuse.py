@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -26,17 +25,6 @@ def invoke(*args):
     assert "Traceback" not in result.output
     assert result.exit_code != 70, result.output
     return result
-
-
-@pytest.fixture(scope="module")
-def place(tmp_path_factory, metadrive_path, metadrive_obs):
-    """A folder holding md.onnx (the MetaDrive expert), its source src.npz and obs.npy (5 rows)."""
-    folder = tmp_path_factory.mktemp("misuse")
-    shutil.copy(metadrive_path, folder / "src.npz")
-    assert invoke("convert", folder / "src.npz", "-o", folder / "md.onnx", "--head", "diag-gaussian",
-                  "--samples", "8").exit_code == 0
-    np.save(folder / "obs.npy", metadrive_obs[:5])
-    return folder
 
 
 def fails(code: int, message: str, *args):

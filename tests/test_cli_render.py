@@ -68,15 +68,14 @@ def test_tolerance_text_given_by_dtype_or_exact():
     assert tolerance_text(half_given) == "float32: atol 1e-05, rtol 1e-05"
 
 
-def test_report_lines_notes_rounding_figures_and_skipped():
+def test_report_lines_rounding_figures_and_skipped_not_the_notes():
     report = Report(["numpy", "onnxruntime"], None, 4, None, None, [
         _cmp("plain"),
         _cmp("a", rule="rounding", max_abs=3.7e-4, candidate_vs_float64=4e-4, reference_vs_float64=2.9e-4, rounding_bound=2.3e-3),
         _cmp("b", rule="rounding", passed=False, max_abs=1e-2, candidate_vs_float64=1e-2, reference_vs_float64=1e-7,
              rounding_bound=8e-7),
         _cmp("c")], [Skipped("noise", "depends on the random RandomNormal node 'r'")], ["using the first 4 of 9"])
-    assert report_lines(report) == [
-        "note: using the first 4 of 9",
+    assert report_lines(report) == [  # the notes are status, said on stderr
         "a (onnxruntime vs numpy): 0.00037 exceeds the tolerance, within float32 rounding: against a float64 run "
         "onnxruntime is 0.0004 off and numpy 0.00029, bound 0.0023",
         "b (onnxruntime vs numpy): 0.01 exceeds the tolerance, beyond float32 rounding: against a float64 run "

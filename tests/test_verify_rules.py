@@ -247,8 +247,7 @@ def test_a_range_asked_for_says_which_inputs_it_does_not_reach():
     assert not any("take the integers" in n for n in quiet.notes)  # the default range: nothing to say
     report = pp.verify(_indexed(), samples=50, low=-3.0, high=3.0)
     assert report.passed and report.notes == [
-        "input(s) 'idx' take the integers of the range the model records; [-3, 3) (--low/--high, low=/high=) "
-        "applies to the other inputs"]
+        "[-3, 3) (--low/--high, low=/high=) applies to no input: 'idx' takes the integers 0..4 the model records"]
 
 
 def test_bool_inputs_are_drawn_false_and_true_alike():

@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import UnreadableFileError, require
-from ..files import check_npz_arrays
+from ..files import check_npz_arrays, not_a_file
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -380,7 +380,9 @@ def open_table(path: str | os.PathLike) -> Table:
     if path.is_dir():
         return NpyFolderTable(path) if (path / META_FILE).is_file() else FolderTable(path)
     if not path.is_file():
-        raise UnreadableFileError(f"{path}: no such file or folder")
+        what = not_a_file(path)
+        raise UnreadableFileError(f"{path} {what}, not a file; expected an .npy, .npz or .parquet file, or a folder "
+                                  "of them" if what else f"{path}: no such file or folder")
     kinds = {".npy": NpyTable, ".npz": NpzTable, ".parquet": ParquetTable}
     if path.suffix not in kinds:
         raise UnreadableFileError(f"{path}: expected an .npy, .npz or .parquet file, or a folder of them")

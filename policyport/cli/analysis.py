@@ -11,8 +11,20 @@ import typer
 from rich.text import Text
 
 from .core import app, emit_json, guard
-from .options import (ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, QuietOpt, SteerOpt, ThreadsOpt,
-                      overrides_from)
+from .options import (
+    ForceOpt,
+    JsonOpt,
+    ModelArg,
+    OverrideOpt,
+    OverridesFileOpt,
+    QuietOpt,
+    SteerOpt,
+    ThreadsOpt,
+    check_output_format,
+    given_path,
+    overrides_from,
+    tensor_patterns,
+)
 from .render import add_row, counted, err, fits, literal, out, say, shape_text, table
 
 
@@ -71,9 +83,9 @@ def _size(n: int) -> str:
 @app.command()
 def record(
     model: ModelArg,
-    data: Annotated[Path, typer.Option("-i", "--input", metavar="DATA", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT", help="The recording: .npz, .parquet, or a name without a suffix for a folder of .npy files (a folder of .parquet files with --engine ray).")],
-    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
+    data: Annotated[Path, typer.Option("-i", "--input", parser=given_path, metavar="DATA", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT", help="The recording: .npz, .parquet, or a name without a suffix for a folder of .npy files (a folder of .parquet files with --engine ray).")],
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names (graph outputs always).")] = "*",
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help="Rows per block; memory is bounded by one block.")] = 4096,
     fmt: Annotated[Optional[RecordFormat], typer.Option("--format", metavar="[npz|parquet|npy]", help="Output format; npy is a folder of one .npy per tensor, the fastest to write  [default: from the suffix of -o]")] = None,
     engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
@@ -135,9 +147,9 @@ def _fig(value) -> str:
 
 @app.command()
 def stats(
-    recording: Annotated[Path, typer.Argument(metavar="REC", help="A recording: .npz, .parquet, a folder of .npy files (npy) or of .parquet files.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="STATS.json", help="Also write every per-neuron figure to this JSON file.")] = None,
-    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
+    recording: Annotated[Path, typer.Argument(metavar="REC", parser=given_path, help="A recording: .npz, .parquet, a folder of .npy files (npy) or of .parquet files.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=given_path, metavar="STATS.json", help="Also write every per-neuron figure to this JSON file.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
     engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray workers reduce blocks, moments merged.")] = Engine.local,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help="Rows read per block.")] = 16384,
     quiet: QuietOpt = False,
@@ -153,6 +165,7 @@ def stats(
         from ..files import check_distinct, check_writable
 
         if output is not None:
+            check_output_format(output, ".json")
             check_writable(output, force)
             check_distinct(output, recording)
         with progress_bar("statistics", quiet or as_json) as callback:
@@ -192,9 +205,9 @@ def stats(
 
 @app.command()
 def plot(
-    source: Annotated[Path, typer.Argument(metavar="REC|REPORT", help="A recording, or the JSON of 'policyport verify --json'.")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The folder of PNG files to create.")],
-    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
+    source: Annotated[Path, typer.Argument(metavar="REC|REPORT", parser=given_path, help="A recording, or the JSON of 'policyport verify --json'.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The folder of PNG files to create.")],
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
     rows: Annotated[int, typer.Option("--rows", min=1, metavar="N", help="Observations shown in each heatmap (the first N).")] = 200,
     quiet: QuietOpt = False,
     force: ForceOpt = False,

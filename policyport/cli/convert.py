@@ -21,6 +21,7 @@ from .options import (
     check_range,
     drawing_advice,
     given_options,
+    given_path,
 )
 from .render import say
 from .verify import print_report
@@ -80,8 +81,8 @@ EXPORTERS = ("torchscript", "dynamo")
 @app.command()
 def convert(
     ctx: typer.Context,
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
+    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT.onnx", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
     activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
     head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only, no action), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax); a source whose head is fixed (an SB3 zip, a torch module) refuses every value  [default: the source's own]")] = None,
@@ -95,7 +96,7 @@ def convert(
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
-    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,

@@ -17,6 +17,7 @@ from .options import (
     SeedOpt,
     check_range,
     drawing_advice,
+    given_path,
 )
 from .render import counted, literal, out, say
 
@@ -24,7 +25,7 @@ from .render import counted, literal, out, say
 @app.command("export-numpy")
 def export_numpy(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="MODULE.py", help="The module to write (.py); its weights go beside it as .npz.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="MODULE.py", help="The module to write (.py); its weights go beside it as .npz.")],
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,

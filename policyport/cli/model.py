@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, JsonOpt, ModelArg, check_onnx_output
+from .options import (
+    ForceOpt,
+    JsonOpt,
+    ModelArg,
+    check_onnx_output,
+    check_output_format,
+    given_path,
+    tensor_patterns,
+)
 from .render import add_row, counted, literal, out, say, shape_text, table
 
 
@@ -19,7 +27,7 @@ TERMINAL_ROWS = 200
 
 @app.command()
 def inspect(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
@@ -76,7 +84,7 @@ def inspect(
 @app.command()
 def extract(
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of weights to write.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT.npz", help="The .npz of weights to write.")],
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -86,6 +94,7 @@ def extract(
         from ..files import check_distinct, check_writable, save_npz
         from ..passes import extract_weights
 
+        check_output_format(output, ".npz")
         check_writable(output, force)
         check_distinct(output, model)
         weights = extract_weights(model)
@@ -104,9 +113,9 @@ def extract(
 
 @app.command()
 def expose(
-    model: Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a folder written by 'policyport pack' (left untouched).")],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="OUT.onnx", help="The .onnx file to write.")],
-    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names.")] = "*",
+    model: Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model or a folder written by 'policyport pack' (left untouched).")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT.onnx", help="The .onnx file to write.")],
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names.")] = "*",
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:

@@ -17,6 +17,23 @@ def finite_tolerance(value: Optional[float]) -> Optional[float]:
     return None if value is None else abs(value)  # -0.0 (already refused below 0) reads as 0
 
 
+def tensor_patterns(value: Optional[str]) -> Optional[str]:
+    """``--tensors``' callback: a list of no pattern at all (only commas and blanks, as an unset shell
+    variable leaves it) is refused (exit 2) rather than read as "nothing but the graph outputs"."""
+    if value is not None and not any(p.strip() for p in value.split(",")):
+        raise typer.BadParameter(f"{value!r} holds no tensor name or glob; give comma-separated names or globs, "
+                                 "e.g. 'fc_1/*,logits' (the graph outputs alone: their names)")
+    return value
+
+
+def given_path(value: str) -> Path:
+    """The parser of a path option or argument: an empty name is refused (exit 2), not read as the
+    current folder ``.``."""
+    if not value:
+        raise typer.BadParameter("the name is empty; give a file name")
+    return Path(value)
+
+
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", min=0.0, metavar="A", callback=finite_tolerance, help="Absolute tolerance for floating tensors  [default: by dtype: float32 1e-5, float16 1e-3, bfloat16 1e-2, float64 1e-9]")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", min=0.0, metavar="R", callback=finite_tolerance, help="Relative tolerance, times |reference|  [default: by dtype, as --atol]")]
 RoundingOpt = Annotated[bool, typer.Option("--rounding/--no-rounding", help="Also pass a floating tensor that fails the tolerance when a float64 run shows the difference is float32 rounding (see 'Verification' in the README).")]
@@ -25,7 +42,7 @@ HighOpt = Annotated[float, typer.Option("--high", metavar="H", help="Upper end o
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
-ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", help="An .onnx model or a folder written by 'policyport pack'.")]
+ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model or a folder written by 'policyport pack'.")]
 
 
 def check_range(low: float, high: float) -> None:
@@ -46,21 +63,33 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
-#: Suffixes of the files policyport reads as something other than an ONNX model.
-_NOT_ONNX = frozenset({".npz", ".npy", ".pt", ".pth", ".zip", ".keras", ".h5", ".hdf5", ".safetensors", ".pkl",
-                       ".msgpack", ".json", ".py", ".csv"})
+#: Suffixes that name a format policyport reads or writes, and what a file of that format is.
+_FORMATS = {".onnx": "an ONNX model", ".npz": "an .npz archive of arrays", ".json": "a JSON document",
+            ".npy": "", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",
+            ".pkl": "", ".msgpack": "", ".py": "", ".csv": "", ".parquet": ""}
 
 
-def check_onnx_output(path: Path) -> None:
-    """Refuse an ``-o`` whose name says another format (an ONNX model named ``.npz`` reads back as a
-    broken ``.npz``); any other name, ``.onnx`` or none, is the user's choice.
+def check_output_format(path: Path, suffix: str, option: str = "-o") -> None:
+    """Refuse an output named as a format other than the ``suffix`` one it is written in (an ONNX
+    model named ``.npz`` reads back as a broken ``.npz``, an ``.npz`` named ``.npy`` loads as an
+    archive, not an array); ``suffix``, a suffix no format claims, or none are the user's choice.
+
+    Args:
+        path: the output file given.
+        suffix: the suffix of the format written, a key of ``_FORMATS`` with a description.
+        option: the option that gave ``path``, for the message.
 
     Raises:
         typer.BadParameter: such a name (exit 2).
     """
-    if path.suffix.lower() in _NOT_ONNX:
-        raise typer.BadParameter(f"{path} is named as a {path.suffix} file, but the output is an ONNX model; "
-                                 "name it .onnx", param_hint="-o")
+    if path.suffix.lower() in _FORMATS and path.suffix.lower() != suffix:
+        raise typer.BadParameter(f"{path} is named as a {path.suffix} file, but the output is {_FORMATS[suffix]}; "
+                                 f"name it {suffix}", param_hint=option)
+
+
+def check_onnx_output(path: Path) -> None:
+    """:func:`check_output_format` for an ``-o`` written as an ONNX model."""
+    check_output_format(path, ".onnx")
 
 
 def thread_count(value: int) -> int:
@@ -125,3 +154,4 @@ def drawing_advice(command: str, takes_inputs: bool):
         else:
             remedy = f"'policyport {command}' draws its observations at random (it has no -i) and cannot for this input"
         raise e.advise(remedy) from None
+

@@ -21,6 +21,7 @@ from .options import (
     SeedOpt,
     check_range,
     drawing_advice,
+    given_path,
     given_options,
 )
 from .render import add_row, counted, fits, literal, out, say, table
@@ -30,8 +31,8 @@ from .render import add_row, counted, fits, literal, out, say, table
 def pack(
     ctx: typer.Context,
     model: ModelArg,
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The bundle folder to write.")],
-    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help="The golden observations (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The bundle folder to write.")],
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="The golden observations (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Golden observations to draw (with -i, how many of the file's first rows to use).")] = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,

@@ -11,7 +11,19 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .options import ForceOpt, JsonOpt, ModelArg, OverrideOpt, OverridesFileOpt, SteerOpt, ThreadsOpt, overrides_from
+from .options import (
+    ForceOpt,
+    JsonOpt,
+    ModelArg,
+    OverrideOpt,
+    OverridesFileOpt,
+    SteerOpt,
+    ThreadsOpt,
+    check_output_format,
+    given_path,
+    overrides_from,
+    tensor_patterns,
+)
 from . import render
 from .render import add_row, literal, say, shape_text, table
 from .inputs import load_feeds
@@ -25,11 +37,11 @@ class BackendName(str, Enum):
 @app.command()
 def run(
     model: ModelArg,
-    inputs: Annotated[Path, typer.Option("-i", "--input", metavar="OBS", help=".npy (single-input model) or .npz keyed by input name.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="OUT.npz", help="The .npz of graph outputs to write (optional with --profile).")] = None,
+    inputs: Annotated[Path, typer.Option("-i", "--input", metavar="OBS", parser=given_path, help=".npy (single-input model) or .npz keyed by input name.")],
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="OUT.npz", parser=given_path, help="The .npz of graph outputs to write (optional with --profile).")] = None,
     backend: Annotated[BackendName, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime.")] = BackendName.numpy,
-    record: Annotated[Optional[Path], typer.Option(metavar="ACTS.npz", help="Also write every recorded activation to this .npz.")] = None,
-    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", help="With --record: comma-separated globs over node-output names; graph outputs are always recorded, so an empty list ('' or ',') records them only  [default: every tensor]")] = None,
+    record: Annotated[Optional[Path], typer.Option(metavar="ACTS.npz", parser=given_path, help="Also write every recorded activation to this .npz.")] = None,
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", callback=tensor_patterns, help="With --record: comma-separated globs over node-output names; graph outputs are always recorded  [default: every tensor]")] = None,
     chosen: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to compute, on the graph pruned to what they need (inputs it no longer reads are ignored)  [default: all]")] = None,
     override: OverrideOpt = None,
     steer: SteerOpt = None,
@@ -52,12 +64,14 @@ def run(
         if output is None and (not profile or record is not None):
             raise typer.BadParameter("give the .npz to write the outputs to (-o), or --profile alone", param_hint="-o")
         if output is not None:
+            check_output_format(output, ".npz")
             check_writable(output, force)
             check_distinct(output, model, inputs)
         if record is not None:
             if output is not None and record.resolve() == output.resolve():
                 raise typer.BadParameter(f"{literal(record)} is also the -o file; give --record another file",
                                          param_hint="--record")
+            check_output_format(record, ".npz", "--record")
             check_writable(record, force)
             check_distinct(record, model, inputs)
         edits = overrides_from(override, steer, overrides)

@@ -20,8 +20,10 @@ from .options import (
     ThreadsOpt,
     check_range,
     drawing_advice,
+    given_path,
+    tensor_patterns,
 )
-from .render import add_row, cell, counted, literal, out, shape_text, table
+from .render import add_row, cell, counted, literal, out, say, shape_text, table
 
 
 def verification_table(report):
@@ -52,9 +54,9 @@ def verification_table(report):
 
 
 def report_lines(report) -> list[str]:
-    """What the table cannot show: notes, the float64 figures of rounding passes (and of failures
-    the float64 run judged), and why tensors were skipped."""
-    lines = [f"note: {n}" for n in report.notes]
+    """What the table cannot show: the float64 figures of rounding passes (and of failures the
+    float64 run judged), and why tensors were skipped (the report's notes are status: stderr)."""
+    lines = []
     for c in report.comparisons:
         if c.rule != "rounding":
             continue
@@ -73,6 +75,8 @@ def print_report(report, as_json: bool) -> int:
         emit_json(report.to_dict())
     else:
         out.print(verification_table(report))
+        for note in report.notes:
+            say(f"note: {note}")
         for line in report_lines(report):
             out.print(literal(line))
         out.print(Text(literal(verdict(report)), style="" if report.passed else "bold red"))
@@ -82,7 +86,7 @@ def print_report(report, as_json: bool) -> int:
 @app.command("verify")
 def verify_cmd(
     model: ModelArg,
-    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", metavar="OBS", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
+    inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help=".npy or .npz of observations; drawn at random when omitted.")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high)  [default: 1000]")] = None,
     low: Annotated[Optional[float], typer.Option("--low", metavar="L", help="Lower end of the range observations are drawn from  [default: 0.0]")] = None,
     high: Annotated[Optional[float], typer.Option("--high", metavar="H", help="Upper end of the range observations are drawn from  [default: 1.0]")] = None,
@@ -90,7 +94,7 @@ def verify_cmd(
     backends: Annotated[Optional[str], typer.Option(metavar="NAME,NAME", help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(metavar="SRC", help="The source the model was converted from, as a further reference.")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
-    tensors: Annotated[str, typer.Option(metavar="GLOBS", help="Comma-separated globs over node-output names to compare; graph outputs always are, so an empty list ('' or ',') compares the graph outputs only.")] = "*",
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names to compare; graph outputs always are (name them alone to compare only them).")] = "*",
     outputs: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
@@ -127,7 +131,11 @@ def verify_cmd(
         unknown = [b for b in names if b not in BACKENDS]
         if unknown or not names:
             raise typer.BadParameter(f"{unknown or backend_list!r}; choose from {', '.join(BACKENDS)}", param_hint="--backends")
-        if len(set(names)) < 2 and source is None:
+        twice = list(dict.fromkeys(b for b in names if names.count(b) > 1))
+        if twice:
+            raise typer.BadParameter(f"{backend_list!r} names {' and '.join(twice)} more than once; the backends "
+                                     "compared must differ, e.g. numpy,onnxruntime", param_hint="--backends")
+        if len(names) < 2 and source is None:
             raise typer.BadParameter("name two backends, or give --source, to have something to compare", param_hint="--backends")
         lo, hi = (0.0 if low is None else low), (1.0 if high is None else high)
         check_range(lo, hi)
