@@ -19,6 +19,7 @@ row; scalars and inputs of fixed shape (``(1, 480)``, ``(54,)``) are one observa
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -428,13 +429,33 @@ def _run_blocks(blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarr
         if reference is not None:
             try:  # one input: its array, as every reference takes it; several: the feeds by input name
                 sides["source"] = reference(next(iter(part.values())) if len(part) == 1 else dict(part))
-            except ValueError as e:  # the source's arrays do not fit these observations
+            except (PolicyportError, MemoryError):
+                raise
+            except Exception as e:  # noqa: BLE001 - what the framework raises: torch RuntimeError, tf TypeError ...
                 shapes = (f"{tuple(np.shape(next(iter(feeds.values()))))}" if len(feeds) == 1
                           else ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in feeds.items()))
-                raise BadModelError(
-                    f"the source does not fit the model: its forward pass fails on the model's inputs {shapes} ({e})"
-                ) from e
+                raise BadModelError(f"the source does not fit the model: its forward pass fails on the model's "
+                                    f"inputs {shapes} ({_first_line(e)})") from e
         yield part, sides
+
+
+#: Where a framework's message starts printing the tensors it was given (tf's ``Received args:
+#: (<tf.Tensor: ... numpy=array([[...``, torch's ``tensor([[...``).
+_TENSOR_DUMP = re.compile(r"<tf\.Tensor|\b(?:tensor|array)\(")
+#: The most characters of a framework's message a refusal quotes.
+_MESSAGE_CHARS = 300
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an exception's message, without the tensors some frameworks print in it
+    (cut at the sentence before them), at most :data:`_MESSAGE_CHARS` characters; the exception's
+    type name when the message is empty."""
+    line = next((text.strip() for text in str(error).splitlines() if text.strip()), type(error).__name__)
+    dump = _TENSOR_DUMP.search(line)
+    if dump:
+        sentence = line.rfind(". ", 0, dump.start())
+        line = line[:sentence + 1] if sentence > 0 else line[:dump.start()].rstrip(" :(,=")
+    return line if len(line) <= _MESSAGE_CHARS else line[:_MESSAGE_CHARS - 1] + "…"
 
 
 def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], random: Mapping[str, str],

@@ -162,3 +162,47 @@ def test_the_observation_shape_comes_from_one_graph_input_with_every_axis_but_th
     assert _observation_shape(model(["batch", "features"])) is None
     assert _observation_shape(model(["batch"])) is None
     assert _observation_shape(model(["batch", 6], ["batch", 2])) is None
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+CARTPOLE = ROOT / "fixtures" / "real" / "sb3_ppo_cartpole.zip"
+
+
+def _verify_cli(model, *args):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    return CliRunner().invoke(app, ["verify", str(model), "--samples", "20", *map(str, args)])
+
+
+def test_a_source_whose_forward_pass_fails_does_not_fit_the_model(relu_gaussian, tmp_path):
+    """Whatever the framework raises when the source's forward pass cannot take the model's observations
+    (torch's RuntimeError, tf's TypeError with the tensors it was given ...) is a source that does not
+    fit: exit 3 with the first line of the framework's message, the tensors it prints left out."""
+    import onnx
+
+    pytest.importorskip("torch")
+    with pytest.raises(BadModelError) as caught:
+        pp.verify(relu_gaussian, OBS, source=CARTPOLE)
+    assert str(caught.value) == ("the source does not fit the model: its forward pass fails on the model's inputs "
+                                 "(6, 275) (mat1 and mat2 shapes cannot be multiplied (6x275 and 4x64))")
+
+    def binding(obs):
+        raise TypeError("Binding inputs to tf.function failed due to `Can not cast TensorSpec(shape=(6, 275)) to "
+                        "TensorSpec(shape=(None, 6))`. Received args: (<tf.Tensor: shape=(6, 275), numpy=\n"
+                        "array([[0.63, 0.26],\n       [0.98, 0.84]]))")
+
+    with pytest.raises(BadModelError, match=r"\(6, 275\) \(Binding inputs to tf.function failed due to `Can not cast "
+                                            r"TensorSpec\(shape=\(6, 275\)\) to TensorSpec\(shape=\(None, 6\)\)`.\)$"):
+        pp.verify(relu_gaussian, OBS, reference=binding)
+    with pytest.raises(BadModelError, match=r"\(6, 275\) \(RuntimeError\)$"):
+        pp.verify(relu_gaussian, OBS, reference=lambda obs: (_ for _ in ()).throw(RuntimeError()))
+    cartpole = tmp_path / "cart.onnx"
+    onnx.save(convert_source(CARTPOLE).model, cartpole)
+    result = _verify_cli(cartpole, "--source", ROOT / "fixtures" / "sb3" / "ppo_pendulum.zip")
+    assert result.exit_code == 3, result.output
+    assert result.stderr == ("error: the source does not fit the model: its forward pass fails on the model's inputs "
+                             "(20, 4) (mat1 and mat2 shapes cannot be multiplied (20x4 and 3x32))\n")
