@@ -559,10 +559,16 @@ def _source_reference(model, source, trust: bool) -> Callable:
     choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
     cannot be told from its name is taken to be of the kind the conversion recorded. A torch source
     with no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+
+    Raises:
+        BadModelError: the source cannot be read or rebuilt, or an option the model was converted
+            with does not apply to it (the converter's OptionError, named as the source's misfit).
     """
     import dataclasses
 
-    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source, detect_kind
+    from .converter import (FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source,
+                            detect_kind, given_fields)
+    from .errors import OptionError
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -573,6 +579,7 @@ def _source_reference(model, source, trust: bool) -> Callable:
         options = ConvertOptions(activation=props.get("policyport.activation"), head=head if head in HEADS else None,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     recorded_kind = props.get("policyport.source_kind")
+    recorded = given_fields(options)
     try:
         try:
             kind = detect_kind(source)
@@ -582,9 +589,27 @@ def _source_reference(model, source, trust: bool) -> Callable:
             kind = recorded_kind
         if recorded_kind and kind != recorded_kind:
             options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+            recorded = given_fields(options)
         if options.input_shape is None and "input_shape" in READS.get(kind, ()):
             options = dataclasses.replace(options, input_shape=_observation_shape(proto))
         converted = convert_source(source, kind=kind, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
+    except OptionError as e:  # an option the model records does not apply to this source: the source's fault
+        converted_with = f"it was converted with {_flags(options, recorded)}, and " if recorded else ""
+        raise BadModelError(f"the source does not fit the model: {converted_with}{e}") from e
     return converted.reference
+
+
+def _flags(options, names) -> str:
+    """Option fields ``names`` of ``options`` as the command line spells them: ``--head diag-gaussian
+    --keep-value``."""
+    from .converter import flag_list
+
+    def spelled(name: str) -> str:
+        value = getattr(options, name)
+        if isinstance(value, bool):
+            return flag_list([name])
+        return f"{flag_list([name])} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
+
+    return " ".join(spelled(name) for name in names)

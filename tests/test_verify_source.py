@@ -206,3 +206,19 @@ def test_a_source_whose_forward_pass_fails_does_not_fit_the_model(relu_gaussian,
     assert result.exit_code == 3, result.output
     assert result.stderr == ("error: the source does not fit the model: its forward pass fails on the model's inputs "
                              "(20, 4) (mat1 and mat2 shapes cannot be multiplied (20x4 and 3x32))\n")
+
+
+def test_an_option_the_model_records_that_the_source_cannot_take_is_the_sources_misfit(tmp_path, metadrive_path):
+    """The model was converted with --keep-value; weights with no value branch do not fit it (exit 3), and
+    the message says the option comes from the conversion, not from the command being run."""
+    import onnx
+
+    model = tmp_path / "cart.onnx"
+    onnx.save(convert_source(CARTPOLE, keep_value=True).model, model)
+    with pytest.raises(BadModelError, match=r"^the source does not fit the model: it was converted with --keep-value, "
+                                            r"and a value branch was asked for \(--keep-value\), but the weights hold "
+                                            r"no value_out layer$"):
+        pp.verify(model, samples=5, source=metadrive_path)
+    result = _verify_cli(model, "--source", metadrive_path)
+    assert result.exit_code == 3 and result.stderr.startswith(
+        "error: the source does not fit the model: it was converted with --keep-value, and ")
