@@ -2,7 +2,8 @@
 
 For each tensor the backends record (every node output and graph output), every backend after the
 first is compared with the first; when the source's reference forward pass is known, every backend
-is also compared with it on the tensors the source computes. The rule is :mod:`policyport.compare`'s:
+is also compared with it on the tensors the source computes (by name; a source that computes none of
+them is refused, and the report notes those it does not compute). The rule is :mod:`policyport.compare`'s:
 tolerances by element type (``|candidate - reference| <= atol + rtol * |reference|``; integers,
 bools and strings exactly), and for a floating tensor that fails them, the float32-rounding rule
 against a float64 run of the graph on the numpy backend (the *oracle*). The first diverging tensor
@@ -26,7 +27,7 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError
+from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError, listing
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo
 from .runtime.base import count_observations, native_order
@@ -212,7 +213,10 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         ArgumentTypeError: ``atol``, ``rtol``, ``samples`` or ``seed`` is not a number of its kind.
         InputMismatchError: bad inputs, backend or output names, nothing left to compare, or a number
             out of range (a negative tolerance, no samples, a negative seed).
-        BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`.
+        BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`; and a
+            source that does not fit the model: it computes none of the compared tensors (they are
+            compared by name), its forward pass fails on the observations (whatever its framework
+            raises), or it cannot take the options the model was converted with.
         LimitExceededError: the tensors of every backend (measured on one and two rows,
         :meth:`policyport.runtime.Session.memory_needed`) would need more memory than this process can get.
     """
@@ -464,6 +468,8 @@ def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], r
     the first, then every backend against the source; random tensors are listed as skipped."""
     folds = {}
     source = sides.get("source", {})
+    if "source" in sides:
+        _check_source_tensors(sides[backends[0]], source, random, report)
     for name in sides[backends[0]]:
         if name in random:
             report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
@@ -477,6 +483,25 @@ def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], r
             "nothing to compare: every tensor depends on a random node; choose deterministic outputs with --outputs"
         )
     return folds
+
+
+def _check_source_tensors(recorded: Mapping[str, np.ndarray], source: Mapping[str, np.ndarray],
+                          random: Mapping[str, str], report: Report) -> None:
+    """Refuse a source that computes none of the recorded tensors (tensors are compared by name: such
+    a source proves nothing about the model); note on the report which of them it does not compute
+    when it computes only some.
+
+    Raises:
+        BadModelError: the source computes none of them.
+    """
+    compared = [name for name in recorded if name not in random]
+    missing = [name for name in compared if name not in source]
+    if compared and len(missing) == len(compared):
+        raise BadModelError(f"the source does not fit the model: it computes none of the model's tensors (the model's: "
+                            f"{listing(compared, 5)}; the source's: {listing(source, 5) or 'none'})")
+    if missing:
+        report.notes.append(f"the source computes {len(compared) - len(missing)} of the model's {len(compared)} "
+                            f"compared tensors; not compared with it: {listing(missing)}")
 
 
 def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors,

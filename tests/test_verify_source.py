@@ -164,7 +164,41 @@ def test_the_observation_shape_comes_from_one_graph_input_with_every_axis_but_th
     assert _observation_shape(model(["batch", 6], ["batch", 2])) is None
 
 
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_source_that_computes_none_of_the_models_tensors_is_refused():
+    """Tensors are compared by name: another Keras model of the same input width names none of the model's
+    tensors, so it proves nothing about it, and is refused rather than passed on the backends alone."""
+    pytest.importorskip("tensorflow")
+    model = convert_source(ROOT / "fixtures" / "keras" / "mlp_norm.keras").model
+    with pytest.raises(BadModelError) as caught:
+        pp.verify(model, samples=20, source=ROOT / "fixtures" / "keras" / "three_heads.keras")
+    assert str(caught.value) == (
+        "the source does not fit the model: it computes none of the model's tensors (the model's: 'fc_1/MatMul', "
+        "'fc_1/BiasAdd', 'fc_1', 'bn', 'fc_2/MatMul' … and 6 more; the source's: 'trunk_1', 'trunk_2', 'gear', "
+        "'brake', 'steer')")
+
+
+def test_a_reference_naming_none_of_the_models_tensors_is_refused_and_one_naming_some_is_noted(tmp_path):
+    rng = np.random.default_rng(4)
+    arrays = {"fc_1/kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_1/bias": np.zeros(4, np.float32),
+              "fc_out/kernel": rng.normal(size=(4, 2)).astype(np.float32), "fc_out/bias": np.zeros(2, np.float32)}
+    np.savez(tmp_path / "w.npz", **arrays)
+    model = convert_source(tmp_path / "w.npz").model
+    obs = OBS[:, :3]
+    hidden = np.tanh(obs @ arrays["fc_1/kernel"])
+    with pytest.raises(BadModelError, match=r"^the source does not fit the model: it computes none of the model's "
+                                            r"tensors \(the model's: 'fc_1/linear', 'fc_1/tanh', 'logits'; the "
+                                            r"source's: 'hidden'\)$"):
+        pp.verify(model, obs, reference=lambda x: {"hidden": hidden})
+    with pytest.raises(BadModelError, match=r"the source's: none\)$"):
+        pp.verify(model, obs, reference=lambda x: {})
+    report = pp.verify(model, obs, reference=lambda x: {"fc_1/tanh": hidden, "logits": hidden @ arrays["fc_out/kernel"]})
+    assert report.passed and {t for t, _ in _source_pairs(report)} == {"fc_1/tanh", "logits"}
+    assert report.notes == ["the source computes 2 of the model's 3 compared tensors; not compared with it: 'fc_1/linear'"]
 
 
 CARTPOLE = ROOT / "fixtures" / "real" / "sb3_ppo_cartpole.zip"
