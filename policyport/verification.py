@@ -2,7 +2,8 @@
 
 For each tensor the backends record (every node output and graph output), every backend after the
 first is compared with the first; when the source's reference forward pass is known, every backend
-is also compared with it on the tensors the source computes. The rule is :mod:`policyport.compare`'s:
+is also compared with it on the tensors the source computes (by name; a source that computes none of
+them is refused, and the report notes those it does not compute). The rule is :mod:`policyport.compare`'s:
 tolerances by element type (``|candidate - reference| <= atol + rtol * |reference|``; integers,
 bools and strings exactly), and for a floating tensor that fails them, the float32-rounding rule
 against a float64 run of the graph on the numpy backend (the *oracle*). The first diverging tensor
@@ -19,13 +20,14 @@ row; scalars and inputs of fixed shape (``(1, 480)``, ``(54,)``) are one observa
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError
+from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError, listing
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo
 from .runtime.base import count_observations, native_order
@@ -218,7 +220,10 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         ArgumentTypeError: ``atol``, ``rtol``, ``samples`` or ``seed`` is not a number of its kind.
         InputMismatchError: bad inputs, backend or output names, nothing left to compare, or a number
             out of range (a negative tolerance, no samples, a negative seed).
-        BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`.
+        BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`policyport.load`; and a
+            source that does not fit the model: it computes none of the compared tensors (they are
+            compared by name), its forward pass fails on the observations (whatever its framework
+            raises), or it cannot take the options the model was converted with.
         LimitExceededError: the tensors of every backend (measured on one and two rows,
         :meth:`policyport.runtime.Session.memory_needed`) would need more memory than this process can get.
     """
@@ -440,13 +445,33 @@ def _run_blocks(blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarr
         if reference is not None:
             try:  # one input: its array, as every reference takes it; several: the feeds by input name
                 sides["source"] = reference(next(iter(part.values())) if len(part) == 1 else dict(part))
-            except ValueError as e:  # the source's arrays do not fit these observations
+            except (PolicyportError, MemoryError):
+                raise
+            except Exception as e:  # noqa: BLE001 - what the framework raises: torch RuntimeError, tf TypeError ...
                 shapes = (f"{tuple(np.shape(next(iter(feeds.values()))))}" if len(feeds) == 1
                           else ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in feeds.items()))
-                raise BadModelError(
-                    f"the source does not fit the model: its forward pass fails on the model's inputs {shapes} ({e})"
-                ) from e
+                raise BadModelError(f"the source does not fit the model: its forward pass fails on the model's "
+                                    f"inputs {shapes} ({_first_line(e)})") from e
         yield part, sides
+
+
+#: Where a framework's message starts printing the tensors it was given (tf's ``Received args:
+#: (<tf.Tensor: ... numpy=array([[...``, torch's ``tensor([[...``).
+_TENSOR_DUMP = re.compile(r"<tf\.Tensor|\b(?:tensor|array)\(")
+#: The most characters of a framework's message a refusal quotes.
+_MESSAGE_CHARS = 300
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an exception's message, without the tensors some frameworks print in it
+    (cut at the sentence before them), at most :data:`_MESSAGE_CHARS` characters; the exception's
+    type name when the message is empty."""
+    line = next((text.strip() for text in str(error).splitlines() if text.strip()), type(error).__name__)
+    dump = _TENSOR_DUMP.search(line)
+    if dump:
+        sentence = line.rfind(". ", 0, dump.start())
+        line = line[:sentence + 1] if sentence > 0 else line[:dump.start()].rstrip(" :(,=")
+    return line if len(line) <= _MESSAGE_CHARS else line[:_MESSAGE_CHARS - 1] + "…"
 
 
 def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], random: Mapping[str, str],
@@ -455,6 +480,8 @@ def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], r
     the first, then every backend against the source; random tensors are listed as skipped."""
     folds = {}
     source = sides.get("source", {})
+    if "source" in sides:
+        _check_source_tensors(sides[backends[0]], source, random, report)
     for name in sides[backends[0]]:
         if name in random:
             report.skipped.append(Skipped(name, f"depends on the random {random[name]}"))
@@ -468,6 +495,25 @@ def _folds(sides: Mapping[str, Mapping[str, np.ndarray]], backends: list[str], r
             "nothing to compare: every tensor depends on a random node; choose deterministic outputs with --outputs"
         )
     return folds
+
+
+def _check_source_tensors(recorded: Mapping[str, np.ndarray], source: Mapping[str, np.ndarray],
+                          random: Mapping[str, str], report: Report) -> None:
+    """Refuse a source that computes none of the recorded tensors (tensors are compared by name: such
+    a source proves nothing about the model); note on the report which of them it does not compute
+    when it computes only some.
+
+    Raises:
+        BadModelError: the source computes none of them.
+    """
+    compared = [name for name in recorded if name not in random]
+    missing = [name for name in compared if name not in source]
+    if compared and len(missing) == len(compared):
+        raise BadModelError(f"the source does not fit the model: it computes none of the model's tensors (the model's: "
+                            f"{listing(compared, 5)}; the source's: {listing(source, 5) or 'none'})")
+    if missing:
+        report.notes.append(f"the source computes {len(compared) - len(missing)} of the model's {len(compared)} "
+                            f"compared tensors; not compared with it: {listing(missing)}")
 
 
 def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors,
@@ -550,10 +596,16 @@ def _source_reference(model, source, trust: bool) -> Callable:
     choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
     cannot be told from its name is taken to be of the kind the conversion recorded. A torch source
     with no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+
+    Raises:
+        BadModelError: the source cannot be read or rebuilt, or an option the model was converted
+            with does not apply to it (the converter's OptionError, named as the source's misfit).
     """
     import dataclasses
 
-    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source, detect_kind
+    from .converter import (FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source,
+                            detect_kind, given_fields)
+    from .errors import OptionError
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -564,6 +616,7 @@ def _source_reference(model, source, trust: bool) -> Callable:
         options = ConvertOptions(activation=props.get("policyport.activation"), head=head if head in HEADS else None,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
     recorded_kind = props.get("policyport.source_kind")
+    recorded = given_fields(options)
     try:
         try:
             kind = detect_kind(source)
@@ -573,9 +626,27 @@ def _source_reference(model, source, trust: bool) -> Callable:
             kind = recorded_kind
         if recorded_kind and kind != recorded_kind:
             options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+            recorded = given_fields(options)
         if options.input_shape is None and "input_shape" in READS.get(kind, ()):
             options = dataclasses.replace(options, input_shape=_observation_shape(proto))
         converted = convert_source(source, kind=kind, options=options, trust=trust)
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
+    except OptionError as e:  # an option the model records does not apply to this source: the source's fault
+        converted_with = f"it was converted with {_flags(options, recorded)}, and " if recorded else ""
+        raise BadModelError(f"the source does not fit the model: {converted_with}{e}") from e
     return converted.reference
+
+
+def _flags(options, names) -> str:
+    """Option fields ``names`` of ``options`` as the command line spells them: ``--head diag-gaussian
+    --keep-value``."""
+    from .converter import flag_list
+
+    def spelled(name: str) -> str:
+        value = getattr(options, name)
+        if isinstance(value, bool):
+            return flag_list([name])
+        return f"{flag_list([name])} {','.join(map(str, value)) if isinstance(value, tuple) else value}"
+
+    return " ".join(spelled(name) for name in names)

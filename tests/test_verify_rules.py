@@ -28,6 +28,12 @@ def _mlp(batch="batch") -> onnx.ModelProto:
     return model
 
 
+def _mlp_forward(obs) -> dict[str, np.ndarray]:
+    """What :func:`_mlp` computes, as a source's forward pass names it."""
+    h = obs @ (np.arange(6, dtype=np.float32).reshape(3, 2) / 10)
+    return {"h": h, "y": np.tanh(h)}
+
+
 def _two_inputs() -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("Add", ["a", "b"], ["y"], name="y")], "g",
@@ -80,7 +86,7 @@ def test_a_reference_of_a_model_of_several_inputs_takes_the_feeds_by_name():
 
     def reference(obs):
         given.append(obs)
-        return {}
+        return {"y": obs["a"] + obs["b"]}
 
     pp.verify(_two_inputs(), feeds, reference=reference)
     assert list(given[0]) == ["a", "b"] and all(given[0][k] is feeds[k] for k in feeds)
@@ -128,7 +134,7 @@ def test_samples_with_inputs_take_the_first_rows_and_say_so():
 
 def test_drawn_observations_follow_samples_range_and_seed():
     seen = []
-    report = pp.verify(_mlp(), samples=7, low=-2.0, high=-1.0, seed=3, reference=lambda obs: seen.append(obs) or {})
+    report = pp.verify(_mlp(), samples=7, low=-2.0, high=-1.0, seed=3, reference=lambda obs: seen.append(obs) or _mlp_forward(obs))
     assert report.samples == 7 and report.notes == []
     inputs = [ValueInfo("obs", np.dtype(np.float32), ("batch", 3))]
     assert np.array_equal(seen[0], sample_inputs(inputs, 7, -2.0, -1.0, seed=3)["obs"])
@@ -311,7 +317,7 @@ def test_the_default_seed_is_0_for_drawn_and_verified_observations():
     expected = np.random.default_rng(0).uniform(0.0, 1.0, (4, 3)).astype(np.float32)
     assert np.array_equal(sample_inputs(inputs, 4)["obs"], expected)
     seen = []
-    pp.verify(_mlp(), samples=4, reference=lambda obs: seen.append(obs) or {})
+    pp.verify(_mlp(), samples=4, reference=lambda obs: seen.append(obs) or _mlp_forward(obs))
     assert np.array_equal(seen[0], expected)
 
 
@@ -324,7 +330,7 @@ def test_the_memory_checks_name_what_they_measure(monkeypatch):
     sample_inputs(inputs, 5)
     assert asked == [(5 * 3 * (8 + 4) + 1 * (8 + 2), "drawing 5 observations for 2 input(s)")]
     asked.clear()
-    pp.verify(_mlp(), OBS, reference=lambda obs: {})
+    pp.verify(_mlp(), OBS, reference=_mlp_forward)
     session = pp.load(_mlp())
 
     def need(tensors, copies, backends=2, rounding=True):
@@ -380,7 +386,7 @@ def test_trust_reaches_the_source(monkeypatch, tmp_path):
     given = []
     real = verification._source_reference
     monkeypatch.setattr(verification, "_source_reference",
-                        lambda model, source, trust=False: given.append(trust) or (lambda obs: {}))
+                        lambda model, source, trust=False: given.append(trust) or _mlp_forward)
     pp.verify(_mlp(), OBS, source="anything", trust=True)
     pp.verify(_mlp(), OBS, source="anything")
     assert given == [True, False]
@@ -391,7 +397,7 @@ def test_trust_reaches_the_source(monkeypatch, tmp_path):
         seen.append((kind, trust))
         if kind is None:
             raise converter.UnknownKindError("cannot tell")
-        return converter.Converted(None, lambda obs: {}, kind)
+        return converter.Converted(None, _mlp_forward, kind)
 
     monkeypatch.setattr(converter, "convert_source", fake_convert)
     model = _mlp()

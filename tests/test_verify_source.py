@@ -162,3 +162,97 @@ def test_the_observation_shape_comes_from_one_graph_input_with_every_axis_but_th
     assert _observation_shape(model(["batch", "features"])) is None
     assert _observation_shape(model(["batch"])) is None
     assert _observation_shape(model(["batch", 6], ["batch", 2])) is None
+
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_source_that_computes_none_of_the_models_tensors_is_refused():
+    """Tensors are compared by name: another Keras model of the same input width names none of the model's
+    tensors, so it proves nothing about it, and is refused rather than passed on the backends alone."""
+    pytest.importorskip("tensorflow")
+    model = convert_source(ROOT / "fixtures" / "keras" / "mlp_norm.keras").model
+    with pytest.raises(BadModelError) as caught:
+        pp.verify(model, samples=20, source=ROOT / "fixtures" / "keras" / "three_heads.keras")
+    assert str(caught.value) == (
+        "the source does not fit the model: it computes none of the model's tensors (the model's: 'fc_1/MatMul', "
+        "'fc_1/BiasAdd', 'fc_1', 'bn', 'fc_2/MatMul' … and 6 more; the source's: 'trunk_1', 'trunk_2', 'gear', "
+        "'brake', 'steer')")
+
+
+def test_a_reference_naming_none_of_the_models_tensors_is_refused_and_one_naming_some_is_noted(tmp_path):
+    rng = np.random.default_rng(4)
+    arrays = {"fc_1/kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_1/bias": np.zeros(4, np.float32),
+              "fc_out/kernel": rng.normal(size=(4, 2)).astype(np.float32), "fc_out/bias": np.zeros(2, np.float32)}
+    np.savez(tmp_path / "w.npz", **arrays)
+    model = convert_source(tmp_path / "w.npz").model
+    obs = OBS[:, :3]
+    hidden = np.tanh(obs @ arrays["fc_1/kernel"])
+    with pytest.raises(BadModelError, match=r"^the source does not fit the model: it computes none of the model's "
+                                            r"tensors \(the model's: 'fc_1/linear', 'fc_1/tanh', 'logits'; the "
+                                            r"source's: 'hidden'\)$"):
+        pp.verify(model, obs, reference=lambda x: {"hidden": hidden})
+    with pytest.raises(BadModelError, match=r"the source's: none\)$"):
+        pp.verify(model, obs, reference=lambda x: {})
+    report = pp.verify(model, obs, reference=lambda x: {"fc_1/tanh": hidden, "logits": hidden @ arrays["fc_out/kernel"]})
+    assert report.passed and {t for t, _ in _source_pairs(report)} == {"fc_1/tanh", "logits"}
+    assert report.notes == ["the source computes 2 of the model's 3 compared tensors; not compared with it: 'fc_1/linear'"]
+
+
+CARTPOLE = ROOT / "fixtures" / "real" / "sb3_ppo_cartpole.zip"
+
+
+def _verify_cli(model, *args):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    return CliRunner().invoke(app, ["verify", str(model), "--samples", "20", *map(str, args)])
+
+
+def test_a_source_whose_forward_pass_fails_does_not_fit_the_model(relu_gaussian, tmp_path):
+    """Whatever the framework raises when the source's forward pass cannot take the model's observations
+    (torch's RuntimeError, tf's TypeError with the tensors it was given ...) is a source that does not
+    fit: exit 3 with the first line of the framework's message, the tensors it prints left out."""
+    import onnx
+
+    pytest.importorskip("torch")
+    with pytest.raises(BadModelError) as caught:
+        pp.verify(relu_gaussian, OBS, source=CARTPOLE)
+    assert str(caught.value) == ("the source does not fit the model: its forward pass fails on the model's inputs "
+                                 "(6, 275) (mat1 and mat2 shapes cannot be multiplied (6x275 and 4x64))")
+
+    def binding(obs):
+        raise TypeError("Binding inputs to tf.function failed due to `Can not cast TensorSpec(shape=(6, 275)) to "
+                        "TensorSpec(shape=(None, 6))`. Received args: (<tf.Tensor: shape=(6, 275), numpy=\n"
+                        "array([[0.63, 0.26],\n       [0.98, 0.84]]))")
+
+    with pytest.raises(BadModelError, match=r"\(6, 275\) \(Binding inputs to tf.function failed due to `Can not cast "
+                                            r"TensorSpec\(shape=\(6, 275\)\) to TensorSpec\(shape=\(None, 6\)\)`.\)$"):
+        pp.verify(relu_gaussian, OBS, reference=binding)
+    with pytest.raises(BadModelError, match=r"\(6, 275\) \(RuntimeError\)$"):
+        pp.verify(relu_gaussian, OBS, reference=lambda obs: (_ for _ in ()).throw(RuntimeError()))
+    cartpole = tmp_path / "cart.onnx"
+    onnx.save(convert_source(CARTPOLE).model, cartpole)
+    result = _verify_cli(cartpole, "--source", ROOT / "fixtures" / "sb3" / "ppo_pendulum.zip")
+    assert result.exit_code == 3, result.output
+    assert result.stderr == ("error: the source does not fit the model: its forward pass fails on the model's inputs "
+                             "(20, 4) (mat1 and mat2 shapes cannot be multiplied (20x4 and 3x32))\n")
+
+
+def test_an_option_the_model_records_that_the_source_cannot_take_is_the_sources_misfit(tmp_path, metadrive_path):
+    """The model was converted with --keep-value; weights with no value branch do not fit it (exit 3), and
+    the message says the option comes from the conversion, not from the command being run."""
+    import onnx
+
+    model = tmp_path / "cart.onnx"
+    onnx.save(convert_source(CARTPOLE, keep_value=True).model, model)
+    with pytest.raises(BadModelError, match=r"^the source does not fit the model: it was converted with --keep-value, "
+                                            r"and a value branch was asked for \(--keep-value\), but the weights hold "
+                                            r"no value_out layer$"):
+        pp.verify(model, samples=5, source=metadrive_path)
+    result = _verify_cli(model, "--source", metadrive_path)
+    assert result.exit_code == 3 and result.stderr.startswith(
+        "error: the source does not fit the model: it was converted with --keep-value, and ")
