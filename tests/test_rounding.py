@@ -229,7 +229,9 @@ def test_a_branch_the_float64_run_takes_otherwise_voids_the_oracle_downstream():
     assert by_tensor["h"].passed and by_tensor["h"].rule == "rounding"
     assert by_tensor["z"].rule == "tolerance" and not by_tensor["z"].passed
     assert by_tensor["minus_z"].rule == "tolerance" and not by_tensor["minus_z"].passed
-    assert report.notes == ["the float64 run took other branches (its 'cond' differs from numpy's); "
+    assert report.notes == ["the source computes 3 of the model's 7 compared tensors; not compared with it: 'scaled', "
+                            "'first', 'cond', 'big'",
+                            "the float64 run took other branches (its 'cond' differs from numpy's); "
                             "no rounding rule for minus_z, z"]
 
 

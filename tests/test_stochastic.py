@@ -142,14 +142,16 @@ def test_run_outputs_computes_only_the_chosen_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("tensors", ["", ","])
-def test_an_empty_tensor_list_records_the_graph_outputs_only(tmp_path, tensors):
+def test_an_empty_tensor_list_is_refused_and_the_graph_outputs_are_recorded_by_name(tmp_path, tensors):
     path, obs = tmp_path / "m.onnx", tmp_path / "obs.npy"
     onnx.save(sampled_policy(), path)
     np.save(obs, np.ones((2, 6), np.float32))
-    result = runner.invoke(app, ["run", str(path), "-i", str(obs), "-o", str(tmp_path / "o.npz"),
-                                 "--record", str(tmp_path / "r.npz"), "--tensors", tensors])
-    assert result.exit_code == 0, result.output
+    run = ["run", str(path), "-i", str(obs), "-o", str(tmp_path / "o.npz"), "--record", str(tmp_path / "r.npz"), "--tensors"]
+    refused = runner.invoke(app, [*run, tensors])  # an unset shell variable, say: not "the outputs only"
+    assert refused.exit_code == 2 and "holds no tensor name or glob" in refused.stderr
+    assert not (tmp_path / "o.npz").exists() and not (tmp_path / "r.npz").exists()
+    assert runner.invoke(app, [*run, "mu"]).exit_code == 0
     with np.load(tmp_path / "r.npz") as f:
-        assert sorted(f.files) == ["mu", "sampled", "version_number"]
-    doc = json.loads(runner.invoke(app, ["verify", str(path), "--samples", "4", "--tensors", tensors, "--json"]).stdout)
-    assert [c["tensor"] for c in doc["comparisons"]] == ["mu", "version_number"]
+        assert sorted(f.files) == ["mu", "sampled", "version_number"]  # the graph outputs, always recorded
+    doc = json.loads(runner.invoke(app, ["verify", str(path), "--samples", "4", "--tensors", "mu", "--json"]).stdout)
+    assert [c["tensor"] for c in doc["comparisons"]] == ["mu", "version_number"]  # 'sampled' is random: skipped
