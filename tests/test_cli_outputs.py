@@ -93,6 +93,22 @@ def test_an_empty_input_or_model_name_is_called_empty(place, tmp_path):
     fails(2, "Invalid value for 'MODEL': the name is empty; give a file name", "verify", "")
 
 
+@pytest.mark.parametrize("option, command, args", [
+    ("--source", "verify", ["MODEL"]),
+    ("--source", "pack", ["MODEL", "-o", "OUT"]),
+    ("--obs-norm", "convert", ["SRC", "-o", "OUT"]),
+    ("--record", "run", ["MODEL", "-i", "OBS", "-o", "OUT"]),
+    ("--overrides", "run", ["MODEL", "-i", "OBS", "-o", "OUT"]),
+])
+def test_every_other_empty_file_name_is_called_empty(place, tmp_path, option, command, args):
+    given = {"SRC": place / "src.npz", "MODEL": place / "md.onnx", "OBS": place / "obs.npy", "OUT": tmp_path / "out.npz"}
+    if command != "run":
+        given["OUT"] = tmp_path / ("out.onnx" if command == "convert" else "bundle")
+    fails(2, f"Invalid value for '{option}': the name is empty; give a file name",
+          command, *[given.get(a, a) for a in args], option, "")
+    assert not any(tmp_path.iterdir())
+
+
 # ------------------------------------------------------------------------------ stdout and stderr
 
 

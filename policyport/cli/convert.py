@@ -91,7 +91,7 @@ def convert(
     policy_id: Annotated[Optional[str], typer.Option("--policy-id", metavar="ID", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
     keep_value: Annotated[bool, typer.Option("--keep-value", help="Also export the value function as output 'value'.")] = False,
     obs_filter: Annotated[bool, typer.Option("--filter/--no-filter", help="Bake the source's observation filter into the graph.")] = True,
-    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", metavar="FILE", help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
+    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", metavar="FILE", parser=given_path, help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading files that can run code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,

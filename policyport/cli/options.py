@@ -62,7 +62,7 @@ OverrideOpt = Annotated[Optional[list[str]], typer.Option(
          "'fc_1/tanh[*]*=0.5', 'fc_2/tanh[0:8]=clip(-0.5,0.5)' (repeatable).")]
 SteerOpt = Annotated[Optional[str], typer.Option("--steer", metavar="NAME", help="Apply the named override set of --overrides FILE.")]
 OverridesFileOpt = Annotated[Optional[Path], typer.Option(
-    "--overrides", metavar="FILE", help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
+    "--overrides", metavar="FILE", parser=given_path, help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
 #: Suffixes that name a format policyport reads or writes, and what a file of that format is.
 _FORMATS = {".onnx": "an ONNX model", ".npz": "an .npz archive of arrays", ".json": "a JSON document",
             ".npy": "", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",

@@ -37,7 +37,7 @@ def pack(
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
-    source: Annotated[Optional[Path], typer.Option(metavar="SRC", help="The source the model was converted from; its parity is recorded too.")] = None,
+    source: Annotated[Optional[Path], typer.Option(metavar="SRC", parser=given_path, help="The source the model was converted from; its parity is recorded too.")] = None,
     no_runtime: Annotated[bool, typer.Option("--no-runtime", help="Leave out run.py and the numpy runtime (for targets that install policyport).")] = False,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
