@@ -177,3 +177,13 @@ def test_record_says_what_a_device_or_fifo_input_is(place, tmp_path):
     fails(3, f"{tmp_path / 'none.npy'}: no such file or folder", "record", place / "md.onnx", "-i",
           tmp_path / "none.npy", "-o", tmp_path / "r.npz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_pack_warns_of_golden_observations_holding_nan_or_inf(place, tmp_path):
+    obs = np.load(place / "obs.npy").copy()
+    obs[1, 3] = np.nan
+    np.save(tmp_path / "nan.npy", obs)
+    result = invoke("pack", place / "md.onnx", "-o", tmp_path / "bundle", "-i", tmp_path / "nan.npy")
+    assert result.exit_code == 0, result.output
+    assert (f"warning: 1 of {len(obs)} rows of input 'obs' hold NaN or Inf; the outputs of those rows are likely "
+            "NaN too") in " ".join(result.stderr.split())

@@ -14,6 +14,18 @@ def load_feeds(path: Path, names: list[str]) -> dict:
     return feeds_from_arrays(load_arrays(path), names, path)
 
 
+def warn_of_nonfinite_rows(feeds: dict) -> None:
+    """Say on stderr how many rows of each fed input hold NaN or Inf (they run, as ONNX computes them)."""
+    from ..runtime.base import nonfinite_rows
+    from .render import say
+
+    for name, array in feeds.items():
+        bad = nonfinite_rows(array)
+        if bad:
+            say(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
+                "the outputs of those rows are likely NaN too")
+
+
 def input_names(model: Path) -> list[str]:
     """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
     from ..files import load_onnx

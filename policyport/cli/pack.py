@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .core import app, emit_json, guard
-from .inputs import graph_inputs, load_feeds
+from .inputs import graph_inputs, load_feeds, warn_of_nonfinite_rows
 from .options import (
     AtolOpt,
     ForceOpt,
@@ -67,6 +67,7 @@ def pack(
             feeds = load_feeds(inputs, graph_inputs(proto))
             if given_options(ctx, "samples"):
                 feeds = first_rows(from_onnx(proto).inputs, feeds, samples)
+            warn_of_nonfinite_rows(feeds)  # they become golden data as they are
         with drawing_advice("pack", takes_inputs=True):
             folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
                               runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding, inputs=feeds)

@@ -26,7 +26,7 @@ from .options import (
 )
 from . import render
 from .render import add_row, literal, say, shape_text, table
-from .inputs import load_feeds
+from .inputs import load_feeds, warn_of_nonfinite_rows
 
 
 class BackendName(str, Enum):
@@ -55,7 +55,6 @@ def run(
 
     def body():
         from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
-        from ..runtime.base import nonfinite_rows
 
         if tensors is not None and record is None:
             raise typer.BadParameter("--tensors selects what --record writes; give --record too", param_hint="--tensors")
@@ -80,11 +79,7 @@ def run(
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}
             feeds = {k: v for k, v in feeds.items() if k in known}
-        for name, array in feeds.items():
-            bad = nonfinite_rows(array)
-            if bad:
-                say(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
-                    "the outputs of those rows are likely NaN too")
+        warn_of_nonfinite_rows(feeds)
         selection = ("*" if tensors is None else tensors) if record is not None else None
         rows = max((len(v) for v in feeds.values() if getattr(v, "ndim", 0)), default=1)
         check_memory(session.memory_needed(feeds, selection),

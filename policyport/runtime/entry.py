@@ -183,11 +183,16 @@ def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
 def _run(folder: Path, args: argparse.Namespace) -> None:
     from ..files import load_arrays, npz_writer, write_outputs
     from . import load
-    from .base import feeds_from_arrays
+    from .base import feeds_from_arrays, nonfinite_rows
 
     outputs = _check_outputs(folder, args)
     session = load(folder, backend="numpy")
     feeds = feeds_from_arrays(load_arrays(args.input), [v.name for v in session.inputs], args.input)
+    for name, array in feeds.items():  # as policyport run warns: a status line, on stderr
+        bad = nonfinite_rows(array)
+        if bad:
+            sys.stderr.write(literal(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
+                                     "the outputs of those rows are likely NaN too") + "\n")
     if args.record is not None:
         values = session.record(feeds, args.tensors or "*")
         results = {v.name: values[v.name] for v in session.outputs}

@@ -48,6 +48,16 @@ def test_run_writes_outputs_and_prints_a_table(folder, obs, tmp_path, capsys):
     assert lines[2].endswith(f"{y.max():.4g}") and len(lines) == 3
 
 
+def test_run_warns_on_stderr_of_rows_holding_nan_or_inf(folder, tmp_path, capsys):
+    path, out = tmp_path / "bad.npy", tmp_path / "y.npz"
+    np.save(path, np.array([[1.0, np.nan, 0.0], [0.0, 1.0, -1.0], [np.inf, 0.0, 0.0]], np.float32))
+    assert entry.main(folder, ["-i", str(path), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ("warning: 2 of 3 rows of input 'obs' hold NaN or Inf; the outputs of those rows are "
+                            "likely NaN too\n")
+    assert "warning" not in captured.out and np.isfinite(np.load(out)["y"][1]).all()
+
+
 def test_run_records_chosen_tensors_and_speaks_json(folder, obs, tmp_path, capsys):
     out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
     assert entry.main(folder, ["-i", str(obs), "-o", str(out), "--record", str(acts), "--tensors", "h", "--json"]) == 0
