@@ -105,8 +105,8 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
         steps; notes on what was assumed.
 
     Raises:
-        BadModelError: a parameter that fits no Linear/LayerNorm/BatchNorm, or an activation needed
-            but not known.
+        BadModelError: a parameter that fits no Linear/LayerNorm/BatchNorm.
+        OptionError: an activation needed but not named (``activation``), or a list of the wrong length.
     """
     modules: dict[int, dict[str, tuple[str, np.ndarray]]] = {}
     for name, arr in arrays.items():
@@ -168,8 +168,8 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
             f"{len(needs_activation)} parameter-free module(s) at "
             f"{', '.join(f'{prefix}{j}' for j in needs_activation)}; give one, or one per module"
         )
-    if needs_activation and activation is None:
-        raise BadModelError(
+    if needs_activation and activation is None:  # an option this source needs (a usage error, exit 2)
+        raise OptionError(
             f"{what}: the state_dict does not say which activation modules sit at "
             f"{', '.join(f'{prefix}{j}' for j in needs_activation)} (they hold no parameters); name it with --activation"
         )
@@ -492,7 +492,8 @@ def convert_state_dict(source, options):
 
     Raises:
         UntrustedFileError: the file needs more than tensors and containers, without ``trust``.
-        BadModelError: keys that fit no layout (listed), an activation that must be named.
+        BadModelError: keys that fit no layout (listed).
+        OptionError: an activation that must be named (``--activation``), options of other sources.
     """
     return _convert(source, options, None, "state-dict")
 
