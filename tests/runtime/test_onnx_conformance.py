@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
@@ -69,15 +70,44 @@ def _array(value):
     return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
 
 
+#: Range of each 2- and 4-bit integer type.
+_SMALL_INTEGER_RANGE = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+
+
+def _undefined_elements(case, inputs, expected) -> np.ndarray | None:
+    """Where a Cast/CastLike case from a float to a 2- or 4-bit integer type has inputs out of the
+    target's range: the Cast page leaves those undefined, and the generator's expected values for
+    them are whatever the installed ml_dtypes gives (0.5 wraps, 0.7 gives 0). None elsewhere."""
+    (node,) = case.model.graph.node if len(case.model.graph.node) == 1 else (None,)
+    if node is None or node.op_type not in ("Cast", "CastLike") or len(expected) != 1:
+        return None
+    x, y = _array(inputs[0]), _array(expected[0])
+    if y.dtype.name not in _SMALL_INTEGER_RANGE or x.dtype.kind != "f" and x.dtype.name not in (
+            "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn"):
+        return None
+    low, high = _SMALL_INTEGER_RANGE[y.dtype.name]
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return ~((np.trunc(wide) >= low) & (np.trunc(wide) <= high))
+
+
 def run_case(case) -> None:
-    """Run one case on the numpy backend; raise (AssertionError or the backend's error) if it fails."""
+    """Run one case on the numpy backend; raise (AssertionError or the backend's error) if it fails.
+
+    Elements the operator page leaves undefined (see :func:`_undefined_elements`) are left out of
+    the comparison; tests/runtime/test_ops.py pins policyport's documented values for them.
+    """
     sess = pp.load(case.model, backend="numpy")
     names = [v.name for v in case.model.graph.input]
     for inputs, expected in case.data_sets:
-        out = sess.run({n: _array(x) for n, x in zip(names, inputs)})
-        Runner.assert_similar_outputs(
-            [_array(e) for e in expected], list(out.values()), rtol=case.rtol, atol=case.atol
-        )
+        out = list(sess.run({n: _array(x) for n, x in zip(names, inputs)}).values())
+        expected = [_array(e) for e in expected]
+        undefined = _undefined_elements(case, inputs, expected)
+        if undefined is not None:
+            assert undefined.sum() < undefined.size, f"{case.name}: every element is out of range"
+            out = [out[0][~undefined]]
+            expected = [expected[0][~undefined]]
+        Runner.assert_similar_outputs(expected, out, rtol=case.rtol, atol=case.atol)
 
 
 @functools.lru_cache(maxsize=None)

@@ -94,8 +94,8 @@ def _cast_ml(x, dtype, saturate, round_mode):
     * float8 (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz) with ``saturate``: +-Inf and values out of range
       become +-max; without it they are NaN (Inf for e5m2), as ml_dtypes converts.
     * float8e8m0: see :func:`_to_e8m0`.
-    * int4/uint4, int2/uint2: floats truncate toward zero, then, like every fixed-point cast out of
-      range, keep the low bits (two's complement) — ml_dtypes' conversion.
+    * int4/uint4, int2/uint2: see :func:`_to_small_integer` (computed here, not by ml_dtypes, whose
+      conversion of out-of-range floats changed between releases).
     * float4e2m1, float6: saturating, no NaN or Inf (ml_dtypes' conversion).
 
     ml_dtypes converts float64 through float32, rounding twice; a float64 (or integer) source is
@@ -104,15 +104,9 @@ def _cast_ml(x, dtype, saturate, round_mode):
     name = dtype.name
     if name == "float8_e8m0fnu":
         return _to_e8m0(x, dtype, saturate, round_mode)
-    src = x.dtype
     if name in _ML_INTEGERS:
-        if src == object:
-            x = x.astype(np.float64)
-        elif src.name in _ML_INTEGERS:
-            x = x.astype(np.int64)  # ml_dtypes has no int4 -> uint4 ... conversion
-        elif src.name in ML_DTYPE_NAMES:
-            x = x.astype(np.float32)  # as from float32 (bfloat16's own path trips on Inf)
-        return x.astype(dtype)
+        return _to_small_integer(x, dtype)
+    src = x.dtype
     if src == object or src.kind in "iub":
         x = x.astype(np.float64)
     elif src.name in ML_DTYPE_NAMES:
@@ -123,6 +117,41 @@ def _cast_ml(x, dtype, saturate, round_mode):
     if x.dtype == np.float64:
         x = _float32_round_to_odd(x)
     return x.astype(dtype)
+
+
+#: Width in bits and signedness of the ml_dtypes fixed-point types.
+_SMALL_INTEGERS = {"int4": (4, True), "uint4": (4, False), "int2": (2, True), "uint2": (2, False)}
+
+
+def _to_small_integer(x, dtype):
+    """Cast to int4/uint4/int2/uint2 (Cast-21 on, the operator page's rules for fixed point).
+
+    An integer (or bool) source out of range keeps its low bits, read in two's complement for the
+    signed types: the rule the Cast page defines (``200 (int16) -> -56 (int8)``; here
+    ``8 -> -8``, ``-9 -> 7`` for int4). A float source out of range is undefined on that page;
+    policyport truncates toward zero and then keeps the low bits of that integer as above
+    (``-9.0 -> 7``, ``15.0 -> -1``, ``-8.7 -> -8`` for int4), exactly for every finite value however
+    large; NaN and +-Inf become 0. Strings are read as the floats they spell. This never raises and
+    does not depend on the installed ml_dtypes, which converts out-of-range floats differently from
+    release to release (0.5 wraps as above, 0.7 gives 0): only in-range int8 values reach it.
+    """
+    bits, signed = _SMALL_INTEGERS[dtype.name]
+    modulus = 1 << bits
+    if x.dtype == object:
+        x = x.astype(np.float64)
+    elif x.dtype.name in ML_DTYPE_NAMES and x.dtype.name not in _SMALL_INTEGERS:
+        x = x.astype(np.float32)  # every ml_dtypes float is exact in float32
+    if x.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            whole = np.where(np.isfinite(x), np.trunc(x), 0)
+        # fmod is exact: the remainder of a float by a power of two is representable
+        low = np.fmod(whole, modulus).astype(np.int64)
+    else:
+        low = x.astype(np.int64)  # uint64 beyond int64 wraps, keeping the low 64 bits
+    low = low & (modulus - 1)
+    if signed:
+        low = np.where(low >= modulus >> 1, low - modulus, low)
+    return np.asarray(low, dtype=np.int8).astype(dtype)
 
 
 def _float32_round_to_odd(x):
