@@ -23,6 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..errors import ArgumentTypeError, BadModelError, OptionError, UnreadableFileError, check_argument
+from .assumptions import Assumption, Oracle, reconstruction, record_assumptions
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
@@ -172,13 +173,21 @@ class Converted:
             the source computes that the graph also names).
         kind: the source kind.
         notes: what the converter did that a user should hear about (parts of the source it
-            dropped, files it picked up), one sentence each.
+            dropped), one sentence each.
+        assumptions: what the model rests on that the source file does not record (an activation
+            a state_dict cannot tell, a head, the absence of a normaliser, a normaliser file found
+            beside the source), each an :class:`~policyport.converter.assumptions.Assumption`;
+            recorded in the model's metadata.
+        oracle: what ``reference`` is: the framework running the source's own code, or policyport's
+            reconstruction (an :class:`~policyport.converter.assumptions.Oracle`).
     """
 
     model: object
     reference: Callable[[np.ndarray], dict[str, np.ndarray]]
     kind: str
     notes: list[str] = field(default_factory=list)
+    assumptions: list[Assumption] = field(default_factory=list)
+    oracle: Oracle = field(default_factory=lambda: reconstruction("the source's arrays"))
 
 
 def _is_zip_with(path: Path, *members: str) -> bool:
@@ -319,6 +328,7 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     module, function = SOURCES[kind].split(":")
     converted = getattr(importlib.import_module(module), function)(source, options)
     _record_options(converted.model, kind, options)
+    record_assumptions(converted.model, converted.assumptions)
     return converted
 
 

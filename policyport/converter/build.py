@@ -34,7 +34,13 @@ from ..errors import BadModelError, OptionError, require
 from ..graph import INPUT_RANGES_KEY
 from .activations import Activation
 
-HEADS = ("diag-gaussian", "categorical")
+#: ``head=`` values. ``diag-gaussian`` splits ``logits`` into a mean and a log_std half where the source
+#: says that is what they are (a free log_std parameter, or a layout whose convention it is: RLlib's);
+#: ``diag-gaussian:halves`` states that the last layer's outputs are such halves for a source that
+#: cannot say (see :func:`policyport.converter.assumptions.head_assumption`).
+HEADS = ("diag-gaussian", "diag-gaussian:halves", "categorical")
+#: The heads that split ``logits`` into ``action`` (the mean) and ``log_std``.
+GAUSSIAN_HEADS = ("diag-gaussian", "diag-gaussian:halves")
 #: ``head=`` asking for no head at all: ``logits`` only, without the source's own action head
 #: (``head=None`` leaves the head to the source).
 NO_HEAD = "none"
@@ -411,7 +417,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         logits = b.dense(spec.output, x, "logits")
     outputs = [helper.make_tensor_value_info(logits, elem, ["batch", n_logits])]
 
-    if head == "diag-gaussian":
+    if head in GAUSSIAN_HEADS:
         half = n_logits // 2
         axes = b.constant([1], "head/axes")
         mid = b.constant([half], "head/mid")
@@ -446,7 +452,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
     model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     props = {
         "policyport.parameters": json.dumps(b.parameters),
-        "policyport.head": spec.action.name if head is None and spec.action is not None else head or NO_HEAD,
+        "policyport.head": spec.action.name if head is None and spec.action is not None else head_name(head),
         "policyport.source": json.dumps(spec.source),
         **({"policyport.observation_filter": json.dumps(spec.obs_norm.to_dict())} if spec.obs_norm is not None else {}),
         **(prelude.metadata(input_name) if prelude is not None else {}),
@@ -542,6 +548,12 @@ def add_multi_argmax(b: MlpBuilder, logits: str, nvec: tuple[int, ...]):
     return onnx.helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch", len(nvec)])
 
 
+def head_name(head: str | None) -> str:
+    """What ``metadata_props["policyport.head"]`` calls the head ``head=`` asked for (``none`` for
+    ``None``; both diag-gaussian spellings are ``diag-gaussian``)."""
+    return "diag-gaussian" if head in GAUSSIAN_HEADS else head or NO_HEAD
+
+
 def check_free_log_std(spec: MlpSpec) -> None:
     """Refuse a free ``log_std`` that cannot sit beside the mean the output layer computes.
 
@@ -584,7 +596,7 @@ def _check_head(spec: MlpSpec, head: str | None) -> None:
             "and an argmax over means and log-standard-deviations picks no action; use --head diag-gaussian (or none)"
         )
     n_logits = spec.output.out_features + (0 if spec.free_log_std is None else spec.free_log_std.shape[0])
-    if head == "diag-gaussian" and n_logits % 2:
+    if head in GAUSSIAN_HEADS and n_logits % 2:
         raise OptionError(f"--head diag-gaussian splits logits into mean and log_std halves, but there are {n_logits} "
                           "logits (an odd number); use --head categorical (or none)")
 

@@ -55,7 +55,7 @@ from ..errors import (
     listing,
 )
 from ..files import sha256_file
-from .build import MIN_OPSET
+from .build import MIN_OPSET, head_name
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
@@ -935,7 +935,7 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, {
         "policyport.parameters": json.dumps(ordered),
-        "policyport.head": head or "none",
+        "policyport.head": head_name(head),
         "policyport.source": json.dumps(provenance),
     })
     try:

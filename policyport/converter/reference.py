@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .build import Dense, MlpSpec, Step
+from .build import GAUSSIAN_HEADS, Dense, MlpSpec, Step
 
 
 class _NumpyOps:
@@ -97,7 +97,7 @@ def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.
     else:
         logits = mean = dense(spec.output, h, "logits")
     half = spec.output.out_features
-    if head == "diag-gaussian":
+    if head in GAUSSIAN_HEADS:
         half = logits.shape[1] // 2
         keep("action", logits[:, :half])
         keep("log_std", logits[:, half:])

@@ -654,7 +654,7 @@ def _refusal_cases():
     wide = _dense("value.0", 4, 3, layout="in_out")
     return [
         (lambda: build_mlp(_spec(), head="beta"), OptionError,
-         "unknown head 'beta'; choose one of diag-gaussian, categorical (or none)"),
+         "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
         (lambda: build_mlp(_spec(), opset=10), OptionError,
          f"opset 10 is out of range: policyport builds opset 11 to {onnx.defs.onnx_opset_version()}"),
         (lambda: build_mlp(_spec(), opset=onnx.defs.onnx_opset_version() + 1), OptionError,

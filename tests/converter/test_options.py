@@ -171,7 +171,7 @@ ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, m
     (EXPERT, {"activation": 3}, pp.ArgumentTypeError, "convert(): activation must be str, not int 3"),
     (EXPERT, {"trust": None}, pp.ArgumentTypeError, "convert(): trust must be bool, not NoneType None"),
     (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
-    (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, categorical (or none)"),
+    (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
     (EXPERT, {"kind": "onnx"}, pp.OptionError,
      "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib"),
     (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
