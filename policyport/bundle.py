@@ -42,7 +42,7 @@ from .folder import (
     open_bundle,
     runtime_digest,
 )
-from .graph import Graph
+from .graph import Graph, recorded_assumptions
 from .runtime.base import count_observations
 from .runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
 
@@ -160,6 +160,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         "outputs": [v.to_dict() for v in graph.outputs],
         "head": meta.get("policyport.head"),
         "observation_filter": _json_or_text(meta.get("policyport.observation_filter")),
+        "assumptions": recorded_assumptions(meta),
         "provenance": {
             "source": _json_or_text(meta.get("policyport.source")),
             "activation": meta.get("policyport.activation"),
@@ -250,6 +251,8 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
                      for c in report.comparisons if c.rule == "rounding" and c.passed],
         "skipped": [{"tensor": s.tensor, "reason": s.reason} for s in report.skipped],
         "passed": report.passed,
+        "source_oracle": report.source_oracle,
+        "assumptions": report.assumptions,
         "first_divergence": None if first is None else
         {"tensor": first.tensor, "candidate": first.candidate, "reference": first.reference,
          "max_abs": first.max_abs, "dtype": first.dtype, "atol": first.atol, "rtol": first.rtol, "rule": first.rule},

@@ -181,6 +181,11 @@ class Report:
     (each :class:`Comparison` holds the one it used). ``skipped`` lists tensors left out of the
     verdict (random ones); ``notes`` what a reader should know about the observations (fewer than
     asked, no batch axis); ``oracle`` names the float64 run used for the rounding rule, if any.
+    ``source_oracle`` says what the source side was (``{"name", "framework", "checks"}``: the
+    framework running the source's own code, or policyport's reconstruction of it), ``None``
+    without a source; ``assumptions`` lists what the model rests on that its source file does not
+    record (``{"topic", "assumes", "because", "settle", "checked"}``; ``checked``: the source side
+    settled it from the source itself rather than assuming it too).
     """
 
     backends: list[str]
@@ -192,6 +197,14 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     oracle: str | None = None
+    source_oracle: dict | None = None
+    assumptions: list[dict] = field(default_factory=list)
+
+    @property
+    def shared_assumptions(self) -> list[dict]:
+        """The model's assumptions that the source side makes too (all of them against a
+        reconstruction): a PASS holds only given these."""
+        return [a for a in self.assumptions if not a.get("checked")]
 
     @property
     def passed(self) -> bool:
@@ -234,6 +247,8 @@ class Report:
             "rtol": self.rtol,
             "tolerances": {k: {"atol": a, "rtol": r} for k, (a, r) in self.tolerances().items()},
             "oracle": self.oracle,
+            "source_oracle": self.source_oracle,
+            "assumptions": [dict(a) for a in self.assumptions],
             "first_divergence": None if first is None else _json(asdict(first)),
             "comparisons": [_json(asdict(c)) for c in self.comparisons],
             "skipped": [asdict(s) for s in self.skipped],
@@ -315,13 +330,14 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
     rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
     extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
         (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
+    against = _against(report)
     if report.passed:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
         where = f"; worst {worst.max_abs:.3g} on {worst.tensor} ({worst.candidate} vs {worst.reference})" if worst else ""
-        return f"PASS: {len(report.comparisons)} comparisons within {tolerance_text(report)}{extra}{where}"
+        return f"PASS{against}: {len(report.comparisons)} comparisons within {tolerance_text(report)}{extra}{where}"
     f = report.first_divergence
     bad = sum(not c.passed for c in report.comparisons)
-    text = (f"FAIL: {bad} of {len(report.comparisons)} comparisons fail{extra}; first diverging tensor "
+    text = (f"FAIL{against}: {bad} of {len(report.comparisons)} comparisons fail{extra}; first diverging tensor "
             f"{f.tensor!r} ({f.dtype}, {f.candidate} vs {f.reference}): ")
     if f.detail:
         return text + f.detail
@@ -333,6 +349,24 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
         text += (f", and not {f.dtype} rounding: against a float64 run {f.candidate} is {f.candidate_vs_float64:.2g} "
                  f"off, {f.reference} {f.reference_vs_float64:.2g}")
     return text + tolerance_advice(report, loosen)
+
+
+def _against(report: Report) -> str:
+    """What the source side of a verdict was, and what it assumes with the model: ``" against a
+    reconstruction that assumes activation tanh at 1 and 3"``; ``""`` without a source."""
+    oracle = report.source_oracle
+    if not oracle:
+        return ""
+    shared = report.shared_assumptions
+    if oracle.get("framework"):
+        return f" against {oracle['name']}" + (f", given {_short(shared)}" if shared else "")
+    if not shared:
+        return " against a reconstruction of the source that assumes nothing the file does not record"
+    return f" against a reconstruction that assumes {_short(shared)}"
+
+
+def _short(assumptions: list[dict]) -> str:
+    return "; ".join(f"{a['topic']} {a['assumes']}" for a in assumptions)
 
 
 def compare(tensor: str, candidate: str, a: np.ndarray, reference: str, b: np.ndarray,

@@ -107,8 +107,10 @@ SHA256 = Str(64, r"[0-9a-f]{64}", "a sha256 hex digest")
 NAME = Str(65536)
 VALUE_INFO = Obj({"name": NAME, "dtype": DTYPE, "shape": Null | ListOf(Either(Int(0), Str(256), Null), 64)})
 
-#: ``policy.json``: the keys the reader uses are typed exactly; ``provenance``, ``golden``, ``parity``
-#: and ``observation_filter`` are informational (any JSON within the size and depth limits).
+#: ``policy.json``: the keys the reader uses are typed exactly; ``provenance``, ``golden``, ``parity``,
+#: ``observation_filter`` and ``assumptions`` (what the model rests on that its source file does not
+#: record; absent from folders packed before policyport recorded them) are informational (any JSON
+#: within the size and depth limits).
 POLICY_SCHEMA = Obj(
     {
         "format": Const(BUNDLE_FORMAT),
@@ -122,6 +124,7 @@ POLICY_SCHEMA = Obj(
         "files": MapOf(Str(256), SHA256, 1 + len(DATA_FILES) + MAX_RUNTIME_FILES),
     },
     {
+        "assumptions": Anything(),
         "runtime": Obj({
             "package": Const(RUNTIME_PACKAGE),
             "entry_point": Const(ENTRY_POINT),

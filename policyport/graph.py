@@ -26,6 +26,27 @@ from .errors import BadModelError, require
 #: ``export-numpy`` draw observations from it (:func:`policyport.verification.sample_inputs`).
 INPUT_RANGES_KEY = "policyport.input_ranges"
 
+#: Model metadata key: what a converted model rests on that its source file does not record (an
+#: activation given with --activation, a head, no normaliser ...), a JSON list of
+#: ``{"topic", "assumes", "because", "settle"}`` (:mod:`policyport.converter.assumptions` writes it).
+ASSUMPTIONS_KEY = "policyport.assumptions"
+
+
+def recorded_assumptions(metadata: dict[str, str]) -> list[dict[str, str]] | None:
+    """The assumptions in a model's metadata (``{key: value}``), each a dict of the four keys;
+    ``None`` when the model records none (converted by an older policyport, or not by policyport).
+    Entries of another shape are skipped, a malformed value reads as none."""
+    if ASSUMPTIONS_KEY not in metadata:
+        return None
+    try:
+        values = json.loads(metadata[ASSUMPTIONS_KEY])
+    except ValueError:
+        return []
+    keys = ("topic", "assumes", "because")
+    return [{**{k: v[k] for k in keys}, "settle": str(v.get("settle", ""))}
+            for v in (values if isinstance(values, list) else [])
+            if isinstance(v, dict) and all(isinstance(v.get(k), str) for k in keys)]
+
 #: ``TensorProto.DataType`` code -> numpy dtype, for every element type numpy can hold.
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     1: np.dtype("float32"),

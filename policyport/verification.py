@@ -29,7 +29,7 @@ from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Re
                       compare, is_floating)
 from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError, listing
 from .files import check_memory
-from .graph import INPUT_RANGES_KEY, Graph, ValueInfo
+from .graph import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
 from .runtime.base import count_observations, native_order
 
 DEFAULT_SAMPLES = 1000
@@ -183,7 +183,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
            outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False,
-           threads: int = 0) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
+           threads: int = 0, reference_oracle=None) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -194,8 +194,12 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             others are compared with (default numpy, onnxruntime).
         source: the policy the model was converted from (path or object, as for
             :func:`policyport.convert`); its own forward pass becomes a further reference. The
-            activation and head are read from the model's metadata.
+            activation and head are read from the model's metadata. The report names what that
+            forward pass is (``source_oracle``: the framework running the source's own code, or
+            policyport's reconstruction of it) and the assumptions it shares with the model.
         reference: instead of ``source``, a callable ``obs -> {tensor name: array}``.
+        reference_oracle: what ``reference`` is (an :class:`~policyport.converter.assumptions.Oracle`),
+            for the report; ``None``: an unnamed reference.
         samples: observations to draw (default 1000); with ``inputs``, how many of their first rows
             to use (default all). Inputs without a batch axis are one observation either way.
         low, high, seed: see :func:`sample_inputs`.
@@ -276,8 +280,10 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if any(v.has_batch_axis or v.shape is None for v in first.inputs):
                 notes.append(f"using the first {min(samples, given)} of the {given} observations given"
                              + (f" ({samples} asked)" if samples > given else ""))
+    source_assumptions = []
     if source is not None and reference is None:
-        reference = _source_reference(model, source, trust)
+        rebuilt = _source_reference(model, source, trust)
+        reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
     if len(backends) < 2 and reference is None:
         raise InputMismatchError(
             f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
@@ -296,6 +302,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     report = Report(backends, None, int(n), atol, rtol, notes=notes)
     if reference is not None:
         report.reference = "source"
+    _name_assumptions(report, graph.metadata, reference_oracle if reference is not None else None, source_assumptions)
     random = graph.stochastic_tensors()
     folds: dict[tuple[str, str, str], ComparisonFold] = {}
     for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):
@@ -309,6 +316,19 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     if failing and rounding:
         _rounding_rule(graph, blocks, sessions, feeds, tensors, reference, folds, failing, report)
     return report
+
+
+def _name_assumptions(report: Report, metadata: Mapping[str, str], oracle, source_assumptions) -> None:
+    """Put on ``report`` what the source side is and every assumption the verdict rests on: the
+    model's recorded ones and those of the source's reconstruction (each once), marked ``checked``
+    where the source side settles its topic from the source itself (a framework's own code)."""
+    model = recorded_assumptions(dict(metadata)) or []
+    seen = {(a["topic"], a["assumes"]) for a in model}
+    every = model + [a.to_dict() for a in source_assumptions if (a.topic, a.assumes) not in seen]
+    checks = oracle.checks if oracle is not None else frozenset()
+    report.assumptions = [{**a, "checked": a["topic"] in checks} for a in every]
+    if oracle is not None:
+        report.source_oracle = oracle.to_dict()
 
 
 class _Blocks:
@@ -588,8 +608,10 @@ def _observation_shape(proto) -> tuple[int, ...] | None:
     return shape if shape and all(n > 0 for n in shape) else None
 
 
-def _source_reference(model, source, trust: bool) -> Callable:
-    """The source's forward pass, rebuilt with the options recorded in the model at conversion.
+def _source_reference(model, source, trust: bool):
+    """The source's forward pass, rebuilt with the options recorded in the model at conversion: the
+    :class:`~policyport.converter.Converted` of the source (its ``reference``, ``oracle`` and
+    ``assumptions``).
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
@@ -635,7 +657,7 @@ def _source_reference(model, source, trust: bool) -> Callable:
     except OptionError as e:  # an option the model records does not apply to this source: the source's fault
         converted_with = f"it was converted with {_flags(options, recorded)}, and " if recorded else ""
         raise BadModelError(f"the source does not fit the model: {converted_with}{e}") from e
-    return converted.reference
+    return converted
 
 
 def _flags(options, names) -> str:

@@ -26,7 +26,7 @@ def metadrive_weights() -> dict[str, np.ndarray]:
 def metadrive_model():
     import policyport as pp
 
-    return pp.convert(METADRIVE, head="diag-gaussian")
+    return pp.convert(METADRIVE, activation="tanh", head="diag-gaussian")
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +48,7 @@ def place(tmp_path_factory, metadrive_obs):
     folder = tmp_path_factory.mktemp("place")
     shutil.copy(METADRIVE, folder / "src.npz")
     result = CliRunner().invoke(app, ["convert", str(folder / "src.npz"), "-o", str(folder / "md.onnx"),
-                                      "--head", "diag-gaussian", "--samples", "8"])
+                                      "--activation", "tanh", "--head", "diag-gaussian", "--samples", "8"])
     assert result.exit_code == 0, result.output
     np.save(folder / "obs.npy", metadrive_obs[:5])
     return folder

@@ -84,8 +84,8 @@ def convert(
     src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT.onnx", help="The .onnx file to write.")],
     kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
-    activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it: tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; for an nn.Sequential state_dict a comma list gives one per parameter-free module  [default: the source's own; tanh for an .npz, RLlib and SB3 PPO/A2C, relu for SB3 SAC/TD3]")] = None,
-    head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only, no action), diag-gaussian (adds action = mean, log_std) or categorical (adds action = argmax); a source whose head is fixed (an SB3 zip, a torch module) refuses every value  [default: the source's own]")] = None,
+    activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it (an .npz, a state_dict: required there): tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; an nn.Sequential state_dict takes one per parameter-free module, comma-separated (tanh,tanh when they are all tanh)  [default: the source's own]")] = None,
+    head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only, no action), diag-gaussian (adds action = mean, log_std, where the source says where the log_std is: a log_std parameter, or RLlib's layout), diag-gaussian:halves (states that the last layer's outputs are [mean, log_std] halves) or categorical (adds action = argmax); a source whose head is fixed (an SB3 zip, a torch module) refuses every value  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(metavar="N", help="ONNX opset of the default domain.")] = 17,
     exporter: Annotated[str, typer.Option(metavar="NAME", help="For torch modules: torchscript or dynamo (torch.onnx.export's two exporters).")] = "torchscript",
     policy_id: Annotated[Optional[str], typer.Option("--policy-id", metavar="ID", help="Which policy of a multi-policy checkpoint  [default: default_policy]")] = None,
@@ -135,11 +135,15 @@ def convert(
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)
+        if not verify:  # the verification report names them otherwise
+            for assumption in converted.assumptions:
+                say(f"assumed, not in {src.name}: {assumption}")
         report = None
         if verify:
             feeds = None if inputs is None else load_feeds(inputs, graph_inputs(converted.model))
             with drawing_advice("convert", takes_inputs=True):
                 report = run_verify(converted.model, feeds, reference=converted.reference,
+                                    reference_oracle=converted.oracle,
                                     samples=samples if inputs is None or given_options(ctx, "samples") else None,
                                     low=low, high=high, seed=seed, atol=atol, rtol=rtol)
         if report is not None and not report.passed:
@@ -148,6 +152,8 @@ def convert(
         save_onnx(output, converted.model, force)
         if as_json:
             emit_json({"output": str(output), "kind": converted.kind, "notes": converted.notes,
+                       "assumptions": [a.to_dict() for a in converted.assumptions],
+                       "source_oracle": converted.oracle.to_dict(),
                        "verification": report.to_dict() if report else None})
         else:
             say(f"wrote {output}")

@@ -42,9 +42,15 @@ def inspect(
             proto = load_onnx(model)
         else:
             from ..converter import FILE_KINDS, UnknownKindError, convert
+            from ..converter.activations import ActivationNeeded
 
             try:
-                proto = convert(model)
+                try:
+                    proto = convert(model)
+                except ActivationNeeded as e:  # the layers and their shapes do not depend on it
+                    proto = convert(model, activation=e.placeholder())
+                    say(f"{model} does not record its activation: its layers are shown without one "
+                        "('policyport convert' needs --activation)")
             except UnknownKindError:
                 raise BadModelError(
                     f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "

@@ -69,6 +69,28 @@ def report_lines(report) -> list[str]:
     return lines
 
 
+def source_lines(report) -> list[str]:
+    """What the source side of ``report`` was, and each assumption the verdict rests on (with why, and
+    the option that states otherwise), or the model's assumptions when no source was compared."""
+    oracle = report.source_oracle
+    checked = [a for a in report.assumptions if a.get("checked")]
+    shared = [a for a in report.assumptions if not a.get("checked")]
+    lines = []
+    if oracle:
+        lines.append(f"source side: {oracle['name']}" + (", which checked:" if checked else ""))
+        lines += [f"  {assumption_text(a)}" for a in checked]
+        if shared:
+            lines.append("the model and the source side both assume (not in the source file):")
+    elif shared:
+        lines.append("the model assumes (not in its source file):")
+    return lines + [f"  {assumption_text(a)}" for a in shared]
+
+
+def assumption_text(a: dict) -> str:
+    """An assumption as a report records it: ``activation tanh at 1 and 3: given by ... (settle)``."""
+    return f"{a['topic']} {a['assumes']}: {a['because']}" + (f" ({a['settle']})" if a.get("settle") else "")
+
+
 def print_report(report, as_json: bool) -> int:
     """Render ``report`` (table, notes and verdict, or JSON); the exit code it calls for."""
     if as_json:
@@ -77,7 +99,7 @@ def print_report(report, as_json: bool) -> int:
         out.print(verification_table(report))
         for note in report.notes:
             say(f"note: {note}")
-        for line in report_lines(report):
+        for line in report_lines(report) + source_lines(report):
             out.print(literal(line))
         out.print(Text(literal(verdict(report)), style="" if report.passed else "bold red"))
     return 0 if report.passed else 1

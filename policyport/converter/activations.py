@@ -85,6 +85,47 @@ _REFERENCE: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
 }
 
 
+class ActivationNeeded(OptionError):
+    """An activation the source file does not record and no ``--activation`` named (exit 2).
+
+    Attributes:
+        places: how many activations are needed, and ``listed``: whether they must be named one
+            per place (a plain ``nn.Sequential``); ``inspect`` uses both to show the layers without
+            activations rather than refuse.
+    """
+
+    def __init__(self, message: str, places: int = 1, listed: bool = False):
+        super().__init__(message)
+        self.places, self.listed = places, listed
+
+    def placeholder(self) -> str:
+        """``--activation`` naming no activation at every place: ``linear`` (or ``linear,linear``)."""
+        return ",".join(["linear"] * (self.places if self.listed else 1))
+
+
+def required_activation(given: str | None, what: str, places: list[str], default: str) -> str:
+    """``--activation`` for a source whose file does not record its activation: required, since a
+    wrong guess (tanh for a policy trained with relu) converts silently to another policy.
+
+    Args:
+        given: the option's value, or ``None``.
+        what: the source, for the message (``"an .npz of RLlib weights"``).
+        places: where the activations sit (``["fc_1", "fc_2"]``); none: nothing is needed.
+        default: what the source's library defaults to, for the message (``"RLlib's fcnet_activation
+            defaults to tanh"``).
+
+    Raises:
+        OptionError: ``given`` is ``None`` while ``places`` is not empty (exit 2).
+    """
+    if given is None and places:
+        shown = ", ".join(places[:6]) + (" ..." if len(places) > 6 else "")
+        raise ActivationNeeded(f"{what} does not record the activation after its hidden layers ({shown}); name it with "
+                          f"--activation NAME (activation= in Python): {default}, but relu, elu and others are as "
+                          "common, and a wrong one converts to another policy that still passes a check against "
+                          "the same reconstruction")
+    return given or "linear"
+
+
 def choose_activation(given: str | None, recorded: str | None, what: str) -> tuple[str | None, list[str]]:
     """The activation of a source that may record its own: ``recorded`` wins, ``given`` fills a gap.
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-#: Model metadata key holding the assumptions, a JSON list of :meth:`Assumption.to_dict`.
-ASSUMPTIONS_KEY = "policyport.assumptions"
+from ..graph import ASSUMPTIONS_KEY
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ class Assumption:
     settle: str = ""
 
     def __str__(self) -> str:
-        return f"{self.topic}: {self.assumes} ({self.because}{f'; {self.settle}' if self.settle else ''})"
+        return f"{self.topic} {self.assumes}: {self.because}{f' ({self.settle})' if self.settle else ''}"
 
     @property
     def short(self) -> str:
@@ -54,14 +53,6 @@ class Assumption:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, value) -> Assumption | None:
-        """An assumption recorded by :meth:`to_dict`; ``None`` for anything else (a model written by
-        hand or by another tool is read, not refused)."""
-        if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("topic", "assumes", "because")):
-            return None
-        return cls(value["topic"], value["assumes"], value["because"], str(value.get("settle", "")))
 
 
 @dataclass(frozen=True)
@@ -95,7 +86,7 @@ HALVES = "diag-gaussian:halves"
 
 #: The convention of RLlib's layouts: its ``DiagGaussian`` splits the last layer's outputs in two
 #: halves unless ``free_log_std`` keeps the log_std as a separate parameter.
-RLLIB_SPLIT = "RLlib's DiagGaussian splits its inputs into these halves (ray/rllib/models/tf/tf_action_dist.py)"
+RLLIB_SPLIT = "RLlib's DiagGaussian splits its inputs so (ray/rllib/models/tf/tf_action_dist.py)"
 
 
 def head_assumption(head: str | None, *, output: str, width: int, log_std: str | None, what: str,
@@ -126,17 +117,17 @@ def head_assumption(head: str | None, *, output: str, width: int, log_std: str |
     if head is None or head == "none":
         return None
     if head == "categorical":
-        return Assumption("head", f"categorical: action = argmax of the {width} outputs of {output}",
+        return Assumption("head", f"categorical, action = argmax of {output}'s {width} outputs",
                           f"given by --head; {what} does not record its action distribution",
-                          "--head none exports the outputs alone")
+                          f"--head none exports {output} alone")
     if log_std is not None:
         if head == HALVES:
             raise OptionError(f"--head {HALVES} says {output}'s outputs are a mean half and a log_std half, but "
                               f"{what} keeps its log_std as a parameter of its own ({log_std}): {output}'s {width} "
                               "outputs are the means; use --head diag-gaussian")
-        return Assumption("head", f"diagonal Gaussian: action = the {width} outputs of {output} (the mean), "
-                          f"log_std = {log_std}", f"given by --head; {what} holds the log_std {log_std} but does "
-                          "not record its action distribution", "--head none exports the outputs alone")
+        return Assumption("head", f"diagonal Gaussian, action = {output}'s {width} outputs (the mean), log_std = {log_std}",
+                          f"given by --head; {what} holds the parameter {log_std} but does not record its action "
+                          "distribution", f"--head none exports {output} alone")
     half = width // 2
     if head == HALVES:
         because = f"given by --head {HALVES}"
@@ -148,8 +139,45 @@ def head_assumption(head: str | None, *, output: str, width: int, log_std: str |
             f"half (it holds no log_std parameter, and its layout is not one whose convention splits them, as "
             f"RLlib's is). If the first {half} are the mean and the last {half} the log_std, say so with --head "
             f"{HALVES}; if all {width} are the mean (the log std kept elsewhere), --head none exports them as logits")
-    return Assumption("head", f"diagonal Gaussian: {output}'s {width} outputs are the mean ({half}, the action) "
-                      f"and the log_std ({half})", because, "--head none exports the outputs alone")
+    return Assumption("head", f"diagonal Gaussian, {output} = [mean ({half}, the action), log_std ({half})]", because,
+                      f"--head none exports {output} alone")
+
+
+def joined(names) -> str:
+    """``["fc_1", "fc_2", "fc_3"]`` -> ``"fc_1, fc_2 and fc_3"``."""
+    names = [str(n) for n in names]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def activation_assumption(activations: list[tuple[str, str]], what: str, why: str = "", unit: str = "") -> Assumption | None:
+    """The activations a source's file does not record, given with ``--activation``.
+
+    Args:
+        activations: ``(where, name)`` for each place an activation sits (``("fc_1", "tanh")``);
+            places of the same activation are named together.
+        what: the source, for the reason (``"an .npz of weights"``).
+        why: what else the reason should say (``"SB3 builds every hidden layer with one activation_fn"``).
+        unit: what a place is, when its name alone does not say (``"module"``: ``"tanh at modules 1
+            and 3"``).
+
+    Returns:
+        The assumption, or ``None`` when there is no activation to assume.
+    """
+    if not activations:
+        return None
+    by_name: dict[str, list[str]] = {}
+    for where, name in activations:
+        by_name.setdefault(name, []).append(where)
+    text = ", ".join(f"{name} at {unit + ('s' if len(places) > 1 else '') + ' ' if unit else ''}{joined(places)}"
+                     for name, places in by_name.items())
+    return Assumption("activation", text, f"given by --activation; {what} does not record it{f', and {why}' if why else ''}",
+                      "--activation names another")
+
+
+def no_normaliser(what: str, where: str, settle: str = "") -> Assumption:
+    """That the policy saw its observations as they are: ``what`` holds no normaliser, and ``where``
+    says where the statistics would be kept if it had one."""
+    return Assumption("observation normalisation", "none", f"{what} holds no normaliser statistics ({where})", settle)
 
 
 def record_assumptions(model, assumptions: list[Assumption]) -> None:
@@ -164,26 +192,4 @@ def record_assumptions(model, assumptions: list[Assumption]) -> None:
     entry.key, entry.value = ASSUMPTIONS_KEY, text
 
 
-def recorded_assumptions(metadata: dict[str, str]) -> list[Assumption] | None:
-    """The assumptions in a model's metadata (``{key: value}``); ``None`` when the model records none
-    (converted by an older policyport, or not by policyport). Entries that are not assumptions are
-    skipped."""
-    text = metadata.get(ASSUMPTIONS_KEY)
-    if text is None:
-        return None
-    try:
-        values = json.loads(text)
-    except ValueError:
-        return []
-    if not isinstance(values, list):
-        return []
-    return [a for a in map(Assumption.from_dict, values) if a is not None]
-
-
-def listed(assumptions: list[Assumption]) -> str:
-    """``"activation tanh at 1 and 3; head diag-gaussian ..."``: the short forms joined."""
-    return "; ".join(a.short for a in assumptions)
-
-
-__all__ = ["ASSUMPTIONS_KEY", "HALVES", "RLLIB_SPLIT", "Assumption", "Oracle", "head_assumption", "listed", "reconstruction", "record_assumptions",
-           "recorded_assumptions"]
+__all__ = ["ASSUMPTIONS_KEY", "HALVES", "RLLIB_SPLIT", "Assumption", "Oracle", "activation_assumption", "head_assumption", "joined", "no_normaliser", "reconstruction", "record_assumptions"]

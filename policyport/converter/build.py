@@ -194,6 +194,10 @@ class MlpSpec:
         obs_norm: observation normalisation applied first (SB3's VecNormalize), or ``None``.
         trunk: layers shared by the policy and value branches, before both (SB3's ``shared_net``).
         action: the source's own action head (SB3), used when no ``head`` is asked for.
+        activation_slots: ``(module path, activation)`` of every place a parser put an activation
+            the file does not name (a state_dict's parameter-free modules), for the assumption.
+        assumptions: what the parser took as fact beyond the file (a parameter-free module read as
+            ``nn.Flatten``, action bounds a state_dict does not hold ...).
     """
 
     hidden: list[Dense]
@@ -208,6 +212,8 @@ class MlpSpec:
     obs_norm: ObsNorm | None = None
     trunk: list[Dense] = field(default_factory=list)
     action: ActionHead | None = None
+    activation_slots: list[tuple[str, str]] = field(default_factory=list)
+    assumptions: list = field(default_factory=list)
 
     @property
     def obs_dim(self) -> int:

@@ -55,7 +55,8 @@ from ..errors import (
     listing,
 )
 from ..files import sha256_file
-from .build import MIN_OPSET, head_name
+from .assumptions import Oracle, head_assumption
+from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
@@ -929,6 +930,11 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     if head is not None:
         if len(trace.outputs) != 1:
             raise OptionError(f"a {head} head needs a model with one output; this one has {len(trace.outputs)}: {', '.join(trace.outputs)}")
+        if head in GAUSSIAN_HEADS:  # refused before any node is added where nothing says the outputs split
+            info = output_infos[trace.outputs[0]].type.tensor_type
+            width = info.shape.dim[-1].dim_value if info.HasField("shape") and len(info.shape.dim) == 2 else 0
+            if width and width % 2 == 0:
+                head_assumption(head, output=trace.outputs[0], width=width, log_std=None, what="the Keras model")
         graph.g.output.extend(_add_head(graph, trace.outputs[0], head, options.opset))
     graph.g.name = "policy"
     proto.producer_name, proto.producer_version = "policyport", _version()
@@ -1012,7 +1018,21 @@ def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, ki
     provenance = {**provenance, "tensorflow": fw.tf.__version__, "keras": fw.keras.__version__,
                   "tf2onnx": fw.tf2onnx.__version__}
     model, notes = _finish(fw, trace, proto, options, provenance)
-    return Converted(model, _reference(trace, options.head, fw), kind, notes)
+    what = "the SavedModel" if kind == "savedmodel" else "the Keras model"
+    assumptions = []
+    if options.head is not None:
+        output = trace.outputs[0]
+        shape = next(v for v in model.graph.output if v.name == output).type.tensor_type.shape
+        assumptions.append(head_assumption(options.head, output=output, width=shape.dim[-1].dim_value, log_std=None,
+                                           what=what))
+    oracle = Oracle(f"TensorFlow {fw.tf.__version__} running {what}'s own "
+                    f"{'serving signature' if kind == 'savedmodel' else 'layers'}", framework=True, checks=_KERAS_CHECKS)
+    return Converted(model, _reference(trace, options.head, fw), kind, notes, assumptions, oracle)
+
+
+#: What TensorFlow running the model settles from the model itself: its activations, its layers
+#: (a Normalization layer included) and the order they run in.
+_KERAS_CHECKS = frozenset({"activation", "layout", "observation normalisation"})
 
 
 def convert_keras(source, options):

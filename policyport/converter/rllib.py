@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import BadModelError, OptionError, UnreadableFileError, listing
 from . import msgpack_decode, unpickle
 from .activations import Activation, choose_activation, parse_activation
+from .assumptions import HALVES, RLLIB_SPLIT, Assumption, head_assumption, reconstruction
 from .build import NO_HEAD, Dense, MlpSpec, ObsFilter, Prelude
 from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
@@ -650,14 +651,20 @@ def convert_rllib(source, options):
     ckpt = read_checkpoint(source, options.policy_id, options.trust, options.obs_filter)
     config = ckpt.model_config
     recorded = config.get("fcnet_activation")
-    activation_name, chosen = choose_activation(options.activation, None if recorded is None else str(recorded),
-                                                "the checkpoint's model config (fcnet_activation)")
+    activation_name, _ = choose_activation(options.activation, None if recorded is None else str(recorded),
+                                           "the checkpoint's model config (fcnet_activation)")
+    assumptions = []
+    if recorded is None:
+        assumptions.append(Assumption(
+            "activation", f"{activation_name or 'tanh'} at every hidden layer",
+            ("given by --activation" if activation_name else "RLlib's default fcnet_activation") +
+            "; the checkpoint's model config names no fcnet_activation", "--activation names another"))
     act = parse_activation(str(activation_name or "tanh"))
     act = None if act.name == "linear" else act
     head_act = parse_activation(str(config.get("head_fcnet_activation") or "relu"))
     head_act = None if head_act.name == "linear" else head_act
     dqn = bool(ckpt.module_class and "DQN" in ckpt.module_class)
-    notes = chosen + [f"{ckpt.layout} checkpoint: converted policy {ckpt.policy_id!r}"
+    notes = [f"{ckpt.layout} checkpoint: converted policy {ckpt.policy_id!r}"
              + (f" (it also holds {', '.join(p for p in ckpt.policy_ids if p != ckpt.policy_id)})" if len(ckpt.policy_ids) > 1 else "")]
     if ckpt.layout == "new-stack":
         spec, dueling = parse_rl_module(ckpt.weights, config, act, head_act, options.keep_value, dqn)
@@ -683,6 +690,10 @@ def convert_rllib(source, options):
     if not options.obs_filter:  # the filter's state was not read
         if ckpt.filter_named:
             notes.append(f"left the checkpoint's {ckpt.filter_named} out (--no-filter): feed filtered observations")
+            assumptions.append(Assumption("observation normalisation", "none",
+                                          f"left out by --no-filter: the checkpoint's {ckpt.filter_named} is not "
+                                          "applied, so the model expects observations already filtered",
+                                          "convert without --no-filter"))
         else:
             notes.append("--no-filter: the checkpoint names no observation filter; there was none to leave out")
     elif ckpt.obs_filter is not None:
@@ -716,6 +727,10 @@ def convert_rllib(source, options):
         head = None
     else:
         head = _action_head(ckpt.action_space, head, notes)
+        if ckpt.action_space is None and head not in (None, NO_HEAD):
+            assumptions.append(head_assumption(head, output=spec.output.name, width=spec.output.out_features,
+                                               log_std=spec.free_log_std_name, what="the checkpoint",
+                                               convention=RLLIB_SPLIT))
     model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
                       postlude=_dueling if dqn else None,
                       metadata={"policyport.activation": "linear" if act is None else act.name
@@ -732,7 +747,8 @@ def convert_rllib(source, options):
             out["action"] = np.argmax(q, axis=1).astype(np.int64)
         return out
 
-    return Converted(model, reference, "rllib", notes)
+    return Converted(model, reference, "rllib", notes, assumptions,
+                     reconstruction("the checkpoint's arrays and model config", "numpy"))
 
 
 def _space_text(space: tuple) -> str:
@@ -764,6 +780,8 @@ def _action_head(space: tuple | None, head: str | None, notes: list[str]) -> str
                          "--head diag-gaussian or --head categorical adds one")
         return head
     implied = {"box": "diag-gaussian", "discrete": "categorical"}.get(space[0])
+    if head == HALVES and implied == "diag-gaussian":  # the split RLlib's DiagGaussian makes anyway
+        head = implied
     if head is not None and head != implied:
         if implied is None:
             raise OptionError(f"--head {head} does not fit the checkpoint's action space {_space_text(space)}: "

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import BadModelError, OptionError, listing
 from ..files import load_arrays, sha256_file
-from .activations import Activation, parse_activation
+from .activations import Activation, parse_activation, required_activation
 from .build import Dense, MlpSpec
 
 _KEY = re.compile(
@@ -149,25 +149,43 @@ def convert_npz(source: str | os.PathLike | Mapping[str, np.ndarray], options):
 
     Args:
         source: the weights (see the module docstring for the layout).
-        options: a :class:`~policyport.converter.ConvertOptions`; ``activation`` defaults to RLlib's
-            ``tanh``; ``exporter``, ``policy_id``, ``obs_norm`` do not apply to a weights file.
+        options: a :class:`~policyport.converter.ConvertOptions`; ``activation`` is required when
+            there are hidden layers (the file does not record it); ``exporter``, ``policy_id``,
+            ``obs_norm`` do not apply to a weights file.
 
     Returns:
-        A :class:`~policyport.converter.Converted` whose reference is the plain numpy forward pass.
+        A :class:`~policyport.converter.Converted` whose reference is the plain numpy forward pass,
+        with the assumptions the file cannot settle: the activation, the head, no observation filter.
 
     Raises:
         BadModelError: an option that does not apply, or arrays that cannot be placed.
+        OptionError: no ``activation`` for a network with hidden layers; a head the weights cannot
+            take (see :func:`~policyport.converter.assumptions.head_assumption`).
     """
     from . import Converted
+    from .assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser, reconstruction
     from .build import build_mlp
     from .reference import reference_forward
 
     if options.obs_norm is not None:
         raise BadModelError("an observation-normalisation file applies to SB3 sources, not to an .npz of weights")
-    activation = options.activation or "tanh"
-    act = parse_activation(activation)
     arrays, provenance = read_weights(source)
-    spec = parse_rllib_fcnet(arrays, None if act.name == "linear" else act, keep_value=options.keep_value,
-                             source=provenance)
+    spec = parse_rllib_fcnet(arrays, None, keep_value=options.keep_value, source=provenance)
+    hidden = [*spec.hidden, *spec.value_hidden]
+    what = "an .npz of weights" if provenance.get("file") else "a dict of weights"
+    activation = required_activation(options.activation, what, [layer.name for layer in hidden],
+                                     "RLlib's fcnet_activation defaults to tanh")
+    act = parse_activation(activation)
+    for layer in hidden:
+        layer.activation = None if act.name == "linear" else act
+    assumptions = [a for a in (
+        activation_assumption([(layer.name, activation) for layer in hidden], what,
+                              "RLlib's FullyConnectedNetwork uses one fcnet_activation for every hidden layer"),
+        head_assumption(options.head, output=spec.output.name, width=spec.output.out_features,
+                        log_std=spec.free_log_std_name, what=what, convention=RLLIB_SPLIT),
+        no_normaliser(what, "RLlib keeps a MeanStdFilter's in the checkpoint",
+                      "convert the RLlib checkpoint to bake its filter in"),
+    ) if a is not None]
     model = build_mlp(spec, head=options.head, opset=options.opset, metadata={"policyport.activation": activation})
-    return Converted(model, lambda obs: reference_forward(spec, obs, options.head), "npz")
+    return Converted(model, lambda obs: reference_forward(spec, obs, options.head), "npz",
+                     assumptions=assumptions, oracle=reconstruction(f"the arrays of {what}", "numpy"))

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadModelError, OptionError, UnreadableFileError
-from .activations import choose_activation
+from .activations import ActivationNeeded, choose_activation
+from .assumptions import Assumption
 from .build import ActionHead, ObsNorm, Prelude
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
@@ -211,8 +212,10 @@ def convert_sb3(source, options):
         UnreadableFileError: not an SB3 zip.
     """
     from . import Converted
+    from .assumptions import activation_assumption, reconstruction
     from .build import build_mlp
-    from .state_dict import parse_layout, reference_for
+    from .sb3_policy import OracleUnavailable, sb3_oracle
+    from .state_dict import has_torch, parse_layout, reference_for
     from .torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
 
     path = Path(source)
@@ -229,13 +232,23 @@ def convert_sb3(source, options):
         raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
     recorded, what = _activation_name(kwargs), "the zip's policy_kwargs"
     raw = data.get("policy_kwargs")
-    if recorded is None and not (isinstance(raw, dict) and ":serialized:" in raw and not kwargs):
+    unreadable = recorded is None and isinstance(raw, dict) and ":serialized:" in raw and not kwargs
+    if recorded is None and not unreadable:
         # policy_kwargs readable and naming no activation_fn: the policy class's default built it
         recorded = "tanh" if layout == "sb3" else "relu"
         what = "SB3's default for this policy (its policy_kwargs name no activation_fn)"
-    activation, chosen = choose_activation(options.activation, recorded, what)
+    if unreadable and options.activation is None:
+        raise ActivationNeeded(f"{path}: its policy_kwargs are stored only as a pickle, which policyport does not run, so "
+                          "the activation is unknown: name it with --activation (SB3 builds PPO/A2C policies with tanh "
+                          "unless told otherwise, SAC/TD3/DQN with relu, and RL Zoo's tunings often change it)")
+    activation = recorded or options.activation
+    if recorded is not None and options.activation is not None:
+        choose_activation(options.activation, recorded, what)  # refuses a contradiction
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
-    notes = chosen + notes
+    assumptions = []
+    if unreadable:
+        assumptions.append(activation_assumption(spec.activation_slots, "an SB3 zip whose policy_kwargs are pickled",
+                                                 "SB3 builds every hidden layer with one activation_fn", unit="module"))
     spec.action = _action_head(spec, family, act_space)
     prelude = _observation_prelude(obs_space)
     if prelude:
@@ -244,44 +257,143 @@ def convert_sb3(source, options):
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
         spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
-    norm_path = Path(options.obs_norm) if options.obs_norm else None
-    beside = path.parent / path.stem / "vecnormalize.pkl"
-    found = norm_path is None and options.obs_filter and beside.is_file()
-    if found:
-        norm_path = beside
-    if norm_path is not None and prelude:
-        raise BadModelError(f"{norm_path} normalises Box observations; this policy's observation space is "
-                            f"{_space_text(obs_space)}")
-    if norm_path is not None:
-        if not norm_path.is_file():
-            raise UnreadableFileError(f"{norm_path}: no such file")
-        spec.obs_norm = read_vecnormalize(norm_path)
-        if spec.obs_norm is not None and spec.obs_norm.mean.shape != (spec.obs_dim,):
-            raise BadModelError(f"{norm_path} normalises observations of shape {spec.obs_norm.mean.shape}, "
-                                f"the policy takes {spec.obs_dim} features")
-        if spec.obs_norm is None:
-            notes.append(f"{norm_path} normalises no observation (its norm_obs is false): nothing baked in")
-        elif found:
-            notes.append(f"baking in the VecNormalize observation statistics found beside the zip: {beside} "
-                         "(--no-filter skips them)")
-        else:
-            notes.append(f"baking in the VecNormalize observation statistics of {norm_path}")
+    norm_path, assumption = _observation_normaliser(path, options, prelude, spec)
+    spec.obs_norm = read_vecnormalize(norm_path) if norm_path is not None else None
+    if norm_path is not None and spec.obs_norm is None:
+        notes.append(f"{norm_path} normalises no observation (its norm_obs is false): nothing baked in")
+    assumptions.append(assumption)
     spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                    "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
     model = build_mlp(spec, opset=options.opset, prelude=prelude or None, metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
     keep_state_dict_layout(model, arrays)
-    network = reference_for(spec, None)
-    if not prelude:
-        return Converted(model, network, "sb3", notes)
+    try:
+        network, oracle = sb3_oracle(family, kwargs, activation, obs_space, act_space, arrays, spec.obs_norm,
+                                     options.keep_value)
+    except OracleUnavailable as e:
+        notes.append(f"checked against policyport's reconstruction, not SB3's own policy: {e}")
+        network, oracle = reference_for(spec, None), reconstruction("the zip's policy.pth and data", "torch modules"
+                                                                    if has_torch() else "numpy")
+    if not prelude or oracle.framework:  # SB3's predict one-hot encodes Discrete observations itself
+        return Converted(model, network, "sb3", notes, assumptions, oracle)
 
     def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
         x, out = prelude.reference(obs, spec.dtype)
         out.update(network(x))
         return out
 
-    return Converted(model, reference, "sb3", notes)
+    return Converted(model, reference, "sb3", notes, assumptions, oracle)
+
+
+#: Where SB3 and RL Zoo save the VecNormalize statistics of a policy saved as ``<folder>/<stem>.zip``:
+#: ``(path relative to the folder, where it is)``; ``{stem}`` is the zip's stem. RL Zoo
+#: (``rl_zoo3/exp_manager.py``) writes ``<env>.zip`` beside ``<env>/vecnormalize.pkl``; SB3's
+#: documentation saves ``vec_normalize.pkl`` beside the model; both names are looked for beside it.
+NORMALISER_PLACES = (
+    ("{stem}/vecnormalize.pkl", "in the folder named after the zip, where RL Zoo saves it"),
+    ("vecnormalize.pkl", "beside the zip, under RL Zoo's name"),
+    ("vec_normalize.pkl", "beside the zip, under the name SB3's documentation saves it with"),
+)
+
+
+def normaliser_candidates(path: Path) -> list[tuple[Path, str]]:
+    """Every file where SB3's tools save the VecNormalize statistics of the policy in ``path``, that
+    exists: :data:`NORMALISER_PLACES`; SB3's ``CheckpointCallback`` (``<prefix>_<N>_steps.zip`` beside
+    ``<prefix>_vecnormalize_<N>_steps.pkl``); and RL Zoo's run folder, whose ``<env>/`` holds
+    ``config.yml`` beside ``vecnormalize.pkl`` (its ``best_model.zip`` sits beside that folder).
+
+    Returns:
+        ``(path, where)`` pairs, each file once.
+    """
+    folder, stem = path.parent, path.stem
+    places = [(folder / rel.format(stem=stem), where) for rel, where in NORMALISER_PLACES]
+    steps = re.fullmatch(r"(.*)_(\d+)_steps", stem)
+    if steps:
+        places.append((folder / f"{steps[1]}_vecnormalize_{steps[2]}_steps.pkl",
+                       "beside the zip, where SB3's CheckpointCallback saves it"))
+    try:
+        subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        subfolders = []
+    places += [(sub / "vecnormalize.pkl", f"in RL Zoo's hyperparameter folder {sub.name}/ beside the zip")
+               for sub in subfolders if (sub / "config.yml").is_file()]
+    found, seen = [], set()
+    for candidate, where in places:
+        if candidate.is_file() and candidate.resolve() not in seen:
+            seen.add(candidate.resolve())
+            found.append((candidate, where))
+    return found
+
+
+def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | None, Assumption]:
+    """The VecNormalize file to bake in (``None``: none) and what that assumes: ``--obs-norm`` as
+    given; else every file of :func:`normaliser_candidates`, which must agree; ``--no-filter``
+    leaves them out.
+
+    Raises:
+        OptionError: found files that disagree, or one that cannot be this policy's (another
+            observation width, a Discrete observation): ``--obs-norm`` or ``--no-filter`` settles it.
+        UnreadableFileError: ``--obs-norm`` names no file.
+    """
+    topic = "observation normalisation"
+    if options.obs_norm is not None:
+        given = Path(options.obs_norm)
+        if not given.is_file():
+            raise UnreadableFileError(f"{given}: no such file")
+        if prelude:
+            raise BadModelError(f"{given} normalises Box observations; this policy's observation space is "
+                                f"{_space_text_of(prelude)}")
+        _check_width(given, read_vecnormalize(given), spec, "--obs-norm")
+        return given, Assumption(topic, f"VecNormalize statistics of {given}", "given by --obs-norm; an SB3 zip does "
+                                 "not record whether the policy was trained under VecNormalize")
+    candidates = normaliser_candidates(path)
+    looked = ", ".join(f"{path.parent / rel.format(stem=path.stem)}" for rel, _ in NORMALISER_PLACES)
+    if not options.obs_filter:
+        left = f" ({', '.join(str(c) for c, _ in candidates)} would be baked in otherwise)" if candidates else ""
+        return None, Assumption(topic, "none", f"left out by --no-filter{left}", "convert without --no-filter")
+    if not candidates:
+        return None, Assumption(topic, "none", f"no VecNormalize statistics where SB3 and RL Zoo save them ({looked} "
+                                "...), and an SB3 zip does not record whether the policy was trained under VecNormalize",
+                                "--obs-norm FILE bakes one in")
+    if prelude:
+        raise OptionError(f"{candidates[0][0]} (found {candidates[0][1]}) normalises Box observations, and this policy "
+                          f"takes {_space_text_of(prelude)} observations: it is not this policy's; --no-filter "
+                          "converts without it")
+    read = [(c, where, read_vecnormalize(c)) for c, where in candidates]
+    for c, where, norm in read:
+        _check_width(c, norm, spec, f"found {where}")
+    first = read[0][2]
+    differ = [c for c, _, norm in read[1:] if not _same_statistics(first, norm)]
+    if differ:
+        raise OptionError(f"VecNormalize files found for {path.name} disagree: {read[0][0]} and "
+                          f"{', '.join(map(str, differ))} hold other statistics; name the one the policy was trained "
+                          "with, --obs-norm FILE, or leave them out with --no-filter")
+    chosen, where = read[0][0], read[0][1]
+    also = f" (the same statistics as {', '.join(str(c) for c, _, _ in read[1:])})" if len(read) > 1 else ""
+    return chosen, Assumption(topic, f"VecNormalize statistics of {chosen}", f"found {where}{also}; an SB3 zip does "
+                              "not record whether the policy was trained under VecNormalize",
+                              "--obs-norm FILE names another, --no-filter leaves it out")
+
+
+def _check_width(path: Path, norm, spec, how: str) -> None:
+    """Refuse statistics of another observation width than the policy's (exit 2: the option that
+    named or found them is what is wrong)."""
+    if norm is not None and norm.mean.shape != (spec.obs_dim,):
+        raise OptionError(f"{path} ({how}) normalises observations of shape {norm.mean.shape}, and the policy takes "
+                          f"{spec.obs_dim} features: it is not this policy's; --obs-norm FILE names the right one, "
+                          "--no-filter converts without")
+
+
+def _same_statistics(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a.mean.shape == b.mean.shape and np.array_equal(a.mean, b.mean) and np.array_equal(a.var, b.var)
+            and a.epsilon == b.epsilon and a.clip_obs == b.clip_obs)
+
+
+def _space_text_of(prelude) -> str:
+    return f"Discrete({prelude.one_hot})" if prelude.one_hot is not None else f"MultiDiscrete{list(prelude.one_hot_nvec)}"
 
 
 def _observation_prelude(space: dict) -> Prelude:

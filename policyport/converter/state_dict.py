@@ -34,8 +34,9 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import BadModelError, OptionError, listing
-from .activations import Activation, parse_activation
-from .build import ActionHead, Dense, MlpSpec, Step
+from .activations import Activation, ActivationNeeded, parse_activation
+from .assumptions import Assumption
+from .build import GAUSSIAN_HEADS, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
                    "pi_features_extractor.", "vf_features_extractor.")
@@ -87,26 +88,45 @@ def td3_tanh_scope(spec: MlpSpec) -> str:
 # nn.Sequential, the building block of every layout
 
 
+#: The end of the refusal of an SB3 state_dict converted without ``--activation``.
+SB3_UNNAMED = (" (SB3 builds them all with one activation_fn: tanh by default for PPO/A2C, relu for SAC/TD3/DQN, "
+               "and RL Zoo's tunings often change it), or convert the SB3 zip, whose policy_kwargs record it")
+
+#: How to convert a source whose parameter-free modules the state_dict cannot name.
+MODULE_ITSELF = "convert the module itself (a TorchScript file, or a whole pickled module with --trust), which records them"
+
+
 def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: Activation | list[Activation] | None, *,
-                     trailing_activation: bool = False, what: str = "nn.Sequential") -> tuple[list[Dense], list[str]]:
+                     trailing_activation: bool = False, what: str = "nn.Sequential", one_for_all: bool = False,
+                     unnamed: str = "") -> tuple[list[Dense], list[Assumption], list[tuple[str, str]]]:
     """The Linear layers of one ``nn.Sequential`` (keys ``<prefix><i>.<param>``), with their steps.
 
     Args:
         arrays: the state_dict entries of this Sequential (others are ignored).
         prefix: ``"mlp_extractor.policy_net."``; ``""`` for a bare Sequential.
-        activation: the activation module at each parameter-free index between layers, or one per
-            such index in order (a list); ``None`` when unknown (refused if one is needed).
+        activation: the activation module at each parameter-free index between layers: one per
+            such index in order (a list), or one for all of them; ``None`` when unknown (refused if
+            one is needed).
         trailing_activation: an activation follows the last Linear (SB3's ``create_mlp`` and
             ``MlpExtractor`` do this), at the next index.
         what: how to name the Sequential in messages.
+        one_for_all: the library that built the Sequential uses one activation for every place
+            (SB3's ``activation_fn``), so one name may stand for several places; otherwise one name
+            for several places is refused (a forgotten list would apply it to modules it does not
+            fit), and ``tanh,tanh`` says it.
+        unnamed: what to add to the refusal when ``activation`` is ``None`` (the library's default,
+            where the activation is recorded instead).
 
     Returns:
-        ``(layers, notes)``: the Linear layers in order, each with its LayerNorm/BatchNorm/activation
-        steps; notes on what was assumed.
+        ``(layers, assumptions, slots)``: the Linear layers in order, each with its
+        LayerNorm/BatchNorm/activation steps; what was taken as fact about parameter-free modules
+        (several in a row read as one activation and Dropout); ``(module path, activation)`` of
+        every place an activation was put.
 
     Raises:
         BadModelError: a parameter that fits no Linear/LayerNorm/BatchNorm.
-        OptionError: an activation needed but not named (``activation``), or a list of the wrong length.
+        OptionError: an activation needed but not named (``activation``), a list of the wrong
+            length, or one name for several places without ``one_for_all``.
     """
     modules: dict[int, dict[str, tuple[str, np.ndarray]]] = {}
     for name, arr in arrays.items():
@@ -117,7 +137,7 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
             raise BadModelError(f"{name!r} does not fit {what} (expected {prefix}<index>.weight|bias|running_mean|running_var)")
         modules.setdefault(int(m[1]), {})[m[2]] = (name, np.asarray(arr))
     if not modules:
-        return [], []
+        return [], [], []
     kinds = {}
     for i, params in modules.items():
         w = params.get("weight", (None, None))[1]
@@ -133,47 +153,73 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
     linears = [i for i in sorted(kinds) if kinds[i] == "linear"]
     if not linears:
         raise BadModelError(f"{what} has no Linear layer (no 2-D weight{f' under {prefix}' if prefix else ''})")
-    notes: list[str] = []
-    needs_activation: list[int] = []
-    layers: list[Dense] = []
     last_stop = max(kinds) + (2 if trailing_activation else 1)  # the trailing activation's index included
+    gaps: list[list[int]] = []  # each run of parameter-free indices after a layer, in order
+    for n, i in enumerate(linears):
+        stop = linears[n + 1] if n + 1 < len(linears) else last_stop
+        for j in range(i + 1, stop):
+            if j in kinds:
+                continue
+            if gaps and gaps[-1][-1] == j - 1:
+                gaps[-1].append(j)
+            else:
+                gaps.append([j])
+    places = [f"{prefix}{gap[0]}" for gap in gaps]
+    acts = _activations_for(activation, places, what, one_for_all, unnamed)
+    slot_of = {gap[0]: act for gap, act in zip(gaps, acts)}
+    assumptions = [Assumption("layout", f"{prefix}{gap[0]} to {prefix}{gap[-1]} = one activation, then modules without "
+                              "effect in eval mode (Dropout)", f"{len(gap)} modules in a row hold no parameters, so "
+                              "the state_dict cannot say what they are", MODULE_ITSELF)
+                   for gap in gaps if len(gap) > 1]
+    layers: list[Dense] = []
     for n, i in enumerate(linears):
         params = modules[i]
         wname, w = params["weight"]
         bname, b = params.get("bias", (None, None))
         stop = linears[n + 1] if n + 1 < len(linears) else last_stop
         steps: list[Step] = []
-        gap_start = None
         for j in range(i + 1, stop):
             if j in kinds:
-                gap_start = None
                 p = modules[j]
                 steps.append(Step(kinds[j], f"{prefix}{j}", params={k: v for k, v in p.items() if k != "num_batches_tracked"}))
-                continue
-            if gap_start is None:
-                gap_start = j
-                needs_activation.append(j)
-                act = activation
-                if isinstance(activation, list):
-                    act = activation[len(needs_activation) - 1] if len(needs_activation) <= len(activation) else None
-                if act is not None and act.name != "linear":
-                    steps.append(Step("activation", f"{prefix}{j}", act))
-            elif j == gap_start + 1:
-                notes.append(f"{what}: indices {prefix}{gap_start}..{j} hold no parameters; taken as one "
-                             f"activation and modules without effect in eval mode (Dropout)")
+            elif j in slot_of and slot_of[j].name != "linear":
+                steps.append(Step("activation", f"{prefix}{j}", slot_of[j]))
         layers.append(Dense(f"{prefix}{i}", w, wname, b, bname, "out_in", None, post=steps))
-    if isinstance(activation, list) and len(activation) != len(needs_activation):
-        raise OptionError(
-            f"{what}: --activation (activation=) gives {len(activation)} activations for "
-            f"{len(needs_activation)} parameter-free module(s) at "
-            f"{', '.join(f'{prefix}{j}' for j in needs_activation)}; give one, or one per module"
-        )
-    if needs_activation and activation is None:  # an option this source needs (a usage error, exit 2)
-        raise OptionError(
-            f"{what}: the state_dict does not say which activation modules sit at "
-            f"{', '.join(f'{prefix}{j}' for j in needs_activation)} (they hold no parameters); name it with --activation"
-        )
-    return layers, notes
+    slots = [(place, _spelled(act)) for place, act in zip(places, acts)]
+    return layers, assumptions, slots
+
+
+def _spelled(act: Activation) -> str:
+    """An activation as ``--activation`` spells it: ``tanh``, ``leaky_relu:0.2``."""
+    return act.name if act.alpha is None else f"{act.name}:{act.alpha:g}"
+
+
+def _activations_for(activation, places: list[str], what: str, one_for_all: bool, unnamed: str) -> list[Activation]:
+    """The activation at each of ``places`` (see :func:`parse_sequential`).
+
+    Raises:
+        OptionError: none named while some are needed; a list of another length; one name for
+            several places where the library does not use one for all.
+    """
+    if not places:
+        return []
+    shown = ", ".join(places)
+    if activation is None:  # an option this source needs (a usage error, exit 2)
+        raise ActivationNeeded(f"{what}: the state_dict does not say which activation modules sit at {shown} (they hold "
+                               f"no parameters); name {'it' if one_for_all or len(places) == 1 else 'them, one per module,'} "
+                               f"with --activation{unnamed}", len(places), listed=not one_for_all)
+    if isinstance(activation, list):
+        if len(activation) != len(places):
+            raise OptionError(f"{what}: --activation (activation=) gives {len(activation)} activations for "
+                              f"{len(places)} parameter-free module(s) at {shown}; give one per module, in order")
+        return list(activation)
+    if len(places) > 1 and not one_for_all:
+        name = _spelled(activation)
+        raise OptionError(f"{what}: --activation {name} names one activation, and {len(places)} parameter-free modules "
+                          f"at {shown} each hold one that the state_dict cannot tell (an nn.Sequential may mix them); "
+                          f"give one per module, in order: --activation {','.join([name] * len(places))} if they are "
+                          f"all {name}")
+    return [activation] * len(places)
 
 
 def _split_output(layers: list[Dense], what: str) -> tuple[list[Dense], Dense]:
@@ -241,9 +287,10 @@ def parse_sb3_actor_critic(arrays, activation: Activation, *, keep_value: bool =
     if misfits:
         raise BadModelError(f"keys that do not fit SB3's ActorCriticPolicy: {listing(misfits, show=str)}")
     notes: list[str] = []
-    trunk, n1 = parse_sequential(arrays, "mlp_extractor.shared_net.", activation, trailing_activation=True, what="mlp_extractor.shared_net")
-    hidden, n2 = parse_sequential(arrays, "mlp_extractor.policy_net.", activation, trailing_activation=True, what="mlp_extractor.policy_net")
-    value_hidden, n3 = parse_sequential(arrays, "mlp_extractor.value_net.", activation, trailing_activation=True, what="mlp_extractor.value_net")
+    sb3 = {"trailing_activation": True, "one_for_all": True, "unnamed": SB3_UNNAMED}
+    trunk, a1, s1 = parse_sequential(arrays, "mlp_extractor.shared_net.", activation, what="mlp_extractor.shared_net", **sb3)
+    hidden, a2, s2 = parse_sequential(arrays, "mlp_extractor.policy_net.", activation, what="mlp_extractor.policy_net", **sb3)
+    value_hidden, a3, s3 = parse_sequential(arrays, "mlp_extractor.value_net.", activation, what="mlp_extractor.value_net", **sb3)
     output = _dense(arrays, "action_net")
     if output is None:
         raise BadModelError("no action_net.weight: an SB3 ActorCriticPolicy state_dict has one")
@@ -262,8 +309,9 @@ def parse_sb3_actor_critic(arrays, activation: Activation, *, keep_value: bool =
         notes.append("the value function (mlp_extractor.value_net, value_net) is not exported; --keep-value exports it as 'value'")
     spec = MlpSpec(hidden=hidden, output=output, trunk=trunk, value_hidden=value_hidden if keep_value else [],
                    value_output=value_output if keep_value else None, free_log_std=log_std,
-                   free_log_std_name="log_std" if log_std is not None else None)
-    return spec, notes + n1 + n2 + n3
+                   free_log_std_name="log_std" if log_std is not None else None,
+                   activation_slots=s1 + s2 + (s3 if keep_value else []), assumptions=a1 + a2 + (a3 if keep_value else []))
+    return spec, notes
 
 
 def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[str]]:
@@ -286,15 +334,18 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
             raise BadModelError(f"keys that do not fit SB3's SAC actor: {listing(misfits, show=str)}")
         if actor.get("actor.log_std.weight") is None:
             raise BadModelError("a SAC actor without actor.log_std: a gSDE actor, which policyport does not convert")
-        hidden, n = parse_sequential(actor, "actor.latent_pi.", activation, trailing_activation=True, what="actor.latent_pi")
+        hidden, assumed, slots = parse_sequential(actor, "actor.latent_pi.", activation, trailing_activation=True,
+                                                  what="actor.latent_pi", one_for_all=True, unnamed=SB3_UNNAMED)
         notes.append("actor.log_std (the state-dependent std) is not exported: the deterministic action does not use it")
-        return MlpSpec(hidden=hidden, output=_dense(actor, "actor.mu")), "sac", notes + n
+        return MlpSpec(hidden=hidden, output=_dense(actor, "actor.mu"), activation_slots=slots,
+                       assumptions=assumed), "sac", notes
     misfits = sorted(k for k in actor if not re.match(r"^actor\.mu\.\d+\.\w+$", k))
     if misfits:
         raise BadModelError(f"keys that do not fit SB3's TD3/DDPG actor (actor.mu.<i>): {listing(misfits, show=str)}")
-    layers, n = parse_sequential(actor, "actor.mu.", activation, what="actor.mu")
+    layers, assumed, slots = parse_sequential(actor, "actor.mu.", activation, what="actor.mu", one_for_all=True,
+                                              unnamed=SB3_UNNAMED)
     hidden, output = _split_output(layers, "actor.mu")
-    return MlpSpec(hidden=hidden, output=output), "td3", notes + n
+    return MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed), "td3", notes
 
 
 def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool = False) -> tuple[MlpSpec, list[str]]:
@@ -324,9 +375,12 @@ def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool
     log_std = arrays.get("_append_free_log_std.log_std")
     notes = [] if keep_value or value_output is None else [
         "the value function (_value_branch) is not exported; --keep-value exports it as 'value'"]
+    spell = "linear" if activation is None else _spelled(activation)
+    slots = [(f"{layer.name.rsplit('.', 1)[0]}.1", spell) for layer in [*hidden, *(value_hidden if keep_value else [])]]
     spec = MlpSpec(hidden=hidden, output=output, value_hidden=value_hidden if keep_value else [],
                    value_output=value_output if keep_value else None, free_log_std=log_std,
-                   free_log_std_name="_append_free_log_std.log_std" if log_std is not None else None)
+                   free_log_std_name="_append_free_log_std.log_std" if log_std is not None else None,
+                   activation_slots=slots)
     return spec, notes
 
 
@@ -338,11 +392,24 @@ def _with_steps(layer: Dense, steps: list[Step]) -> Dense:
 def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str | None, keep_value: bool):
     """The :class:`MlpSpec` of a state_dict in ``layout``, its extra notes, and SB3 actor family.
 
+    Args:
+        arrays: the state_dict.
+        layout: from :func:`detect_layout` (or forced by the source kind).
+        activation: ``--activation``: one name, or (for a plain ``nn.Sequential``) a comma list, one
+            per parameter-free module; ``None`` where nothing names it (refused wherever an
+            activation is needed: a state_dict does not record one).
+        keep_value: export the value branch.
+
     Returns:
         ``(spec, notes, family)``; family is ``"ac"`` (ActorCritic), ``"sac"``, ``"td3"`` or ``None``.
+        ``spec.activation_slots`` and ``spec.assumptions`` say what was taken beyond the file.
+
+    Raises:
+        OptionError: an activation needed and not named, a list where one name is taken, one name
+            for several modules of a plain ``nn.Sequential``.
+        BadModelError: keys or shapes that do not fit ``layout``.
     """
-    defaults = {"sb3": "tanh", "sb3-actor": "relu", "rllib-torch": "tanh", "sequential": None}
-    name = activation or defaults[layout]
+    name = activation
     if name and "," in name:
         if layout != "sequential":
             raise OptionError(f"--activation (activation=) {name!r} is a list, one activation per module, which "
@@ -359,6 +426,11 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
             raise OptionError("--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))")
         spec, family, notes = parse_sb3_actor(arrays, act)
     elif layout == "rllib-torch":
+        hidden = sorted({k.split("._model")[0] for k in arrays if k.startswith(("_hidden_layers.", "_value_branch_separate."))})
+        if act is None and hidden:
+            raise ActivationNeeded(f"the state_dict does not record the activation after its hidden layers ({', '.join(hidden)}); "
+                              "name it with --activation (RLlib's fcnet_activation defaults to tanh, but relu and "
+                              "others are as common), or convert the RLlib checkpoint, whose config records it")
         spec, notes = parse_rllib_torch(arrays, act, keep_value=keep_value)
         family = None
     else:
@@ -366,16 +438,19 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         if len(prefixes) != 1:
             raise BadModelError(f"the keys carry more than one prefix ({sorted(prefixes)}); give one nn.Sequential's state_dict")
         prefix = prefixes.pop()
-        layers, notes = parse_sequential(arrays, prefix, act)
+        layers, assumed, slots = parse_sequential(arrays, prefix, act, unnamed=" (e.g. --activation tanh,relu)")
         if keep_value:
             raise OptionError("--keep-value: a plain nn.Sequential has no value branch")
         hidden, output = _split_output(layers, "the nn.Sequential")
-        spec = MlpSpec(hidden=hidden, output=output)
+        spec = MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed)
+        notes = []
         first = min(int(SEQ_KEY.match(k)["index"]) for k in arrays)
         if first > 0:
             spec.flatten_scope = f"{prefix}0"
-            held = f"module {prefix}0 holds" if first == 1 else f"modules {prefix}0 to {prefix}{first - 1} hold"
-            notes.append(f"{held} no parameters before the first layer: taken as nn.Flatten")
+            held = f"module {prefix}0" if first == 1 else f"modules {prefix}0 to {prefix}{first - 1}"
+            spec.assumptions.append(Assumption(
+                "layout", f"{held} = nn.Flatten", f"{'it holds' if first == 1 else 'they hold'} no parameters before "
+                "the first layer, so the state_dict cannot say what they are", MODULE_ITSELF))
         family = None
     dtypes = {a.dtype for a in arrays.values() if a.dtype.kind == "f"}
     if len(dtypes) != 1:
@@ -389,25 +464,29 @@ def _check_finite(arrays) -> None:
         raise BadModelError(f"non-finite values (NaN or inf) in {', '.join(bad)}; a trained policy's weights are finite")
 
 
-def bare_actor_head(spec: MlpSpec, family: str | None, notes: list[str]) -> None:
-    """The action head of an SB3 state_dict given without its zip (bounds unknown: [-1, 1])."""
+def bare_actor_head(spec: MlpSpec, family: str | None) -> None:
+    """The action head of an SB3 state_dict given without its zip, whose action space it does not
+    hold: what is taken for it is added to ``spec.assumptions``."""
+    settle = "convert the SB3 zip, whose data records the action space"
     if family in ("sac", "td3"):
         n = spec.output.out_features
         one = np.ones(n, spec.dtype)
         scope = td3_tanh_scope(spec) if family == "td3" else "action"
         spec.action = ActionHead("squash", -one, one, tanh_scope=scope)
-        notes.append("the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] "
-                     "(convert the SB3 zip to rescale it to the action space)")
+        spec.assumptions.append(Assumption("action bounds", "[-1, 1]: the action is tanh's output, not rescaled",
+                                           "a state_dict does not hold the action space", settle))
     elif family == "ac":
         if spec.free_log_std is not None:
             spec.action = ActionHead("clip", np.full(spec.output.out_features, -np.inf, spec.dtype),
                                      np.full(spec.output.out_features, np.inf, spec.dtype))
-            notes.append("the action bounds are not in a state_dict: 'action' is the unclipped Gaussian mean "
-                         "(convert the SB3 zip to clip it to the action space)")
+            spec.assumptions.append(Assumption("action bounds", "none: the action is the Gaussian mean, unclipped",
+                                               "a state_dict does not hold the action space, whose bounds SB3's "
+                                               "predict clips the mean to", settle))
         else:
             spec.action = ActionHead("argmax")
-            notes.append("no log_std: taken as a Discrete action space, action = argmax of the logits "
-                         "(a MultiDiscrete policy needs its SB3 zip)")
+            spec.assumptions.append(Assumption("action space", "Discrete: action = argmax of the logits",
+                                               "a policy without log_std acts in a Discrete or MultiDiscrete space, "
+                                               "and a state_dict does not say which", settle))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,15 +497,46 @@ def reference_for(spec: MlpSpec, head: str | None):
     """The source's forward: torch when installed (the layers as torch modules), else numpy."""
     from .reference import reference_forward, torch_forward
 
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if not has_torch():
         return lambda obs: reference_forward(spec, obs, head)
     return lambda obs: torch_forward(spec, obs, head)
 
 
+#: Where each layout's library keeps the normaliser statistics a state_dict lacks, and how to get them.
+_NORMALISERS = {
+    "sb3": ("SB3 saves VecNormalize statistics apart from the policy, in vecnormalize.pkl",
+            "convert the SB3 zip, which picks up the vecnormalize.pkl beside it"),
+    "sb3-actor": ("SB3 saves VecNormalize statistics apart from the policy, in vecnormalize.pkl",
+                  "convert the SB3 zip, which picks up the vecnormalize.pkl beside it"),
+    "rllib-torch": ("RLlib keeps a MeanStdFilter's in the checkpoint", "convert the RLlib checkpoint to bake its filter in"),
+    "sequential": ("a normaliser applied outside the module is not in its state_dict", ""),
+}
+#: Why one activation name stands for every place in a layout (its library uses one for all).
+_ONE_ACTIVATION = {"sb3": "SB3 builds every hidden layer with one activation_fn",
+                   "sb3-actor": "SB3 builds every hidden layer with one activation_fn",
+                   "rllib-torch": "RLlib's FullyConnectedNetwork uses one fcnet_activation for every hidden layer"}
+
+
+def state_dict_assumptions(spec: MlpSpec, layout: str, options) -> list[Assumption]:
+    """What a converted state_dict rests on beyond its arrays: the activations ``--activation``
+    named, the parser's layout and action-space readings, the head, and no normaliser."""
+    from .assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser
+
+    found = [
+        activation_assumption(spec.activation_slots, "a state_dict", _ONE_ACTIVATION.get(layout, ""), unit="module")
+        if options.activation else None,
+        *spec.assumptions,
+        head_assumption(options.head, output=f"module {spec.output.name}", width=spec.output.out_features,
+                        log_std=spec.free_log_std_name, what="the state_dict",
+                        convention=RLLIB_SPLIT if layout == "rllib-torch" else None),
+        no_normaliser("a state_dict", *_NORMALISERS[layout]),
+    ]
+    return [a for a in found if a is not None]
+
+
 def _convert(source, options, forced_layout: str | None, kind: str):
     from . import Converted
+    from .assumptions import reconstruction
     from .build import build_mlp
 
     arrays, provenance = read_arrays(source, trust=options.trust)
@@ -440,23 +550,34 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     layout = forced_layout or detect_layout(arrays)
     spec, notes, family = parse_layout(arrays, layout, options.activation, options.keep_value)
     if options.head is None:
-        bare_actor_head(spec, family, notes)
+        bare_actor_head(spec, family)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
-    elif family == "ac" and options.head == "diag-gaussian" and spec.free_log_std is None:
+    elif family == "ac" and options.head in GAUSSIAN_HEADS and spec.free_log_std is None:
         raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
                           "space (use --head categorical, or none)")
+    assumptions = state_dict_assumptions(spec, layout, options)
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}
-    activation = options.activation or {"sb3": "tanh", "sb3-actor": "relu", "rllib-torch": "tanh"}.get(layout)
     model = build_mlp(spec, head=options.head, opset=options.opset,
-                      metadata={"policyport.activation": activation or "none", "policyport.layout": layout})
+                      metadata={"policyport.activation": options.activation or "none", "policyport.layout": layout})
     from .torch_files import keep_state_dict_layout
 
     keep_state_dict_layout(model, arrays)
-    return Converted(model, reference_for(spec, options.head), kind, notes)
+    runner = "torch modules" if has_torch() else "numpy"
+    return Converted(model, reference_for(spec, options.head), kind, notes, assumptions,
+                     reconstruction("the state_dict's arrays", runner))
+
+
+def has_torch() -> bool:
+    """Whether torch is installed (the reconstruction then runs as torch modules)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 #: Options only a whole pickled module reads (torch.onnx exports it), and options only a state_dict's

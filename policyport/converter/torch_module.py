@@ -715,7 +715,7 @@ def convert_torch(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
     reference = module_reference(source, export)
-    return Converted(export.model, reference, "torch", export.notes)
+    return Converted(export.model, reference, "torch", export.notes, oracle=module_oracle("the module"))
 
 
 def convert_torchscript(source, options):
@@ -749,7 +749,16 @@ def convert_torchscript(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
     reference = module_reference(module, export)
-    return Converted(export.model, reference, "torchscript", export.notes)
+    return Converted(export.model, reference, "torchscript", export.notes, oracle=module_oracle("the TorchScript module"))
+
+
+def module_oracle(what: str):
+    """torch running ``what``'s own forward: it settles the activations, the layers and what the
+    module outputs from the module itself."""
+    from .assumptions import Oracle
+
+    return Oracle(f"torch {_torch('naming the oracle').__version__} running {what}'s own forward", framework=True,
+                  checks=frozenset({"activation", "layout", "head", "observation normalisation"}))
 
 
 def _refuse_weight_options(options, what: str) -> None:

@@ -90,7 +90,7 @@ from ..folder import (  # noqa: F401  (the format's names, re-exported for reade
     read_bundle,
     read_policy,
 )
-from ..graph import Graph
+from ..graph import Graph, recorded_assumptions
 from .base import count_observations
 
 # --------------------------------------------------------------------------------------------- load
@@ -178,6 +178,7 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
     _expect_keys(golden_path, "activations", golden["activations"], list(recorded))
     outputs = session.run(feeds)
     report = Report(["numpy"], "golden", count_observations(graph.inputs, feeds), atol, rtol)
+    report.assumptions = [{**a, "checked": False} for a in recorded_assumptions(graph.metadata) or []]
     random = graph.stochastic_tensors()
     for name, value in recorded.items():
         if name in random:

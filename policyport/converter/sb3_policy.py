@@ -1,0 +1,199 @@
+"""Stable-Baselines3's own policy as the oracle of an SB3 zip, built without unpickling the zip.
+
+``PPO.load`` unpickles the zip's ``data`` (cloudpickle: code from the file), so the oracle is built
+the way SB3 builds a policy before it loads weights: the policy class of the algorithm family
+(``ActorCriticPolicy``, ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, from policyport's own table,
+never a name read from the file), gymnasium spaces rebuilt from the zip's readable ``observation_space``
+and ``action_space`` fields, and the readable ``policy_kwargs`` (``net_arch``, ``activation_fn`` ...).
+The ``policy.pth`` state_dict is then loaded with ``load_state_dict(strict=True)``, which refuses
+any parameter the architecture does not have, and ``predict(obs, deterministic=True)`` computes the
+action with SB3's own code (its head, its clipping or rescaling to the bounds). A VecNormalize file
+is applied with SB3's own ``VecNormalize.normalize_obs``.
+
+Every layer's output is recorded with forward hooks under the names the converted graph gives them
+(``mlp_extractor.policy_net.0/linear``, ``mlp_extractor.policy_net.1/tanh``), so verification
+compares each with the model, not only the action.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Callable
+
+import numpy as np
+
+from .assumptions import Oracle
+
+#: The policy class SB3 builds for each family policyport converts (``stable_baselines3/*/policies.py``).
+POLICY_CLASSES = {
+    "ac": ("stable_baselines3.common.policies", "ActorCriticPolicy"),
+    "sac": ("stable_baselines3.sac.policies", "SACPolicy"),
+    "td3": ("stable_baselines3.td3.policies", "TD3Policy"),
+    "dqn": ("stable_baselines3.dqn.policies", "DQNPolicy"),
+}
+
+#: ``policy_kwargs`` read from the zip's ``data`` and passed on (readable literals only); the
+#: activation comes separately, as the converter read it.
+KWARGS = ("net_arch", "n_critics", "share_features_extractor", "log_std_init", "squash_output", "use_expln",
+          "full_std", "ortho_init", "normalize_images", "dueling")
+
+#: What SB3's own policy settles independently of policyport's reading of the zip: its action head
+#: (argmax, clipping, rescaling to the bounds) is SB3's code.
+CHECKS = frozenset({"head", "action bounds", "action space"})
+
+
+class OracleUnavailable(Exception):
+    """SB3's own policy cannot be built for this zip (SB3 missing, a kwarg it refuses, a state_dict that
+    does not load); the converter falls back to its reconstruction, saying why."""
+
+
+def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_space: dict,
+               arrays: dict[str, np.ndarray], obs_norm=None, keep_value: bool = False) -> tuple[Callable, Oracle]:
+    """SB3's own forward pass of the zip's policy, and its :class:`Oracle`.
+
+    Args:
+        family: ``"ac"`` (PPO, A2C), ``"sac"``, ``"td3"`` (TD3, DDPG) or ``"dqn"``.
+        kwargs: the zip's readable ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
+        activation: the hidden activation's policyport name (``"tanh"``).
+        obs_space, act_space: the spaces as :func:`policyport.converter.sb3._space` reads them.
+        arrays: the ``policy.pth`` state_dict, numpy arrays.
+        obs_norm: the :class:`~policyport.converter.build.ObsNorm` baked in, or ``None``.
+        keep_value: also return ``value`` (``predict_values``).
+
+    Returns:
+        ``(reference, oracle)``: ``reference(obs) -> {tensor name: array}`` with ``action``, every
+        hooked layer, and ``value`` when asked.
+
+    Raises:
+        OracleUnavailable: SB3 (or gymnasium, torch) is not installed, or the policy cannot be built
+            or loaded from what the zip records.
+    """
+    try:
+        import torch
+        from gymnasium import spaces
+
+        import stable_baselines3
+    except ImportError as e:
+        raise OracleUnavailable(f"stable-baselines3 is not installed ({e.name})") from None
+    import importlib
+
+    from .sb3 import TORCH_ACTIVATIONS
+
+    module, name = POLICY_CLASSES[family]
+    policy_class = getattr(importlib.import_module(module), name)
+    torch_activation = {v: k for k, v in TORCH_ACTIVATIONS.items()}.get(activation.split(":")[0])
+    if torch_activation is None:
+        raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
+    built = {k: _literal(kwargs[k]) for k in KWARGS if k in kwargs}
+    try:
+        policy = policy_class(_gym_space(spaces, obs_space), _gym_space(spaces, act_space), lambda _: 0.0,
+                              activation_fn=getattr(torch.nn, torch_activation), **built)
+        policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in arrays.items()}, strict=True)
+    except Exception as e:  # noqa: BLE001 - whatever SB3 refuses: the oracle is unavailable, and says why
+        raise OracleUnavailable(f"SB3 {stable_baselines3.__version__} could not build {name} from the zip's "
+                                f"readable data: {_first_line(e)}") from None
+    policy.set_training_mode(False)
+    normalizer = _vec_normalize(obs_norm, obs_space) if obs_norm is not None else None
+    names = _hook_names(policy, family)
+
+    def reference(obs) -> dict[str, np.ndarray]:
+        x = normalizer.normalize_obs(np.asarray(obs)) if normalizer is not None else np.asarray(obs)
+        recorded: dict[str, np.ndarray] = {}
+        handles = [module.register_forward_hook(_keeper(recorded, tensor)) for module, tensor in names]
+        try:
+            action, _ = policy.predict(x, deterministic=True)
+            if keep_value and family == "ac":
+                with torch.no_grad():
+                    recorded["value"] = policy.predict_values(policy.obs_to_tensor(x)[0]).numpy()
+        finally:
+            for handle in handles:
+                handle.remove()
+        if normalizer is not None:
+            recorded["vec_normalize/obs"] = x
+        recorded["action"] = np.asarray(action)
+        return recorded
+
+    oracle = Oracle(f"SB3 {stable_baselines3.__version__}'s own {name}.predict(deterministic=True)", framework=True,
+                    checks=CHECKS)
+    return reference, oracle
+
+
+def _literal(value):
+    """A ``policy_kwargs`` value as ``data`` holds it (``"[32, 32]"``, ``64``, ``{"pi": [..]}``), as Python."""
+    if isinstance(value, str):
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise OracleUnavailable(f"a policy_kwargs value is not a literal: {value[:60]!r}") from None
+    return value
+
+
+def _gym_space(spaces, space: dict):
+    """A gymnasium space from the fields :func:`policyport.converter.sb3._space` read."""
+    if space["type"] == "Discrete":
+        return spaces.Discrete(space["n"])
+    if space["type"] == "MultiDiscrete":
+        return spaces.MultiDiscrete(list(space["nvec"]))
+    low, high = space["low"], space["high"]
+    if isinstance(low, Exception) or isinstance(high, Exception):
+        low, high = -np.inf, np.inf  # an observation space's bounds that numpy summarised: never used
+    dtype = np.dtype(space.get("dtype") or "float32")
+    return spaces.Box(low=np.asarray(low, dtype), high=np.asarray(high, dtype), shape=tuple(space["shape"]), dtype=dtype)
+
+
+def _vec_normalize(norm, obs_space: dict):
+    """SB3's ``VecNormalize`` holding ``norm``'s statistics, for its own ``normalize_obs`` (no env
+    needed: the method reads ``obs_rms``, ``epsilon``, ``clip_obs`` and ``norm_obs`` alone)."""
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    normalizer = VecNormalize.__new__(VecNormalize)
+    normalizer.obs_rms = RunningMeanStd(shape=np.asarray(norm.mean).shape)
+    normalizer.obs_rms.mean, normalizer.obs_rms.var = np.asarray(norm.mean), np.asarray(norm.var)
+    normalizer.epsilon, normalizer.clip_obs, normalizer.norm_obs = norm.epsilon, norm.clip_obs, True
+    return normalizer
+
+
+def _hook_names(policy, family: str) -> list:
+    """``(module, tensor name)`` for every Linear and activation module of the deterministic path,
+    named as the converted graph names them; the output layer's tensor is ``logits``
+    (``action_net/mean`` before a free log_std) and the critics are left out."""
+    import torch
+
+    skip = ("critic", "critic_target", "actor_target", "q_net_target", "value_net", "mlp_extractor.value_net",
+            "actor.log_std")
+    modules = dict(policy.named_modules())
+    linears = [p for p, m in modules.items() if isinstance(m, torch.nn.Linear)]
+    output = {"ac": "action_net", "sac": "actor.mu"}.get(family) or next(
+        (p for p in reversed(linears) if p.startswith(("actor.mu.", "q_net.q_net."))), None)
+    names = []
+    for path, module in modules.items():
+        if not path or any(path == s or path.startswith(s + ".") for s in skip):
+            continue
+        if isinstance(module, torch.nn.Linear):
+            if path == output:
+                names.append((module, "action_net/mean" if getattr(policy, "log_std", None) is not None
+                              and family == "ac" else "logits"))
+            else:
+                names.append((module, f"{path}/linear"))
+        elif type(module).__name__ in _LABELS and not isinstance(module, torch.nn.Sequential):
+            names.append((module, f"{path}/{_LABELS[type(module).__name__]}"))
+    return names
+
+
+#: torch activation module class -> the label of its tensor in a converted graph.
+_LABELS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "swish", "GELU": "gelu",
+           "LeakyReLU": "leaky_relu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
+           "Sigmoid": "sigmoid"}
+
+
+def _keeper(recorded: dict, tensor: str):
+    def hook(module, inputs, output):
+        recorded[tensor] = output.detach().cpu().numpy()
+
+    return hook
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
