@@ -214,7 +214,7 @@ def convert_sb3(source, options):
     from . import Converted
     from .assumptions import activation_assumption, reconstruction
     from .build import build_mlp
-    from .sb3_policy import OracleUnavailable, sb3_oracle
+    from .sb3_policy import LazyOracle, LazySource, sb3_oracle
     from .state_dict import has_torch, parse_layout, reference_for
     from .torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
 
@@ -268,22 +268,20 @@ def convert_sb3(source, options):
     model = build_mlp(spec, opset=options.opset, prelude=prelude or None, metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
     keep_state_dict_layout(model, arrays)
-    try:
-        network, oracle = sb3_oracle(family, kwargs, activation, obs_space, act_space, arrays, spec.obs_norm,
-                                     options.keep_value)
-    except OracleUnavailable as e:
-        notes.append(f"checked against policyport's reconstruction, not SB3's own policy: {e}")
-        network, oracle = reference_for(spec, None), reconstruction("the zip's policy.pth and data", "torch modules"
-                                                                    if has_torch() else "numpy")
-    if not prelude or oracle.framework:  # SB3's predict one-hot encodes Discrete observations itself
-        return Converted(model, network, "sb3", notes, assumptions, oracle)
+    network = reference_for(spec, None)
+    if prelude:
+        def network(obs: np.ndarray, _network=network) -> dict[str, np.ndarray]:
+            x, out = prelude.reference(obs, spec.dtype)
+            out.update(_network(x))
+            return out
 
-    def reference(obs: np.ndarray) -> dict[str, np.ndarray]:
-        x, out = prelude.reference(obs, spec.dtype)
-        out.update(network(x))
-        return out
+    def fallback(why: str):
+        runner = "torch modules" if has_torch() else "numpy"
+        return network, reconstruction(f"the zip's policy.pth and data (not SB3's own policy: {why})", runner)
 
-    return Converted(model, reference, "sb3", notes, assumptions, oracle)
+    source = LazySource(lambda: sb3_oracle(family, kwargs, activation, obs_space, act_space, arrays, spec.obs_norm,
+                                           options.keep_value), fallback)
+    return Converted(model, source.reference, "sb3", notes, assumptions, LazyOracle(source))
 
 
 #: Where SB3 and RL Zoo save the VecNormalize statistics of a policy saved as ``<folder>/<stem>.zip``:

@@ -42,6 +42,42 @@ KWARGS = ("net_arch", "n_critics", "share_features_extractor", "log_std_init", "
 CHECKS = frozenset({"head", "action bounds", "action space"})
 
 
+class LazySource:
+    """SB3's own policy as the source side, built the first time it is needed (a conversion that is not
+    verified never imports SB3): ``reference`` and ``oracle`` stand for those of :func:`sb3_oracle`,
+    or, where SB3 cannot build the policy, the reconstruction ``fallback()`` returns, whose oracle
+    says why SB3's own policy was not used.
+    """
+
+    def __init__(self, build: Callable[[], tuple[Callable, Oracle]], fallback: Callable[[str], tuple[Callable, Oracle]]):
+        self._build, self._fallback, self._built = build, fallback, None
+
+    def _resolved(self) -> tuple[Callable, Oracle]:
+        if self._built is None:
+            try:
+                self._built = self._build()
+            except OracleUnavailable as e:
+                self._built = self._fallback(str(e))
+        return self._built
+
+    def reference(self, obs) -> dict[str, np.ndarray]:
+        return self._resolved()[0](obs)
+
+    @property
+    def oracle(self) -> Oracle:
+        return self._resolved()[1]
+
+
+class LazyOracle:
+    """An :class:`Oracle` that is what a :class:`LazySource`'s oracle turns out to be when first read."""
+
+    def __init__(self, source: LazySource):
+        self._source = source
+
+    def __getattr__(self, name):
+        return getattr(self._source.oracle, name)
+
+
 class OracleUnavailable(Exception):
     """SB3's own policy cannot be built for this zip (SB3 missing, a kwarg it refuses, a state_dict that
     does not load); the converter falls back to its reconstruction, saying why."""
