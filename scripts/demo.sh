@@ -12,7 +12,7 @@ SRC=fixtures/real/metadrive_ppo_expert.npz
 mkdir -p out
 
 echo "== convert: RLlib weights -> ONNX, checked against the source before writing"
-policyport convert "$SRC" -o out/metadrive.onnx --head diag-gaussian --force
+policyport convert "$SRC" -o out/metadrive.onnx --activation tanh --head diag-gaussian --force
 
 echo "== inspect"
 policyport inspect out/metadrive.onnx
