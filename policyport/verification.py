@@ -637,6 +637,10 @@ def _source_reference(model, source, trust: bool):
         head = props.get("policyport.head")
         options = ConvertOptions(activation=props.get("policyport.activation"), head=head if head in HEADS else None,
                                  keep_value=any(o.name == "value" for o in proto.graph.output))
+    used = props.get("policyport.activation")
+    if options.activation is None and used not in (None, "none") and props.get("policyport.source_kind") in (
+            "npz", "state-dict", "rllib-torch"):  # converted when these kinds defaulted: the one the conversion used
+        options = dataclasses.replace(options, activation=used)
     recorded_kind = props.get("policyport.source_kind")
     recorded = given_fields(options)
     try:

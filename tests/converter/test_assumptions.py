@@ -386,3 +386,19 @@ def test_a_packed_folder_carries_the_assumptions(tmp_path, mixed):
     assert policy["parity"]["source_oracle"]["framework"] is False
     result = invoke("verify", tmp_path / "bundle")
     assert result.exit_code == 0 and "activation tanh at module 1, relu at module 3" in " ".join(result.output.split())
+
+
+def test_a_model_converted_when_weights_defaulted_to_tanh_verifies_with_the_activation_it_used():
+    """Models written before an .npz needed --activation record no activation option, but name the one
+    they were built with (``policyport.activation``); verify --source rebuilds the source with it."""
+    from policyport.converter import OPTIONS_KEY
+
+    model = pp.convert(METADRIVE, activation="tanh", head="diag-gaussian")
+    for prop in model.metadata_props:
+        if prop.key == OPTIONS_KEY:
+            options = json.loads(prop.value)
+            prop.value = json.dumps({**options, "activation": None})
+    obs = np.random.default_rng(0).uniform(0, 1, (20, 275)).astype(np.float32)
+    report = pp.verify(model, obs, source=METADRIVE)
+    assert report.passed and report.comparisons
+    assert [a["assumes"] for a in report.assumptions][0] == "tanh at fc_1 and fc_2"
