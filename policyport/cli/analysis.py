@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from ..errors import listing
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -127,14 +128,21 @@ def record(
         if summary.nonfinite_rows:
             say(f"warning: {summary.nonfinite_rows:,} of {summary.rows:,} observations hold NaN or Inf; "
                 "'policyport stats' counts what they became in every tensor")
-        if summary.skipped:
-            say(f"left out (no batch axis): {', '.join(summary.skipped)}")
+        say_left_out(dict.fromkeys(summary.skipped))
         t = table("", ["tensor", "op", "dtype", "shape"])
         for info in summary.tensors:
             add_row(t, info.name, info.op_type or "", info.dtype, shape_text((summary.rows, *info.shape)))
         out.print(t)
 
     guard(as_json, body)
+
+
+def say_left_out(arrays: dict[str, tuple[int, ...] | None]) -> None:
+    """Name on stderr the tensors left out of a recording because they have no batch axis (name ->
+    shape, if known); nothing when there are none."""
+    if arrays:
+        shown = listing(arrays, show=lambda n: n if arrays[n] is None else f"{n} {shape_text(arrays[n])}")
+        say(f"left out (no batch axis, not one row per observation): {shown}")
 
 
 def _pct(value) -> str:
@@ -175,6 +183,7 @@ def stats(
         if as_json:
             emit_json(result.to_dict())
             return
+        say_left_out(result.left_out)
         title = f"{recording}: {result.rows:,} observations" + (f" (per-neuron figures in {output})" if output else "")
         values = ["mean", "std", "min", "max"]
         behaviour = ["NaN", "Inf", "active", "saturated", "dead", "always sat."]
@@ -219,15 +228,24 @@ def plot(
     def body():
         from ..analysis import plots
 
+        from ..analysis import open_recording
+
+        left_out = None  # a recording's arrays without a row per observation
         if source.suffix == ".json":
             written = plots.plot_report(source, output, force=force)
         else:
+            rec = open_recording(source)
             with progress_bar("plotting", quiet or as_json) as callback:
-                written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
+                written = plots.plot_recording(rec, output, tensors=tensors, heatmap_rows=rows, force=force,
                                                progress=callback)
+            left_out = rec.left_out_among(tensors)
         if as_json:
-            emit_json({"output": str(output), "files": [str(path) for path in written]})
+            doc = {"output": str(output), "files": [str(path) for path in written]}
+            if left_out is not None:
+                doc["left_out"] = [{"name": n, "shape": list(shape)} for n, shape in left_out.items()]
+            emit_json(doc)
             return
+        say_left_out(left_out or {})
         say(f"wrote {counted(len(written), 'PNG file')} to {output}")
         for path in written:
             out.print(literal(str(path)))
