@@ -246,7 +246,7 @@ def narrow_terminal(monkeypatch):
     import policyport.cli.render as render
 
     screen = io.StringIO()
-    console = Console(file=screen, width=80, force_terminal=True, color_system=None, highlight=False, soft_wrap=True,
+    console = Console(file=screen, width=80, force_terminal=True, color_system=None, highlight=False, soft_wrap=False,
                       markup=False, emoji=False)
     for module in (render, analysis, pack):
         monkeypatch.setattr(module, "out", console)
@@ -330,3 +330,24 @@ def test_messages_list_the_first_names_of_a_long_list_and_count_the_rest(tmp_pat
     names = ", ".join(f"'k{i:05d}'" for i in range(10))
     assert result.stderr == (f"error: the model's inputs are ['obs']; the feeds have missing ['obs'] and unexpected "
                              f"[{names} … and 4,990 more]\n")
+
+
+# ------------------------------------------------------------------------------------ on a terminal
+
+
+@pytest.mark.parametrize("width", [100, 80])
+def test_stats_notes_wrap_between_words_on_a_terminal_and_stay_whole_in_a_pipe(tmp_path, pendulum, monkeypatch, width):
+    from test_cli_render import split_words, terminal_console
+
+    from policyport.cli import render
+
+    rec = tmp_path / "rec.npz"
+    assert invoke("run", pendulum / "p.onnx", "-i", pendulum / "obs.npy", "-o", tmp_path / "o.npz", "--record", rec).exit_code == 0
+    piped = invoke("stats", rec, "--tensors", "action*,vec*")
+    note = piped.stderr.rstrip("\n")
+    assert piped.exit_code == 0 and "\n" not in note and len(note) > 100  # a pipe: one line, however long
+    console, screen = terminal_console(monkeypatch, width)
+    monkeypatch.setattr(render, "err", console)
+    assert invoke("stats", rec, "--tensors", "action*,vec*").exit_code == 0
+    lines = screen.getvalue().splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= width and not split_words(lines, note), lines

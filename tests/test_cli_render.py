@@ -306,14 +306,63 @@ def test_consoles_are_plain_and_unbounded_when_not_a_terminal(monkeypatch):
             self.is_terminal = terminal
 
     monkeypatch.setattr(render, "Console", Recorder)
-    plain = {"highlight": False, "soft_wrap": True, "markup": False, "emoji": False}
+    plain = {"highlight": False, "markup": False, "emoji": False}
     terminal = True
     render._console(stderr=True)
-    assert made == [{"stderr": True, **plain}]
+    assert made == [{"stderr": True, **plain, "soft_wrap": False}]  # wrapped by Rich, at words
     made.clear()
     terminal = False
     render._console(stderr=False)
-    assert made == [{"stderr": False, **plain}, {"stderr": False, **plain, "width": 1_000_000}]
+    assert made == [{"stderr": False, **plain, "soft_wrap": False},
+                    {"stderr": False, **plain, "soft_wrap": True, "width": 1_000_000}]
+
+
+def terminal_console(monkeypatch, width: int, stderr: bool = True):
+    """The console :func:`render._console` makes for a terminal of ``width`` columns, writing to a buffer."""
+    from policyport.cli import render
+
+    screen = io.StringIO()
+
+    def on_a_terminal(**kwargs):
+        return Console(**kwargs, file=screen, force_terminal=True, color_system=None, width=kwargs.pop("width", width))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(render, "Console", on_a_terminal)
+        return render._console(stderr=stderr), screen
+
+
+def split_words(lines: list[str], text: str) -> bool:
+    """Whether ``lines`` break ``text`` anywhere but between words (each break stands for one space)."""
+    return " ".join(line.rstrip() for line in lines) != text
+
+
+@pytest.mark.parametrize("width", [100, 80])
+def test_status_lines_wrap_between_words_on_a_terminal(monkeypatch, width):
+    from policyport.cli import render
+
+    note = ("note: the source computes 9 of the model's 18 compared tensors; not compared with it: "
+            + ", ".join(repr(f"vec_normalize/step_{i}") for i in range(12)))
+    console, screen = terminal_console(monkeypatch, width)
+    monkeypatch.setattr(render, "err", console)
+    render.say(note)
+    render.say_error(f"{note} — and 1,234,567 more")
+    said = screen.getvalue().split("error: ")
+    for text, shown in ((note, said[0]), (f"{note} — and 1,234,567 more", said[1])):
+        lines = shown.splitlines()
+        assert len(lines) > 1 and max(len(line) for line in lines) <= width
+        assert not split_words(lines, text), lines
+    assert not split_words(["a", "b c"], "a b c") and split_words(["a b", "c"], "a bc")  # the check itself
+
+
+def test_a_word_longer_than_a_line_is_folded_and_nothing_is_lost(monkeypatch):
+    from policyport.cli import render
+
+    path = "/data/" + "x" * 130 + "/rec.npz"
+    console, screen = terminal_console(monkeypatch, 100)
+    monkeypatch.setattr(render, "err", console)
+    render.say(f"cannot read {path}")
+    lines = screen.getvalue().splitlines()
+    assert lines[0].rstrip() == "cannot read" and "".join(lines[1:]) == path and max(map(len, lines)) <= 100
 
 
 def test_commands_of_the_application_render_help_plainly_unless_they_choose_otherwise():
@@ -866,3 +915,4 @@ def test_in_a_narrow_terminal_names_fold_and_figures_stay_whole():
     assert all(len(line) <= 20 for line in lines)
     assert any("1234567.25" in line for line in lines)  # a figure split over two lines reads as two figures
     assert "".join(line.split("│")[1].strip() for line in lines if line.startswith("│")) == "fc_" * 20
+
