@@ -335,6 +335,24 @@ def test_messages_list_the_first_names_of_a_long_list_and_count_the_rest(tmp_pat
 # ------------------------------------------------------------------------------------ on a terminal
 
 
+def test_record_on_a_terminal_counts_rows_with_separators_and_labels_the_times(tmp_path, model, metadrive_obs,
+                                                                               monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import policyport.cli.analysis as analysis
+
+    screen = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
+    monkeypatch.setattr(analysis, "err", screen)
+    np.save(tmp_path / "obs.npy", np.tile(metadrive_obs, (3, 1)))
+    result = invoke("record", model, "-i", tmp_path / "obs.npy", "-o", tmp_path / "rec.npz", "--batch-size", "500")
+    assert result.exit_code == 0, result.output
+    shown = screen.file.getvalue()
+    assert "recording: finishing" in shown and "3,000/3,000 rows" in shown and "3000" not in shown
+    assert "elapsed 0:00:0" in shown and ", remaining 0:00:0" in shown
+
+
 @pytest.mark.parametrize("width", [100, 80])
 def test_stats_notes_wrap_between_words_on_a_terminal_and_stay_whole_in_a_pipe(tmp_path, pendulum, monkeypatch, width):
     from test_cli_render import split_words, terminal_console

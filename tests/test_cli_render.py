@@ -4,6 +4,7 @@ result, the option helpers (--max-bytes, --json detection, shapes and names), an
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -916,3 +917,40 @@ def test_in_a_narrow_terminal_names_fold_and_figures_stay_whole():
     assert any("1234567.25" in line for line in lines)  # a figure split over two lines reads as two figures
     assert "".join(line.split("│")[1].strip() for line in lines if line.startswith("│")) == "fc_" * 20
 
+
+# ------------------------------------------------------------------------------------ progress
+
+
+def progress_lines(width: int, description: str = "recording", done: int = 1_234_567, total: int = 25_000_000):
+    """What the progress bar of record, stats and plot shows on a terminal of ``width`` columns."""
+    import time
+
+    from policyport.cli.analysis import row_progress
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    bar = row_progress(console)
+    task = bar.add_task(description, total=total)
+    bar.update(task, completed=done // 2)
+    time.sleep(0.05)  # a rate and an estimate to show
+    bar.update(task, completed=done)
+    for renderable in bar.get_renderables():
+        console.print(renderable)
+    return console.file.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [140, 100, 80, 60, 40])
+def test_the_progress_bar_counts_with_separators_and_labels_its_times(width):
+    lines = progress_lines(width)
+    assert max(len(line) for line in lines) <= width
+    figures = [r" 1,234,567/25,000,000 rows", r"[\d,]+ rows/s", r"elapsed \d:\d\d:\d\d, remaining \d:\d\d:\d\d"]
+    for figure in figures:  # each whole on one line
+        assert any(re.search(figure, line) for line in lines), (figure, lines)
+    assert "25000000" not in "".join(lines) and re.match(r"recording [━╸╺ ]{10}", lines[0])  # a bar of 10 at least
+    # one line when it holds everything; else the figures under the bar, on as many lines as they need
+    assert len(lines) == 1 if width >= 140 else len(lines) >= {100: 1, 80: 2, 60: 2, 40: 3}[width]
+
+
+def test_a_long_description_moves_the_figures_under_the_bar():
+    lines = progress_lines(100, "recording: finishing", 25_000_000)
+    assert len(lines) == 2 and re.match(r"recording: finishing ━{10}", lines[0])
+    assert re.fullmatch(r"25,000,000/25,000,000 rows [\d,]+ rows/s elapsed \d:\d\d:\d\d, remaining 0:00:00 *", lines[1])
