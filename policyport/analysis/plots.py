@@ -184,7 +184,7 @@ def _plot_histograms(stats: Statistics, hists) -> object:
         ax.set_title(_title(s.name, s.op_type), fontsize=10, pad=2 * _NOTE_GAP + 1.25 * _NOTE_SIZE)
         ax.set_xlabel("value", fontsize=8)
         ax.set_ylabel("count", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(which="both", labelsize=7)  # a log axis may label minor ticks too
     return fig
 
 
