@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,6 +103,48 @@ def test_stats_prints_a_table_and_writes_json(tmp_path, model, obs):
     assert [t["name"] for t in doc["tensors"]] == ["logits"] and doc["tensors"][0]["layer"]["values"] == 2000
     missing = invoke("stats", tmp_path / "none.npz", "--json")
     assert missing.exit_code == 3 and json.loads(missing.stdout)["exit_code"] == 3
+
+
+@pytest.fixture(scope="module")
+def pendulum(tmp_path_factory):
+    """An SB3 Box policy (PPO Pendulum with VecNormalize) converted by the CLI, and 600 observations."""
+    pytest.importorskip("torch")  # convert checks the result against SB3's own forward
+    folder = tmp_path_factory.mktemp("pendulum")
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "sb3" / "ppo_pendulum_vecnorm.zip"
+    result = invoke("convert", source, "-o", folder / "p.onnx")
+    assert result.exit_code == 0, result.output
+    np.save(folder / "obs.npy", np.random.default_rng(12).uniform(-1, 1, (600, 3)).astype(np.float32))
+    return folder
+
+
+def test_stats_and_plot_read_what_run_record_writes_for_an_sb3_box_policy(tmp_path, pendulum):
+    """Its recording holds constants and a shape beside the tensors with rows: those get figures,
+    these are named as left out."""
+    rec = tmp_path / "rec.npz"
+    result = invoke("run", pendulum / "p.onnx", "-i", pendulum / "obs.npy", "-o", tmp_path / "out.npz", "--record", rec)
+    assert result.exit_code == 0, result.output
+    with np.load(rec) as f:
+        recorded = {k: f[k] for k in f.files}
+    with_rows = [k for k, v in recorded.items() if v.shape[:1] == (600,)]
+    assert len(with_rows) == 15 and len(recorded) == 18
+    note = ("left out (no batch axis, not one row per observation): vec_normalize/var_eps (3,), vec_normalize/std (3,), "
+            "action_net/mean_shape (2,)\n")
+    stats = invoke("stats", rec)
+    assert stats.exit_code == 0 and stats.stderr == note
+    assert "600 observations" in stats.stdout and "mlp_extractor.policy_net.3/tanh" in stats.stdout
+    doc = json.loads(invoke("stats", rec, "--json").stdout)
+    assert [t["name"] for t in doc["tensors"]] == with_rows
+    assert doc["left_out"] == [{"name": "vec_normalize/var_eps", "shape": [3]}, {"name": "vec_normalize/std", "shape": [3]},
+                               {"name": "action_net/mean_shape", "shape": [2]}]
+    std = next(t for t in doc["tensors"] if t["name"] == "vec_normalize/obs")["layer"]["std"]
+    assert std == pytest.approx(recorded["vec_normalize/obs"].astype(np.float64).std(), rel=1e-9)
+    plot = invoke("plot", rec, "-o", tmp_path / "plots", "--tensors", "action*")
+    assert plot.exit_code == 0, plot.output
+    assert plot.stderr == "left out (no batch axis, not one row per observation): action_net/mean_shape (2,)\nwrote 9 PNG files to plots\n".replace(
+        "plots", str(tmp_path / "plots"))
+    assert sorted(os.listdir(tmp_path / "plots"))[:2] == ["heatmap-action-above_low.png", "heatmap-action.png"]
+    asked = invoke("stats", rec, "--tensors", "action_net/mean_shape")
+    assert asked.exit_code == 3 and "'action_net/mean_shape' (shape (2,)) has no row for each of the 600 observations" in asked.stderr
 
 
 def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):
@@ -203,7 +246,7 @@ def narrow_terminal(monkeypatch):
     import policyport.cli.render as render
 
     screen = io.StringIO()
-    console = Console(file=screen, width=80, force_terminal=True, color_system=None, highlight=False, soft_wrap=True,
+    console = Console(file=screen, width=80, force_terminal=True, color_system=None, highlight=False, soft_wrap=False,
                       markup=False, emoji=False)
     for module in (render, analysis, pack):
         monkeypatch.setattr(module, "out", console)
@@ -287,3 +330,42 @@ def test_messages_list_the_first_names_of_a_long_list_and_count_the_rest(tmp_pat
     names = ", ".join(f"'k{i:05d}'" for i in range(10))
     assert result.stderr == (f"error: the model's inputs are ['obs']; the feeds have missing ['obs'] and unexpected "
                              f"[{names} … and 4,990 more]\n")
+
+
+# ------------------------------------------------------------------------------------ on a terminal
+
+
+def test_record_on_a_terminal_counts_rows_with_separators_and_labels_the_times(tmp_path, model, metadrive_obs,
+                                                                               monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import policyport.cli.analysis as analysis
+
+    screen = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
+    monkeypatch.setattr(analysis, "err", screen)
+    np.save(tmp_path / "obs.npy", np.tile(metadrive_obs, (3, 1)))
+    result = invoke("record", model, "-i", tmp_path / "obs.npy", "-o", tmp_path / "rec.npz", "--batch-size", "500")
+    assert result.exit_code == 0, result.output
+    shown = screen.file.getvalue()
+    assert "recording: finishing" in shown and "3,000/3,000 rows" in shown and "3000" not in shown
+    assert "elapsed 0:00:0" in shown and ", remaining 0:00:0" in shown
+
+
+@pytest.mark.parametrize("width", [100, 80])
+def test_stats_notes_wrap_between_words_on_a_terminal_and_stay_whole_in_a_pipe(tmp_path, pendulum, monkeypatch, width):
+    from test_cli_render import split_words, terminal_console
+
+    from policyport.cli import render
+
+    rec = tmp_path / "rec.npz"
+    assert invoke("run", pendulum / "p.onnx", "-i", pendulum / "obs.npy", "-o", tmp_path / "o.npz", "--record", rec).exit_code == 0
+    piped = invoke("stats", rec, "--tensors", "action*,vec*")
+    note = piped.stderr.rstrip("\n")
+    assert piped.exit_code == 0 and "\n" not in note and len(note) > 100  # a pipe: one line, however long
+    console, screen = terminal_console(monkeypatch, width)
+    monkeypatch.setattr(render, "err", console)
+    assert invoke("stats", rec, "--tensors", "action*,vec*").exit_code == 0
+    lines = screen.getvalue().splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= width and not split_words(lines, note), lines

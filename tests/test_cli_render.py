@@ -4,6 +4,7 @@ result, the option helpers (--max-bytes, --json detection, shapes and names), an
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -306,14 +307,63 @@ def test_consoles_are_plain_and_unbounded_when_not_a_terminal(monkeypatch):
             self.is_terminal = terminal
 
     monkeypatch.setattr(render, "Console", Recorder)
-    plain = {"highlight": False, "soft_wrap": True, "markup": False, "emoji": False}
+    plain = {"highlight": False, "markup": False, "emoji": False}
     terminal = True
     render._console(stderr=True)
-    assert made == [{"stderr": True, **plain}]
+    assert made == [{"stderr": True, **plain, "soft_wrap": False}]  # wrapped by Rich, at words
     made.clear()
     terminal = False
     render._console(stderr=False)
-    assert made == [{"stderr": False, **plain}, {"stderr": False, **plain, "width": 1_000_000}]
+    assert made == [{"stderr": False, **plain, "soft_wrap": False},
+                    {"stderr": False, **plain, "soft_wrap": True, "width": 1_000_000}]
+
+
+def terminal_console(monkeypatch, width: int, stderr: bool = True):
+    """The console :func:`render._console` makes for a terminal of ``width`` columns, writing to a buffer."""
+    from policyport.cli import render
+
+    screen = io.StringIO()
+
+    def on_a_terminal(**kwargs):
+        return Console(**kwargs, file=screen, force_terminal=True, color_system=None, width=kwargs.pop("width", width))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(render, "Console", on_a_terminal)
+        return render._console(stderr=stderr), screen
+
+
+def split_words(lines: list[str], text: str) -> bool:
+    """Whether ``lines`` break ``text`` anywhere but between words (each break stands for one space)."""
+    return " ".join(line.rstrip() for line in lines) != text
+
+
+@pytest.mark.parametrize("width", [100, 80])
+def test_status_lines_wrap_between_words_on_a_terminal(monkeypatch, width):
+    from policyport.cli import render
+
+    note = ("note: the source computes 9 of the model's 18 compared tensors; not compared with it: "
+            + ", ".join(repr(f"vec_normalize/step_{i}") for i in range(12)))
+    console, screen = terminal_console(monkeypatch, width)
+    monkeypatch.setattr(render, "err", console)
+    render.say(note)
+    render.say_error(f"{note} — and 1,234,567 more")
+    said = screen.getvalue().split("error: ")
+    for text, shown in ((note, said[0]), (f"{note} — and 1,234,567 more", said[1])):
+        lines = shown.splitlines()
+        assert len(lines) > 1 and max(len(line) for line in lines) <= width
+        assert not split_words(lines, text), lines
+    assert not split_words(["a", "b c"], "a b c") and split_words(["a b", "c"], "a bc")  # the check itself
+
+
+def test_a_word_longer_than_a_line_is_folded_and_nothing_is_lost(monkeypatch):
+    from policyport.cli import render
+
+    path = "/data/" + "x" * 130 + "/rec.npz"
+    console, screen = terminal_console(monkeypatch, 100)
+    monkeypatch.setattr(render, "err", console)
+    render.say(f"cannot read {path}")
+    lines = screen.getvalue().splitlines()
+    assert lines[0].rstrip() == "cannot read" and "".join(lines[1:]) == path and max(map(len, lines)) <= 100
 
 
 def test_commands_of_the_application_render_help_plainly_unless_they_choose_otherwise():
@@ -866,3 +916,41 @@ def test_in_a_narrow_terminal_names_fold_and_figures_stay_whole():
     assert all(len(line) <= 20 for line in lines)
     assert any("1234567.25" in line for line in lines)  # a figure split over two lines reads as two figures
     assert "".join(line.split("│")[1].strip() for line in lines if line.startswith("│")) == "fc_" * 20
+
+
+# ------------------------------------------------------------------------------------ progress
+
+
+def progress_lines(width: int, description: str = "recording", done: int = 1_234_567, total: int = 25_000_000):
+    """What the progress bar of record, stats and plot shows on a terminal of ``width`` columns."""
+    import time
+
+    from policyport.cli.analysis import row_progress
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    bar = row_progress(console)
+    task = bar.add_task(description, total=total)
+    bar.update(task, completed=done // 2)
+    time.sleep(0.05)  # a rate and an estimate to show
+    bar.update(task, completed=done)
+    for renderable in bar.get_renderables():
+        console.print(renderable)
+    return console.file.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [140, 100, 80, 60, 40])
+def test_the_progress_bar_counts_with_separators_and_labels_its_times(width):
+    lines = progress_lines(width)
+    assert max(len(line) for line in lines) <= width
+    figures = [r" 1,234,567/25,000,000 rows", r"[\d,]+ rows/s", r"elapsed \d:\d\d:\d\d, remaining \d:\d\d:\d\d"]
+    for figure in figures:  # each whole on one line
+        assert any(re.search(figure, line) for line in lines), (figure, lines)
+    assert "25000000" not in "".join(lines) and re.match(r"recording [━╸╺ ]{10}", lines[0])  # a bar of 10 at least
+    # one line when it holds everything; else the figures under the bar, on as many lines as they need
+    assert len(lines) == 1 if width >= 140 else len(lines) >= {100: 1, 80: 2, 60: 2, 40: 3}[width]
+
+
+def test_a_long_description_moves_the_figures_under_the_bar():
+    lines = progress_lines(100, "recording: finishing", 25_000_000)
+    assert len(lines) == 2 and re.match(r"recording: finishing ━{10}", lines[0])
+    assert re.fullmatch(r"25,000,000/25,000,000 rows [\d,]+ rows/s elapsed \d:\d\d:\d\d, remaining 0:00:00 *", lines[1])

@@ -200,19 +200,19 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
     columns = feed_columns(table, [v.name for v in session.inputs])
     names = session.selection(tensors)
     steering = None if overrides is None else session.steering(overrides)
-    ops = producers(session)
     made = {"data": str(data), "model": str(model) if isinstance(model, (str, os.PathLike)) else None,
             "backend": session.backend.name, "batch_size": batch_size,
             "overrides": [] if steering is None else steering.specs}
-    summary = RecordSummary(out, fmt, table.rows, [])
+    summary = RecordSummary(out, fmt, table.rows, *batched_tensors(session, table, columns, names, steering))
+    if fmt != "parquet":  # uncompressed: its size is known from the start
+        row_bytes = sum(t.row_bytes for t in summary.tensors)
+        check_free_space(out, table.rows * row_bytes, f"the recording ({table.rows:,} rows of {row_bytes:,} bytes, "
+                         f"{len(summary.tensors)} tensors)")
     started = time.perf_counter()
 
     sizes: collections.deque[int] = collections.deque()  # rows of each block read and not yet recorded
 
     def blocks():
-        if table.rows == 0:  # still learn the tensors' shapes, from an empty block
-            sizes.append(0)
-            yield {i: np.empty((0, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
         for block in table.iter_batches(batch_size, list(dict.fromkeys(columns.values()))):
             sizes.append(len(next(iter(block.values()))))
             if len(block) == 1:
@@ -223,20 +223,13 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
             yield {i: block[c] for i, c in columns.items()}
 
     def write(file) -> None:  # the output's temporary file, open for writing (npy: its temporary folder)
-        writer, done = None, 0
         pool = ResultPool()  # each block's arrays, once written, hold a later block's results
+        writer, done = Background(WRITERS[fmt](file, table.rows, summary.tensors,
+                                               describe(table.rows, summary.tensors, **made), scratch=out.parent),
+                                  written=pool.give_back), 0
         try:
             for values in _reusing(session.record_iter(read_ahead(blocks()), names, steering), pool):
                 rows = sizes.popleft()
-                if writer is None:
-                    summary.tensors, summary.skipped = _batched(values, rows, ops)
-                    if fmt != "parquet":  # uncompressed: its size is known from the first block
-                        row_bytes = sum(t.row_bytes for t in summary.tensors)
-                        check_free_space(out, table.rows * row_bytes, f"the recording ({table.rows:,} rows of "
-                                         f"{row_bytes:,} bytes, {len(summary.tensors)} tensors)")
-                    writer = Background(WRITERS[fmt](file, table.rows, summary.tensors,
-                                                     describe(table.rows, summary.tensors, **made),
-                                                     scratch=out.parent), written=pool.give_back)
                 _check_block(values, rows, summary.tensors)
                 writer.append({t.name: values[t.name] for t in summary.tensors})
                 del values  # the writer gives the arrays back to the pool
@@ -245,8 +238,7 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
                     progress(done, table.rows)
             writer.close()
         except BaseException:
-            if writer is not None:
-                writer.abort()
+            writer.abort()
             raise
 
     if fmt == "npy":
@@ -390,11 +382,39 @@ class Background:
         self.writer.abort()
 
 
-def _batched(values: dict[str, np.ndarray], rows: int, ops: dict[str, str]) -> tuple[list[TensorInfo], list[str]]:
-    """The tensors of the first block that have the batch axis first, and the names of those that do not."""
+def batched_tensors(session, table: Table, columns: dict[str, str], names: list[str],
+                    steering=None) -> tuple[list[TensorInfo], list[str]]:
+    """Which of the tensors ``names`` have the batch axis first (one row per observation): those
+    with 2 rows when the model runs on 2 observations and 3 rows on 3, each time of the same row
+    shape. A constant, a shape (an SB3 policy's ``action_net/mean_shape`` is ``(2,)``) or anything
+    else of a fixed length keeps its length: a single run could take one whose length happens to
+    be the block's rows for a tensor with rows.
+
+    The observations are the first row of ``table`` repeated (zeros when it has none), so that the
+    model runs on values it expects.
+
+    Args:
+        session: the model, loaded.
+        table: the dataset; ``columns``: graph input -> its column (:func:`feed_columns`).
+        names: the tensors to record; ``steering``: overrides applied while recording, or None.
+
+    Returns:
+        (the tensors with rows, as :class:`TensorInfo` in ``names``' order with graph outputs after,
+        as :meth:`Session.record` returns them; the names of the others).
+    """
+    import contextlib
+
+    wanted = list(dict.fromkeys(columns.values()))
+    with contextlib.closing(table.iter_batches(1, wanted)) as blocks:
+        first = next(blocks, None)
+    if first is None:  # no rows: zeros of each column's row shape
+        first = {c: np.zeros((1, *table.columns[c].shape), table.columns[c].dtype) for c in wanted}
+    two, three = (session.record({i: np.repeat(first[c], k, axis=0) for i, c in columns.items()}, names,
+                                 overrides=steering) for k in (2, 3))
+    ops = producers(session)
     kept, skipped = [], []
-    for name, v in values.items():
-        if v.ndim >= 1 and v.shape[0] == rows:
+    for name, v in three.items():
+        if v.ndim >= 1 and v.shape[0] == 3 and two[name].shape == (2, *v.shape[1:]):
             kept.append(TensorInfo(name, ops.get(name), v.dtype.name, tuple(v.shape[1:])))
         else:
             skipped.append(name)
@@ -444,8 +464,7 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     columns = feed_columns(table, [v.name for v in session.inputs])
     names = session.selection(tensors)
     specs = [] if overrides is None else session.steering(overrides).specs
-    probe_feeds = {i: np.zeros((2, *table.columns[c].shape), table.columns[c].dtype) for i, c in columns.items()}
-    infos, skipped = _batched(session.record(probe_feeds, names, overrides=specs or None), 2, producers(session))
+    infos, skipped = batched_tensors(session, table, columns, names, specs or None)
     metadata = describe(table.rows, infos, data=str(data), model=str(model) if isinstance(model, (str, os.PathLike)) else None,
                         backend="numpy", batch_size=batch_size, overrides=specs, engine="ray")
     check_out_folder(out, force, (".parquet",))

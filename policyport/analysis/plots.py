@@ -3,7 +3,8 @@
 Of a recording (:func:`plot_recording`), into one new folder:
 
 * ``histograms.png``: one panel per tensor, the distribution of all its values over every
-  observation (counts accumulated block by block over the whole recording, log scale);
+  observation (counts accumulated block by block over the whole recording, log scale), with the
+  layer's mean, std and saturated or active fraction on a line between the title and the axes;
 * ``heatmap-<tensor>.png``: neuron × observation image of the first observations;
 * ``neurons-<tensor>.png``: every neuron's mean ± std over the recording, min and max, with dead
   and always-saturated neurons marked.
@@ -35,6 +36,8 @@ from .statistics import RELU_LIKE, Statistics, statistics
 
 BINS = 80
 _DPI = 110
+#: Size and gap (points) of the line of figures above each histogram.
+_NOTE_SIZE, _NOTE_GAP = 8, 3
 
 
 #: The longest file-name part made from a tensor name; a longer name is cut and given a hash suffix.
@@ -170,17 +173,18 @@ def _plot_histograms(stats: Statistics, hists) -> object:
         ax.stairs(counts, edges, fill=True, color="#4C72B0", alpha=0.85)
         ax.set_yscale("log" if counts.max(initial=0) > 0 else "linear")
         layer = s.layer()
-        note = f"mean {layer['mean']:.3g}, std {layer['std']:.3g}" if layer["mean"] is not None else "no finite values"
+        figures = [f"mean {layer['mean']:.3g}, std {layer['std']:.3g}" if layer["mean"] is not None else "no finite values"]
         if layer["saturated_fraction"] is not None:
-            note += f"\nsaturated {100 * layer['saturated_fraction']:.1f}%"
+            figures.append(f"saturated {100 * layer['saturated_fraction']:.1f}%")
         if s.op_type in RELU_LIKE:
-            note += f"\nactive {100 * layer['active_fraction']:.1f}%"
-        ax.set_title(_title(s.name, s.op_type), fontsize=10)
-        ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", fontsize=8,
-                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+            figures.append(f"active {100 * layer['active_fraction']:.1f}%")
+        # the figures go between the title and the axes, never over a bar: the title is lifted by their line
+        ax.annotate(", ".join(figures), (0.5, 1.0), xycoords="axes fraction", xytext=(0, _NOTE_GAP),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=_NOTE_SIZE, color="#444444")
+        ax.set_title(_title(s.name, s.op_type), fontsize=10, pad=2 * _NOTE_GAP + 1.25 * _NOTE_SIZE)
         ax.set_xlabel("value", fontsize=8)
         ax.set_ylabel("count", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(which="both", labelsize=7)  # a log axis may label minor ticks too
     return fig
 
 

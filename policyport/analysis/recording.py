@@ -21,6 +21,7 @@ bounded by the block.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError, listing, require
+from ..errors import BadModelError, InputMismatchError, UnreadableFileError, listing, require
 from .tables import META_FILE, META_KEY, Table, open_table
 
 FORMAT = "policyport.recording/1"
@@ -58,18 +59,27 @@ class Recording:
     """A recording read back: its tensors and rows, streamed block by block.
 
     Also reads an ``.npz`` or ``.parquet`` without the description (``policyport run --record``
-    writes one): every array with rows is a tensor of unknown op type.
+    writes one): every array with one row per observation is a tensor of unknown op type, and the
+    arrays without (constants and shapes the model computes, such as an SB3 policy's
+    ``action_net/mean_shape``) are :attr:`left_out` (see
+    :func:`~policyport.analysis.tables.recording_rows`).
 
     Args:
         path: an ``.npz`` or ``.parquet`` file, an ``npy`` recording's folder, or a folder of ``.parquet`` files.
 
+    Attributes:
+        tensors: the recorded tensors with one row per observation, in the file's order.
+        left_out: the file's other arrays, name -> shape.
+
     Raises:
-        UnreadableFileError: not a readable table, or arrays with different row counts.
+        UnreadableFileError: not a readable table, or an ``.npz`` of which it cannot be told which
+            arrays have one row per observation (the message lists the arrays by row count).
     """
 
     def __init__(self, path: str | os.PathLike):
-        self.table: Table = open_table(path)
+        self.table: Table = open_table(path, per_observation=True)
         self.path = Path(path)
+        self.left_out: dict[str, tuple[int, ...]] = dict(self.table.left_out)
         self.metadata = dict(self.table.metadata or {})
         described = {t["name"]: t for t in self.metadata.get("tensors", [])}
         self.tensors: list[TensorInfo] = []
@@ -83,6 +93,34 @@ class Recording:
     @property
     def rows(self) -> int:
         return self.table.rows
+
+    def select(self, tensors: str | list[str] | None = None) -> list[str]:
+        """The recorded tensors that ``fnmatch`` globs select (default all), in the recording's order.
+
+        Raises:
+            InputMismatchError: a pattern matches no tensor; one that matches only arrays left out
+                (:attr:`left_out`) is said to, with their shapes.
+        """
+        from ..runtime.base import select_tensors
+
+        names = [t.name for t in self.tensors]
+        try:
+            return select_tensors(names, tensors)
+        except InputMismatchError as e:
+            unmatched = [p for p in _patterns(tensors) if not _matching([p], names)]
+            if not all(_matching([p], self.left_out) for p in unmatched):
+                raise
+            hit = self.left_out_among(unmatched)
+            raise InputMismatchError(
+                f"{self.path}: {listing(hit, show=lambda n: f'{n!r} (shape {hit[n]})')} "
+                f"{'has' if len(hit) == 1 else 'have'} no row for each of the {self.rows:,} observations (a constant "
+                f"or a shape the model computes), so no per-neuron figures; the recording's tensors: "
+                f"{listing(names, show=str)}") from e
+
+    def left_out_among(self, tensors: str | list[str] | None = None) -> dict[str, tuple[int, ...]]:
+        """The arrays :attr:`left_out` that ``fnmatch`` globs select (default all): name -> shape."""
+        chosen = set(self.left_out) if tensors is None else set(_matching(_patterns(tensors), self.left_out))
+        return {n: s for n, s in self.left_out.items() if n in chosen}
 
     def iter_batches(self, batch_size: int = 65536, names: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Blocks of at most ``batch_size`` rows: tensor name -> array ``(rows_in_block, *shape)``."""
@@ -105,6 +143,18 @@ class Recording:
             if got >= rows:
                 break
         return {n: np.concatenate(p) for n, p in parts.items()}
+
+
+def _patterns(tensors: str | list[str] | None) -> list[str]:
+    """Names or globs, from a comma-separated string or a list (``None``: every name)."""
+    if tensors is None:
+        return ["*"]
+    return [p.strip() for p in tensors.split(",") if p.strip()] if isinstance(tensors, str) else list(tensors)
+
+
+def _matching(patterns: list[str], names) -> list[str]:
+    """The ``names`` that one of ``patterns`` selects: the exact name, or an ``fnmatch`` glob."""
+    return [n for n in names if any(n == p or fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
 def open_recording(path: str | os.PathLike) -> Recording:

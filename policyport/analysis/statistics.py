@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -112,11 +112,13 @@ def _nums(a: np.ndarray) -> list[float | None]:
 
 @dataclass
 class Statistics:
-    """Statistics of every tensor of a recording."""
+    """Statistics of every tensor of a recording; ``left_out``: the recording's arrays without a
+    row per observation (name -> shape), which have none."""
 
     source: str
     rows: int
     tensors: list[TensorStats]
+    left_out: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> TensorStats:
         for t in self.tensors:
@@ -128,7 +130,8 @@ class Statistics:
         """JSON-ready (no NaN: a figure that does not exist, such as the mean of a neuron that was
         NaN on every row, is ``null``)."""
         return {"format": FORMAT, "recording": self.source, "rows": self.rows,
-                "tensors": [t.to_dict(neurons) for t in self.tensors]}
+                "tensors": [t.to_dict(neurons) for t in self.tensors],
+                "left_out": [{"name": n, "shape": list(shape)} for n, shape in self.left_out.items()]}
 
 
 def statistics(recording, tensors: str | list[str] | None = None, *, batch_size: int = DEFAULT_BLOCK,
@@ -144,16 +147,15 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
         progress: called as ``progress(rows_done, rows_total)`` after each block (local engine).
 
     Returns:
-        :class:`Statistics`, tensors in the recording's order.
+        :class:`Statistics`, tensors in the recording's order; the arrays ``tensors`` selects that
+        have no row per observation (see :class:`Recording`) are named in its ``left_out``.
 
     Raises:
         UnreadableFileError: the recording cannot be read.
-        InputMismatchError: a pattern matches no tensor, or an unknown engine.
+        InputMismatchError: a pattern matches no tensor (or only arrays left out), or an unknown engine.
     """
-    from ..runtime.base import select_tensors
-
     rec = recording if isinstance(recording, Recording) else open_recording(recording)
-    names = select_tensors([t.name for t in rec.tensors], tensors)
+    names = rec.select(tensors)
     chosen = [t for t in rec.tensors if t.name in names]
     if engine == "ray":
         moments = _moments_ray(rec, chosen, batch_size)
@@ -168,7 +170,8 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
                 progress(done, rec.rows)
     else:
         raise InputMismatchError(f"unknown engine {engine!r}; choose local or ray")
-    return Statistics(str(rec.path), rec.rows, [TensorStats(t.name, t.op_type, t.shape, moments[t.name]) for t in chosen])
+    return Statistics(str(rec.path), rec.rows, [TensorStats(t.name, t.op_type, t.shape, moments[t.name]) for t in chosen],
+                      rec.left_out_among(tensors))
 
 
 def _moments_ray(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> dict[str, Moments]:

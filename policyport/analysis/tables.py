@@ -8,7 +8,8 @@ count against the process), so memory is bounded by the block, not the file. Obs
 
 * ``.npy``: one column named ``""``; read with the header's offset and ``readinto`` (C order only);
 * ``.npz``: one column per member (``numpy.lib.format`` header, then the member's rows streamed from
-  the zip, stored or deflated);
+  the zip, stored or deflated); read as a recording (``per_observation``), members without the
+  recording's rows (a constant, a shape, a scalar) are left out rather than refused;
 * ``.parquet``: one column per field (pyarrow ``ParquetFile.iter_batches``); a fixed-size list column
   is a ``(rows, width)`` array, reshaped to the row shape that the file's ``policyport.recording``
   metadata gives, if any;
@@ -25,11 +26,12 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from types import MappingProxyType
+from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..errors import UnreadableFileError, require
+from ..errors import UnreadableFileError, listing, require
 from ..files import check_npz_arrays, not_a_file
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
@@ -57,6 +59,8 @@ class Table:
     rows: int
     columns: dict[str, Column]
     metadata: dict | None = None
+    #: Arrays of the file that are not columns because they have no row per observation: name -> shape.
+    left_out: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
     def iter_batches(self, batch_size: int, names: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Blocks of ``batch_size`` rows (the last may be shorter): column name -> array
@@ -137,12 +141,23 @@ class NpyTable(Table):
 
 
 class NpzTable(Table):
-    """An ``.npz`` file: one column per member; a ``policyport.recording`` member is metadata."""
+    """An ``.npz`` file: one column per member; a ``policyport.recording`` member is metadata.
 
-    def __init__(self, path: Path):
+    Args:
+        path: the file.
+        per_observation: read it as a recording (``policyport run --record`` writes every tensor,
+            constants and shapes among them): members whose axis 0 is not the recording's rows
+            (:func:`recording_rows`) are left out (:attr:`left_out`) instead of refused.
+
+    Raises:
+        UnreadableFileError: not a readable ``.npz``; members of different row counts (a scalar
+            among them) when not ``per_observation``, or whose rows cannot be told when it is.
+    """
+
+    def __init__(self, path: Path, per_observation: bool = False):
         self.path = path
         self.columns, self._members, self.metadata = {}, {}, None
-        rows_of: dict[str, int] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
         try:
             with zipfile.ZipFile(path) as zf:
                 members = zf.infolist()
@@ -153,18 +168,26 @@ class NpzTable(Table):
                         if name == META_KEY:
                             self.metadata = _metadata(np.lib.format.read_array(f, allow_pickle=False), path)
                             continue
-                        dtype, shape = _npy_header(f, f"{path} member {name!r}")
+                        dtype, shape = _npy_header(f, f"{path} member {name!r}", scalar=per_observation)
                     self._members[name] = info.filename
                     self.columns[name] = Column(name, dtype, shape[1:])
-                    rows_of[name] = shape[0]
+                    shapes[name] = shape
         except (zipfile.BadZipFile, OSError, EOFError) as e:
             if isinstance(e, UnreadableFileError):
                 raise
             raise UnreadableFileError(f"{path} is not a readable .npz file: {e}") from e
-        counts = set(rows_of.values())
-        if len(counts) > 1:
-            raise UnreadableFileError(f"{path}: the arrays have different numbers of rows {sorted(counts)}")
-        self.rows = counts.pop() if counts else 0
+        if per_observation:
+            described = (self.metadata or {}).get("rows")
+            self.rows = described if type(described) is int else recording_rows(path, shapes)
+            self.left_out = {n: s for n, s in shapes.items() if s[:1] != (self.rows,)}
+            for name in self.left_out:
+                del self.columns[name], self._members[name]
+        else:
+            by_rows = _by_rows(shapes)
+            if len(by_rows) > 1:
+                raise UnreadableFileError(f"{path}: the arrays have different numbers of rows ({_rows_text(by_rows)}); "
+                                          "each needs one row per observation")
+            self.rows = next(iter(by_rows), 0)
 
     def iter_batches(self, batch_size, names=None):
         names = list(self.columns) if names is None else names
@@ -178,6 +201,50 @@ class NpzTable(Table):
             finally:
                 for s in streams.values():
                     s.close()
+
+
+def _by_rows(shapes: dict[str, tuple[int, ...]]) -> dict[int | None, list[str]]:
+    """Array names grouped by row count (axis 0; ``None`` for a scalar), most arrays first."""
+    groups: dict[int | None, list[str]] = {}
+    for name, shape in shapes.items():
+        groups.setdefault(shape[0] if shape else None, []).append(name)
+    return dict(sorted(groups.items(), key=lambda item: -len(item[1])))
+
+
+def _rows_text(by_rows: dict[int | None, list[str]]) -> str:
+    """``'a', 'b': 600 rows; 'c': 2 rows; 'd': a scalar`` for a message."""
+    return "; ".join(f"{listing(names)}: {'a scalar' if rows is None else f'{rows:,} rows'}"
+                     for rows, names in by_rows.items())
+
+
+def recording_rows(path: Path, shapes: dict[str, tuple[int, ...]]) -> int:
+    """The observations of a recording without a description (``policyport run --record``): the
+    row count (axis 0) that most of its arrays share. Arrays of another length have no row per
+    observation (a constant, a shape); one whose length happens to equal the row count cannot be
+    told from a tensor of one value per observation, and is taken for one.
+
+    Args:
+        path: the file, for messages.
+        shapes: array name -> shape.
+
+    Returns:
+        The row count; 0 for a file without arrays.
+
+    Raises:
+        UnreadableFileError: only scalars, or two row counts shared by as many arrays each.
+    """
+    by_rows = {rows: names for rows, names in _by_rows(shapes).items() if rows is not None}
+    if not shapes:
+        return 0
+    if not by_rows:
+        raise UnreadableFileError(f"{path} holds only scalars ({listing(shapes)}); a recording holds arrays with "
+                                  "one row per observation")
+    counts = [len(names) for names in by_rows.values()]
+    if len(counts) > 1 and counts[0] == counts[1]:
+        raise UnreadableFileError(f"{path}: cannot tell which arrays hold one row per observation, as many arrays "
+                                  f"have each row count ({_rows_text(_by_rows(shapes))}); 'policyport record' "
+                                  "writes recordings that say so")
+    return next(iter(by_rows))
 
 
 def _blocks(streams: dict, columns: dict[str, Column], rows: int, batch_size: int, path: Path):
@@ -272,14 +339,16 @@ def _to_numpy(array, col: Column, path) -> np.ndarray:
 
 
 class FolderTable(Table):
-    """A folder of tables, concatenated in file-name order (hidden files and others ignored)."""
+    """A folder of tables, concatenated in file-name order (hidden files and others ignored);
+    ``per_observation`` as for :class:`NpzTable`, for each ``.npz``."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, per_observation: bool = False):
         self.path = path
         files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and not p.name.startswith((".", "_")))
         if not files:
             raise UnreadableFileError(f"{path} holds no .npy, .npz or .parquet file")
-        self.parts = [open_table(p) for p in files]
+        self.parts = [open_table(p, per_observation=per_observation) for p in files]
+        self.left_out = {n: s for part in self.parts for n, s in part.left_out.items()}
         first = self.parts[0]
         for part in self.parts[1:]:
             if part.columns != first.columns:
@@ -368,9 +437,10 @@ def _describe(columns: dict[str, Column]) -> str:
                      for c in columns.values())
 
 
-def open_table(path: str | os.PathLike) -> Table:
+def open_table(path: str | os.PathLike, *, per_observation: bool = False) -> Table:
     """The table in ``path``: an ``.npy``, ``.npz`` or ``.parquet`` file, a folder of them, or an
-    ``npy`` recording's folder.
+    ``npy`` recording's folder; ``per_observation``: an ``.npz`` is read as a recording (see
+    :class:`NpzTable`).
 
     Raises:
         UnreadableFileError: missing, of another kind, malformed, or an object (pickle) array.
@@ -378,7 +448,7 @@ def open_table(path: str | os.PathLike) -> Table:
     """
     path = Path(path)
     if path.is_dir():
-        return NpyFolderTable(path) if (path / META_FILE).is_file() else FolderTable(path)
+        return NpyFolderTable(path) if (path / META_FILE).is_file() else FolderTable(path, per_observation)
     if not path.is_file():
         what = not_a_file(path)
         raise UnreadableFileError(f"{path} {what}, not a file; expected an .npy, .npz or .parquet file, or a folder "
@@ -386,4 +456,4 @@ def open_table(path: str | os.PathLike) -> Table:
     kinds = {".npy": NpyTable, ".npz": NpzTable, ".parquet": ParquetTable}
     if path.suffix not in kinds:
         raise UnreadableFileError(f"{path}: expected an .npy, .npz or .parquet file, or a folder of them")
-    return kinds[path.suffix](path)
+    return NpzTable(path, per_observation) if path.suffix == ".npz" else kinds[path.suffix](path)

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from ..errors import listing
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -46,19 +47,12 @@ class RecordBackend(str, Enum):
 
 @contextmanager
 def progress_bar(label: str, quiet: bool):
-    """A Rich progress bar on stderr (rows, rows/s, ETA) fed by ``callback(done, total)``; nothing
-    when ``quiet`` or stderr is not a terminal."""
+    """A Rich progress bar on stderr fed by ``callback(done, total)`` (see :func:`row_progress`);
+    nothing when ``quiet`` or stderr is not a terminal."""
     if quiet or not err.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-
-    class Rate(ProgressColumn):
-        def render(self, task):
-            return Text(f"{task.speed:,.0f} rows/s" if task.speed else "… rows/s")
-
-    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), Rate(), TimeRemainingColumn(),
-                  console=err, transient=True) as bar:
+    with row_progress(err) as bar:
         task = None
 
         def callback(done: int, total: int) -> None:
@@ -69,6 +63,73 @@ def progress_bar(label: str, quiet: bool):
             bar.update(task, completed=done, description=literal(f"{label}: finishing" if done >= total else label))
 
         yield callback
+
+
+def row_progress(console):
+    """A transient Rich ``Progress`` on ``console`` that counts rows, on one line:
+
+    ``recording ━━━━━━━━━╸      1,234,567/25,000,000 rows 9,019 rows/s elapsed 0:02:16, remaining 0:43:54``
+
+    counts with thousands separators and each time labelled; the bar takes the width the figures
+    leave. When a line cannot hold the figures and a bar of 10 characters, the figures go on a line
+    of their own under the bar, never wrapped inside a number or a word.
+    """
+    from rich.progress import (BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+    from rich.table import Column
+
+    class Rows(ProgressColumn):
+        def render(self, task):
+            total = "?" if task.total is None else f"{int(task.total):,}"
+            return Text(f"{int(task.completed):>{len(total)},}/{total} rows")  # as wide as it will be
+
+    class Rate(ProgressColumn):
+        def render(self, task):
+            return Text(f"{task.speed:,.0f} rows/s" if task.speed else "… rows/s")
+
+    class Times(ProgressColumn):
+        max_refresh = 0.5  # as Rich's own time columns: an estimate that does not flicker
+
+        def __init__(self):
+            super().__init__(table_column=Column(no_wrap=True))
+            self.elapsed, self.remaining = TimeElapsedColumn(), TimeRemainingColumn()
+
+        def render(self, task):
+            return Text(f"elapsed {self.elapsed.render(task)}, remaining {self.remaining.render(task)}")
+
+    whole = Column(no_wrap=True)
+    head = (TextColumn("{task.description}", markup=False, table_column=whole), BarColumn(bar_width=None))
+    figures = (Rows(table_column=whole), Rate(table_column=whole), Times())
+
+    class RowProgress(Progress):
+        def get_renderables(self):
+            tasks = [t for t in self.tasks if t.visible]
+            shown = [(t.description, [column(t) for column in figures]) for t in tasks]
+            if all(len(label) + sum(len(f) + 1 for f in parts) + 11 <= console.width for label, parts in shown):
+                yield self.make_tasks_table(tasks)  # one line, with a bar of 10 at least
+                return
+            self.columns = head
+            try:
+                for task, (_, parts) in zip(tasks, shown):
+                    yield self.make_tasks_table([task])
+                    yield _flow(parts, console.width)
+            finally:
+                self.columns = (*head, *figures)
+
+    return RowProgress(*head, *figures, console=console, transient=True)
+
+
+def _flow(parts: list[Text], width: int) -> Text:
+    """``parts`` on as few lines of ``width`` as hold them whole, one space apart (a part wider
+    than a line has one of its own)."""
+    lines: list[list[Text]] = [[]]
+    used = 0
+    for part in parts:
+        if lines[-1] and used + 1 + len(part) > width:
+            lines.append([])
+        used = len(part) if not lines[-1] else used + 1 + len(part)
+        lines[-1].append(part)
+    return Text("\n").join(Text(" ").join(line) for line in lines)
 
 
 def _size(n: int) -> str:
@@ -127,14 +188,21 @@ def record(
         if summary.nonfinite_rows:
             say(f"warning: {summary.nonfinite_rows:,} of {summary.rows:,} observations hold NaN or Inf; "
                 "'policyport stats' counts what they became in every tensor")
-        if summary.skipped:
-            say(f"left out (no batch axis): {', '.join(summary.skipped)}")
+        say_left_out(dict.fromkeys(summary.skipped))
         t = table("", ["tensor", "op", "dtype", "shape"])
         for info in summary.tensors:
             add_row(t, info.name, info.op_type or "", info.dtype, shape_text((summary.rows, *info.shape)))
         out.print(t)
 
     guard(as_json, body)
+
+
+def say_left_out(arrays: dict[str, tuple[int, ...] | None]) -> None:
+    """Name on stderr the tensors left out of a recording because they have no batch axis (name ->
+    shape, if known); nothing when there are none."""
+    if arrays:
+        shown = listing(arrays, show=lambda n: n if arrays[n] is None else f"{n} {shape_text(arrays[n])}")
+        say(f"left out (no batch axis, not one row per observation): {shown}")
 
 
 def _pct(value) -> str:
@@ -175,6 +243,7 @@ def stats(
         if as_json:
             emit_json(result.to_dict())
             return
+        say_left_out(result.left_out)
         title = f"{recording}: {result.rows:,} observations" + (f" (per-neuron figures in {output})" if output else "")
         values = ["mean", "std", "min", "max"]
         behaviour = ["NaN", "Inf", "active", "saturated", "dead", "always sat."]
@@ -219,15 +288,24 @@ def plot(
     def body():
         from ..analysis import plots
 
+        from ..analysis import open_recording
+
+        left_out = None  # a recording's arrays without a row per observation
         if source.suffix == ".json":
             written = plots.plot_report(source, output, force=force)
         else:
+            rec = open_recording(source)
             with progress_bar("plotting", quiet or as_json) as callback:
-                written = plots.plot_recording(source, output, tensors=tensors, heatmap_rows=rows, force=force,
+                written = plots.plot_recording(rec, output, tensors=tensors, heatmap_rows=rows, force=force,
                                                progress=callback)
+            left_out = rec.left_out_among(tensors)
         if as_json:
-            emit_json({"output": str(output), "files": [str(path) for path in written]})
+            doc = {"output": str(output), "files": [str(path) for path in written]}
+            if left_out is not None:
+                doc["left_out"] = [{"name": n, "shape": list(shape)} for n, shape in left_out.items()]
+            emit_json(doc)
             return
+        say_left_out(left_out or {})
         say(f"wrote {counted(len(written), 'PNG file')} to {output}")
         for path in written:
             out.print(literal(str(path)))

@@ -141,7 +141,7 @@ def _show_usage_error(e: ClickException) -> None:
     """Click's usage message, printed as plain text (never as markup)."""
     if isinstance(e, NoArgsIsHelpError):  # 'policyport' alone: the help, line by line, exit 2 as Click has it
         for line in e.format_message().splitlines():
-            render.err.print(literal(line))  # err soft-wraps: each line whole
+            render.err.print(literal(line))  # each line whole (wrapped at words on a narrow terminal)
         return
     ctx = getattr(e, "ctx", None)  # pragma: no mutate (every Click usage error carries ctx, if None)
     if ctx is not None:

@@ -45,8 +45,12 @@ def _get(name: str):
 
 
 def _console(stderr: bool) -> Console:
+    """A console for stdout or stderr. On a terminal, text wraps at word boundaries to its width (a
+    word longer than a line is folded); left to the terminal (soft wrapping), a line would break
+    wherever it reaches the last column, in the middle of a word or a number. Elsewhere (a pipe, a
+    file), lines are written whole, without a width limit."""
     Console = _get("Console")  # noqa: N806
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not console.is_terminal:
         console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False, width=_WIDE)
     return console

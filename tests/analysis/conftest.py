@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,3 +24,24 @@ def dataset(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "obs.npy"
     np.save(path, obs)
     return path, obs
+
+
+@pytest.fixture(scope="session")
+def pendulum_onnx(tmp_path_factory):
+    """The SB3 PPO Pendulum policy with VecNormalize statistics (a Box action space) as an .onnx file:
+    its graph computes constants and shapes (``vec_normalize/std``, ``action_net/mean_shape``) beside
+    the per-observation tensors."""
+    pytest.importorskip("torch")  # the conversion checks the result against SB3's own forward
+    import onnx
+
+    import policyport as pp
+
+    path = tmp_path_factory.mktemp("pendulum") / "pendulum.onnx"
+    onnx.save(pp.convert(Path(__file__).resolve().parents[2] / "fixtures" / "sb3" / "ppo_pendulum_vecnorm.zip"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pendulum_constants() -> dict[str, tuple[int, ...]]:
+    """The tensors of :func:`pendulum_onnx` without a row per observation, and their shapes."""
+    return {"vec_normalize/var_eps": (3,), "vec_normalize/std": (3,), "action_net/mean_shape": (2,)}

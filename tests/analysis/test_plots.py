@@ -139,3 +139,32 @@ def test_long_names_are_cut_with_a_hash_of_the_whole_name():
     assert len(first) == len(second) == plots.MAX_SLUG and first != second
     assert first.endswith(hashlib.sha256(HOSTILE["long"].encode()).hexdigest()[:10])
     assert plots.slug("fc_1/tanh", taken) == "fc_1-tanh"
+
+
+def test_each_histograms_figures_sit_above_its_axes_clear_of_the_bars_and_the_title(recording):
+    """The line of mean, std and saturated fraction once stood in the axes' top left corner, over
+    the peak of any distribution that reaches there (a tanh layer's, saturated at -1)."""
+    rec = pp.analysis.open_recording(recording)
+    stats = pp.analysis.statistics(rec)
+    hists = plots._histograms(rec, stats, 1000, None)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = plots._plot_histograms(stats, hists)
+    FigureCanvasAgg(fig).draw()  # laid out as savefig lays it out
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == len(stats.tensors) == 7
+    for ax, s in zip(panels, stats.tensors):
+        (note,) = [t for t in ax.texts if t.get_text().startswith("mean ")]
+        layer = s.layer()
+        assert note.get_text().startswith(f"mean {layer['mean']:.3g}, std {layer['std']:.3g}")
+        assert ("saturated" in note.get_text()) == (s.op_type == "Tanh")
+        box = note.get_window_extent(renderer)
+        counts, edges = hists[s.name]
+        i = int(np.argmax(counts))
+        bottom = ax.get_ylim()[0]
+        tallest = ax.transData.transform([(edges[i], bottom), (edges[i + 1], counts[i])])
+        assert not box.overlaps(type(box)(tallest)), s.name
+        assert box.y0 >= ax.get_window_extent(renderer).y1  # above the axes: over no bar at all
+        assert box.y1 <= ax.title.get_window_extent(renderer).y0  # under the title, not over it
+    assert stats["fc_2/tanh"].layer()["saturated_fraction"] > 0  # a distribution that reaches the top corners

@@ -98,3 +98,17 @@ def test_the_commands_take_engine_ray(tmp_path, local_ray, metadrive_onnx, datas
     assert stats.exit_code == 0 and doc["rows"] == 3000 and [t["name"] for t in doc["tensors"]][0] == "logits"
     again = runner.invoke(app, ["record", str(metadrive_onnx), "-i", str(dataset[0]), "-o", str(out), "--engine", "ray"])
     assert again.exit_code == 3 and "exists" in again.stderr
+
+
+def test_the_ray_engine_leaves_out_a_shape_as_long_as_its_probe(tmp_path, local_ray, pendulum_onnx, pendulum_constants):
+    """An SB3 Box policy's ``action_net/mean_shape`` is (2,): two observations alone cannot tell it
+    from a tensor with rows."""
+    obs = np.random.default_rng(4).uniform(-1, 1, (700, 3)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", obs)
+    summary = record_dataset(pendulum_onnx, tmp_path / "obs.npy", tmp_path / "rec", engine="ray", batch_size=256)
+    expected = pp.load(pendulum_onnx).record(obs)
+    assert summary.skipped == list(pendulum_constants)
+    got = open_recording(tmp_path / "rec").head(700)
+    assert list(got) == [n for n in expected if n not in pendulum_constants]
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)

@@ -75,7 +75,8 @@ def test_tensor_globs_and_overrides_are_recorded_as_asked(tmp_path, metadrive_on
 
 
 class Accounting:
-    """Counts blocks read from the dataset and blocks handed to the writer, and the most in flight."""
+    """Counts blocks read from the dataset and blocks handed to the writer, and the most in flight
+    (the first row, read alone to tell which tensors have a row per observation, is not a block)."""
 
     def __init__(self, monkeypatch, fmt):
         self.read = self.written = self.most = 0
@@ -87,8 +88,11 @@ class Accounting:
             table = table_iter(path)
             inner = table.iter_batches
 
-            def iter_batches(*args, **kwargs):
-                for block in inner(*args, **kwargs):
+            def iter_batches(batch_size, *args, **kwargs):
+                if batch_size == 1:
+                    yield from inner(batch_size, *args, **kwargs)
+                    return
+                for block in inner(batch_size, *args, **kwargs):
                     acc.read += 1
                     acc.most = max(acc.most, acc.read - acc.written)
                     yield block
@@ -194,6 +198,24 @@ def test_tensors_without_a_batch_axis_are_left_out_and_said(tmp_path):
     summary = record_dataset(model, tmp_path / "obs.npy", tmp_path / "rec.npz", batch_size=4)
     assert [t.name for t in summary.tensors] == ["y"] and summary.skipped == ["bias"]
     np.testing.assert_array_equal(open_recording(tmp_path / "rec.npz").head(10)["y"], np.tile([2, 3, 4], (10, 1)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows, batch", [(2, 4096), (3, 4096), (600, 2), (600, 3), (1, 4096)])
+def test_constants_and_shapes_are_left_out_whatever_the_rows_of_a_block(tmp_path, pendulum_onnx, pendulum_constants,
+                                                                       fmt, rows, batch):
+    """An SB3 Box policy computes a (2,) shape and (3,) statistics: a block of 2 or 3 rows must not
+    take them for tensors with rows."""
+    obs = np.random.default_rng(8).uniform(-1, 1, (rows, 3)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", obs)
+    summary = record_dataset(pendulum_onnx, tmp_path / "obs.npy", output(tmp_path, fmt), batch_size=batch)
+    expected = pp.load(pendulum_onnx).record(obs)
+    with_rows = [n for n in expected if n not in pendulum_constants]
+    assert summary.skipped == list(pendulum_constants) and [t.name for t in summary.tensors] == with_rows
+    got = open_recording(output(tmp_path, fmt)).head(rows)
+    assert list(got) == with_rows
+    for name in with_rows:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_an_empty_dataset_gives_an_empty_recording_with_its_tensors(tmp_path, metadrive_onnx):

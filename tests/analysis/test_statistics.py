@@ -146,3 +146,36 @@ def test_nonfinite_rows_counts_rows_not_values():
 def test_unknown_tensor_patterns_are_refused(recording):
     with pytest.raises(pp.InputMismatchError, match="match no tensor"):
         statistics(recording, "fc_9/*")
+
+
+
+@pytest.mark.parametrize("observations", [600, 3, 2])
+def test_a_run_record_of_an_sb3_box_policy_gets_statistics_of_its_tensors_with_rows(tmp_path, pendulum_onnx, observations,
+                                                                                   pendulum_constants):
+    """What ``policyport run --record`` writes: every tensor, constants and shapes among them. Without
+    a description, a constant as long as the recording has rows cannot be told from a tensor with
+    rows (the (3,) statistics at 3 observations, the (2,) shape at 2)."""
+    obs = np.random.default_rng(3).uniform(-1, 1, (600, 3)).astype(np.float32)[:observations]
+    recorded = pp.load(pendulum_onnx).record(obs)
+    assert {n: v.shape for n, v in recorded.items() if n in pendulum_constants} == pendulum_constants
+    np.savez(tmp_path / "rec.npz", **recorded)
+    stats = statistics(tmp_path / "rec.npz", batch_size=250)
+    left_out = {n: s for n, s in pendulum_constants.items() if s[0] != observations}
+    assert stats.rows == observations and stats.left_out == left_out
+    assert [s.name for s in stats.tensors] == [n for n in recorded if n not in left_out]
+    for s in stats.tensors:
+        ref = direct(recorded[s.name])
+        np.testing.assert_allclose(s.moments.mean, ref["mean"], rtol=1e-9, atol=1e-12, err_msg=s.name)
+        np.testing.assert_array_equal(s.moments.maximum, ref["max"])
+    assert stats.to_dict(neurons=False)["left_out"] == [{"name": n, "shape": list(s)} for n, s in left_out.items()]
+
+
+def test_asking_for_statistics_of_an_array_without_rows_says_so(tmp_path, pendulum_onnx):
+    np.savez(tmp_path / "rec.npz", **pp.load(pendulum_onnx).record(np.zeros((40, 3), np.float32)))
+    with pytest.raises(pp.InputMismatchError, match=r"'vec_normalize/std' \(shape \(3,\)\) has no row for each of the "
+                                                    "40 observations"):
+        statistics(tmp_path / "rec.npz", "vec_normalize/std")
+    with pytest.raises(pp.InputMismatchError, match=r"match no tensor"):  # a pattern matching nothing at all
+        statistics(tmp_path / "rec.npz", "vec_normalize/std,fc_9")
+    assert statistics(tmp_path / "rec.npz", "vec_normalize/*").left_out == {"vec_normalize/var_eps": (3,),
+                                                                           "vec_normalize/std": (3,)}

@@ -106,3 +106,40 @@ def test_rows_are_read_from_the_middle_without_the_rest(tmp_path, rows):
     np.savez(tmp_path / "x.npz", obs=rows[0])
     with pytest.raises(pp.UnreadableFileError, match="cannot be read from the middle"):
         open_table(tmp_path / "x.npz").read_rows(5, 10)
+
+
+def test_npz_arrays_of_different_row_counts_are_refused_by_name_and_count(tmp_path, rows):
+    np.savez(tmp_path / "x.npz", obs=rows[0], grid=rows[1], mask=np.ones(3, bool))
+    with pytest.raises(pp.UnreadableFileError) as refused:
+        open_table(tmp_path / "x.npz")
+    assert str(refused.value) == (f"{tmp_path / 'x.npz'}: the arrays have different numbers of rows ('obs', 'grid': "
+                                  "1,000 rows; 'mask': 3 rows); each needs one row per observation")
+
+
+def test_an_npz_read_as_a_recording_leaves_out_the_arrays_without_its_rows(tmp_path, rows):
+    """``policyport run --record`` writes constants and shapes beside the tensors with rows."""
+    np.savez(tmp_path / "x.npz", obs=rows[0], shape=np.array([1000, 6]), grid=rows[1], std=np.ones(3),
+             gain=np.float32(2))
+    table = open_table(tmp_path / "x.npz", per_observation=True)
+    assert table.rows == 1000 and list(table.columns) == ["obs", "grid"]
+    assert dict(table.left_out) == {"shape": (2,), "std": (3,), "gain": ()}
+    _, whole = concat(table, 300)
+    np.testing.assert_array_equal(whole["obs"], rows[0])
+    np.testing.assert_array_equal(whole["grid"], rows[1])
+    folder = tmp_path / "parts"  # a folder of such files: the same for each
+    folder.mkdir()
+    for part in ("a", "b"):
+        np.savez(folder / f"{part}.npz", obs=rows[0][:10], grid=rows[1][:10], shape=np.array([10, 6]))
+    table = open_table(folder, per_observation=True)
+    assert table.rows == 20 and list(table.columns) == ["obs", "grid"] and dict(table.left_out) == {"shape": (2,)}
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"action": np.zeros((2, 1)), "shape": np.array([2, 1, 5])}, r"as many arrays have each row count \('action': "
+                                                                   r"2 rows; 'shape': 3 rows\)"),
+    ({"gain": np.float32(2), "bias": np.float32(1)}, r"holds only scalars \('gain', 'bias'\)"),
+])
+def test_a_recording_whose_rows_cannot_be_told_is_refused_naming_its_arrays(tmp_path, arrays, message):
+    np.savez(tmp_path / "x.npz", **arrays)
+    with pytest.raises(pp.UnreadableFileError, match=message):
+        open_table(tmp_path / "x.npz", per_observation=True)
