@@ -13,6 +13,7 @@ from .options import (
     ForceOpt,
     JsonOpt,
     ModelArg,
+    TrustOpt,
     check_onnx_output,
     check_output_format,
     given_path,
@@ -28,6 +29,7 @@ TERMINAL_ROWS = 200
 @app.command()
 def inspect(
     model: Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
+    trust: TrustOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
@@ -44,7 +46,7 @@ def inspect(
             from ..converter import FILE_KINDS, UnknownKindError, convert
 
             try:
-                proto = convert(model)
+                proto = convert(model, trust=trust)
             except UnknownKindError:
                 raise BadModelError(
                     f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
