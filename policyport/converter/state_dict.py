@@ -11,6 +11,11 @@ did not fit):
 * **SB3 actors**: SAC ``actor.latent_pi.<i>``, ``actor.mu``, ``actor.log_std``; TD3/DDPG ``actor.mu.<i>``
   ending in ``nn.Tanh``; critics (``critic.*``, ``critic_target.*``, ``actor_target.*``) are not exported.
   Activation: relu unless told.
+* **SB3 Q-networks**: DQN ``q_net.q_net.<i>`` (``stable_baselines3/dqn/policies.py``, ``QNetwork``: a
+  ``create_mlp`` Sequential whose last Linear outputs one Q-value per action) and sb3-contrib's QR-DQN
+  ``quantile_net.quantile_net.<i>`` (``sb3_contrib/qrdqn/policies.py``, ``QuantileNetwork``: the last
+  Linear outputs ``n_quantiles * n_actions`` values); the target network (``q_net_target.*``,
+  ``quantile_net_target.*``) is not exported. Activation: relu unless told.
 * **RLlib torch ``FullyConnectedNetwork``** (``ray/rllib/models/torch/fcnet.py``; ``SlimFC`` is
   ``nn.Sequential(Linear, activation)``): ``_hidden_layers.<i>._model.0``, ``_logits._model.0``,
   ``_value_branch_separate.<i>._model.0``, ``_value_branch._model.0``,
@@ -41,6 +46,9 @@ SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "fe
                    "pi_features_extractor.", "vf_features_extractor.")
 RLLIB_KEY = re.compile(r"^(_hidden_layers\.\d+|_logits|_value_branch_separate\.\d+|_value_branch)\._model\.0\.(weight|bias)$"
                        r"|^_append_free_log_std\.log_std$")
+#: A key of the Q-network of SB3's DQN (``q_net.q_net.0.weight``) or sb3-contrib's QR-DQN
+#: (``quantile_net.quantile_net.0.weight``); their target networks are ``q_net_target.q_net...``.
+SB3_Q_KEY = re.compile(r"^(q_net|quantile_net)\.\1\.")
 SEQ_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?)(?P<index>\d+)\.(?P<param>weight|bias|running_mean|running_var|num_batches_tracked)$")
 
 
@@ -198,7 +206,7 @@ def _dense(arrays, prefix: str, name: str | None = None) -> Dense | None:
 
 
 def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
-    """``"sb3"``, ``"sb3-actor"``, ``"rllib-torch"`` or ``"sequential"``.
+    """``"sb3"``, ``"sb3-actor"``, ``"sb3-q"``, ``"rllib-torch"`` or ``"sequential"``.
 
     Raises:
         BadModelError: keys that fit none of them (listed).
@@ -210,12 +218,14 @@ def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
         return "sb3"
     if any(k.startswith("actor.") for k in keys):
         return "sb3-actor"
+    if any(SB3_Q_KEY.match(k) for k in keys):
+        return "sb3-q"
     if keys and all(SEQ_KEY.match(k) for k in keys):
         return "sequential"
     misfits = [k for k in keys if not SEQ_KEY.match(k)]
     raise BadModelError(
         f"the state_dict's keys fit no layout policyport knows (nn.Sequential <i>.weight, SB3 mlp_extractor/action_net, "
-        f"SB3 actor.*, RLlib _hidden_layers.<i>._model.0/_logits): {len(misfits)} key(s) do not fit: "
+        f"SB3 actor.*, SB3 q_net.*/quantile_net.*, RLlib _hidden_layers.<i>._model.0/_logits): {len(misfits)} key(s) do not fit: "
         f"{listing(misfits, 20, show=str)}"
     )
 
@@ -297,6 +307,36 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
     return MlpSpec(hidden=hidden, output=output), "td3", notes + n
 
 
+def parse_sb3_q_network(arrays, activation: Activation) -> tuple[MlpSpec, str, list[str]]:
+    """The Q-network of SB3's DQN (``q_net.q_net.<i>``) or sb3-contrib's QR-DQN
+    (``quantile_net.quantile_net.<i>``); the target network is left out.
+
+    Returns:
+        ``(spec, algorithm family "dqn" or "qrdqn", notes)``; ``logits`` are the Q-values (DQN) or
+        the quantiles, ``n_quantiles * n_actions`` of them (QR-DQN). The action head (argmax) is the
+        caller's, which knows the action space.
+
+    Raises:
+        BadModelError: keys that fit neither network, or a features extractor with parameters.
+    """
+    net = "quantile_net" if any(k.startswith("quantile_net.") for k in arrays) else "q_net"
+    family = "qrdqn" if net == "quantile_net" else "dqn"
+    extractor = sorted(k for k in arrays if k.startswith(f"{net}.features_extractor."))
+    if extractor:
+        raise BadModelError(f"the {net} has a features extractor with parameters ({', '.join(extractor[:4])}): a CNN or "
+                            "custom extractor; policyport converts MLP policies only")
+    misfits = sorted(k for k in arrays if not re.match(rf"^{net}(_target)?\.{net}\.\d+\.\w+$", k))
+    if misfits:
+        raise BadModelError(f"keys that do not fit SB3's {'QR-DQN' if family == 'qrdqn' else 'DQN'} {net} "
+                            f"({net}.{net}.<i>, {net}_target.{net}.<i>): {listing(misfits, show=str)}")
+    layers, notes = parse_sequential({k: v for k, v in arrays.items() if k.startswith(f"{net}.")}, f"{net}.{net}.",
+                                     activation, what=f"{net}.{net}")
+    hidden, output = _split_output(layers, f"{net}.{net}")
+    if any(k.startswith(f"{net}_target.") for k in arrays):
+        notes.insert(0, f"not exported: {net}_target (the target network; the deterministic action needs {net} only)")
+    return MlpSpec(hidden=hidden, output=output), family, notes
+
+
 def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool = False) -> tuple[MlpSpec, list[str]]:
     """RLlib's torch ``FullyConnectedNetwork`` (see the module docstring) as an :class:`MlpSpec`.
 
@@ -339,9 +379,10 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
     """The :class:`MlpSpec` of a state_dict in ``layout``, its extra notes, and SB3 actor family.
 
     Returns:
-        ``(spec, notes, family)``; family is ``"ac"`` (ActorCritic), ``"sac"``, ``"td3"`` or ``None``.
+        ``(spec, notes, family)``; family is ``"ac"`` (ActorCritic), ``"sac"``, ``"td3"``, ``"dqn"``,
+        ``"qrdqn"`` or ``None``.
     """
-    defaults = {"sb3": "tanh", "sb3-actor": "relu", "rllib-torch": "tanh", "sequential": None}
+    defaults = {"sb3": "tanh", "sb3-actor": "relu", "sb3-q": "relu", "rllib-torch": "tanh", "sequential": None}
     name = activation or defaults[layout]
     if name and "," in name:
         if layout != "sequential":
@@ -358,6 +399,10 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         if keep_value:
             raise OptionError("--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))")
         spec, family, notes = parse_sb3_actor(arrays, act)
+    elif layout == "sb3-q":
+        if keep_value:
+            raise OptionError("--keep-value: a DQN has no value function (its network estimates Q(s, a) for every action)")
+        spec, family, notes = parse_sb3_q_network(arrays, act)
     elif layout == "rllib-torch":
         spec, notes = parse_rllib_torch(arrays, act, keep_value=keep_value)
         family = None
@@ -398,6 +443,12 @@ def bare_actor_head(spec: MlpSpec, family: str | None, notes: list[str]) -> None
         spec.action = ActionHead("squash", -one, one, tanh_scope=scope)
         notes.append("the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] "
                      "(convert the SB3 zip to rescale it to the action space)")
+    elif family == "dqn":
+        spec.action = ActionHead("argmax")
+        notes.append("logits are the Q-values; action = their argmax, as DQN's predict(deterministic=True) acts")
+    elif family == "qrdqn":
+        notes.append("logits are QR-DQN's quantiles, n_quantiles per action; how many per action is not in a state_dict, "
+                     "so there is no action output (convert the SB3 zip for the argmax of the mean quantile)")
     elif family == "ac":
         if spec.free_log_std is not None:
             spec.action = ActionHead("clip", np.full(spec.output.out_features, -np.inf, spec.dtype),
@@ -443,6 +494,10 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         bare_actor_head(spec, family, notes)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
+    elif family == "qrdqn" and options.head != "none" or family == "dqn" and options.head not in ("none", "categorical"):
+        raise OptionError(f"--head {options.head} does not apply to an SB3 {'QR-DQN' if family == 'qrdqn' else 'DQN'}: "
+                          "its action is the argmax of its Q-values" + (", the mean of its quantiles" if family == "qrdqn"
+                                                                         else " (the categorical head)"))
     elif family == "ac" and options.head == "diag-gaussian" and spec.free_log_std is None:
         raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
@@ -450,7 +505,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}
-    activation = options.activation or {"sb3": "tanh", "sb3-actor": "relu", "rllib-torch": "tanh"}.get(layout)
+    activation = options.activation or {"sb3": "tanh", "sb3-actor": "relu", "sb3-q": "relu", "rllib-torch": "tanh"}.get(layout)
     model = build_mlp(spec, head=options.head, opset=options.opset,
                       metadata={"policyport.activation": activation or "none", "policyport.layout": layout})
     from .torch_files import keep_state_dict_layout

@@ -836,6 +836,8 @@ def torch_ops():
         concat = staticmethod(lambda xs: torch.cat(xs, dim=1))
         broadcast = staticmethod(lambda v, like: v.expand_as(like))
         argmax = staticmethod(lambda x: torch.argmax(x, dim=1))
+        # sb3-contrib's QuantileNetwork: quantiles.view(-1, n_quantiles, n_actions).mean(dim=1)
+        quantile_mean = staticmethod(lambda x, quantiles: x.view(-1, quantiles, x.shape[1] // quantiles).mean(dim=1))
         clip = staticmethod(lambda x, low, high: torch.minimum(torch.maximum(x, low), high))
         tanh = staticmethod(torch.tanh)
         asarray = staticmethod(lambda x, like: torch.as_tensor(np.asarray(x), dtype=like.dtype))
