@@ -174,7 +174,8 @@ def _activation_name(kwargs: dict) -> str | None:
 def sb3_layout(arrays, policy_class: str, path) -> str:
     """The state_dict layout of an SB3 policy, told by the networks its keys hold: ``"sb3-actor"``
     (``actor.*``: SAC, TD3, DDPG), ``"sb3-q"`` (``q_net.q_net.*``: DQN; ``quantile_net.quantile_net.*``:
-    QR-DQN) or ``"sb3"`` (``ActorCriticPolicy``: PPO, A2C), as every SB3 version names them.
+    QR-DQN) or ``"sb3"`` (``ActorCriticPolicy``: PPO, A2C; its ``action_net`` is one Linear, never the
+    Sequential ``action_net.<i>`` of sb3-contrib's ARS), as every SB3 version names them.
 
     Raises:
         BadModelError: keys of none of these networks, naming the policy class ``data`` records.
@@ -186,7 +187,7 @@ def sb3_layout(arrays, policy_class: str, path) -> str:
         return "sb3-actor"
     if any(SB3_Q_KEY.match(k) for k in keys):
         return "sb3-q"
-    if not keys or any(k.startswith(SB3_AC_PREFIXES) for k in keys):
+    if not keys or any(k.startswith(SB3_AC_PREFIXES) and not re.match(r"action_net\.\d", k) for k in keys):
         return "sb3"
     raise BadModelError(
         f"{path}: the policy.pth of {policy_class} holds {listing(sorted(keys), show=str)}, which fit none of the SB3 networks "

@@ -172,14 +172,21 @@ def test_a_dqn_zip_written_by_sb3_1_converts_as_the_one_2_9_2_wrote(tmp_path):
     assert np.array_equal(old_out["logits"], new_out["logits"]) and np.array_equal(old_out["action"], new_out["action"])
 
 
-def test_a_policy_pth_of_no_sb3_network_is_refused_naming_the_policy_class(tmp_path):
-    path = rewrite_zip(SB3_DIR / "dqn_choice.zip", tmp_path / "renamed.zip",
-                       state=lambda sd: {k.replace("q_net", "critic_net"): v for k, v in sd.items()})
+@pytest.mark.parametrize("policy_class, rename, first", [
+    ("stable_baselines3.dqn.policies.DQNPolicy", ("q_net", "critic_net"), "critic_net.critic_net.0.bias"),
+    # sb3-contrib's ARS: an action_net Sequential, not ActorCriticPolicy's single Linear
+    ("sb3_contrib.ars.policies.ARSPolicy", ("q_net.q_net", "action_net"), "action_net.0.bias"),
+])
+def test_a_policy_pth_of_no_sb3_network_is_refused_naming_the_policy_class(tmp_path, policy_class, rename, first):
+    def renamed(state):
+        return {k.replace(*rename): v for k, v in state.items() if not k.startswith("q_net_target.")}
+
+    path = rewrite_zip(SB3_DIR / "dqn_choice.zip", tmp_path / "renamed.zip", state=renamed,
+                       data=_policy_class(policy_class))
     with pytest.raises(pp.BadModelError) as caught:
         convert_source(path)
     message = str(caught.value)
-    assert message.startswith(f"{path}: the policy.pth of stable_baselines3.dqn.policies.DQNPolicy holds "
-                              "critic_net.critic_net.0.bias, ")
+    assert message.startswith(f"{path}: the policy.pth of {policy_class} holds {first}, ")
     assert message.endswith("which fit none of the SB3 networks policyport converts (ActorCriticPolicy "
                             "mlp_extractor.*/action_net.*, SAC/TD3/DDPG actor.*, DQN q_net.q_net.*, QR-DQN "
                             "quantile_net.quantile_net.*)")
