@@ -103,8 +103,8 @@ def test_the_console_script_imports_the_users_module_from_the_current_folder_wit
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
     def run(*args):
-        return subprocess.run([str(script), *map(str, args)], cwd=folder, env=env, capture_output=True, text=True, check=False,
-                              timeout=300)
+        return subprocess.run([str(script), *map(str, args)], cwd=folder, env=env, capture_output=True, text=True,
+                              check=False, timeout=300)
 
     converted = run("convert", "model.pt", "-o", "m.onnx", "--trust", "--samples", "64")
     assert converted.returncode == 0, converted.stderr

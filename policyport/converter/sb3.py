@@ -14,8 +14,8 @@ argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds,
 expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
 tanh output rescaled; DQN -> argmax of the Q-network's output; sb3-contrib's QR-DQN -> argmax of the
 mean over quantiles. Which networks the policy holds is told by the keys of ``policy.pth``
-(:func:`sb3_layout`), whatever SB3 version wrote the zip. ``VecNormalize`` statistics (``--obs-norm FILE``, or ``<zip stem>/vecnormalize.pkl``
-beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
+(:func:`sb3_layout`), whatever SB3 version wrote the zip. ``VecNormalize`` statistics (``--obs-norm
+FILE``, or ``<zip stem>/vecnormalize.pkl`` beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
 A Discrete or MultiDiscrete observation becomes an int64 graph input one-hot encoded as SB3's
 ``preprocess_obs`` does. A Box's bounds numpy summarised (``'[[[0 0 0 ... 0 0 0]'``, as SB3 writes
 image spaces) are read from gymnasium's uniform ``low_repr``/``high_repr`` when present, and are only
@@ -190,9 +190,9 @@ def sb3_layout(arrays, policy_class: str, path) -> str:
     if not keys or any(k.startswith(SB3_AC_PREFIXES) and not re.match(r"action_net\.\d", k) for k in keys):
         return "sb3"
     raise BadModelError(
-        f"{path}: the policy.pth of {policy_class} holds {listing(sorted(keys), show=str)}, which fit none of the SB3 networks "
-        "policyport converts (ActorCriticPolicy mlp_extractor.*/action_net.*, SAC/TD3/DDPG actor.*, DQN q_net.q_net.*, "
-        "QR-DQN quantile_net.quantile_net.*)")
+        f"{path}: the policy.pth of {policy_class} holds {listing(sorted(keys), show=str)}, which fit none of the "
+        "SB3 networks policyport converts (ActorCriticPolicy mlp_extractor.*/action_net.*, SAC/TD3/DDPG actor.*, "
+        "DQN q_net.q_net.*, QR-DQN quantile_net.quantile_net.*)")
 
 
 def read_vecnormalize(path: Path) -> ObsNorm | None:

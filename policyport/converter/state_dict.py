@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import BadModelError, OptionError, listing
 from .activations import Activation, parse_activation
-from .build import ActionHead, Dense, MlpSpec, Step
+from .build import NO_HEAD, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
                    "pi_features_extractor.", "vf_features_extractor.")
@@ -494,10 +494,12 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         bare_actor_head(spec, family, notes)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
-    elif family == "qrdqn" and options.head != "none" or family == "dqn" and options.head not in ("none", "categorical"):
-        raise OptionError(f"--head {options.head} does not apply to an SB3 {'QR-DQN' if family == 'qrdqn' else 'DQN'}: "
-                          "its action is the argmax of its Q-values" + (", the mean of its quantiles" if family == "qrdqn"
-                                                                         else " (the categorical head)"))
+    elif family == "dqn" and options.head not in (NO_HEAD, "categorical"):
+        raise OptionError(f"--head {options.head} does not apply to an SB3 DQN: its action is the argmax of its "
+                          "Q-values (the categorical head)")
+    elif family == "qrdqn" and options.head != NO_HEAD:
+        raise OptionError(f"--head {options.head} does not apply to an SB3 QR-DQN: its action is the argmax of its "
+                          "Q-values, the mean of its quantiles")
     elif family == "ac" and options.head == "diag-gaussian" and spec.free_log_std is None:
         raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "

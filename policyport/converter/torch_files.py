@@ -61,7 +61,8 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
     Args:
         path: the file, or its bytes (a member of an SB3 zip).
         trust: unpickle whatever the file holds (runs its code), with the current folder and the
-            file's own on the import path, as for the script that saved it (:func:`~policyport.converter.unpickle.user_import_path`).
+            file's own on the import path, as for the script that saved it
+            (:func:`~policyport.converter.unpickle.user_import_path`).
         what: how to name the file in messages (default: the path).
 
     Returns:
