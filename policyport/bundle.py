@@ -60,8 +60,8 @@ DEFAULT_SAMPLES = 64
 
 
 def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, low: float = 0.0,
-         high: float = 1.0, seed: int = 0, force: bool = False, source=None, runtime: bool = True,
-         atol: float | None = None, rtol: float | None = None, rounding: bool = True,
+         high: float = 1.0, seed: int = 0, force: bool = False, source=None, trust: bool = False,
+         runtime: bool = True, atol: float | None = None, rtol: float | None = None, rounding: bool = True,
          inputs: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a policy folder that runs with numpy alone (see the module docstring for its files).
 
@@ -84,6 +84,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         source: the policy the model was converted from (path or object, as for
             :func:`policyport.convert`); when given, its own forward pass is also compared with the
             numpy backend and the figure recorded in ``policy.json``.
+        trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch
+            module), as for :func:`policyport.verify` (default false).
         runtime: also write ``run.py`` and the numpy runtime it imports (``_policyport/``), so the
             folder runs where policyport is not installed (default); ``False`` writes the data
             files and ``policy.json`` only, for machines that install policyport.
@@ -108,6 +110,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         InputMismatchError: a graph input observations cannot be drawn for (non-float dtype, unknown
             rank), ``samples < 1`` or ``low >= high``.
         UnsupportedOpError: the numpy backend lacks an op of the model.
+        UntrustedFileError: ``source`` runs code when loaded and ``trust`` is false.
         MissingDependencyError: onnx or onnxruntime is not installed (packing needs both).
     """
     from . import __version__
@@ -137,7 +140,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     golden = {f"inputs/{k}": v for k, v in feeds.items()}
     golden.update({f"outputs/{k}": v for k, v in outputs.items()})
     golden.update({f"activations/{k}": v for k, v in activations.items()})
-    parity, parity_report = _parity(proto, feeds, source, atol, rtol, rounding)
+    parity, parity_report = _parity(proto, feeds, source, atol, rtol, rounding, trust)
     if not parity["passed"]:
         f = parity["first_divergence"]
         against = "the source disagrees with the numpy backend" if f["reference"] == "source" or f["candidate"] == "source" \
@@ -224,7 +227,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
 
 
 def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None,
-            rounding: bool) -> tuple[dict[str, Any], Report]:
+            rounding: bool, trust: bool) -> tuple[dict[str, Any], Report]:
     """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor: the
     figures ``policy.json`` records, and the report."""
     from .errors import require
@@ -232,7 +235,7 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
 
     ort = require("onnxruntime", "onnx", "packing a policy (its numpy-vs-onnxruntime check)")
     report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source, atol=atol, rtol=rtol,
-                    rounding=rounding)
+                    rounding=rounding, trust=trust)
     vs_ort = [c for c in report.comparisons if c.candidate == "onnxruntime" and c.reference == "numpy"]
     vs_source = [c for c in report.comparisons if c.candidate == "numpy" and c.reference == "source"]
     first = report.first_divergence

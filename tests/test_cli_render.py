@@ -767,14 +767,16 @@ def test_foreign_options_notes_only_inside_a_command():
     group = get_command(_app())
     with Context(group, info_name="policyport"):  # the group itself, no command chosen
         assert core.foreign_options(message) == message
-    with Context(group.commands["pack"], info_name="pack", parent=Context(group, info_name="policyport")):
+    with Context(group.commands["extract"], info_name="extract", parent=Context(group, info_name="policyport")):
         assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
         assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
-                                                 "policyport verify, not of policyport pack)")
+                                                 "policyport inspect and policyport pack and policyport verify, not "
+                                                 "of policyport extract)")
         both = "refused; pass --trust, or use --backend onnxruntime"
         assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
-                                              "verify; --backend is an option of policyport record and policyport "
-                                              "run, not of policyport pack)")
+                                              "inspect and policyport pack and policyport verify; --backend is an "
+                                              "option of policyport record and policyport run, not of policyport "
+                                              "extract)")
 
 
 # ------------------------------------------------------------------------------------ the error edge

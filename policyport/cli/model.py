@@ -13,6 +13,7 @@ from .options import (
     ForceOpt,
     JsonOpt,
     ModelArg,
+    TrustOpt,
     check_onnx_output,
     check_output_format,
     given_path,
@@ -28,6 +29,7 @@ TERMINAL_ROWS = 200
 @app.command()
 def inspect(
     model: Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
+    trust: TrustOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
@@ -46,9 +48,9 @@ def inspect(
 
             try:
                 try:
-                    proto = convert(model)
+                    proto = convert(model, trust=trust)
                 except ActivationNeeded as e:  # the layers and their shapes do not depend on it
-                    proto = convert(model, activation=e.placeholder())
+                    proto = convert(model, activation=e.placeholder(), trust=trust)
                     say(f"{model} does not record its activation: its layers are shown without one "
                         "('policyport convert' needs --activation)")
             except UnknownKindError:

@@ -19,6 +19,7 @@ from .options import (
     RoundingOpt,
     RtolOpt,
     SeedOpt,
+    TrustOpt,
     check_range,
     drawing_advice,
     given_path,
@@ -38,6 +39,7 @@ def pack(
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
     source: Annotated[Optional[Path], typer.Option(metavar="SRC", parser=given_path, help="The source the model was converted from; its parity is recorded too.")] = None,
+    trust: TrustOpt = False,
     no_runtime: Annotated[bool, typer.Option("--no-runtime", help="Leave out run.py and the numpy runtime (for targets that install policyport).")] = False,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
@@ -70,7 +72,7 @@ def pack(
             warn_of_nonfinite_rows(feeds)  # they become golden data as they are
         with drawing_advice("pack", takes_inputs=True):
             folder = run_pack(model, output, samples=samples, low=low, high=high, seed=seed, force=force, source=source,
-                              runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding, inputs=feeds)
+                              trust=trust, runtime=not no_runtime, atol=atol, rtol=rtol, rounding=rounding, inputs=feeds)
         policy = read_policy(folder)
         if as_json:
             emit_json({"output": str(folder), "policy": policy})

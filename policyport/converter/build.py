@@ -152,9 +152,13 @@ class ActionHead:
             (MultiDiscrete: one argmax per sub-space of ``logits``, int64 ``(batch, len(nvec))``);
             ``"clip"`` (Box, Gaussian: the mean clipped to ``[low, high]``); ``"squash"`` (Box,
             squashed: ``tanh`` of ``logits`` rescaled from [-1, 1] to ``[low, high]``; SAC's squashed
-            Gaussian, and TD3/DDPG, whose actor ends in an ``nn.Tanh``).
+            Gaussian, and TD3/DDPG, whose actor ends in an ``nn.Tanh``); ``"quantile_argmax"``
+            (sb3-contrib's QR-DQN: ``logits`` viewed as ``(batch, quantiles, n_actions)``, averaged
+            over the quantiles into ``q_values`` ``(batch, n_actions)``, then argmax, int64 ``(batch,)``;
+            ``sb3_contrib/qrdqn/policies.py``, ``QuantileNetwork._predict``).
         low, high: the Box bounds, arrays of shape ``(action_dim,)`` in the policy's dtype.
         nvec: the MultiDiscrete sizes.
+        quantiles: QR-DQN's quantiles per action (``n_quantiles``).
         tanh_scope: the module path naming the squashing tanh (``actor.mu.5`` for TD3) or
             ``"action"`` when the tanh is part of the distribution (SAC).
     """
@@ -164,16 +168,19 @@ class ActionHead:
     high: np.ndarray | None = None
     nvec: tuple[int, ...] = ()
     tanh_scope: str = "action"
+    quantiles: int = 0
 
     @property
     def name(self) -> str:
         """What the model metadata ``policyport.head`` calls this head: ``categorical``,
         ``multi-categorical``, ``diag-gaussian`` (``action`` = the mean, with ``log_std``; unbounded),
-        ``clipped-diag-gaussian`` (the mean clipped to finite bounds) or ``squashed`` (tanh, rescaled)."""
+        ``clipped-diag-gaussian`` (the mean clipped to finite bounds), ``squashed`` (tanh, rescaled) or
+        ``quantile-argmax`` (the argmax of the mean over quantiles)."""
         if self.kind == "clip":
             bounded = np.isfinite(self.low).any() or np.isfinite(self.high).any()
             return "clipped-diag-gaussian" if bounded else "diag-gaussian"
-        return {"argmax": "categorical", "multi_argmax": "multi-categorical", "squash": "squashed"}.get(self.kind, self.kind)
+        return {"argmax": "categorical", "multi_argmax": "multi-categorical", "squash": "squashed",
+                "quantile_argmax": "quantile-argmax"}.get(self.kind, self.kind)
 
 
 @dataclass
@@ -270,6 +277,13 @@ class MlpBuilder:
     def constant(self, values, name: str) -> str:
         """An int64 constant (Slice bounds and the like): an initializer not recorded as a parameter."""
         return self.initializer(np.asarray(values, dtype=np.int64), name)
+
+    def reduce_mean(self, x: str, axis: int, output: str, axes_name: str, *, keepdims: int) -> str:
+        """``ReduceMean`` of ``x`` over ``axis``: its axes an attribute before opset 18 and an input
+        (the int64 constant ``axes_name``) from 18 on (https://onnx.ai/onnx/operators/onnx__ReduceMean.html)."""
+        if self.opset >= 18:
+            return self.node("ReduceMean", [x, self.constant([axis], axes_name)], output, keepdims=keepdims)
+        return self.node("ReduceMean", [x], output, axes=[axis], keepdims=keepdims)
 
     def dense(self, layer: Dense, x: str, output: str | None = None) -> str:
         """Gemm (+ activation) for ``layer``; returns the output tensor's name."""
@@ -498,7 +512,7 @@ def add_action_head(b: MlpBuilder, spec: MlpSpec, logits: str, elem: int) -> lis
 
     Returns:
         The value infos of the outputs added: ``action`` (and ``log_std`` for a Gaussian with a
-        state-independent ``log_std``).
+        state-independent ``log_std``, ``q_values`` for QR-DQN).
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper, head = onnx.helper, spec.action
@@ -508,6 +522,8 @@ def add_action_head(b: MlpBuilder, spec: MlpSpec, logits: str, elem: int) -> lis
         return [helper.make_tensor_value_info("action", int64, ["batch"])]
     if head.kind == "multi_argmax":
         return [add_multi_argmax(b, logits, head.nvec)]
+    if head.kind == "quantile_argmax":
+        return add_quantile_argmax(b, logits, head.quantiles, spec.output.out_features // head.quantiles, elem)
     n = spec.output.out_features
     if head.kind == "clip":
         mean = f"{spec.output.name}/mean" if spec.free_log_std is not None else logits
@@ -552,6 +568,20 @@ def add_multi_argmax(b: MlpBuilder, logits: str, nvec: tuple[int, ...]):
         start += n
     b.node("Concat", branches, "action", axis=1)
     return onnx.helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch", len(nvec)])
+
+
+def add_quantile_argmax(b: MlpBuilder, logits: str, quantiles: int, n_actions: int, elem: int) -> list:
+    """QR-DQN's greedy action (``sb3_contrib/qrdqn/policies.py``): ``logits`` viewed as
+    ``(batch, quantiles, n_actions)``, their mean over the quantiles ``q_values`` (``elem``,
+    ``(batch, n_actions)``), and ``action`` = its argmax (int64, ``(batch,)``)."""
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    shape = b.constant([0, quantiles, n_actions], "q_values/shape")  # 0: the batch as it comes (allowzero=0)
+    per_quantile = b.node("Reshape", [logits, shape], "q_values/quantiles")
+    q = b.reduce_mean(per_quantile, 1, "q_values", "q_values/axes", keepdims=0)
+    b.node("ArgMax", [q], "action", axis=1, keepdims=0)
+    helper = onnx.helper
+    return [helper.make_tensor_value_info(q, elem, ["batch", n_actions]),
+            helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"])]
 
 
 def head_name(head: str | None) -> str:

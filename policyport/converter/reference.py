@@ -60,6 +60,8 @@ class _NumpyOps:
     concat = staticmethod(lambda xs: np.concatenate(xs, axis=1))
     broadcast = staticmethod(lambda v, like: np.broadcast_to(v, like.shape))
     argmax = staticmethod(lambda x: np.argmax(x, axis=1).astype(np.int64))
+    quantiles = staticmethod(lambda x, n: x.reshape(x.shape[0], n, x.shape[1] // n))
+    quantile_mean = staticmethod(lambda x: x.mean(axis=1))
     clip = staticmethod(lambda x, low, high: np.minimum(np.maximum(x, low), high))
     tanh = staticmethod(np.tanh)
     asarray = staticmethod(lambda x, like: np.asarray(x, like.dtype))
@@ -110,6 +112,9 @@ def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.
         elif action.kind == "multi_argmax":
             bounds = np.cumsum([0, *action.nvec])
             keep("action", ops.concat([ops.argmax(logits[:, a:b])[:, None] for a, b in zip(bounds, bounds[1:])]))
+        elif action.kind == "quantile_argmax":
+            per_quantile = keep("q_values/quantiles", ops.quantiles(logits, action.quantiles))
+            keep("action", ops.argmax(keep("q_values", ops.quantile_mean(per_quantile))))
         elif action.kind == "clip":
             keep("action", ops.clip(mean, ops.asarray(action.low, mean), ops.asarray(action.high, mean)))
             if spec.free_log_std is not None:

@@ -603,10 +603,7 @@ def _dueling(b, logits: str, value: str | None, outputs: list) -> None:
 
     q = logits
     if value is not None:
-        if b.opset >= 18:
-            mean = b.node("ReduceMean", [logits, b.constant([1], "dueling/axes")], "dueling/mean_advantage", keepdims=1)
-        else:
-            mean = b.node("ReduceMean", [logits], "dueling/mean_advantage", axes=[1], keepdims=1)
+        mean = b.reduce_mean(logits, 1, "dueling/mean_advantage", "dueling/axes", keepdims=1)
         centered = b.node("Sub", [logits, mean], "dueling/centered_advantage")
         q = b.node("Add", [value, centered], "q_values")
         elem = helper.np_dtype_to_tensor_dtype(b.dtype)

@@ -12,8 +12,10 @@ The action head is what ``policy.predict(obs, deterministic=True)`` returns
 (``stable_baselines3/common/policies.py``): Discrete -> argmax of the logits; MultiDiscrete -> one
 argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds, plus ``log_std``
 expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
-tanh output rescaled. ``VecNormalize`` statistics (``--obs-norm FILE``, or ``<zip stem>/vecnormalize.pkl``
-beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
+tanh output rescaled; DQN -> argmax of the Q-network's output; sb3-contrib's QR-DQN -> argmax of the
+mean over quantiles. Which networks the policy holds is told by the keys of ``policy.pth``
+(:func:`sb3_layout`), whatever SB3 version wrote the zip. ``VecNormalize`` statistics (``--obs-norm
+FILE``, or ``<zip stem>/vecnormalize.pkl`` beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
 A Discrete or MultiDiscrete observation becomes an int64 graph input one-hot encoded as SB3's
 ``preprocess_obs`` does. A Box's bounds numpy summarised (``'[[[0 0 0 ... 0 0 0]'``, as SB3 writes
 image spaces) are read from gymnasium's uniform ``low_repr``/``high_repr`` when present, and are only
@@ -32,13 +34,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnreadableFileError
+from ..errors import BadModelError, OptionError, UnreadableFileError, listing
 from .activations import ActivationNeeded, choose_activation
 from .assumptions import Assumption
 from .build import ActionHead, ObsNorm, Prelude
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
-DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu"}
+DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu", "dqn": "relu", "qrdqn": "relu"}
+
+#: The module path of the nn.Flatten in SB3's FlattenExtractor, per policy family.
+FEATURES_FLATTEN = {"ac": "features_extractor.flatten", "sac": "actor.features_extractor.flatten",
+                    "td3": "actor.features_extractor.flatten", "dqn": "q_net.features_extractor.flatten",
+                    "qrdqn": "quantile_net.features_extractor.flatten"}
 
 #: ``torch.nn`` activation class -> policyport activation name.
 TORCH_ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "silu", "GELU": "gelu",
@@ -165,6 +172,30 @@ def _activation_name(kwargs: dict) -> str | None:
     return TORCH_ACTIVATIONS[name]
 
 
+def sb3_layout(arrays, policy_class: str, path) -> str:
+    """The state_dict layout of an SB3 policy, told by the networks its keys hold: ``"sb3-actor"``
+    (``actor.*``: SAC, TD3, DDPG), ``"sb3-q"`` (``q_net.q_net.*``: DQN; ``quantile_net.quantile_net.*``:
+    QR-DQN) or ``"sb3"`` (``ActorCriticPolicy``: PPO, A2C; its ``action_net`` is one Linear, never the
+    Sequential ``action_net.<i>`` of sb3-contrib's ARS), as every SB3 version names them.
+
+    Raises:
+        BadModelError: keys of none of these networks, naming the policy class ``data`` records.
+    """
+    from .state_dict import SB3_AC_PREFIXES, SB3_Q_KEY
+
+    keys = list(arrays)
+    if any(k.startswith("actor.") for k in keys):
+        return "sb3-actor"
+    if any(SB3_Q_KEY.match(k) for k in keys):
+        return "sb3-q"
+    if not keys or any(k.startswith(SB3_AC_PREFIXES) and not re.match(r"action_net\.\d", k) for k in keys):
+        return "sb3"
+    raise BadModelError(
+        f"{path}: the policy.pth of {policy_class} holds {listing(sorted(keys), show=str)}, which fit none of the "
+        "SB3 networks policyport converts (ActorCriticPolicy mlp_extractor.*/action_net.*, SAC/TD3/DDPG actor.*, "
+        "DQN q_net.q_net.*, QR-DQN quantile_net.quantile_net.*)")
+
+
 def read_vecnormalize(path: Path) -> ObsNorm | None:
     """The observation statistics of a ``vecnormalize.pkl``, read with the restricted unpickler.
 
@@ -192,7 +223,8 @@ def read_vecnormalize(path: Path) -> ObsNorm | None:
 
 
 def convert_sb3(source, options):
-    """Convert a Stable-Baselines3 ``.zip`` (PPO, A2C; the actor of SAC, TD3, DDPG) to ONNX.
+    """Convert a Stable-Baselines3 ``.zip`` (PPO, A2C; the actor of SAC, TD3, DDPG; the Q-network of DQN
+    and of sb3-contrib's QR-DQN) to ONNX.
 
     Args:
         source: the zip's path.
@@ -201,8 +233,9 @@ def convert_sb3(source, options):
             ``vecnormalize.pkl``), ``obs_filter`` (false: no VecNormalize picked up), ``opset``.
 
     Returns:
-        A :class:`~policyport.converter.Converted`: outputs ``logits``, ``action`` as ``predict``
-        returns it (``log_std`` for a Gaussian), ``value`` with ``keep_value``.
+        A :class:`~policyport.converter.Converted`: outputs ``logits`` (a DQN's Q-values, a QR-DQN's
+        quantiles), ``action`` as ``predict`` returns it (``log_std`` for a Gaussian, ``q_values`` for
+        QR-DQN), ``value`` with ``keep_value``.
 
     Raises:
         BadModelError: gSDE, CNN feature extractors, dict observations, recurrent policies and
@@ -227,7 +260,7 @@ def convert_sb3(source, options):
     obs_space, act_space = _space(data, "observation_space"), _space(data, "action_space")
     _refuse_unsupported(data, kwargs, policy_class, obs_space, act_space)
     arrays = as_state_dict(load_torch_file(policy_bytes, what=f"{path}:policy.pth"), f"{path}:policy.pth")
-    layout = "sb3-actor" if any(k.startswith("actor.") for k in arrays) else "sb3"
+    layout = sb3_layout(arrays, policy_class, path)
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in arrays):
         raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
     recorded, what = _activation_name(kwargs), "the zip's policy_kwargs"
@@ -249,14 +282,14 @@ def convert_sb3(source, options):
     if unreadable:
         assumptions.append(activation_assumption(spec.activation_slots, "an SB3 zip whose policy_kwargs are pickled",
                                                  "SB3 builds every hidden layer with one activation_fn", unit="module"))
-    spec.action = _action_head(spec, family, act_space)
+    spec.action = _action_head(spec, family, act_space, data.get("n_quantiles"))
     prelude = _observation_prelude(obs_space)
     if prelude:
         notes.append(f"observation space {_space_text(obs_space)}: the graph takes int64 indices and one-hot encodes "
                      "them, as SB3's preprocess_obs does")
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
-        spec.flatten_scope = "actor.features_extractor.flatten" if layout == "sb3-actor" else "features_extractor.flatten"
+        spec.flatten_scope = FEATURES_FLATTEN[family]
     norm_path, assumption = _observation_normaliser(path, options, prelude, spec)
     spec.obs_norm = read_vecnormalize(norm_path) if norm_path is not None else None
     if norm_path is not None and spec.obs_norm is None:
@@ -394,6 +427,25 @@ def _space_text_of(prelude) -> str:
     return f"Discrete({prelude.one_hot})" if prelude.one_hot is not None else f"MultiDiscrete{list(prelude.one_hot_nvec)}"
 
 
+def _q_head(family: str, n: int, space: dict, n_quantiles) -> ActionHead:
+    """A DQN's action, the argmax of its Q-values (``stable_baselines3/dqn/policies.py``,
+    ``QNetwork._predict``), or a QR-DQN's, the argmax of the mean over its ``n / actions`` quantiles
+    (``sb3_contrib/qrdqn/policies.py``); ``n_quantiles``, when ``data`` records it, must agree."""
+    algorithm = "QR-DQN" if family == "qrdqn" else "DQN"
+    if space["type"] != "Discrete":
+        raise BadModelError(f"a {algorithm} acts in a Discrete action space, but the zip's action space is {space['type']}")
+    if family == "dqn":
+        if n != space["n"]:
+            raise BadModelError(f"a Discrete({space['n']}) action space, but the Q-network outputs {n} values")
+        return ActionHead("argmax")
+    quantiles, rest = divmod(n, space["n"])
+    if rest or not quantiles or isinstance(n_quantiles, int) and n_quantiles != quantiles:
+        recorded = f" and n_quantiles {n_quantiles}" if isinstance(n_quantiles, int) else ""
+        raise BadModelError(f"a Discrete({space['n']}) action space{recorded}, but the quantile network outputs {n} "
+                            "values, not n_quantiles per action")
+    return ActionHead("quantile_argmax", quantiles=quantiles)
+
+
 def _observation_prelude(space: dict) -> Prelude:
     """The one-hot encoding SB3's ``preprocess_obs`` (``stable_baselines3/common/preprocessing.py``)
     applies to a Discrete or MultiDiscrete observation; an empty :class:`Prelude` for a Box."""
@@ -430,8 +482,10 @@ def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: 
                             "Box, Discrete and MultiDiscrete spaces")
 
 
-def _action_head(spec, family: str, space: dict) -> ActionHead:
+def _action_head(spec, family: str, space: dict, n_quantiles=None) -> ActionHead:
     n = spec.output.out_features
+    if family in ("dqn", "qrdqn"):
+        return _q_head(family, n, space, n_quantiles)
     if space["type"] == "Discrete":
         if family != "ac" or spec.free_log_std is not None or n != space["n"]:
             raise BadModelError(f"a Discrete({space['n']}) action space, but the action network outputs {n} values")

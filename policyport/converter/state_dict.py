@@ -11,6 +11,11 @@ did not fit):
 * **SB3 actors**: SAC ``actor.latent_pi.<i>``, ``actor.mu``, ``actor.log_std``; TD3/DDPG ``actor.mu.<i>``
   ending in ``nn.Tanh``; critics (``critic.*``, ``critic_target.*``, ``actor_target.*``) are not exported.
   Activation: relu unless told.
+* **SB3 Q-networks**: DQN ``q_net.q_net.<i>`` (``stable_baselines3/dqn/policies.py``, ``QNetwork``: a
+  ``create_mlp`` Sequential whose last Linear outputs one Q-value per action) and sb3-contrib's QR-DQN
+  ``quantile_net.quantile_net.<i>`` (``sb3_contrib/qrdqn/policies.py``, ``QuantileNetwork``: the last
+  Linear outputs ``n_quantiles * n_actions`` values); the target network (``q_net_target.*``,
+  ``quantile_net_target.*``) is not exported. Activation: relu unless told.
 * **RLlib torch ``FullyConnectedNetwork``** (``ray/rllib/models/torch/fcnet.py``; ``SlimFC`` is
   ``nn.Sequential(Linear, activation)``): ``_hidden_layers.<i>._model.0``, ``_logits._model.0``,
   ``_value_branch_separate.<i>._model.0``, ``_value_branch._model.0``,
@@ -36,12 +41,15 @@ import numpy as np
 from ..errors import BadModelError, OptionError, listing
 from .activations import Activation, ActivationNeeded, parse_activation
 from .assumptions import Assumption
-from .build import GAUSSIAN_HEADS, ActionHead, Dense, MlpSpec, Step
+from .build import GAUSSIAN_HEADS, NO_HEAD, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
                    "pi_features_extractor.", "vf_features_extractor.")
 RLLIB_KEY = re.compile(r"^(_hidden_layers\.\d+|_logits|_value_branch_separate\.\d+|_value_branch)\._model\.0\.(weight|bias)$"
                        r"|^_append_free_log_std\.log_std$")
+#: A key of the Q-network of SB3's DQN (``q_net.q_net.0.weight``) or sb3-contrib's QR-DQN
+#: (``quantile_net.quantile_net.0.weight``); their target networks are ``q_net_target.q_net...``.
+SB3_Q_KEY = re.compile(r"^(q_net|quantile_net)\.\1\.")
 SEQ_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?)(?P<index>\d+)\.(?P<param>weight|bias|running_mean|running_var|num_batches_tracked)$")
 
 
@@ -244,7 +252,7 @@ def _dense(arrays, prefix: str, name: str | None = None) -> Dense | None:
 
 
 def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
-    """``"sb3"``, ``"sb3-actor"``, ``"rllib-torch"`` or ``"sequential"``.
+    """``"sb3"``, ``"sb3-actor"``, ``"sb3-q"``, ``"rllib-torch"`` or ``"sequential"``.
 
     Raises:
         BadModelError: keys that fit none of them (listed).
@@ -256,12 +264,14 @@ def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
         return "sb3"
     if any(k.startswith("actor.") for k in keys):
         return "sb3-actor"
+    if any(SB3_Q_KEY.match(k) for k in keys):
+        return "sb3-q"
     if keys and all(SEQ_KEY.match(k) for k in keys):
         return "sequential"
     misfits = [k for k in keys if not SEQ_KEY.match(k)]
     raise BadModelError(
         f"the state_dict's keys fit no layout policyport knows (nn.Sequential <i>.weight, SB3 mlp_extractor/action_net, "
-        f"SB3 actor.*, RLlib _hidden_layers.<i>._model.0/_logits): {len(misfits)} key(s) do not fit: "
+        f"SB3 actor.*, SB3 q_net.*/quantile_net.*, RLlib _hidden_layers.<i>._model.0/_logits): {len(misfits)} key(s) do not fit: "
         f"{listing(misfits, 20, show=str)}"
     )
 
@@ -348,6 +358,38 @@ def parse_sb3_actor(arrays, activation: Activation) -> tuple[MlpSpec, str, list[
     return MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed), "td3", notes
 
 
+def parse_sb3_q_network(arrays, activation: Activation) -> tuple[MlpSpec, str, list[str]]:
+    """The Q-network of SB3's DQN (``q_net.q_net.<i>``) or sb3-contrib's QR-DQN
+    (``quantile_net.quantile_net.<i>``); the target network is left out.
+
+    Returns:
+        ``(spec, algorithm family "dqn" or "qrdqn", notes)``; ``logits`` are the Q-values (DQN) or
+        the quantiles, ``n_quantiles * n_actions`` of them (QR-DQN). The action head (argmax) is the
+        caller's, which knows the action space.
+
+    Raises:
+        BadModelError: keys that fit neither network, or a features extractor with parameters.
+    """
+    net = "quantile_net" if any(k.startswith("quantile_net.") for k in arrays) else "q_net"
+    family = "qrdqn" if net == "quantile_net" else "dqn"
+    extractor = sorted(k for k in arrays if k.startswith(f"{net}.features_extractor."))
+    if extractor:
+        raise BadModelError(f"the {net} has a features extractor with parameters ({', '.join(extractor[:4])}): a CNN or "
+                            "custom extractor; policyport converts MLP policies only")
+    misfits = sorted(k for k in arrays if not re.match(rf"^{net}(_target)?\.{net}\.\d+\.\w+$", k))
+    if misfits:
+        raise BadModelError(f"keys that do not fit SB3's {'QR-DQN' if family == 'qrdqn' else 'DQN'} {net} "
+                            f"({net}.{net}.<i>, {net}_target.{net}.<i>): {listing(misfits, show=str)}")
+    layers, assumed, slots = parse_sequential({k: v for k, v in arrays.items() if k.startswith(f"{net}.")},
+                                              f"{net}.{net}.", activation, what=f"{net}.{net}", one_for_all=True,
+                                              unnamed=SB3_UNNAMED)
+    hidden, output = _split_output(layers, f"{net}.{net}")
+    notes = []
+    if any(k.startswith(f"{net}_target.") for k in arrays):
+        notes.append(f"not exported: {net}_target (the target network; the deterministic action needs {net} only)")
+    return MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed), family, notes
+
+
 def parse_rllib_torch(arrays, activation: Activation | None, *, keep_value: bool = False) -> tuple[MlpSpec, list[str]]:
     """RLlib's torch ``FullyConnectedNetwork`` (see the module docstring) as an :class:`MlpSpec`.
 
@@ -401,8 +443,9 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         keep_value: export the value branch.
 
     Returns:
-        ``(spec, notes, family)``; family is ``"ac"`` (ActorCritic), ``"sac"``, ``"td3"`` or ``None``.
-        ``spec.activation_slots`` and ``spec.assumptions`` say what was taken beyond the file.
+        ``(spec, notes, family)``; family is ``"ac"`` (ActorCritic), ``"sac"``, ``"td3"``, ``"dqn"``,
+        ``"qrdqn"`` or ``None``. ``spec.activation_slots`` and ``spec.assumptions`` say what was taken
+        beyond the file.
 
     Raises:
         OptionError: an activation needed and not named, a list where one name is taken, one name
@@ -425,6 +468,10 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         if keep_value:
             raise OptionError("--keep-value: an SB3 actor has no value function (its critics estimate Q(s, a))")
         spec, family, notes = parse_sb3_actor(arrays, act)
+    elif layout == "sb3-q":
+        if keep_value:
+            raise OptionError("--keep-value: a DQN has no value function (its network estimates Q(s, a) for every action)")
+        spec, family, notes = parse_sb3_q_network(arrays, act)
     elif layout == "rllib-torch":
         hidden = sorted({k.split("._model")[0] for k in arrays if k.startswith(("_hidden_layers.", "_value_branch_separate."))})
         if act is None and hidden:
@@ -464,9 +511,10 @@ def _check_finite(arrays) -> None:
         raise BadModelError(f"non-finite values (NaN or inf) in {', '.join(bad)}; a trained policy's weights are finite")
 
 
-def bare_actor_head(spec: MlpSpec, family: str | None) -> None:
+def bare_actor_head(spec: MlpSpec, family: str | None) -> list[str]:
     """The action head of an SB3 state_dict given without its zip, whose action space it does not
-    hold: what is taken for it is added to ``spec.assumptions``."""
+    hold: what is taken for it is added to ``spec.assumptions``; returns notes on what is known."""
+    notes: list[str] = []
     settle = "convert the SB3 zip, whose data records the action space"
     if family in ("sac", "td3"):
         n = spec.output.out_features
@@ -475,6 +523,12 @@ def bare_actor_head(spec: MlpSpec, family: str | None) -> None:
         spec.action = ActionHead("squash", -one, one, tanh_scope=scope)
         spec.assumptions.append(Assumption("action bounds", "[-1, 1]: the action is tanh's output, not rescaled",
                                            "a state_dict does not hold the action space", settle))
+    elif family == "dqn":
+        spec.action = ActionHead("argmax")
+        notes.append("logits are the Q-values; action = their argmax, as DQN's predict(deterministic=True) acts")
+    elif family == "qrdqn":
+        notes.append("logits are QR-DQN's quantiles, n_quantiles per action; how many per action is not in a state_dict, "
+                     "so there is no action output (convert the SB3 zip for the argmax of the mean quantile)")
     elif family == "ac":
         if spec.free_log_std is not None:
             spec.action = ActionHead("clip", np.full(spec.output.out_features, -np.inf, spec.dtype),
@@ -487,6 +541,7 @@ def bare_actor_head(spec: MlpSpec, family: str | None) -> None:
             spec.assumptions.append(Assumption("action space", "Discrete: action = argmax of the logits",
                                                "a policy without log_std acts in a Discrete or MultiDiscrete space, "
                                                "and a state_dict does not say which", settle))
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,9 +605,15 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     layout = forced_layout or detect_layout(arrays)
     spec, notes, family = parse_layout(arrays, layout, options.activation, options.keep_value)
     if options.head is None:
-        bare_actor_head(spec, family)
+        notes += bare_actor_head(spec, family)
     elif family in ("sac", "td3"):
         raise OptionError(f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean")
+    elif family == "dqn" and options.head not in (NO_HEAD, "categorical"):
+        raise OptionError(f"--head {options.head} does not apply to an SB3 DQN: its action is the argmax of its "
+                          "Q-values (the categorical head)")
+    elif family == "qrdqn" and options.head != NO_HEAD:
+        raise OptionError(f"--head {options.head} does not apply to an SB3 QR-DQN: its action is the argmax of its "
+                          "Q-values, the mean of its quantiles")
     elif family == "ac" and options.head in GAUSSIAN_HEADS and spec.free_log_std is None:
         raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -59,7 +60,9 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
 
     Args:
         path: the file, or its bytes (a member of an SB3 zip).
-        trust: unpickle whatever the file holds (runs its code).
+        trust: unpickle whatever the file holds (runs its code), with the current folder and the
+            file's own on the import path, as for the script that saved it
+            (:func:`~policyport.converter.unpickle.user_import_path`).
         what: how to name the file in messages (default: the path).
 
     Returns:
@@ -68,7 +71,8 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
 
     Raises:
         UntrustedFileError: the file needs more than tensors and containers, and ``trust`` is false.
-        UnreadableFileError: not a torch file, a missing storage, bad offsets.
+        UnreadableFileError: not a torch file, a missing storage, bad offsets; with ``trust``, a
+            module or class the file names that Python cannot import (saying where it looked).
     """
     if isinstance(path, (bytes, bytearray)):
         source, path = io.BytesIO(path), what or "the torch file"
@@ -86,11 +90,17 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
 
             raise MissingDependencyError("torch", "torch", "loading a whole pickled torch module (--trust)") from None
         return read_torch_zip(source, what=str(path))
+    from .unpickle import unimportable_class, user_import_path
+
     try:
         with warnings.catch_warnings():  # torch's note on a pickle protocol it did not write: the refusal says more
             warnings.simplefilter("ignore", UserWarning)
-            loaded = torch.load(source, map_location="cpu", weights_only=not trust)
+            with user_import_path(path) if trust and isinstance(path, Path) else contextlib.nullcontext():
+                loaded = torch.load(source, map_location="cpu", weights_only=not trust)
     except Exception as e:  # noqa: BLE001 - UnpicklingError for refused globals, RuntimeError for junk
+        unimportable = trust and unimportable_class(e, str(path), path if isinstance(path, Path) else None)
+        if unimportable:
+            raise UnreadableFileError(unimportable) from e
         text = str(e)
         refused = re.search(r"GLOBAL ([\w.]+)", text)
         if not trust and (refused or "weights_only" in text.lower() or "Weights only load failed" in text):

@@ -15,7 +15,8 @@ so a hostile file can run any command. :func:`load` instead:
   as ``os.system`` or ``builtins.eval``) and every global of a module that can reach the operating
   system or the interpreter, naming the offending global (:class:`~policyport.errors.UntrustedFileError`).
 
-Only ``trust=True`` falls back to :func:`pickle.loads`, which runs the file's code.
+Only ``trust=True`` falls back to :func:`pickle.loads`, which runs the file's code, with the folders
+the user's own script would import from on ``sys.path`` (:func:`user_import_path`).
 
 Class or function is told from the global's name, as Python names them (PEP 8: ``CapWords`` for
 classes); a handful of numpy and pickle reconstructors that real files use for objects policyport
@@ -26,11 +27,14 @@ from __future__ import annotations
 
 import _compat_pickle
 import collections
+import contextlib
 import io
 import os
 import pickle
+import re
+import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -285,13 +289,85 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         data, what = bytes(source), what or "the pickle"
     try:
         if trust:
-            return pickle.loads(data)  # noqa: S301 — the user said they trust this file
+            with user_import_path(source if isinstance(source, (str, os.PathLike)) else None):
+                return pickle.loads(data)  # noqa: S301 — the user said they trust this file
         return _RestrictedUnpickler(io.BytesIO(data), what, inert_modules, rebuilders, persistent_load).load()
     except UntrustedFileError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
             ImportError, UnicodeDecodeError, OverflowError) as e:
+        unimportable = trust and unimportable_class(e, what, source if isinstance(source, (str, os.PathLike)) else None)
+        if unimportable:
+            raise UnreadableFileError(unimportable) from e
         raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
+
+
+@contextlib.contextmanager
+def user_import_path(source: str | os.PathLike | None = None) -> Iterator[None]:
+    """The folders a user's own script imports from, first on ``sys.path`` while a trusted file loads.
+
+    A pickled object names its class by module (``mypolicy.MyPolicy``), and unpickling imports that
+    module. ``python train.py`` puts the script's folder first on ``sys.path`` and ``python -m`` the
+    current folder, so the script that saved the file found ``mypolicy.py`` beside it; the
+    ``policyport`` console script puts neither there. Inside this context the current working directory,
+    then the folder of ``source`` (when it is a path), come first on ``sys.path`` unless already on it
+    (``""`` counts as the current directory); on leaving, exactly the entries added are removed again
+    (the modules imported meanwhile stay in ``sys.modules``). Only trusted loads use it: the restricted
+    readers import nothing from a file.
+
+    Args:
+        source: the file being loaded, or ``None`` (bytes from inside an archive).
+    """
+    folders = [Path.cwd()]
+    if source is not None:
+        folders.append(Path(source).resolve().parent)
+    present = {Path(entry or ".").resolve() for entry in sys.path if isinstance(entry, str)}
+    added = [str(f) for f in dict.fromkeys(f.resolve() for f in folders) if f not in present]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for entry in added:
+            if entry in sys.path:
+                sys.path.remove(entry)
+
+
+#: pickle's message for a class it cannot find in an imported module (``pickle.py``, ``find_class``).
+_MISSING_ATTRIBUTE = re.compile(r"Can't get attribute '([^']+)' on <module '([^']+)'")
+
+
+def unimportable_class(error: BaseException, what: str, source: str | os.PathLike | None = None) -> str | None:
+    """What to tell a user whose trusted file needs a module or class Python cannot import, or ``None``.
+
+    Args:
+        error: what unpickling raised: a ``ModuleNotFoundError`` (a module the pickle names, or one
+            it imports, is nowhere on the import path) or pickle's ``AttributeError`` for a class its
+            module lacks (above all a class defined in the script that saved the file, ``__main__``).
+        what: how to name the file in the message.
+        source: the file's path, when it has one (its folder was searched too).
+
+    Returns:
+        A message naming the module, where it was looked for and what to do; ``None`` for any other error.
+    """
+    searched = f"the current folder ({Path.cwd()})"
+    if source is not None and Path(source).resolve().parent != Path.cwd().resolve():
+        searched += f", the file's folder ({Path(source).resolve().parent})"
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        top = error.name.split(".")[0]
+        return (f"{what} needs module {error.name!r} to be unpickled, and Python cannot import it ({searched} and "
+                f"the installed packages were searched): run policyport from the folder that holds {top}.py (or the "
+                f"package {top}/), add that folder to PYTHONPATH, or install the package that provides it")
+    m = _MISSING_ATTRIBUTE.search(str(error)) if isinstance(error, AttributeError) else None
+    if m is None:
+        return None
+    if m[2] == "__main__" or m[2].endswith(".__main__"):  # python -m runs a package's __main__ under that name
+        return (f"{what} pickles class {m[1]!r} of the script that saved it (module __main__), which no other "
+                "program can import: define the class in a module of its own (a .py file the script imports) and "
+                "save the model again, or save its state_dict (torch.save(model.state_dict())) and convert that")
+    origin = getattr(sys.modules.get(m[2]), "__file__", None)
+    return (f"{what} pickles class {m[1]!r} of module {m[2]!r}, which the module imported"
+            + (f" from {origin}" if origin else "") + " does not define: another version of it, or another module of "
+            f"that name, comes first on the import path (searched before the installed packages: {searched})")
 
 
 #: The opcodes that push a string (the operands of ``STACK_GLOBAL``), every protocol's.

@@ -972,6 +972,9 @@ def test_an_action_net_must_be_a_linear_weight_and_may_have_no_bias():
     (["action_net.weight"], "sb3"),
     (["mlp_extractor.policy_net.0.weight"], "sb3"),
     (["actor.mu.0.weight"], "sb3-actor"),
+    (["q_net_target.q_net.0.weight", "q_net.q_net.4.bias"], "sb3-q"),
+    (["quantile_net.quantile_net.0.weight"], "sb3-q"),
+    (["q_net.0.weight", "q_net.2.bias"], "sequential"),  # a module's own q_net, not SB3's q_net.q_net
     (["0.weight", "net.2.bias"], "sequential"),
 ])
 def test_the_layout_is_read_from_any_one_key_of_it(keys, layout):
@@ -988,7 +991,7 @@ def test_keys_that_fit_no_layout_are_counted_and_the_first_twenty_listed():
         detect_layout({k: np.ones(1, np.float32) for k in keys})
     assert str(caught.value) == (
         "the state_dict's keys fit no layout policyport knows (nn.Sequential <i>.weight, SB3 mlp_extractor/action_net, "
-        "SB3 actor.*, RLlib _hidden_layers.<i>._model.0/_logits): 21 key(s) do not fit: "
+        "SB3 actor.*, SB3 q_net.*/quantile_net.*, RLlib _hidden_layers.<i>._model.0/_logits): 21 key(s) do not fit: "
         + ", ".join(keys[:20]) + " … and 1 more")
 
 
