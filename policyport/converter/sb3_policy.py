@@ -2,7 +2,8 @@
 
 ``PPO.load`` unpickles the zip's ``data`` (cloudpickle: code from the file), so the oracle is built
 the way SB3 builds a policy before it loads weights: the policy class of the algorithm family
-(``ActorCriticPolicy``, ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, from policyport's own table,
+(``ActorCriticPolicy``, ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, sb3-contrib's ``QRDQNPolicy``, from
+policyport's own table,
 never a name read from the file), gymnasium spaces rebuilt from the zip's readable ``observation_space``
 and ``action_space`` fields, and the readable ``policy_kwargs`` (``net_arch``, ``activation_fn`` ...).
 The ``policy.pth`` state_dict is then loaded with ``load_state_dict(strict=True)``, which refuses
@@ -30,12 +31,13 @@ POLICY_CLASSES = {
     "sac": ("stable_baselines3.sac.policies", "SACPolicy"),
     "td3": ("stable_baselines3.td3.policies", "TD3Policy"),
     "dqn": ("stable_baselines3.dqn.policies", "DQNPolicy"),
+    "qrdqn": ("sb3_contrib.qrdqn.policies", "QRDQNPolicy"),
 }
 
 #: ``policy_kwargs`` read from the zip's ``data`` and passed on (readable literals only); the
 #: activation comes separately, as the converter read it.
-KWARGS = ("net_arch", "n_critics", "share_features_extractor", "log_std_init", "squash_output", "use_expln",
-          "full_std", "ortho_init", "normalize_images", "dueling")
+KWARGS = ("net_arch", "n_critics", "n_quantiles", "share_features_extractor", "log_std_init", "squash_output",
+          "use_expln", "full_std", "ortho_init", "normalize_images", "dueling")
 
 #: What SB3's own policy settles independently of policyport's reading of the zip: its action head
 #: (argmax, clipping, rescaling to the bounds) is SB3's code.
@@ -115,8 +117,13 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
 
     from .sb3 import TORCH_ACTIVATIONS
 
+    if family not in POLICY_CLASSES:
+        raise OracleUnavailable(f"policyport does not build SB3's policy of the {family} family")
     module, name = POLICY_CLASSES[family]
-    policy_class = getattr(importlib.import_module(module), name)
+    try:
+        policy_class = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise OracleUnavailable(f"{module.split('.')[0]} is not installed ({e.name})") from None
     torch_activation = {v: k for k, v in TORCH_ACTIVATIONS.items()}.get(activation.split(":")[0])
     if torch_activation is None:
         raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
@@ -196,12 +203,12 @@ def _hook_names(policy, family: str) -> list:
     (``action_net/mean`` before a free log_std) and the critics are left out."""
     import torch
 
-    skip = ("critic", "critic_target", "actor_target", "q_net_target", "value_net", "mlp_extractor.value_net",
-            "actor.log_std")
+    skip = ("critic", "critic_target", "actor_target", "q_net_target", "quantile_net_target", "value_net",
+            "mlp_extractor.value_net", "actor.log_std")
     modules = dict(policy.named_modules())
     linears = [p for p, m in modules.items() if isinstance(m, torch.nn.Linear)]
     output = {"ac": "action_net", "sac": "actor.mu"}.get(family) or next(
-        (p for p in reversed(linears) if p.startswith(("actor.mu.", "q_net.q_net."))), None)
+        (p for p in reversed(linears) if p.startswith(("actor.mu.", "q_net.q_net.", "quantile_net.quantile_net."))), None)
     names = []
     for path, module in modules.items():
         if not path or any(path == s or path.startswith(s + ".") for s in skip):
@@ -231,5 +238,10 @@ def _keeper(recorded: dict, tensor: str):
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+    """The error's first line, and the next one too where the first only introduces it (torch's
+    ``Error(s) in loading state_dict for ...:``)."""
+    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not text:
+        return type(e).__name__
+    said = " ".join(text[:2]) if text[0].endswith(":") else text[0]
+    return f"{type(e).__name__}: {said[:300]}"
