@@ -563,12 +563,15 @@ _NORMALISERS = {
             "convert the SB3 zip, which picks up the vecnormalize.pkl beside it"),
     "sb3-actor": ("SB3 saves VecNormalize statistics apart from the policy, in vecnormalize.pkl",
                   "convert the SB3 zip, which picks up the vecnormalize.pkl beside it"),
+    "sb3-q": ("SB3 saves VecNormalize statistics apart from the policy, in vecnormalize.pkl",
+              "convert the SB3 zip, which picks up the vecnormalize.pkl beside it"),
     "rllib-torch": ("RLlib keeps a MeanStdFilter's in the checkpoint", "convert the RLlib checkpoint to bake its filter in"),
     "sequential": ("a normaliser applied outside the module is not in its state_dict", ""),
 }
 #: Why one activation name stands for every place in a layout (its library uses one for all).
 _ONE_ACTIVATION = {"sb3": "SB3 builds every hidden layer with one activation_fn",
                    "sb3-actor": "SB3 builds every hidden layer with one activation_fn",
+                   "sb3-q": "SB3 builds every hidden layer with one activation_fn",
                    "rllib-torch": "RLlib's FullyConnectedNetwork uses one fcnet_activation for every hidden layer"}
 
 

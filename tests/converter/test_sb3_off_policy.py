@@ -214,20 +214,22 @@ def test_a_dqn_policy_pth_alone_converts_to_the_argmax_of_its_q_values(tmp_path)
     expected, _ = agent.predict(obs, deterministic=True)
     assert np.array_equal(pp.load(c.model).run({"obs": obs})["action"], expected)
     with pytest.raises(pp.OptionError, match=r"^--keep-value: a DQN has no value function"):
-        convert_source(_policy_pth("dqn_choice", tmp_path), keep_value=True)
+        convert_source(_policy_pth("dqn_choice", tmp_path), activation="tanh", keep_value=True)
     with pytest.raises(pp.OptionError) as caught:
-        convert_source(_policy_pth("dqn_choice", tmp_path), head="diag-gaussian")
+        convert_source(_policy_pth("dqn_choice", tmp_path), activation="tanh", head="diag-gaussian")
     assert str(caught.value) == ("--head diag-gaussian does not apply to an SB3 DQN: its action is the argmax of its "
                                  "Q-values (the categorical head)")
 
 
 def test_a_qr_dqn_policy_pth_alone_outputs_its_quantiles_and_says_why_no_action(tmp_path):
-    c = convert_source(_policy_pth("qrdqn_choice", tmp_path))
+    with pytest.raises(pp.OptionError, match="convert the SB3 zip, whose policy_kwargs record it"):
+        convert_source(_policy_pth("qrdqn_choice", tmp_path))  # a bare policy.pth does not record its activation
+    c = convert_source(_policy_pth("qrdqn_choice", tmp_path), activation="relu")
     assert [o.name for o in c.model.graph.output] == ["logits"]
     assert ("logits are QR-DQN's quantiles, n_quantiles per action; how many per action is not in a state_dict, so "
             "there is no action output (convert the SB3 zip for the argmax of the mean quantile)") in c.notes
     with pytest.raises(pp.OptionError, match=r"^--head categorical does not apply to an SB3 QR-DQN"):
-        convert_source(_policy_pth("qrdqn_choice", tmp_path), head="categorical")
+        convert_source(_policy_pth("qrdqn_choice", tmp_path), activation="relu", head="categorical")
 
 
 def test_a_module_of_ones_own_named_q_net_is_still_a_plain_sequential(tmp_path):
