@@ -26,6 +26,7 @@ from .options import (
     given_options,
 )
 from .render import add_row, counted, fits, literal, out, say, table
+from .verify import source_lines
 
 
 @app.command()
@@ -107,5 +108,8 @@ def pack(
                               f"{r['reference_vs_float64']:.2g} from a float64 run"))
         for skipped in parity["skipped"]:
             out.print(literal(f"not compared: {skipped['tensor']} ({skipped['reason']})"))
+        for line in source_lines(parity.get("source_oracle"), parity.get("assumptions") or []):
+            out.print(literal(line))
 
     guard(as_json, body, "pack", source)
+

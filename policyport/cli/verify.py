@@ -69,12 +69,12 @@ def report_lines(report) -> list[str]:
     return lines
 
 
-def source_lines(report) -> list[str]:
-    """What the source side of ``report`` was, and each assumption the verdict rests on (with why, and
-    the option that states otherwise), or the model's assumptions when no source was compared."""
-    oracle = report.source_oracle
-    checked = [a for a in report.assumptions if a.get("checked")]
-    shared = [a for a in report.assumptions if not a.get("checked")]
+def source_lines(oracle: dict | None, assumptions: list[dict]) -> list[str]:
+    """What the source side of a verification was (a report's ``source_oracle``), and each assumption
+    the verdict rests on (with why, and the option that states otherwise), or the model's assumptions
+    when no source was compared."""
+    checked = [a for a in assumptions if a.get("checked")]
+    shared = [a for a in assumptions if not a.get("checked")]
     lines = []
     if oracle:
         lines.append(f"source side: {oracle['name']}" + (", which checked:" if checked else ""))
@@ -87,8 +87,9 @@ def source_lines(report) -> list[str]:
 
 
 def assumption_text(a: dict) -> str:
-    """An assumption as a report records it: ``activation tanh at 1 and 3: given by ... (settle)``."""
-    return f"{a['topic']} {a['assumes']}: {a['because']}" + (f" ({a['settle']})" if a.get("settle") else "")
+    """An assumption as a report records it: ``activation tanh at 1 and 3: given by ...; --activation
+    names another``."""
+    return f"{a['topic']} {a['assumes']}: {a['because']}" + (f"; {a['settle']}" if a.get("settle") else "")
 
 
 def print_report(report, as_json: bool) -> int:
@@ -99,7 +100,7 @@ def print_report(report, as_json: bool) -> int:
         out.print(verification_table(report))
         for note in report.notes:
             say(f"note: {note}")
-        for line in report_lines(report) + source_lines(report):
+        for line in report_lines(report) + source_lines(report.source_oracle, report.assumptions):
             out.print(literal(line))
         out.print(Text(literal(verdict(report)), style="" if report.passed else "bold red"))
     return 0 if report.passed else 1

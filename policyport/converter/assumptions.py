@@ -44,7 +44,7 @@ class Assumption:
     settle: str = ""
 
     def __str__(self) -> str:
-        return f"{self.topic} {self.assumes}: {self.because}{f' ({self.settle})' if self.settle else ''}"
+        return f"{self.topic} {self.assumes}: {self.because}{f'; {self.settle}' if self.settle else ''}"
 
     @property
     def short(self) -> str:
