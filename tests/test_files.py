@@ -368,14 +368,14 @@ def test_when_the_recording_cannot_be_written_the_outputs_are_not_written_either
 # ----------------------------------------------------------------------------------- memory estimates
 
 
-def test_the_memory_a_record_needs_is_measured_exactly_for_tensors_that_grow_with_the_batch(metadrive_model, metadrive_obs):
-    session = pp.load(metadrive_model)
-    held = sum(v.nbytes for v in session.record(metadrive_obs).values())
-    assert session.memory_needed(metadrive_obs, "*") == held
-    assert session.memory_needed(metadrive_obs) == held  # a numpy run holds every tensor until it returns
-    ort = pp.load(metadrive_model, backend="onnxruntime")
-    assert ort.memory_needed(metadrive_obs) == sum(v.nbytes for v in ort.run(metadrive_obs).values())
-    assert session.memory_needed(metadrive_obs[:2]) == 0  # too few rows to tell
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_tensor_sizes_are_exact_for_tensors_that_grow_with_the_batch(metadrive_model, metadrive_obs, backend):
+    session = pp.load(metadrive_model, backend=backend)
+    recorded = session.record(metadrive_obs)
+    sizes = session.tensor_sizes(metadrive_obs)
+    assert sizes.rows == 1000 and sizes.nbytes(1000) == {k: v.nbytes for k, v in recorded.items()}
+    assert sizes.elements(1000) == {k: v.size for k, v in recorded.items()} and sizes.input_elements(1000) == 275_000
+    assert session.tensor_sizes(metadrive_obs[:2]) is None  # too few rows to tell
 
 
 def test_drawing_more_observations_than_memory_allows_is_refused_up_front(metadrive_model, monkeypatch):
