@@ -34,7 +34,7 @@ def inspect(
 
     def body():
         from ..errors import BadModelError
-        from ..files import load_onnx
+        from ..files import file_kind, load_onnx
         from ..summary import format_shape, summarize
 
         bundle = model.is_dir() and any(os.path.lexists(model / n) for n in ("policy.json", "model.onnx"))
@@ -46,11 +46,15 @@ def inspect(
             try:
                 proto = convert(model)
             except UnknownKindError:
-                raise BadModelError(
-                    f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
-                    f"kind policyport can tell from its name; convert a source of another name with 'policyport "
-                    f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
-                ) from None
+                kind = file_kind(model)  # a source named unlike its kind, told from its contents
+                if kind is not None and kind.source is not None:
+                    proto = convert(model, kind=kind.source)
+                else:
+                    raise BadModelError(
+                        f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
+                        f"kind policyport can tell from its name; convert a source of another name with 'policyport "
+                        f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
+                    ) from None
         s = summarize(proto)
         if as_json:
             emit_json(s)
