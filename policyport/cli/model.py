@@ -78,6 +78,10 @@ def inspect(
         if hidden:
             say(f"{hidden:,} of {hidden + TERMINAL_ROWS:,} rows not shown on a terminal; a pipe, a file or --json "
                 "gets every node")
+        dropped = [p for p in s["parameters"] if p["initializer"] is None]
+        if dropped:
+            say(f"{counted(sum(p['size'] for p in dropped), 'parameter')} in all-zero arrays the graph does not hold "
+                f"(the exporter dropped them; extract writes them back): {', '.join(p['name'] for p in dropped)}")
         out.print(literal("ops: " + ", ".join(s["ops"])))
         lacks = s["numpy_backend_lacks"]
         out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
