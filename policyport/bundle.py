@@ -26,7 +26,7 @@ import numpy as np
 
 from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import check_parent, write_npz
+from .files import check_memory, check_parent, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -135,6 +135,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     feeds = sample_inputs(graph.inputs, samples, low, high, seed, input_ranges(graph.metadata)) if drawn else dict(inputs)
     session = load(graph, backend="numpy")
     observations = count_observations(graph.inputs, feeds)
+    check_memory(_golden_needs(session, feeds), f"recording the golden data of {observations:,} observations "
+                 f"({len(session.tensor_names):,} tensors each) and reading it back")
     outputs = session.run(feeds)
     activations = session.record(feeds, "*")
     golden = {f"inputs/{k}": v for k, v in feeds.items()}
@@ -224,6 +226,19 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         if not committed:
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _golden_needs(session, feeds: dict[str, np.ndarray]) -> int:
+    """The bytes :func:`pack` holds for its golden data: the numpy backend's run and record of every
+    tensor on ``feeds``, and the folder check's reading of ``golden.npz`` back (its bytes, and its
+    arrays apart from them) while those are still held. 0 when the sizes cannot be told."""
+    sizes = session.tensor_sizes(feeds)
+    if sizes is None:
+        return 0
+    nbytes = sizes.nbytes(sizes.rows)
+    golden = sum(a.nbytes for a in feeds.values()) + sum(nbytes.values()) + sum(nbytes[v.name] for v in session.outputs)
+    held = session.backend.memory_needed(sizes, sizes.rows, None)
+    return held + session.backend.memory_needed(sizes, sizes.rows, session.tensor_names) + 2 * golden
 
 
 def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rtol: float | None,

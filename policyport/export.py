@@ -174,7 +174,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         VerificationError: the generated module does not reproduce the numpy backend (nothing written).
         MissingDependencyError: onnx is not installed.
     """
-    from .files import check_distinct, check_writable, ensure_model
+    from .files import check_distinct, check_memory, check_writable, ensure_model
     from .graph import from_onnx
     from .runtime import load
     from .verification import input_ranges, sample_inputs
@@ -193,6 +193,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     source, arrays = generate(proto, samples)
     session = load(graph, backend="numpy")
     feeds = sample_inputs(graph.inputs, samples, low, high, seed, input_ranges(graph.metadata))
+    check_memory(_check_needs(session, feeds), f"checking the module on {samples:,} observations")
     tmp = _staging(output)
     try:
         (tmp / output.name).write_text(source, encoding="utf-8")
@@ -221,6 +222,17 @@ def check_arguments(samples, low, high, seed) -> None:
     check_argument(low, "low (the smallest observation value drawn)", "real")
     check_argument(high, "high (the bound of the observation values drawn)", "real")
     check_argument(seed, "seed", "int", 0, none=True)
+
+
+def _check_needs(session, feeds: dict[str, np.ndarray]) -> int:
+    """The bytes :func:`_check` holds at its peak: the numpy backend's record of every tensor and its
+    run, and the module's own record of every tensor, computed whole, as a whole batch's record."""
+    sizes = session.tensor_sizes(feeds)
+    if sizes is None:
+        return 0
+    record = session.backend.memory_needed(sizes, sizes.rows, session.tensor_names)
+    whole = sum(sizes.nbytes(sizes.rows).values())
+    return record + session.backend.memory_needed(sizes, sizes.rows, None) + 2 * whole
 
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:

@@ -504,7 +504,7 @@ def _what_it_is(head: bytes, path: Path) -> str:
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return (f"is a Python pickle, which can only be loaded by running code from it; policyport never "
                 f"unpickles an input — {hint}")
-    for magic, kind in ((b"\x1f\x8b", "a gzip file"), (b"\x89HDF", "an HDF5 file"), (b"PAR1", "a Parquet file")):
+    for magic, kind in _MAGICS:
         if head.startswith(magic):
             return f"is {kind}, not an .npy or .npz file; {hint}"
     text = _as_text(head)
@@ -530,6 +530,120 @@ def _as_text(head: bytes) -> str | None:
     else:
         return None
     return text if all(c.isprintable() or c in "\t\r\n\f" for c in text) else None
+
+
+# ------------------------------------------------------------------------------------ what a file is
+
+#: First bytes of formats told by their magic alone, and what each is.
+_MAGICS = ((b"\x1f\x8b", "a gzip file"), (b"\x89HDF", "an HDF5 file"), (b"PAR1", "a Parquet file"))
+#: How ``torch.save``'s legacy (non-zip) format starts: its magic number, pickled.
+_TORCH_LEGACY = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+#: The names ``policyport convert`` tells each source kind of file by; another name needs ``--from``
+#: (folders are told by what they hold).
+_SOURCE_SUFFIXES = {"npz": (".npz",), "sb3": (".zip",), "torchscript": (".pt", ".pth"),
+                    "state-dict": (".pt", ".pth", ".safetensors"), "keras": (".keras", ".h5", ".hdf5")}
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """What a file or folder is, for a message: ``what`` (``"a Stable-Baselines3 save"``), and
+    ``source``, the kind ``policyport convert --from`` reads it as, when a converter does."""
+
+    what: str
+    source: str | None = None
+
+
+def file_kind(path: str | os.PathLike) -> FileKind | None:
+    """What ``path`` is, told without loading it: from its first bytes, the member names of a zip
+    archive (its central directory), or the files a folder holds. None for what none of them tells
+    (an ONNX model among them, or a file that cannot be opened).
+
+    Told apart: a Stable-Baselines3 save, a TorchScript file, a ``torch.save`` file (zip or legacy),
+    a safetensors file, a Keras file (``.keras``, or HDF5 as ``.h5`` models are saved), an ``.npz``
+    of arrays, a SavedModel folder, an RLlib checkpoint (folder, or legacy ``checkpoint-N`` pickle),
+    an ``.npy`` array, a pickle, a gzip or Parquet file, another zip archive, a text file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file():
+            return FileKind("a TensorFlow SavedModel folder", "savedmodel")
+        if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
+            return FileKind("an RLlib checkpoint folder", "rllib")
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if head.startswith(_ZIP_MAGICS):
+        return _zip_kind(path)
+    if head.startswith(NPY_MAGIC):
+        return FileKind("a NumPy array (.npy)")
+    if head.startswith(_TORCH_LEGACY):
+        return FileKind("a PyTorch file (torch.save's legacy format)", "state-dict")
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        name = path.name.lower()
+        if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
+            return FileKind("an RLlib checkpoint (a pickle)", "rllib")
+        return FileKind("a Python pickle")
+    if len(head) > 8 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < os.path.getsize(path):
+        return FileKind("a safetensors file", "state-dict")
+    if head.startswith(b"\x89HDF"):
+        return FileKind("an HDF5 file (as Keras saves .h5 models)", "keras")
+    for magic, what in _MAGICS:
+        if head.startswith(magic):
+            return FileKind(what)
+    if head and _as_text(head) is not None:
+        return FileKind("a text file")
+    return None
+
+
+def _zip_kind(path: Path) -> FileKind:
+    """What a zip archive is, from its member names."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return FileKind("a damaged zip archive")
+    base = {n.rsplit("/", 1)[-1] for n in names}
+    if {"policy.pth", "data"} <= base:
+        return FileKind("a Stable-Baselines3 save", "sb3")
+    if {"data.pkl", "constants.pkl"} <= base:
+        return FileKind("a TorchScript file", "torchscript")
+    if "data.pkl" in base:
+        return FileKind("a PyTorch file (torch.save)", "state-dict")
+    if "config.json" in base and any(n.endswith(".weights.h5") for n in base):
+        return FileKind("a Keras file (.keras)", "keras")
+    if names and all(n.endswith(".npy") for n in names):
+        return FileKind("an .npz archive of arrays", "npz")
+    return FileKind("a zip archive")
+
+
+def check_not_a_source(path: str | os.PathLike) -> None:
+    """Refuse ``path``, given where an ONNX model goes, when :func:`file_kind` tells what else it is,
+    saying what it is and how to convert it (:func:`not_an_onnx_model`).
+
+    Raises:
+        UnreadableFileError: ``path`` is a file or folder of a kind :func:`file_kind` tells.
+    """
+    kind = file_kind(path)
+    if kind is not None:
+        raise UnreadableFileError(not_an_onnx_model(path, kind))
+
+
+def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
+    """The message for ``path``, a ``kind`` given where an ONNX model goes: what it is, and how to
+    convert it when a converter reads it."""
+    path = Path(path)
+    if kind.source is None:
+        return (f"{path} is {kind.what}, not an ONNX model; give an .onnx model or a folder written by "
+                f"'policyport pack'")
+    named = path.is_dir() or path.suffix.lower() in _SOURCE_SUFFIXES.get(kind.source, ()) or kind.source == "rllib"
+    kind_flag = "" if named else f" --from {kind.source}"
+    output = path.with_suffix(".onnx") if not path.is_dir() else path.parent / f"{path.name}.onnx"
+    return (f"{path} is {kind.what}, not an ONNX model: convert it first with "
+            f"policyport convert {path}{kind_flag} -o {output} (pp.convert in Python)")
+
 
 
 # ------------------------------------------------------------------------------------------ outputs
@@ -938,6 +1052,7 @@ def load_onnx(path: str | os.PathLike):
         from .folder import MODEL_FILE, POLICY_FILE, read_bundle
 
         if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
+            check_not_a_source(path)
             raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
         data = read_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
         path = path / MODEL_FILE
@@ -948,8 +1063,10 @@ def load_onnx(path: str | os.PathLike):
     try:
         model = onnx.load(str(path), load_external_data=False) if data is None else onnx.load_model_from_string(data)
     except Exception as e:  # protobuf DecodeError, onnx ValidationError, OSError ...
+        check_not_a_source(path)
         raise UnreadableFileError(f"{path} is not a readable ONNX model: {e}") from e
     if not model.graph.output:
+        check_not_a_source(path)
         raise UnreadableFileError(f"{path} is not an ONNX model: it holds no graph with outputs")
     external = check_model_tensors(model)
     if external:

@@ -173,14 +173,26 @@ def extract_weights(model) -> dict[str, np.ndarray]:
             if name in weights:
                 raise BadModelError(f"two initializers map to the source parameter {name!r}")
             weights[name] = value
-    order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
-    if order:
-        try:
-            rank = {str(name): i for i, name in enumerate(json.loads(order))}
-        except (ValueError, TypeError) as e:
-            raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: {e}") from e
+    rank = source_order(model)
+    if rank:
         weights = dict(sorted(weights.items(), key=lambda kv: rank.get(kv[0], len(rank))))
     return weights
+
+
+def source_order(model) -> dict[str, int]:
+    """Source parameter name -> its place in the source's own order, from
+    ``metadata_props["policyport.parameter_order"]``; empty when the model records none.
+
+    Raises:
+        BadModelError: the metadata is not a JSON list.
+    """
+    order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
+    if not order:
+        return {}
+    try:
+        return {str(name): i for i, name in enumerate(json.loads(order))}
+    except (ValueError, TypeError) as e:
+        raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: {e}") from e
 
 
 def expose(model, tensors: str | list[str] | None = "*", *, exact: bool = False):

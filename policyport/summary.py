@@ -5,6 +5,10 @@ Feeds ``policyport inspect``; the op list is checked against the numpy backend's
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from .errors import require
 
 
@@ -18,11 +22,17 @@ def summarize(model) -> dict:
         ``{"opset", "ir_version", "producer", "inputs", "outputs", "nodes", "parameters",
         "parameter_count", "ops", "numpy_backend_lacks", "metadata"}``; shapes list ints and
         symbolic dimension names; ``nodes`` give each node's name, op type, output tensor(s) with
-        shape and dtype from ONNX shape inference, and the parameters it reads.
+        shape and dtype from ONNX shape inference, and the parameters it reads. ``parameters`` are
+        the source's, as :func:`policyport.passes.extract_weights` gives them back: the graph's
+        initializers that are parameters, and the all-zero arrays an exporter dropped (tf2onnx
+        folds away zero biases; ``"initializer"`` None), each array once (tied weights too), in
+        the source's order;
+        ``parameter_count`` adds up their elements, as the source framework counts its parameters
+        (Keras' ``count_params``).
     """
     onnx = require("onnx", "onnx", "inspecting a model")
     from .graph import from_onnx
-    from .passes import infer_shapes, parameter_map
+    from .passes import infer_shapes, parameter_map, source_order
     from .runtime.numpy.registry import missing_ops
 
     graph = from_onnx(model)
@@ -53,10 +63,18 @@ def summarize(model) -> dict:
             "parameters": [params[i]["name"] for i in n.inputs if i in params and i in graph.initializers],
             "parameter_count": int(sum(graph.initializers[i].size for i in n.inputs if i in params and i in graph.initializers)),
         })
-    parameters = [
-        {"name": params[k]["name"], "initializer": k, "dtype": v.dtype.name, "shape": list(v.shape), "size": int(v.size)}
-        for k, v in graph.initializers.items() if k in params
-    ]
+    parameters = []  # in the metadata's order, as extract writes them
+    for key, spec in params.items():
+        if key in graph.initializers:
+            value = graph.initializers[key]
+            parameters.append({"name": spec["name"], "initializer": key, "dtype": value.dtype.name,
+                               "shape": list(value.shape), "size": int(value.size)})
+        elif spec["zeros"] is not None and np.dtype(spec["zeros"]["dtype"]).kind == "f":
+            # an all-zero parameter the exporter dropped (tf2onnx folds away zero biases): the source holds it
+            parameters.append({"name": spec["name"], "initializer": None, "dtype": spec["zeros"]["dtype"],
+                               "shape": spec["zeros"]["shape"], "size": math.prod(spec["zeros"]["shape"])})
+    rank = source_order(model)
+    parameters.sort(key=lambda p: rank.get(p["name"], len(rank)))  # the source's order, as extract writes them
     ops = sorted({(n.domain, n.op_type) for n in graph.nodes})
     lacks = [m.op_type if not m.domain else f"{m.domain}.{m.op_type}"
              for m in sorted(missing_ops(graph), key=lambda m: (m.domain, m.op_type))]

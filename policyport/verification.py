@@ -334,11 +334,13 @@ def _name_assumptions(report: Report, metadata: Mapping[str, str], oracle, sourc
 class _Blocks:
     """How :func:`verify` goes through the observations: ``bounds``, the ``(start, stop)`` rows of
     each block (one block of every row when the graph does not compute row by row); ``inputs``, the
-    feeds cut into those rows; ``whole``, the tensors the same in every block (compared once)."""
+    feeds cut into those rows; ``whole``, the tensors the same in every block (compared once);
+    ``oracle``, the bytes the rounding rule's float64 run of one block needs and what needs them,
+    for its memory check (0 when they cannot be told)."""
 
     def __init__(self, bounds: list[tuple[int, int]], inputs: frozenset[str] = frozenset(),
-                 whole: frozenset[str] = frozenset()):
-        self.bounds, self.inputs, self.whole = bounds, inputs, whole
+                 whole: frozenset[str] = frozenset(), oracle: tuple[int, str] = (0, "")):
+        self.bounds, self.inputs, self.whole, self.oracle = bounds, inputs, whole, oracle
 
     def parts(self, feeds: Mapping[str, np.ndarray]):
         """The feeds of each block, in row order."""
@@ -354,22 +356,73 @@ class _Blocks:
 BLOCK_BYTES = 256 << 20
 #: Bytes per element of the largest tensor that the comparison of one pair holds at its peak: about
 #: twelve float64 arrays of its size (both sides and the float64 run widened, the differences, the
-#: reference's magnitude, a relative error's operands and the masks between them).
+#: reference's magnitude, a relative error's operands and the masks between them). Measured
+#: (``ru_maxrss``, MLPs of 64 units): some 60 bytes an element for a comparison, 65 for the rounding rule.
 COMPARE_BYTES = 96
+
+
+class _BlockMemory:
+    """The bytes :func:`verify` holds at its peak while it verifies blocks of ``rows`` rows.
+
+    Its comparison pass holds every side's recorded tensors — each backend's as its record holds
+    them (:meth:`policyport.runtime.base.Backend.memory_needed`: the numpy backend's row-block
+    threads, onnxruntime's arena), the source's twice over (its results and its framework's
+    tensors) — and, in many blocks, the sides of the block before while the next is recorded, and
+    the comparison's temporaries (:data:`COMPARE_BYTES` an element of the largest tensor). The
+    rounding rule's pass records every side again while the last sides are still held, and adds the
+    float64 run: a numpy record of every tensor at twice the bytes (float32 widened), the run of
+    the block before in many blocks, and the widened inputs.
+
+    Args:
+        sessions: backend name -> session.
+        sizes: every tensor's size (:meth:`policyport.runtime.Session.tensor_sizes`).
+        names: the node outputs each side records (graph outputs too).
+        copies: the sides: the backends, and the source when there is one.
+    """
+
+    def __init__(self, sessions: Mapping, sizes, names: list[str], copies: int):
+        self.sessions, self.sizes, self.names, self.copies = sessions, sizes, names, copies
+        first = next(iter(sessions.values()))
+        self.kept = list(dict.fromkeys([*names, *(v.name for v in first.outputs)]))
+        self.source = copies > len(sessions)
+
+    def _side(self, rows: int) -> int:
+        nbytes = self.sizes.nbytes(rows)
+        return sum(nbytes.get(n, 0) for n in self.kept)
+
+    def _largest(self, rows: int) -> int:
+        return max((e for n, e in self.sizes.elements(rows).items() if n in self.kept), default=0)
+
+    def compare(self, rows: int, many: bool) -> int:
+        """Bytes of the comparison pass over blocks of ``rows`` rows (``many``: more than one block)."""
+        side = self._side(rows)
+        held = sum(s.backend.memory_needed(self.sizes, rows, self.names) for s in self.sessions.values())
+        held += 2 * side if self.source else 0
+        return held + (self.copies * side if many else 0) + COMPARE_BYTES * self._largest(rows)
+
+    def oracle(self, rows: int, many: bool) -> int:
+        """Bytes of the rounding rule's pass over blocks of ``rows`` rows."""
+        every = self.sizes.nbytes(rows)
+        numpy = self.sessions.get("numpy")
+        if numpy is None:  # no numpy session here: a whole batch's record, the most a numpy plan holds
+            wide = 2 * (sum(every.values()) + max(every.values(), default=0))
+        else:
+            wide = 2 * numpy.backend.memory_needed(self.sizes, rows, list(every))
+        before = 2 * sum(every.values()) if many else 0
+        inputs = 8 * self.sizes.input_elements(rows)
+        return self.compare(rows, many) + self.copies * self._side(rows) + wide + before + inputs
 
 
 def _blocks(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], tensors, n: int, copies: int,
             rounding: bool) -> _Blocks:
     """Split ``n`` observations into blocks whose verification fits :data:`BLOCK_BYTES` (and half the
-    memory this process may take), when the graph computes row by row; check the memory one block needs.
+    memory this process may take), when the graph computes row by row; check the memory the
+    comparison of one block needs, and tell what the rounding rule's float64 run of one will need.
 
-    The bytes of every recorded tensor, and its element count, are measured on one and two rows and
-    extrapolated (as :meth:`policyport.runtime.Session.memory_needed` does): a block of ``k`` rows
-    holds ``copies`` sets of recorded tensors and one more per backend (its working memory;
-    onnxruntime's memory arena keeps a run's tensors), with ``rounding`` the float64 run's tensors
-    and as much again for its working memory (8 bytes an element) and its widened inputs, and the
-    comparison's temporaries (:data:`COMPARE_BYTES` an element of the largest tensor). Measured
-    peaks (``ru_maxrss``, models of fixtures/) stayed below this estimate.
+    Every tensor's bytes are measured on one and two rows and extrapolated
+    (:meth:`policyport.runtime.Session.tensor_sizes`) and held as :class:`_BlockMemory` says; blocks
+    are as large as both passes allow (the rounding rule's with ``rounding`` only). Measured peaks
+    (``ru_maxrss``, MLPs of 64 and 256 units) stay below each estimate and above half of it.
 
     Raises:
         LimitExceededError: even the smallest block needs more memory than this process can get.
@@ -377,65 +430,36 @@ def _blocks(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], te
     from .files import memory_limit
 
     first = next(iter(sessions.values()))
-    grows = _growth(first, feeds, tensors)
-    held = copies + len(sessions)  # and each backend's working memory (onnxruntime's arena keeps a run's)
+    sizes = first.tensor_sizes(feeds)
+    memory = None if sizes is None else _BlockMemory(sessions, sizes, first.selection(tensors), copies)
 
-    def need(rows: int) -> int:
-        if grows is None:
-            return 0  # pragma: no mutate (nothing measured: a byte more is nothing to a memory check)
-        (b1, b2), (e1, e2), (l1, l2), (f1, f2) = grows
-        at = lambda one, two: one + max(two - one, 0) * (rows - 1)  # noqa: E731
-        wide = 8 * (2 * at(e1, e2) + at(f1, f2)) if rounding else 0  # its tensors and working memory, its inputs
-        return held * at(b1, b2) + wide + COMPARE_BYTES * at(l1, l2)
+    def planned(rows: int, many: bool) -> int:
+        return max(memory.compare(rows, many), memory.oracle(rows, many) if rounding else 0)
 
     split = _row_split(graph, sessions, feeds, n)
     rows = n
-    if split is not None and grows is not None:
+    if split is not None and memory is not None:
         target = min(BLOCK_BYTES, memory_limit() // 2)
-        per_row = max(need(2) - need(1), 1)
-        rows = min(n, max(1, (target - need(1)) // per_row + 1))
+        if planned(n, False) > target:  # the most rows a block fits, halving the range (memory grows with rows)
+            low, high = 1, n
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if planned(middle, True) <= target else (low, middle - 1)
+            rows = low
     count = -(-n // rows)
     size, extra = divmod(n, count)
     bounds, start = [], 0
     for i in range(count):
         bounds.append((start, start + size + (i < extra)))
         start = bounds[-1][1]
-    blocks = _Blocks(bounds, *(() if split is None else (frozenset(split.inputs), split.whole)))
-    largest = size + (extra > 0)
-    check_memory(need(largest), f"verifying {n:,} observations ({copies} sets of recorded tensors"
-                 + (", a float64 run" if rounding else "") + " and their comparison"
-                 + (f", in {count:,} blocks of {largest:,} row{'s' if largest > 1 else ''}" if count > 1 else "") + ")")
+    largest, many = size + (extra > 0), count > 1
+    in_blocks = f", in {count:,} blocks of {largest:,} row{'s' if largest > 1 else ''}" if many else ""
+    oracle = (0, "") if memory is None else (
+        memory.oracle(largest, many), f"the rounding rule's float64 run over {n:,} observations{in_blocks}")
+    blocks = _Blocks(bounds, *(() if split is None else (frozenset(split.inputs), split.whole)), oracle=oracle)
+    check_memory(0 if memory is None else memory.compare(largest, many),  # pragma: no mutate (nothing measured: a byte more is nothing to a memory check)
+                 f"verifying {n:,} observations ({copies} sets of recorded tensors and their comparison{in_blocks})")
     return blocks
-
-
-def _growth(session, feeds: Mapping[str, np.ndarray], tensors):
-    """``(bytes, elements, largest tensor's elements, input elements)`` recorded on one and on two
-    rows, each a pair; ``None`` when it cannot be told (no batched input, inputs of different row
-    counts, at most two rows, or a model that does not run on one or two rows).
-
-    The rows are cut along every batch axis: axis 0 where it is free, and any axis named like a
-    batch axis (an LSTM's initial state ``(1, batch, hidden)``), as :func:`sample_inputs` fills them.
-    """
-    symbols = {v.shape[0] for v in session.inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
-    cuts = {v.name: {axis for axis, d in enumerate(v.shape) if (axis == 0 and not isinstance(d, int)) or d in symbols}
-            for v in session.inputs if v.shape and v.name in feeds}
-    counts = {np.shape(feeds[name])[axis] for name, axes in cuts.items() for axis in axes
-              if np.ndim(feeds[name]) > axis}
-    if len(counts) != 1 or min(counts) <= 2:
-        return None
-
-    def held(k: int) -> tuple[int, int, int, int]:
-        part = {name: a[tuple(slice(k) if axis in cuts.get(name, ()) else slice(None) for axis in range(np.ndim(a)))]
-                for name, a in feeds.items()}
-        values = [np.asarray(v) for v in session.record(part, tensors).values()]
-        return (sum(v.nbytes for v in values), sum(v.size for v in values), max((v.size for v in values), default=0),
-                sum(np.size(a) for a in part.values()))
-
-    try:
-        one, two = held(1), held(2)
-    except PolicyportError:
-        return None
-    return tuple(zip(one, two))
 
 
 def _row_split(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], n: int):
@@ -541,7 +565,8 @@ def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapp
                    report: Report) -> None:
     """Judge the ``failing`` tensors again by the rounding rule against a float64 run of the graph on
     the numpy backend (the *oracle*), block by block as they were compared; notes on the report why
-    a tensor has none. Sets ``report.oracle`` when it ran."""
+    a tensor has none (a float64 run that needs more memory than this process can get, as
+    ``blocks.oracle`` tells before it starts, among them). Sets ``report.oracle`` when it ran."""
     from .passes import widen_to_float64
     from .runtime import load
 
@@ -549,6 +574,7 @@ def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapp
     known = set(graph.tensor_names)  # the widened graph's Casts are not the baseline's
     differ: dict[str, str] = {}
     try:
+        check_memory(*blocks.oracle)
         session = load(widen_to_float64(graph), backend="numpy")  # pragma: no mutate (numpy is load's default)
         for i, (part, sides) in enumerate(_run_blocks(blocks, sessions, feeds, tensors, reference)):  # pragma: no mutate (recording every tensor costs memory, not the result)
             wide = {k: (v.astype(np.float64) if v.dtype.name in ("float16", "bfloat16", "float32")

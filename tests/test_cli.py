@@ -11,9 +11,11 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 from typer.testing import CliRunner
 
+import policyport as pp
 from policyport.cli import app
 
 runner = CliRunner()
@@ -186,6 +188,33 @@ def test_inspect_json_lists_layers_parameters_and_op_support(converted, metadriv
     assert fc1["parameters"] == ["default_policy/fc_1/kernel", "default_policy/fc_1/bias"]
     from_source = json.loads(invoke("inspect", metadrive_path, "--json").stdout)
     assert from_source["parameter_count"] == doc["parameter_count"]
+
+
+def test_inspect_counts_the_all_zero_parameters_an_exporter_dropped(tmp_path, metadrive_model):
+    """As tf2onnx folds away a zero bias: the graph holds fc_2's bias no more, its metadata rebuilds it."""
+    model = onnx.ModelProto()
+    model.CopyFrom(metadrive_model)
+    bias = "default_policy/fc_2/bias"
+    kept = [t for t in model.graph.initializer if t.name != bias]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    gemm = next(n for n in model.graph.node if n.name == "fc_2/linear")
+    del gemm.input[2]
+    props = {p.key: p for p in model.metadata_props}
+    mapping = json.loads(props["policyport.parameters"].value)
+    mapping[bias] = {"name": bias, "zeros": {"shape": [256], "dtype": "float32"}}
+    props["policyport.parameters"].value = json.dumps(mapping)
+    onnx.save(model, tmp_path / "dropped.onnx")
+    source = 275 * 256 + 256 + 256 * 256 + 256 + 256 * 4 + 4  # 137,476, the bias among them
+    doc = json.loads(invoke("inspect", tmp_path / "dropped.onnx", "--json").stdout)
+    assert doc["parameter_count"] == source == sum(a.size for a in pp.extract_weights(model).values())
+    assert [p["name"] for p in doc["parameters"]] == list(pp.extract_weights(model))  # in the source's order
+    assert doc["parameters"][3] == {"name": bias, "initializer": None, "dtype": "float32", "shape": [256], "size": 256}
+    assert sum(n["parameter_count"] for n in doc["nodes"]) == source - 256  # the nodes hold what the graph holds
+    result = invoke("inspect", tmp_path / "dropped.onnx")
+    assert result.exit_code == 0 and "7 nodes, 137,476 parameters" in result.stdout
+    assert "256 parameters in all-zero arrays the graph does not hold (the exporter dropped them; extract writes " \
+           f"them back): {bias}" in result.stderr.replace("\n", " ")
 
 
 def test_a_real_process_prints_no_traceback_and_imports_no_framework(tmp_path, converted):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -243,8 +244,81 @@ def test_a_model_where_observations_go_and_weights_where_a_model_goes(place, tmp
           "-o", tmp_path / "o.npz")
     fails(3, "unexpected ['default_policy/fc_1/kernel'", "run", place / "md.onnx", "-i", place / "src.npz",
           "-o", tmp_path / "o.npz")
-    fails(3, "src.npz is not a readable ONNX model", "run", place / "src.npz", "-i", place / "obs.npy",
+    fails(3, f"{place / 'src.npz'} is an .npz archive of arrays, not an ONNX model: convert it first with policyport "
+             f"convert {place / 'src.npz'} -o {place / 'src.onnx'}", "run", place / "src.npz", "-i", place / "obs.npy",
           "-o", tmp_path / "o.npz")
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+#: Files given where an ONNX model goes: fixture, the name it is given, what the refusal calls it, and
+#: the --from its convert command needs (None: its name tells; "" no converter reads it).
+NOT_ONNX = [
+    ("real/sb3_ppo_cartpole.zip", "x.zip", "a Stable-Baselines3 save", None),
+    ("real/sb3_ppo_cartpole.zip", "x.onnx", "a Stable-Baselines3 save", "sb3"),  # named as what it is not
+    ("torch/gaussian.state_dict.pt", "x.pt", "a PyTorch file (torch.save)", None),
+    ("torch/gaussian.torchscript.pt", "x.pth", "a TorchScript file", None),
+    ("torch/gaussian.torchscript.pt", "x.bin", "a TorchScript file", "torchscript"),
+    ("keras/three_heads.keras", "x.keras", "a Keras file (.keras)", None),
+    ("keras/mlp_norm.h5", "x.h5", "an HDF5 file (as Keras saves .h5 models)", None),
+    ("real/metadrive_ppo_expert.npz", "x.npz", "an .npz archive of arrays", None),
+    ("keras/savedmodel", "saved", "a TensorFlow SavedModel folder", None),
+    ("rllib/ray/ppo_new", "ckpt", "an RLlib checkpoint folder", None),
+    ("rllib/malicious/checkpoint-1", "checkpoint-7", "an RLlib checkpoint (a pickle)", None),
+    (None, "obs.npy", "a NumPy array (.npy)", ""),
+    (None, "notes.onnx", "a text file", ""),
+]
+#: Every command that takes an ONNX model, with the rest of its command line (``{tmp}``: a scratch folder).
+MODEL_COMMANDS = {
+    "extract": ["-o", "{tmp}/w.npz"], "expose": ["-o", "{tmp}/e.onnx"], "run": ["-i", "{obs}", "-o", "{tmp}/y.npz"],
+    "record": ["-i", "{obs}", "-o", "{tmp}/r.npz"], "verify": ["--samples", "4"], "pack": ["-o", "{tmp}/b"],
+    "export-numpy": ["-o", "{tmp}/p.py"],
+}
+
+
+def _not_onnx(place, tmp_path, fixture, name) -> Path:
+    path = tmp_path / "given" / name
+    path.parent.mkdir()
+    if fixture is None:
+        shutil.copy(place / "obs.npy", path) if name.endswith(".npy") else path.write_text("not a model\n")
+    elif (FIXTURES / fixture).is_dir():
+        shutil.copytree(FIXTURES / fixture, path)
+    else:
+        shutil.copy(FIXTURES / fixture, path)
+    return path
+
+
+@pytest.mark.parametrize("fixture, name, what, kind", NOT_ONNX, ids=[case[1] + ":" + case[2] for case in NOT_ONNX])
+@pytest.mark.parametrize("command", list(MODEL_COMMANDS))
+def test_a_command_given_a_source_or_another_file_for_a_model_says_what_it_is_and_how_to_convert_it(
+        place, tmp_path, command, fixture, name, what, kind):
+    path = _not_onnx(place, tmp_path, fixture, name)
+    args = [a.format(tmp=tmp_path, obs=place / "obs.npy") for a in MODEL_COMMANDS[command]]
+    result = fails(3, f"{path} is {what}, not an ONNX model", command, path, *args)
+    text = result.stderr.replace("\n", " ")
+    if kind == "":
+        assert "give an .onnx model or a folder written by 'policyport pack'" in text
+    else:
+        onnx_path = path.parent / f"{path.name}.onnx" if path.is_dir() else path.with_suffix(".onnx")
+        flag = f" --from {kind}" if kind else ""
+        assert f"convert it first with policyport convert {path}{flag} -o {onnx_path} (pp.convert in Python)" in text
+    assert "is an option of" not in text  # the --from it names is convert's, in convert's command line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["given"]  # nothing written
+
+
+@pytest.mark.parametrize("fixture, name, what, kind", NOT_ONNX[:3], ids=[case[1] for case in NOT_ONNX[:3]])
+def test_the_api_given_a_source_for_a_model_says_what_it_is(place, tmp_path, fixture, name, what, kind):
+    import policyport as pp
+
+    path = _not_onnx(place, tmp_path, fixture, name)
+    for call in (pp.load, lambda p: pp.load(p, backend="onnxruntime"), pp.extract_weights, pp.expose):
+        with pytest.raises(pp.UnreadableFileError, match=f"is {re.escape(what)}, not an ONNX model: convert it first"):
+            call(path)
+
+
+def test_inspect_converts_a_source_named_unlike_its_kind_as_what_its_contents_say(tmp_path):
+    shutil.copy(FIXTURES / "real" / "sb3_ppo_cartpole.zip", tmp_path / "policy.bin")
+    doc = json.loads(invoke("inspect", tmp_path / "policy.bin", "--json").stdout)
+    assert doc["metadata"]["policyport.source_kind"] == "sb3" and doc["parameter_count"] > 0
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert"])

@@ -368,14 +368,14 @@ def test_when_the_recording_cannot_be_written_the_outputs_are_not_written_either
 # ----------------------------------------------------------------------------------- memory estimates
 
 
-def test_the_memory_a_record_needs_is_measured_exactly_for_tensors_that_grow_with_the_batch(metadrive_model, metadrive_obs):
-    session = pp.load(metadrive_model)
-    held = sum(v.nbytes for v in session.record(metadrive_obs).values())
-    assert session.memory_needed(metadrive_obs, "*") == held
-    assert session.memory_needed(metadrive_obs) == held  # a numpy run holds every tensor until it returns
-    ort = pp.load(metadrive_model, backend="onnxruntime")
-    assert ort.memory_needed(metadrive_obs) == sum(v.nbytes for v in ort.run(metadrive_obs).values())
-    assert session.memory_needed(metadrive_obs[:2]) == 0  # too few rows to tell
+@pytest.mark.parametrize("backend", list(pp.BACKENDS))
+def test_tensor_sizes_are_exact_for_tensors_that_grow_with_the_batch(metadrive_model, metadrive_obs, backend):
+    session = pp.load(metadrive_model, backend=backend)
+    recorded = session.record(metadrive_obs)
+    sizes = session.tensor_sizes(metadrive_obs)
+    assert sizes.rows == 1000 and sizes.nbytes(1000) == {k: v.nbytes for k, v in recorded.items()}
+    assert sizes.elements(1000) == {k: v.size for k, v in recorded.items()} and sizes.input_elements(1000) == 275_000
+    assert session.tensor_sizes(metadrive_obs[:2]) is None  # too few rows to tell
 
 
 def test_drawing_more_observations_than_memory_allows_is_refused_up_front(metadrive_model, monkeypatch):
@@ -399,3 +399,50 @@ def test_using_limits_checks_its_values(values, error, message):
     with pytest.raises(error, match=message):
         with using_limits(**values):
             pass
+
+
+# ------------------------------------------------------------------------------------ what a file is
+
+
+def _zip(path, *members):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in members:
+            zf.writestr(name, b"x")
+    return path
+
+
+@pytest.mark.parametrize("make, what, source", [
+    (lambda p: _zip(p, "data", "policy.pth", "pytorch_variables.pth"), "a Stable-Baselines3 save", "sb3"),
+    (lambda p: _zip(p, "m/data.pkl", "m/constants.pkl", "m/code/m.py"), "a TorchScript file", "torchscript"),
+    (lambda p: _zip(p, "archive/data.pkl", "archive/data/0"), "a PyTorch file (torch.save)", "state-dict"),
+    (lambda p: _zip(p, "config.json", "metadata.json", "model.weights.h5"), "a Keras file (.keras)", "keras"),
+    (lambda p: _zip(p, "a.npy", "b.npy"), "an .npz archive of arrays", "npz"),
+    (lambda p: _zip(p, "readme.txt"), "a zip archive", None),
+    (lambda p: p.write_bytes(b"PK\x03\x04" + b"\0" * 40), "a damaged zip archive", None),
+    (lambda p: p.write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03."),
+     "a PyTorch file (torch.save's legacy format)", "state-dict"),
+    (lambda p: p.write_bytes(b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."), "a Python pickle", None),
+    (lambda p: p.write_bytes((16).to_bytes(8, "little") + b'{"__metadata__":{}}'), "a safetensors file", "state-dict"),
+    (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 40), "an HDF5 file (as Keras saves .h5 models)", "keras"),
+    (lambda p: p.write_bytes(b"\x1f\x8b\x08\x00" + b"\0" * 20), "a gzip file", None),
+    (lambda p: p.write_bytes(b"PAR1" + b"\0" * 20), "a Parquet file", None),
+    (lambda p: np.save(p, np.zeros(3)), "a NumPy array (.npy)", None),
+    (lambda p: p.write_text("obs_0,obs_1\n1,2\n"), "a text file", None),
+])
+def test_file_kind_tells_a_file_from_its_first_bytes_or_its_members(tmp_path, make, what, source):
+    path = tmp_path / "f"
+    make(path)
+    path = path if path.exists() else path.with_suffix(".npy")  # numpy.save adds .npy
+    assert files.file_kind(path) == files.FileKind(what, source)
+
+
+def test_file_kind_tells_nothing_of_an_onnx_model_a_missing_file_or_a_plain_folder(tmp_path, metadrive_model):
+    import onnx
+
+    onnx.save(metadrive_model, tmp_path / "m.onnx")
+    (tmp_path / "plain").mkdir()
+    assert [files.file_kind(tmp_path / n) for n in ("m.onnx", "missing", "plain")] == [None, None, None]
+    (tmp_path / "plain" / "saved_model.pb").write_bytes(b"")
+    assert files.file_kind(tmp_path / "plain") == files.FileKind("a TensorFlow SavedModel folder", "savedmodel")

@@ -198,3 +198,39 @@ def test_the_reference_table_lists_every_option_of_every_command():
             assert any(shown(o) for o in param.opts), f"{name}: {param.opts[0]} missing from its README row"
             for option in param.secondary_opts:  # --no-rounding beside --rounding
                 assert shown(option), f"{name}: {option} missing from its README row"
+
+
+#: Options a command refuses to run without unless another option is given (Click cannot say so; the
+#: command checks it, see test_cli_perf's usage errors): shown required in the table, with the exception.
+NEEDED_UNLESS = {("run", "-o"): "--profile"}
+
+
+def _bracket_depths(text: str) -> list[int]:
+    depth, depths = 0, []
+    for char in text:
+        depth += char == "["
+        depths.append(depth)
+        depth -= char == "]"
+    return depths
+
+
+def test_the_reference_table_brackets_exactly_the_options_a_command_runs_without():
+    """A synopsis shows a required option bare and an optional one in [brackets], as the command takes them."""
+    from typer.main import get_command
+
+    from policyport.cli import app
+
+    text = README.read_text(encoding="utf-8").split("\n## Reference\n", 1)[1].split("\n## ", 1)[0]
+    rows = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(r"^\| `(policyport ([a-z-]+) .*?)` \|(.*)$", text, re.M)}
+    for name, command in get_command(app).commands.items():
+        synopsis, does = rows[name]
+        depths = _bracket_depths(synopsis)
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            at = [m.start() for o in param.opts for m in re.finditer(re.escape(o) + r"(?![\w-])", synopsis)]
+            needed = param.required or (name, param.opts[0]) in NEEDED_UNLESS
+            assert any(depths[i] == 0 for i in at) == needed, \
+                f"{name}: {param.opts[0]} is {'required' if needed else 'optional'}; its README row shows it otherwise"
+            if (name, param.opts[0]) in NEEDED_UNLESS:
+                assert f"needs no `{param.opts[0]}`" in does and NEEDED_UNLESS[name, param.opts[0]] in does

@@ -19,11 +19,23 @@ SOURCE_FREE = {"backends": ("numpy", "onnxruntime")}
 
 @pytest.fixture
 def blocks_asked(monkeypatch):
-    """The messages of verify's memory checks (the checks still run)."""
-    asked = []
+    """The messages of verify's memory checks before it compares (the checks still run); those of the
+    rounding rule's float64 run are in its attribute ``oracle``."""
+    asked = Asked()
     real = verification.check_memory
-    monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append(what) or real(need, what))
+
+    def check(need, what):
+        (asked.oracle if what.startswith("the rounding rule's") else asked).append(what)
+        real(need, what)
+
+    monkeypatch.setattr(verification, "check_memory", check)
     return asked
+
+
+class Asked(list):
+    def __init__(self):
+        super().__init__()
+        self.oracle = []
 
 
 def in_blocks(monkeypatch, block_bytes: int, *args, **kwargs) -> dict:
@@ -51,6 +63,12 @@ def test_many_blocks_give_the_report_of_one(metadrive_model, monkeypatch, blocks
     assert whole["samples"] == 3000 and all(c["shape"][0] == 3000 for c in whole["comparisons"])
     if options.get("atol") == 0.0 and options.get("rounding", True):
         assert whole["oracle"] == "numpy float64" and any(c["rule"] == "rounding" for c in whole["comparisons"])
+    if whole["oracle"]:  # its memory checked before it ran, in the blocks the comparison took
+        assert blocks_asked.oracle[0] == "the rounding rule's float64 run over 3,000 observations"
+        assert blocks_asked.oracle[1] == "the rounding rule's float64 run over 3,000 observations" + \
+            blocks_asked[-1].split("comparison")[1][:-1]
+    else:
+        assert blocks_asked.oracle == []
 
 
 def test_a_real_mismatch_reads_the_same_in_blocks(metadrive_model, monkeypatch):
@@ -83,11 +101,28 @@ def test_a_large_sample_fits_a_memory_limit_one_block_would_not(metadrive_model,
     report = pp.verify(metadrive_model, obs)
     assert report.passed and report.samples == 12_000 and report.comparisons[0].shape == (12_000, 256)
     assert 4 <= int(blocks_asked[-1].split(", in ")[1].split()[0]) <= 12
-    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "50K")  # not even a row's verification fits
-    with pytest.raises(LimitExceededError, match=r"^verifying 12,000 observations \(2 sets of recorded tensors, a "
-                                                 r"float64 run and their comparison, in 12,000 blocks of 1 row\) "
-                                                 r"needs about .*, more than 50 KiB"):
+    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "1M")  # not even a row's verification fits
+    with pytest.raises(LimitExceededError, match=r"^verifying 12,000 observations \(2 sets of recorded tensors and "
+                                                 r"their comparison, in 12,000 blocks of 1 row\) "
+                                                 r"needs about .*, more than 1 MiB"):
         pp.verify(metadrive_model, obs)
+
+
+def test_a_float64_run_that_cannot_fit_leaves_the_rounding_rule_out_with_a_note(metadrive_model, monkeypatch):
+    obs = np.random.default_rng(3).uniform(0, 1, (2000, 275)).astype(np.float32)
+    real = verification.check_memory
+
+    def no_room_for_the_oracle(need, what):
+        real(need if not what.startswith("the rounding rule's") else 1 << 50, what)
+
+    monkeypatch.setattr(verification, "check_memory", no_room_for_the_oracle)
+    monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "8G")
+    report = pp.verify(metadrive_model, obs, atol=0.0, rtol=0.0)
+    assert report.oracle is None and not report.passed
+    assert [n for n in report.notes if n.startswith("no float64 oracle")] == [
+        "no float64 oracle for the rounding rule: the rounding rule's float64 run over 2,000 observations needs "
+        "about 1,024 TiB, more than 8 GiB (the limit POLICYPORT_MAX_MEMORY sets); use fewer samples or a smaller "
+        "input, or a machine with more memory (or set POLICYPORT_MAX_MEMORY)"]
 
 
 def test_the_cli_refuses_a_verification_that_cannot_fit_with_exit_3(tmp_path, monkeypatch):
@@ -98,8 +133,8 @@ def test_the_cli_refuses_a_verification_that_cannot_fit_with_exit_3(tmp_path, mo
     monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "30M")
     result = invoke("verify", tmp_path / "m.onnx", "--samples", "20000")
     assert result.exit_code == 3
-    assert "verifying 20,000 observations (2 sets of recorded tensors, a float64 run and their comparison) needs " \
-           "about" in result.stderr and "(the limit POLICYPORT_MAX_MEMORY sets)" in result.stderr
+    assert "verifying 20,000 observations (2 sets of recorded tensors and their comparison) needs about" \
+        in result.stderr and "(the limit POLICYPORT_MAX_MEMORY sets)" in result.stderr
 
 
 def _attention_like() -> onnx.ModelProto:
@@ -205,6 +240,13 @@ def test_a_tensor_of_constants_alone_is_compared_once_in_blocks(monkeypatch, blo
                 and c["tensor"] == "bias2"} == {("bias2", "rounding", True)}
 
 
+def _planned(session, obs, rows: int, many: bool) -> int:
+    """What verify plans for a block of ``rows`` rows of ``obs`` on the numpy backend alone against a
+    source (two sides), both passes."""
+    memory = verification._BlockMemory({"numpy": session}, session.tensor_sizes(obs), session.selection("*"), 2)
+    return max(memory.compare(rows, many), memory.oracle(rows, many))
+
+
 @pytest.mark.parametrize("budget", ["BLOCK_BYTES", "POLICYPORT_MAX_MEMORY"])
 def test_blocks_are_as_few_as_the_budget_allows_and_even(metadrive_model, monkeypatch, budget):
     """Each block's planned memory fits the budget (BLOCK_BYTES, or half the memory limit), and one
@@ -212,28 +254,22 @@ def test_blocks_are_as_few_as_the_budget_allows_and_even(metadrive_model, monkey
     asked = []
     monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
     if budget == "BLOCK_BYTES":
-        monkeypatch.setattr(verification, "BLOCK_BYTES", 6 << 20)
+        monkeypatch.setattr(verification, "BLOCK_BYTES", 20 << 20)
     else:
-        monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "12M")
-    target = 6 << 20
+        monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "40M")
+    target = 20 << 20
     session = pp.load(metadrive_model)
     obs = np.random.default_rng(5).uniform(0, 1, (1000, 275)).astype(np.float32)
 
-    def plan(rows: int):
-        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:rows]}, "*", rows, 2, True)
-
-    bounds = plan(1000).bounds
+    bounds = verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs}, "*", 1000, 2, True).bounds
     need, what = asked[-1]
     sizes = [stop - start for start, stop in bounds]
     assert len(bounds) >= 3 and what.endswith(f", in {len(bounds):,} blocks of {max(sizes):,} rows)")
     assert [start for start, _ in bounds] == [0, *(stop for _, stop in bounds[:-1])] and bounds[-1][1] == 1000
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-    assert need <= target
-    monkeypatch.setattr(verification, "BLOCK_BYTES", 1 << 40)
-    monkeypatch.delenv("POLICYPORT_MAX_MEMORY", raising=False)
-    assert plan(-(-1000 // (len(bounds) - 1))).bounds == [(0, -(-1000 // (len(bounds) - 1)))]
-    assert asked[-1][0] > target  # one block fewer: its largest block would not fit
-    assert plan(max(sizes)).bounds == [(0, max(sizes))] and asked[-1][0] == need
+    assert need <= _planned(session, obs, max(sizes), True) <= target
+    assert _planned(session, obs, -(-1000 // (len(bounds) - 1)), True) > target  # one block fewer would not fit
+    assert _planned(session, obs, 1000, False) > target  # nor one block
 
 
 @pytest.mark.parametrize("rows, n, said", [(1, 3, "in 3 blocks of 1 row"), (2, 4, "in 2 blocks of 2 rows"),
@@ -243,15 +279,9 @@ def test_a_budget_of_exactly_k_rows_makes_blocks_of_k_rows(metadrive_model, monk
     monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
     session = pp.load(metadrive_model)
     obs = np.random.default_rng(6).uniform(0, 1, (n, 275)).astype(np.float32)
-
-    def plan(k: int):
-        return verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs[:k]}, "*", k, 2, True)
-
-    plan(3)
-    plan(4)  # (a sample of two rows or fewer is never split, and not measured)
-    per_row = asked[-1][0] - asked[-2][0]
-    monkeypatch.setattr(verification, "BLOCK_BYTES", asked[-2][0] + (rows - 3) * per_row)  # a block of `rows` rows
-    sizes = [stop - start for start, stop in plan(n).bounds]
+    monkeypatch.setattr(verification, "BLOCK_BYTES", _planned(session, obs, rows, True))  # a block of `rows` rows
+    bounds = verification._blocks(session.backend.graph, {"numpy": session}, {"obs": obs}, "*", n, 2, True).bounds
+    sizes = [stop - start for start, stop in bounds]
     assert max(sizes) <= rows and len(sizes) == -(-n // rows)
     assert asked[-1][1].endswith(f", {said})")
 

@@ -331,23 +331,25 @@ def test_the_memory_checks_name_what_they_measure(monkeypatch):
     assert asked == [(5 * 3 * (8 + 4) + 1 * (8 + 2), "drawing 5 observations for 2 input(s)")]
     asked.clear()
     pp.verify(_mlp(), OBS, reference=_mlp_forward)
-    session = pp.load(_mlp())
+    sessions = [pp.load(_mlp(), backend=b) for b in pp.BACKENDS]
 
-    def need(tensors, copies, backends=2, rounding=True):
-        """What one block holds: every side's tensors and each backend's working memory, the float64
-        run's tensors, working memory and inputs, and 96 bytes per element of the largest tensor."""
-        values = list(session.record({"obs": OBS}, tensors).values())
-        elements = sum(v.size for v in values)
-        return ((copies + backends) * sum(v.nbytes for v in values) + rounding * 8 * (2 * elements + OBS.size)
-                + 96 * max(v.size for v in values))
+    def need(tensors, source: bool):
+        """What the comparison of one block holds: each backend's record as it holds it, the source's
+        tensors twice over, and 96 bytes per element of the largest tensor."""
+        names = sessions[0].selection(tensors)
+        values = sessions[0].record({"obs": OBS}, names)
+        records = sum(s.backend.memory_needed(s.tensor_sizes(OBS), 5, names) for s in sessions)
+        return records + source * 2 * sum(v.nbytes for v in values.values()) + 96 * max(v.size for v in values.values())
 
-    assert asked == [(need("*", 3), "verifying 5 observations (3 sets of recorded tensors, a float64 run and their "
-                                    "comparison)")]
+    assert asked == [(need("*", True), "verifying 5 observations (3 sets of recorded tensors and their comparison)")]
     asked.clear()
     pp.verify(_mlp(), OBS, tensors="", rounding=False)
-    assert asked == [(need("", 2, rounding=False), "verifying 5 observations (2 sets of recorded tensors and their "
-                                                   "comparison)")]
-    assert need("", 2) < need("*", 2)
+    assert asked == [(need("", False), "verifying 5 observations (2 sets of recorded tensors and their comparison)")]
+    asked.clear()
+    pp.verify(_mlp(), OBS, atol=0.0, rtol=0.0, reference=lambda obs: {"y": _mlp_forward(obs)["y"] + np.float32(1e-7)})
+    assert [what for _, what in asked] == ["verifying 5 observations (3 sets of recorded tensors and their comparison)",
+                                           "the rounding rule's float64 run over 5 observations"]
+    assert asked[1][0] > asked[0][0]  # the comparison's sides again, and the float64 run
 
 
 def _branches():

@@ -246,6 +246,9 @@ def fail(e: PolicyportError, as_json: bool, command: str, source_given: bool) ->
 
 #: A long option named in a message (``--trust``, ``--backend``), not part of a longer word.
 OPTION_MENTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+#: A command line a message suggests (``policyport convert x.bin --from sb3 -o x.onnx``): the command's
+#: name, then its words up to a quote, a parenthesis or the end of the clause.
+COMMAND_LINE = re.compile(r"policyport ([a-z][a-z-]*)((?: +[^\s'\"();,]+)*)")
 
 
 def long_options(command) -> set[str]:
@@ -268,8 +271,14 @@ def foreign_options(message: str) -> str:
         from click import get_current_context
 
     ctx = get_current_context(silent=True)
-    mentioned = list(dict.fromkeys(OPTION_MENTION.findall(message)))
-    if ctx is None or ctx.parent is None or not mentioned:
+    if ctx is None or ctx.parent is None or not OPTION_MENTION.search(message):
+        return message
+    commands = dict(_every_command())
+    # the options of a command line the message spells out are that command's, said where they stand
+    outside = COMMAND_LINE.sub(lambda m: "" if set(OPTION_MENTION.findall(m[2])) <= commands.get(m[1], set()) else m[0],
+                               message)
+    mentioned = list(dict.fromkeys(OPTION_MENTION.findall(outside)))
+    if not mentioned:
         return message
     own = long_options(ctx.command) | long_options(ctx.parent.command)
     foreign = [o for o in mentioned if o not in own]
@@ -277,7 +286,7 @@ def foreign_options(message: str) -> str:
         return message
     notes = []
     for option in foreign:
-        owners = [f"policyport {name}" for name, options in _every_command() if option in options]
+        owners = [f"policyport {name}" for name, options in commands.items() if option in options]
         if owners:
             notes.append(f"{option} is an option of {' and '.join(owners)}")
     if not notes:

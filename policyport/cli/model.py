@@ -36,7 +36,7 @@ def inspect(
 
     def body():
         from ..errors import BadModelError
-        from ..files import load_onnx
+        from ..files import file_kind, load_onnx
         from ..summary import format_shape, summarize
 
         bundle = model.is_dir() and any(os.path.lexists(model / n) for n in ("policy.json", "model.onnx"))
@@ -54,11 +54,15 @@ def inspect(
                     say(f"{model} does not record its activation: its layers are shown without one "
                         "('policyport convert' needs --activation)")
             except UnknownKindError:
-                raise BadModelError(
-                    f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
-                    f"kind policyport can tell from its name; convert a source of another name with 'policyport "
-                    f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
-                ) from None
+                kind = file_kind(model)  # a source named unlike its kind, told from its contents
+                if kind is not None and kind.source is not None:
+                    proto = convert(model, kind=kind.source)
+                else:
+                    raise BadModelError(
+                        f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
+                        f"kind policyport can tell from its name; convert a source of another name with 'policyport "
+                        f"convert {model} --from KIND -o MODEL.onnx' ({', '.join(FILE_KINDS)}) and inspect MODEL.onnx"
+                    ) from None
         s = summarize(proto)
         if as_json:
             emit_json(s)
@@ -82,6 +86,10 @@ def inspect(
         if hidden:
             say(f"{hidden:,} of {hidden + TERMINAL_ROWS:,} rows not shown on a terminal; a pipe, a file or --json "
                 "gets every node")
+        dropped = [p for p in s["parameters"] if p["initializer"] is None]
+        if dropped:
+            say(f"{counted(sum(p['size'] for p in dropped), 'parameter')} in all-zero arrays the graph does not hold "
+                f"(the exporter dropped them; extract writes them back): {', '.join(p['name'] for p in dropped)}")
         out.print(literal("ops: " + ", ".join(s["ops"])))
         lacks = s["numpy_backend_lacks"]
         out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))

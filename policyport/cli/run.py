@@ -38,7 +38,7 @@ class BackendName(str, Enum):
 def run(
     model: ModelArg,
     inputs: Annotated[Path, typer.Option("-i", "--input", metavar="OBS", parser=given_path, help=".npy (single-input model) or .npz keyed by input name.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="OUT.npz", parser=given_path, help="The .npz of graph outputs to write (optional with --profile).")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", metavar="OUT.npz", parser=given_path, help="The .npz of graph outputs to write; required unless --profile is given without --record.")] = None,
     backend: Annotated[BackendName, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime.")] = BackendName.numpy,
     record: Annotated[Optional[Path], typer.Option(metavar="ACTS.npz", parser=given_path, help="Also write every recorded activation to this .npz.")] = None,
     tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", callback=tensor_patterns, help="With --record: comma-separated globs over node-output names; graph outputs are always recorded  [default: every tensor]")] = None,

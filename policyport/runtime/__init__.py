@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import BadModelError, PolicyportError
 from ..graph import Graph, ValueInfo
-from .base import Backend, compile_feed_check, select_tensors
+from .base import Backend, TensorSizes, compile_feed_check, select_tensors
 from .overrides import Steering, parse_overrides
 
 #: Backend name -> one-line description. ``"numpy"`` needs numpy only at run time.
@@ -169,41 +169,63 @@ class Session:
             return overrides
         return Steering(parse_overrides(overrides), self.tensor_names)
 
-    def memory_needed(self, feeds: Feeds, tensors: str | list[str] | None = None) -> int:
-        """About how many bytes a run (``tensors=None``) or :meth:`record` of ``tensors`` on ``feeds``
-        will hold in results, measured on one and two of their rows and extrapolated to all.
+    def tensor_sizes(self, feeds: Feeds) -> TensorSizes | None:
+        """Every tensor's bytes and elements on one and on two rows of ``feeds``, from a record of
+        every tensor on those rows (:class:`~policyport.runtime.base.TensorSizes`).
 
-        A tensor that grows with the batch grows in proportion to it, so two small runs tell the
-        bytes per row and the bytes that do not depend on the batch. A run on the numpy backend
-        holds every node output until it returns, so it is measured as a record of everything.
+        The rows are cut along every batch axis: axis 0 where it is free, and any axis named like a
+        batch axis (an LSTM's initial state ``(1, batch, hidden)``).
 
         Args:
-            feeds: as for :meth:`run`; the inputs whose first dimension is not fixed are the batched ones.
+            feeds: as for :meth:`run`.
+
+        Returns:
+            The sizes; ``None`` when they cannot be told: no batched input, batch axes of different
+            lengths, at most two rows, or a model that does not run on one or two rows.
+        """
+        feeds = self._feeds(feeds)
+        symbols = {v.shape[0] for v in self.inputs if v.has_batch_axis and isinstance(v.shape[0], str)}
+        cuts = {v.name: {axis for axis, d in enumerate(v.shape)
+                         if (axis == 0 and not isinstance(d, int)) or d in symbols}
+                for v in self.inputs if v.shape and v.name in feeds}
+        counts = {np.shape(feeds[name])[axis] for name, axes in cuts.items() for axis in axes
+                  if np.ndim(feeds[name]) > axis}
+        if len(counts) != 1 or min(counts) <= 2:
+            return None
+
+        def measured(k: int) -> tuple[dict[str, tuple[int, int]], int]:
+            part = {name: a[tuple(slice(k) if axis in cuts.get(name, ()) else slice(None) for axis in range(np.ndim(a)))]
+                    for name, a in feeds.items()}
+            values = {name: np.asarray(v) for name, v in self.record(part, "*").items()}
+            return {name: (v.nbytes, v.size) for name, v in values.items()}, sum(np.size(a) for a in part.values())
+
+        try:
+            (one, inputs_one), (two, inputs_two) = measured(1), measured(2)
+        except PolicyportError:
+            return None
+        return TensorSizes(counts.pop(), one, two, (inputs_one, inputs_two))
+
+    def memory_needed(self, feeds: Feeds, tensors: str | list[str] | None = None) -> int:
+        """About how many bytes a run (``tensors=None``) or :meth:`record` of ``tensors`` on ``feeds``
+        will take at its peak, beyond the feeds: the tensors it holds at once, measured on one and
+        two of the rows and extrapolated to all (:meth:`tensor_sizes`), held as the backend holds
+        them (:meth:`~policyport.runtime.base.Backend.memory_needed`). On the MLPs of
+        ``tests/test_memory_estimates.py`` (peaks measured as the resident set size), at least the
+        peak and at most twice it, on either backend.
+
+        Args:
+            feeds: as for :meth:`run`.
             tensors: what :meth:`record` would be asked for; ``None`` for :meth:`run`.
 
         Returns:
-            The estimate in bytes; 0 when it cannot be told (no batched input, inputs of different
-            row counts, at most two rows, or a model that does not run on one or two rows).
+            The estimate in bytes; 0 when it cannot be told (see :meth:`tensor_sizes`).
+
+        Raises:
+            InputMismatchError: bad feeds, or a pattern that matches no tensor.
         """
-        feeds = self._feeds(feeds)
-        batched = [v.name for v in self.inputs if v.shape and not isinstance(v.shape[0], int)]
-        counts = {np.shape(feeds[n])[0] for n in batched if np.ndim(feeds[n])}
-        if len(counts) != 1 or min(counts) <= 2:
-            return 0
-        rows = counts.pop()
-        if tensors is None and self.backend.name == "numpy":
-            tensors = "*"
-
-        def held(k: int) -> int:
-            part = {n: a[:k] if n in batched else a for n, a in feeds.items()}
-            results = self.run(part) if tensors is None else self.record(part, tensors)
-            return sum(np.asarray(v).nbytes for v in results.values())
-
-        try:
-            one, two = held(1), held(2)
-        except PolicyportError:
-            return 0
-        return one + max(two - one, 0) * (rows - 1)
+        names = None if tensors is None else self.selection(tensors)
+        sizes = self.tensor_sizes(feeds)
+        return 0 if sizes is None else self.backend.memory_needed(sizes, sizes.rows, names)
 
     def observe(self, feeds: Feeds, observer: Callable) -> dict[str, np.ndarray]:
         """Run on the numpy backend calling ``observer(node_index, output_index, value) -> value``
@@ -257,8 +279,11 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from .packed import load_graph
+        from ..files import check_not_a_source
+        from .packed import POLICY_FILE, load_graph
 
+        if not (Path(model) / POLICY_FILE).exists():
+            check_not_a_source(model)  # a SavedModel or an RLlib checkpoint: say so, and how to convert it
         graph = load_graph(model)
         if backend != "numpy":
             from ..files import load_onnx

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import fnmatch
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
 from ..errors import ArgumentTypeError, InputMismatchError, listing
-from ..graph import ValueInfo
+from ..graph import Graph, Node, ValueInfo
 from .overrides import Steering
 
 
@@ -22,6 +23,8 @@ class Backend(ABC):
     """Executes one model. Implementations: ``numpy`` (own interpreter), ``onnxruntime``."""
 
     name: str = ""
+    #: The graph the backend runs (its nodes, inputs, outputs).
+    graph: Graph
     inputs: list[ValueInfo]
     #: Inputs that may be fed but need not be: initializers that are graph inputs too.
     optional_inputs: list[ValueInfo] = []
@@ -42,6 +45,80 @@ class Backend(ABC):
                        steering: Steering) -> dict[str, np.ndarray]:
         """As :meth:`record` (``names=None``: as :meth:`run`), with ``steering``'s overrides applied
         to each overridden tensor right after the node that produces it."""
+
+    def memory_needed(self, sizes: TensorSizes, rows: int, names: list[str] | None) -> int:
+        """The most bytes a run (``names=None``) or a record of ``names`` on ``rows`` rows holds at
+        once, beyond its feeds: each node output from its node until its last reader has run, and
+        the tensors it returns until the end (:func:`held_in_node_order`). A backend that keeps
+        more (a buffer arena) or less (results written in place) says so in its own version.
+
+        Args:
+            sizes: every tensor's size, as :meth:`policyport.runtime.Session.tensor_sizes` measures it.
+            rows: the rows of the batch.
+            names: the node outputs a record returns (graph outputs are returned too); ``None`` for a run.
+
+        Returns:
+            The estimate in bytes.
+        """
+        returned = [v.name for v in self.outputs] + list(names or ())
+        return held_in_node_order(self.graph.nodes, sizes.nbytes(rows), returned)
+
+
+@dataclass(frozen=True)
+class TensorSizes:
+    """The bytes and elements of every node output (and graph output) on one row and on two rows of
+    a batch, and the elements of the feeds' batched rows: what a run on any number of rows holds,
+    since a tensor that grows with the batch grows in proportion to it.
+
+    Attributes:
+        rows: the rows of the batch the sizes were measured for (its batch axis' length).
+        one, two: tensor name -> ``(bytes, elements)`` on one and on two rows, in node order.
+        inputs: the elements of the feeds on one and on two rows.
+    """
+
+    rows: int
+    one: Mapping[str, tuple[int, int]]
+    two: Mapping[str, tuple[int, int]]
+    inputs: tuple[int, int]
+
+    @staticmethod
+    def _at(one: int, two: int, rows: int) -> int:
+        return one + max(two - one, 0) * (rows - 1)
+
+    def nbytes(self, rows: int) -> dict[str, int]:
+        """Tensor name -> its bytes on ``rows`` rows."""
+        return {name: self._at(b1, self.two[name][0], rows) for name, (b1, _) in self.one.items()}
+
+    def elements(self, rows: int) -> dict[str, int]:
+        """Tensor name -> its elements on ``rows`` rows."""
+        return {name: self._at(e1, self.two[name][1], rows) for name, (_, e1) in self.one.items()}
+
+    def input_elements(self, rows: int) -> int:
+        """The elements of the feeds on ``rows`` rows."""
+        return self._at(*self.inputs, rows)
+
+
+def held_in_node_order(nodes: Iterable[Node], nbytes: Mapping[str, int], kept: Iterable[str] = ()) -> int:
+    """The most bytes of node outputs alive at once when ``nodes`` run in order, each output alive
+    from its node until the last node that reads it has run, and those in ``kept`` (what the run
+    returns) until the end. Feeds and initializers are not counted.
+
+    Args:
+        nodes: the graph's nodes, in the order they run.
+        nbytes: tensor name -> bytes; tensors not in it take none.
+        kept: the tensors alive until the end.
+    """
+    nodes = list(nodes)
+    kept = set(kept)
+    last = {t: i for i, n in enumerate(nodes) for t in n.inputs if t}
+    alive = peak = 0
+    for i, n in enumerate(nodes):
+        alive += sum(nbytes.get(t, 0) for t in n.outputs if t)
+        peak = max(peak, alive)
+        made_here = [t for t in n.outputs if t and last.get(t, -1) <= i]  # never read after this node
+        read_last = [t for t in n.inputs if t and last[t] == i]
+        alive -= sum(nbytes.get(t, 0) for t in dict.fromkeys([*made_here, *read_last]) if t not in kept)
+    return peak
 
 
 def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None, *,

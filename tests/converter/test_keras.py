@@ -96,6 +96,20 @@ def test_zero_biases_tf2onnx_drops_come_back_from_the_metadata(case, zero, conve
     assert rebuilt.dtype == np.float32 and rebuilt.shape == tuple(value.shape) and not rebuilt.any()
 
 
+@pytest.mark.parametrize("case, count", [("mlp_activations.keras", 524), ("three_heads.keras", 331),
+                                         ("mlp_norm.keras", 531), ("mlp_norm.h5", 531)])
+def test_inspect_counts_the_parameters_keras_counts_zero_biases_included(case, count, keras_models):
+    """mlp_activations' fc_2 bias (8) and three_heads' gear bias (5) are zeros tf2onnx drops from the graph."""
+    assert keras_models[case].count_params() == count
+    runner = CliRunner()
+    doc = json.loads(runner.invoke(app, ["inspect", str(FIXTURES / case), "--json"]).stdout)
+    assert doc["parameter_count"] == count and sum(p["size"] for p in doc["parameters"]) == count
+    assert [p["name"] for p in doc["parameters"]] == [f"{layer.name}/{w.name}" for layer in keras_models[case].layers
+                                                      for w in layer.weights]
+    result = runner.invoke(app, ["inspect", str(FIXTURES / case)])
+    assert result.exit_code == 0 and f" nodes, {count:,} parameters" in result.stdout
+
+
 def test_layer_outputs_and_initializers_carry_keras_names(converted):
     model = converted["mlp_norm.keras"].model
     produced = {o for n in model.graph.node for o in n.output}

@@ -15,6 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import policyport as pp
 from policyport.graph import Graph, Node, ValueInfo, from_onnx
 from policyport.runtime import base, blas
+from policyport.runtime import numpy as numpy_backend
+from policyport.runtime import ort as ort_backend
 from policyport.runtime.numpy import floating, registry
 from policyport.runtime.numpy import rows as rows_module
 from policyport.runtime.numpy.rows import SPLIT_ROWS, ResultPool, reusing
@@ -66,23 +68,25 @@ def test_observers_and_onnxruntime_sessions_need_what_they_need():
 
 
 @pytest.mark.parametrize("backend", list(pp.BACKENDS))
-def test_memory_needed_extrapolates_the_bytes_of_one_and_two_rows(backend):
+def test_tensor_sizes_extrapolate_the_bytes_of_one_and_two_rows(backend):
     constant = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones(3, np.float32)))
     session = pp.load(tanh_model(extra_outputs=[f32("c", [3])], extra_nodes=[constant]), backend=backend)
     obs = np.ones((10, 4), np.float32)
-    # one row: y 16 bytes + c 12 bytes; each further row 16 bytes more
-    assert session.memory_needed(obs) == 28 + 16 * 9
-    assert session.memory_needed(obs, "y") == 28 + 16 * 9  # a record holds the graph outputs too
-    assert session.memory_needed(obs[:3]) == 28 + 16 * 2
-    assert session.memory_needed(obs[:2]) == 0 and session.memory_needed(obs[:0]) == 0  # two rows tell nothing more
+    sizes = session.tensor_sizes(obs)
+    # y: 16 bytes (4 elements) a row; c: 12 bytes (3 elements) whatever the rows
+    assert sizes.rows == 10 and sizes.nbytes(10) == {"y": 160, "c": 12} and sizes.elements(7) == {"y": 28, "c": 3}
+    assert sizes.input_elements(10) == 40 and session.tensor_sizes(obs[:3]).nbytes(3) == {"y": 48, "c": 12}
+    assert session.tensor_sizes(obs[:2]) is None and session.tensor_sizes(obs[:0]) is None  # two rows tell nothing more
+    assert session.memory_needed(obs[:2]) == 0
 
 
 def test_memory_needed_of_results_that_do_not_grow_and_of_what_cannot_be_told():
     total = model([helper.make_node("ReduceSum", ["obs"], ["s"], keepdims=0)], [f32("obs", ["batch", 4])], [f32("s", [])])
-    assert pp.load(total).memory_needed(np.ones((50, 4), np.float32)) == 4  # one float32, whatever the rows
+    assert pp.load(total).tensor_sizes(np.ones((50, 4), np.float32)).nbytes(50) == {"s": 4}  # one float32, whatever the rows
     two = pp.load(two_input_model())
     assert two.memory_needed({"a": np.ones((5, 4), np.float32), "b": np.ones((6, 4), np.float32)}) == 0
-    assert two.memory_needed({"a": np.ones((5, 4), np.float32), "b": np.ones((5, 4), np.float32)}) == 2 * 5 * 16
+    both = two.tensor_sizes({"a": np.ones((5, 4), np.float32), "b": np.ones((5, 4), np.float32)})
+    assert both.nbytes(5) == {"y": 80, "z": 80}
     fixed = pp.load(model([helper.make_node("Tanh", ["obs"], ["y"])], [f32("obs", [5, 4])], [f32("y", [5, 4])]))
     assert fixed.memory_needed(np.ones((5, 4), np.float32)) == 0  # no batched input
     # a model that fails on one row: Reshape to (2, -1) needs an even number of elements over the batch
@@ -143,12 +147,51 @@ def test_count_observations_reads_the_first_batched_input(inputs, feeds, count):
     assert base.count_observations(inputs, feeds) == count
 
 
-@pytest.mark.parametrize("backend, held", [("numpy", 16 + 16), ("onnxruntime", 16)])
-def test_a_numpy_run_holds_every_node_output_onnxruntime_only_the_outputs(backend, held):
+def test_memory_needed_holds_the_tensors_as_each_backend_holds_them():
+    """h = tanh(obs) (16 bytes a row), y = -h, z = relu(gemm(h)) (8 bytes a row each), on 5 rows."""
+    gemm = N("Gemm", ["h", "w"], ["g"])
+    m = model([N("Tanh", ["obs"], ["h"]), N("Neg", ["h"], ["y"]), gemm, N("Relu", ["g"], ["z"])],
+              [f32("obs", ["batch", 4])], [f32("y", ["batch", 4]), f32("z", ["batch", 2])],
+              [numpy_helper.from_array(np.ones((4, 2), np.float32), "w")])
+    obs = np.ones((5, 4), np.float32)
+    h, y, g, z = 80, 80, 40, 40
+    numpy = pp.load(m)
+    blas = numpy_backend.BLAS_BUFFER_BYTES
+    # run whole: every tensor until the end, z computed over g's array; h again, read by the Gemm (a product)
+    assert numpy.backend.plan.overwritten() == {"z"}
+    assert numpy.memory_needed(obs) == h + y + g + h + blas
+    assert numpy.memory_needed(obs, "h") == h + y + g + z + h + blas  # a record holds every tensor, apart
+    # onnxruntime frees a tensor after its last reader: h lives until Gemm has read it, g until Relu has
+    ort = pp.load(m, backend="onnxruntime")
+    assert ort.memory_needed(obs) == int(ort_backend.ARENA_SLACK * (h + y + g))
+    assert ort.memory_needed(obs, "g") == int(ort_backend.ARENA_SLACK * (h + y + g))  # h is gone before z
+    assert ort.memory_needed(obs, "h") == int(ort_backend.ARENA_SLACK * (h + y + g + z))  # h kept to the end
+
+
+def test_memory_needed_of_a_batch_in_row_blocks_holds_what_it_returns_and_one_block_a_thread(monkeypatch):
+    """h = tanh(obs), y = -h (16 bytes a row each) on six blocks of 512 rows."""
     m = model([N("Tanh", ["obs"], ["h"]), N("Neg", ["h"], ["y"])], [f32("obs", ["batch", 4])], [f32("y", ["batch", 4])])
-    session = pp.load(m, backend=backend)
-    assert session.memory_needed(np.ones((5, 4), np.float32)) == held * 5
-    assert session.memory_needed(np.ones((5, 4), np.float32), "h") == 32 * 5  # a record of h holds y too
+    obs = np.ones((6 * 512, 4), np.float32)
+    session = pp.load(m, threads=2)
+    y = h = 16 * 6 * 512
+    bounds, block = 6 * rows_module.BOUNDS_BYTES, 2 * 16 * 512 + rows_module.WORKER_BYTES
+    monkeypatch.setattr(rows_module, "_blas_one_thread", lambda: object())
+    assert session.memory_needed(obs) == y + bounds + 2 * block
+    assert session.memory_needed(obs, "y") == h + y + bounds + 2 * block  # a record returns every tensor, then picks
+    session.backend.plan.threads = 8  # no more threads than blocks
+    assert session.memory_needed(obs) == y + bounds + 6 * block
+    monkeypatch.setattr(rows_module, "_blas_one_thread", lambda: None)  # no BLAS limiter: the calling thread alone
+    assert session.memory_needed(obs) == y + bounds + block
+
+
+def test_node_outputs_are_held_from_their_node_until_their_last_reader():
+    nodes = [Node("A", ("x",), ("a",)), Node("B", ("a",), ("b", "unread")), Node("C", ("a", "b"), ("c",)),
+             Node("D", ("c",), ("d",))]
+    nbytes = {"a": 1, "b": 10, "unread": 100, "c": 1000, "d": 10000}
+    assert base.held_in_node_order(nodes, nbytes) == 11000  # c, read last by D, while d is made
+    assert base.held_in_node_order(nodes, nbytes, ["unread"]) == 11100
+    assert base.held_in_node_order(nodes[:3], nbytes) == 1011  # a and b while C makes c
+    assert base.held_in_node_order(nodes[:2], nbytes) == 111 and base.held_in_node_order([], nbytes) == 0
 
 
 # ---------------------------------------------------------------------------------- Plan refusals

@@ -539,19 +539,16 @@ class Plan:
         if s.kind == "index":
             return [f"{res[0]} = {args[0]}[{args[1]}]", *copies]
         if s.kind == "relu":
-            if (mode == "run" and not copies and self._overwritable(args[0], outputs)
-                    and self._producer.get(self._tensor_of[args[0]]) in _FRESH):
+            if mode == "run" and not copies and self._overwrites(s, outputs):
                 return [f"{res[0]} = maximum({args[0]}, {args[1]}, out={args[0]})"]
             return [f"{res[0]} = maximum({args[0]}, {args[1]})", *copies]
         if copies:  # any other op: computed, then copied into the view while it is in cache
             return [*self._emit(s, mode, env, outputs), *copies]
-        if mode == "run" and s.op_type in _IN_PLACE and len(res) == 1 and self._overwritable(src, outputs):
+        if mode == "run" and self._overwrites(s, outputs):
             in_place = f"{_IN_PLACE[s.op_type]}({src}, {src})"  # out positional: less parsing
-            producer = self._producer.get(self._tensor_of[src])
-            if producer in _FRESH:
+            if self._producer.get(self._tensor_of[src]) in _FRESH:
                 return [f"{res[0]} = {in_place}"]
-            if producer in _FRESH_IF_ARRAY:
-                return [f"{res[0]} = {in_place} if type({src}) is ndarray else f{s.index}({src})"]
+            return [f"{res[0]} = {in_place} if type({src}) is ndarray else f{s.index}({src})"]
         call = f"f{s.index}({', '.join(args)})"
         if len(res) == 1:
             return [f"{res[0]} = {call}"]
@@ -565,6 +562,26 @@ class Plan:
         if rows is None or local[:1] not in ("x", "t"):
             return False
         return tensor in rows.inputs if local[0] == "x" else tensor not in rows.whole
+
+    def _overwrites(self, s: Step, outputs: set[str]) -> bool:
+        """Whether ``run``, on a batch it runs whole, computes step ``s`` over the array of its one
+        input: a ReLU of a Gemm's or Conv's fresh result, or an op of :data:`_IN_PLACE` of one (or
+        of an arithmetic op's, when that is an array), which nothing else reads."""
+        if s.kind == "relu":
+            fresh = _FRESH
+        elif s.kind == "call" and s.op_type in _IN_PLACE and len(s.results) == 1 and len(s.args) == 1:
+            fresh = _FRESH | _FRESH_IF_ARRAY
+        else:
+            return False
+        src = s.args[0]
+        return self._overwritable(src, outputs) and self._producer.get(self._tensor_of[src]) in fresh
+
+    def overwritten(self) -> frozenset[str]:
+        """The node outputs that ``run``, on a batch it runs whole, computes over the array of the
+        tensor they are computed from (``tanh(t, t)``): the two share one array."""
+        outputs = set(self.output_names)
+        return frozenset(self._tensor_of[r] for s in self.steps if self._overwrites(s, outputs)
+                         for r in s.results if r != "_")
 
     def _overwritable(self, src: str, outputs: set[str]) -> bool:
         """Whether the node output ``src`` has one reader and is not a graph output: that reader
