@@ -167,7 +167,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_record_", dir=args.dir))
     try:
         model, data = work / "metadrive.onnx", work / "obs.npy"
-        onnx.save(pp.convert(str(METADRIVE), head="diag-gaussian"), model)
+        onnx.save(pp.convert(str(METADRIVE), activation="tanh", head="diag-gaussian"), model)
         write_dataset(data, args.rows)
         py = sys.executable
         runs: dict[str, list[dict]] = {}

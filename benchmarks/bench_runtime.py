@@ -90,7 +90,7 @@ def metadrive_case(pp) -> Case:
     rng = np.random.default_rng(275)
     return Case(
         name="metadrive-expert (275-256-256-4 tanh)",
-        onnx_model=pp.convert(str(METADRIVE), head="diag-gaussian"),
+        onnx_model=pp.convert(str(METADRIVE), activation="tanh", head="diag-gaussian"),
         layers=[Layer(W1, b1, "tanh"), Layer(W2, b2, "tanh"), Layer(W3, b3, None)],
         forward=forward,
         make_obs=lambda batch: rng.random((batch, 275), dtype=np.float32),  # MetaDrive obs lie in [0, 1]

@@ -21,7 +21,8 @@ from policyport.runtime.overrides import load_override_sets
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-session = pp.load(pp.convert(str(ROOT / "fixtures/real/metadrive_ppo_expert.npz"), head="diag-gaussian"))
+session = pp.load(pp.convert(str(ROOT / "fixtures/real/metadrive_ppo_expert.npz"), activation="tanh",
+                             head="diag-gaussian"))
 obs = np.random.default_rng(0).uniform(0, 1, (1000, 275)).astype(np.float32)
 sets = load_override_sets(HERE / "metadrive_steer.json")
 actions = {"no override": session.run(obs)["action"]}

@@ -101,7 +101,8 @@ def test_a_huge_sample_count_names_the_memory_it_would_need(place, tmp_path):
                           "pickled module"),
     (["--from", "nope"], "Invalid value for --from: 'nope'; choose one of npz, torch, torchscript, state-dict, sb3, "
                          "rllib-torch, keras, savedmodel, rllib"),
-    (["--head", "nope"], "Invalid value for --head: 'nope'; choose one of none, diag-gaussian, categorical"),
+    (["--head", "nope"], "Invalid value for --head: 'nope'; choose one of none, diag-gaussian, diag-gaussian:halves, "
+                         "categorical"),
     (["--exporter", "nope"], "Invalid value for --exporter: 'nope'; choose one of torchscript, dynamo"),
 ])
 def test_convert_refuses_values_as_usage_errors(place, args, message, tmp_path):
@@ -118,7 +119,7 @@ def test_convert_no_verify_refuses_the_options_of_the_check_it_skips(place, tmp_
                    "-o", tmp_path / "x.onnx", "--no-verify", *given)
     assert "Usage: policyport convert [OPTIONS] SRC" in result.stderr
     assert not (tmp_path / "x.onnx").exists()
-    assert invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--no-verify").exit_code == 0
+    assert invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--activation", "tanh", "--no-verify").exit_code == 0
 
 
 @pytest.mark.parametrize("given", [["--low", "-1"], ["--high", "2"], ["--seed", "3"]])
@@ -160,11 +161,13 @@ def test_convert_writes_nothing_and_exits_1_when_the_source_check_fails(place, t
         return converted
 
     monkeypatch.setattr(converter, "convert_source", off_by_a_little)
-    result = invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--samples", "8")
+    result = invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--activation", "tanh", "--samples", "8")
     assert result.exit_code == 1
     assert f"not writing {tmp_path / 'x.onnx'}: the converted model does not match the source" in result.stderr
-    assert "FAIL:" in result.stdout and "'logits'" in result.stdout
-    as_json = invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--samples", "8", "--json")
+    assert ("FAIL against a reconstruction that assumes activation tanh at fc_1 and fc_2; observation normalisation "
+            "none: ") in result.stdout and "'logits'" in result.stdout
+    as_json = invoke("convert", place / "src.npz", "-o", tmp_path / "x.onnx", "--activation", "tanh", "--samples", "8",
+                     "--json")
     assert as_json.exit_code == 1 and json.loads(as_json.stdout)["passed"] is False
     assert list(tmp_path.iterdir()) == []
 
@@ -339,7 +342,8 @@ def test_verify_source_of_an_unrecognised_name_uses_the_kind_convert_recorded(pl
     weights = tmp_path / "weights.bin"
     shutil.copy(place / "src.npz", weights)
     fails(3, "cannot tell what kind of policy the file", "convert", weights, "-o", tmp_path / "m.onnx")
-    assert invoke("convert", weights, "-o", tmp_path / "m.onnx", "--from", "npz", "--samples", "4").exit_code == 0
+    assert invoke("convert", weights, "-o", tmp_path / "m.onnx", "--from", "npz", "--activation", "tanh", "--samples",
+                  "4").exit_code == 0
     doc = json.loads(invoke("verify", tmp_path / "m.onnx", "--source", weights, "--samples", "4", "--json").stdout)
     assert doc["passed"] and {c["reference"] for c in doc["comparisons"]} >= {"source"}
 
@@ -426,4 +430,5 @@ def test_an_onnx_output_named_as_another_format_is_refused_and_nothing_is_writte
     fails(2, f"{out} is named as a {out.suffix} file, but the output is an ONNX model; name it .onnx",
           command, source, "-o", out)
     assert not out.exists()
-    assert invoke(command, source, "-o", tmp_path / "no_suffix").exit_code == 0  # any other name is the user's
+    needs = ["--activation", "tanh"] if command == "convert" else []  # what the .npz does not record
+    assert invoke(command, source, "-o", tmp_path / "no_suffix", *needs).exit_code == 0  # any other name is the user's

@@ -217,9 +217,10 @@ def test_parse_names():
 
 
 def test_check_convert_options_takes_none_as_a_head_of_its_own_and_refuses_unknown_heads():
-    for head in (None, "none", "categorical", "diag-gaussian"):  # "none" is passed on as given, not as None
+    for head in (None, "none", "categorical", "diag-gaussian", "diag-gaussian:halves"):  # "none" is passed on as given
         check_convert_options("npz", "tanh,relu", head, 11, "dynamo")
-    with pytest.raises(typer.BadParameter, match=r"^'None'; choose one of none, diag-gaussian, categorical$"):
+    with pytest.raises(typer.BadParameter, match=r"^'None'; choose one of none, diag-gaussian, diag-gaussian:halves, "
+                                                 r"categorical$"):
         check_convert_options(None, None, "None", 17, "torchscript")
 
 

@@ -29,7 +29,8 @@ def invoke(*args):
     ([TORCH_DIR / "gaussian.torchscript.pt", "--output-names", "mean,value,log_std"], "torchscript"),
     ([TORCH_DIR / "activations.torchscript.pt", "--input-shape", "2,3"], "torchscript"),
     ([TORCH_DIR / "float64.state_dict.pt", "--activation", "tanh,relu"], "state-dict"),
-    ([TORCH_DIR / "rllib_fcnet.state_dict.pt", "--from", "rllib-torch", "--keep-value"], "rllib-torch"),
+    ([TORCH_DIR / "rllib_fcnet.state_dict.pt", "--from", "rllib-torch", "--activation", "tanh", "--keep-value"],
+     "rllib-torch"),
     ([ROOT / "fixtures" / "sb3" / "a2c_multidiscrete.zip"], "sb3"),
 ])
 def test_every_kind_converts_and_passes_its_check(args, kind, tmp_path):

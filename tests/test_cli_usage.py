@@ -36,7 +36,7 @@ def commands() -> dict:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, metadrive_path):
     out = tmp_path_factory.mktemp("usage") / "md.onnx"
-    result = invoke("convert", metadrive_path, "-o", out, "--head", "diag-gaussian", "--samples", "8")
+    result = invoke("convert", metadrive_path, "-o", out, "--activation", "tanh", "--head", "diag-gaussian", "--samples", "8")
     assert result.exit_code == 0, result.output
     return out
 

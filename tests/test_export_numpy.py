@@ -350,7 +350,7 @@ def test_the_command(metadrive_model, tmp_path):
 
 
 def test_the_module_checks_its_inputs_and_overrides(tmp_path):
-    model = pp.convert(EXPERT, head="diag-gaussian")
+    model = pp.convert(EXPERT, activation="tanh", head="diag-gaussian")
     done = pp.export_numpy(model, tmp_path / "policy.py")
     policy = load_module(done.module)
     obs = np.random.default_rng(0).uniform(0, 1, (3, 275)).astype(np.float32)

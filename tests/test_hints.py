@@ -29,7 +29,9 @@ def test_a_large_mismatch_names_the_diverging_tensor_and_no_tolerance_option(cha
     result = invoke("verify", changed / "m.onnx", "--source", changed / "changed.npz", "--samples", "64")
     assert result.exit_code == 1
     verdict = result.stdout.strip().splitlines()[-1]
-    assert verdict.startswith("FAIL: ") and "first diverging tensor 'fc_1/linear' (float32, numpy vs source)" in verdict
+    assert verdict.startswith("FAIL against a reconstruction that assumes activation tanh at fc_1 and fc_2; head diagonal "
+                              "Gaussian, fc_out = [mean (2, the action), log_std (2)]; observation normalisation none: ")
+    assert "first diverging tensor 'fc_1/linear' (float32, numpy vs source)" in verdict
     assert verdict.endswith("that is more than 100 times the float32 tolerance: the values disagree beyond rounding — "
                             "look at the node that computes 'fc_1/linear', not at the tolerances")
     assert "--atol" not in result.output and "--rtol" not in result.output

@@ -237,7 +237,7 @@ def test_every_command_reading_observations_takes_them_in_the_other_byte_order(t
         return result
 
     model = tmp_path / "m.onnx"
-    onnx.save(pp.convert(metadrive_path), model)
+    onnx.save(pp.convert(metadrive_path, activation="tanh"), model)
     obs = RNG.uniform(0, 1, (40, 275)).astype(np.float32)
     np.save(tmp_path / "native.npy", obs)
     np.save(tmp_path / "big.npy", obs.astype(">f4"))

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("strict_numpy")
 
 @pytest.fixture(scope="module")
 def model():
-    return pp.convert(EXPERT, head="diag-gaussian")
+    return pp.convert(EXPERT, activation="tanh", head="diag-gaussian")
 
 
 @pytest.fixture(scope="module")

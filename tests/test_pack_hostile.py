@@ -221,7 +221,7 @@ def test_a_runtime_file_changed_and_resealed_breaks_the_runtime_digest(copy):
 @pytest.fixture
 def swapped(copy, model, tmp_path) -> Path:
     """The bundle with another valid model.onnx in place of its own (policy.json untouched)."""
-    other = pp.convert(EXPERT)  # no head: another graph, a valid model
+    other = pp.convert(EXPERT, activation="tanh")  # no head: another graph, a valid model
     (copy / "model.onnx").write_bytes(other.SerializeToString())
     return copy
 

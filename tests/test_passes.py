@@ -20,7 +20,7 @@ def test_extract_reproduces_the_metadrive_file_key_for_key_bit_for_bit(metadrive
 def test_extract_keeps_zero_biases_and_leaves_head_constants_out():
     w = {"fc_1/kernel": np.eye(3, dtype=np.float32), "fc_1/bias": np.zeros(3, np.float32),
          "fc_out/kernel": np.ones((3, 2), np.float32), "fc_out/bias": np.zeros(2, np.float32)}
-    model = pp.convert(w, head="diag-gaussian")
+    model = pp.convert(w, activation="tanh", head="diag-gaussian")
     assert any(i.name.startswith("head/") for i in model.graph.initializer)
     weights = pp.extract_weights(model)
     assert list(weights) == list(w)

@@ -166,16 +166,20 @@ def test_readme_benchmark_figures_are_the_newest_result_files():
 
 def test_the_readme_shows_the_report_lines_the_command_prints_today():
     """A verification report shown under a ``policyport`` command has today's wording: its first line
-    names the observations and the dtype's tolerances, its verdict counts comparisons (as
-    policyport/cli/verify.py renders them). A packed folder's run.py prints its own, shorter report."""
+    names the observations and the dtype's tolerances, its verdict counts comparisons and, where a
+    source was compared (convert, verify --source), first says what the source side was and what it
+    assumes (as policyport/cli/verify.py and compare.verdict render them). A packed folder's run.py
+    prints its own, shorter report."""
     shown = [(argv, out) for _, argv, out in _console_steps() if argv[0] == "policyport" and "max abs error" in out]
     assert len(shown) >= 10
     for argv, out in shown:
+        against = " against .+?" if argv[1] == "convert" or "--source" in argv else ""
         for line in out.splitlines():
             if line.startswith("max abs error"):
                 assert re.fullmatch(r"max abs error on \d+ observations \((float\d+: atol \S+, rtol \S+(; )?)+\)", line), (argv, line)
             if line.startswith(("PASS", "FAIL")):
-                assert re.match(r"(PASS|FAIL): \d+ comparisons within (float\d+: atol \S+, rtol \S+(; )?)+; worst ", line), (argv, line)
+                assert re.match(rf"(PASS|FAIL){against}: \d+ comparisons within (float\d+: atol \S+, rtol \S+(; )?)+; worst ",
+                                line), (argv, line)
 
 
 def test_the_reference_table_lists_every_option_of_every_command():

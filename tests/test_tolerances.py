@@ -149,7 +149,8 @@ def test_convert_of_float16_weights_checks_with_float16_tolerances(tmp_path):
                "fc_out/kernel": rng.standard_normal((32, 4)).astype(np.float16),
                "fc_out/bias": np.zeros(4, np.float16)}
     np.savez(tmp_path / "w.npz", **weights)
-    result = runner.invoke(app, ["convert", str(tmp_path / "w.npz"), "-o", str(tmp_path / "m.onnx"), "--json"])
+    result = runner.invoke(app, ["convert", str(tmp_path / "w.npz"), "-o", str(tmp_path / "m.onnx"), "--activation",
+                                 "tanh", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)["verification"]
     assert report["passed"] and report["tolerances"] == {"float16": {"atol": 1e-3, "rtol": 1e-3}}

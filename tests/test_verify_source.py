@@ -67,7 +67,7 @@ def test_a_value_output_in_an_old_model_asks_the_source_for_the_value_branch(tmp
               "value_out/kernel": rng.normal(size=(4, 1)).astype(np.float32), "value_out/bias": np.zeros(1, np.float32)}
     src = tmp_path / "w.npz"
     np.savez(src, **arrays)
-    model = convert_source(src, keep_value=True).model
+    model = convert_source(src, keep_value=True, activation="tanh").model
     _set_props(model, {OPTIONS_KEY: None})
     report = pp.verify(model, rng.uniform(0, 1, (4, 3)).astype(np.float32), source=src)
     assert report.passed and ("value", "numpy") in _source_pairs(report)
@@ -105,22 +105,24 @@ def _observation_file(folder):
     return path
 
 
-def test_a_source_of_another_kind_takes_only_keep_value_and_its_own_defaults(tmp_path):
+def test_a_source_of_another_kind_takes_only_keep_value_and_no_activation(tmp_path):
     """The policy.pth inside an SB3 zip is a state_dict: verified against it, a model converted from the
-    zip with the value branch compares the value branch too, and the state_dict's own default activation
-    (not the zip's tanh, which the zip's data records) makes the second layer the first divergence."""
+    zip with the value branch asks it for the value branch too, but not for the zip's relu (which the
+    zip's data records): the state_dict records no activation and has no default, so it cannot be run as
+    it is, and the source side is refused rather than run with a guess."""
     zip_path = Path(__file__).resolve().parents[1] / "fixtures" / "sb3" / "ppo_pendulum.zip"
     with zipfile.ZipFile(zip_path) as zf:
         (tmp_path / "policy.pth").write_bytes(zf.read("policy.pth"))
     model = convert_source(zip_path, keep_value=True).model
     obs = np.random.default_rng(0).uniform(-1, 1, (8, 3)).astype(np.float32)
-    report = pp.verify(model, obs, backends=("numpy",), source=tmp_path / "policy.pth")
-    verdicts = {c.tensor: c.passed for c in report.comparisons if c.reference == "source"}
-    assert verdicts == {"mlp_extractor.policy_net.0/linear": True, "mlp_extractor.policy_net.2/linear": False,
-                        "action_net/mean": False, "logits": False, "action": False, "log_std": True,
-                        "mlp_extractor.value_net.0/linear": True, "mlp_extractor.value_net.2/linear": False,
-                        "value": False}
-    assert report.first_divergence.tensor == "mlp_extractor.policy_net.2/linear"
+    with pytest.raises(BadModelError) as caught:
+        pp.verify(model, obs, backends=("numpy",), source=tmp_path / "policy.pth")
+    assert str(caught.value) == (
+        "the source does not fit the model: it was converted with --keep-value, and mlp_extractor.policy_net: the "
+        "state_dict does not say which activation modules sit at mlp_extractor.policy_net.1, "
+        "mlp_extractor.policy_net.3 (they hold no parameters); name it with --activation (SB3 builds them all with one "
+        "activation_fn: tanh by default for PPO/A2C, relu for SAC/TD3/DQN, and RL Zoo's tunings often change it), or "
+        "convert the SB3 zip, whose policy_kwargs record it")
 
 
 def test_a_torch_source_that_cannot_tell_its_observation_shape_takes_the_models(tmp_path):
@@ -187,7 +189,7 @@ def test_a_reference_naming_none_of_the_models_tensors_is_refused_and_one_naming
     arrays = {"fc_1/kernel": rng.normal(size=(3, 4)).astype(np.float32), "fc_1/bias": np.zeros(4, np.float32),
               "fc_out/kernel": rng.normal(size=(4, 2)).astype(np.float32), "fc_out/bias": np.zeros(2, np.float32)}
     np.savez(tmp_path / "w.npz", **arrays)
-    model = convert_source(tmp_path / "w.npz").model
+    model = convert_source(tmp_path / "w.npz", activation="tanh").model
     obs = OBS[:, :3]
     hidden = np.tanh(obs @ arrays["fc_1/kernel"])
     with pytest.raises(BadModelError, match=r"^the source does not fit the model: it computes none of the model's "
@@ -214,15 +216,16 @@ def _verify_cli(model, *args):
 
 def test_a_source_whose_forward_pass_fails_does_not_fit_the_model(relu_gaussian, tmp_path):
     """Whatever the framework raises when the source's forward pass cannot take the model's observations
-    (torch's RuntimeError, tf's TypeError with the tensors it was given ...) is a source that does not
-    fit: exit 3 with the first line of the framework's message, the tensors it prints left out."""
+    (SB3's ValueError, torch's RuntimeError, tf's TypeError with the tensors it was given ...) is a source
+    that does not fit: exit 3 with the first line of the framework's message, the tensors it prints left out."""
     import onnx
 
     pytest.importorskip("torch")
     with pytest.raises(BadModelError) as caught:
         pp.verify(relu_gaussian, OBS, source=CARTPOLE)
     assert str(caught.value) == ("the source does not fit the model: its forward pass fails on the model's inputs "
-                                 "(6, 275) (mat1 and mat2 shapes cannot be multiplied (6x275 and 4x64))")
+                                 "(6, 275) (Error: Unexpected observation shape (6, 275) for Box environment, please "
+                                 "use (4,) or (n_env, 4) for the observation shape.)")  # SB3's own predict refuses it
 
     def binding(obs):
         raise TypeError("Binding inputs to tf.function failed due to `Can not cast TensorSpec(shape=(6, 275)) to "
@@ -239,7 +242,8 @@ def test_a_source_whose_forward_pass_fails_does_not_fit_the_model(relu_gaussian,
     result = _verify_cli(cartpole, "--source", ROOT / "fixtures" / "sb3" / "ppo_pendulum.zip")
     assert result.exit_code == 3, result.output
     assert result.stderr == ("error: the source does not fit the model: its forward pass fails on the model's inputs "
-                             "(20, 4) (mat1 and mat2 shapes cannot be multiplied (20x4 and 3x32))\n")
+                             "(20, 4) (Error: Unexpected observation shape (20, 4) for Box environment, please use (3,) "
+                             "or (n_env, 3) for the observation shape.)\n")
 
 
 def test_an_option_the_model_records_that_the_source_cannot_take_is_the_sources_misfit(tmp_path, metadrive_path):

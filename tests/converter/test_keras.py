@@ -406,7 +406,14 @@ def test_called_directly_the_keras_converters_refuse_options_of_other_sources(op
 
 
 def test_a_diag_gaussian_head_splits_a_keras_models_output_into_action_and_log_std(obs):
-    c = convert_source(FIXTURES / "mlp_activations.keras", head="diag-gaussian")
+    with pytest.raises(pp.OptionError) as caught:  # nothing in the model says fc_out holds both halves
+        convert_source(FIXTURES / "mlp_activations.keras", head="diag-gaussian")
+    assert str(caught.value) == (
+        "--head diag-gaussian: nothing in the Keras model says that fc_out's 4 outputs are a mean and a log_std half (it "
+        "holds no log_std parameter, and its layout is not one whose convention splits them, as RLlib's is). If the "
+        "first 2 are the mean and the last 2 the log_std, say so with --head diag-gaussian:halves; if all 4 are the "
+        "mean (the log std kept elsewhere), --head none exports them as logits")
+    c = convert_source(FIXTURES / "mlp_activations.keras", head="diag-gaussian:halves")
     outputs = [(o.name, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]) for o in c.model.graph.output]
     assert outputs == [("fc_out", ["batch", 4]), ("action", ["batch", 2]), ("log_std", ["batch", 2])]
     assert {"head/axes", "head/zero", "head/mid", "head/end"} <= {i.name for i in c.model.graph.initializer}

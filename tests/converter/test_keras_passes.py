@@ -656,12 +656,21 @@ def test_finish_notes_a_normalization_it_kept_folded_and_the_weights_it_therefor
     assert "ln/gamma" not in json.loads({p.key: p.value for p in model.metadata_props}["policyport.parameters"])
 
 
-@pytest.mark.parametrize("head", ["diag-gaussian", "categorical"])
-def test_finish_adds_a_head_after_the_models_output_and_records_it(head):
+@pytest.mark.parametrize("head, recorded", [("diag-gaussian:halves", "diag-gaussian"), ("categorical", "categorical")])
+def test_finish_adds_a_head_after_the_models_output_and_records_it(head, recorded):
     proto, trace, ln = _tf2onnx_like()
+    if head == "diag-gaussian:halves":  # a Keras model does not say its output holds both halves: the split is stated
+        with pytest.raises(pp.OptionError) as caught:
+            _finish(proto, trace, head="diag-gaussian")
+        assert str(caught.value) == (
+            "--head diag-gaussian: nothing in the Keras model says that fc_out's 2 outputs are a mean and a log_std half "
+            "(it holds no log_std parameter, and its layout is not one whose convention splits them, as RLlib's is). If "
+            "the first 1 are the mean and the last 1 the log_std, say so with --head diag-gaussian:halves; if all 2 are "
+            "the mean (the log std kept elsewhere), --head none exports them as logits")
+        proto, trace, ln = _tf2onnx_like()
     model, _ = _finish(proto, trace, head=head)
-    assert [o.name for o in model.graph.output] == (["fc_out", "action", "log_std"] if head == "diag-gaussian" else ["fc_out", "action"])
-    assert {p.key: p.value for p in model.metadata_props}["policyport.head"] == head
+    assert [o.name for o in model.graph.output] == (["fc_out", "action", "log_std"] if recorded == "diag-gaussian" else ["fc_out", "action"])
+    assert {p.key: p.value for p in model.metadata_props}["policyport.head"] == recorded
     x = RNG.normal(size=(5, 4)).astype(np.float32)
     got = _run(model, {"obs": x})
     if head == "categorical":

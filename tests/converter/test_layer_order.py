@@ -31,7 +31,7 @@ def test_npz_hidden_layers_run_in_numeric_order():
     arrays |= {f"default_policy/fc_{i}/bias": np.full(3, i / 10, np.float32) for i in range(1, DEPTH + 1)}
     arrays |= {"default_policy/fc_out/kernel": out, "default_policy/fc_out/bias": np.zeros(2, np.float32)}
     shuffled = dict(sorted(arrays.items()))  # the file's own order is text order; it must not matter
-    model = convert_source(shuffled, kind="npz").model
+    model = convert_source(shuffled, kind="npz", activation="tanh").model
     linear = [n.output[0] for n in model.graph.node if n.output[0].endswith("/linear")]
     assert linear == [f"fc_{i}/linear" for i in range(1, DEPTH + 1)]
     obs = rng.uniform(-1, 1, (5, 3)).astype(np.float32)

@@ -39,7 +39,7 @@ def test_the_refusal_is_a_usage_error_on_the_command_line(tmp_path):
 
 
 def test_trust_is_a_permission_every_kind_accepts():
-    assert convert_source(EXPERT, trust=True).kind == "npz"
+    assert convert_source(EXPERT, trust=True, activation="tanh").kind == "npz"
 
 
 def test_every_kind_has_its_reads():
@@ -222,16 +222,17 @@ def _head(model) -> str:
     return {p.key: p.value for p in model.metadata_props}["policyport.head"]
 
 
-@pytest.mark.parametrize("source, kind, own_outputs, own_head", [
-    (GAUSSIAN_STATE_DICT, None, ["logits", "action", "log_std"], "diag-gaussian"),  # an SB3 state_dict's own Gaussian
-    (PPO_RLLIB, None, ["logits", "action"], "categorical"),  # the head of the checkpoint's action space
-    (EXPERT, None, ["logits"], "none"),
-    (KERAS, None, ["fc_out"], "none"),  # a Keras model's outputs are named by its layers
+@pytest.mark.parametrize("source, kind, options, own_outputs, own_head", [
+    (GAUSSIAN_STATE_DICT, None, {"activation": "tanh"}, ["logits", "action", "log_std"], "diag-gaussian"),  # an SB3 state_dict's own Gaussian
+    (PPO_RLLIB, None, {}, ["logits", "action"], "categorical"),  # the head of the checkpoint's action space
+    (EXPERT, None, {"activation": "tanh"}, ["logits"], "none"),
+    (KERAS, None, {}, ["fc_out"], "none"),  # a Keras model's outputs are named by its layers
 ])
-def test_head_none_leaves_logits_alone_where_the_source_would_add_its_own_action(source, kind, own_outputs, own_head):
-    own = convert_source(source, kind=kind).model
+def test_head_none_leaves_logits_alone_where_the_source_would_add_its_own_action(source, kind, options, own_outputs,
+                                                                                 own_head):
+    own = convert_source(source, kind=kind, **options).model
     assert _outputs(own) == own_outputs and _head(own) == own_head
-    model = convert_source(source, kind=kind, head="none").model
+    model = convert_source(source, kind=kind, head="none", **options).model
     assert _outputs(model) == own_outputs[:1] and _head(model) == "none"
     assert not {n.output[0] for n in model.graph.node} & {"action", "log_std"}
 
@@ -251,7 +252,8 @@ def test_every_head_value_is_refused_where_the_source_fixes_its_outputs(tmp_path
 
 def test_head_none_from_the_command_line_reaches_the_converter(tmp_path):
     out = tmp_path / "m.onnx"
-    result = CliRunner().invoke(app, ["convert", str(GAUSSIAN_STATE_DICT), "-o", str(out), "--head", "none"])
+    result = CliRunner().invoke(app, ["convert", str(GAUSSIAN_STATE_DICT), "-o", str(out), "--activation", "tanh",
+                                      "--head", "none"])
     assert result.exit_code == 0, result.output
     import onnx
 

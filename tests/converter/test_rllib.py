@@ -1126,9 +1126,12 @@ def test_rl_module_encoder_and_head_activations_from_the_model_config(tmp_path, 
                                                 head_act))
     metadata = {p.key: p.value for p in converted.model.metadata_props}
     assert metadata["policyport.activation"] == recorded
-    chosen = [f"the checkpoint's model config (fcnet_activation) names no activation; using --activation {activation} "
-              "(the source check cannot tell whether that is the one the policy was trained with)"] if activation else []
-    assert converted.notes == chosen + ["new-stack checkpoint: converted policy 'default_policy'"]
+    assert converted.notes == ["new-stack checkpoint: converted policy 'default_policy'"]
+    from policyport.converter.assumptions import Assumption
+
+    chosen = [Assumption("activation", f"{activation} at every hidden layer", "given by --activation; the checkpoint's "
+                         "model config names no fcnet_activation", "--activation names another")] if activation else []
+    assert converted.assumptions == chosen  # a config that names its activation assumes none
     source = converted.reference(obs)
     got = pp.load(converted.model).run({"obs": obs})
     for values in (source, got):

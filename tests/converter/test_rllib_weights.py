@@ -55,7 +55,7 @@ def test_layer_order_comes_from_names_not_key_order():
     w = fcnet(sizes=(5, 7, 9, 11, 3))
     keys = list(w)
     random.Random(3).shuffle(keys)
-    model = pp.convert({k: w[k] for k in keys})
+    model = pp.convert({k: w[k] for k in keys}, activation="tanh")
     assert [n.name for n in model.graph.node] == [
         "fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "fc_3/linear", "fc_3/tanh", "logits"]
     obs = obs_for(w)
@@ -115,14 +115,14 @@ def test_each_activation_matches_its_textbook_formula_on_both_backends(name):
 
 def test_tf_variable_suffix_and_missing_prefix_are_accepted():
     w = {k.replace("default_policy/", "") + ":0": v for k, v in fcnet().items()}
-    model = pp.convert(w)
+    model = pp.convert(w, activation="tanh")
     assert pp.extract_weights(model).keys() == w.keys()
 
 
 def test_free_log_std_is_concatenated_after_the_mean():
     w = fcnet(sizes=(6, 16, 2), log_std=[-0.5, 0.25])
     obs = obs_for(w)
-    model = pp.convert(w, head="diag-gaussian")
+    model = pp.convert(w, activation="tanh", head="diag-gaussian")
     for out in run_both(model, obs).values():
         assert out["logits"].shape == (32, 4)
         assert np.abs(out["action"] - forward(w, obs)).max() <= 1e-5
@@ -132,7 +132,7 @@ def test_free_log_std_is_concatenated_after_the_mean():
 @pytest.mark.parametrize("prefix", ["default_policy/", ""])
 def test_free_log_std_converts_with_or_without_a_prefix(prefix):
     w = fcnet(sizes=(6, 16, 2), prefix=prefix, log_std=[-0.5, 0.25])
-    model = pp.convert(w, head="diag-gaussian")
+    model = pp.convert(w, activation="tanh", head="diag-gaussian")
     assert [o.name for o in model.graph.output] == ["logits", "action", "log_std"]
     weights = pp.extract_weights(model)
     assert list(weights) == list(w) and weights[f"{prefix}log_std"].tobytes() == w[f"{prefix}log_std"].tobytes()
@@ -142,8 +142,8 @@ def test_free_log_std_converts_with_or_without_a_prefix(prefix):
 
 def test_value_branch_only_with_keep_value():
     w = fcnet(sizes=(6, 16, 4), value=(6, 8, 1))
-    assert [o.name for o in pp.convert(w).graph.output] == ["logits"]
-    model = pp.convert(w, keep_value=True)
+    assert [o.name for o in pp.convert(w, activation="tanh").graph.output] == ["logits"]
+    model = pp.convert(w, activation="tanh", keep_value=True)
     assert [o.name for o in model.graph.output] == ["logits", "value"]
     obs = obs_for(w)
     p = "default_policy/"
@@ -157,7 +157,7 @@ def test_shared_value_layers_read_the_last_policy_hidden_layer():
     w = fcnet(sizes=(6, 16, 4))
     w["default_policy/value_out/kernel"] = np.ones((16, 1), np.float32)
     w["default_policy/value_out/bias"] = np.zeros(1, np.float32)
-    model = pp.convert(w, keep_value=True)
+    model = pp.convert(w, activation="tanh", keep_value=True)
     obs = obs_for(w)
     p = "default_policy/"
     hidden = np.tanh(obs @ w[p + "fc_1/kernel"] + w[p + "fc_1/bias"])
@@ -168,7 +168,7 @@ def test_shared_value_layers_read_the_last_policy_hidden_layer():
 def test_categorical_head_is_argmax_as_int64():
     w = fcnet(sizes=(6, 16, 5))
     obs = obs_for(w, n=100)
-    model = pp.convert(w, head="categorical")
+    model = pp.convert(w, activation="tanh", head="categorical")
     for out in run_both(model, obs).values():
         assert out["action"].dtype == np.int64 and out["action"].shape == (100,)
         np.testing.assert_array_equal(out["action"], np.argmax(forward(w, obs), axis=1))
@@ -177,7 +177,7 @@ def test_categorical_head_is_argmax_as_int64():
 def test_float64_weights_give_a_float64_model():
     w = fcnet(dtype=np.float64)
     obs = obs_for(w, dtype=np.float64)
-    model = pp.convert(w)
+    model = pp.convert(w, activation="tanh")
     for out in run_both(model, obs).values():
         assert out["logits"].dtype == np.float64
         assert np.abs(out["logits"] - forward(w, obs)).max() <= 1e-12
@@ -197,7 +197,7 @@ def test_unplaceable_weights_raise_a_bad_model_error_naming_them(mutate, message
     w = fcnet()
     mutate(w)
     with pytest.raises(pp.BadModelError) as e:
-        pp.convert(w)
+        pp.convert(w, activation="tanh")
     assert message in str(e.value)
 
 
@@ -216,7 +216,7 @@ def test_unplaced_names_are_all_listed():
                                                    r"per parameter-free module, which applies to state-dict sources of a "
                                                    r"plain nn.Sequential; npz sources take one activation name$")),
     ({"head": "beta"}, pp.OptionError, "^unknown head 'beta'"),
-    ({"opset": 7}, pp.OptionError, r"^opset 7 is out of range: policyport builds opset 11 to \d+$"),
+    ({"opset": 7, "activation": "tanh"}, pp.OptionError, r"^opset 7 is out of range: policyport builds opset 11 to \d+$"),
     ({"head": "diag-gaussian", "activation": "tanh"}, pp.OptionError,
      r"^--head diag-gaussian splits logits into mean and log_std halves, but there are 3 logits \(an odd number\)"),
 ])
@@ -243,7 +243,7 @@ def test_one_missing_bias_looks_truncated():
 
 def test_layers_without_any_bias_are_fine():
     w = {k: v for k, v in fcnet().items() if not k.endswith("bias")}
-    model = pp.convert(w)
+    model = pp.convert(w, activation="tanh")
     obs = obs_for(w)
     p = "default_policy/"
     expected = np.tanh(np.tanh(obs @ w[p + "fc_1/kernel"]) @ w[p + "fc_2/kernel"]) @ w[p + "fc_out/kernel"]
@@ -315,7 +315,15 @@ def test_provenance_names_the_file_and_its_digest(tmp_path):
     assert provenance == {"kind": "npz", "file": "weights.npz", "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     assert list(arrays) == list(w) and all(arrays[k].tobytes() == w[k].tobytes() for k in w)
     assert parse_rllib_fcnet(arrays, None, source=provenance).source is provenance
-    metadata = {p.key: p.value for p in pp.convert(path).metadata_props}
+    unnamed = ("does not record the activation after its hidden layers (fc_1); name it with --activation NAME "
+               "(activation= in Python): RLlib's fcnet_activation defaults to tanh, but relu, elu and others are as "
+               "common, and a wrong one converts to another policy that still passes a check against the same "
+               "reconstruction")
+    for source, what in ((path, "an .npz of weights"), (w, "a dict of weights")):  # no activation is taken by default
+        with pytest.raises(pp.OptionError) as caught:
+            pp.convert(source)
+        assert str(caught.value) == f"{what} {unnamed}" and caught.value.exit_code == 2
+    metadata = {p.key: p.value for p in pp.convert(path, activation="tanh").metadata_props}
     assert json.loads(metadata["policyport.source"]) == provenance and metadata["policyport.activation"] == "tanh"
     assert {p.key: p.value for p in pp.convert(w, activation="relu").metadata_props}["policyport.activation"] == "relu"
     single = tmp_path / "one.npy"
@@ -349,12 +357,13 @@ def test_a_free_log_std_narrower_than_the_output_layer_is_refused_naming_both(tm
                "dimension, as many as the means it follows in logits (a diag-gaussian policy with 4 means needs a "
                "log_std of 4); are the weights of two different policies?")
     with pytest.raises(pp.BadModelError) as caught:
-        convert_source(src)
+        convert_source(src, activation="tanh")
     assert str(caught.value) == message
-    result = CliRunner().invoke(app, ["convert", str(src), "-o", str(out), verify])
+    result = CliRunner().invoke(app, ["convert", str(src), "-o", str(out), "--activation", "tanh", verify])
     assert result.exit_code == 3 and message in " ".join(result.stderr.split()) and not out.exists()
     arrays[f"{prefix}log_std"] = np.zeros(4, np.float32)  # as wide as fc_out: the means' log_std
-    assert [o.name for o in convert_source(arrays, head="diag-gaussian").model.graph.output] == ["logits", "action", "log_std"]
+    assert [o.name for o in convert_source(arrays, activation="tanh", head="diag-gaussian").model.graph.output] == [
+        "logits", "action", "log_std"]
 
 
 @pytest.mark.parametrize("names, hint", [

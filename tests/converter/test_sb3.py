@@ -147,18 +147,26 @@ def test_extract_gives_policy_pth_and_the_normalisation_back_bit_for_bit():
 
 
 def test_vecnormalize_beside_the_zip_is_said_and_can_be_skipped_or_named(tmp_path):
+    from policyport.converter.assumptions import Assumption
+
     c = convert_source(ZIPS["ppo_pendulum_vecnorm"][0])
     beside = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
-    assert c.notes[-1] == (f"baking in the VecNormalize observation statistics found beside the zip: {beside} "
-                           "(--no-filter skips them)")
+    unrecorded = "an SB3 zip does not record whether the policy was trained under VecNormalize"
+    assert c.assumptions == [Assumption("observation normalisation", f"VecNormalize statistics of {beside}",
+                                        f"found in the folder named after the zip, where RL Zoo saves it; {unrecorded}",
+                                        "--obs-norm FILE names another, --no-filter leaves it out")]
+    assert not any("VecNormalize" in n for n in c.notes)  # an assumption, no longer a note
     assert "vec_normalize/obs" in {n.output[0] for n in c.model.graph.node}
     plain = convert_source(ZIPS["ppo_pendulum_vecnorm"][0], obs_filter=False)
     assert not any(n.output[0].startswith("vec_normalize") for n in plain.model.graph.node)
+    assert plain.assumptions == [Assumption("observation normalisation", "none", f"left out by --no-filter ({beside} "
+                                            "would be baked in otherwise)", "convert without --no-filter")]
     moved = tmp_path / "policy.zip"
     shutil.copy(ZIPS["ppo_pendulum_vecnorm"][0], moved)
     named = convert_source(moved, obs_norm=str(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"))
     assert pp.extract_weights(named.model)["obs_rms.mean"].tobytes() == pp.extract_weights(c.model)["obs_rms.mean"].tobytes()
-    assert named.notes[-1] == f"baking in the VecNormalize observation statistics of {beside}"
+    assert named.assumptions == [Assumption("observation normalisation", f"VecNormalize statistics of {beside}",
+                                            f"given by --obs-norm; {unrecorded}")]
 
 
 def test_a_named_vecnormalize_and_no_filter_contradict_each_other(tmp_path):
@@ -338,7 +346,7 @@ def test_an_activation_contradicting_the_zip_is_refused(path, given, recorded, w
     assert str(caught.value) == (f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
                                  "to use the recorded one")
     agreeing = convert_source(path, activation=recorded)
-    assert not any("names no activation" in n for n in agreeing.notes)
+    assert not any(a.topic == "activation" for a in agreeing.assumptions)  # the zip records it: nothing assumed
     assert [n.op_type for n in agreeing.model.graph.node if n.op_type in ("Relu", "Tanh")][0].lower() == recorded
 
 
@@ -525,9 +533,11 @@ def test_options_an_sb3_zip_cannot_take_are_refused(tmp_path):
         convert_sb3(ZIPS["ppo_pendulum"][0], ConvertOptions(head="categorical"))
     assert str(caught.value) == "--head does not apply to an SB3 zip: its action head comes from its action space"
     norm = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
-    with pytest.raises(pp.BadModelError) as caught:
+    with pytest.raises(pp.OptionError) as caught:  # the option names statistics of another policy: a usage error
         convert_source(CARTPOLE, obs_norm=str(norm))
-    assert str(caught.value) == f"{norm} normalises observations of shape (3,), the policy takes 4 features"
+    assert str(caught.value) == (f"{norm} (--obs-norm) normalises observations of shape (3,), and the policy takes 4 "
+                                 "features: it is not this policy's; --obs-norm FILE names the right one, --no-filter "
+                                 "converts without")
     with pytest.raises(pp.UnreadableFileError) as caught:
         convert_source(CARTPOLE, obs_norm=str(tmp_path / "none.pkl"))
     assert str(caught.value) == f"{tmp_path / 'none.pkl'}: no such file"

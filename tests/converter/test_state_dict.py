@@ -199,8 +199,8 @@ def test_numpy_and_torch_references_agree_on_every_tensor():
 def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
     with pytest.raises(pp.OptionError, match=r"activation modules sit at 2, 6.*--activation"):
         pp.convert(TORCH_DIR / "norms.state_dict.pt")
-    with pytest.raises(pp.OptionError, match=r"--activation \(activation=\) gives 3 activations for 2 parameter-free "
-                                            r"module\(s\) at 2, 6; give one, or one per module"):
+    with pytest.raises(pp.OptionError, match=r"^nn\.Sequential: --activation \(activation=\) gives 3 activations for 2 "
+                                            r"parameter-free module\(s\) at 2, 6; give one per module, in order$"):
         pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu,elu")
     path = tmp_path / "odd.pt"
     torch.save({"0.weight": torch.zeros(3, 2), "encoder.gamma": torch.zeros(3), "head.kernel": torch.zeros(3, 3)}, path)
@@ -212,7 +212,7 @@ def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
 def test_rllib_torch_weights_match_the_network(kind):
     net, shape = load_module("rllib_fcnet")
     path = TORCH_DIR / "rllib_fcnet.state_dict.pt"
-    c = convert_source(path, kind=kind, keep_value=True, head="diag-gaussian")
+    c = convert_source(path, kind=kind, keep_value=True, head="diag-gaussian", activation="tanh")
     names = {n.output[0] for n in c.model.graph.node}
     assert {"_hidden_layers.0._model.0/linear", "_hidden_layers.0._model.1/tanh", "_value_branch_separate.0._model.1/tanh"} <= names
     obs = observations(shape, 7)
@@ -277,28 +277,36 @@ def test_rllib_weights_as_a_dict_of_arrays_convert_like_the_file():
     """RLlib's ``policy.get_weights()`` hands the torch layout over as a dict of numpy arrays."""
     net, shape = load_module("rllib_fcnet")
     weights = {k: v.numpy() for k, v in net.state_dict().items()}
-    from_dict = convert_source(weights, kind="rllib-torch", head="diag-gaussian")
-    from_file = convert_source(TORCH_DIR / "rllib_fcnet.state_dict.pt", kind="rllib-torch", head="diag-gaussian")
+    from_dict = convert_source(weights, kind="rllib-torch", head="diag-gaussian", activation="tanh")
+    from_file = convert_source(TORCH_DIR / "rllib_fcnet.state_dict.pt", kind="rllib-torch", head="diag-gaussian",
+                               activation="tanh")
     assert from_dict.model.graph == from_file.model.graph
     assert pp.verify(from_dict.model, observations(shape, 7), reference=from_dict.reference).passed
 
 
 def test_sb3_policy_state_dicts_without_their_zip(tmp_path):
-    """policy.pth alone: the layout is SB3's, the action space unknown, which the notes say."""
-    cartpole = convert_source(sb3_policy_pth(CARTPOLE, tmp_path))
+    """policy.pth alone: the layout is SB3's, the action space unknown, which the assumptions say."""
+    from policyport.converter.assumptions import Assumption
+
+    settle = "convert the SB3 zip, whose data records the action space"
+    cartpole = convert_source(sb3_policy_pth(CARTPOLE, tmp_path), activation="tanh")
     assert [o.name for o in cartpole.model.graph.output] == ["logits", "action"]
-    assert any("Discrete" in n for n in cartpole.notes)
+    assert Assumption("action space", "Discrete: action = argmax of the logits", "a policy without log_std acts in a "
+                      "Discrete or MultiDiscrete space, and a state_dict does not say which", settle) in cartpole.assumptions
     obs = observations((4,), 7)
     got = pp.load(cartpole.model).run({"obs": obs})
     np.testing.assert_array_equal(got["action"], np.argmax(got["logits"], axis=1))
-    pendulum = convert_source(sb3_policy_pth(SB3_DIR / "ppo_pendulum.zip", tmp_path))
-    assert any("unclipped Gaussian mean" in n for n in pendulum.notes)
+    pendulum = convert_source(sb3_policy_pth(SB3_DIR / "ppo_pendulum.zip", tmp_path), activation="relu")
+    assert Assumption("action bounds", "none: the action is the Gaussian mean, unclipped", "a state_dict does not hold "
+                      "the action space, whose bounds SB3's predict clips the mean to", settle) in pendulum.assumptions
     obs = observations((3,), 7) * 100  # far outside the bounds: nothing clips
     got = pp.load(pendulum.model).run({"obs": obs})
     np.testing.assert_array_equal(got["action"], got["logits"][:, :1])
-    sac = convert_source(sb3_policy_pth(SB3_DIR / "sac_pendulum.zip", tmp_path))
+    sac = convert_source(sb3_policy_pth(SB3_DIR / "sac_pendulum.zip", tmp_path), activation="relu")
     got = pp.load(sac.model).run({"obs": obs})
-    assert np.all(np.abs(got["action"]) <= 1) and any("[-1, 1]" in n for n in sac.notes)
+    assert np.all(np.abs(got["action"]) <= 1)
+    assert Assumption("action bounds", "[-1, 1]: the action is tanh's output, not rescaled",
+                      "a state_dict does not hold the action space", settle) in sac.assumptions
     np.testing.assert_allclose(got["action"], np.tanh(got["logits"]), rtol=1e-6, atol=1e-6)
 
 
@@ -316,7 +324,7 @@ def test_sb3_shared_layers_feed_both_branches(tmp_path):
              **{f"value_net.{k}": v for k, v in value_net.state_dict().items()}}
     path = tmp_path / "shared.pt"
     torch.save(state, path)
-    c = convert_source(path, keep_value=True)
+    c = convert_source(path, keep_value=True, activation="tanh")
     obs = observations((5,), 7)
     with torch.no_grad():
         latent = shared(torch.as_tensor(obs))
@@ -489,7 +497,7 @@ def test_the_reader_without_torch_rebuilds_parameters_and_parameters_with_attrib
 
 def test_rllib_torch_is_the_layout_it_is_told_and_names_itself(tmp_path):
     path = TORCH_DIR / "rllib_fcnet.state_dict.pt"
-    c = convert_source(path, kind="rllib-torch")
+    c = convert_source(path, kind="rllib-torch", activation="tanh")
     metadata = {p.key: p.value for p in c.model.metadata_props}
     assert c.kind == "rllib-torch" and metadata["policyport.layout"] == "rllib-torch"
     assert json.loads(metadata["policyport.source"])["kind"] == "rllib-torch"
@@ -514,22 +522,22 @@ def _actor(layout, dtype=np.float32, seed=27):
     return {"actor.mu.0.weight": w(4, 3), "actor.mu.0.bias": w(4), "actor.mu.3.weight": w(2, 4), "actor.mu.3.bias": w(2)}
 
 
-@pytest.mark.parametrize("family, hidden, output, gap_note", [
-    ("sac", ["actor.latent_pi.0", "actor.latent_pi.3"], "actor.mu",
-     "actor.latent_pi: indices actor.latent_pi.1..2 hold no parameters; taken as one activation and modules without "
-     "effect in eval mode (Dropout)"),
-    ("td3", ["actor.mu.0"], "actor.mu.3",
-     "actor.mu: indices actor.mu.1..2 hold no parameters; taken as one activation and modules without effect in eval "
-     "mode (Dropout)"),
+@pytest.mark.parametrize("family, hidden, output, gap", [
+    ("sac", ["actor.latent_pi.0", "actor.latent_pi.3"], "actor.mu", "actor.latent_pi.1 to actor.latent_pi.2"),
+    ("td3", ["actor.mu.0"], "actor.mu.3", "actor.mu.1 to actor.mu.2"),
 ])
-def test_an_sb3_actor_names_its_sequential_in_notes_and_refusals(family, hidden, output, gap_note):
+def test_an_sb3_actor_names_its_sequential_in_assumptions_and_refusals(family, hidden, output, gap):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor
+    from policyport.converter.assumptions import Assumption
+    from policyport.converter.state_dict import MODULE_ITSELF, parse_sb3_actor
 
     relu = parse_activation("relu")
     spec, got_family, notes = parse_sb3_actor(_actor(family), relu)
     assert (got_family, [d.name for d in spec.hidden], spec.output.name) == (family, hidden, output)
-    assert gap_note in notes
+    assert spec.assumptions == [Assumption(
+        "layout", f"{gap} = one activation, then modules without effect in eval mode (Dropout)",
+        "2 modules in a row hold no parameters, so the state_dict cannot say what they are", MODULE_ITSELF)]
+    assert not any("Dropout" in n for n in notes)  # an assumption, no longer a note
     if family == "sac":  # the latent features end in an activation too (SB3's create_mlp)
         assert [(s.kind, s.scope) for s in spec.hidden[-1].post] == [("activation", "actor.latent_pi.4")]
     prefix = "actor.mu" if family == "td3" else "actor.latent_pi"
@@ -548,29 +556,28 @@ def test_an_sb3_state_dict_without_an_actor_has_no_actor_mu():
         parse_sb3_actor({"critic.qf0.0.weight": np.zeros((1, 5), np.float32)}, parse_activation("relu"))
 
 
-@pytest.mark.parametrize("family, arrays, kind, scope, note", [
+@pytest.mark.parametrize("family, arrays, kind, scope, assumed", [
     ("sac", _actor("sac"), "squash", "action",
-     "the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] (convert the SB3 zip to "
-     "rescale it to the action space)"),
+     ("action bounds", "[-1, 1]: the action is tanh's output, not rescaled", "a state_dict does not hold the action space")),
     ("td3", _actor("td3"), "squash", "actor.mu.4",
-     "the action bounds are not in a state_dict: the action is tanh's output in [-1, 1] (convert the SB3 zip to "
-     "rescale it to the action space)"),
+     ("action bounds", "[-1, 1]: the action is tanh's output, not rescaled", "a state_dict does not hold the action space")),
     ("ac", {"action_net.weight": np.ones((2, 3), np.float32), "log_std": np.zeros(2, np.float32)}, "clip", "action",
-     "the action bounds are not in a state_dict: 'action' is the unclipped Gaussian mean (convert the SB3 zip to clip "
-     "it to the action space)"),
+     ("action bounds", "none: the action is the Gaussian mean, unclipped",
+      "a state_dict does not hold the action space, whose bounds SB3's predict clips the mean to")),
     ("ac", {"action_net.weight": np.ones((2, 3), np.float32)}, "argmax", "action",
-     "no log_std: taken as a Discrete action space, action = argmax of the logits (a MultiDiscrete policy needs its "
-     "SB3 zip)"),
+     ("action space", "Discrete: action = argmax of the logits",
+      "a policy without log_std acts in a Discrete or MultiDiscrete space, and a state_dict does not say which")),
 ])
-def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, arrays, kind, scope, note):
+def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, arrays, kind, scope, assumed):
     from policyport.converter.activations import parse_activation
+    from policyport.converter.assumptions import Assumption
     from policyport.converter.state_dict import bare_actor_head, parse_sb3_actor, parse_sb3_actor_critic
 
     relu = parse_activation("relu")
     spec = parse_sb3_actor(arrays, relu)[0] if family != "ac" else parse_sb3_actor_critic(arrays, relu)[0]
-    notes = ["earlier"]
-    bare_actor_head(spec, family, notes)
-    assert notes == ["earlier", note]
+    earlier = list(spec.assumptions)  # the parser's own (a Dropout gap in the actors)
+    bare_actor_head(spec, family)
+    assert spec.assumptions == [*earlier, Assumption(*assumed, "convert the SB3 zip, whose data records the action space")]
     action = spec.action
     assert (action.kind, action.tanh_scope) == (kind, scope)
     bounds = {"squash": (-1.0, 1.0), "clip": (-np.inf, np.inf), "argmax": None}[kind]
@@ -580,8 +587,9 @@ def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, a
         for got, want in zip((action.low, action.high), bounds):
             assert got.dtype == np.float32 and got.shape == (2,) and np.all(got == want)
     untouched = parse_sb3_actor(_actor("td3"), relu)[0]
-    bare_actor_head(untouched, None, notes)  # no family (a plain Sequential, RLlib): no head, no note
-    assert untouched.action is None and len(notes) == 2
+    before = list(untouched.assumptions)
+    bare_actor_head(untouched, None)  # no family (a plain Sequential, RLlib): no head, nothing assumed
+    assert untouched.action is None and untouched.assumptions == before
 
 
 def test_a_state_dict_loaded_without_torch_is_never_taken_for_a_module(tmp_path, monkeypatch):
@@ -738,15 +746,18 @@ def test_an_sb3_actor_critic_state_dict_is_refused_exactly_where_it_does_not_fit
 
 
 @pytest.mark.parametrize("net", ["shared_net", "policy_net", "value_net"])
-def test_an_sb3_actor_critic_names_each_sequential_in_its_notes(net):
+def test_an_sb3_actor_critic_names_each_sequential_in_its_assumptions(net):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic
+    from policyport.converter.assumptions import Assumption
+    from policyport.converter.state_dict import MODULE_ITSELF, parse_sb3_actor_critic
 
     arrays = _actor_critic(shared=(6, 6), pi=(8, 8), vf=(8, 8), gap=net)
     spec, notes = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=True)
     p = f"mlp_extractor.{net}"
-    assert notes == [f"{p}: indices {p}.1..2 hold no parameters; taken as one activation and modules without effect in "
-                     "eval mode (Dropout)"]
+    assert notes == []
+    assert spec.assumptions == [Assumption("layout", f"{p}.1 to {p}.3 = one activation, then modules without effect in "
+                                           "eval mode (Dropout)", "3 modules in a row hold no parameters, so the "
+                                           "state_dict cannot say what they are", MODULE_ITSELF)]
     assert [d.name for d in spec.trunk + spec.hidden + spec.value_hidden] == [
         "mlp_extractor.shared_net.0", f"mlp_extractor.shared_net.{4 if net == 'shared_net' else 2}",
         "mlp_extractor.policy_net.0", f"mlp_extractor.policy_net.{4 if net == 'policy_net' else 2}",
@@ -786,9 +797,9 @@ def _metadata(model) -> dict:
 
 
 @pytest.mark.parametrize("arrays, kind, options, layout, activation, op", [
-    (_actor_critic(), None, {}, "sb3", "tanh", "Tanh"),
-    (_actor("sac"), None, {}, "sb3-actor", "relu", "Relu"),
-    (None, "rllib-torch", {}, "rllib-torch", "tanh", "Tanh"),
+    (_actor_critic(), None, {"activation": "relu"}, "sb3", "relu", "Relu"),
+    (_actor("sac"), None, {"activation": "tanh"}, "sb3-actor", "tanh", "Tanh"),
+    (None, "rllib-torch", {"activation": "tanh"}, "rllib-torch", "tanh", "Tanh"),
     ({"0.weight": np.ones((3, 2), np.float32), "2.weight": np.ones((1, 3), np.float32)}, None, {"activation": "elu"},
      "sequential", "elu", "Elu"),
     ({"0.weight": np.ones((3, 2), np.float32), "0.bias": np.zeros(3, np.float32)}, None, {}, "sequential", "none", None),
@@ -796,6 +807,9 @@ def _metadata(model) -> dict:
 def test_a_state_dict_records_its_layout_and_the_activation_it_was_read_with(tmp_path, arrays, kind, options, layout,
                                                                               activation, op):
     path = TORCH_DIR / "rllib_fcnet.state_dict.pt" if arrays is None else _saved(tmp_path, arrays)
+    if op is not None:  # a state_dict records no activation: none is taken by default, whatever the layout
+        with pytest.raises(pp.OptionError, match=r"with --activation"):
+            convert_source(path, kind=kind)
     c = convert_source(path, kind=kind, **options)
     metadata = _metadata(c.model)
     assert (metadata["policyport.layout"], metadata["policyport.activation"]) == (layout, activation)
@@ -808,13 +822,19 @@ def test_a_state_dict_records_its_layout_and_the_activation_it_was_read_with(tmp
 
 
 def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
+    from policyport.converter.assumptions import Assumption
+    from policyport.converter.state_dict import MODULE_ITSELF
+
     arrays = {"2.weight": np.ones((3, 6), np.float32), "2.bias": np.zeros(3, np.float32)}  # 0..1: a Flatten
     c = convert_source(_saved(tmp_path, arrays), opset=13, input_shape=(2, 3))
     assert c.model.opset_import[0].version == 13
     assert [d.dim_value for d in c.model.graph.input[0].type.tensor_type.shape.dim[1:]] == [2, 3]
-    assert "modules 0 to 1 hold no parameters before the first layer: taken as nn.Flatten" in c.notes
+    assert Assumption("layout", "modules 0 to 1 = nn.Flatten", "they hold no parameters before the first layer, so the "
+                      "state_dict cannot say what they are", MODULE_ITSELF) in c.assumptions
+    assert not any("nn.Flatten" in n for n in c.notes)  # an assumption, no longer a note
     one = convert_source(_saved(tmp_path, {"1.weight": np.ones((3, 6), np.float32)}, "one.pt"), input_shape=(2, 3))
-    assert "module 0 holds no parameters before the first layer: taken as nn.Flatten" in one.notes
+    assert Assumption("layout", "module 0 = nn.Flatten", "it holds no parameters before the first layer, so the "
+                      "state_dict cannot say what they are", MODULE_ITSELF) in one.assumptions
     obs = observations((2, 3), 4)
     np.testing.assert_allclose(pp.load(c.model).run({"obs": obs})["logits"], obs.reshape(4, 6) @ np.ones((6, 3)), rtol=1e-6)
     assert pp.verify(c.model, obs, reference=c.reference).passed  # torch's nn.Flatten in the reference
@@ -823,12 +843,12 @@ def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
 @pytest.mark.parametrize("family", ["sac", "td3"])
 def test_a_head_is_refused_for_an_sb3_actor_naming_its_family(tmp_path, family):
     with pytest.raises(pp.OptionError) as caught:
-        convert_source(_saved(tmp_path, _actor(family)), head="diag-gaussian")
+        convert_source(_saved(tmp_path, _actor(family)), head="diag-gaussian", activation="relu")
     assert str(caught.value) == f"--head does not apply to an SB3 {family.upper()} actor: its action is the squashed mean"
 
 
 def test_a_state_dicts_reference_computes_the_head_asked_for(tmp_path):
-    c = convert_source(_saved(tmp_path, _actor_critic()), head="diag-gaussian")
+    c = convert_source(_saved(tmp_path, _actor_critic()), head="diag-gaussian", activation="tanh")
     obs = observations((5,), 6)
     reference = c.reference(obs)
     assert {"logits", "action", "log_std"} <= set(reference)
@@ -948,7 +968,12 @@ def test_a_list_of_activations_must_name_one_per_parameter_free_module_and_linea
     with pytest.raises(pp.OptionError) as caught:
         convert_source(_saved(tmp_path, arrays), activation="relu,tanh")
     assert str(caught.value) == ("nn.Sequential: --activation (activation=) gives 2 activations for 3 parameter-free "
-                                 "module(s) at 1, 3, 5; give one, or one per module")
+                                 "module(s) at 1, 3, 5; give one per module, in order")
+    with pytest.raises(pp.OptionError) as caught:  # one name would apply to modules a Sequential may mix
+        convert_source(_saved(tmp_path, arrays), activation="relu")
+    assert str(caught.value) == ("nn.Sequential: --activation relu names one activation, and 3 parameter-free modules at "
+                                 "1, 3, 5 each hold one that the state_dict cannot tell (an nn.Sequential may mix them); "
+                                 "give one per module, in order: --activation relu,relu,relu if they are all relu")
     c = convert_source(_saved(tmp_path, arrays), activation="relu,linear,tanh")
     assert [n.op_type for n in c.model.graph.node if n.op_type in ("Relu", "Tanh", "Identity")] == ["Relu", "Tanh"]
     obs = np.array([[-2.0, 3.0]], np.float32)
@@ -1038,16 +1063,16 @@ def test_the_torch_reference_runs_each_named_activation_as_its_module(tmp_path, 
 def test_a_head_contradicting_the_state_dict_is_a_usage_error_saying_why(tmp_path):
     out = tmp_path / "m.onnx"
     result = CliRunner().invoke(app, ["convert", str(TORCH_DIR / "gaussian.state_dict.pt"), "-o", str(out),
-                                      "--head", "categorical"])
+                                      "--activation", "tanh", "--head", "categorical"])
     assert result.exit_code == 2 and not out.exists()
     assert ("--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the 2 "
             "means of 'action_net' followed by the 2 entries of its free log_std 'log_std'") in " ".join(result.stderr.split())
     with pytest.raises(pp.OptionError) as caught:
-        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian")
+        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian", activation="tanh")
     assert str(caught.value) == (
         "--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
         "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, or none)")
-    discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical").model
+    discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical", activation="tanh").model
     assert [o.name for o in discrete.graph.output] == ["logits", "action"]
 
 
@@ -1060,7 +1085,7 @@ def test_a_free_log_std_as_wide_as_no_output_layer_is_refused_before_anything_is
         arrays = {k: v.numpy() for k, v in torch.load(TORCH_DIR / "rllib_fcnet.state_dict.pt").items()}
         arrays[name] = np.zeros(3, np.float32)
     with pytest.raises(pp.BadModelError) as caught:
-        convert_source(_saved(tmp_path, arrays), kind=kind)
+        convert_source(_saved(tmp_path, arrays), kind=kind, activation="tanh")
     layer, n = means
     assert str(caught.value) == (
         f"{name} has {arrays[name].shape[0]} entries, but {layer!r} outputs {n}: a free log_std holds one entry per action "

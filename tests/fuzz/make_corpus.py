@@ -28,7 +28,7 @@ def rllib_mlp():
     w = {"default_policy/fc_1/kernel": f32(6, 16), "default_policy/fc_1/bias": f32(16),
          "default_policy/fc_2/kernel": f32(16, 16), "default_policy/fc_2/bias": f32(16),
          "default_policy/fc_out/kernel": f32(16, 4), "default_policy/fc_out/bias": f32(4)}
-    return pp.convert(w, head="diag-gaussian")
+    return pp.convert(w, activation="tanh", head="diag-gaussian")
 
 
 def torch_style():
