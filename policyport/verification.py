@@ -652,7 +652,8 @@ def _source_reference(model, source, trust: bool):
     import dataclasses
 
     from .converter import (FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source,
-                            detect_kind, given_fields)
+                            detect_kind, flag_list, given_fields)
+    from .converter.activations import ActivationNeeded
     from .errors import OptionError
     from .files import ensure_model
 
@@ -681,13 +682,31 @@ def _source_reference(model, source, trust: bool):
             recorded = given_fields(options)
         if options.input_shape is None and "input_shape" in READS.get(kind, ()):
             options = dataclasses.replace(options, input_shape=_observation_shape(proto))
-        converted = convert_source(source, kind=kind, options=options, trust=trust)
+        try:
+            converted = convert_source(source, kind=kind, options=options, trust=trust)
+        except ActivationNeeded:  # another kind's file that does not record it (a zip's policy.pth)
+            if used in (None, "none") or options.activation is not None:
+                raise
+            converted = convert_source(source, kind=kind, options=dataclasses.replace(options, activation=used),
+                                       trust=trust)
+            converted.assumptions = [_from_the_model(a, used) for a in converted.assumptions]
     except BadModelError as e:
         raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
     except OptionError as e:  # an option the model records does not apply to this source: the source's fault
-        converted_with = f"it was converted with {_flags(options, recorded)}, and " if recorded else ""
+        named = [n for n in recorded if flag_list([n]) in str(e)]
+        converted_with = f"it was converted with {_flags(options, named)}, and " if named else ""
         raise BadModelError(f"the source does not fit the model: {converted_with}{e}") from e
     return converted
+
+
+def _from_the_model(assumption, activation: str):
+    """An activation assumption of a source rebuilt with the activation the model was built with."""
+    import dataclasses
+
+    if assumption.topic != "activation":
+        return assumption
+    return dataclasses.replace(assumption, because=f"the model's own ({activation}, its policyport.activation), since "
+                               f"the source does not record it; {assumption.because.split('; ', 1)[-1]}")
 
 
 def _flags(options, names) -> str:

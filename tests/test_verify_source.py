@@ -105,24 +105,25 @@ def _observation_file(folder):
     return path
 
 
-def test_a_source_of_another_kind_takes_only_keep_value_and_no_activation(tmp_path):
+def test_a_source_of_another_kind_that_records_no_activation_is_rebuilt_with_the_models(tmp_path):
     """The policy.pth inside an SB3 zip is a state_dict: verified against it, a model converted from the
-    zip with the value branch asks it for the value branch too, but not for the zip's relu (which the
-    zip's data records): the state_dict records no activation and has no default, so it cannot be run as
-    it is, and the source side is refused rather than run with a guess."""
+    zip with the value branch asks it for the value branch too. The state_dict records no activation, so
+    it is rebuilt with the one the model was built with (its policyport.activation, the zip's relu), and
+    the report says the source side assumes it for that reason."""
     zip_path = Path(__file__).resolve().parents[1] / "fixtures" / "sb3" / "ppo_pendulum.zip"
     with zipfile.ZipFile(zip_path) as zf:
         (tmp_path / "policy.pth").write_bytes(zf.read("policy.pth"))
     model = convert_source(zip_path, keep_value=True).model
+    assert {p.key: p.value for p in model.metadata_props}["policyport.activation"] == "relu"
     obs = np.random.default_rng(0).uniform(-1, 1, (8, 3)).astype(np.float32)
-    with pytest.raises(BadModelError) as caught:
-        pp.verify(model, obs, backends=("numpy",), source=tmp_path / "policy.pth")
-    assert str(caught.value) == (
-        "the source does not fit the model: it was converted with --keep-value, and mlp_extractor.policy_net: the "
-        "state_dict does not say which activation modules sit at mlp_extractor.policy_net.1, "
-        "mlp_extractor.policy_net.3 (they hold no parameters); name it with --activation (SB3 builds them all with one "
-        "activation_fn: tanh by default for PPO/A2C, relu for SAC/TD3/DQN, and RL Zoo's tunings often change it), or "
-        "convert the SB3 zip, whose policy_kwargs record it")
+    report = pp.verify(model, obs, backends=("numpy",), source=tmp_path / "policy.pth")
+    assert report.passed and any(c.tensor == "value" and c.reference == "source" for c in report.comparisons)
+    activation = next(a for a in report.assumptions if a["topic"] == "activation")
+    assert activation["assumes"] == ("relu at modules mlp_extractor.policy_net.1, mlp_extractor.policy_net.3, "
+                                     "mlp_extractor.value_net.1 and mlp_extractor.value_net.3")
+    assert activation["because"].startswith("the model's own (relu, its policyport.activation), since the source does "
+                                            "not record it; a state_dict does not record it")
+    assert not activation["checked"] and not report.source_oracle["framework"]
 
 
 def test_a_torch_source_that_cannot_tell_its_observation_shape_takes_the_models(tmp_path):

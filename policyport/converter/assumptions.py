@@ -134,11 +134,13 @@ def head_assumption(head: str | None, *, output: str, width: int, log_std: str |
     elif convention is not None:
         because = f"given by --head; {convention}"
     else:
+        halves = ("the first is the mean and the second the log_std" if half == 1 else
+                  f"the first {half} are the mean and the last {half} the log_std")
         raise OptionError(
             f"--head diag-gaussian: nothing in {what} says that {output}'s {width} outputs are a mean and a log_std "
             f"half (it holds no log_std parameter, and its layout is not one whose convention splits them, as "
-            f"RLlib's is). If the first {half} are the mean and the last {half} the log_std, say so with --head "
-            f"{HALVES}; if all {width} are the mean (the log std kept elsewhere), --head none exports them as logits")
+            f"RLlib's is). If {halves}, say so with --head {HALVES}; if all {width} are the mean (the log std kept "
+            "elsewhere), --head none exports them as logits")
     return Assumption("head", f"diagonal Gaussian, {output} = [mean ({half}, the action), log_std ({half})]", because,
                       f"--head none exports {output} alone")
 

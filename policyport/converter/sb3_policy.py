@@ -112,7 +112,7 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
 
         import stable_baselines3
     except ImportError as e:
-        raise OracleUnavailable(f"stable-baselines3 is not installed ({e.name})") from None
+        raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib
 
     from .sb3 import TORCH_ACTIVATIONS

@@ -215,7 +215,7 @@ def _activations_for(activation, places: list[str], what: str, one_for_all: bool
     if activation is None:  # an option this source needs (a usage error, exit 2)
         raise ActivationNeeded(f"{what}: the state_dict does not say which activation modules sit at {shown} (they hold "
                                f"no parameters); name {'it' if one_for_all or len(places) == 1 else 'them, one per module,'} "
-                               f"with --activation{unnamed}", len(places), listed=not one_for_all)
+                               f"with --activation (activation= in Python){unnamed}", len(places), listed=not one_for_all)
     if isinstance(activation, list):
         if len(activation) != len(places):
             raise OptionError(f"{what}: --activation (activation=) gives {len(activation)} activations for "
