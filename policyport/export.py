@@ -138,6 +138,31 @@ def observer(record, overrides):
 '''
 
 
+_BLOCKS = '''def in_blocks(compute, inputs, record, overrides):
+    """A batch of SPLIT_ROWS rows or more, computed as policyport's numpy backend computes it: in as
+    few blocks of at most BLOCK_ROWS rows (sizes differing by one at most) as hold it, the blocks'
+    rows joined; a tensor of WHOLE (computed from constants alone) is the same in each block."""
+    rows = len(inputs[BATCHED[0]])
+    count = -(-rows // BLOCK_ROWS)
+    size, extra = divmod(rows, count)
+    outputs, records, start = [], [], 0
+    for i in range(count):
+        stop = start + size + (i < extra)
+        part = None if record is None else {}
+        args = [value[start:stop] if name in BATCHED else value for name, value in inputs.items()]
+        outputs.append(compute(*args, tap=observer(part, overrides)))
+        records.append(part)
+        start = stop
+
+    def joined(name, values):
+        return values[0] if name in WHOLE else np.concatenate(values)
+
+    if record is not None:
+        record.update({name: joined(name, [r[name] for r in records]) for name in records[0]})
+    return {name: joined(name, [o[name] for o in outputs]) for name in outputs[0]}
+'''
+
+
 @dataclass(frozen=True)
 class Exported:
     """What :func:`export_numpy` wrote: the module, its weights, the module's length in lines, the
@@ -300,7 +325,7 @@ def generate(model, samples: int = 64) -> tuple[str, dict[str, np.ndarray]]:
     # second pass reserves the helpers' names (and the values they read) before naming any tensor.
     writer, _ = write(frozenset())
     writer, body = write(frozenset(writer.helpers) | frozenset(writer.values))
-    return writer.module(body, samples), writer.stored
+    return writer.module(body, samples, plan.row_split), writer.stored
 
 
 class _Writer:
@@ -466,7 +491,13 @@ class _Writer:
                 self.values[ref] = f"{ref} = {_literal(value)}"
         return name
 
-    def module(self, body: list[str], samples: int) -> str:
+    def module(self, body: list[str], samples: int, row_split=None) -> str:
+        """The module's text: the header, the values and helpers the body reads, and ``forward``.
+
+        ``row_split`` (the numpy backend plan's :class:`~policyport.runtime.numpy.plan.RowSplit`, or
+        ``None``): a graph that computes row by row gets the backend's row blocks too, so that
+        ``forward`` gives the backend's bits at every batch size (a BLAS product of 512 rows may round
+        otherwise than the same rows inside a larger product)."""
         from . import __version__
 
         def info(values) -> dict:
@@ -482,18 +513,34 @@ class _Writer:
         ]
         params = ", ".join([*self.params, "record=None", "overrides=None"])
         returned = ", ".join(f"{v.name!r}: {self.local(v.name)}" for v in self.graph.outputs)
-        forward = (
-            f"def forward({params}):\n"
-            '    """The graph outputs by name; ``record`` (a dict) receives every tensor, ``overrides``\n'
-            '    ({tensor name: {neuron: value}}) sets neurons of tensors before the rest of the graph sees them."""\n'
-            "    tap = observer(record, overrides)\n"
-            + "".join(f"    {p} = checked({v.name!r}, {p})\n" for p, v in zip(self.params, self.graph.inputs))
-            + "\n".join(body) + f"\n    return {{{returned}}}"
-        )
+        checks = "".join(f"    {p} = checked({v.name!r}, {p})\n" for p, v in zip(self.params, self.graph.inputs))
+        doc = ('    """The graph outputs by name; ``record`` (a dict) receives every tensor, ``overrides``\n'
+               '    ({tensor name: {neuron: value}}) sets neurons of tensors before the rest of the graph sees them."""\n')
+        parts = [*helpers, _TAP]
+        if row_split is None:
+            parts.append(f"def forward({params}):\n{doc}    tap = observer(record, overrides)\n{checks}"
+                         + "\n".join(body) + f"\n    return {{{returned}}}")
+        else:
+            from .runtime.numpy.rows import BLOCK_ROWS, SPLIT_ROWS
+
+            names = ", ".join(self.params)
+            local = dict(zip([v.name for v in self.graph.inputs], self.params))
+            feeds = ", ".join(f"{v.name!r}: {p}" for p, v in zip(self.params, self.graph.inputs))
+            statements.append(f"SPLIT_ROWS, BLOCK_ROWS = {SPLIT_ROWS}, {BLOCK_ROWS}\n"
+                              f"BATCHED = {tuple(row_split.inputs)!r}\n"
+                              f"WHOLE = {tuple(t for t in tensors if t in row_split.whole)!r}")
+            parts += [_BLOCKS,
+                      f"def forward({params}):\n{doc}{checks}"
+                      f"    if {local[row_split.inputs[0]]}.shape[0] >= SPLIT_ROWS:\n"
+                      f"        return in_blocks(compute, {{{feeds}}}, record, overrides)\n"
+                      f"    return compute({names}, tap=observer(record, overrides))",
+                      f"def compute({names}, tap):\n"
+                      '    """The graph on one batch (or block of rows), each tensor passed through ``tap``."""\n'
+                      + "\n".join(body) + f"\n    return {{{returned}}}"]
         imports = "import math\n" if any("math." in h for h in helpers) else ""
         text = _HEADER.format(version=__version__, samples=samples, imports=imports).rstrip("\n")
         text += "".join(f"\n\n{part}" for part in statements if part)
-        text += "".join(f"\n\n\n{part.strip()}" for part in [*helpers, _TAP, forward])
+        text += "".join(f"\n\n\n{part.strip()}" for part in parts)
         return text + "\n"
 
 

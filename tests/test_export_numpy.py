@@ -64,15 +64,18 @@ def expert(metadrive_model, tmp_path_factory):
 def test_the_expert_module_is_as_short_as_a_hand_written_one_and_imports_numpy_only(expert):
     done, _ = expert
     text = done.module.read_text()
-    # about a hand-written one's length, plus the input and override checks one usually leaves out
-    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 32
+    # about a hand-written one's length, plus the input and override checks one usually leaves out,
+    # and the row blocks that keep the backend's bits on batches of 1,024 rows or more
+    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 32 + 33  # row blocks: 33 lines
     assert (done.tensors, done.samples) == (7, 64)
     imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
     assert imported == {"numpy", "pathlib"}
-    body = text[text.index("def forward"):].splitlines()
-    assert body[4] == "    obs = checked('obs', obs)"
-    assert body[5:12] == [
+    forward = text[text.index("def forward"):].splitlines()
+    assert forward[3:6] == ["    obs = checked('obs', obs)", "    if obs.shape[0] >= SPLIT_ROWS:",
+                            "        return in_blocks(compute, {'obs': obs}, record, overrides)"]
+    body = text[text.index("def compute"):].splitlines()
+    assert body[2:9] == [
         "    fc_1_linear = tap('fc_1/linear', np.dot(obs, FC_1_KERNEL) + FC_1_BIAS)  # Gemm",
         "    fc_1_tanh = tap('fc_1/tanh', np.tanh(fc_1_linear))  # Tanh",
         "    fc_2_linear = tap('fc_2/linear', np.dot(fc_1_tanh, FC_2_KERNEL) + FC_2_BIAS)  # Gemm",
@@ -100,6 +103,28 @@ def test_forward_is_the_numpy_backend_bit_for_bit_and_records_every_tensor(exper
     assert all(same_bits(got[k], v) for k, v in session.run({"obs": metadrive_obs}).items())
     ort = pp.load(metadrive_model, backend="onnxruntime").run({"obs": metadrive_obs})
     assert max(float(np.abs(got[k] - ort[k]).max()) for k in ort) <= 1e-5
+
+
+@pytest.mark.parametrize("rows", [1023, 1024, 2100, 3001])
+def test_forward_is_the_backend_bit_for_bit_on_batches_it_splits_into_row_blocks(expert, metadrive_model, rows):
+    """From 1,024 rows the numpy backend computes in blocks of at most 512 rows, whose BLAS products
+    can round otherwise than one product of every row; the module computes in the same blocks."""
+    _, module = expert
+    obs = np.random.default_rng(rows).uniform(0, 1, (rows, 275)).astype(np.float32)
+    session = pp.load(metadrive_model, backend="numpy")
+    record: dict = {}
+    got = module.forward(obs, record=record)
+    want = session.record({"obs": obs}, "*")
+    assert list(record) == list(want) and all(same_bits(record[k], want[k]) for k in want)
+    assert all(same_bits(got[k], v) for k, v in session.run({"obs": obs}).items())
+    steered = module.forward(obs, overrides={"fc_2/tanh": {17: 1.0}})
+    assert (steered["logits"] != got["logits"]).any()
+    assert same_bits(steered["logits"], session.run({"obs": obs}, overrides={"fc_2/tanh": {17: 1.0}})["logits"])
+
+
+def test_export_checks_a_sample_the_backend_splits(metadrive_model, tmp_path):
+    done = pp.export_numpy(metadrive_model, tmp_path / "p.py", samples=2100)
+    assert done.samples == 2100
 
 
 def test_the_weights_file_is_the_source_npz_under_its_own_names(expert, metadrive_weights):

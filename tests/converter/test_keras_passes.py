@@ -665,7 +665,7 @@ def test_finish_adds_a_head_after_the_models_output_and_records_it(head, recorde
         assert str(caught.value) == (
             "--head diag-gaussian: nothing in the Keras model says that fc_out's 2 outputs are a mean and a log_std half "
             "(it holds no log_std parameter, and its layout is not one whose convention splits them, as RLlib's is). If "
-            "the first 1 are the mean and the last 1 the log_std, say so with --head diag-gaussian:halves; if all 2 are "
+            "the first is the mean and the second the log_std, say so with --head diag-gaussian:halves; if all 2 are "
             "the mean (the log std kept elsewhere), --head none exports them as logits")
         proto, trace, ln = _tf2onnx_like()
     model, _ = _finish(proto, trace, head=head)
