@@ -251,13 +251,18 @@ def check_arguments(samples, low, high, seed) -> None:
 
 def _check_needs(session, feeds: dict[str, np.ndarray]) -> int:
     """The bytes :func:`_check` holds at its peak: the numpy backend's record of every tensor and its
-    run, and the module's own record of every tensor, computed whole, as a whole batch's record."""
+    run, and the module's own record of every tensor, computed whole, as a whole batch's record; a
+    batch the module computes in row blocks holds its blocks' records too while it joins them."""
+    from .runtime.numpy.rows import SPLIT_ROWS
+
     sizes = session.tensor_sizes(feeds)
     if sizes is None:
         return 0
     record = session.backend.memory_needed(sizes, sizes.rows, session.tensor_names)
     whole = sum(sizes.nbytes(sizes.rows).values())
-    return record + session.backend.memory_needed(sizes, sizes.rows, None) + 2 * whole
+    blocked = sizes.rows >= SPLIT_ROWS and getattr(session.backend, "plan", None) is not None \
+        and session.backend.plan.row_split is not None
+    return record + session.backend.memory_needed(sizes, sizes.rows, None) + (3 if blocked else 2) * whole
 
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:

@@ -843,11 +843,12 @@ def _write_temp(out: _Output, write: Writer) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         name = f".{out.name}.{_random_hex()}.tmp"
+        out.tmp = name  # before the file exists: a signal the moment it is made still has it removed
         try:
             fd = out.create(name, flags)
         except FileExistsError:
+            out.tmp = None  # another's file: never to be removed
             continue
-        out.tmp = name
         break
     else:
         raise OutputExistsError(f"cannot find a free temporary name beside {out.path}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
 from ..files import check_distinct, check_free_space, check_writable, write_atomic
 from ..runtime.numpy.rows import ResultPool, reusing
-from .folders import check_out_folder, commit_folder, temporary_folder
+from .folders import building, check_out_folder, commit_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe
 from .statistics import nonfinite_rows
 from .tables import Table, open_table
@@ -242,12 +241,9 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
             raise
 
     if fmt == "npy":
-        tmp = temporary_folder(out, "recording")
-        try:
+        with building(out, "recording") as tmp:
             write(tmp)
             commit_folder(tmp, out, force, NPY_SUFFIXES)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         summary.bytes = sum(p.stat().st_size for p in out.iterdir())
     else:
         write_atomic(out, write, force)
@@ -474,8 +470,7 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
         blocks += [{"path": str(part.path), "start": s, "stop": min(s + batch_size, part.rows), "row": first + s}
                    for s in range(0, part.rows, batch_size)]
         first += part.rows
-    tmp = temporary_folder(out, "recording")
-    try:
+    with building(out, "recording") as tmp:
         ray_data = start_ray(ray)
         recorded = ray_data.from_items(blocks).map_batches(RecordBatch, fn_constructor_kwargs={
             "model": model_bytes, "names": names, "overrides": specs, "columns": columns, "tensors": infos,
@@ -489,8 +484,6 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
         if done != table.rows:
             raise BadModelError(f"the Ray workers recorded {done} rows of {table.rows}; nothing was written")
         commit_folder(tmp, out, force, (".parquet",))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     seconds = time.perf_counter() - started
     size = sum(p.stat().st_size for p in out.iterdir())
     return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds=seconds, bytes=size)

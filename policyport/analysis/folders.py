@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
 
@@ -34,9 +35,32 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
         raise UnreadableFileError(f"cannot write {out}: folder {out.parent} does not exist")
 
 
-def temporary_folder(out: Path, purpose: str) -> Path:
-    """A new hidden folder beside ``out`` to build it in."""
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=f".{purpose}", dir=out.parent))
+@contextlib.contextmanager
+def building(out: Path, purpose: str) -> Iterator[Path]:
+    """A new hidden folder beside ``out`` to build it in (``.<name>.<8 hex digits>.<purpose>``, mode
+    0700), removed with whatever is left in it when the block ends, however it ends. Its name is
+    chosen before it is made, so that a signal (Ctrl-C, SIGTERM) the moment it is made still has it
+    removed.
+
+    Raises:
+        OutputExistsError: no free name beside ``out`` after 100 tries.
+    """
+    folder = None
+    try:
+        for _ in range(100):
+            folder = out.parent / f".{out.name}.{os.urandom(4).hex()}.{purpose}"
+            try:
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                folder = None  # another's folder: never to be removed
+                continue
+            break
+        if folder is None:
+            raise OutputExistsError(f"cannot find a free temporary name beside {out}")
+        yield folder
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def commit_folder(tmp: Path, out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -45,8 +69,7 @@ def commit_folder(tmp: Path, out: Path, force: bool, suffixes: tuple[str, ...]) 
     if not out.exists():
         os.rename(tmp, out)
         return
-    old = temporary_folder(out, "replaced")
-    os.rmdir(old)
-    os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    with building(out, "replaced") as old:
+        os.rmdir(old)
+        os.rename(out, old)
+        os.rename(tmp, out)

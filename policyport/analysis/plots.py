@@ -21,7 +21,6 @@ import math
 import contextlib
 import hashlib
 import re
-import shutil
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -30,7 +29,7 @@ import numpy as np
 
 from ..errors import InputMismatchError, UnreadableFileError, require
 from ..runtime.entry import literal
-from .folders import check_out_folder, commit_folder, temporary_folder
+from .folders import check_out_folder, commit_folder, building
 from .recording import Recording, open_recording
 from .statistics import RELU_LIKE, Statistics, statistics
 
@@ -144,8 +143,7 @@ def plot_recording(recording, out_dir, *, tensors: str | None = None, heatmap_ro
     stats = statistics(rec, tensors, batch_size=batch_size, progress=half)
     hists = _histograms(rec, stats, batch_size, progress)
     head = rec.head(heatmap_rows, [s.name for s in stats.tensors])
-    tmp = temporary_folder(out_dir, "plots")
-    try:
+    with building(out_dir, "plots") as tmp:
         taken: set[str] = set()
         names = ["histograms.png"]
         _plot_histograms(stats, hists).savefig(tmp / names[0])
@@ -156,8 +154,6 @@ def plot_recording(recording, out_dir, *, tensors: str | None = None, heatmap_ro
             names.append(f"neurons-{key}.png")
             _plot_neurons(s, rec.rows).savefig(tmp / names[-1])
         commit_folder(tmp, out_dir, force, (".png",))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return [out_dir / n for n in names]
 
 
@@ -323,12 +319,9 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
         handles.append(Patch(facecolor="white", edgecolor="#C44E52", hatch="///", linewidth=1.5))
         labels.append("fails its tolerance")
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside, never over a bar
-    tmp = temporary_folder(out_dir, "plots")
-    try:
+    with building(out_dir, "plots") as tmp:
         fig.savefig(tmp / "errors.png", bbox_inches="tight")
         commit_folder(tmp, out_dir, force, (".png",))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return [out_dir / "errors.png"]
 
 

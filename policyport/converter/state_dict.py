@@ -175,7 +175,7 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
     places = [f"{prefix}{gap[0]}" for gap in gaps]
     acts = _activations_for(activation, places, what, one_for_all, unnamed)
     slot_of = {gap[0]: act for gap, act in zip(gaps, acts)}
-    assumptions = [Assumption("layout", f"{prefix}{gap[0]} to {prefix}{gap[-1]} = one activation, then modules without "
+    assumptions = [Assumption("layout", f"modules {prefix}{gap[0]} to {prefix}{gap[-1]} = one activation, then modules without "
                               "effect in eval mode (Dropout)", f"{len(gap)} modules in a row hold no parameters, so "
                               "the state_dict cannot say what they are", MODULE_ITSELF)
                    for gap in gaps if len(gap) > 1]

@@ -535,7 +535,7 @@ def test_an_sb3_actor_names_its_sequential_in_assumptions_and_refusals(family, h
     spec, got_family, notes = parse_sb3_actor(_actor(family), relu)
     assert (got_family, [d.name for d in spec.hidden], spec.output.name) == (family, hidden, output)
     assert spec.assumptions == [Assumption(
-        "layout", f"{gap} = one activation, then modules without effect in eval mode (Dropout)",
+        "layout", f"modules {gap} = one activation, then modules without effect in eval mode (Dropout)",
         "2 modules in a row hold no parameters, so the state_dict cannot say what they are", MODULE_ITSELF)]
     assert not any("Dropout" in n for n in notes)  # an assumption, no longer a note
     if family == "sac":  # the latent features end in an activation too (SB3's create_mlp)
@@ -755,7 +755,7 @@ def test_an_sb3_actor_critic_names_each_sequential_in_its_assumptions(net):
     spec, notes = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=True)
     p = f"mlp_extractor.{net}"
     assert notes == []
-    assert spec.assumptions == [Assumption("layout", f"{p}.1 to {p}.3 = one activation, then modules without effect in "
+    assert spec.assumptions == [Assumption("layout", f"modules {p}.1 to {p}.3 = one activation, then modules without effect in "
                                            "eval mode (Dropout)", "3 modules in a row hold no parameters, so the "
                                            "state_dict cannot say what they are", MODULE_ITSELF)]
     assert [d.name for d in spec.trunk + spec.hidden + spec.value_hidden] == [
