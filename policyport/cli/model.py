@@ -20,6 +20,7 @@ from .options import (
     tensor_patterns,
 )
 from .render import add_row, counted, literal, out, say, shape_text, table
+from .verify import source_lines
 
 
 #: The most node rows ``inspect`` draws on a terminal; a pipe or a file gets every row.
@@ -93,6 +94,10 @@ def inspect(
         out.print(literal("ops: " + ", ".join(s["ops"])))
         lacks = s["numpy_backend_lacks"]
         out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
+        from ..graph import recorded_assumptions
+
+        for line in source_lines(None, recorded_assumptions(s["metadata"]) or []):
+            out.print(literal(line))
 
     guard(as_json, body)
 

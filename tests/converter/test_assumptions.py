@@ -402,3 +402,13 @@ def test_a_model_converted_when_weights_defaulted_to_tanh_verifies_with_the_acti
     report = pp.verify(model, obs, source=METADRIVE)
     assert report.passed and report.comparisons
     assert [a["assumes"] for a in report.assumptions][0] == "tanh at fc_1 and fc_2"
+
+
+def test_inspect_names_what_the_model_assumes(tmp_path):
+    model = tmp_path / "m.onnx"
+    assert invoke("convert", METADRIVE, "-o", model, "--activation", "relu", "--samples", "8").exit_code == 0
+    text = " ".join(invoke("inspect", model).output.split())
+    assert "the model assumes (not in its source file): activation relu at fc_1 and fc_2: given by --activation" in text
+    doc = json.loads(invoke("inspect", model, "--json").stdout)
+    assert [a["topic"] for a in json.loads(doc["metadata"]["policyport.assumptions"])] == [
+        "activation", "observation normalisation"]
