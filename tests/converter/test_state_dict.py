@@ -929,6 +929,19 @@ def test_a_state_dicts_layout_refuses_options_it_cannot_take_by_their_whole_mess
         assert type(caught.value) is error and str(caught.value) == message
 
 
+@pytest.mark.parametrize("source", [TORCH_DIR / "norms.torchscript.pt", "module"])
+def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_read(source):
+    """A TorchScript file or a live module records its activations: --activation does not apply to it,
+    a list or one name alike (not: "takes one activation name")."""
+    source = load_module("norms")[0] if source == "module" else source
+    for activation in ("tanh,relu", "tanh"):
+        with pytest.raises(pp.OptionError) as caught:
+            convert_source(source, activation=activation)
+        kind = "torch" if isinstance(source, torch.nn.Module) else "torchscript"
+        assert str(caught.value) == (f"--activation does not apply to {kind} sources (--activation applies to npz, "
+                                     "rllib, rllib-torch, sb3, state-dict)")
+
+
 def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
     from policyport.converter.state_dict import read_arrays
 
