@@ -618,7 +618,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         raise OptionError(f"--head {options.head} does not apply to an SB3 QR-DQN: its action is the argmax of its "
                           "Q-values, the mean of its quantiles")
     elif family == "ac" and options.head in GAUSSIAN_HEADS and spec.free_log_std is None:
-        raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
+        raise OptionError(f"--head {options.head} needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
                           "space (use --head categorical, or none)")
     assumptions = state_dict_assumptions(spec, layout, options)

@@ -676,6 +676,9 @@ def _refusal_cases():
         (lambda: build_mlp(_spec(n_out=3), head="diag-gaussian"), OptionError,
          "--head diag-gaussian splits logits into mean and log_std halves, but there are 3 logits (an odd number); "
          "use --head categorical (or none)"),
+        (lambda: build_mlp(_spec(n_out=3), head="diag-gaussian:halves"), OptionError,  # the head as it was given
+         "--head diag-gaussian:halves splits logits into mean and log_std halves, but there are 3 logits (an odd "
+         "number); use --head categorical (or none)"),
         (lambda: build_mlp(spec_with(free_log_std=np.zeros(2, np.float32), free_log_std_name="log_std"), head="categorical"),
          OptionError, "--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are "
          "the 2 means of 'fc_out' followed by the 2 entries of its free log_std 'log_std', and an argmax over means and "

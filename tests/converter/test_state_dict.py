@@ -1080,11 +1080,13 @@ def test_a_head_contradicting_the_state_dict_is_a_usage_error_saying_why(tmp_pat
     assert result.exit_code == 2 and not out.exists()
     assert ("--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the 2 "
             "means of 'action_net' followed by the 2 entries of its free log_std 'log_std'") in " ".join(result.stderr.split())
-    with pytest.raises(pp.OptionError) as caught:
-        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian", activation="tanh")
-    assert str(caught.value) == (
-        "--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
-        "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, or none)")
+    for head in ("diag-gaussian", "diag-gaussian:halves"):  # named as given
+        with pytest.raises(pp.OptionError) as caught:
+            convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head=head, activation="tanh")
+        assert str(caught.value) == (
+            f"--head {head} needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
+            "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, "
+            "or none)")
     discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical", activation="tanh").model
     assert [o.name for o in discrete.graph.output] == ["logits", "action"]
 
