@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import BadModelError, OptionError, listing
 from .activations import Activation, ActivationNeeded, parse_activation
-from .assumptions import Assumption
+from .assumptions import Assumption, joined
 from .build import GAUSSIAN_HEADS, NO_HEAD, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
@@ -450,7 +450,8 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
     Raises:
         OptionError: an activation needed and not named, a list where one name is taken, one name
             for several modules of a plain ``nn.Sequential``.
-        BadModelError: keys or shapes that do not fit ``layout``.
+        BadModelError: keys or shapes that do not fit ``layout``; parameters that are not of one of
+            the float dtypes a model is built in (bfloat16, integers, a mix), named with what to do.
     """
     name = activation
     if name and "," in name:
@@ -460,6 +461,7 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         act = [parse_activation(a) for a in name.split(",")]
     else:
         act = parse_activation(name) if name else None
+    _check_dtypes(arrays)
     _check_finite(arrays)
     if layout == "sb3":
         spec, notes = parse_sb3_actor_critic(arrays, act, keep_value=keep_value)
@@ -499,10 +501,37 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
                 "layout", f"{held} = nn.Flatten", f"{'it holds' if first == 1 else 'they hold'} no parameters before "
                 "the first layer, so the state_dict cannot say what they are", MODULE_ITSELF))
         family = None
-    dtypes = {a.dtype for a in arrays.values() if a.dtype.kind == "f"}
-    if len(dtypes) != 1:
-        raise BadModelError(f"the parameters must share one float dtype; found {sorted(d.name for d in dtypes)}")
     return spec, notes, family
+
+
+def _check_dtypes(arrays: Mapping[str, np.ndarray]) -> None:
+    """Refuse parameters that are not of one float dtype policyport builds a model in (float16,
+    float32, float64); ``num_batches_tracked``, an integer counter inference never reads, aside.
+
+    Raises:
+        BadModelError: naming each dtype found and its parameters, and what to do.
+    """
+    by_dtype: dict[str, list[str]] = {}
+    for key, array in arrays.items():
+        if not key.endswith("num_batches_tracked"):
+            by_dtype.setdefault(array.dtype.name, []).append(key)
+    built = ("float16", "float32", "float64")
+    if len(by_dtype) <= 1 and all(d in built for d in by_dtype):
+        return
+    found = joined(f"{d} ({listing(keys, 3, show=str)})" for d, keys in by_dtype.items())
+    if len(by_dtype) > 1:
+        problem = "a policy's parameters share one float dtype, which the model computes in"
+        fix = "cast them to one (state_dict = {k: v.float() for k, v in state_dict.items()}) and save that"
+    elif any(d.startswith(("int", "uint", "bool")) for d in by_dtype):
+        problem = ("a policy's weights are floating point; integer ones are a quantized model's (whose scales this "
+                   "state_dict does not hold) or no policy's")
+        fix = "save the float weights the policy computes with"
+    else:
+        problem = "policyport builds a state_dict's model in float16, float32 or float64"
+        exact = ", which holds every bfloat16 value exactly" if "bfloat16" in by_dtype else ""
+        fix = (f"cast the parameters to float32{exact} (state_dict = {{k: v.float() for k, v in state_dict.items()}}) "
+               "and save that")
+    raise BadModelError(f"the state_dict's parameters are {found}: {problem}; {fix}")
 
 
 def _check_finite(arrays) -> None:

@@ -921,7 +921,9 @@ def test_a_state_dicts_layout_refuses_options_it_cannot_take_by_their_whole_mess
         ({"a.0.weight": np.ones((3, 2), np.float32), "b.0.weight": np.ones((3, 2), np.float32)}, {}, pp.BadModelError,
          "the keys carry more than one prefix (['a.', 'b.']); give one nn.Sequential's state_dict"),
         ({"0.weight": np.ones((3, 2), np.float32), "0.bias": np.zeros(3, np.float64)}, {}, pp.BadModelError,
-         "the parameters must share one float dtype; found ['float32', 'float64']"),
+         "the state_dict's parameters are float32 (0.weight) and float64 (0.bias): a policy's parameters share one "
+         "float dtype, which the model computes in; cast them to one (state_dict = {k: v.float() for k, v in "
+         "state_dict.items()}) and save that"),
     ]
     for arrays, options, error, message in cases:
         with pytest.raises(error) as caught:
@@ -940,6 +942,32 @@ def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_
         kind = "torch" if isinstance(source, torch.nn.Module) else "torchscript"
         assert str(caught.value) == (f"--activation does not apply to {kind} sources (--activation applies to npz, "
                                      "rllib, rllib-torch, sb3, state-dict)")
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (torch.bfloat16, "the state_dict's parameters are bfloat16 (0.weight, 0.bias, 2.weight … and 1 more): policyport "
+     "builds a state_dict's model in float16, float32 or float64; cast the parameters to float32, which holds every "
+     "bfloat16 value exactly (state_dict = {k: v.float() for k, v in state_dict.items()}) and save that"),
+    (torch.int64, "the state_dict's parameters are int64 (0.weight, 0.bias, 2.weight … and 1 more): a policy's weights "
+     "are floating point; integer ones are a quantized model's (whose scales this state_dict does not hold) or no "
+     "policy's; save the float weights the policy computes with"),
+])
+def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tmp_path, dtype, message):
+    pytest.importorskip("ml_dtypes")
+    module = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    obs = observations((6,), 16)
+    path = tmp_path / "policy.pt"
+    torch.save({k: (v * 100).to(dtype) for k, v in module.state_dict().items()}, path)
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path, activation="tanh")
+    assert str(caught.value) == message
+    if dtype is torch.bfloat16:  # what the message says to do converts, to torch's output in float32
+        torch.save({k: v.float() for k, v in torch.load(path, weights_only=True).items()}, path)
+        module.load_state_dict(torch.load(path, weights_only=True))
+        with torch.no_grad():
+            expected = module(torch.from_numpy(obs)).numpy()
+        got = pp.load(convert_source(path, activation="tanh").model).run({"obs": obs})["logits"]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
