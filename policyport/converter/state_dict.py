@@ -491,15 +491,22 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         if keep_value:
             raise OptionError("--keep-value: a plain nn.Sequential has no value branch")
         hidden, output = _split_output(layers, "the nn.Sequential")
-        spec = MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed)
-        notes = []
-        first = min(int(SEQ_KEY.match(k)["index"]) for k in arrays)
+        indices = [int(SEQ_KEY.match(k)["index"]) for k in arrays]
+        first, last = min(indices), max(indices)
+        flatten = []
         if first > 0:
-            spec.flatten_scope = f"{prefix}0"
             held = f"module {prefix}0" if first == 1 else f"modules {prefix}0 to {prefix}{first - 1}"
-            spec.assumptions.append(Assumption(
+            flatten.append(Assumption(
                 "layout", f"{held} = nn.Flatten", f"{'it holds' if first == 1 else 'they hold'} no parameters before "
                 "the first layer, so the state_dict cannot say what they are", MODULE_ITSELF))
+        # SB3's and RLlib's layouts say what follows their last layer; a plain Sequential's state_dict cannot
+        after = Assumption("layout", f"nothing after module {prefix}{last}, the last "
+                           f"{'layer' if output.name == f'{prefix}{last}' else 'module with parameters'}",
+                           "a parameter-free module there, a Tanh or Softmax, is not in a state_dict", MODULE_ITSELF)
+        spec = MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=[*flatten, *assumed, after])
+        if first > 0:
+            spec.flatten_scope = f"{prefix}0"
+        notes = []
         family = None
     return spec, notes, family
 
