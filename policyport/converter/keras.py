@@ -857,7 +857,12 @@ def _readable_names(graph: _Graph, spans: dict[str, list], keep: set[str]) -> No
 
 
 def _add_head(graph: _Graph, output: str, head: str, opset: int) -> list:
-    """The head's nodes on the model's single output; returns the new graph outputs' value infos."""
+    """The head's nodes on the model's single output; returns the new graph outputs' value infos.
+
+    Raises:
+        OptionError: ``diag-gaussian`` or ``diag-gaussian:halves`` (named as given) on an output of an
+            odd or undeclared width, which has no mean and log_std halves.
+    """
     from onnx import TensorProto, helper
 
     info = next(v for v in graph.g.output if v.name == output)
@@ -867,7 +872,10 @@ def _add_head(graph: _Graph, output: str, head: str, opset: int) -> list:
         graph.g.node.append(helper.make_node("ArgMax", [output], ["action"], name="action", axis=1, keepdims=0))
         return [helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])]
     if not width or width % 2:
-        raise OptionError(f"a diag-gaussian head splits {output!r} into mean and log_std halves; it has width {width or 'unknown'}")
+        found = (f"it has {width} outputs (an odd number)" if width else
+                 "its declared shape is not (batch, width) of a fixed width")
+        raise OptionError(f"--head {head} splits {output!r} into mean and log_std halves, but {found}; "
+                          "use --head categorical (or none)")
     half = width // 2
     axes = graph.add_initializer(np.array([1], np.int64), "head/axes")
     mid = graph.add_initializer(np.array([half], np.int64), "head/mid")

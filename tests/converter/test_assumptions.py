@@ -96,15 +96,16 @@ def test_a_wrong_list_passes_only_against_the_reconstruction_that_assumes_it(mix
     assert circular.source_oracle == {"name": "policyport's reconstruction from the state_dict's arrays, run in torch "
                                       "modules", "framework": False, "checks": []}
     assert [(a["topic"], a["assumes"], a["checked"]) for a in circular.assumptions] == [
-        ("activation", "tanh at modules 1 and 3", False), ("observation normalisation", "none", False)]
+        ("activation", "tanh at modules 1 and 3", False), ("layout", "nothing after module 4, the last layer", False),
+        ("observation normalisation", "none", False)]
     text = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.pt").output
-    assert "PASS against a reconstruction that assumes activation tanh at modules 1 and 3; observation " \
-           "normalisation none: " in " ".join(text.split())
+    assert "PASS against a reconstruction that assumes activation tanh at modules 1 and 3; layout nothing after " \
+           "module 4, the last layer; observation normalisation none: " in " ".join(text.split())
 
     oracle = pp.verify(str(model_path), obs, source=folder / "seq.torchscript.pt")
     assert not oracle.passed and oracle.source_oracle["framework"]
     assert oracle.source_oracle["name"] == f"torch {torch.__version__} running the TorchScript module's own forward"
-    assert [(a["topic"], a["checked"]) for a in oracle.assumptions] == [("activation", True),
+    assert [(a["topic"], a["checked"]) for a in oracle.assumptions] == [("activation", True), ("layout", True),
                                                                         ("observation normalisation", True)]
     result = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.torchscript.pt")
     assert result.exit_code == 1
@@ -162,7 +163,7 @@ def test_halves_state_the_split_and_the_model_names_it(cleanrl_actor):
     np.testing.assert_allclose(out["action"], mean[:, :3], atol=1e-5, rtol=1e-5)
     assert assumed(c.model)["head"] == "diagonal Gaussian, module 4 = [mean (3, the action), log_std (3)]"
     assert metadata(c.model)["policyport.head"] == "diag-gaussian"
-    assert c.assumptions[1].because == "given by --head diag-gaussian:halves"
+    assert [a.because for a in c.assumptions if a.topic == "head"] == ["given by --head diag-gaussian:halves"]
 
 
 # ------------------------------------------------------------------------------ SB3 + VecNormalize
@@ -382,7 +383,8 @@ def test_a_packed_folder_carries_the_assumptions(tmp_path, mixed):
     assert invoke("convert", folder / "seq.pt", "-o", model, "--activation", "tanh,relu").exit_code == 0
     assert invoke("pack", model, "-o", tmp_path / "bundle", "--samples", "8", "--source", folder / "seq.pt").exit_code == 0
     policy = json.loads((tmp_path / "bundle" / "policy.json").read_text())
-    assert [a["assumes"] for a in policy["assumptions"]] == ["tanh at module 1, relu at module 3", "none"]
+    assert [a["assumes"] for a in policy["assumptions"]] == ["tanh at module 1, relu at module 3",
+                                                             "nothing after module 4, the last layer", "none"]
     assert policy["parity"]["source_oracle"]["framework"] is False
     result = invoke("verify", tmp_path / "bundle")
     assert result.exit_code == 0 and "activation tanh at module 1, relu at module 3" in " ".join(result.output.split())
