@@ -576,7 +576,7 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         act = [parse_activation(a) for a in name.split(",")]
     else:
         act = parse_activation(name) if name else None
-    _check_dtypes(arrays)
+    check_dtypes(arrays)
     _check_finite(arrays)
     if layout == "sb3":
         spec, notes = parse_sb3_actor_critic(arrays, act, keep_value=keep_value)
@@ -626,9 +626,19 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
     return spec, notes, family
 
 
-def _check_dtypes(arrays: Mapping[str, np.ndarray]) -> None:
+#: How to cast a torch state_dict's parameters to float32, for the refusal of other dtypes.
+TORCH_CAST = "state_dict = {k: v.float() for k, v in state_dict.items()}"
+
+
+def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's parameters",
+                 cast: str = TORCH_CAST) -> None:
     """Refuse parameters that are not of one float dtype policyport builds a model in (float16,
     float32, float64); ``num_batches_tracked``, an integer counter inference never reads, aside.
+
+    Args:
+        arrays: parameter name -> array.
+        what: the parameters, for the message (``"the state_dict's parameters"``).
+        cast: the line of code that casts them to float32, for the message.
 
     Raises:
         BadModelError: naming each dtype found and its parameters, and what to do.
@@ -643,17 +653,16 @@ def _check_dtypes(arrays: Mapping[str, np.ndarray]) -> None:
     found = joined(f"{d} ({listing(keys, 3, show=str)})" for d, keys in by_dtype.items())
     if len(by_dtype) > 1:
         problem = "a policy's parameters share one float dtype, which the model computes in"
-        fix = "cast them to one (state_dict = {k: v.float() for k, v in state_dict.items()}) and save that"
+        fix = f"cast them to one ({cast}) and save that"
     elif any(d.startswith(("int", "uint", "bool")) for d in by_dtype):
-        problem = ("a policy's weights are floating point; integer ones are a quantized model's (whose scales this "
-                   "state_dict does not hold) or no policy's")
+        problem = ("a policy's weights are floating point; integer ones are a quantized model's (whose scales these "
+                   "arrays do not hold) or no policy's")
         fix = "save the float weights the policy computes with"
     else:
-        problem = "policyport builds a state_dict's model in float16, float32 or float64"
+        problem = "policyport builds a model in float16, float32 or float64"
         exact = ", which holds every bfloat16 value exactly" if "bfloat16" in by_dtype else ""
-        fix = (f"cast the parameters to float32{exact} (state_dict = {{k: v.float() for k, v in state_dict.items()}}) "
-               "and save that")
-    raise BadModelError(f"the state_dict's parameters are {found}: {problem}; {fix}")
+        fix = f"cast the parameters to float32{exact} ({cast}) and save that"
+    raise BadModelError(f"{what} are {found}: {problem}; {fix}")
 
 
 def _check_finite(arrays) -> None:

@@ -954,10 +954,10 @@ def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_
 
 @pytest.mark.parametrize("dtype, message", [
     (torch.bfloat16, "the state_dict's parameters are bfloat16 (0.weight, 0.bias, 2.weight … and 1 more): policyport "
-     "builds a state_dict's model in float16, float32 or float64; cast the parameters to float32, which holds every "
+     "builds a model in float16, float32 or float64; cast the parameters to float32, which holds every "
      "bfloat16 value exactly (state_dict = {k: v.float() for k, v in state_dict.items()}) and save that"),
     (torch.int64, "the state_dict's parameters are int64 (0.weight, 0.bias, 2.weight … and 1 more): a policy's weights "
-     "are floating point; integer ones are a quantized model's (whose scales this state_dict does not hold) or no "
+     "are floating point; integer ones are a quantized model's (whose scales these arrays do not hold) or no "
      "policy's; save the float weights the policy computes with"),
 ])
 def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tmp_path, dtype, message):
