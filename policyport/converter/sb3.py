@@ -290,8 +290,7 @@ def convert_sb3(source, options):
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
         spec.flatten_scope = FEATURES_FLATTEN[family]
-    norm_path, assumption = _observation_normaliser(path, options, prelude, spec)
-    spec.obs_norm = read_vecnormalize(norm_path) if norm_path is not None else None
+    norm_path, spec.obs_norm, assumption = _observation_normaliser(path, options, prelude, spec)
     if norm_path is not None and spec.obs_norm is None:
         notes.append(f"{norm_path} normalises no observation (its norm_obs is false): nothing baked in")
     assumptions.append(assumption)
@@ -357,10 +356,10 @@ def normaliser_candidates(path: Path) -> list[tuple[Path, str]]:
     return found
 
 
-def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | None, Assumption]:
-    """The VecNormalize file to bake in (``None``: none) and what that assumes: ``--obs-norm`` as
-    given; else every file of :func:`normaliser_candidates`, which must agree; ``--no-filter``
-    leaves them out.
+def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | None, ObsNorm | None, Assumption]:
+    """The VecNormalize file to bake in (``None``: none), its statistics (``None``: none, also for a
+    file whose ``norm_obs`` is false) and what that assumes: ``--obs-norm`` as given; else every file
+    of :func:`normaliser_candidates`, which must agree; ``--no-filter`` leaves them out.
 
     Raises:
         OptionError: found files that disagree, or one that cannot be this policy's (another
@@ -375,18 +374,19 @@ def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | 
         if prelude:
             raise BadModelError(f"{given} normalises Box observations; this policy's observation space is "
                                 f"{_space_text_of(prelude)}")
-        _check_width(given, read_vecnormalize(given), spec, "--obs-norm")
-        return given, Assumption(topic, f"VecNormalize statistics of {given}", "given by --obs-norm; an SB3 zip does "
-                                 "not record whether the policy was trained under VecNormalize")
+        norm = read_vecnormalize(given)
+        _check_width(given, norm, spec, "--obs-norm")
+        return given, norm, Assumption(topic, _statistics_text(given, norm), "given by --obs-norm; an SB3 zip does "
+                                       "not record whether the policy was trained under VecNormalize")
     candidates = normaliser_candidates(path)
     looked = ", ".join(f"{path.parent / rel.format(stem=path.stem)}" for rel, _ in NORMALISER_PLACES)
     if not options.obs_filter:
         left = f" ({', '.join(str(c) for c, _ in candidates)} would be baked in otherwise)" if candidates else ""
-        return None, Assumption(topic, "none", f"left out by --no-filter{left}", "convert without --no-filter")
+        return None, None, Assumption(topic, "none", f"left out by --no-filter{left}", "convert without --no-filter")
     if not candidates:
-        return None, Assumption(topic, "none", f"no VecNormalize statistics where SB3 and RL Zoo save them ({looked} "
-                                "...), and an SB3 zip does not record whether the policy was trained under VecNormalize",
-                                "--obs-norm FILE bakes one in")
+        return None, None, Assumption(topic, "none", f"no VecNormalize statistics where SB3 and RL Zoo save them ({looked} "
+                                      "...), and an SB3 zip does not record whether the policy was trained under "
+                                      "VecNormalize", "--obs-norm FILE bakes one in")
     if prelude:
         raise OptionError(f"{candidates[0][0]} (found {candidates[0][1]}) normalises Box observations, and this policy "
                           f"takes {_space_text_of(prelude)} observations: it is not this policy's; --no-filter "
@@ -402,9 +402,16 @@ def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | 
                           "with, --obs-norm FILE, or leave them out with --no-filter")
     chosen, where = read[0][0], read[0][1]
     also = f" (the same statistics as {', '.join(str(c) for c, _, _ in read[1:])})" if len(read) > 1 else ""
-    return chosen, Assumption(topic, f"VecNormalize statistics of {chosen}", f"found {where}{also}; an SB3 zip does "
-                              "not record whether the policy was trained under VecNormalize",
-                              "--obs-norm FILE names another, --no-filter leaves it out")
+    return chosen, first, Assumption(topic, _statistics_text(chosen, first), f"found {where}{also}; an SB3 zip does "
+                                     "not record whether the policy was trained under VecNormalize",
+                                     "--obs-norm FILE names another" + (", --no-filter leaves it out" if first else ""))
+
+
+def _statistics_text(path: Path, norm: ObsNorm | None) -> str:
+    """What the model does with the observation, given the VecNormalize file ``path``."""
+    if norm is None:
+        return f"none: {path} normalises no observation (its norm_obs is false)"
+    return f"VecNormalize statistics of {path}"
 
 
 def _check_width(path: Path, norm, spec, how: str) -> None:

@@ -450,6 +450,32 @@ def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path
     assert not any(n.output[0].startswith("vec_normalize") for n in c.model.graph.node)
 
 
+@pytest.mark.slow
+def test_a_vecnormalize_without_observation_statistics_is_named_as_no_normalisation(tmp_path):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import VecNormalize as SB3VecNormalize
+
+    shutil.copy(ZIPS["ppo_pendulum"][0], tmp_path / "policy.zip")
+    venv = SB3VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]), norm_obs=False, norm_reward=True)
+    pkl = tmp_path / "vec_normalize.pkl"
+    venv.save(str(pkl))
+    obs = np.random.default_rng(4).uniform(-3, 3, (500, 3)).astype(np.float32)
+    expected, _ = load_sb3(tmp_path / "policy.zip", "PPO").predict(venv.normalize_obs(obs), deterministic=True)
+    for options, because in (({}, "found beside the zip, under the name SB3's documentation saves it with"),
+                             ({"obs_norm": str(pkl)}, "given by --obs-norm")):
+        c = convert_source(tmp_path / "policy.zip", **options)
+        a = c.assumptions[-1]
+        assert (a.topic, a.assumes) == ("observation normalisation",
+                                        f"none: {pkl} normalises no observation (its norm_obs is false)")
+        assert a.because.startswith(because) and "--no-filter" not in a.settle
+        assert not any(n.output[0].startswith("vec_normalize") for n in c.model.graph.node)
+        for backend in ("numpy", "onnxruntime"):
+            np.testing.assert_allclose(pp.load(c.model, backend=backend).run({"obs": obs})["action"], expected,
+                                       rtol=1e-5, atol=1e-5)
+        report = pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle)
+        assert report.passed and [s["assumes"] for s in report.shared_assumptions] == [a.assumes]
+
+
 @pytest.mark.parametrize("content, message", [
     ({"obs_rms": {"mean": MEAN32}}, "{pkl} holds a dict, not a pickled VecNormalize"),
     (VecNormalize(obs_rms={"position": RunningMeanStd(), "speed": RunningMeanStd()}),
