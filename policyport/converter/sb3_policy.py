@@ -5,7 +5,8 @@ the way SB3 builds a policy before it loads weights: the policy class of the alg
 (``ActorCriticPolicy``, ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, sb3-contrib's ``QRDQNPolicy``, from
 policyport's own table,
 never a name read from the file), gymnasium spaces rebuilt from the zip's readable ``observation_space``
-and ``action_space`` fields, and the readable ``policy_kwargs`` (``net_arch``, ``activation_fn`` ...).
+and ``action_space`` fields, and the readable ``policy_kwargs`` (``net_arch`` ...), ``activation_fn``
+as the ``torch.nn`` class (and ``functools.partial`` arguments) the zip names.
 The ``policy.pth`` state_dict is then loaded with ``load_state_dict(strict=True)``, which refuses
 any parameter the architecture does not have, and ``predict(obs, deterministic=True)`` computes the
 action with SB3's own code (its head, its clipping or rescaling to the bounds). A VecNormalize file
@@ -92,7 +93,9 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
     Args:
         family: ``"ac"`` (PPO, A2C), ``"sac"``, ``"td3"`` (TD3, DDPG) or ``"dqn"``.
         kwargs: the zip's readable ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
-        activation: the hidden activation's policyport name (``"tanh"``).
+        activation: the zip's ``activation_fn``
+            (:class:`~policyport.converter.sb3.TorchActivation`), or the policyport name of the one
+            ``--activation`` gave (``"leaky_relu:0.2"``) where the zip's cannot be read.
         obs_space, act_space: the spaces as :func:`policyport.converter.sb3._space` reads them.
         arrays: the ``policy.pth`` state_dict, numpy arrays.
         obs_norm: the :class:`~policyport.converter.build.ObsNorm` baked in, or ``None``.
@@ -115,8 +118,6 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
         raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib
 
-    from .sb3 import TORCH_ACTIVATIONS
-
     if family not in POLICY_CLASSES:
         raise OracleUnavailable(f"policyport does not build SB3's policy of the {family} family")
     module, name = POLICY_CLASSES[family]
@@ -124,14 +125,13 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
         policy_class = getattr(importlib.import_module(module), name)
     except ImportError as e:
         raise OracleUnavailable(f"{module.split('.')[0]} is not installed ({e.name})") from None
-    torch_activation = {v: k for k, v in TORCH_ACTIVATIONS.items()}.get(activation.split(":")[0])
-    if torch_activation is None:
-        raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
     built = {k: _literal(kwargs[k]) for k in KWARGS if k in kwargs}
     try:
         policy = policy_class(_gym_space(spaces, obs_space), _gym_space(spaces, act_space), lambda _: 0.0,
-                              activation_fn=getattr(torch.nn, torch_activation), **built)
+                              activation_fn=_activation_fn(torch, activation), **built)
         policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in arrays.items()}, strict=True)
+    except OracleUnavailable:
+        raise
     except Exception as e:  # noqa: BLE001 - whatever SB3 refuses: the oracle is unavailable, and says why
         raise OracleUnavailable(f"SB3 {stable_baselines3.__version__} could not build {name} from the zip's "
                                 f"readable data: {_first_line(e)}") from None
@@ -159,6 +159,33 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
     oracle = Oracle(f"SB3 {stable_baselines3.__version__}'s own {name}.predict(deterministic=True)", framework=True,
                     checks=CHECKS)
     return reference, oracle
+
+
+def _activation_fn(torch, activation):
+    """The ``activation_fn`` SB3 builds the policy with: the ``torch.nn`` class the zip names (with
+    the arguments of its ``functools.partial``), or the class of a policyport activation name.
+
+    Raises:
+        OracleUnavailable: a name or class ``torch.nn`` does not have.
+    """
+    import functools
+
+    from .activations import parse_activation
+    from .sb3 import TORCH_ACTIVATIONS
+
+    if isinstance(activation, str):
+        parsed = parse_activation(activation)
+        torch_name = next((c for c, (n, _) in TORCH_ACTIVATIONS.items()
+                           if c != "CELU" and parse_activation(n).name == parsed.name), None)
+        if torch_name is None:
+            raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
+        args, keywords = ((parsed.alpha,) if parsed.name == "leaky_relu" else ()), {}
+    else:
+        torch_name, args, keywords = activation.cls, activation.args, activation.kwargs
+    cls = getattr(torch.nn, torch_name, None)
+    if cls is None:
+        raise OracleUnavailable(f"torch.nn has no {torch_name}")
+    return functools.partial(cls, *args, **keywords) if args or keywords else cls
 
 
 def _literal(value):
@@ -225,7 +252,7 @@ def _hook_names(policy, family: str) -> list:
 
 
 #: torch activation module class -> the label of its tensor in a converted graph.
-_LABELS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "swish", "GELU": "gelu",
+_LABELS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "CELU": "elu", "SELU": "selu", "SiLU": "swish", "GELU": "gelu",
            "LeakyReLU": "leaky_relu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
            "Sigmoid": "sigmoid"}
 
