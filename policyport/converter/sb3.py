@@ -10,15 +10,19 @@ JSON). Used from them: the spaces' ``shape``/``_shape``, ``low``, ``high``, ``dt
 name, and the ``policy_kwargs`` entries the readable text lacks (an edited zip; a readable entry its
 pickle contradicts is refused).
 
-The activation is the ``torch.nn`` class ``activation_fn`` names, with the arguments of a
-``functools.partial`` (:func:`torch_activation`); one policyport does not build is refused.
+What is converted is what SB3's own classes compute: the policy class must be one of SB3's or
+sb3-contrib's (:data:`SB3_POLICY_CLASSES`), since a class of the user's own can change ``predict``
+with code the zip holds only pickled; every ``policy_kwargs`` entry is either read
+(:data:`FORWARD_KWARGS`: ``net_arch`` from ``policy.pth``, ``activation_fn`` with the arguments of a
+``functools.partial``, SB3's ``FlattenExtractor`` as the only features extractor) or known not to
+change the deterministic action (:data:`INERT_KWARGS`); anything else is refused naming it.
 
 The action head is what ``policy.predict(obs, deterministic=True)`` returns
 (``stable_baselines3/common/policies.py``): Discrete -> argmax of the logits; MultiDiscrete -> one
 argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds, plus ``log_std``
 expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
 tanh output rescaled; DQN -> argmax of the Q-network's output; sb3-contrib's QR-DQN -> argmax of the
-mean over quantiles.
+mean over quantiles; MaskablePPO -> the argmax over every action, as ``predict`` without action masks.
 Which networks the policy holds is told by the keys of ``policy.pth``
 (:func:`sb3_layout`), whatever SB3 version wrote the zip. ``VecNormalize`` statistics (``--obs-norm
 FILE``, or ``<zip stem>/vecnormalize.pkl`` beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
@@ -71,6 +75,25 @@ TORCH_ACTIVATIONS = {
 #: computes (torch's defaults).
 TORCH_DEFAULTS = {"alpha": 1.0, "approximate": "none", "beta": 1.0, "threshold": 20.0}
 
+#: The policy classes of SB3 and sb3-contrib whose deterministic action policyport builds, as a zip's
+#: pickle names them (``MlpPolicy`` is an alias of each), and the family of networks their
+#: ``policy.pth`` holds (``stable_baselines3/*/policies.py``, ``sb3_contrib/*/policies.py``). DDPG
+#: saves TD3's policy class; sb3-contrib's TRPO saves ``ActorCriticPolicy``.
+SB3_POLICY_CLASSES = {
+    "stable_baselines3.common.policies.ActorCriticPolicy": "ac",
+    "stable_baselines3.sac.policies.SACPolicy": "sac",
+    "stable_baselines3.td3.policies.TD3Policy": "td3",
+    "stable_baselines3.dqn.policies.DQNPolicy": "dqn",
+    "sb3_contrib.qrdqn.policies.QRDQNPolicy": "qrdqn",
+    "sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy": "ac",
+}
+
+#: How messages name each family of policies.
+FAMILY_TEXT = {"ac": "PPO/A2C actor-critic", "sac": "SAC", "td3": "TD3/DDPG", "dqn": "DQN", "qrdqn": "QR-DQN"}
+
+#: sb3-contrib's MaskablePPO policy: its ``predict`` takes the action masks of each step.
+MASKABLE = frozenset({"sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy"})
+
 #: ``policy_kwargs`` that shape the deterministic action, and how policyport reads each.
 FORWARD_KWARGS = {
     "net_arch": "from the layers policy.pth holds (SB3's own policy loads them with strict=True)",
@@ -81,6 +104,22 @@ FORWARD_KWARGS = {
     "use_sde": "false (gSDE is refused)",
     "squash_output": "false (SB3 squashes an ActorCriticPolicy's action only under gSDE)",
 }
+
+#: ``policy_kwargs`` SB3's and sb3-contrib's policy constructors take (``ActorCriticPolicy``,
+#: ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, ``QRDQNPolicy``, SB3 1.x and 2.x) that the
+#: deterministic action does not depend on, and why.
+INERT_KWARGS = {
+    "ortho_init": "it initialises weights that policy.pth replaces",
+    "log_std_init": "it initialises the log_std that policy.pth replaces",
+    "optimizer_class": "training only", "optimizer_kwargs": "training only",
+    "n_critics": "the critics, which are not exported",
+    "full_std": "gSDE only", "use_expln": "gSDE only", "sde_net_arch": "gSDE only", "clip_mean": "gSDE only",
+    "share_features_extractor": "a FlattenExtractor holds no parameters to share",
+    "normalize_images": "image observations only, which policyport refuses",
+}
+
+#: SB3's parameter-free features extractor, the one policyport converts, as ``data`` writes its class.
+FLATTEN_EXTRACTOR = "stable_baselines3.common.torch_layers.FlattenExtractor"
 
 #: What to do with a policy whose forward pass is code or parameters the zip does not record.
 EXPORT_FROM_PYTHON = ("to convert it, load the zip with SB3 in Python (PPO.load and the like, its classes importable) "
@@ -481,6 +520,59 @@ def torch_activation(text) -> TorchActivation:
     return TorchActivation(cls, args, kwargs, shown)
 
 
+def _check_policy_class(policy_class: str, path: Path) -> str:
+    """The family of networks of an SB3 or sb3-contrib policy class (:data:`SB3_POLICY_CLASSES`).
+
+    Raises:
+        BadModelError: any other class, a subclass included: its methods can change what
+            ``predict`` computes, and the zip holds their code only as a pickle policyport does not run.
+    """
+    if policy_class in SB3_POLICY_CLASSES:
+        return SB3_POLICY_CLASSES[policy_class]
+    converted = ", ".join(c.rsplit(".", 1)[1] for c in SB3_POLICY_CLASSES)
+    if policy_class == "?":
+        raise BadModelError(f"{path}: the policy class the zip records cannot be read (its pickle names no class), so "
+                            "policyport cannot tell whether it is one of the SB3 or sb3-contrib policy classes it "
+                            f"converts ({converted}); {EXPORT_FROM_PYTHON}")
+    raise BadModelError(f"{path}: the policy class the zip records is {policy_class}, not a policy class of SB3 or "
+                        f"sb3-contrib that policyport converts ({converted}). A class of its own (a subclass of one of "
+                        "them included) can change what predict computes (_predict, extract_features, forward), and "
+                        f"the zip holds that code only as a pickle, which policyport does not run; {EXPORT_FROM_PYTHON}")
+
+
+def _check_policy_kwargs(kwargs: dict) -> None:
+    """Refuse a ``policy_kwargs`` entry that changes the deterministic action in a way policyport
+    does not build: a features extractor other than SB3's ``FlattenExtractor`` (its forward pass is
+    code the zip does not record, parameter-free or not), arguments for it, ``squash_output``
+    without gSDE, or an entry none of SB3's policy classes takes (:data:`FORWARD_KWARGS`,
+    :data:`INERT_KWARGS`).
+
+    Raises:
+        BadModelError: naming the entry and what policyport converts.
+    """
+    extractor = kwargs.get("features_extractor_class")
+    if extractor is not None and not re.fullmatch(rf"(<class ')?{re.escape(FLATTEN_EXTRACTOR)}('>)?", str(extractor).strip()):
+        raise BadModelError(f"the policy's features extractor is {extractor!r} (policy_kwargs' features_extractor_class), "
+                            "and policyport converts SB3's FlattenExtractor (the default) only: another extractor's "
+                            "forward pass, parameter-free or not, is code the zip does not record; "
+                            f"{EXPORT_FROM_PYTHON}")
+    extractor_kwargs = kwargs.get("features_extractor_kwargs")
+    if extractor_kwargs not in (None, {}):
+        raise BadModelError(f"the policy's policy_kwargs give its features extractor the arguments {extractor_kwargs!r} "
+                            "(features_extractor_kwargs), which SB3's FlattenExtractor, the one policyport converts, "
+                            f"does not take; {EXPORT_FROM_PYTHON}")
+    if kwargs.get("squash_output") not in (None, False):
+        raise BadModelError(f"the policy's policy_kwargs set squash_output={kwargs['squash_output']!r}, which SB3 "
+                            "allows under gSDE only; policyport converts the plain Gaussian and squashed policies")
+    unknown = sorted(k for k in kwargs if k not in FORWARD_KWARGS and k not in INERT_KWARGS)
+    if unknown:
+        shown = ", ".join(f"{k}={kwargs[k]!r}" for k in unknown)
+        raise BadModelError(f"the policy's policy_kwargs hold {shown}, which none of the SB3 or sb3-contrib policy "
+                            "classes policyport converts takes, so policyport cannot tell whether it changes the action "
+                            f"(it reads {', '.join(FORWARD_KWARGS)}, and {', '.join(INERT_KWARGS)} change no "
+                            f"deterministic action); {EXPORT_FROM_PYTHON}")
+
+
 def sb3_layout(arrays, policy_class: str, path) -> str:
     """The state_dict layout of an SB3 policy, told by the networks its keys hold: ``"sb3-actor"``
     (``actor.*``: SAC, TD3, DDPG), ``"sb3-q"`` (``q_net.q_net.*``: DQN; ``quantile_net.quantile_net.*``:
@@ -548,9 +640,12 @@ def convert_sb3(source, options):
 
     Raises:
         BadModelError: gSDE, CNN feature extractors, dict observations, recurrent policies and
-            action spaces without a deterministic head policyport builds, each said so; an
-            ``activation_fn`` it does not build (:meth:`TorchActivation.name`), readable
-            ``policy_kwargs`` entries their pickle contradicts; action bounds that cannot be read.
+            action spaces without a deterministic head policyport builds, each said so; a policy
+            class other than SB3's and sb3-contrib's own (:data:`SB3_POLICY_CLASSES`), or one whose
+            networks are not those of policy.pth; a ``policy_kwargs`` entry that changes the action
+            in a way policyport does not build (:func:`_check_policy_kwargs`), an ``activation_fn``
+            it does not build (:meth:`TorchActivation.name`), readable entries their pickle
+            contradicts; action bounds that cannot be read.
         OptionError: ``head`` given, an activation contradicting the zip's; ``policy_kwargs`` whose
             pickle cannot be followed and no ``--activation`` (:class:`ActivationNeeded`).
         UnreadableFileError: not an SB3 zip.
@@ -574,6 +669,8 @@ def convert_sb3(source, options):
     layout = sb3_layout(arrays, policy_class, path)
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in arrays):
         raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
+    class_family = _check_policy_class(policy_class, path)
+    _check_policy_kwargs(kwargs)
     recorded = torch_activation(kwargs["activation_fn"]) if "activation_fn" in kwargs else None
     raw = data.get("policy_kwargs")
     what = ("the zip's policy_kwargs" if isinstance(raw, dict) and "activation_fn" in raw else
@@ -582,7 +679,7 @@ def convert_sb3(source, options):
     activation = recorded.name if recorded is not None else None
     if recorded is None and not unreadable:
         # policy_kwargs read whole and naming no activation_fn: the policy class's default built it
-        activation = "tanh" if layout == "sb3" else "relu"
+        activation = DEFAULT_ACTIVATION[class_family]
         what = "SB3's default for this policy (its policy_kwargs name no activation_fn)"
     if unreadable and options.activation is None:
         raise ActivationNeeded(f"{path}: its policy_kwargs are stored only as a pickle whose opcodes policyport cannot "
@@ -593,10 +690,17 @@ def convert_sb3(source, options):
         choose_activation(options.activation, activation, what)  # refuses a contradiction
     activation = activation or options.activation
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
+    if family != class_family:
+        raise BadModelError(f"{path}: the zip records the policy class {policy_class}, a {FAMILY_TEXT[class_family]} "
+                            f"policy, but its policy.pth holds the networks of a {FAMILY_TEXT[family]} policy")
     assumptions = []
     if unreadable:
         assumptions.append(activation_assumption(spec.activation_slots, "an SB3 zip whose policy_kwargs are pickled",
                                                  "SB3 builds every hidden layer with one activation_fn", unit="module"))
+    if policy_class in MASKABLE:
+        assumptions.append(Assumption("head", "argmax over every action (no action mask)", "MaskablePPO's predict "
+                                      "masks the logits with the action_masks given at each step, which a zip does not "
+                                      "hold", "mask logits before the argmax where some actions are invalid"))
     spec.action = _action_head(spec, family, act_space, data.get("n_quantiles"))
     prelude = _observation_prelude(obs_space)
     if prelude:
@@ -626,7 +730,7 @@ def convert_sb3(source, options):
         runner = "torch modules" if has_torch() else "numpy"
         return network, reconstruction(f"the zip's policy.pth and data (not SB3's own policy: {why})", runner)
 
-    source = LazySource(lambda: sb3_oracle(family, kwargs, recorded or activation, obs_space, act_space, arrays,
+    source = LazySource(lambda: sb3_oracle(policy_class, kwargs, recorded or activation, obs_space, act_space, arrays,
                                            spec.obs_norm, options.keep_value), fallback)
     return Converted(model, source.reference, "sb3", notes, assumptions, LazyOracle(source))
 

@@ -778,22 +778,6 @@ def test_the_policy_class_is_read_from_protocol_0_strings_and_memo_puts_too():
     assert pickled_global(base64.b64encode(crafted).decode()) == "mypolicies.MlpPolicy"
 
 
-@pytest.mark.parametrize("policy_class, refused", [
-    ("mypolicies.Recurrent.MlpPolicy", False),  # the class's own name decides, not its module's
-    ("sb3_contrib.ppo_mask.policies.MaskableActorCriticPolicy", False),  # sb3_contrib but not recurrent
-    ("sb3_contrib.Recurrent.MlpPolicy", True),  # a recurrent module of sb3_contrib
-])
-def test_a_recurrent_policy_is_told_by_its_class_name_or_sb3_contribs_recurrent_modules(tmp_path, policy_class, refused):
-    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "classed.zip", data=_policy_class(policy_class))
-    if not refused:
-        assert json.loads({p.key: p.value for p in convert_source(path).model.metadata_props}["policyport.source"])[
-            "policy_class"] == policy_class
-        return
-    with pytest.raises(pp.BadModelError) as caught:
-        convert_source(path)
-    assert str(caught.value) == f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies"
-
-
 def test_a_space_class_is_read_without_its_module_and_a_space_without_one_is_refused(tmp_path):
     dotless = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "dotless.zip",
                           data=lambda d: d["observation_space"].update({":type:": "<class 'Box'>"}))

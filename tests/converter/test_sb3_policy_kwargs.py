@@ -1,16 +1,22 @@
-"""What an SB3 zip records about its policy's activation: the ``torch.nn`` class with its
-``functools.partial`` arguments, readable or in the pickle of ``policy_kwargs`` only. Each is read
-and converted, or refused saying what policyport builds; the zips are saved by SB3 itself, and the
-expected actions are SB3's own ``PPO.load(...).predict(obs, deterministic=True)``."""
+"""What an SB3 zip records about its policy beyond the weights: the policy class, every
+``policy_kwargs`` entry (readable, or in its pickle only), the activation with its
+``functools.partial`` arguments. Each is read and converted, or refused naming what changes the
+action; the zips are saved by SB3 itself, and the expected actions are SB3's own
+``PPO.load(...).predict(obs, deterministic=True)``."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
+import sys
 
 import numpy as np
 import pytest
 from test_sb3 import (  # pytest puts tests/converter on sys.path
+    EXPORT_FROM_PYTHON,
+    ZIPS,
+    _policy_class,
     _policy_kwargs_edit,
     cli,
     rewrite_zip,
@@ -23,6 +29,54 @@ from policyport.converter import convert_source
 sb3 = pytest.importorskip("stable_baselines3")
 gym = pytest.importorskip("gymnasium")
 torch = pytest.importorskip("torch")
+
+#: A module of the user's own, as a training script imports it: a parameter-free features extractor
+#: and a policy class that clamps observations before acting.
+MYEXT = '''
+import torch
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+
+
+class ScaleExtractor(BaseFeaturesExtractor):
+    def __init__(self, s):
+        super().__init__(s, s.shape[0])
+
+    def forward(self, x):
+        return torch.tanh(3 * x)
+
+
+class ClipPolicy2(ActorCriticPolicy):
+    def _predict(self, observation, deterministic=False):
+        return super()._predict(observation.clamp(-0.5, 0.5), deterministic)
+'''
+
+
+@pytest.fixture(scope="module")
+def myext(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("user_code")
+    (folder / "myext.py").write_text(MYEXT)
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("myext")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("myext", None)
+
+
+class Box4Discrete3(gym.Env):
+    """Observations in Box(-1, 1, (4,)), actions Discrete(3)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), float(action == 0), False, False, {}
+
 
 def uniform(n: int, width: int, bound: float = 3.0, seed: int = 5) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-bound, bound, (n, width)).astype(np.float32)
@@ -48,6 +102,169 @@ def refusal(args, tmp_path):
     result = cli("convert", *args, "-o", tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
     return result.exit_code, " ".join(result.stderr.split())
+
+
+# ------------------------------------------------------------------------------ features extractors
+
+
+@pytest.mark.slow
+def test_a_parameter_free_features_extractor_of_its_own_is_refused(tmp_path, myext):
+    model = sb3.PPO("MlpPolicy", Box4Discrete3(), n_steps=64, batch_size=64, seed=0, device="cpu",
+                    policy_kwargs=dict(features_extractor_class=myext.ScaleExtractor))
+    model.learn(128)
+    model.save(tmp_path / "x.zip")
+    obs = uniform(1000, 4, bound=1.0)
+    # the premise: the same weights behind SB3's default extractor act otherwise
+    default = sb3.PPO("MlpPolicy", Box4Discrete3(), device="cpu")
+    default.policy.load_state_dict(model.policy.state_dict(), strict=True)
+    assert np.any(default.predict(obs, deterministic=True)[0] != sb3_actions(tmp_path / "x.zip", obs))
+
+    message = ("the policy's features extractor is \"<class 'myext.ScaleExtractor'>\" (policy_kwargs' "
+               "features_extractor_class), and policyport converts SB3's FlattenExtractor (the default) only: another "
+               f"extractor's forward pass, parameter-free or not, is code the zip does not record; {EXPORT_FROM_PYTHON}")
+    assert refusal([tmp_path / "x.zip"], tmp_path) == (3, f"error: {message}")
+    # the same when the readable entry is gone and only the pickle names the class
+    pickled = rewrite_zip(tmp_path / "x.zip", tmp_path / "pickled.zip",
+                          data=lambda d: d["policy_kwargs"].pop("features_extractor_class"))
+    assert refusal([pickled], tmp_path) == (3, f"error: {message}")
+
+
+@pytest.mark.slow
+def test_flatten_extractor_and_kwargs_that_change_no_action_convert_to_sb3s_predict(tmp_path):
+    from stable_baselines3.common.torch_layers import FlattenExtractor
+
+    kwargs = dict(net_arch=dict(pi=[16, 8], vf=[8]), activation_fn=torch.nn.ReLU, features_extractor_class=FlattenExtractor,
+                  features_extractor_kwargs={}, share_features_extractor=False, ortho_init=False, log_std_init=-0.7,
+                  optimizer_class=torch.optim.RMSprop, optimizer_kwargs=dict(alpha=0.9), normalize_images=False)
+    sb3.PPO("MlpPolicy", "Pendulum-v1", seed=3, device="cpu", policy_kwargs=kwargs).save(tmp_path / "flat.zip")
+    c = convert_source(tmp_path / "flat.zip")
+    obs = uniform(1000, 3)
+    assert_same_actions(c.model, sb3_actions(tmp_path / "flat.zip", obs), obs)
+    assert c.oracle.framework
+    assert pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle).passed
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(net_arch=[32, 32], dueling=True),
+     "the policy's policy_kwargs hold dueling=True, which none of the SB3 or sb3-contrib policy classes policyport "
+     "converts takes, so policyport cannot tell whether it changes the action (it reads net_arch, activation_fn, "
+     "features_extractor_class, features_extractor_kwargs, n_quantiles, use_sde, squash_output, and ortho_init, "
+     "log_std_init, optimizer_class, optimizer_kwargs, n_critics, full_std, use_expln, sde_net_arch, clip_mean, "
+     f"share_features_extractor, normalize_images change no deterministic action); {EXPORT_FROM_PYTHON}"),
+    (dict(net_arch=[32, 32], features_extractor_kwargs=dict(features_dim=8)),
+     "the policy's policy_kwargs give its features extractor the arguments {'features_dim': 8} "
+     "(features_extractor_kwargs), which SB3's FlattenExtractor, the one policyport converts, does not take; "
+     f"{EXPORT_FROM_PYTHON}"),
+    (dict(net_arch=[32, 32], squash_output=True),
+     "the policy's policy_kwargs set squash_output=True, which SB3 allows under gSDE only; policyport converts the "
+     "plain Gaussian and squashed policies"),
+])
+def test_a_policy_kwargs_entry_that_may_change_the_action_is_refused_naming_it(tmp_path, kwargs, message):
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "kwargs.zip", data=_policy_kwargs_edit(**kwargs))
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == message
+
+
+# ------------------------------------------------------------------------------------ policy classes
+
+
+@pytest.mark.slow
+def test_a_policy_class_of_its_own_is_refused_and_the_way_forward_it_names_works(tmp_path, myext):
+    model = sb3.PPO(myext.ClipPolicy2, "Pendulum-v1", n_steps=64, batch_size=64, seed=0, device="cpu")
+    model.learn(128)
+    model.save(tmp_path / "clip.zip")
+    obs = uniform(1000, 3, bound=2.0)
+    expected = sb3_actions(tmp_path / "clip.zip", obs)
+    # the premise: ActorCriticPolicy with the same weights acts otherwise
+    base = sb3.PPO("MlpPolicy", "Pendulum-v1", device="cpu")
+    base.policy.load_state_dict(model.policy.state_dict(), strict=True)
+    assert np.abs(base.predict(obs, deterministic=True)[0] - expected).max() > 1e-4
+
+    code, said = refusal([tmp_path / "clip.zip"], tmp_path)
+    assert code == 3 and said == (
+        f"error: {tmp_path / 'clip.zip'}: the policy class the zip records is myext.ClipPolicy2, not a policy class of "
+        "SB3 or sb3-contrib that policyport converts (ActorCriticPolicy, SACPolicy, TD3Policy, DQNPolicy, "
+        "QRDQNPolicy, MaskableActorCriticPolicy). A class of its own (a subclass of one of them included) can change "
+        "what predict computes (_predict, extract_features, forward), and the zip holds that code only as a pickle, "
+        f"which policyport does not run; {EXPORT_FROM_PYTHON}")
+
+    class Deterministic(torch.nn.Module):
+        def __init__(self, policy):
+            super().__init__()
+            self.policy = policy
+
+        def forward(self, obs):
+            return self.policy._predict(obs, deterministic=True)
+
+    loaded = sb3.PPO.load(tmp_path / "clip.zip", device="cpu")
+    exported = pp.convert(Deterministic(loaded.policy), input_shape=(3,))
+    mean = pp.load(exported).run({"obs": obs})["logits"]
+    np.testing.assert_allclose(np.clip(mean, -2, 2), expected, rtol=1e-5, atol=1e-5)  # predict clips to the bounds
+
+
+@pytest.mark.slow
+def test_a_policy_class_pickled_by_value_is_refused_naming_it(tmp_path, myext):
+    import cloudpickle
+
+    from policyport.converter.sb3 import pickled_global
+
+    cloudpickle.register_pickle_by_value(myext)  # as cloudpickle pickles a class its script defined
+    try:
+        sb3.PPO(myext.ClipPolicy2, "Pendulum-v1", device="cpu").save(tmp_path / "by_value.zip")
+    finally:
+        cloudpickle.unregister_pickle_by_value(myext)
+    from policyport.converter.sb3 import read_zip
+
+    serialized = read_zip(tmp_path / "by_value.zip")[0]["policy_class"][":serialized:"]
+    assert b"_make_skeleton_class" in __import__("base64").b64decode(serialized)
+    assert pickled_global(serialized) == "myext.ClipPolicy2"
+    code, said = refusal([tmp_path / "by_value.zip"], tmp_path)
+    assert code == 3 and "the policy class the zip records is myext.ClipPolicy2, not a policy class of SB3" in said
+
+
+@pytest.mark.parametrize("name, policy_class, message", [
+    # the class's own name decides whether it is recurrent, not its module's: not recurrent, but not SB3's either
+    ("ppo_pendulum", "mypolicies.Recurrent.MlpPolicy",
+     "{path}: the policy class the zip records is mypolicies.Recurrent.MlpPolicy, not a policy class of SB3 or "
+     "sb3-contrib that policyport converts"),
+    ("ppo_pendulum", "sb3_contrib.Recurrent.MlpPolicy",  # a recurrent module of sb3_contrib
+     "sb3_contrib.Recurrent.MlpPolicy is a recurrent policy; policyport converts feed-forward MLP policies"),
+    ("sac_pendulum", "sb3_contrib.tqc.policies.TQCPolicy",  # sb3-contrib's own, but not converted
+     "{path}: the policy class the zip records is sb3_contrib.tqc.policies.TQCPolicy, not a policy class of SB3 or "
+     "sb3-contrib that policyport converts"),
+    ("ppo_pendulum", "stable_baselines3.sac.policies.SACPolicy",
+     "{path}: the zip records the policy class stable_baselines3.sac.policies.SACPolicy, a SAC policy, but its "
+     "policy.pth holds the networks of a PPO/A2C actor-critic policy"),
+])
+def test_a_policy_class_policyport_does_not_convert_is_refused_saying_why(tmp_path, name, policy_class, message):
+    path = rewrite_zip(ZIPS[name][0], tmp_path / "classed.zip", data=_policy_class(policy_class))
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value).startswith(message.format(path=path))
+
+
+def test_a_policy_class_that_cannot_be_read_is_refused(tmp_path):
+    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "classless.zip",
+                       data=lambda d: d["policy_class"].update({":serialized:": "!!not base64"}))
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path)
+    assert str(caught.value) == (
+        f"{path}: the policy class the zip records cannot be read (its pickle names no class), so policyport cannot "
+        "tell whether it is one of the SB3 or sb3-contrib policy classes it converts (ActorCriticPolicy, SACPolicy, "
+        f"TD3Policy, DQNPolicy, QRDQNPolicy, MaskableActorCriticPolicy); {EXPORT_FROM_PYTHON}")
+
+
+@pytest.mark.slow
+def test_a_maskable_ppo_converts_to_its_predict_without_masks_and_says_so(tmp_path):
+    contrib = pytest.importorskip("sb3_contrib")
+    contrib.MaskablePPO("MlpPolicy", "CartPole-v1", seed=0, device="cpu").save(tmp_path / "maskable.zip")
+    c = convert_source(tmp_path / "maskable.zip")
+    obs = uniform(1000, 4)
+    assert_same_actions(c.model, sb3_actions(tmp_path / "maskable.zip", obs, contrib.MaskablePPO), obs)
+    assert [(a.topic, a.assumes) for a in c.assumptions][0] == ("head", "argmax over every action (no action mask)")
+    assert c.oracle.name.endswith("own MaskableActorCriticPolicy.predict(deterministic=True)")
+    assert pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle).passed
 
 
 # --------------------------------------------------------------------------------------- activations
