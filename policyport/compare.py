@@ -183,9 +183,17 @@ class Report:
     asked, no batch axis); ``oracle`` names the float64 run used for the rounding rule, if any.
     ``source_oracle`` says what the source side was (``{"name", "framework", "checks"}``: the
     framework running the source's own code, or policyport's reconstruction of it), ``None``
-    without a source; ``assumptions`` lists what the model rests on that its source file does not
-    record (``{"topic", "assumes", "because", "settle", "checked"}``; ``checked``: the source side
-    settled it from the source itself rather than assuming it too).
+    without a source; ``assumptions`` lists what the model, and the source side, rest on that their
+    files do not record (``{"topic", "assumes", "because", "settle", "checked"}``, and against a
+    source ``"side"`` and ``"differs"``):
+
+    * ``side``: ``"both"`` (the source side assumes the same: one file however its path is
+      spelled), ``"model"`` or ``"source"`` (that side alone);
+    * ``checked``: a model's assumption the source side settled from the source itself (the
+      framework's own code) rather than assuming it too; tested on the observations compared only;
+    * ``differs``: the other side assumes otherwise on the same topic; ``disagreements`` lists those
+      topics (``{"topic", "model", "source"}``, what each side assumes), where the two sides compute
+      different things by design.
     """
 
     backends: list[str]
@@ -199,12 +207,25 @@ class Report:
     oracle: str | None = None
     source_oracle: dict | None = None
     assumptions: list[dict] = field(default_factory=list)
+    disagreements: list[dict] = field(default_factory=list)
 
     @property
     def shared_assumptions(self) -> list[dict]:
-        """The model's assumptions that the source side makes too (all of them against a
-        reconstruction): a PASS holds only given these."""
-        return [a for a in self.assumptions if not a.get("checked")]
+        """The model's assumptions that the source side makes too (all of them against the
+        reconstruction a conversion checks itself with): a PASS holds only given these."""
+        return [a for a in self.assumptions if a.get("side", "both") == "both" and not a.get("checked")]
+
+    @property
+    def given_assumptions(self) -> list[dict]:
+        """Every assumption a verdict holds only given: of either side or both, neither checked by
+        the source side's own code nor one on which the sides differ."""
+        return [a for a in self.assumptions if not a.get("checked") and not a.get("differs")]
+
+    @property
+    def tested_assumptions(self) -> list[dict]:
+        """The model's assumptions the source side's own code computed (``checked``): tested on the
+        observations compared only, untested wherever they do not exercise them."""
+        return [a for a in self.assumptions if a.get("checked")]
 
     @property
     def passed(self) -> bool:
@@ -249,6 +270,7 @@ class Report:
             "oracle": self.oracle,
             "source_oracle": self.source_oracle,
             "assumptions": [dict(a) for a in self.assumptions],
+            "disagreements": [dict(d) for d in self.disagreements],
             "first_divergence": None if first is None else _json(asdict(first)),
             "comparisons": [_json(asdict(c)) for c in self.comparisons],
             "skipped": [asdict(s) for s in self.skipped],
@@ -352,17 +374,28 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
 
 
 def _against(report: Report) -> str:
-    """What the source side of a verdict was, and what it assumes with the model: ``" against a
-    reconstruction that assumes activation tanh at 1 and 3"``; ``""`` without a source."""
+    """What the source side of a verdict was, and every assumption of either side, so that none
+    drops out of a PASS: ``" against a reconstruction that assumes activation tanh at 1 and 3"``,
+    ``" against SB3's own ... , given observation normalisation none; tested on these observations
+    only: action bounds none: ..."``, and the topics on which the sides differ; ``""`` without a source."""
     oracle = report.source_oracle
     if not oracle:
         return ""
-    shared = report.shared_assumptions
+    given = report.given_assumptions
     if oracle.get("framework"):
-        return f" against {oracle['name']}" + (f", given {_short(shared)}" if shared else "")
-    if not shared:
-        return " against a reconstruction of the source that assumes nothing the file does not record"
-    return f" against a reconstruction that assumes {_short(shared)}"
+        text = f" against {oracle['name']}" + (f", given {_short(given)}" if given else "")
+    else:
+        rebuilt = [a for a in given if a.get("side", "both") != "model"]
+        alone = [a for a in given if a.get("side") == "model"]
+        text = (f" against a reconstruction that assumes {_short(rebuilt)}" if rebuilt else
+                " against a reconstruction of the source that assumes nothing the file does not record")
+        text += f", given {_short(alone)}" if alone else ""
+    tested = report.tested_assumptions
+    if tested:
+        text += f"; tested on these observations only: {_short(tested)}"
+    if report.disagreements:
+        text += f"; the model and the source side assume differently on {', '.join(d['topic'] for d in report.disagreements)}"
+    return text
 
 
 def _short(assumptions: list[dict]) -> str:

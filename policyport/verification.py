@@ -280,7 +280,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if any(v.has_batch_axis or v.shape is None for v in first.inputs):
                 notes.append(f"using the first {min(samples, given)} of the {given} observations given"
                              + (f" ({samples} asked)" if samples > given else ""))
-    source_assumptions = []
+    source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
     if source is not None and reference is None:
         rebuilt = _source_reference(model, source, trust)
         reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
@@ -319,16 +319,101 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
 
 
 def _name_assumptions(report: Report, metadata: Mapping[str, str], oracle, source_assumptions) -> None:
-    """Put on ``report`` what the source side is and every assumption the verdict rests on: the
-    model's recorded ones and those of the source's reconstruction (each once), marked ``checked``
-    where the source side settles its topic from the source itself (a framework's own code)."""
+    """Put on ``report`` what the source side is and every assumption the verdict rests on, the
+    model's recorded ones and the source side's, each once (see :class:`Report` for the keys).
+
+    Per topic: an assumption both sides make (:func:`_same_assumption`: a file they name, however
+    spelled, counts as the same as a file of the same bytes) is ``side`` ``"both"``; the
+    others are one side's alone, and where both sides assume something on a topic but not the same,
+    they differ there (``differs``, ``report.disagreements`` and a note: they compute different things
+    by design). A model's assumption the source side does not make is ``checked`` when the source
+    side is the framework's own code and settles its topic (``oracle.checks``); that holds on the
+    compared observations only, which a note says.
+
+    ``source_assumptions`` ``None``: the source side is the reference of the conversion that recorded
+    the model's assumptions, and makes the same ones.
+    """
     model = recorded_assumptions(dict(metadata)) or []
-    seen = {(a["topic"], a["assumes"]) for a in model}
-    every = model + [a.to_dict() for a in source_assumptions if (a.topic, a.assumes) not in seen]
-    checks = oracle.checks if oracle is not None else frozenset()
-    report.assumptions = [{**a, "checked": a["topic"] in checks} for a in every]
-    if oracle is not None:
-        report.source_oracle = oracle.to_dict()
+    if oracle is None:
+        report.assumptions = [{**a, "checked": False} for a in model]
+        return
+    report.source_oracle = oracle.to_dict()
+    source = model if source_assumptions is None else [a.to_dict() for a in source_assumptions]
+    named: list[dict] = []
+    for topic in dict.fromkeys(a["topic"] for a in [*model, *source]):
+        mine = [a for a in model if a["topic"] == topic]
+        theirs = [a for a in source if a["topic"] == topic]
+        both = [a for a in mine if any(_same_assumption(a, b) for b in theirs)]
+        alone = [a for a in mine if a not in both]
+        other = [b for b in theirs if not any(_same_assumption(a, b) for a in mine)]
+        differs = bool(alone and other)
+        named += [{**a, "side": "both", "checked": False, "differs": False} for a in both]
+        named += [{**a, "side": "model", "checked": not theirs and topic in oracle.checks, "differs": differs}
+                  for a in alone]
+        named += [{**b, "side": "source", "checked": False, "differs": differs} for b in other]
+        if differs:
+            report.disagreements.append({"topic": topic, "model": [a["assumes"] for a in alone],
+                                         "source": [b["assumes"] for b in other]})
+            report.notes.append(
+                f"the model and the source side assume differently on {topic} (the model: "
+                f"{'; '.join(a['assumes'] for a in alone)}; the source side: {'; '.join(b['assumes'] for b in other)}): "
+                "they compute different things there, so a mismatch may come from that difference alone")
+    report.assumptions = named
+    tested = [f"{a['topic']} {a['assumes']}" for a in named if a["checked"]]
+    if tested:
+        n = report.samples
+        report.notes.append(f"the source side's own code tested what the model assumes on the {n:,} observation"
+                            f"{'s' if n != 1 else ''} compared only, and an assumption they do not exercise (an action "
+                            f"mean beyond the bounds, say) is untested: {'; '.join(tested)}")
+
+
+def _same_assumption(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether two assumptions assume the same thing: one topic, and what they assume alike once
+    every file named in it stands for its contents (:func:`_files_as_contents`)."""
+    return a["topic"] == b["topic"] and (a["assumes"] == b["assumes"]
+                                         or _files_as_contents(a["assumes"]) == _files_as_contents(b["assumes"]))
+
+
+#: The most words of an assumption searched for paths (each run of words is one file-system lookup).
+_PATH_WORDS = 40
+#: The largest file an assumption names that is compared by its contents; a larger one by its resolved path.
+_HASHED_BYTES = 64 << 20
+
+
+def _files_as_contents(text: str) -> str:
+    """``text`` with each run of words that names an existing file (a path may hold spaces; the
+    longest run first, brackets and punctuation around it kept) replaced by its contents' sha256, and
+    each that names a folder by its resolved path: one file named relatively and absolutely, or two
+    files of the same bytes (the same statistics copied along with a policy), read the same. A path
+    that does not resolve from this working folder is left as written."""
+    import os
+    from pathlib import Path
+
+    from .files import sha256_file
+
+    words = text.split(" ")
+    if len(words) > _PATH_WORDS:
+        return text
+    out, i = [], 0
+    while i < len(words):
+        for j in range(len(words), i, -1):
+            run = " ".join(words[i:j])
+            core = run.strip("()[],;:'\"")
+            path = Path(core)
+            if core and ("/" in core or os.sep in core or "." in core) and path.exists():
+                try:
+                    small = path.is_file() and path.stat().st_size <= _HASHED_BYTES
+                    named = f"sha256:{sha256_file(path)}" if small else str(path.resolve())
+                except OSError:
+                    continue
+                start = run.index(core)
+                out.append(run[:start] + named + run[start + len(core):])
+                i = j
+                break
+        else:
+            out.append(words[i])
+            i += 1
+    return " ".join(out)
 
 
 class _Blocks:
