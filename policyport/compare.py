@@ -194,6 +194,9 @@ class Report:
     * ``differs``: the other side assumes otherwise on the same topic; ``disagreements`` lists those
       topics (``{"topic", "model", "source"}``, what each side assumes), where the two sides compute
       different things by design.
+
+    ``non_finite`` names the compared tensors that are NaN or infinite in every element on both
+    sides of a comparison: NaN matches NaN, so their comparisons pass and prove nothing.
     """
 
     backends: list[str]
@@ -208,6 +211,7 @@ class Report:
     source_oracle: dict | None = None
     assumptions: list[dict] = field(default_factory=list)
     disagreements: list[dict] = field(default_factory=list)
+    non_finite: list[str] = field(default_factory=list)
 
     @property
     def shared_assumptions(self) -> list[dict]:
@@ -271,6 +275,7 @@ class Report:
             "source_oracle": self.source_oracle,
             "assumptions": [dict(a) for a in self.assumptions],
             "disagreements": [dict(d) for d in self.disagreements],
+            "non_finite": list(self.non_finite),
             "first_divergence": None if first is None else _json(asdict(first)),
             "comparisons": [_json(asdict(c)) for c in self.comparisons],
             "skipped": [asdict(s) for s in self.skipped],
@@ -352,6 +357,10 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
     rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
     extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
         (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
+    if report.non_finite:
+        count = len(report.non_finite)
+        extra += (f"; {count} tensor{'s' if count > 1 else ''} NaN or infinite everywhere on both sides "
+                  f"prove{'s' if count == 1 else ''} nothing")
     against = _against(report)
     if report.passed:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
@@ -459,6 +468,7 @@ class ComparisonFold:
         self._differ = self._size = 0
         self._rounding: list[float] | None = None  # E_a, E_b, max |r|, the largest failing difference
         self._no_rounding = False
+        self._floats = self._finite = False  # floating elements seen; a finite one among them, on either side
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         """Fold in one block: ``a`` and ``b`` are the same rows of the candidate's and the reference's tensor."""
@@ -487,6 +497,8 @@ class ComparisonFold:
         if a.size == 0:
             return
         af, bf = _wide(a), _wide(b)
+        self._floats = True
+        self._finite = self._finite or bool(np.isfinite(af).any() or np.isfinite(bf).any())
         nan_a, nan_b = np.isnan(af), np.isnan(bf)
         if (nan_a != nan_b).any():
             self._nan_only[0] += int((nan_a & ~nan_b).sum())
@@ -533,6 +545,12 @@ class ComparisonFold:
         self._differ += int(differ.sum())
         self.max_abs = max(self.max_abs, float(max(gaps)))
         self.max_rel = max(self.max_rel, float(max(rels, default=0.0)))
+
+    @property
+    def nowhere_finite(self) -> bool:
+        """Whether the tensor is floating, holds elements, and every element is NaN or infinite on
+        both sides: NaN matches NaN, so such a comparison passes and proves nothing."""
+        return self.kind == "float" and self._floats and not self._finite
 
     @property
     def wants_rounding(self) -> bool:

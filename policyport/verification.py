@@ -280,17 +280,18 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if any(v.has_batch_axis or v.shape is None for v in first.inputs):
                 notes.append(f"using the first {min(samples, given)} of the {given} observations given"
                              + (f" ({samples} asked)" if samples > given else ""))
-    source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
-    if source is not None and reference is None:
-        rebuilt = _source_reference(model, source, trust)
-        reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
-    if len(backends) < 2 and reference is None:
+    if len(backends) < 2 and reference is None and source is None:
         raise InputMismatchError(
             f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
         )
     n = count_observations(first.inputs, feeds)
     if n == 0:
         raise InputMismatchError("no observations to verify on: the inputs hold 0 rows")
+    _check_finite(first.inputs, feeds, n, notes)
+    source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
+    if source is not None and reference is None:
+        rebuilt = _source_reference(model, source, trust)
+        reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
     if inputs is None and n != asked:
         from .summary import format_shape
 
@@ -312,10 +313,50 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if i == 0 or name not in blocks.whole:
                 fold.add(sides[candidate][name], sides[against][name])
     report.comparisons = [fold.result() for fold in folds.values()]
+    report.non_finite = list(dict.fromkeys(name for (name, _, _), fold in folds.items() if fold.nowhere_finite))
+    if report.non_finite:
+        report.notes.append(f"NaN or infinite in every element on both sides, so their comparisons pass and prove "
+                            f"nothing: {listing(report.non_finite)}")
     failing = {c.tensor for c in report.comparisons if not c.passed and c.rule == "tolerance" and c.max_abs < np.inf}
     if failing and rounding:
         _rounding_rule(graph, blocks, sessions, feeds, tensors, reference, folds, failing, report)
     return report
+
+
+#: Rows of observations checked for NaN and infinity at a time (bounds the check's temporaries).
+_FINITE_ROWS = 65536
+
+
+def _check_finite(inputs: Sequence[ValueInfo], feeds: Mapping[str, np.ndarray], n: int, notes: list[str]) -> None:
+    """Refuse observations that hold a NaN or an infinity in every one of their ``n`` rows (every
+    tensor computed from them is NaN or infinite on every side, and NaN matches NaN: comparing
+    them proves nothing); note how many rows hold one when only some do. A value of a floating
+    input without a batch axis belongs to every observation.
+
+    Raises:
+        InputMismatchError: every observation holds a NaN or an infinity.
+    """
+    batched = {v.name for v in inputs if v.has_batch_axis or v.shape is None}
+    bad = np.zeros(n, dtype=bool)
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        if value.size == 0 or not is_floating(value.dtype):
+            continue
+        if name in batched and value.ndim and len(value) == n:
+            for start in range(0, n, _FINITE_ROWS):
+                block = value[start:start + _FINITE_ROWS]
+                bad[start:start + len(block)] |= ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+        elif not np.isfinite(value).all():
+            bad[:] = True
+    count = int(bad.sum())
+    if count == n:
+        held = "the observation holds" if n == 1 else f"every one of the {n:,} observations holds"
+        raise InputMismatchError(f"{held} NaN or infinity: every tensor computed from {'it' if n == 1 else 'them'} "
+                                 "is NaN or infinite on every side, and NaN matches NaN, so comparing them proves "
+                                 "nothing; give observations whose values are finite")
+    if count:
+        notes.append(f"{count:,} of the {n:,} observations hold NaN or infinity: what is computed from them is "
+                     f"compared NaN with NaN, which proves nothing; the verdict rests on the other {n - count:,}")
 
 
 def _name_assumptions(report: Report, metadata: Mapping[str, str], oracle, source_assumptions) -> None:
