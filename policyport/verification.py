@@ -27,7 +27,8 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError, listing
+from .errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, UndrawableInputError,
+                     UnreadableFileError, UntrustedFileError, listing)
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
 from .runtime.base import count_observations, native_order
@@ -290,8 +291,9 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     _check_finite(first.inputs, feeds, n, notes)
     source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
     if source is not None and reference is None:
-        rebuilt = _source_reference(model, source, trust)
+        rebuilt, read_as = _source_reference(model, source, trust)
         reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
+        notes += read_as
     if inputs is None and n != asked:
         from .summary import format_shape
 
@@ -763,24 +765,30 @@ def _observation_shape(proto) -> tuple[int, ...] | None:
 def _source_reference(model, source, trust: bool):
     """The source's forward pass, rebuilt with the options recorded in the model at conversion: the
     :class:`~policyport.converter.Converted` of the source (its ``reference``, ``oracle`` and
-    ``assumptions``).
+    ``assumptions``), and notes on how the source was read.
+
+    The kind the source is read as: the kind the conversion recorded when the source is the file
+    converted (the sha256 the model records, ``policyport.source``), however it is named; else the
+    kind its name tells (:func:`~policyport.converter.detect_kind`), or the recorded kind when its
+    name tells none. A source that kind cannot read is read as the recorded kind, then as the kind
+    its contents tell (:func:`policyport.files.file_kind`), and a note says so.
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
-    choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
-    cannot be told from its name is taken to be of the kind the conversion recorded. A torch source
-    with no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+    choose what it outputs (``keep_value``) carry over, and it is run as it is. A torch source with
+    no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+
+    Returns:
+        ``(converted, notes)``.
 
     Raises:
-        BadModelError: the source cannot be read or rebuilt, or an option the model was converted
-            with does not apply to it (the converter's OptionError, named as the source's misfit).
+        BadModelError: the source cannot be read or rebuilt as any of those kinds, or an option the
+            model was converted with does not apply to it (the converter's OptionError, named as the
+            source's misfit); the first kind's refusal is the one given.
     """
     import dataclasses
 
-    from .converter import (FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source,
-                            detect_kind, flag_list, given_fields)
-    from .converter.activations import ActivationNeeded
-    from .errors import OptionError
+    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -795,19 +803,86 @@ def _source_reference(model, source, trust: bool):
             "npz", "state-dict", "rllib-torch"):  # converted when these kinds defaulted: the one the conversion used
         options = dataclasses.replace(options, activation=used)
     recorded_kind = props.get("policyport.source_kind")
-    recorded = given_fields(options)
+    recorded_kind = recorded_kind if recorded_kind in FILE_KINDS else None
+    if recorded_kind and _is_the_converted_file(source, props.get("policyport.source")):
+        return _rebuild(proto, source, recorded_kind, recorded_kind, options, used, trust), []
     try:
-        try:
-            kind = detect_kind(source)
-        except UnknownKindError:  # a source named unlike its kind: the kind convert recorded
-            if recorded_kind not in FILE_KINDS:
-                raise
-            kind = recorded_kind
-        if recorded_kind and kind != recorded_kind:
-            options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
-            recorded = given_fields(options)
-        if options.input_shape is None and "input_shape" in READS.get(kind, ()):
-            options = dataclasses.replace(options, input_shape=_observation_shape(proto))
+        kind, told = detect_kind(source), "as its name says"
+    except UnknownKindError as e:  # a source named unlike its kind: the kind convert recorded
+        if recorded_kind is None:
+            raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
+        kind, told = recorded_kind, "the kind the model was converted from"
+    try:
+        return _rebuild(proto, source, kind, recorded_kind, options, used, trust), []
+    except (BadModelError, UnreadableFileError, UntrustedFileError) as refused:
+        if isinstance(refused, LimitExceededError):
+            raise
+        for other, why in _other_readings(source, kind, recorded_kind):
+            try:
+                converted = _rebuild(proto, source, other, recorded_kind, options, used, trust)
+            except (PolicyportError, MemoryError):
+                continue
+            cause = re.split(r" \(|: |; ", str(refused.__cause__ or refused), maxsplit=1)[0]
+            return converted, [f"{source} is read as a {other} source, {why}; read as {kind}, {told}, it cannot "
+                               f"be: {cause}"]
+        raise
+
+
+def _other_readings(source, kind: str, recorded_kind: str | None) -> list[tuple[str, str]]:
+    """The kinds to read a source as when ``kind`` cannot read it, and why each: the kind the model
+    was converted from, then the kind the file's contents tell."""
+    from pathlib import Path
+
+    from .files import file_kind
+
+    readings = [(recorded_kind, "the kind the model was converted from")] if recorded_kind not in (None, kind) else []
+    if isinstance(source, (str, Path)) and Path(source).exists():
+        contents = file_kind(source)
+        if contents is not None and contents.source and contents.source not in (kind, recorded_kind):
+            readings.append((contents.source, f"which its contents are ({contents.what})"))
+    return readings
+
+
+def _is_the_converted_file(source, recorded: str | None) -> bool:
+    """Whether ``source`` is the file the model was converted from: a file whose sha256 is the one
+    the conversion recorded (``policyport.source``'s ``sha256``)."""
+    import json
+    from pathlib import Path
+
+    from .files import sha256_file
+
+    try:
+        digest = json.loads(recorded or "{}").get("sha256")
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(digest, str) or not isinstance(source, (str, Path)) or not Path(source).is_file():
+        return False
+    try:
+        return sha256_file(source) == digest
+    except OSError:
+        return False
+
+
+def _rebuild(proto, source, kind: str, recorded_kind: str | None, options, used: str | None, trust: bool):
+    """The :class:`~policyport.converter.Converted` of ``source`` read as ``kind`` with the model's
+    recorded ``options`` (only ``keep_value`` and ``opset`` for another kind than ``recorded_kind``);
+    a source that does not record its activation takes the model's own (``used``).
+
+    Raises:
+        BadModelError: as :func:`_source_reference`.
+    """
+    import dataclasses
+
+    from .converter import READS, ConvertOptions, convert_source, flag_list, given_fields
+    from .converter.activations import ActivationNeeded
+    from .errors import OptionError
+
+    if recorded_kind and kind != recorded_kind:
+        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+    recorded = given_fields(options)
+    if options.input_shape is None and "input_shape" in READS.get(kind, ()):
+        options = dataclasses.replace(options, input_shape=_observation_shape(proto))
+    try:
         try:
             converted = convert_source(source, kind=kind, options=options, trust=trust)
         except ActivationNeeded:  # another kind's file that does not record it (a zip's policy.pth)
