@@ -386,7 +386,8 @@ def _against(report: Report) -> str:
     """What the source side of a verdict was, and every assumption of either side, so that none
     drops out of a PASS: ``" against a reconstruction that assumes activation tanh at 1 and 3"``,
     ``" against SB3's own ... , given observation normalisation none; tested on these observations
-    only: action bounds none: ..."``, and the topics on which the sides differ; ``""`` without a source."""
+    only: action bounds none: ..."``, and what each side assumes on a topic where they differ; ``""``
+    without a source."""
     oracle = report.source_oracle
     if not oracle:
         return ""
@@ -402,8 +403,9 @@ def _against(report: Report) -> str:
     tested = report.tested_assumptions
     if tested:
         text += f"; tested on these observations only: {_short(tested)}"
-    if report.disagreements:
-        text += f"; the model and the source side assume differently on {', '.join(d['topic'] for d in report.disagreements)}"
+    for d in report.disagreements:
+        text += (f"; the model and the source side assume differently on {d['topic']} (the model: "
+                 f"{'; '.join(d['model'])}; the source side: {'; '.join(d['source'])})")
     return text
 
 

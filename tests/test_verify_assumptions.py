@@ -227,7 +227,8 @@ def test_sides_that_assume_different_normalisers_are_said_to_differ_which_explai
     assert ("the model and the source side assume differently on observation normalisation (the model: VecNormalize "
             "statistics of vec_normalize.pkl; the source side: none): they compute different things there, so a "
             "mismatch may come from that difference alone") in report.notes
-    assert "; the model and the source side assume differently on observation normalisation: " in verdict(report)
+    assert ("; the model and the source side assume differently on observation normalisation (the model: VecNormalize "
+            "statistics of vec_normalize.pkl; the source side: none): ") in verdict(report)
     assert report.to_dict()["disagreements"] == report.disagreements
 
     onnx_path = tmp_path / "m.onnx"
@@ -242,7 +243,7 @@ def test_sides_that_assume_different_normalisers_are_said_to_differ_which_explai
 
 
 def test_one_statistics_file_named_relatively_and_absolutely_is_one_shared_assumption(normalised, monkeypatch):
-    folder, obs, with_statistics, _ = normalised
+    folder, obs, _, _ = normalised
     monkeypatch.chdir(folder)
     model = convert_source("policy.zip").model  # found as vec_normalize.pkl
     report = pp.verify(model, obs, source=folder / "policy.zip")  # found as <folder>/vec_normalize.pkl
