@@ -55,7 +55,7 @@ from ..errors import (
     listing,
 )
 from ..files import sha256_file
-from .assumptions import Oracle, head_assumption
+from .assumptions import Oracle, head_assumption, outside_normaliser
 from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 
 #: The pip extra that installs tensorflow and tf2onnx.
@@ -1033,14 +1033,17 @@ def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, ki
         shape = next(v for v in model.graph.output if v.name == output).type.tensor_type.shape
         assumptions.append(head_assumption(options.head, output=output, width=shape.dim[-1].dim_value, log_std=None,
                                            what=what))
+    assumptions.append(outside_normaliser("a SavedModel" if kind == "savedmodel" else "a Keras model",
+                                          "convert a model that applies the normaliser in its own layers (a "
+                                          "Normalization layer)"))
     oracle = Oracle(f"TensorFlow {fw.tf.__version__} running {what}'s own "
                     f"{'serving signature' if kind == 'savedmodel' else 'layers'}", framework=True, checks=_KERAS_CHECKS)
     return Converted(model, _reference(trace, options.head, fw), kind, notes, assumptions, oracle)
 
 
 #: What TensorFlow running the model settles from the model itself: its activations, its layers
-#: (a Normalization layer included) and the order they run in.
-_KERAS_CHECKS = frozenset({"activation", "layout", "observation normalisation"})
+#: (a Normalization layer included) and the order they run in; not a normaliser applied outside it.
+_KERAS_CHECKS = frozenset({"activation", "layout"})
 
 
 def convert_keras(source, options):

@@ -105,8 +105,9 @@ def test_a_wrong_list_passes_only_against_the_reconstruction_that_assumes_it(mix
     oracle = pp.verify(str(model_path), obs, source=folder / "seq.torchscript.pt")
     assert not oracle.passed and oracle.source_oracle["framework"]
     assert oracle.source_oracle["name"] == f"torch {torch.__version__} running the TorchScript module's own forward"
-    assert [(a["topic"], a["checked"]) for a in oracle.assumptions] == [("activation", True), ("layout", True),
-                                                                        ("observation normalisation", True)]
+    # torch runs the module's own activations; a normaliser outside the module it cannot know of: both sides assume none
+    assert [(a["topic"], a["side"], a["checked"]) for a in oracle.assumptions] == [
+        ("activation", "model", True), ("layout", "model", True), ("observation normalisation", "both", False)]
     result = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.torchscript.pt")
     assert result.exit_code == 1
     assert "FAIL against torch" in result.output and "checked against" not in result.output.split("FAIL")[1]
@@ -361,20 +362,32 @@ def test_a_keras_head_split_needs_saying(tmp_path):
     assert c.oracle.framework and "running the Keras model's own layers" in c.oracle.name
     categorical = convert_source(source, head="categorical")
     assert assumed(categorical.model)["head"].startswith("categorical, action = argmax of ")
-    plain = convert_source(source)
-    assert assumed(plain.model) == {}
+    plain = convert_source(source)  # a normaliser outside the model is not in its file
+    assert assumed(plain.model) == {"observation normalisation": "none"}
+    assert plain.assumptions[0].because.startswith("a Keras model records the network alone: a normaliser applied to "
+                                                   "the observations outside it")
+    assert plain.oracle.checks == frozenset({"activation", "layout"})
 
 
-def test_a_torch_module_assumes_nothing_and_is_its_own_oracle(mixed, tmp_path):
+def test_a_torch_module_assumes_no_outside_normaliser_and_is_its_own_oracle(mixed, tmp_path):
+    """A module's file cannot record a normaliser applied to the observations outside it (gymnasium's
+    NormalizeObservation wrapper, which CleanRL trains under): that is assumed, and named in the PASS."""
     folder, obs, expected = mixed
     c = convert_source(folder / "seq.torchscript.pt")
-    assert c.assumptions == [] and assumed(c.model) == {}
+    assert assumed(c.model) == {"observation normalisation": "none"}
+    assert "NormalizeObservation" in c.assumptions[0].because
+    assert c.oracle.checks == frozenset({"activation", "layout"})
     report = pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle)
-    assert report.passed and report.assumptions == []
+    assert report.passed and [(a["topic"], a["side"], a["checked"]) for a in report.assumptions] == [
+        ("observation normalisation", "both", False)]
     from policyport.compare import verdict
 
     assert verdict(report).startswith(f"PASS against torch {torch.__version__} running the TorchScript module's own "
-                                      "forward: ")
+                                      "forward, given observation normalisation none: ")
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()  # a live module, and a whole pickled one, alike
+    assert assumed(convert_source(module).model) == {"observation normalisation": "none"}
+    torch.save(module, tmp_path / "whole.pt")
+    assert assumed(convert_source(tmp_path / "whole.pt", trust=True).model) == {"observation normalisation": "none"}
 
 
 def test_a_packed_folder_carries_the_assumptions(tmp_path, mixed):
