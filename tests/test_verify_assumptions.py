@@ -100,8 +100,8 @@ def test_a_state_dict_model_against_its_torchscript_module_shares_the_normaliser
     np.testing.assert_array_equal(pp.load(str(model)).run({"obs": obs})["action"], expected.argmax(axis=1))
     report = pp.verify(str(model), obs, source=folder / "seq.torchscript.pt")
     assert report.passed
-    assert sides(report) == [("activation", "model", True, False), ("head", "model", False, False),
-                             ("observation normalisation", "both", False, False)]
+    assert sides(report) == [("activation", "model", True, False), ("layout", "model", True, False),
+                             ("head", "model", False, False), ("observation normalisation", "both", False, False)]
     np.save(tmp_path / "obs.npy", obs)
     code, text = invoke("verify", model, "-i", tmp_path / "obs.npy", "--source", folder / "seq.torchscript.pt")
     assert code == 0 and "which checked" not in text
@@ -111,7 +111,8 @@ def test_a_state_dict_model_against_its_torchscript_module_shares_the_normaliser
     assert "the model assumes (the source side makes no assumption on it): head categorical, " in text
     assert (f"PASS against torch {torch.__version__} running the TorchScript module's own forward, given head "
             "categorical, action = argmax of module 4's 3 outputs; observation normalisation none; tested on these "
-            "observations only: activation tanh at module 1, relu at module 3: ") in text
+            "observations only: activation tanh at module 1, relu at module 3; layout nothing after module 4, the last "
+            "layer: ") in text
 
 
 # ------------------------------------------------------------ tested on these observations only
