@@ -84,8 +84,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         source: the policy the model was converted from (path or object, as for
             :func:`policyport.convert`); when given, its own forward pass is also compared with the
             numpy backend and the figure recorded in ``policy.json``.
-        trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch
-            module), as for :func:`policyport.verify` (default false).
+        trust: let ``source`` be a file that runs code it holds when loaded (a TorchScript file, a
+            SavedModel, a whole pickled torch module), as for :func:`policyport.verify` (default false).
         runtime: also write ``run.py`` and the numpy runtime it imports (``_policyport/``), so the
             folder runs where policyport is not installed (default); ``False`` writes the data
             files and ``policy.json`` only, for machines that install policyport.
@@ -110,7 +110,8 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
         InputMismatchError: a graph input observations cannot be drawn for (non-float dtype, unknown
             rank), ``samples < 1`` or ``low >= high``.
         UnsupportedOpError: the numpy backend lacks an op of the model.
-        UntrustedFileError: ``source`` runs code when loaded and ``trust`` is false.
+        UntrustedFileError: ``source`` runs code when loaded and ``trust`` is false
+            (:class:`~policyport.errors.TrustRequiredError`, exit 2, for a TorchScript file or a SavedModel).
         MissingDependencyError: onnx or onnxruntime is not installed (packing needs both).
     """
     from . import __version__

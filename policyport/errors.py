@@ -2,7 +2,8 @@
 
 Every one derives from :class:`PolicyportError` and also from the built-in exception that fits, so
 callers can catch either. The CLI maps each to an exit code (see ``EXIT_CODES``): 1 verification
-mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exit 2) are Click's.
+mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exit 2) are Click's, an
+:class:`OptionError`'s, and a :class:`TrustRequiredError`'s (a source that loads only with ``--trust``).
 """
 
 from __future__ import annotations
@@ -192,6 +193,14 @@ class UnreadableFileError(PolicyportError, OSError):
 
 class UntrustedFileError(PolicyportError, PermissionError):
     """A file whose loading could execute code, refused without an explicit trust flag (exit 3)."""
+
+
+class TrustRequiredError(UntrustedFileError):
+    """A source of a format whose loading runs code the file holds (a TorchScript file, a TensorFlow
+    SavedModel), given without the trust flag; refused, told by its layout, before anything loads it
+    (exit 2: pass ``--trust``, ``trust=True``, for a file you trust)."""
+
+    exit_code = 2
 
 
 class OutputExistsError(PolicyportError, FileExistsError):

@@ -546,11 +546,14 @@ _SOURCE_SUFFIXES = {"npz": (".npz",), "sb3": (".zip",), "torchscript": (".pt", "
 
 @dataclass(frozen=True)
 class FileKind:
-    """What a file or folder is, for a message: ``what`` (``"a Stable-Baselines3 save"``), and
-    ``source``, the kind ``policyport convert --from`` reads it as, when a converter does."""
+    """What a file or folder is, for a message: ``what`` (``"a Stable-Baselines3 save"``),
+    ``source``, the kind ``policyport convert --from`` reads it as, when a converter does, and
+    ``runs_code``: loading it runs code it holds (a TorchScript file, a SavedModel), so converting
+    it needs ``--trust``."""
 
     what: str
     source: str | None = None
+    runs_code: bool = False
 
 
 def file_kind(path: str | os.PathLike) -> FileKind | None:
@@ -566,7 +569,7 @@ def file_kind(path: str | os.PathLike) -> FileKind | None:
     path = Path(path)
     if path.is_dir():
         if (path / "saved_model.pb").is_file():
-            return FileKind("a TensorFlow SavedModel folder", "savedmodel")
+            return FileKind("a TensorFlow SavedModel folder", "savedmodel", runs_code=True)
         if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
             return FileKind("an RLlib checkpoint folder", "rllib")
         return None
@@ -609,7 +612,7 @@ def _zip_kind(path: Path) -> FileKind:
     if {"policy.pth", "data"} <= base:
         return FileKind("a Stable-Baselines3 save", "sb3")
     if {"data.pkl", "constants.pkl"} <= base:
-        return FileKind("a TorchScript file", "torchscript")
+        return FileKind("a TorchScript file", "torchscript", runs_code=True)
     if "data.pkl" in base:
         return FileKind("a PyTorch file (torch.save)", "state-dict")
     if "config.json" in base and any(n.endswith(".weights.h5") for n in base):
@@ -641,6 +644,10 @@ def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
     named = path.is_dir() or path.suffix.lower() in _SOURCE_SUFFIXES.get(kind.source, ()) or kind.source == "rllib"
     kind_flag = "" if named else f" --from {kind.source}"
     output = path.with_suffix(".onnx") if not path.is_dir() else path.parent / f"{path.name}.onnx"
+    if kind.runs_code:
+        return (f"{path} is {kind.what}, not an ONNX model, and loading it runs code it holds: if you trust it, "
+                f"convert it first with policyport convert {path}{kind_flag} -o {output} --trust "
+                "(pp.convert(..., trust=True) in Python)")
     return (f"{path} is {kind.what}, not an ONNX model: convert it first with "
             f"policyport convert {path}{kind_flag} -o {output} (pp.convert in Python)")
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, UndrawableInputError,
-                     UnreadableFileError, UntrustedFileError, listing)
+from .errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, TrustRequiredError,
+                     UndrawableInputError, UnreadableFileError, UntrustedFileError, listing)
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
 from .runtime.base import count_observations, native_order
@@ -214,7 +214,8 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         rounding: apply the float32-rounding rule (default) to floating tensors that fail the
             tolerance: a float64 run of the graph on the numpy backend tells rounding from a real
             difference (:mod:`policyport.compare`). ``False``: the tolerance alone decides.
-        trust: let ``source`` be a file that runs code when unpickled (a whole pickled torch module).
+        trust: let ``source`` be a file that runs code it holds when loaded (a TorchScript file, a
+            SavedModel, a whole pickled torch module).
         threads: threads of each backend's session (see :func:`policyport.load`; the numpy
             backend's results are the same whatever the number); 0 (default) one per core.
 
@@ -231,6 +232,10 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             raises), or it cannot take the options the model was converted with.
         LimitExceededError: the tensors of every backend (measured on one and two rows,
         :meth:`policyport.runtime.Session.memory_needed`) would need more memory than this process can get.
+        TrustRequiredError: ``source`` is a TorchScript file or a SavedModel and ``trust`` is false
+            (nothing from it ran).
+        UntrustedFileError: ``source`` asks for more than arrays and containers while unpickling (a
+            whole pickled module) and ``trust`` is false.
     """
     from .errors import check_argument
     from .runtime import BACKENDS, load
@@ -815,11 +820,13 @@ def _source_reference(model, source, trust: bool):
     try:
         return _rebuild(proto, source, kind, recorded_kind, options, used, trust), []
     except (BadModelError, UnreadableFileError, UntrustedFileError) as refused:
-        if isinstance(refused, LimitExceededError):
+        if isinstance(refused, (LimitExceededError, TrustRequiredError)):  # the file is this kind: no other reading
             raise
         for other, why in _other_readings(source, kind, recorded_kind):
             try:
                 converted = _rebuild(proto, source, other, recorded_kind, options, used, trust)
+            except TrustRequiredError:  # it is of that kind, which loads only with trust: say so
+                raise
             except (PolicyportError, MemoryError):
                 continue
             cause = re.split(r" \(|: |; ", str(refused.__cause__ or refused), maxsplit=1)[0]

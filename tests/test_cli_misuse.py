@@ -303,7 +303,11 @@ def test_a_command_given_a_source_or_another_file_for_a_model_says_what_it_is_an
     else:
         onnx_path = path.parent / f"{path.name}.onnx" if path.is_dir() else path.with_suffix(".onnx")
         flag = f" --from {kind}" if kind else ""
-        assert f"convert it first with policyport convert {path}{flag} -o {onnx_path} (pp.convert in Python)" in text
+        if "TorchScript" in what or "SavedModel" in what:  # loading them runs code: converting them needs --trust
+            assert (f"not an ONNX model, and loading it runs code it holds: if you trust it, convert it first with "
+                    f"policyport convert {path}{flag} -o {onnx_path} --trust (pp.convert(..., trust=True) in Python)") in text
+        else:
+            assert f"convert it first with policyport convert {path}{flag} -o {onnx_path} (pp.convert in Python)" in text
     assert "is an option of" not in text  # the --from it names is convert's, in convert's command line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["given"]  # nothing written
 

@@ -26,8 +26,8 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("args, kind", [
-    ([TORCH_DIR / "gaussian.torchscript.pt", "--output-names", "mean,value,log_std"], "torchscript"),
-    ([TORCH_DIR / "activations.torchscript.pt", "--input-shape", "2,3"], "torchscript"),
+    ([TORCH_DIR / "gaussian.torchscript.pt", "--output-names", "mean,value,log_std", "--trust"], "torchscript"),
+    ([TORCH_DIR / "activations.torchscript.pt", "--input-shape", "2,3", "--trust"], "torchscript"),
     ([TORCH_DIR / "float64.state_dict.pt", "--activation", "tanh,relu"], "state-dict"),
     ([TORCH_DIR / "rllib_fcnet.state_dict.pt", "--from", "rllib-torch", "--activation", "tanh", "--keep-value"],
      "rllib-torch"),
@@ -66,7 +66,7 @@ def test_a_whole_pickled_module_needs_trust_to_convert_and_to_verify(tmp_path):
     (["--output-names", "a,b"], 2, "2 output names given"),
 ])
 def test_torch_refusals(args, exit_code, says, tmp_path):
-    result = invoke("convert", TORCH_DIR / "gaussian.torchscript.pt", "-o", tmp_path / "m.onnx", *args)
+    result = invoke("convert", TORCH_DIR / "gaussian.torchscript.pt", "-o", tmp_path / "m.onnx", "--trust", *args)
     assert result.exit_code == exit_code, result.output
     assert says in result.output
     assert not (tmp_path / "m.onnx").exists()
@@ -75,7 +75,8 @@ def test_torch_refusals(args, exit_code, says, tmp_path):
 def test_a_torchscript_forward_failure_reports_torchs_exception_and_the_shape_tried(tmp_path):
     expected = ("the module's forward fails on an observation of shape (batch, 7): RuntimeError: mat1 and mat2 shapes "
                 "cannot be multiplied (2x7 and 6x16); check --input-shape (the observation's shape without the batch axis)")
-    args = ("convert", TORCH_DIR / "activations.torchscript.pt", "-o", tmp_path / "m.onnx", "--input-shape", "7")
+    args = ("convert", TORCH_DIR / "activations.torchscript.pt", "-o", tmp_path / "m.onnx", "--input-shape", "7",
+            "--trust")
     result = invoke(*args)
     assert (result.exit_code, result.stderr) == (3, f"error: {expected}\n")
     result = invoke(*args, "--json")
@@ -106,7 +107,7 @@ def test_without_torch_a_torchscript_file_asks_for_the_extra(tmp_path):
     script = ("import sys; sys.modules['torch'] = None\n"
               "from policyport.cli import main\nsys.argv = ['policyport', *sys.argv[1:]]\nmain()")
     result = subprocess.run([sys.executable, "-c", script, "convert", str(TORCH_DIR / "tied.torchscript.pt"),
-                             "-o", str(tmp_path / "m.onnx")], capture_output=True, text=True, cwd=ROOT)
+                             "-o", str(tmp_path / "m.onnx"), "--trust"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 4, result.stderr
     assert "policyport[torch]" in result.stderr and "Traceback" not in result.stderr
 
@@ -117,7 +118,8 @@ def test_a_state_dict_conversion_is_checked_against_its_torchscript_module(tmp_p
     state_dict is caught by verifying against it, tensor by tensor."""
     model = tmp_path / "norms.onnx"
     assert invoke("convert", TORCH_DIR / "norms.state_dict.pt", "-o", model, "--activation", activation).exit_code == 0
-    result = invoke("verify", model, "--source", TORCH_DIR / "norms.torchscript.pt", "--samples", "16", "--json")
+    result = invoke("verify", model, "--source", TORCH_DIR / "norms.torchscript.pt", "--trust", "--samples", "16",
+                    "--json")
     doc = json.loads(result.stdout)
     assert result.exit_code == code and doc["source"] == "source"
     compared = {c["tensor"] for c in doc["comparisons"] if c["reference"] == "source"}

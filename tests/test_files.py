@@ -435,7 +435,7 @@ def test_file_kind_tells_a_file_from_its_first_bytes_or_its_members(tmp_path, ma
     path = tmp_path / "f"
     make(path)
     path = path if path.exists() else path.with_suffix(".npy")  # numpy.save adds .npy
-    assert files.file_kind(path) == files.FileKind(what, source)
+    assert files.file_kind(path) == files.FileKind(what, source, runs_code=source == "torchscript")
 
 
 def test_file_kind_tells_nothing_of_an_onnx_model_a_missing_file_or_a_plain_folder(tmp_path, metadrive_model):
@@ -445,4 +445,5 @@ def test_file_kind_tells_nothing_of_an_onnx_model_a_missing_file_or_a_plain_fold
     (tmp_path / "plain").mkdir()
     assert [files.file_kind(tmp_path / n) for n in ("m.onnx", "missing", "plain")] == [None, None, None]
     (tmp_path / "plain" / "saved_model.pb").write_bytes(b"")
-    assert files.file_kind(tmp_path / "plain") == files.FileKind("a TensorFlow SavedModel folder", "savedmodel")
+    assert files.file_kind(tmp_path / "plain") == files.FileKind("a TensorFlow SavedModel folder", "savedmodel",
+                                                                  runs_code=True)

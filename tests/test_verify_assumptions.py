@@ -59,7 +59,7 @@ def mixed(tmp_path_factory):
 
 
 def _torch_sources(folder, module):
-    return {"torch module": (module, {}), "TorchScript file": (folder / "seq.torchscript.pt", {}),
+    return {"torch module": (module, {}), "TorchScript file": (folder / "seq.torchscript.pt", {"trust": True}),
             "whole pickled module": (folder / "whole.pt", {"trust": True})}
 
 
@@ -82,7 +82,7 @@ def test_a_torch_module_assumes_no_normaliser_outside_it_and_its_oracle_does_not
 @pytest.mark.parametrize("source, kind", [("mlp_norm.keras", "keras"), ("savedmodel", "savedmodel")])
 def test_a_keras_model_or_savedmodel_assumes_no_normaliser_outside_it(source, kind):
     pytest.importorskip("tensorflow")
-    c = convert_source(ROOT / "fixtures" / "keras" / source)
+    c = convert_source(ROOT / "fixtures" / "keras" / source, trust=kind == "savedmodel")
     assert c.kind == kind
     assert [(a.topic, a.assumes) for a in c.assumptions] == [("observation normalisation", "none")]
     assert c.assumptions[0].because.startswith(f"a {'SavedModel' if kind == 'savedmodel' else 'Keras model'} records "
@@ -98,12 +98,13 @@ def test_a_state_dict_model_against_its_torchscript_module_shares_the_normaliser
     model = tmp_path / "m.onnx"
     assert invoke("convert", folder / "seq.pt", "-o", model, "--activation", "tanh,relu", "--head", "categorical")[0] == 0
     np.testing.assert_array_equal(pp.load(str(model)).run({"obs": obs})["action"], expected.argmax(axis=1))
-    report = pp.verify(str(model), obs, source=folder / "seq.torchscript.pt")
+    report = pp.verify(str(model), obs, source=folder / "seq.torchscript.pt", trust=True)
     assert report.passed
     assert sides(report) == [("activation", "model", True, False), ("layout", "model", True, False),
                              ("head", "model", False, False), ("observation normalisation", "both", False, False)]
     np.save(tmp_path / "obs.npy", obs)
-    code, text = invoke("verify", model, "-i", tmp_path / "obs.npy", "--source", folder / "seq.torchscript.pt")
+    code, text = invoke("verify", model, "-i", tmp_path / "obs.npy", "--source", folder / "seq.torchscript.pt",
+                        "--trust")
     assert code == 0 and "which checked" not in text
     assert ("running the TorchScript module's own forward, which tested, on these observations only: activation tanh "
             "at module 1, relu at module 3: ") in text

@@ -138,11 +138,11 @@ def test_a_torch_source_that_cannot_tell_its_observation_shape_takes_the_models(
 
     pytest.importorskip("torch")
     source = Path(__file__).resolve().parents[1] / "fixtures" / "torch" / "activations.torchscript.pt"
-    model = convert_source(source, input_shape=(6,)).model
+    model = convert_source(source, input_shape=(6,), trust=True).model
     _set_props(model, {OPTIONS_KEY: None, "policyport.source_kind": None})
     onnx.save(model, tmp_path / "m.onnx")
     np.save(tmp_path / "obs6.npy", np.random.default_rng(1).normal(0, 1.5, (16, 6)).astype(np.float32))
-    result = CliRunner().invoke(app, ["verify", str(tmp_path / "m.onnx"), "--source", str(source),
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "m.onnx"), "--source", str(source), "--trust",
                                       "-i", str(tmp_path / "obs6.npy"), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -315,9 +315,13 @@ def test_another_file_its_name_cannot_read_is_read_as_the_kind_recorded_and_a_no
 
 def test_a_file_neither_its_name_nor_the_recorded_kind_reads_is_read_as_its_contents_tell(npz_state_dict):
     """A TorchScript file named policy.bin: its name tells no kind, the recorded state-dict reader
-    refuses it, and its contents are a TorchScript file, which torch runs."""
+    refuses it, and its contents are a TorchScript file, which torch runs (given trust: without it, the
+    refusal says the file is TorchScript and needs it)."""
     folder, model, obs, _, _ = npz_state_dict
-    report = pp.verify(model, obs, source=folder / "policy.bin")
+    with pytest.raises(pp.TrustRequiredError, match=r"policy\.bin is a TorchScript file \(torch\.jit\.save\), and loading "
+                       r"it runs code the file holds"):
+        pp.verify(model, obs, source=folder / "policy.bin")
+    report = pp.verify(model, obs, source=folder / "policy.bin", trust=True)
     assert report.passed and report.source_oracle["framework"]
     assert report.notes[0].startswith(f"{folder / 'policy.bin'} is read as a torchscript source, which its contents "
                                       "are (a TorchScript file); read as state-dict, the kind the model was converted "

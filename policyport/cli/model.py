@@ -57,7 +57,7 @@ def inspect(
             except UnknownKindError:
                 kind = file_kind(model)  # a source named unlike its kind, told from its contents
                 if kind is not None and kind.source is not None:
-                    proto = convert(model, kind=kind.source)
+                    proto = convert(model, kind=kind.source, trust=trust)
                 else:
                     raise BadModelError(
                         f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "

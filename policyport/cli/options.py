@@ -42,7 +42,7 @@ HighOpt = Annotated[float, typer.Option("--high", metavar="H", help="Upper end o
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
-TrustOpt = Annotated[bool, typer.Option("--trust", help="Allow loading files that can run code when unpickled (a whole pickled torch module); the current folder and the file's own are on the import path while it loads. Only for files you trust.")]
+TrustOpt = Annotated[bool, typer.Option("--trust", help="Allow loading files that run code they hold: a TorchScript file, a SavedModel, a whole pickled torch module (the current folder and the file's own are on the import path while it loads), a Keras Lambda stored as bytecode. Only for files you trust.")]
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model or a folder written by 'policyport pack'.")]
 
 

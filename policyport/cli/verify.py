@@ -132,7 +132,7 @@ def verify_cmd(
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations  [default: 0]")] = None,
     backends: Annotated[Optional[str], typer.Option(metavar="NAME,NAME", help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(metavar="SRC", parser=given_path, help="The source the model was converted from, as a further reference.")] = None,
-    trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code when unpickled (a whole pickled torch module). Only for files you trust.")] = False,
+    trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code it holds: a TorchScript file, a SavedModel, a whole pickled torch module. Only for files you trust.")] = False,
     tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names to compare; graph outputs always are (name them alone to compare only them).")] = "*",
     outputs: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
     atol: AtolOpt = None,

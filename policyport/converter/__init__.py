@@ -22,7 +22,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, BadModelError, OptionError, UnreadableFileError, check_argument
+from ..errors import (
+    ArgumentTypeError,
+    BadModelError,
+    OptionError,
+    TrustRequiredError,
+    UnreadableFileError,
+    check_argument,
+)
 from .assumptions import Assumption, Oracle, reconstruction, record_assumptions
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 
@@ -88,6 +95,41 @@ FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
 
+#: Source kinds whose files hold code that loading them runs: kind -> (what such a source is, what of
+#: it runs and when). They are read only with ``trust``; without it :func:`refuse_code_without_trust`
+#: refuses them before anything loads them. No list of allowed or refused ops stands in for that: the
+#: code is the policy, and whatever it does runs.
+RUNS_CODE: dict[str, tuple[str, str]] = {
+    "torchscript": (
+        "a TorchScript file (torch.jit.save), and loading it runs code the file holds",
+        ("its __setstate__ methods run while torch.jit.load loads it and its forward when policyport traces and "
+         "checks it, and TorchScript code can create, read and write files"),
+    ),
+    "savedmodel": (
+        "a TensorFlow SavedModel, and loading it runs code the folder holds",
+        ("its resources' initializers run while tf.saved_model.load loads it and its serving signature when "
+         "policyport traces and checks it, and TensorFlow ops can read and write files"),
+    ),
+}
+
+
+def refuse_code_without_trust(path, kind: str, trust: bool) -> None:
+    """Refuse ``path``, a source of a kind in :data:`RUNS_CODE`, unless ``trust``.
+
+    Called by the converters of those kinds once the path is known to be of the kind (by its
+    layout, never by loading it) and before anything loads it.
+
+    Raises:
+        TrustRequiredError: ``trust`` is false (exit 2), naming what the source is, what of it would
+            run and ``--trust``.
+    """
+    if trust:
+        return
+    what, runs = RUNS_CODE[kind]
+    raise TrustRequiredError(f"{path} is {what}: {runs}. policyport refused it without loading it (nothing from it "
+                             "ran); if you trust it, pass --trust (trust=True)")
+
+
 class UnknownKindError(BadModelError):
     """A source whose kind cannot be told from its name or layout (exit 3); ``kind=`` / ``--from`` names it."""
 
@@ -113,7 +155,8 @@ class ConvertOptions:
         policy_id: which policy of a multi-policy checkpoint (default ``default_policy``).
         obs_filter: bake the source's observation filter into the graph (default true).
         obs_norm: an observation-normalisation file to bake in (SB3's ``vecnormalize.pkl``).
-        trust: allow unpickling files that can run code (a whole pickled module).
+        trust: allow loading files that run code they hold: a whole pickled module (unpickled), a
+            TorchScript file, a SavedModel, a Keras file with a ``Lambda`` stored as bytecode.
         input_shape: the observation's shape without the batch axis, for torch modules whose first
             layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
         output_names: names for a torch module's outputs, in the order it returns them; ``None``:
@@ -438,7 +481,8 @@ def convert(source, *, kind: str | None = None, **options):
             without an action head, ``"diag-gaussian"`` adds ``action`` = mean
             and ``log_std``, ``"categorical"`` adds ``action`` = argmax, int64), ``opset`` (11 up to
             the installed onnx's newest; default 17), ``keep_value`` (export the value branch as
-            ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust``.
+            ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust`` (load a
+            file that runs code it holds: a TorchScript file, a SavedModel, a whole pickled module).
 
     Returns:
         An ``onnx.ModelProto``: input ``obs`` (float, shape ``(batch, obs_dim)``), output
@@ -446,7 +490,10 @@ def convert(source, *, kind: str | None = None, **options):
 
     Raises:
         UnreadableFileError: the file is missing or unreadable.
-        UntrustedFileError: the file could run code when loaded and ``trust`` is false.
+        TrustRequiredError: a TorchScript file or a SavedModel (:data:`RUNS_CODE`), which loading runs
+            code from, and ``trust`` is false (exit 2).
+        UntrustedFileError: the file could run code when loaded (a whole pickled module, a ``Lambda``
+            stored as bytecode) and ``trust`` is false.
         BadModelError: arrays that cannot be placed (listed), bad shapes.
         OptionError: an option value the source cannot take (an unknown activation, head or kind, an
             opset out of range, a per-layer activation list for a source of one activation, an

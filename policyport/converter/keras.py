@@ -25,9 +25,11 @@ How a model is converted:
    (``LayerNormalization`` is spelled out in primitive ops below opset 17).
 
 Loading a ``.keras``/``.h5`` file uses Keras' ``safe_mode``: a ``Lambda`` layer stored as Python
-bytecode is refused unless ``trust`` is given. A SavedModel whose signature reads or writes files is
-refused likewise. tensorflow and tf2onnx are imported here, lazily; a missing one raises
-:class:`~policyport.errors.MissingDependencyError` naming the ``tf`` extra.
+bytecode (or a ``TFSMLayer``, which loads a SavedModel) is refused unless ``trust`` is given. A
+SavedModel is TensorFlow functions that loading it runs (its resources' initializers) and that
+tracing it runs (its signature), so it is loaded only with ``trust``. tensorflow and tf2onnx are
+imported here, lazily; a missing one raises :class:`~policyport.errors.MissingDependencyError`
+naming the ``tf`` extra.
 """
 
 from __future__ import annotations
@@ -60,16 +62,6 @@ from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
-
-#: TensorFlow ops a SavedModel signature may not hold without ``trust``: they reach files, the
-#: console or Python code when the signature runs (as the reference forward pass runs it).
-UNSAFE_TF_OPS = frozenset({
-    "ReadFile", "WriteFile", "MatchingFiles", "DeleteFile", "PyFunc", "PyFuncStateless", "EagerPyFunc",
-    "PrintV2", "Print", "SaveV2", "Save", "SaveSlices", "RestoreV2", "Restore", "RestoreSlice",
-    "MergeV2Checkpoints", "ShardedFilename", "ImmutableConst", "WriteSummary", "WriteScalarSummary",
-    "CreateSummaryFileWriter", "DebugIdentityV2", "DebugIdentityV3",
-})
-
 
 class IncompatibleFrameworkError(MissingDependencyError):
     """The installed tensorflow and tf2onnx cannot work together (exit 4)."""
@@ -1089,9 +1081,14 @@ def convert_keras(source, options):
 def convert_savedmodel(source, options):
     """Convert a TF SavedModel folder (its ``serving_default`` signature) to ONNX.
 
+    Loading a SavedModel runs TensorFlow functions the folder holds (its resources' initializers
+    inside ``tf.saved_model.load``, its signature when traced and checked), so it is loaded only
+    with ``options.trust``; without it the folder is refused before anything of it is read but the
+    presence of ``saved_model.pb``.
+
     Args:
         source: the folder holding ``saved_model.pb``.
-        options: as for :func:`convert_keras`; ``trust`` allows signatures with file or Python ops.
+        options: as for :func:`convert_keras`; ``trust`` allows loading the folder.
 
     Returns:
         A :class:`~policyport.converter.Converted` with the signature's inputs (``obs`` when there is
@@ -1099,10 +1096,10 @@ def convert_savedmodel(source, options):
 
     Raises:
         UnreadableFileError: not a loadable SavedModel, or no ``serving_default`` signature.
-        UntrustedFileError: the signature holds ops that read/write files or run Python, without ``trust``.
+        TrustRequiredError: ``options.trust`` is false (exit 2).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
-    from . import wrong_shape_of_source
+    from . import refuse_code_without_trust, wrong_shape_of_source
 
     fw = _frameworks()
     _check_options(options, "a SavedModel")
@@ -1112,6 +1109,7 @@ def convert_savedmodel(source, options):
         raise UnreadableFileError(wrong)
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")
+    refuse_code_without_trust(path, "savedmodel", options.trust)
     with _globless(path) as plain:
         try:
             loaded = fw.tf.saved_model.load(str(plain))
@@ -1122,13 +1120,6 @@ def convert_savedmodel(source, options):
     if "serving_default" not in signatures:
         raise UnreadableFileError(f"{path} has no serving_default signature; it has: {listing(signatures, show=str) or 'none'}")
     signature = signatures["serving_default"]
-    if not options.trust:
-        unsafe = sorted(_graph_ops(signature.graph.as_graph_def()) & UNSAFE_TF_OPS)
-        if unsafe:
-            raise UntrustedFileError(
-                f"{path}'s serving signature holds TensorFlow op(s) {', '.join(unsafe)}, which read or write files "
-                "or run Python when the signature runs; refused (nothing ran). If you trust it, pass --trust (trust=True)"
-            )
     keys = sorted(signature.structured_input_signature[1])
     specs = [signature.structured_input_signature[1][k] for k in keys]
     tf = fw.tf
@@ -1142,10 +1133,3 @@ def convert_savedmodel(source, options):
     trace = _trace_function(fw, fn, variables, names)
     provenance = {"kind": "savedmodel", "file": path.name, "sha256": sha256_file(path / "saved_model.pb")}
     return _convert_trace(fw, trace, options, provenance, "savedmodel")
-
-
-def _graph_ops(graph_def) -> set[str]:
-    ops = {n.op for n in graph_def.node}
-    for f in graph_def.library.function:
-        ops.update(n.op for n in f.node_def)
-    return ops

@@ -105,7 +105,7 @@ SB3_UNNAMED = (" (SB3 builds them all with one activation_fn: tanh by default fo
                "and RL Zoo's tunings often change it), or convert the SB3 zip, whose policy_kwargs record it")
 
 #: How to convert a source whose modules the state_dict cannot tell (refusals end with it).
-CONVERT_THE_MODULE = "convert the module itself (a TorchScript file, or a whole pickled module with --trust)"
+CONVERT_THE_MODULE = "convert the module itself (a TorchScript file or a whole pickled module, with --trust)"
 #: How to settle an assumption about modules the state_dict cannot tell.
 MODULE_ITSELF = f"{CONVERT_THE_MODULE}, which records them"
 

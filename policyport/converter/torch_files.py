@@ -186,7 +186,8 @@ def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
             return f"{what} is a damaged or truncated zip archive ({e}), not a file torch.save wrote"
         if {"data.pkl", "constants.pkl"} <= members:
             return (f"{what} is a TorchScript file (torch.jit.save), not a state_dict or a pickled module; "
-                    "policyport converts it with --from torchscript, which needs no --trust")
+                    "policyport converts it with --from torchscript, which loads it only with --trust: loading "
+                    "TorchScript runs the code the file holds")
         if "data.pkl" in members:
             return None
     elif _LEGACY_MAGIC in head[:32]:
@@ -205,6 +206,27 @@ def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
         return f"{what} is not a file torch.save wrote: it starts with {head[:8]!r}, and {_TORCH_SAVE}"
     reads = f"; policyport converts it with --from {kind.source}" if kind is not None and kind.source else ""
     return f"{what} is {described}, not a file torch.save wrote ({_TORCH_SAVE}){reads}"
+
+
+def not_torchscript(path: Path) -> str | None:
+    """Why ``path`` is not a TorchScript file, told from its layout without loading it: ``None`` for
+    a zip archive holding ``data.pkl`` and ``constants.pkl`` (as ``torch.jit.save`` writes,
+    ``torch/csrc/jit/serialization/export_module.cpp``), else the refusal naming what the file is
+    (:func:`policyport.files.file_kind`) and the ``--from`` that reads it, when one does."""
+    from ..files import file_kind
+
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
+    except (zipfile.BadZipFile, OSError):
+        members = set()
+    if {"data.pkl", "constants.pkl"} <= members:
+        return None
+    kind = file_kind(path)
+    described = f": it is {kind.what}" if kind is not None else ""
+    reads = f"; policyport converts it with --from {kind.source}" if kind is not None and kind.source else ""
+    return (f"{path} is not a TorchScript file (torch.jit.save writes a zip archive holding data.pkl, constants.pkl "
+            f"and code/){described}{reads}")
 
 
 def _is_onnx(path: Path) -> bool:

@@ -722,24 +722,32 @@ def convert_torch(source, options):
 def convert_torchscript(source, options):
     """Convert a TorchScript file (``torch.jit.save``), loaded with ``torch.jit.load`` on the CPU.
 
-    TorchScript holds TorchScript code, which torch's own interpreter runs; no Python pickle
-    of the file is executed.
+    Loading a TorchScript file runs the TorchScript code it holds (its ``__setstate__`` methods while
+    it loads, its ``forward`` when traced and checked), so it is read only with ``options.trust``;
+    without it the file is refused once its layout (a zip archive holding ``data.pkl`` and
+    ``constants.pkl``) says it is TorchScript, before torch is imported.
 
     Raises:
-        UnreadableFileError: not a TorchScript archive.
+        UnreadableFileError: a missing file, or not a TorchScript archive (saying what it is instead).
+        TrustRequiredError: a TorchScript file and ``options.trust`` is false (exit 2).
+        MissingDependencyError: torch is not installed.
     """
     from pathlib import Path
 
     from ..errors import UnreadableFileError
-    from . import Converted
+    from . import Converted, refuse_code_without_trust
 
-    torch = _torch("converting a TorchScript file")
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
-    if path.is_file():
-        from .torch_files import check_torch_file
+    if not path.is_file():
+        raise UnreadableFileError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
+    from .torch_files import check_torch_file, not_torchscript
 
-        check_torch_file(path)
+    check_torch_file(path)
+    if refusal := not_torchscript(path):
+        raise UnreadableFileError(refusal)
+    refuse_code_without_trust(path, "torchscript", options.trust)
+    torch = _torch("converting a TorchScript file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript itself

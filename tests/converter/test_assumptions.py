@@ -102,13 +102,14 @@ def test_a_wrong_list_passes_only_against_the_reconstruction_that_assumes_it(mix
     assert "PASS against a reconstruction that assumes activation tanh at modules 1 and 3; layout nothing after " \
            "module 4, the last layer; observation normalisation none: " in " ".join(text.split())
 
-    oracle = pp.verify(str(model_path), obs, source=folder / "seq.torchscript.pt")
+    oracle = pp.verify(str(model_path), obs, source=folder / "seq.torchscript.pt", trust=True)
     assert not oracle.passed and oracle.source_oracle["framework"]
     assert oracle.source_oracle["name"] == f"torch {torch.__version__} running the TorchScript module's own forward"
     # torch runs the module's own activations; a normaliser outside the module it cannot know of: both sides assume none
     assert [(a["topic"], a["side"], a["checked"]) for a in oracle.assumptions] == [
         ("activation", "model", True), ("layout", "model", True), ("observation normalisation", "both", False)]
-    result = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.torchscript.pt")
+    result = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.torchscript.pt",
+                    "--trust")
     assert result.exit_code == 1
     assert "FAIL against torch" in result.output and "checked against" not in result.output.split("FAIL")[1]
 
@@ -373,7 +374,7 @@ def test_a_torch_module_assumes_no_outside_normaliser_and_is_its_own_oracle(mixe
     """A module's file cannot record a normaliser applied to the observations outside it (gymnasium's
     NormalizeObservation wrapper, which CleanRL trains under): that is assumed, and named in the PASS."""
     folder, obs, expected = mixed
-    c = convert_source(folder / "seq.torchscript.pt")
+    c = convert_source(folder / "seq.torchscript.pt", trust=True)
     assert assumed(c.model) == {"observation normalisation": "none"}
     assert "NormalizeObservation" in c.assumptions[0].because
     assert c.oracle.checks == frozenset({"activation", "layout"})

@@ -152,7 +152,7 @@ def test_a_lambda_file_is_refused_without_trust():
 
 
 def test_savedmodel_converts_with_variable_named_weights(keras_models, obs):
-    c = convert_source(FIXTURES / "savedmodel")
+    c = convert_source(FIXTURES / "savedmodel", trust=True)
     report = pp.verify(c.model, obs, reference=c.reference)
     assert report.passed and any(x.reference == "source" for x in report.comparisons)
     weights = pp.extract_weights(c.model)
@@ -262,24 +262,6 @@ def test_subclassed_and_nested_models_name_their_inner_layers(keras, obs):
 
 def _leaf(model, name):
     return next(layer for layer in model._flatten_layers() if layer.name == name)
-
-
-def test_a_savedmodel_whose_signature_writes_files_is_refused(keras, tmp_path):
-    import tensorflow as tf
-
-    marker = tmp_path / "signature-ran"
-
-    class Writes(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec((None, 3), tf.float32)])
-        def __call__(self, x):
-            tf.io.write_file(str(marker), "ran")
-            return {"y": x * 2.0}
-
-    module = Writes()
-    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
-    with pytest.raises(pp.UntrustedFileError, match="WriteFile"):
-        pp.convert(tmp_path / "sm")
-    assert not marker.exists()
 
 
 def test_a_model_of_two_inputs_converts_and_verifies_against_keras_taking_each_input_by_name(tmp_path, keras):
@@ -444,7 +426,7 @@ def test_a_saved_model_without_serving_default_lists_the_signatures_it_has(tmp_p
     path = tmp_path / "policy_savedmodel"
     tf.saved_model.save(module, str(path), signatures={"act_greedy": module.act.get_concrete_function()})
     with pytest.raises(pp.UnreadableFileError) as caught:
-        convert_source(path)
+        convert_source(path, trust=True)
     assert str(caught.value) == f"{path} has no serving_default signature; it has: act_greedy"
 
 
@@ -516,7 +498,7 @@ def test_a_folder_without_saved_model_pb_or_without_signatures_is_refused_saying
     bare = tmp_path / "bare_savedmodel"
     tf.saved_model.save(module, str(bare), signatures={})
     with pytest.raises(pp.UnreadableFileError) as caught:
-        convert_source(bare)
+        convert_source(bare, trust=True)
     assert str(caught.value) == f"{bare} has no serving_default signature; it has: none"
 
 

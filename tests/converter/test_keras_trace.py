@@ -731,7 +731,7 @@ def test_converters_refuse_options_and_opsets_before_loading_anything(fw, tmp_pa
 
 def test_a_savedmodel_converts_its_serving_signature_and_records_its_digest(fw):
     path = FIXTURES / "savedmodel"
-    c = kc.convert_savedmodel(path, ConvertOptions())
+    c = kc.convert_savedmodel(path, ConvertOptions(trust=True))
     assert c.kind == "savedmodel" and [i.name for i in c.model.graph.input] == ["obs"]
     assert _source(c.model) == {"kind": "savedmodel", "file": "savedmodel", "sha256": sha256_file(path / "saved_model.pb"),
                                 "tensorflow": fw.tf.__version__, "keras": fw.keras.__version__,
@@ -763,7 +763,7 @@ def test_a_savedmodel_of_two_float64_inputs_takes_them_by_their_sorted_keys_in_t
 
     module = Two()
     tf.saved_model.save(module, str(tmp_path / "two"), signatures=module.__call__)
-    c = kc.convert_savedmodel(tmp_path / "two", ConvertOptions())
+    c = kc.convert_savedmodel(tmp_path / "two", ConvertOptions(trust=True))
     assert [i.name for i in c.model.graph.input] == ["pos", "vel"] and [o.name for o in c.model.graph.output] == ["value"]
     assert {v.type.tensor_type.elem_type for v in [*c.model.graph.input, *c.model.graph.output]} == {onnx.TensorProto.DOUBLE}
     feeds = {"pos": np.array([[3.0, 1.0]]), "vel": np.array([[1.0, 1.0]])}
@@ -775,12 +775,14 @@ def test_a_savedmodel_of_two_float64_inputs_takes_them_by_their_sorted_keys_in_t
 def test_a_broken_savedmodel_folder_is_unreadable(fw, tmp_path):
     (tmp_path / "saved_model.pb").write_bytes(b"\x08\x01garbage")
     with pytest.raises(pp.UnreadableFileError) as caught:
-        kc.convert_savedmodel(tmp_path, ConvertOptions())
+        kc.convert_savedmodel(tmp_path, ConvertOptions(trust=True))
     assert str(caught.value).startswith(f"{tmp_path} is not a loadable SavedModel: ")
     assert isinstance(caught.value.__cause__, Exception)
 
 
-def test_a_signature_writing_files_is_refused_unless_trusted(fw, tmp_path):
+def test_a_savedmodel_is_loaded_only_with_trust(fw, tmp_path):
+    """Without trust nothing of the folder is loaded, whatever its functions hold (tests/test_code_sources.py
+    has a canary for every way a SavedModel runs code); with it, it converts."""
     tf = fw.tf
 
     class Writes(tf.Module):
@@ -792,19 +794,14 @@ def test_a_signature_writing_files_is_refused_unless_trusted(fw, tmp_path):
 
     module = Writes()
     tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
-    with pytest.raises(pp.UntrustedFileError) as caught:
+    with pytest.raises(pp.TrustRequiredError) as caught:
         kc.convert_savedmodel(tmp_path / "sm", ConvertOptions())
-    assert str(caught.value) == (f"{tmp_path / 'sm'}'s serving signature holds TensorFlow op(s) PrintV2, WriteFile, "
-                                 "which read or write files or run Python when the signature runs; refused "
-                                 "(nothing ran). If you trust it, pass --trust (trust=True)")
+    assert str(caught.value).startswith(f"{tmp_path / 'sm'} is a TensorFlow SavedModel, and loading it runs code the "
+                                        "folder holds: ")
+    assert str(caught.value).endswith("policyport refused it without loading it (nothing from it ran); if you trust it, "
+                                      "pass --trust (trust=True)")
     assert not (tmp_path / "ran").exists()
     trusted = kc.convert_savedmodel(tmp_path / "sm", ConvertOptions(trust=True))
     assert [o.name for o in trusted.model.graph.output] == ["y"]
 
 
-def test_graph_ops_are_those_of_the_graph_and_of_every_function_in_its_library():
-    graph_def = SimpleNamespace(node=[SimpleNamespace(op="Placeholder"), SimpleNamespace(op="StatefulPartitionedCall")],
-                                library=SimpleNamespace(function=[SimpleNamespace(node_def=[SimpleNamespace(op="MatMul")]),
-                                                                  SimpleNamespace(node_def=[SimpleNamespace(op="ReadFile"),
-                                                                                            SimpleNamespace(op="MatMul")])]))
-    assert kc._graph_ops(graph_def) == {"Placeholder", "StatefulPartitionedCall", "MatMul", "ReadFile"}

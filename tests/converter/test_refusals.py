@@ -73,10 +73,10 @@ def test_summarised_action_bounds_without_a_uniform_repr_are_refused_naming_them
       "names tanh; leave --activation out to use the recorded one")),
     ([str(ROOT / "fixtures" / "real" / "metadrive_ppo_expert.npz"), "--keep-value"],
      "a value branch was asked for (--keep-value), but the weights hold no value_out layer"),
-    ([str(TORCH_DIR / "rllib_fcnet.torchscript.pt"), "--opset", "21"],
+    ([str(TORCH_DIR / "rllib_fcnet.torchscript.pt"), "--trust", "--opset", "21"],
      ("opset 21 is out of range for the torchscript exporter: torch {torch} writes opset 20 at most with it; "
       "choose --opset 20 or lower (or --exporter dynamo)")),
-    ([str(TORCH_DIR / "rllib_fcnet.torchscript.pt"), "--exporter", "dynamo"],
+    ([str(TORCH_DIR / "rllib_fcnet.torchscript.pt"), "--trust", "--exporter", "dynamo"],
      "the dynamo exporter cannot trace a TorchScript module; use --exporter torchscript"),
 ])
 def test_option_values_a_source_cannot_take_are_usage_errors(tmp_path, args, message):

@@ -89,7 +89,7 @@ def test_a_normalisation_read_as_torchs_default_gives_torchs_output_and_says_wha
         Assumption("activation", "tanh at module 2", "given by --activation; a state_dict does not record it",
                    "--activation names another"),
         assumed, _nothing_after("3"), NO_NORMALISER]
-    report = pp.verify(c.model, OBS, source=script)  # torch's own module checks what the model assumed
+    report = pp.verify(c.model, OBS, source=script, trust=True)  # torch's own module checks what the model assumed
     assert report.passed and ("layout", True) in [(a["topic"], a["checked"]) for a in report.assumptions]
 
 
@@ -143,7 +143,7 @@ def test_a_weight_without_bias_is_refused_naming_the_modules_it_fits_and_the_way
     result = _invoke("convert", state_dict, "-o", tmp_path / "m.onnx", "--activation", "tanh")
     assert result.exit_code == 3 and not (tmp_path / "m.onnx").exists()
     if not isinstance(net[1], nn.RMSNorm):
-        converted = convert_source(script)  # the way forward the refusal names
+        converted = convert_source(script, trust=True)  # the way forward the refusal names
         np.testing.assert_allclose(_logits(converted.model), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -172,7 +172,7 @@ def test_a_plain_sequential_names_that_it_assumes_nothing_after_its_last_layer(t
         up_to_the_last_layer = module[:3](torch.from_numpy(OBS)).numpy()
     np.testing.assert_allclose(_logits(c.model), up_to_the_last_layer, atol=1e-5, rtol=1e-5)
     assert c.assumptions[1] == _nothing_after("2")
-    assert pp.verify(c.model, OBS, source=script).passed is (last is None)
+    assert pp.verify(c.model, OBS, source=script, trust=True).passed is (last is None)
     if last is not None:
         assert np.abs(_logits(c.model) - expected).max() > 0.05
 
@@ -226,7 +226,7 @@ def test_a_dropout_is_linear_in_a_list_per_module_and_left_out_of_one_per_run(tm
     state_dict, script, expected = _saved(tmp_path, module)
     c = convert_source(state_dict, activation=activation)
     np.testing.assert_allclose(_logits(c.model), expected, atol=1e-5, rtol=1e-5)
-    assert pp.verify(c.model, OBS, source=script).passed
+    assert pp.verify(c.model, OBS, source=script, trust=True).passed
     assert c.assumptions[0].assumes == ("tanh at module 1, linear at module 2, relu at module 4"
                                         if activation.count(",") == 2 else "tanh at module 1, relu at module 4")
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -804,7 +805,7 @@ def test_a_torchscript_file_saved_in_training_mode_is_exported_in_eval_mode_and_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.jit.save(torch.jit.script(module), path)
-    c = tm.convert_torchscript(str(path), ConvertOptions())
+    c = tm.convert_torchscript(str(path), ConvertOptions(trust=True))
     assert c.notes == [TRAINING_NOTE]
     obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
     with torch.no_grad():
@@ -814,7 +815,7 @@ def test_a_torchscript_file_saved_in_training_mode_is_exported_in_eval_mode_and_
 
 def test_a_torchscript_file_records_its_name_and_digest(scripted_files):
     path, module = scripted_files["seq"]
-    c = tm.convert_torchscript(str(path), ConvertOptions())
+    c = tm.convert_torchscript(str(path), ConvertOptions(trust=True))
     assert c.kind == "torchscript"
     assert json.loads(props(c.model)["policyport.source"]) == {
         "kind": "torchscript", "file": "seq.pt", "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "exporter": "torchscript"}
@@ -832,7 +833,7 @@ def test_a_torchscript_file_records_its_name_and_digest(scripted_files):
 
 def test_a_scripted_custom_forward_runs_each_leaf_on_the_graphs_input_to_it(scripted_files):
     path, module = scripted_files["custom"]
-    c = tm.convert_torchscript(path, ConvertOptions())
+    c = tm.convert_torchscript(path, ConvertOptions(trust=True))
     names = [n.output[0] for n in c.model.graph.node]
     assert names == ["fc/linear", "relu", "constant", "mul", "mid/linear", "logits"]
     obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
@@ -864,11 +865,33 @@ def test_run_scripted_keeps_each_sequential_childs_output_by_path():
     assert kept[""] is out
 
 
-def test_an_unreadable_torchscript_file_is_refused_by_its_first_line(tmp_path):
+def test_a_file_of_another_layout_is_told_for_what_it_is_before_trust_is_asked_for(tmp_path):
     path = tmp_path / "junk.pt"
     path.write_bytes(b"not a zip archive\n")
-    with pytest.raises(UnreadableFileError) as caught:
+    for trust in (False, True):
+        with pytest.raises(UnreadableFileError) as caught:
+            tm.convert_torchscript(path, ConvertOptions(trust=trust))
+        assert str(caught.value) == (f"{path} is not a TorchScript file (torch.jit.save writes a zip archive holding "
+                                     "data.pkl, constants.pkl and code/): it is a text file")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "sd.pt")
+    with pytest.raises(UnreadableFileError, match=r"it is a PyTorch file \(torch\.save\); policyport converts it with "
+                                                  r"--from state-dict$"):
+        tm.convert_torchscript(tmp_path / "sd.pt", ConvertOptions())
+    with pytest.raises(UnreadableFileError, match=r"absent\.pt: no such file$"):
+        tm.convert_torchscript(tmp_path / "absent.pt", ConvertOptions())
+
+
+def test_an_unreadable_torchscript_file_is_refused_by_its_first_line(tmp_path):
+    import zipfile
+
+    path = tmp_path / "broken.pt"
+    with zipfile.ZipFile(path, "w") as zf:  # a TorchScript file's layout, not its contents
+        for name in ("broken/data.pkl", "broken/constants.pkl", "broken/version"):
+            zf.writestr(name, b"junk")
+    with pytest.raises(pp.TrustRequiredError):
         tm.convert_torchscript(path, ConvertOptions())
+    with pytest.raises(UnreadableFileError) as caught:
+        tm.convert_torchscript(path, ConvertOptions(trust=True))
     message = str(caught.value)
     assert message.startswith(f"{path} is not a readable TorchScript file: ") and "\n" not in message
     assert isinstance(caught.value.__cause__, Exception)
@@ -1022,10 +1045,12 @@ def test_without_onnx_each_graph_step_names_the_onnx_extra(monkeypatch):
 
 def test_without_torch_each_entry_point_says_what_needed_it(monkeypatch, tmp_path):
     module = mlp()
+    script = Path(__file__).resolve().parents[2] / "fixtures" / "torch" / "tied.torchscript.pt"
     monkeypatch.setitem(__import__("sys").modules, "torch", None)
     for call, purpose in [(lambda: tm.export_module(module), "converting a torch module"),
                           (lambda: tm.torch_ops(), "the torch reference forward pass"),
-                          (lambda: tm.convert_torchscript(tmp_path / "m.pt", ConvertOptions()), "converting a TorchScript file"),
+                          (lambda: tm.convert_torchscript(script, ConvertOptions(trust=True)),
+                           "converting a TorchScript file"),
                           (lambda: tm.input_shape_of(module, (3,)) and tm._param_dtype(module), "converting a torch module")]:
         with pytest.raises(pp.MissingDependencyError) as caught:
             call()

@@ -104,7 +104,8 @@ NOT_TORCH = {
                            "a Python pickle, not a file torch.save wrote"),
     "a TorchScript file": (lambda p: torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(p)),
                            "a TorchScript file (torch.jit.save), not a state_dict or a pickled module; policyport "
-                           "converts it with --from torchscript, which needs no --trust"),
+                           "converts it with --from torchscript, which loads it only with --trust: loading TorchScript "
+                           "runs the code the file holds"),
 }
 
 
@@ -307,7 +308,8 @@ def test_an_empty_or_truncated_torch_file_is_refused_saying_so(tmp_path, content
 def test_the_cli_says_what_a_source_is_and_advises_trust_only_for_a_torch_pickle(tmp_path):
     """verify --source of a file that is not the model's source (an ONNX model, an .npy, a pickled
     VecNormalize), read as the state_dict the model records, and a TorchScript file converted as a
-    state_dict: each is named for what it is (exit 3), never with advice to pass --trust."""
+    state_dict: each is named for what it is (exit 3), never with advice to pass --trust (the TorchScript
+    file is sent to --from torchscript, which needs it: its loading runs code)."""
     from typer.testing import CliRunner
 
     from policyport.cli import app
@@ -335,7 +337,8 @@ def test_the_cli_says_what_a_source_is_and_advises_trust_only_for_a_torch_pickle
     code, text = said("convert", tmp_path / "seq.torchscript.pt", "--from", "state-dict", "-o", tmp_path / "x.onnx")
     assert code == 3 and not (tmp_path / "x.onnx").exists()
     assert text == (f"error: {tmp_path / 'seq.torchscript.pt'} is a TorchScript file (torch.jit.save), not a state_dict "
-                    "or a pickled module; policyport converts it with --from torchscript, which needs no --trust")
+                    "or a pickled module; policyport converts it with --from torchscript, which loads it only with "
+                    "--trust: loading TorchScript runs the code the file holds")
     torch.save(module, tmp_path / "whole.pt")  # a torch pickle that asks for more than tensors: --trust is the remedy
     code, text = said("convert", tmp_path / "whole.pt", "-o", tmp_path / "x.onnx")
     assert code == 3 and text.endswith("if you trust this file, pass --trust (trust=True)")

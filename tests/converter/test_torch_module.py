@@ -250,7 +250,7 @@ def test_torchscript_files_convert_and_match_torch(name):
     path = TORCH_DIR / f"{name}.torchscript.pt"
     module, shape = load_module(name)
     dtype = np.float64 if name == "float64" else np.float32
-    c = convert_source(path, input_shape=shape)
+    c = convert_source(path, input_shape=shape, trust=True)
     assert c.kind == "torchscript"
     obs = observations(shape, 7, dtype)
     report = pp.verify(c.model, obs, reference=c.reference, atol=tolerance(dtype), rtol=tolerance(dtype))
