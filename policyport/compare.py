@@ -183,9 +183,20 @@ class Report:
     asked, no batch axis); ``oracle`` names the float64 run used for the rounding rule, if any.
     ``source_oracle`` says what the source side was (``{"name", "framework", "checks"}``: the
     framework running the source's own code, or policyport's reconstruction of it), ``None``
-    without a source; ``assumptions`` lists what the model rests on that its source file does not
-    record (``{"topic", "assumes", "because", "settle", "checked"}``; ``checked``: the source side
-    settled it from the source itself rather than assuming it too).
+    without a source; ``assumptions`` lists what the model, and the source side, rest on that their
+    files do not record (``{"topic", "assumes", "because", "settle", "checked"}``, and against a
+    source ``"side"`` and ``"differs"``):
+
+    * ``side``: ``"both"`` (the source side assumes the same: one file however its path is
+      spelled), ``"model"`` or ``"source"`` (that side alone);
+    * ``checked``: a model's assumption the source side settled from the source itself (the
+      framework's own code) rather than assuming it too; tested on the observations compared only;
+    * ``differs``: the other side assumes otherwise on the same topic; ``disagreements`` lists those
+      topics (``{"topic", "model", "source"}``, what each side assumes), where the two sides compute
+      different things by design.
+
+    ``non_finite`` names the compared tensors that are NaN or infinite in every element on both
+    sides of a comparison: NaN matches NaN, so their comparisons pass and prove nothing.
     """
 
     backends: list[str]
@@ -199,12 +210,26 @@ class Report:
     oracle: str | None = None
     source_oracle: dict | None = None
     assumptions: list[dict] = field(default_factory=list)
+    disagreements: list[dict] = field(default_factory=list)
+    non_finite: list[str] = field(default_factory=list)
 
     @property
     def shared_assumptions(self) -> list[dict]:
-        """The model's assumptions that the source side makes too (all of them against a
-        reconstruction): a PASS holds only given these."""
-        return [a for a in self.assumptions if not a.get("checked")]
+        """The model's assumptions that the source side makes too (all of them against the
+        reconstruction a conversion checks itself with): a PASS holds only given these."""
+        return [a for a in self.assumptions if a.get("side", "both") == "both" and not a.get("checked")]
+
+    @property
+    def given_assumptions(self) -> list[dict]:
+        """Every assumption a verdict holds only given: of either side or both, neither checked by
+        the source side's own code nor one on which the sides differ."""
+        return [a for a in self.assumptions if not a.get("checked") and not a.get("differs")]
+
+    @property
+    def tested_assumptions(self) -> list[dict]:
+        """The model's assumptions the source side's own code computed (``checked``): tested on the
+        observations compared only, untested wherever they do not exercise them."""
+        return [a for a in self.assumptions if a.get("checked")]
 
     @property
     def passed(self) -> bool:
@@ -249,6 +274,8 @@ class Report:
             "oracle": self.oracle,
             "source_oracle": self.source_oracle,
             "assumptions": [dict(a) for a in self.assumptions],
+            "disagreements": [dict(d) for d in self.disagreements],
+            "non_finite": list(self.non_finite),
             "first_divergence": None if first is None else _json(asdict(first)),
             "comparisons": [_json(asdict(c)) for c in self.comparisons],
             "skipped": [asdict(s) for s in self.skipped],
@@ -330,6 +357,10 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
     rounding = sum(c.rule == "rounding" and c.passed for c in report.comparisons)
     extra = (f", {rounding} by rounding against a float64 run" if rounding else "") + \
         (f"; {len(report.skipped)} random tensor(s) skipped" if report.skipped else "")
+    if report.non_finite:
+        count = len(report.non_finite)
+        extra += (f"; {count} tensor{'s' if count > 1 else ''} NaN or infinite everywhere on both sides "
+                  f"prove{'s' if count == 1 else ''} nothing")
     against = _against(report)
     if report.passed:
         worst = max(report.comparisons, key=lambda c: c.max_abs, default=None)
@@ -352,17 +383,30 @@ def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> s
 
 
 def _against(report: Report) -> str:
-    """What the source side of a verdict was, and what it assumes with the model: ``" against a
-    reconstruction that assumes activation tanh at 1 and 3"``; ``""`` without a source."""
+    """What the source side of a verdict was, and every assumption of either side, so that none
+    drops out of a PASS: ``" against a reconstruction that assumes activation tanh at 1 and 3"``,
+    ``" against SB3's own ... , given observation normalisation none; tested on these observations
+    only: action bounds none: ..."``, and what each side assumes on a topic where they differ; ``""``
+    without a source."""
     oracle = report.source_oracle
     if not oracle:
         return ""
-    shared = report.shared_assumptions
+    given = report.given_assumptions
     if oracle.get("framework"):
-        return f" against {oracle['name']}" + (f", given {_short(shared)}" if shared else "")
-    if not shared:
-        return " against a reconstruction of the source that assumes nothing the file does not record"
-    return f" against a reconstruction that assumes {_short(shared)}"
+        text = f" against {oracle['name']}" + (f", given {_short(given)}" if given else "")
+    else:
+        rebuilt = [a for a in given if a.get("side", "both") != "model"]
+        alone = [a for a in given if a.get("side") == "model"]
+        text = (f" against a reconstruction that assumes {_short(rebuilt)}" if rebuilt else
+                " against a reconstruction of the source that assumes nothing the file does not record")
+        text += f", given {_short(alone)}" if alone else ""
+    tested = report.tested_assumptions
+    if tested:
+        text += f"; tested on these observations only: {_short(tested)}"
+    for d in report.disagreements:
+        text += (f"; the model and the source side assume differently on {d['topic']} (the model: "
+                 f"{'; '.join(d['model'])}; the source side: {'; '.join(d['source'])})")
+    return text
 
 
 def _short(assumptions: list[dict]) -> str:
@@ -426,6 +470,7 @@ class ComparisonFold:
         self._differ = self._size = 0
         self._rounding: list[float] | None = None  # E_a, E_b, max |r|, the largest failing difference
         self._no_rounding = False
+        self._floats = self._finite = False  # floating elements seen; a finite one among them, on either side
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         """Fold in one block: ``a`` and ``b`` are the same rows of the candidate's and the reference's tensor."""
@@ -454,6 +499,8 @@ class ComparisonFold:
         if a.size == 0:
             return
         af, bf = _wide(a), _wide(b)
+        self._floats = True
+        self._finite = self._finite or bool(np.isfinite(af).any() or np.isfinite(bf).any())
         nan_a, nan_b = np.isnan(af), np.isnan(bf)
         if (nan_a != nan_b).any():
             self._nan_only[0] += int((nan_a & ~nan_b).sum())
@@ -500,6 +547,12 @@ class ComparisonFold:
         self._differ += int(differ.sum())
         self.max_abs = max(self.max_abs, float(max(gaps)))
         self.max_rel = max(self.max_rel, float(max(rels, default=0.0)))
+
+    @property
+    def nowhere_finite(self) -> bool:
+        """Whether the tensor is floating, holds elements, and every element is NaN or infinite on
+        both sides: NaN matches NaN, so such a comparison passes and proves nothing."""
+        return self.kind == "float" and self._floats and not self._finite
 
     @property
     def wants_rounding(self) -> bool:

@@ -27,7 +27,8 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import BadModelError, InputMismatchError, PolicyportError, UndrawableInputError, listing
+from .errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, UndrawableInputError,
+                     UnreadableFileError, UntrustedFileError, listing)
 from .files import check_memory
 from .graph import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
 from .runtime.base import count_observations, native_order
@@ -280,17 +281,19 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if any(v.has_batch_axis or v.shape is None for v in first.inputs):
                 notes.append(f"using the first {min(samples, given)} of the {given} observations given"
                              + (f" ({samples} asked)" if samples > given else ""))
-    source_assumptions = []
-    if source is not None and reference is None:
-        rebuilt = _source_reference(model, source, trust)
-        reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
-    if len(backends) < 2 and reference is None:
+    if len(backends) < 2 and reference is None and source is None:
         raise InputMismatchError(
             f"nothing to compare: one backend ({backends[0]}) and no source; name two backends or give a source"
         )
     n = count_observations(first.inputs, feeds)
     if n == 0:
         raise InputMismatchError("no observations to verify on: the inputs hold 0 rows")
+    _check_finite(first.inputs, feeds, n, notes)
+    source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
+    if source is not None and reference is None:
+        rebuilt, read_as = _source_reference(model, source, trust)
+        reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
+        notes += read_as
     if inputs is None and n != asked:
         from .summary import format_shape
 
@@ -312,23 +315,148 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             if i == 0 or name not in blocks.whole:
                 fold.add(sides[candidate][name], sides[against][name])
     report.comparisons = [fold.result() for fold in folds.values()]
+    report.non_finite = list(dict.fromkeys(name for (name, _, _), fold in folds.items() if fold.nowhere_finite))
+    if report.non_finite:
+        report.notes.append(f"NaN or infinite in every element on both sides, so their comparisons pass and prove "
+                            f"nothing: {listing(report.non_finite)}")
     failing = {c.tensor for c in report.comparisons if not c.passed and c.rule == "tolerance" and c.max_abs < np.inf}
     if failing and rounding:
         _rounding_rule(graph, blocks, sessions, feeds, tensors, reference, folds, failing, report)
     return report
 
 
+#: Rows of observations checked for NaN and infinity at a time (bounds the check's temporaries).
+_FINITE_ROWS = 65536
+
+
+def _check_finite(inputs: Sequence[ValueInfo], feeds: Mapping[str, np.ndarray], n: int, notes: list[str]) -> None:
+    """Refuse observations that hold a NaN or an infinity in every one of their ``n`` rows (every
+    tensor computed from them is NaN or infinite on every side, and NaN matches NaN: comparing
+    them proves nothing); note how many rows hold one when only some do. A value of a floating
+    input without a batch axis belongs to every observation.
+
+    Raises:
+        InputMismatchError: every observation holds a NaN or an infinity.
+    """
+    batched = {v.name for v in inputs if v.has_batch_axis or v.shape is None}
+    bad = np.zeros(n, dtype=bool)
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        if value.size == 0 or not is_floating(value.dtype):
+            continue
+        if name in batched and value.ndim and len(value) == n:
+            for start in range(0, n, _FINITE_ROWS):
+                block = value[start:start + _FINITE_ROWS]
+                bad[start:start + len(block)] |= ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+        elif not np.isfinite(value).all():
+            bad[:] = True
+    count = int(bad.sum())
+    if count == n:
+        held = "the observation holds" if n == 1 else f"every one of the {n:,} observations holds"
+        raise InputMismatchError(f"{held} NaN or infinity: every tensor computed from {'it' if n == 1 else 'them'} "
+                                 "is NaN or infinite on every side, and NaN matches NaN, so comparing them proves "
+                                 "nothing; give observations whose values are finite")
+    if count:
+        notes.append(f"{count:,} of the {n:,} observations hold NaN or infinity: what is computed from them is "
+                     f"compared NaN with NaN, which proves nothing; the verdict rests on the other {n - count:,}")
+
+
 def _name_assumptions(report: Report, metadata: Mapping[str, str], oracle, source_assumptions) -> None:
-    """Put on ``report`` what the source side is and every assumption the verdict rests on: the
-    model's recorded ones and those of the source's reconstruction (each once), marked ``checked``
-    where the source side settles its topic from the source itself (a framework's own code)."""
+    """Put on ``report`` what the source side is and every assumption the verdict rests on, the
+    model's recorded ones and the source side's, each once (see :class:`Report` for the keys).
+
+    Per topic: an assumption both sides make (:func:`_same_assumption`: a file they name, however
+    spelled, counts as the same as a file of the same bytes) is ``side`` ``"both"``; the
+    others are one side's alone, and where both sides assume something on a topic but not the same,
+    they differ there (``differs``, ``report.disagreements`` and a note: they compute different things
+    by design). A model's assumption the source side does not make is ``checked`` when the source
+    side is the framework's own code and settles its topic (``oracle.checks``); that holds on the
+    compared observations only, which a note says.
+
+    ``source_assumptions`` ``None``: the source side is the reference of the conversion that recorded
+    the model's assumptions, and makes the same ones.
+    """
     model = recorded_assumptions(dict(metadata)) or []
-    seen = {(a["topic"], a["assumes"]) for a in model}
-    every = model + [a.to_dict() for a in source_assumptions if (a.topic, a.assumes) not in seen]
-    checks = oracle.checks if oracle is not None else frozenset()
-    report.assumptions = [{**a, "checked": a["topic"] in checks} for a in every]
-    if oracle is not None:
-        report.source_oracle = oracle.to_dict()
+    if oracle is None:
+        report.assumptions = [{**a, "checked": False} for a in model]
+        return
+    report.source_oracle = oracle.to_dict()
+    source = model if source_assumptions is None else [a.to_dict() for a in source_assumptions]
+    named: list[dict] = []
+    for topic in dict.fromkeys(a["topic"] for a in [*model, *source]):
+        mine = [a for a in model if a["topic"] == topic]
+        theirs = [a for a in source if a["topic"] == topic]
+        both = [a for a in mine if any(_same_assumption(a, b) for b in theirs)]
+        alone = [a for a in mine if a not in both]
+        other = [b for b in theirs if not any(_same_assumption(a, b) for a in mine)]
+        differs = bool(alone and other)
+        named += [{**a, "side": "both", "checked": False, "differs": False} for a in both]
+        named += [{**a, "side": "model", "checked": not theirs and topic in oracle.checks, "differs": differs}
+                  for a in alone]
+        named += [{**b, "side": "source", "checked": False, "differs": differs} for b in other]
+        if differs:
+            report.disagreements.append({"topic": topic, "model": [a["assumes"] for a in alone],
+                                         "source": [b["assumes"] for b in other]})
+            report.notes.append(
+                f"the model and the source side assume differently on {topic} (the model: "
+                f"{'; '.join(a['assumes'] for a in alone)}; the source side: {'; '.join(b['assumes'] for b in other)}): "
+                "they compute different things there, so a mismatch may come from that difference alone")
+    report.assumptions = named
+    tested = [f"{a['topic']} {a['assumes']}" for a in named if a["checked"]]
+    if tested:
+        n = report.samples
+        report.notes.append(f"the source side's own code tested what the model assumes on the {n:,} observation"
+                            f"{'s' if n != 1 else ''} compared only, and an assumption they do not exercise (an action "
+                            f"mean beyond the bounds, say) is untested: {'; '.join(tested)}")
+
+
+def _same_assumption(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether two assumptions assume the same thing: one topic, and what they assume alike once
+    every file named in it stands for its contents (:func:`_files_as_contents`)."""
+    return a["topic"] == b["topic"] and (a["assumes"] == b["assumes"]
+                                         or _files_as_contents(a["assumes"]) == _files_as_contents(b["assumes"]))
+
+
+#: The most words of an assumption searched for paths (each run of words is one file-system lookup).
+_PATH_WORDS = 40
+#: The largest file an assumption names that is compared by its contents; a larger one by its resolved path.
+_HASHED_BYTES = 64 << 20
+
+
+def _files_as_contents(text: str) -> str:
+    """``text`` with each run of words that names an existing file (a path may hold spaces; the
+    longest run first, brackets and punctuation around it kept) replaced by its contents' sha256, and
+    each that names a folder by its resolved path: one file named relatively and absolutely, or two
+    files of the same bytes (the same statistics copied along with a policy), read the same. A path
+    that does not resolve from this working folder is left as written."""
+    import os
+    from pathlib import Path
+
+    from .files import sha256_file
+
+    words = text.split(" ")
+    if len(words) > _PATH_WORDS:
+        return text
+    out, i = [], 0
+    while i < len(words):
+        for j in range(len(words), i, -1):
+            run = " ".join(words[i:j])
+            core = run.strip("()[],;:'\"")
+            path = Path(core)
+            if core and ("/" in core or os.sep in core or "." in core) and path.exists():
+                try:
+                    small = path.is_file() and path.stat().st_size <= _HASHED_BYTES
+                    named = f"sha256:{sha256_file(path)}" if small else str(path.resolve())
+                except OSError:
+                    continue
+                start = run.index(core)
+                out.append(run[:start] + named + run[start + len(core):])
+                i = j
+                break
+        else:
+            out.append(words[i])
+            i += 1
+    return " ".join(out)
 
 
 class _Blocks:
@@ -637,24 +765,30 @@ def _observation_shape(proto) -> tuple[int, ...] | None:
 def _source_reference(model, source, trust: bool):
     """The source's forward pass, rebuilt with the options recorded in the model at conversion: the
     :class:`~policyport.converter.Converted` of the source (its ``reference``, ``oracle`` and
-    ``assumptions``).
+    ``assumptions``), and notes on how the source was read.
+
+    The kind the source is read as: the kind the conversion recorded when the source is the file
+    converted (the sha256 the model records, ``policyport.source``), however it is named; else the
+    kind its name tells (:func:`~policyport.converter.detect_kind`), or the recorded kind when its
+    name tells none. A source that kind cannot read is read as the recorded kind, then as the kind
+    its contents tell (:func:`policyport.files.file_kind`), and a note says so.
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
-    choose what it outputs (``keep_value``) carry over, and it is run as it is. A source whose kind
-    cannot be told from its name is taken to be of the kind the conversion recorded. A torch source
-    with no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+    choose what it outputs (``keep_value``) carry over, and it is run as it is. A torch source with
+    no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+
+    Returns:
+        ``(converted, notes)``.
 
     Raises:
-        BadModelError: the source cannot be read or rebuilt, or an option the model was converted
-            with does not apply to it (the converter's OptionError, named as the source's misfit).
+        BadModelError: the source cannot be read or rebuilt as any of those kinds, or an option the
+            model was converted with does not apply to it (the converter's OptionError, named as the
+            source's misfit); the first kind's refusal is the one given.
     """
     import dataclasses
 
-    from .converter import (FILE_KINDS, HEADS, OPTIONS_KEY, READS, ConvertOptions, UnknownKindError, convert_source,
-                            detect_kind, flag_list, given_fields)
-    from .converter.activations import ActivationNeeded
-    from .errors import OptionError
+    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, detect_kind
     from .files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
@@ -669,19 +803,86 @@ def _source_reference(model, source, trust: bool):
             "npz", "state-dict", "rllib-torch"):  # converted when these kinds defaulted: the one the conversion used
         options = dataclasses.replace(options, activation=used)
     recorded_kind = props.get("policyport.source_kind")
-    recorded = given_fields(options)
+    recorded_kind = recorded_kind if recorded_kind in FILE_KINDS else None
+    if recorded_kind and _is_the_converted_file(source, props.get("policyport.source")):
+        return _rebuild(proto, source, recorded_kind, recorded_kind, options, used, trust), []
     try:
-        try:
-            kind = detect_kind(source)
-        except UnknownKindError:  # a source named unlike its kind: the kind convert recorded
-            if recorded_kind not in FILE_KINDS:
-                raise
-            kind = recorded_kind
-        if recorded_kind and kind != recorded_kind:
-            options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
-            recorded = given_fields(options)
-        if options.input_shape is None and "input_shape" in READS.get(kind, ()):
-            options = dataclasses.replace(options, input_shape=_observation_shape(proto))
+        kind, told = detect_kind(source), "as its name says"
+    except UnknownKindError as e:  # a source named unlike its kind: the kind convert recorded
+        if recorded_kind is None:
+            raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
+        kind, told = recorded_kind, "the kind the model was converted from"
+    try:
+        return _rebuild(proto, source, kind, recorded_kind, options, used, trust), []
+    except (BadModelError, UnreadableFileError, UntrustedFileError) as refused:
+        if isinstance(refused, LimitExceededError):
+            raise
+        for other, why in _other_readings(source, kind, recorded_kind):
+            try:
+                converted = _rebuild(proto, source, other, recorded_kind, options, used, trust)
+            except (PolicyportError, MemoryError):
+                continue
+            cause = re.split(r" \(|: |; ", str(refused.__cause__ or refused), maxsplit=1)[0]
+            return converted, [f"{source} is read as a {other} source, {why}; read as {kind}, {told}, it cannot "
+                               f"be: {cause}"]
+        raise
+
+
+def _other_readings(source, kind: str, recorded_kind: str | None) -> list[tuple[str, str]]:
+    """The kinds to read a source as when ``kind`` cannot read it, and why each: the kind the model
+    was converted from, then the kind the file's contents tell."""
+    from pathlib import Path
+
+    from .files import file_kind
+
+    readings = [(recorded_kind, "the kind the model was converted from")] if recorded_kind not in (None, kind) else []
+    if isinstance(source, (str, Path)) and Path(source).exists():
+        contents = file_kind(source)
+        if contents is not None and contents.source and contents.source not in (kind, recorded_kind):
+            readings.append((contents.source, f"which its contents are ({contents.what})"))
+    return readings
+
+
+def _is_the_converted_file(source, recorded: str | None) -> bool:
+    """Whether ``source`` is the file the model was converted from: a file whose sha256 is the one
+    the conversion recorded (``policyport.source``'s ``sha256``)."""
+    import json
+    from pathlib import Path
+
+    from .files import sha256_file
+
+    try:
+        digest = json.loads(recorded or "{}").get("sha256")
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(digest, str) or not isinstance(source, (str, Path)) or not Path(source).is_file():
+        return False
+    try:
+        return sha256_file(source) == digest
+    except OSError:
+        return False
+
+
+def _rebuild(proto, source, kind: str, recorded_kind: str | None, options, used: str | None, trust: bool):
+    """The :class:`~policyport.converter.Converted` of ``source`` read as ``kind`` with the model's
+    recorded ``options`` (only ``keep_value`` and ``opset`` for another kind than ``recorded_kind``);
+    a source that does not record its activation takes the model's own (``used``).
+
+    Raises:
+        BadModelError: as :func:`_source_reference`.
+    """
+    import dataclasses
+
+    from .converter import READS, ConvertOptions, convert_source, flag_list, given_fields
+    from .converter.activations import ActivationNeeded
+    from .errors import OptionError
+
+    if recorded_kind and kind != recorded_kind:
+        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+    recorded = given_fields(options)
+    if options.input_shape is None and "input_shape" in READS.get(kind, ()):
+        options = dataclasses.replace(options, input_shape=_observation_shape(proto))
+    try:
         try:
             converted = convert_source(source, kind=kind, options=options, trust=trust)
         except ActivationNeeded:  # another kind's file that does not record it (a zip's policy.pth)

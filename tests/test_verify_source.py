@@ -261,3 +261,64 @@ def test_an_option_the_model_records_that_the_source_cannot_take_is_the_sources_
     result = _verify_cli(model, "--source", metadrive_path)
     assert result.exit_code == 3 and result.stderr.startswith(
         "error: the source does not fit the model: it was converted with --keep-value, and ")
+
+
+@pytest.fixture(scope="module")
+def npz_state_dict(tmp_path_factory):
+    """An nn.Sequential's state_dict saved as an .npz (converted with --from state-dict: by its name it
+    would be RLlib weights), the module as TorchScript under a name that tells no kind, a copy of the
+    .npz with one bias changed, observations, and torch's own outputs of the module and of the changed one."""
+    torch = pytest.importorskip("torch")
+    folder = tmp_path_factory.mktemp("npz_state_dict")
+    torch.manual_seed(7)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).eval()
+    arrays = {k: v.numpy() for k, v in module.state_dict().items()}
+    np.savez(folder / "policy.npz", **arrays)
+    torch.jit.save(torch.jit.script(module), str(folder / "policy.bin"))
+    obs = np.random.default_rng(2).uniform(-1, 1, (40, 5)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.from_numpy(obs)).numpy()
+        module[2].bias += 0.25
+        changed = module(torch.from_numpy(obs)).numpy()
+    np.savez(folder / "changed.npz", **{**arrays, "2.bias": arrays["2.bias"] + np.float32(0.25)})
+    model = convert_source(folder / "policy.npz", kind="state-dict", activation="tanh").model
+    np.testing.assert_allclose(pp.load(model).run({"obs": obs})["logits"], expected, atol=1e-5, rtol=1e-5)
+    return folder, model, obs, expected, changed
+
+
+def test_the_file_converted_is_read_as_the_kind_recorded_whatever_its_name_says(npz_state_dict, tmp_path):
+    """Its sha256 is the one the model records: it is read as the state_dict it was converted as."""
+    import onnx
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    folder, model, obs, _, _ = npz_state_dict
+    report = pp.verify(model, obs, source=folder / "policy.npz")
+    assert report.passed and ("logits", "numpy") in _source_pairs(report)
+    assert not any("is read as" in note for note in report.notes)
+    onnx.save(model, tmp_path / "m.onnx")
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "m.onnx"), "--source", str(folder / "policy.npz")])
+    assert result.exit_code == 0, result.output
+    assert "--from" not in result.output
+
+
+def test_another_file_its_name_cannot_read_is_read_as_the_kind_recorded_and_a_note_says_so(npz_state_dict):
+    folder, model, obs, expected, changed = npz_state_dict
+    assert np.abs(changed - expected).max() > 0.2  # torch's own: the changed bias changes the policy
+    report = pp.verify(model, obs, source=folder / "changed.npz")
+    assert not report.passed and report.first_divergence.reference == "source"
+    assert report.notes[0] == (f"{folder / 'changed.npz'} is read as a state-dict source, the kind the model was "
+                               "converted from; read as npz, as its name says, it cannot be: cannot place 4 array(s) in "
+                               "RLlib's FullyConnectedNetwork layout")
+
+
+def test_a_file_neither_its_name_nor_the_recorded_kind_reads_is_read_as_its_contents_tell(npz_state_dict):
+    """A TorchScript file named policy.bin: its name tells no kind, the recorded state-dict reader
+    refuses it, and its contents are a TorchScript file, which torch runs."""
+    folder, model, obs, _, _ = npz_state_dict
+    report = pp.verify(model, obs, source=folder / "policy.bin")
+    assert report.passed and report.source_oracle["framework"]
+    assert report.notes[0].startswith(f"{folder / 'policy.bin'} is read as a torchscript source, which its contents "
+                                      "are (a TorchScript file); read as state-dict, the kind the model was converted "
+                                      f"from, it cannot be: {folder / 'policy.bin'} is a TorchScript file")

@@ -354,21 +354,21 @@ def _check_types(options: ConvertOptions) -> None:
 
 
 def _check_applies(options: ConvertOptions, kind: str) -> None:
-    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do,
-    and a list of activations where no source of ``kind`` takes one.
+    """Refuse options given a value that ``kind`` never reads (:data:`READS`), naming the kinds that do;
+    then a list of activations for a kind that reads one activation name.
 
     Raises:
         OptionError: such an option (exit 2).
     """
-    if options.activation and "," in options.activation and kind != "state-dict":
-        raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
-                          "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
-                          f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
     given = given_fields(options)
     ignored = [name for name in given if name not in READS.get(kind, frozenset(given))]
     if ignored:
         raise OptionError(f"{flag_list(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to {kind} sources "
                           f"({where_they_apply(ignored)})")
+    if options.activation and "," in options.activation and kind != "state-dict":  # a kind that reads one name
+        raise OptionError(f"--activation (activation=) {options.activation!r} is a list, one activation per "
+                          "parameter-free module, which applies to state-dict sources of a plain nn.Sequential; "
+                          f"{kind} sources take one activation name{_RECORDED_ACTIVATION.get(kind, '')}")
 
 
 def given_fields(options: ConvertOptions) -> list[str]:

@@ -182,6 +182,18 @@ def no_normaliser(what: str, where: str, settle: str = "") -> Assumption:
     return Assumption("observation normalisation", "none", f"{what} holds no normaliser statistics ({where})", settle)
 
 
+def outside_normaliser(what: str, settle: str) -> Assumption:
+    """That the policy saw its observations as they are, where ``what`` (``"a TorchScript file"``)
+    records a network alone: a normaliser applied to the observations outside it (an environment
+    wrapper such as gymnasium's ``NormalizeObservation``, which CleanRL's scripts train under) is not
+    in it, and the network's own forward cannot tell whether one was there. A normaliser inside the
+    network is part of its forward, not an assumption. ``settle`` says how to bring one in."""
+    return Assumption("observation normalisation", "none",
+                      f"{what} records the network alone: a normaliser applied to the observations outside it (an "
+                      "environment wrapper such as gymnasium's NormalizeObservation, which CleanRL's scripts train "
+                      "under) is not in it", settle)
+
+
 def record_assumptions(model, assumptions: list[Assumption]) -> None:
     """Write ``assumptions`` into ``model.metadata_props`` under :data:`ASSUMPTIONS_KEY` (replacing
     what is there; an empty list is written too, saying that nothing was assumed)."""
@@ -194,4 +206,4 @@ def record_assumptions(model, assumptions: list[Assumption]) -> None:
     entry.key, entry.value = ASSUMPTIONS_KEY, text
 
 
-__all__ = ["ASSUMPTIONS_KEY", "HALVES", "RLLIB_SPLIT", "Assumption", "Oracle", "activation_assumption", "head_assumption", "joined", "no_normaliser", "reconstruction", "record_assumptions"]
+__all__ = ["ASSUMPTIONS_KEY", "HALVES", "RLLIB_SPLIT", "Assumption", "Oracle", "activation_assumption", "head_assumption", "joined", "no_normaliser", "outside_normaliser", "reconstruction", "record_assumptions"]

@@ -621,8 +621,9 @@ def _check_head(spec: MlpSpec, head: str | None) -> None:
 
     Raises:
         OptionError: ``categorical`` on a Gaussian policy (one with a free ``log_std``: argmax over
-            means and log-standard-deviations means nothing); ``diag-gaussian`` on an odd number of
-            logits, which have no mean and log_std halves.
+            means and log-standard-deviations means nothing); ``diag-gaussian`` or
+            ``diag-gaussian:halves`` on an odd number of logits, which have no mean and log_std halves
+            (the message names the head as given).
     """
     if head == "categorical" and spec.free_log_std is not None:
         n = spec.output.out_features
@@ -633,7 +634,7 @@ def _check_head(spec: MlpSpec, head: str | None) -> None:
         )
     n_logits = spec.output.out_features + (0 if spec.free_log_std is None else spec.free_log_std.shape[0])
     if head in GAUSSIAN_HEADS and n_logits % 2:
-        raise OptionError(f"--head diag-gaussian splits logits into mean and log_std halves, but there are {n_logits} "
+        raise OptionError(f"--head {head} splits logits into mean and log_std halves, but there are {n_logits} "
                           "logits (an odd number); use --head categorical (or none)")
 
 

@@ -55,7 +55,7 @@ from ..errors import (
     listing,
 )
 from ..files import sha256_file
-from .assumptions import Oracle, head_assumption
+from .assumptions import Oracle, head_assumption, outside_normaliser
 from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 
 #: The pip extra that installs tensorflow and tf2onnx.
@@ -857,7 +857,12 @@ def _readable_names(graph: _Graph, spans: dict[str, list], keep: set[str]) -> No
 
 
 def _add_head(graph: _Graph, output: str, head: str, opset: int) -> list:
-    """The head's nodes on the model's single output; returns the new graph outputs' value infos."""
+    """The head's nodes on the model's single output; returns the new graph outputs' value infos.
+
+    Raises:
+        OptionError: ``diag-gaussian`` or ``diag-gaussian:halves`` (named as given) on an output of an
+            odd or undeclared width, which has no mean and log_std halves.
+    """
     from onnx import TensorProto, helper
 
     info = next(v for v in graph.g.output if v.name == output)
@@ -867,7 +872,10 @@ def _add_head(graph: _Graph, output: str, head: str, opset: int) -> list:
         graph.g.node.append(helper.make_node("ArgMax", [output], ["action"], name="action", axis=1, keepdims=0))
         return [helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])]
     if not width or width % 2:
-        raise OptionError(f"a diag-gaussian head splits {output!r} into mean and log_std halves; it has width {width or 'unknown'}")
+        found = (f"it has {width} outputs (an odd number)" if width else
+                 "its declared shape is not (batch, width) of a fixed width")
+        raise OptionError(f"--head {head} splits {output!r} into mean and log_std halves, but {found}; "
+                          "use --head categorical (or none)")
     half = width // 2
     axes = graph.add_initializer(np.array([1], np.int64), "head/axes")
     mid = graph.add_initializer(np.array([half], np.int64), "head/mid")
@@ -1025,14 +1033,17 @@ def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, ki
         shape = next(v for v in model.graph.output if v.name == output).type.tensor_type.shape
         assumptions.append(head_assumption(options.head, output=output, width=shape.dim[-1].dim_value, log_std=None,
                                            what=what))
+    assumptions.append(outside_normaliser("a SavedModel" if kind == "savedmodel" else "a Keras model",
+                                          "convert a model that applies the normaliser in its own layers (a "
+                                          "Normalization layer)"))
     oracle = Oracle(f"TensorFlow {fw.tf.__version__} running {what}'s own "
                     f"{'serving signature' if kind == 'savedmodel' else 'layers'}", framework=True, checks=_KERAS_CHECKS)
     return Converted(model, _reference(trace, options.head, fw), kind, notes, assumptions, oracle)
 
 
 #: What TensorFlow running the model settles from the model itself: its activations, its layers
-#: (a Normalization layer included) and the order they run in.
-_KERAS_CHECKS = frozenset({"activation", "layout", "observation normalisation"})
+#: (a Normalization layer included) and the order they run in; not a normaliser applied outside it.
+_KERAS_CHECKS = frozenset({"activation", "layout"})
 
 
 def convert_keras(source, options):

@@ -92,9 +92,10 @@ def parse_rllib_fcnet(arrays: Mapping[str, np.ndarray], activation: Activation |
         raise BadModelError(
             f"no output layer: expected an array named <prefix>fc_out/kernel; found {listing(sorted(arrays), show=str) or 'no arrays'}"
         )
-    dtypes = {a.dtype for _, a in placed.values()}
-    if len(dtypes) != 1 or not np.issubdtype(next(iter(dtypes)), np.floating):
-        raise BadModelError(f"the weights must share one float dtype; found {sorted(d.name for d in dtypes)}")
+    from .state_dict import check_dtypes
+
+    check_dtypes({name: a for name, a in placed.values()}, "the weights",
+                 "np.savez(path, **{k: v.astype(np.float32) for k, v in weights.items()})")
 
     bad = sorted(name for name, a in placed.values() if not np.isfinite(a).all())
     if bad:

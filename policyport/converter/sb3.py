@@ -3,17 +3,27 @@
 An SB3 zip (``stable_baselines3/common/save_util.py``) holds ``policy.pth`` (a plain ``state_dict``,
 read as :mod:`policyport.converter.state_dict` reads one), ``data`` (JSON) and files policyport
 ignores (``policy.optimizer.pth``, ``pytorch_variables.pth``). ``data`` stores each non-JSON value as
-a base64 cloudpickle (``:serialized:``) beside its readable attributes; only the readable ones are
-used: the spaces' ``shape``/``_shape``, ``low``, ``high``, ``dtype``, ``n``, ``nvec``, and
-``policy_kwargs``' ``net_arch``, ``activation_fn`` (its class as text), ``squash_output``. The policy
-class name is read from the opcodes of its pickle (``pickletools``), which never runs it.
+a base64 cloudpickle (``:serialized:``) beside its readable attributes (``str()`` of what is not
+JSON). Used from them: the spaces' ``shape``/``_shape``, ``low``, ``high``, ``dtype``, ``n``,
+``nvec``, and every ``policy_kwargs`` entry. The pickles are read from their opcodes
+(:func:`pickled_value`, ``pickletools``), which never imports or runs anything: the policy class's
+name, and the ``policy_kwargs`` entries the readable text lacks (an edited zip; a readable entry its
+pickle contradicts is refused).
+
+What is converted is what SB3's own classes compute: the policy class must be one of SB3's or
+sb3-contrib's (:data:`SB3_POLICY_CLASSES`), since a class of the user's own can change ``predict``
+with code the zip holds only pickled; every ``policy_kwargs`` entry is either read
+(:data:`FORWARD_KWARGS`: ``net_arch`` from ``policy.pth``, ``activation_fn`` with the arguments of a
+``functools.partial``, SB3's ``FlattenExtractor`` as the only features extractor) or known not to
+change the deterministic action (:data:`INERT_KWARGS`); anything else is refused naming it.
 
 The action head is what ``policy.predict(obs, deterministic=True)`` returns
 (``stable_baselines3/common/policies.py``): Discrete -> argmax of the logits; MultiDiscrete -> one
 argmax per sub-space; Box (PPO, A2C) -> the Gaussian mean clipped to the bounds, plus ``log_std``
 expanded to the batch; SAC -> ``tanh`` of the mean rescaled to the bounds; TD3/DDPG -> the actor's
 tanh output rescaled; DQN -> argmax of the Q-network's output; sb3-contrib's QR-DQN -> argmax of the
-mean over quantiles. Which networks the policy holds is told by the keys of ``policy.pth``
+mean over quantiles; MaskablePPO -> the argmax over every action, as ``predict`` without action masks.
+Which networks the policy holds is told by the keys of ``policy.pth``
 (:func:`sb3_layout`), whatever SB3 version wrote the zip. ``VecNormalize`` statistics (``--obs-norm
 FILE``, or ``<zip stem>/vecnormalize.pkl`` beside the zip, where RL Zoo keeps them) become graph nodes that normalise the observation first.
 A Discrete or MultiDiscrete observation becomes an int64 graph input one-hot encoded as SB3's
@@ -30,6 +40,7 @@ import json
 import pickletools
 import re
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,30 +58,226 @@ FEATURES_FLATTEN = {"ac": "features_extractor.flatten", "sac": "actor.features_e
                     "td3": "actor.features_extractor.flatten", "dqn": "q_net.features_extractor.flatten",
                     "qrdqn": "quantile_net.features_extractor.flatten"}
 
-#: ``torch.nn`` activation class -> policyport activation name.
-TORCH_ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "silu", "GELU": "gelu",
-                     "LeakyReLU": "leaky_relu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
-                     "Sigmoid": "sigmoid", "Identity": "linear"}
+#: ``torch.nn`` activation classes policyport builds -> (policyport activation name, the class's
+#: constructor parameters in order). ``inplace`` changes no value; ``negative_slope`` becomes the
+#: ``leaky_relu`` slope; every other parameter must hold :data:`TORCH_DEFAULTS`' value, the function
+#: the name stands for (``torch/nn/modules/activation.py``). CELU with alpha 1 is ELU with alpha 1.
+TORCH_ACTIVATIONS = {
+    "Tanh": ("tanh", ()), "Sigmoid": ("sigmoid", ()), "Identity": ("linear", ()),
+    "ReLU": ("relu", ("inplace",)), "SELU": ("selu", ("inplace",)), "SiLU": ("silu", ("inplace",)),
+    "Mish": ("mish", ("inplace",)), "Hardswish": ("hardswish", ("inplace",)),
+    "LeakyReLU": ("leaky_relu", ("negative_slope", "inplace")),
+    "ELU": ("elu", ("alpha", "inplace")), "CELU": ("elu", ("alpha", "inplace")),
+    "GELU": ("gelu", ("approximate",)), "Softplus": ("softplus", ("beta", "threshold")),
+}
+
+#: The values of ``torch.nn`` activation parameters that policyport's activation of the same name
+#: computes (torch's defaults).
+TORCH_DEFAULTS = {"alpha": 1.0, "approximate": "none", "beta": 1.0, "threshold": 20.0}
+
+#: The policy classes of SB3 and sb3-contrib whose deterministic action policyport builds, as a zip's
+#: pickle names them (``MlpPolicy`` is an alias of each), and the family of networks their
+#: ``policy.pth`` holds (``stable_baselines3/*/policies.py``, ``sb3_contrib/*/policies.py``). DDPG
+#: saves TD3's policy class; sb3-contrib's TRPO saves ``ActorCriticPolicy``.
+SB3_POLICY_CLASSES = {
+    "stable_baselines3.common.policies.ActorCriticPolicy": "ac",
+    "stable_baselines3.sac.policies.SACPolicy": "sac",
+    "stable_baselines3.td3.policies.TD3Policy": "td3",
+    "stable_baselines3.dqn.policies.DQNPolicy": "dqn",
+    "sb3_contrib.qrdqn.policies.QRDQNPolicy": "qrdqn",
+    "sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy": "ac",
+}
+
+#: How messages name each family of policies.
+FAMILY_TEXT = {"ac": "PPO/A2C actor-critic", "sac": "SAC", "td3": "TD3/DDPG", "dqn": "DQN", "qrdqn": "QR-DQN"}
+
+#: sb3-contrib's MaskablePPO policy: its ``predict`` takes the action masks of each step.
+MASKABLE = frozenset({"sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy"})
+
+#: ``policy_kwargs`` that shape the deterministic action, and how policyport reads each.
+FORWARD_KWARGS = {
+    "net_arch": "from the layers policy.pth holds (SB3's own policy loads them with strict=True)",
+    "activation_fn": "torch.nn's activation classes (TORCH_ACTIVATIONS)",
+    "features_extractor_class": "SB3's FlattenExtractor, the default",
+    "features_extractor_kwargs": "none (FlattenExtractor takes none)",
+    "n_quantiles": "checked against the quantile network's width",
+    "use_sde": "false (gSDE is refused)",
+    "squash_output": "false (SB3 squashes an ActorCriticPolicy's action only under gSDE)",
+}
+
+#: ``policy_kwargs`` SB3's and sb3-contrib's policy constructors take (``ActorCriticPolicy``,
+#: ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, ``QRDQNPolicy``, SB3 1.x and 2.x) that the
+#: deterministic action does not depend on, and why.
+INERT_KWARGS = {
+    "ortho_init": "it initialises weights that policy.pth replaces",
+    "log_std_init": "it initialises the log_std that policy.pth replaces",
+    "optimizer_class": "training only", "optimizer_kwargs": "training only",
+    "n_critics": "the critics, which are not exported",
+    "full_std": "gSDE only", "use_expln": "gSDE only", "sde_net_arch": "gSDE only", "clip_mean": "gSDE only",
+    "share_features_extractor": "a FlattenExtractor holds no parameters to share",
+    "normalize_images": "image observations only, which policyport refuses",
+}
+
+#: SB3's parameter-free features extractor, the one policyport converts, as ``data`` writes its class.
+FLATTEN_EXTRACTOR = "stable_baselines3.common.torch_layers.FlattenExtractor"
+
+#: What to do with a policy whose forward pass is code or parameters the zip does not record.
+EXPORT_FROM_PYTHON = ("to convert it, load the zip with SB3 in Python (PPO.load and the like, its classes importable) "
+                      "and convert a torch module whose forward returns model.policy._predict(obs, deterministic=True): "
+                      "pp.convert(module, input_shape=<observation shape>)")
+
+
+@dataclass(frozen=True)
+class PickledGlobal:
+    """A global a pickle names (``GLOBAL``, ``STACK_GLOBAL``): ``"module.QualName"``, never imported."""
+
+    name: str
+
+
+@dataclass(eq=False)
+class PickledCall:
+    """What a pickle would call (``REDUCE``, ``NEWOBJ``), never called: ``func`` (usually a
+    :class:`PickledGlobal`), its positional ``args`` and keyword ``kwargs``, and the ``state`` a
+    ``BUILD`` would then set on the result."""
+
+    func: object
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    state: object = None
+
+
+class _Unfollowed(Exception):
+    """An opcode, or an operand, :func:`pickled_value` does not follow."""
+
+
+_MARK = object()
+
+#: Opcodes that push their operand as it is (numbers, strings, bytes), every protocol's.
+_LITERAL_OPCODES = frozenset({
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "STRING", "BINSTRING",
+    "SHORT_BINSTRING", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES",
+    "BINBYTES8", "BYTEARRAY8"})
+_CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+
+
+def pickled_value(serialized: str):
+    """The value a base64 pickle holds, read from its opcodes (:func:`pickletools.genops`) without
+    unpickling anything: numbers, strings and containers as Python values (a set as a list), every
+    global a :class:`PickledGlobal`, every call a :class:`PickledCall`. Nothing is imported or run.
+
+    Returns:
+        The value; ``None`` where the text is not a base64 pickle or holds an opcode this reader does
+        not follow (persistent ids, extension codes, protocol 0-1 ``INST``/``OBJ``).
+    """
+    try:
+        return _follow(pickletools.genops(base64.b64decode(serialized, validate=False)))
+    except Exception:  # noqa: BLE001 - not a pickle we can follow: no value
+        return None
+
+
+def _follow(ops):
+    stack: list = []
+    memo: dict[int, object] = {}
+
+    def to_mark() -> list:
+        i = len(stack) - 1 - stack[::-1].index(_MARK)
+        items = stack[i + 1:]
+        del stack[i:]
+        return items
+
+    for op, arg, _ in ops:
+        name = op.name
+        if name in ("PROTO", "FRAME"):
+            continue
+        if name == "STOP":
+            return stack[-1]
+        if name in _LITERAL_OPCODES:
+            stack.append(arg)
+        elif name in _CONSTANTS:
+            stack.append(_CONSTANTS[name])
+        elif name == "MARK":
+            stack.append(_MARK)
+        elif name in ("EMPTY_DICT", "EMPTY_LIST", "EMPTY_SET"):
+            stack.append({} if name == "EMPTY_DICT" else [])
+        elif name == "EMPTY_TUPLE":
+            stack.append(())
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(name[-1])
+            items = tuple(stack[-n:])
+            del stack[-n:]
+            stack.append(items)
+        elif name in ("TUPLE", "LIST", "FROZENSET"):
+            items = to_mark()
+            stack.append(list(items) if name == "LIST" else tuple(items))
+        elif name == "DICT":
+            items = to_mark()
+            stack.append(dict(zip(items[::2], items[1::2])))
+        elif name in ("APPEND", "APPENDS", "ADDITEMS"):
+            items = [stack.pop()] if name == "APPEND" else to_mark()
+            if not isinstance(stack[-1], list):
+                raise _Unfollowed(name)
+            stack[-1].extend(items)
+        elif name in ("SETITEM", "SETITEMS"):
+            items = stack[-2:] if name == "SETITEM" else to_mark()
+            if name == "SETITEM":
+                del stack[-2:]
+            if not isinstance(stack[-1], dict):
+                raise _Unfollowed(name)
+            stack[-1].update(zip(items[::2], items[1::2]))
+        elif name == "GLOBAL":
+            stack.append(PickledGlobal(str(arg).replace(" ", ".")))
+        elif name == "STACK_GLOBAL":
+            module, qualname = stack[-2:]
+            del stack[-2:]
+            if not isinstance(module, str) or not isinstance(qualname, str):
+                raise _Unfollowed(name)
+            stack.append(PickledGlobal(f"{module}.{qualname}"))
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = stack[-1]
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo[int(arg)])
+        elif name in ("REDUCE", "NEWOBJ"):
+            args = stack.pop()
+            stack.append(PickledCall(stack.pop(), tuple(args)))
+        elif name == "NEWOBJ_EX":
+            kwargs, args = stack.pop(), stack.pop()
+            stack.append(PickledCall(stack.pop(), tuple(args), dict(kwargs)))
+        elif name == "BUILD":
+            state = stack.pop()
+            if not isinstance(stack[-1], PickledCall):
+                raise _Unfollowed(name)
+            stack[-1].state = state
+        elif name == "POP":
+            stack.pop()
+        elif name == "POP_MARK":
+            to_mark()
+        elif name == "DUP":
+            stack.append(stack[-1])
+        else:
+            raise _Unfollowed(name)
+    raise _Unfollowed("no STOP")
+
+
+def pickled_class_name(value) -> str | None:
+    """``"module.Name"`` of a class a pickle holds (:func:`pickled_value`): by reference (a global), or
+    by value, as cloudpickle pickles a class its script defined (``_make_skeleton_class(metaclass,
+    name, bases, {"__module__": ...}, ...)``, ``cloudpickle/cloudpickle.py``); ``None`` for anything else."""
+    if isinstance(value, PickledGlobal):
+        return value.name
+    if (isinstance(value, PickledCall) and isinstance(value.func, PickledGlobal)
+            and value.func.name.endswith("._make_skeleton_class") and len(value.args) >= 4
+            and isinstance(value.args[1], str)):
+        attributes = value.args[3] if isinstance(value.args[3], dict) else {}
+        return f"{attributes.get('__module__', '?')}.{value.args[1]}"
+    return None
 
 
 def pickled_global(serialized: str) -> str | None:
-    """``"module.Name"`` of a base64 pickle that holds a reference to one global (a class), read
-    from its opcodes without unpickling; ``None`` when it holds anything else first."""
-    try:
-        ops = list(pickletools.genops(base64.b64decode(serialized)))
-    except Exception:  # noqa: BLE001 - not a pickle we can read: no name
-        return None
-    strings: list[str] = []
-    for op, arg, _ in ops:
-        if op.name == "GLOBAL":
-            return str(arg).replace(" ", ".")
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-            strings.append(arg)
-        elif op.name == "STACK_GLOBAL":
-            return ".".join(strings[-2:]) if len(strings) >= 2 else None
-        elif op.name not in ("PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
-            return None
-    return None
+    """``"module.Name"`` of the class a base64 pickle holds (:func:`pickled_class_name`), read from its
+    opcodes without unpickling; ``None`` when it holds anything else."""
+    return pickled_class_name(pickled_value(serialized))
 
 
 def _array(text, what: str) -> np.ndarray:
@@ -156,20 +363,214 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
     return data, policy, version
 
 
+def _as_written(value):
+    """A value :func:`pickled_value` read, as SB3 writes it readable beside its pickle
+    (``stable_baselines3/common/save_util.py``, ``data_to_json``: JSON as it is, anything else as its
+    ``str()``): a class ``"<class 'module.Name'>"``, a ``functools.partial`` as its ``repr``, tuples as
+    lists; an object only a call would build as an :class:`_Unwritten` ``"<module.Name(...) object>"``."""
+    if isinstance(value, (list, tuple)):
+        return [_as_written(v) for v in value]
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _as_written(v) for k, v in value.items()}
+    if isinstance(value, bytes):
+        return repr(value)
+    if not isinstance(value, (PickledGlobal, PickledCall)):
+        return value
+    name = pickled_class_name(value)
+    if name is not None:
+        return f"<class '{name}'>"
+    func = value.func.name if isinstance(value.func, PickledGlobal) else "?"
+    if func == "functools.partial":
+        state = value.state if isinstance(value.state, tuple) and len(value.state) >= 3 else (
+            value.args[0] if value.args else None, (), {})
+        target, args, keywords = state[0], state[1] or (), state[2] or {}
+        shown = [str(_as_written(target))] + [repr(_as_written(a)) for a in args] + [
+            f"{k}={_as_written(v)!r}" for k, v in keywords.items()]
+        return f"functools.partial({', '.join(shown)})"
+    return _Unwritten(f"<{func}(...) object>")
+
+
+class _Unwritten(str):
+    """An object :func:`_as_written` names without knowing its ``str()``, the text SB3 writes for it."""
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
 def _policy_kwargs(data: dict) -> dict:
-    kwargs = data.get("policy_kwargs") or {}
-    return {k: v for k, v in kwargs.items() if not k.startswith(":")} if isinstance(kwargs, dict) else {}
+    """The policy's ``policy_kwargs`` as the zip records them: the readable entries ``data`` writes
+    beside their pickle, and those only the pickle holds, read from its opcodes
+    (:func:`pickled_value`, nothing unpickled) and written as SB3 writes readable ones
+    (:func:`_as_written`).
+
+    Raises:
+        BadModelError: a readable entry that shapes the action (:data:`FORWARD_KWARGS`) and its
+            pickle disagree (an edited zip).
+    """
+    raw = data.get("policy_kwargs")
+    if not isinstance(raw, dict):
+        return {}
+    readable = {k: v for k, v in raw.items() if not k.startswith(":")}
+    pickled = pickled_value(raw[":serialized:"]) if ":serialized:" in raw else None
+    if not isinstance(pickled, dict):
+        return readable
+    kwargs = dict(readable)
+    for key, value in pickled.items():
+        written = _as_written(value)
+        if key not in readable:
+            kwargs[str(key)] = written
+        elif key in FORWARD_KWARGS and not isinstance(written, _Unwritten) and not _same(written, readable[key]):
+            raise BadModelError(f"the zip's policy_kwargs disagree with themselves: {key} reads {readable[key]!r}, and "
+                                f"their pickle holds {written!r}; the zip was edited after SB3 saved it: save the "
+                                "model again with SB3 (model.save)")
+    return kwargs
 
 
-def _activation_name(kwargs: dict) -> str | None:
-    text = kwargs.get("activation_fn")
-    if text is None:
-        return None
-    m = re.search(r"(\w+)'?>?\s*$", str(text))
-    name = m.group(1) if m else str(text)
-    if name not in TORCH_ACTIVATIONS:
-        raise BadModelError(f"the policy's activation_fn is {text!r}, which policyport does not map; name it with --activation")
-    return TORCH_ACTIVATIONS[name]
+def _kwargs_unreadable(data: dict) -> bool:
+    """``policy_kwargs`` stored only as a pickle this reader cannot follow, with no readable entry."""
+    raw = data.get("policy_kwargs")
+    return (isinstance(raw, dict) and ":serialized:" in raw and not any(not k.startswith(":") for k in raw)
+            and not isinstance(pickled_value(raw[":serialized:"]), dict))
+
+
+@dataclass(frozen=True)
+class TorchActivation:
+    """An ``activation_fn`` as a zip records it: a ``torch.nn`` class (``"LeakyReLU"``) and the
+    arguments a ``functools.partial`` binds to it (``args=(0.2,)``, ``kwargs={"alpha": 3.0}``).
+
+    Attributes:
+        text: as ``data`` writes it (``"<class 'torch.nn.modules.activation.ReLU'>"``).
+    """
+
+    cls: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def name(self) -> str:
+        """The policyport activation that computes it (``"leaky_relu:0.2"``).
+
+        Raises:
+            BadModelError: a class policyport does not build, or parameters its activation of that
+                name does not compute (ELU with alpha 3, tanh-approximated GELU).
+        """
+        if self.cls not in TORCH_ACTIVATIONS:
+            raise _unbuilt(self.text, "")
+        name, parameters = TORCH_ACTIVATIONS[self.cls]
+        if len(self.args) > len(parameters) or set(self.kwargs) - set(parameters) or any(
+                k in parameters[:len(self.args)] for k in self.kwargs):
+            raise _unbuilt(self.text, f"arguments that torch.nn.{self.cls}({', '.join(parameters)}) does not take")
+        bound = dict(zip(parameters, self.args), **self.kwargs)
+        if "negative_slope" in bound:
+            slope = bound["negative_slope"]
+            if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+                raise _unbuilt(self.text, f"its negative_slope {slope!r} is not a number")
+            return f"{name}:{float(slope)!r}"
+        other = {k: v for k, v in bound.items() if k in TORCH_DEFAULTS and v != TORCH_DEFAULTS[k]}
+        if other:
+            said = ", ".join(f"{k}={v!r}" for k, v in other.items())
+            raise _unbuilt(self.text, f"{self.cls} with {said}; policyport's {name} is "
+                           f"{', '.join(f'{k}={TORCH_DEFAULTS[k]!r}' for k in other)}")
+        return name
+
+
+def _unbuilt(text: str, detail: str) -> BadModelError:
+    classes = ", ".join(c for c in TORCH_ACTIVATIONS if c not in ("LeakyReLU", "ELU", "CELU", "GELU", "Softplus"))
+    return BadModelError(
+        f"the policy's activation_fn is {text!r}, which policyport does not build{f' ({detail})' if detail else ''}. "
+        f"It builds torch.nn's "
+        f"{classes}, LeakyReLU with any negative_slope, and ELU, CELU, GELU and Softplus with their default "
+        f"parameters (in functools.partial too). The zip records its activation, so --activation cannot stand in for "
+        f"it; {EXPORT_FROM_PYTHON}")
+
+
+_CLASS_TEXT = r"<class '([\w.]+)'>"
+
+
+def torch_activation(text) -> TorchActivation:
+    """An ``activation_fn`` as ``data`` writes it (``str()`` of the class, or of a
+    ``functools.partial`` of it: ``"functools.partial(<class '...LeakyReLU'>, 0.2)"``), read
+    without running anything (the partial's arguments as Python literals).
+
+    Raises:
+        BadModelError: text that names no ``torch.nn`` class (a class of another module, an
+            object), or arguments that are not literals.
+    """
+    shown = str(text).strip()
+    partial = re.fullmatch(rf"functools\.partial\({_CLASS_TEXT}(?:, (.*))?\)", shown, re.DOTALL)
+    whole = re.fullmatch(_CLASS_TEXT, shown) or re.fullmatch(r"(torch\.nn\.[\w.]+)", shown)
+    match = partial or whole
+    module, _, cls = (match.group(1) if match else "").rpartition(".")
+    if match is None or not (module == "torch.nn" or module.startswith("torch.nn.")):
+        raise _unbuilt(shown, "")
+    args, kwargs = (), {}
+    if partial and partial.group(2):
+        import ast
+
+        try:
+            call = ast.parse(f"f({partial.group(2)})", mode="eval").body
+            args = tuple(ast.literal_eval(a) for a in call.args)
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        except (SyntaxError, ValueError, TypeError):
+            raise _unbuilt(shown, "its arguments are not literals") from None
+        if any(k is None for k in kwargs):
+            raise _unbuilt(shown, "its arguments are not literals")
+    return TorchActivation(cls, args, kwargs, shown)
+
+
+def _check_policy_class(policy_class: str, path: Path) -> str:
+    """The family of networks of an SB3 or sb3-contrib policy class (:data:`SB3_POLICY_CLASSES`).
+
+    Raises:
+        BadModelError: any other class, a subclass included: its methods can change what
+            ``predict`` computes, and the zip holds their code only as a pickle policyport does not run.
+    """
+    if policy_class in SB3_POLICY_CLASSES:
+        return SB3_POLICY_CLASSES[policy_class]
+    converted = ", ".join(c.rsplit(".", 1)[1] for c in SB3_POLICY_CLASSES)
+    if policy_class == "?":
+        raise BadModelError(f"{path}: the policy class the zip records cannot be read (its pickle names no class), so "
+                            "policyport cannot tell whether it is one of the SB3 or sb3-contrib policy classes it "
+                            f"converts ({converted}); {EXPORT_FROM_PYTHON}")
+    raise BadModelError(f"{path}: the policy class the zip records is {policy_class}, not a policy class of SB3 or "
+                        f"sb3-contrib that policyport converts ({converted}). A class of its own (a subclass of one of "
+                        "them included) can change what predict computes (_predict, extract_features, forward), and "
+                        f"the zip holds that code only as a pickle, which policyport does not run; {EXPORT_FROM_PYTHON}")
+
+
+def _check_policy_kwargs(kwargs: dict) -> None:
+    """Refuse a ``policy_kwargs`` entry that changes the deterministic action in a way policyport
+    does not build: a features extractor other than SB3's ``FlattenExtractor`` (its forward pass is
+    code the zip does not record, parameter-free or not), arguments for it, ``squash_output``
+    without gSDE, or an entry none of SB3's policy classes takes (:data:`FORWARD_KWARGS`,
+    :data:`INERT_KWARGS`).
+
+    Raises:
+        BadModelError: naming the entry and what policyport converts.
+    """
+    extractor = kwargs.get("features_extractor_class")
+    if extractor is not None and not re.fullmatch(rf"(<class ')?{re.escape(FLATTEN_EXTRACTOR)}('>)?", str(extractor).strip()):
+        raise BadModelError(f"the policy's features extractor is {extractor!r} (policy_kwargs' features_extractor_class), "
+                            "and policyport converts SB3's FlattenExtractor (the default) only: another extractor's "
+                            "forward pass, parameter-free or not, is code the zip does not record; "
+                            f"{EXPORT_FROM_PYTHON}")
+    extractor_kwargs = kwargs.get("features_extractor_kwargs")
+    if extractor_kwargs not in (None, {}):
+        raise BadModelError(f"the policy's policy_kwargs give its features extractor the arguments {extractor_kwargs!r} "
+                            "(features_extractor_kwargs), which SB3's FlattenExtractor, the one policyport converts, "
+                            f"does not take; {EXPORT_FROM_PYTHON}")
+    if kwargs.get("squash_output") not in (None, False):
+        raise BadModelError(f"the policy's policy_kwargs set squash_output={kwargs['squash_output']!r}, which SB3 "
+                            "allows under gSDE only; policyport converts the plain Gaussian and squashed policies")
+    unknown = sorted(k for k in kwargs if k not in FORWARD_KWARGS and k not in INERT_KWARGS)
+    if unknown:
+        shown = ", ".join(f"{k}={kwargs[k]!r}" for k in unknown)
+        raise BadModelError(f"the policy's policy_kwargs hold {shown}, which none of the SB3 or sb3-contrib policy "
+                            "classes policyport converts takes, so policyport cannot tell whether it changes the action "
+                            f"(it reads {', '.join(FORWARD_KWARGS)}, and {', '.join(INERT_KWARGS)} change no "
+                            f"deterministic action); {EXPORT_FROM_PYTHON}")
 
 
 def sb3_layout(arrays, policy_class: str, path) -> str:
@@ -239,9 +640,14 @@ def convert_sb3(source, options):
 
     Raises:
         BadModelError: gSDE, CNN feature extractors, dict observations, recurrent policies and
-            action spaces without a deterministic head policyport builds, each said so; action
-            bounds that cannot be read.
-        OptionError: ``head`` given, an activation contradicting the zip's.
+            action spaces without a deterministic head policyport builds, each said so; a policy
+            class other than SB3's and sb3-contrib's own (:data:`SB3_POLICY_CLASSES`), or one whose
+            networks are not those of policy.pth; a ``policy_kwargs`` entry that changes the action
+            in a way policyport does not build (:func:`_check_policy_kwargs`), an ``activation_fn``
+            it does not build (:meth:`TorchActivation.name`), readable entries their pickle
+            contradicts; action bounds that cannot be read.
+        OptionError: ``head`` given, an activation contradicting the zip's; ``policy_kwargs`` whose
+            pickle cannot be followed and no ``--activation`` (:class:`ActivationNeeded`).
         UnreadableFileError: not an SB3 zip.
     """
     from . import Converted
@@ -263,25 +669,38 @@ def convert_sb3(source, options):
     layout = sb3_layout(arrays, policy_class, path)
     if any(k.startswith(("lstm_actor.", "lstm_critic.")) for k in arrays):
         raise BadModelError(f"{path} is a recurrent policy (LSTM weights); policyport converts feed-forward MLP policies")
-    recorded, what = _activation_name(kwargs), "the zip's policy_kwargs"
+    class_family = _check_policy_class(policy_class, path)
+    _check_policy_kwargs(kwargs)
+    recorded = torch_activation(kwargs["activation_fn"]) if "activation_fn" in kwargs else None
     raw = data.get("policy_kwargs")
-    unreadable = recorded is None and isinstance(raw, dict) and ":serialized:" in raw and not kwargs
+    what = ("the zip's policy_kwargs" if isinstance(raw, dict) and "activation_fn" in raw else
+            "the pickle of the zip's policy_kwargs")
+    unreadable = recorded is None and _kwargs_unreadable(data)
+    activation = recorded.name if recorded is not None else None
     if recorded is None and not unreadable:
-        # policy_kwargs readable and naming no activation_fn: the policy class's default built it
-        recorded = "tanh" if layout == "sb3" else "relu"
+        # policy_kwargs read whole and naming no activation_fn: the policy class's default built it
+        activation = DEFAULT_ACTIVATION[class_family]
         what = "SB3's default for this policy (its policy_kwargs name no activation_fn)"
     if unreadable and options.activation is None:
-        raise ActivationNeeded(f"{path}: its policy_kwargs are stored only as a pickle, which policyport does not run, so "
-                          "the activation is unknown: name it with --activation (SB3 builds PPO/A2C policies with tanh "
-                          "unless told otherwise, SAC/TD3/DQN with relu, and RL Zoo's tunings often change it)")
-    activation = recorded or options.activation
-    if recorded is not None and options.activation is not None:
-        choose_activation(options.activation, recorded, what)  # refuses a contradiction
+        raise ActivationNeeded(f"{path}: its policy_kwargs are stored only as a pickle whose opcodes policyport cannot "
+                               "follow, so the activation is unknown: name it with --activation (SB3 builds PPO/A2C "
+                               "policies with tanh unless told otherwise, SAC/TD3/DQN with relu, and RL Zoo's tunings "
+                               "often change it)")
+    if activation is not None and options.activation is not None:
+        choose_activation(options.activation, activation, what)  # refuses a contradiction
+    activation = activation or options.activation
     spec, notes, family = parse_layout(arrays, layout, activation, options.keep_value)
+    if family != class_family:
+        raise BadModelError(f"{path}: the zip records the policy class {policy_class}, a {FAMILY_TEXT[class_family]} "
+                            f"policy, but its policy.pth holds the networks of a {FAMILY_TEXT[family]} policy")
     assumptions = []
     if unreadable:
         assumptions.append(activation_assumption(spec.activation_slots, "an SB3 zip whose policy_kwargs are pickled",
                                                  "SB3 builds every hidden layer with one activation_fn", unit="module"))
+    if policy_class in MASKABLE:
+        assumptions.append(Assumption("head", "argmax over every action (no action mask)", "MaskablePPO's predict "
+                                      "masks the logits with the action_masks given at each step, which a zip does not "
+                                      "hold", "mask logits before the argmax where some actions are invalid"))
     spec.action = _action_head(spec, family, act_space, data.get("n_quantiles"))
     prelude = _observation_prelude(obs_space)
     if prelude:
@@ -290,8 +709,7 @@ def convert_sb3(source, options):
     if obs_space["shape"] and len(obs_space["shape"]) > 1:
         spec.obs_shape = tuple(obs_space["shape"])
         spec.flatten_scope = FEATURES_FLATTEN[family]
-    norm_path, assumption = _observation_normaliser(path, options, prelude, spec)
-    spec.obs_norm = read_vecnormalize(norm_path) if norm_path is not None else None
+    norm_path, spec.obs_norm, assumption = _observation_normaliser(path, options, prelude, spec)
     if norm_path is not None and spec.obs_norm is None:
         notes.append(f"{norm_path} normalises no observation (its norm_obs is false): nothing baked in")
     assumptions.append(assumption)
@@ -312,8 +730,8 @@ def convert_sb3(source, options):
         runner = "torch modules" if has_torch() else "numpy"
         return network, reconstruction(f"the zip's policy.pth and data (not SB3's own policy: {why})", runner)
 
-    source = LazySource(lambda: sb3_oracle(family, kwargs, activation, obs_space, act_space, arrays, spec.obs_norm,
-                                           options.keep_value), fallback)
+    source = LazySource(lambda: sb3_oracle(policy_class, kwargs, recorded or activation, obs_space, act_space, arrays,
+                                           spec.obs_norm, options.keep_value), fallback)
     return Converted(model, source.reference, "sb3", notes, assumptions, LazyOracle(source))
 
 
@@ -357,10 +775,10 @@ def normaliser_candidates(path: Path) -> list[tuple[Path, str]]:
     return found
 
 
-def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | None, Assumption]:
-    """The VecNormalize file to bake in (``None``: none) and what that assumes: ``--obs-norm`` as
-    given; else every file of :func:`normaliser_candidates`, which must agree; ``--no-filter``
-    leaves them out.
+def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | None, ObsNorm | None, Assumption]:
+    """The VecNormalize file to bake in (``None``: none), its statistics (``None``: none, also for a
+    file whose ``norm_obs`` is false) and what that assumes: ``--obs-norm`` as given; else every file
+    of :func:`normaliser_candidates`, which must agree; ``--no-filter`` leaves them out.
 
     Raises:
         OptionError: found files that disagree, or one that cannot be this policy's (another
@@ -375,18 +793,19 @@ def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | 
         if prelude:
             raise BadModelError(f"{given} normalises Box observations; this policy's observation space is "
                                 f"{_space_text_of(prelude)}")
-        _check_width(given, read_vecnormalize(given), spec, "--obs-norm")
-        return given, Assumption(topic, f"VecNormalize statistics of {given}", "given by --obs-norm; an SB3 zip does "
-                                 "not record whether the policy was trained under VecNormalize")
+        norm = read_vecnormalize(given)
+        _check_width(given, norm, spec, "--obs-norm")
+        return given, norm, Assumption(topic, _statistics_text(given, norm), "given by --obs-norm; an SB3 zip does "
+                                       "not record whether the policy was trained under VecNormalize")
     candidates = normaliser_candidates(path)
     looked = ", ".join(f"{path.parent / rel.format(stem=path.stem)}" for rel, _ in NORMALISER_PLACES)
     if not options.obs_filter:
         left = f" ({', '.join(str(c) for c, _ in candidates)} would be baked in otherwise)" if candidates else ""
-        return None, Assumption(topic, "none", f"left out by --no-filter{left}", "convert without --no-filter")
+        return None, None, Assumption(topic, "none", f"left out by --no-filter{left}", "convert without --no-filter")
     if not candidates:
-        return None, Assumption(topic, "none", f"no VecNormalize statistics where SB3 and RL Zoo save them ({looked} "
-                                "...), and an SB3 zip does not record whether the policy was trained under VecNormalize",
-                                "--obs-norm FILE bakes one in")
+        return None, None, Assumption(topic, "none", f"no VecNormalize statistics where SB3 and RL Zoo save them ({looked} "
+                                      "...), and an SB3 zip does not record whether the policy was trained under "
+                                      "VecNormalize", "--obs-norm FILE bakes one in")
     if prelude:
         raise OptionError(f"{candidates[0][0]} (found {candidates[0][1]}) normalises Box observations, and this policy "
                           f"takes {_space_text_of(prelude)} observations: it is not this policy's; --no-filter "
@@ -402,9 +821,16 @@ def _observation_normaliser(path: Path, options, prelude, spec) -> tuple[Path | 
                           "with, --obs-norm FILE, or leave them out with --no-filter")
     chosen, where = read[0][0], read[0][1]
     also = f" (the same statistics as {', '.join(str(c) for c, _, _ in read[1:])})" if len(read) > 1 else ""
-    return chosen, Assumption(topic, f"VecNormalize statistics of {chosen}", f"found {where}{also}; an SB3 zip does "
-                              "not record whether the policy was trained under VecNormalize",
-                              "--obs-norm FILE names another, --no-filter leaves it out")
+    return chosen, first, Assumption(topic, _statistics_text(chosen, first), f"found {where}{also}; an SB3 zip does "
+                                     "not record whether the policy was trained under VecNormalize",
+                                     "--obs-norm FILE names another" + (", --no-filter leaves it out" if first else ""))
+
+
+def _statistics_text(path: Path, norm: ObsNorm | None) -> str:
+    """What the model does with the observation, given the VecNormalize file ``path``."""
+    if norm is None:
+        return f"none: {path} normalises no observation (its norm_obs is false)"
+    return f"VecNormalize statistics of {path}"
 
 
 def _check_width(path: Path, norm, spec, how: str) -> None:

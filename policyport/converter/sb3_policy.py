@@ -1,13 +1,15 @@
 """Stable-Baselines3's own policy as the oracle of an SB3 zip, built without unpickling the zip.
 
 ``PPO.load`` unpickles the zip's ``data`` (cloudpickle: code from the file), so the oracle is built
-the way SB3 builds a policy before it loads weights: the policy class of the algorithm family
-(``ActorCriticPolicy``, ``SACPolicy``, ``TD3Policy``, ``DQNPolicy``, sb3-contrib's ``QRDQNPolicy``, from
-policyport's own table,
-never a name read from the file), gymnasium spaces rebuilt from the zip's readable ``observation_space``
-and ``action_space`` fields, and the readable ``policy_kwargs`` (``net_arch``, ``activation_fn`` ...).
-The ``policy.pth`` state_dict is then loaded with ``load_state_dict(strict=True)``, which refuses
-any parameter the architecture does not have, and ``predict(obs, deterministic=True)`` computes the
+the way SB3 builds a policy before it loads weights: the policy class the zip records, imported from
+policyport's own table of SB3's and sb3-contrib's classes
+(:data:`~policyport.converter.sb3.SB3_POLICY_CLASSES`, never a module read from the file), gymnasium
+spaces rebuilt from the zip's readable ``observation_space`` and ``action_space`` fields, and every
+``policy_kwargs`` entry the zip records that the constructor takes: ``net_arch`` and the other literal
+entries as they are, ``activation_fn`` as the ``torch.nn`` class (and ``functools.partial``
+arguments) the zip names, ``features_extractor_class`` as SB3's own ``FlattenExtractor``. The
+``policy.pth`` state_dict is then loaded with ``load_state_dict(strict=True)``, which refuses any
+parameter the architecture does not have, and ``predict(obs, deterministic=True)`` computes the
 action with SB3's own code (its head, its clipping or rescaling to the bounds). A VecNormalize file
 is applied with SB3's own ``VecNormalize.normalize_obs``.
 
@@ -25,19 +27,10 @@ import numpy as np
 
 from .assumptions import Oracle
 
-#: The policy class SB3 builds for each family policyport converts (``stable_baselines3/*/policies.py``).
-POLICY_CLASSES = {
-    "ac": ("stable_baselines3.common.policies", "ActorCriticPolicy"),
-    "sac": ("stable_baselines3.sac.policies", "SACPolicy"),
-    "td3": ("stable_baselines3.td3.policies", "TD3Policy"),
-    "dqn": ("stable_baselines3.dqn.policies", "DQNPolicy"),
-    "qrdqn": ("sb3_contrib.qrdqn.policies", "QRDQNPolicy"),
-}
-
-#: ``policy_kwargs`` read from the zip's ``data`` and passed on (readable literals only); the
-#: activation comes separately, as the converter read it.
+#: ``policy_kwargs`` read from the zip's ``data`` and passed on as the literals they are; the
+#: activation and the features extractor are built from policyport's own tables.
 KWARGS = ("net_arch", "n_critics", "n_quantiles", "share_features_extractor", "log_std_init", "squash_output",
-          "use_expln", "full_std", "ortho_init", "normalize_images", "dueling")
+          "use_expln", "full_std", "ortho_init", "normalize_images", "clip_mean", "use_sde")
 
 #: What SB3's own policy settles independently of policyport's reading of the zip: its action head
 #: (argmax, clipping, rescaling to the bounds) is SB3's code.
@@ -85,14 +78,17 @@ class OracleUnavailable(Exception):
     does not load); the converter falls back to its reconstruction, saying why."""
 
 
-def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_space: dict,
+def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act_space: dict,
                arrays: dict[str, np.ndarray], obs_norm=None, keep_value: bool = False) -> tuple[Callable, Oracle]:
     """SB3's own forward pass of the zip's policy, and its :class:`Oracle`.
 
     Args:
-        family: ``"ac"`` (PPO, A2C), ``"sac"``, ``"td3"`` (TD3, DDPG) or ``"dqn"``.
-        kwargs: the zip's readable ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
-        activation: the hidden activation's policyport name (``"tanh"``).
+        policy_class: the class the zip records, ``"module.Name"``, one of
+            :data:`~policyport.converter.sb3.SB3_POLICY_CLASSES`.
+        kwargs: the zip's ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
+        activation: the zip's ``activation_fn``
+            (:class:`~policyport.converter.sb3.TorchActivation`), or the policyport name of the one
+            ``--activation`` gave (``"leaky_relu:0.2"``) where the zip's cannot be read.
         obs_space, act_space: the spaces as :func:`policyport.converter.sb3._space` reads them.
         arrays: the ``policy.pth`` state_dict, numpy arrays.
         obs_norm: the :class:`~policyport.converter.build.ObsNorm` baked in, or ``None``.
@@ -103,8 +99,8 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
         hooked layer, and ``value`` when asked.
 
     Raises:
-        OracleUnavailable: SB3 (or gymnasium, torch) is not installed, or the policy cannot be built
-            or loaded from what the zip records.
+        OracleUnavailable: SB3 (or gymnasium, torch, sb3-contrib) is not installed, or the policy
+            cannot be built or loaded from what the zip records.
     """
     try:
         import torch
@@ -115,23 +111,29 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
         raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib
 
-    from .sb3 import TORCH_ACTIVATIONS
+    from .sb3 import SB3_POLICY_CLASSES
 
-    if family not in POLICY_CLASSES:
-        raise OracleUnavailable(f"policyport does not build SB3's policy of the {family} family")
-    module, name = POLICY_CLASSES[family]
+    if policy_class not in SB3_POLICY_CLASSES:
+        raise OracleUnavailable(f"policyport does not build SB3's policy class {policy_class}")
+    family = SB3_POLICY_CLASSES[policy_class]
+    module, name = policy_class.rsplit(".", 1)
     try:
-        policy_class = getattr(importlib.import_module(module), name)
+        built_class = getattr(importlib.import_module(module), name)
     except ImportError as e:
         raise OracleUnavailable(f"{module.split('.')[0]} is not installed ({e.name})") from None
-    torch_activation = {v: k for k, v in TORCH_ACTIVATIONS.items()}.get(activation.split(":")[0])
-    if torch_activation is None:
-        raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
     built = {k: _literal(kwargs[k]) for k in KWARGS if k in kwargs}
+    if "features_extractor_class" in kwargs:  # the converter accepts SB3's FlattenExtractor alone
+        from stable_baselines3.common.torch_layers import FlattenExtractor
+
+        built["features_extractor_class"] = FlattenExtractor
+    if "features_extractor_kwargs" in kwargs:
+        built["features_extractor_kwargs"] = _literal(kwargs["features_extractor_kwargs"])
     try:
-        policy = policy_class(_gym_space(spaces, obs_space), _gym_space(spaces, act_space), lambda _: 0.0,
-                              activation_fn=getattr(torch.nn, torch_activation), **built)
+        policy = built_class(_gym_space(spaces, obs_space), _gym_space(spaces, act_space), lambda _: 0.0,
+                             activation_fn=_activation_fn(torch, activation), **built)
         policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in arrays.items()}, strict=True)
+    except OracleUnavailable:
+        raise
     except Exception as e:  # noqa: BLE001 - whatever SB3 refuses: the oracle is unavailable, and says why
         raise OracleUnavailable(f"SB3 {stable_baselines3.__version__} could not build {name} from the zip's "
                                 f"readable data: {_first_line(e)}") from None
@@ -159,6 +161,33 @@ def sb3_oracle(family: str, kwargs: dict, activation: str, obs_space: dict, act_
     oracle = Oracle(f"SB3 {stable_baselines3.__version__}'s own {name}.predict(deterministic=True)", framework=True,
                     checks=CHECKS)
     return reference, oracle
+
+
+def _activation_fn(torch, activation):
+    """The ``activation_fn`` SB3 builds the policy with: the ``torch.nn`` class the zip names (with
+    the arguments of its ``functools.partial``), or the class of a policyport activation name.
+
+    Raises:
+        OracleUnavailable: a name or class ``torch.nn`` does not have.
+    """
+    import functools
+
+    from .activations import parse_activation
+    from .sb3 import TORCH_ACTIVATIONS
+
+    if isinstance(activation, str):
+        parsed = parse_activation(activation)
+        torch_name = next((c for c, (n, _) in TORCH_ACTIVATIONS.items()
+                           if c != "CELU" and parse_activation(n).name == parsed.name), None)
+        if torch_name is None:
+            raise OracleUnavailable(f"SB3 has no activation module policyport maps to {activation!r}")
+        args, keywords = ((parsed.alpha,) if parsed.name == "leaky_relu" else ()), {}
+    else:
+        torch_name, args, keywords = activation.cls, activation.args, activation.kwargs
+    cls = getattr(torch.nn, torch_name, None)
+    if cls is None:
+        raise OracleUnavailable(f"torch.nn has no {torch_name}")
+    return functools.partial(cls, *args, **keywords) if args or keywords else cls
 
 
 def _literal(value):
@@ -225,7 +254,7 @@ def _hook_names(policy, family: str) -> list:
 
 
 #: torch activation module class -> the label of its tensor in a converted graph.
-_LABELS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SELU": "selu", "SiLU": "swish", "GELU": "gelu",
+_LABELS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "CELU": "elu", "SELU": "selu", "SiLU": "swish", "GELU": "gelu",
            "LeakyReLU": "leaky_relu", "Softplus": "softplus", "Mish": "mish", "Hardswish": "hardswish",
            "Sigmoid": "sigmoid"}
 

@@ -21,9 +21,13 @@ did not fit):
   ``_value_branch_separate.<i>._model.0``, ``_value_branch._model.0``,
   ``_append_free_log_std.log_std``. Activation: tanh (RLlib's ``fcnet_activation``) unless told.
 * **``nn.Sequential``**: ``<i>.weight`` ... with an optional common prefix. Linear (2-D ``weight``),
-  LayerNorm (1-D ``weight``/``bias``), BatchNorm1d (``running_mean``/``running_var``). An index
-  without parameters between two layers is an activation module (which one the keys cannot say:
-  give ``activation``); leading ones are a ``Flatten``.
+  LayerNorm (1-D ``weight`` and ``bias``; GroupNorm and a BatchNorm1d without running statistics hold
+  the same, so it is an assumption, as is the eps of torch's default), BatchNorm1d in eval mode
+  (``running_mean``/``running_var``; its eps assumed). A 1-D ``weight`` alone (LayerNorm without bias,
+  RMSNorm and PReLU hold one) is refused. An index without parameters between two layers is an
+  activation module (which one the keys cannot say: give ``activation``, one per run of such indices
+  or one per index); leading ones are a ``Flatten``; a module after the last one with parameters (a
+  Tanh, a Softmax) is not in the keys, and none is assumed.
 
 Tensor names follow module paths: ``mlp_extractor.policy_net.0/linear``,
 ``mlp_extractor.policy_net.1/tanh``; the last layer's raw output is ``logits``.
@@ -40,7 +44,7 @@ import numpy as np
 
 from ..errors import BadModelError, OptionError, listing
 from .activations import Activation, ActivationNeeded, parse_activation
-from .assumptions import Assumption
+from .assumptions import Assumption, joined
 from .build import GAUSSIAN_HEADS, NO_HEAD, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
@@ -100,8 +104,14 @@ def td3_tanh_scope(spec: MlpSpec) -> str:
 SB3_UNNAMED = (" (SB3 builds them all with one activation_fn: tanh by default for PPO/A2C, relu for SAC/TD3/DQN, "
                "and RL Zoo's tunings often change it), or convert the SB3 zip, whose policy_kwargs record it")
 
-#: How to convert a source whose parameter-free modules the state_dict cannot name.
-MODULE_ITSELF = "convert the module itself (a TorchScript file, or a whole pickled module with --trust), which records them"
+#: How to convert a source whose modules the state_dict cannot tell (refusals end with it).
+CONVERT_THE_MODULE = "convert the module itself (a TorchScript file, or a whole pickled module with --trust)"
+#: How to settle an assumption about modules the state_dict cannot tell.
+MODULE_ITSELF = f"{CONVERT_THE_MODULE}, which records them"
+
+#: The ``eps`` of torch's ``nn.LayerNorm`` and ``nn.BatchNorm1d`` unless told otherwise; a state_dict
+#: does not record it, so the module read from one is assumed to have it.
+TORCH_NORM_EPS = 1e-5
 
 
 def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: Activation | list[Activation] | None, *,
@@ -109,12 +119,22 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
                      unnamed: str = "") -> tuple[list[Dense], list[Assumption], list[tuple[str, str]]]:
     """The Linear layers of one ``nn.Sequential`` (keys ``<prefix><i>.<param>``), with their steps.
 
+    What each index holds is read from its parameters: a 2-D ``weight`` is an ``nn.Linear``
+    (``[out, in]``); ``running_mean`` and ``running_var`` an ``nn.BatchNorm1d`` in eval mode; a 1-D
+    ``weight`` and ``bias`` as wide as the features an ``nn.LayerNorm``. The last two are assumed, and
+    each becomes an :class:`Assumption`: a state_dict records no ``eps`` (torch's default
+    :data:`TORCH_NORM_EPS` is taken), and a weight and bias fit ``nn.GroupNorm`` and an
+    ``nn.BatchNorm1d`` without running statistics as well. An index without parameters is an
+    activation module, named by ``activation``; several in a row are either one activation then
+    modules without effect in eval mode (Dropout), or one named activation each (see ``activation``).
+
     Args:
         arrays: the state_dict entries of this Sequential (others are ignored).
         prefix: ``"mlp_extractor.policy_net."``; ``""`` for a bare Sequential.
-        activation: the activation module at each parameter-free index between layers: one per
-            such index in order (a list), or one for all of them; ``None`` when unknown (refused if
-            one is needed).
+        activation: the activation modules at the parameter-free indices after the first layer: a
+            list, one per run of such indices in a row (the run's first index; the others are taken
+            for Dropout), or one per index (``linear`` for a Dropout), whichever its length is; or one
+            for every run; ``None`` when unknown (refused if one is needed).
         trailing_activation: an activation follows the last Linear (SB3's ``create_mlp`` and
             ``MlpExtractor`` do this), at the next index.
         what: how to name the Sequential in messages.
@@ -127,14 +147,17 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
 
     Returns:
         ``(layers, assumptions, slots)``: the Linear layers in order, each with its
-        LayerNorm/BatchNorm/activation steps; what was taken as fact about parameter-free modules
-        (several in a row read as one activation and Dropout); ``(module path, activation)`` of
-        every place an activation was put.
+        LayerNorm/BatchNorm/activation steps; what was taken as fact about the modules, in module
+        order (a normalisation's kind and eps, a run of parameter-free modules read as one activation
+        and Dropout); ``(module path, activation)`` of every place an activation was named.
 
     Raises:
-        BadModelError: a parameter that fits no Linear/LayerNorm/BatchNorm.
-        OptionError: an activation needed but not named (``activation``), a list of the wrong
-            length, or one name for several places without ``one_for_all``.
+        BadModelError: parameters that fit no Linear, LayerNorm or BatchNorm1d, or that fit several
+            modules computing different things (a 1-D weight without bias: ``nn.LayerNorm(bias=False)``,
+            ``nn.RMSNorm``, ``nn.PReLU``), a module with parameters before the first Linear, a
+            normalisation as wide as no layer's output (exit 3: convert the module itself).
+        OptionError: an activation needed but not named (``activation``), a list of another length
+            than both counts, or one name for several places without ``one_for_all``.
     """
     modules: dict[int, dict[str, tuple[str, np.ndarray]]] = {}
     for name, arr in arrays.items():
@@ -146,39 +169,37 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
         modules.setdefault(int(m[1]), {})[m[2]] = (name, np.asarray(arr))
     if not modules:
         return [], [], []
-    kinds = {}
-    for i, params in modules.items():
-        w = params.get("weight", (None, None))[1]
-        if "running_mean" in params or "running_var" in params:
-            kinds[i] = "batch_norm"
-        elif w is not None and w.ndim == 2:
-            kinds[i] = "linear"
-        elif w is not None and w.ndim == 1:
-            kinds[i] = "layer_norm"
-        else:
-            raise BadModelError(f"{prefix}{i} holds {', '.join(sorted(params))} with shapes "
-                                f"{[tuple(a.shape) for _, a in params.values()]}, which fit no Linear, LayerNorm or BatchNorm1d")
+    kinds = {i: _kind_of(f"{prefix}{i}", params) for i, params in modules.items()}
     linears = [i for i in sorted(kinds) if kinds[i] == "linear"]
     if not linears:
         raise BadModelError(f"{what} has no Linear layer (no 2-D weight{f' under {prefix}' if prefix else ''})")
+    before = [i for i in sorted(kinds) if i < linears[0]]
+    if before:
+        i = before[0]
+        raise BadModelError(f"{what}: module {prefix}{i} holds parameters ({', '.join(modules[i])}) before the first "
+                            f"Linear layer, module {prefix}{linears[0]}; policyport reads a state_dict's nn.Sequential "
+                            "from its first Linear on, with only parameter-free modules before it (an nn.Flatten): "
+                            f"{CONVERT_THE_MODULE}")
     last_stop = max(kinds) + (2 if trailing_activation else 1)  # the trailing activation's index included
-    gaps: list[list[int]] = []  # each run of parameter-free indices after a layer, in order
+    runs: list[list[int]] = []  # each run of parameter-free indices after a layer, in order
     for n, i in enumerate(linears):
         stop = linears[n + 1] if n + 1 < len(linears) else last_stop
         for j in range(i + 1, stop):
             if j in kinds:
                 continue
-            if gaps and gaps[-1][-1] == j - 1:
-                gaps[-1].append(j)
+            if runs and runs[-1][-1] == j - 1:
+                runs[-1].append(j)
             else:
-                gaps.append([j])
-    places = [f"{prefix}{gap[0]}" for gap in gaps]
-    acts = _activations_for(activation, places, what, one_for_all, unnamed)
-    slot_of = {gap[0]: act for gap, act in zip(gaps, acts)}
-    assumptions = [Assumption("layout", f"modules {prefix}{gap[0]} to {prefix}{gap[-1]} = one activation, then modules without "
-                              "effect in eval mode (Dropout)", f"{len(gap)} modules in a row hold no parameters, so "
-                              "the state_dict cannot say what they are", MODULE_ITSELF)
-                   for gap in gaps if len(gap) > 1]
+                runs.append([j])
+    acts, per_module = _activations_for(activation, runs, prefix, what, one_for_all, unnamed,
+                                        after_last=not trailing_activation)
+    named = [j for run in runs for j in run] if per_module else [run[0] for run in runs]
+    slot_of = dict(zip(named, acts))
+    assumed: dict[int, Assumption] = {} if per_module else {
+        run[0]: Assumption("layout", f"modules {prefix}{run[0]} to {prefix}{run[-1]} = one activation, then modules "
+                           "without effect in eval mode (Dropout)", f"{len(run)} modules in a row hold no parameters, "
+                           "so the state_dict cannot say what they are", MODULE_ITSELF)
+        for run in runs if len(run) > 1}
     layers: list[Dense] = []
     for n, i in enumerate(linears):
         params = modules[i]
@@ -188,13 +209,66 @@ def parse_sequential(arrays: Mapping[str, np.ndarray], prefix: str, activation: 
         steps: list[Step] = []
         for j in range(i + 1, stop):
             if j in kinds:
-                p = modules[j]
-                steps.append(Step(kinds[j], f"{prefix}{j}", params={k: v for k, v in p.items() if k != "num_batches_tracked"}))
+                scope = f"{prefix}{j}"
+                held = {k: v for k, v in modules[j].items() if k != "num_batches_tracked"}
+                assumed[j] = _normalisation(kinds[j], scope, held, width=w.shape[0], after=f"{prefix}{i}", what=what)
+                steps.append(Step(kinds[j], scope, params=held, eps=TORCH_NORM_EPS))
             elif j in slot_of and slot_of[j].name != "linear":
                 steps.append(Step("activation", f"{prefix}{j}", slot_of[j]))
         layers.append(Dense(f"{prefix}{i}", w, wname, b, bname, "out_in", None, post=steps))
-    slots = [(place, _spelled(act)) for place, act in zip(places, acts)]
-    return layers, assumptions, slots
+    slots = [(f"{prefix}{j}", _spelled(act)) for j, act in zip(named, acts)]
+    return layers, [assumed[j] for j in sorted(assumed)], slots
+
+
+def _kind_of(scope: str, params: Mapping[str, tuple[str, np.ndarray]]) -> str:
+    """``"linear"``, ``"batch_norm"`` or ``"layer_norm"``: what the parameters of the module at
+    ``scope`` can be (a 2-D weight; running statistics; a 1-D weight), before their widths are checked.
+
+    Raises:
+        BadModelError: parameters that fit none of them.
+    """
+    shapes = {role: a.shape for role, (_, a) in params.items()}
+    vectors = all(len(shape) == 1 for role, shape in shapes.items() if role != "num_batches_tracked")
+    weight = shapes.get("weight")
+    if "running_mean" in shapes or "running_var" in shapes:
+        if "running_mean" in shapes and "running_var" in shapes and vectors:
+            return "batch_norm"
+    elif weight is not None and len(weight) == 2 and set(shapes) <= {"weight", "bias"}:
+        return "linear"
+    elif weight is not None and vectors and set(shapes) <= {"weight", "bias"}:
+        return "layer_norm"
+    raise BadModelError(f"{scope} holds {', '.join(sorted(params))} with shapes "
+                        f"{[tuple(a.shape) for _, a in params.values()]}, which fit no Linear, LayerNorm or BatchNorm1d")
+
+
+def _normalisation(kind: str, scope: str, params: Mapping[str, tuple[str, np.ndarray]], *, width: int, after: str,
+                   what: str) -> Assumption:
+    """What reading the module at ``scope`` as ``kind`` assumes, after the Linear ``after`` of ``width``
+    outputs; or the refusal of parameters that fit several modules computing different things.
+
+    Raises:
+        BadModelError: a parameter that is not ``width`` wide (no normalisation of those features
+            holds it), or a 1-D weight without bias, which ``nn.LayerNorm(bias=False)``,
+            ``nn.RMSNorm`` and ``nn.PReLU`` all hold (exit 3: no option can tell them apart).
+    """
+    held = ", ".join(f"{role} {tuple(a.shape)}" for role, (_, a) in params.items())
+    if any(a.shape != (width,) for _, a in params.values()):
+        prelu = (" (one weight alone is an nn.PReLU()'s, which policyport does not build from a state_dict)"
+                 if kind == "layer_norm" and set(params) == {"weight"} and params["weight"][1].shape == (1,) else "")
+        raise BadModelError(f"{what}: module {scope} holds {held} after module {after}, which outputs {width} features; "
+                            f"a LayerNorm or BatchNorm1d over them holds {width} values in each parameter, so it is neither"
+                            f"{prelu}: {CONVERT_THE_MODULE}")
+    if kind == "batch_norm":
+        return Assumption("layout", f"module {scope} = nn.BatchNorm1d({width}, eps={TORCH_NORM_EPS:g}) in eval mode",
+                          "running statistics fit BatchNorm1d, which normalises with them in eval mode, and the "
+                          "state_dict does not record its eps", MODULE_ITSELF)
+    if "bias" not in params:
+        raise BadModelError(f"{what}: module {scope} holds a weight ({width},) and no bias, which fits "
+                            f"nn.LayerNorm({width}, bias=False), nn.RMSNorm({width}) and nn.PReLU({width}) alike; they "
+                            f"compute different things, and the state_dict cannot say which it is: {CONVERT_THE_MODULE}")
+    return Assumption("layout", f"module {scope} = nn.LayerNorm({width}, eps={TORCH_NORM_EPS:g})",
+                      "a 1-D weight and bias fit LayerNorm, GroupNorm and BatchNorm1d without running statistics, and "
+                      "the state_dict records neither which it is nor its eps", MODULE_ITSELF)
 
 
 def _spelled(act: Activation) -> str:
@@ -202,32 +276,73 @@ def _spelled(act: Activation) -> str:
     return act.name if act.alpha is None else f"{act.name}:{act.alpha:g}"
 
 
-def _activations_for(activation, places: list[str], what: str, one_for_all: bool, unnamed: str) -> list[Activation]:
-    """The activation at each of ``places`` (see :func:`parse_sequential`).
+def _activations_for(activation, runs: list[list[int]], prefix: str, what: str, one_for_all: bool, unnamed: str, *,
+                     after_last: bool = False) -> tuple[list[Activation], bool]:
+    """The activations named for ``runs`` of parameter-free indices (see :func:`parse_sequential`).
+
+    A list may give one per run or one per index: its length says which where the two counts differ
+    (where no run holds more than one index they are the same).
+
+    Returns:
+        ``(activations, per_module)``: one per index of every run when ``per_module``, else one per run.
 
     Raises:
-        OptionError: none named while some are needed; a list of another length; one name for
-            several places where the library does not use one for all.
+        OptionError: none named while some are needed; a list as long as neither count (naming
+            both; ``after_last``: saying that a module after the last layer cannot be named); one name
+            for several runs where the library does not use one for all.
     """
-    if not places:
-        return []
-    shown = ", ".join(places)
+    if not runs:
+        return [], False
+    indices = [j for run in runs for j in run]
+    each = len(indices) > len(runs)  # some run holds several modules: the two counts differ
+    at = ", ".join(_run_text(prefix, run) for run in runs)
+    per_index = ", ".join(f"{prefix}{j}" for j in indices)
     if activation is None:  # an option this source needs (a usage error, exit 2)
-        raise ActivationNeeded(f"{what}: the state_dict does not say which activation modules sit at {shown} (they hold "
-                               f"no parameters); name {'it' if one_for_all or len(places) == 1 else 'them, one per module,'} "
-                               f"with --activation (activation= in Python){unnamed}", len(places), listed=not one_for_all)
+        if each and not one_for_all:
+            how = (f"name them with --activation (activation= in Python), one per module ({_names(len(indices))}, "
+                   "linear for a Dropout, which does nothing in eval mode), or one per run of modules in a row "
+                   f"({_names(len(runs))}; the others in a run are then taken for Dropout)")
+        else:
+            how = (f"name {'it' if one_for_all or len(runs) == 1 else 'them, one per module,'} with --activation "
+                   "(activation= in Python)")
+        raise ActivationNeeded(f"{what}: the state_dict does not say which activation modules sit at "
+                               f"{per_index if each and not one_for_all else at} (they hold no parameters); {how}{unnamed}",
+                               len(runs), listed=not one_for_all)
     if isinstance(activation, list):
-        if len(activation) != len(places):
-            raise OptionError(f"{what}: --activation (activation=) gives {len(activation)} activations for "
-                              f"{len(places)} parameter-free module(s) at {shown}; give one per module, in order")
-        return list(activation)
-    if len(places) > 1 and not one_for_all:
+        if len(activation) == len(runs):
+            return list(activation), False
+        if len(activation) == len(indices):
+            return list(activation), True
+        if each:
+            text = (f"{what}: --activation (activation=) gives {len(activation)} activations; the state_dict holds "
+                    f"{len(indices)} parameter-free modules ({per_index}) in {len(runs)} run{'s' if len(runs) > 1 else ''} "
+                    f"of modules in a row ({at}): give one per module, in order ({_names(len(indices))}, linear for a "
+                    f"Dropout), or one per run ({_names(len(runs))}; the others in a run are then taken for Dropout)")
+        else:
+            text = (f"{what}: --activation (activation=) gives {len(activation)} activations for {len(runs)} "
+                    f"parameter-free module(s) at {at}; give one per module, in order")
+        if after_last and len(activation) in (len(runs) + 1, len(indices) + 1):
+            text += ("; a module after the last layer (a Tanh, a Softmax) holds no parameters and is not in a "
+                     f"state_dict, so no name reaches it: {CONVERT_THE_MODULE}")
+        raise OptionError(text)
+    if len(runs) > 1 and not one_for_all:
         name = _spelled(activation)
-        raise OptionError(f"{what}: --activation {name} names one activation, and {len(places)} parameter-free modules "
-                          f"at {shown} each hold one that the state_dict cannot tell (an nn.Sequential may mix them); "
-                          f"give one per module, in order: --activation {','.join([name] * len(places))} if they are "
-                          f"all {name}")
-    return [activation] * len(places)
+        held = f"runs of parameter-free modules at {at} each begin with" if each else \
+            f"parameter-free modules at {at} each hold"
+        raise OptionError(f"{what}: --activation {name} names one activation, and {len(runs)} {held} one that the "
+                          "state_dict cannot tell (an nn.Sequential may mix them); give one per "
+                          f"{'run' if each else 'module'}, in order: --activation {','.join([name] * len(runs))} if "
+                          f"they are all {name}")
+    return [activation] * len(runs), False
+
+
+def _names(n: int) -> str:
+    return f"{n} name{'s' if n != 1 else ''}"
+
+
+def _run_text(prefix: str, run: list[int]) -> str:
+    """``"2"`` for a run of one index, ``"2 to 3"`` for several."""
+    return f"{prefix}{run[0]}" if len(run) == 1 else f"{prefix}{run[0]} to {prefix}{run[-1]}"
 
 
 def _split_output(layers: list[Dense], what: str) -> tuple[list[Dense], Dense]:
@@ -450,7 +565,8 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
     Raises:
         OptionError: an activation needed and not named, a list where one name is taken, one name
             for several modules of a plain ``nn.Sequential``.
-        BadModelError: keys or shapes that do not fit ``layout``.
+        BadModelError: keys or shapes that do not fit ``layout``; parameters that are not of one of
+            the float dtypes a model is built in (bfloat16, integers, a mix), named with what to do.
     """
     name = activation
     if name and "," in name:
@@ -460,6 +576,7 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         act = [parse_activation(a) for a in name.split(",")]
     else:
         act = parse_activation(name) if name else None
+    check_dtypes(arrays)
     _check_finite(arrays)
     if layout == "sb3":
         spec, notes = parse_sb3_actor_critic(arrays, act, keep_value=keep_value)
@@ -489,20 +606,63 @@ def parse_layout(arrays: Mapping[str, np.ndarray], layout: str, activation: str 
         if keep_value:
             raise OptionError("--keep-value: a plain nn.Sequential has no value branch")
         hidden, output = _split_output(layers, "the nn.Sequential")
-        spec = MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=assumed)
-        notes = []
-        first = min(int(SEQ_KEY.match(k)["index"]) for k in arrays)
+        indices = [int(SEQ_KEY.match(k)["index"]) for k in arrays]
+        first, last = min(indices), max(indices)
+        flatten = []
         if first > 0:
-            spec.flatten_scope = f"{prefix}0"
             held = f"module {prefix}0" if first == 1 else f"modules {prefix}0 to {prefix}{first - 1}"
-            spec.assumptions.append(Assumption(
+            flatten.append(Assumption(
                 "layout", f"{held} = nn.Flatten", f"{'it holds' if first == 1 else 'they hold'} no parameters before "
                 "the first layer, so the state_dict cannot say what they are", MODULE_ITSELF))
+        # SB3's and RLlib's layouts say what follows their last layer; a plain Sequential's state_dict cannot
+        after = Assumption("layout", f"nothing after module {prefix}{last}, the last "
+                           f"{'layer' if output.name == f'{prefix}{last}' else 'module with parameters'}",
+                           "a parameter-free module there, a Tanh or Softmax, is not in a state_dict", MODULE_ITSELF)
+        spec = MlpSpec(hidden=hidden, output=output, activation_slots=slots, assumptions=[*flatten, *assumed, after])
+        if first > 0:
+            spec.flatten_scope = f"{prefix}0"
+        notes = []
         family = None
-    dtypes = {a.dtype for a in arrays.values() if a.dtype.kind == "f"}
-    if len(dtypes) != 1:
-        raise BadModelError(f"the parameters must share one float dtype; found {sorted(d.name for d in dtypes)}")
     return spec, notes, family
+
+
+#: How to cast a torch state_dict's parameters to float32, for the refusal of other dtypes.
+TORCH_CAST = "state_dict = {k: v.float() for k, v in state_dict.items()}"
+
+
+def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's parameters",
+                 cast: str = TORCH_CAST) -> None:
+    """Refuse parameters that are not of one float dtype policyport builds a model in (float16,
+    float32, float64); ``num_batches_tracked``, an integer counter inference never reads, aside.
+
+    Args:
+        arrays: parameter name -> array.
+        what: the parameters, for the message (``"the state_dict's parameters"``).
+        cast: the line of code that casts them to float32, for the message.
+
+    Raises:
+        BadModelError: naming each dtype found and its parameters, and what to do.
+    """
+    by_dtype: dict[str, list[str]] = {}
+    for key, array in arrays.items():
+        if not key.endswith("num_batches_tracked"):
+            by_dtype.setdefault(array.dtype.name, []).append(key)
+    built = ("float16", "float32", "float64")
+    if len(by_dtype) <= 1 and all(d in built for d in by_dtype):
+        return
+    found = joined(f"{d} ({listing(keys, 3, show=str)})" for d, keys in by_dtype.items())
+    if len(by_dtype) > 1:
+        problem = "a policy's parameters share one float dtype, which the model computes in"
+        fix = f"cast them to one ({cast}) and save that"
+    elif any(d.startswith(("int", "uint", "bool")) for d in by_dtype):
+        problem = ("a policy's weights are floating point; integer ones are a quantized model's (whose scales these "
+                   "arrays do not hold) or no policy's")
+        fix = "save the float weights the policy computes with"
+    else:
+        problem = "policyport builds a model in float16, float32 or float64"
+        exact = ", which holds every bfloat16 value exactly" if "bfloat16" in by_dtype else ""
+        fix = f"cast the parameters to float32{exact} ({cast}) and save that"
+    raise BadModelError(f"{what} are {found}: {problem}; {fix}")
 
 
 def _check_finite(arrays) -> None:
@@ -618,7 +778,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
         raise OptionError(f"--head {options.head} does not apply to an SB3 QR-DQN: its action is the argmax of its "
                           "Q-values, the mean of its quantiles")
     elif family == "ac" and options.head in GAUSSIAN_HEADS and spec.free_log_std is None:
-        raise OptionError("--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
+        raise OptionError(f"--head {options.head} needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a "
                           "Gaussian policy's log_std as a parameter, so this one acts in a Discrete or MultiDiscrete "
                           "space (use --head categorical, or none)")
     assumptions = state_dict_assumptions(spec, layout, options)

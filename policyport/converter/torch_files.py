@@ -70,18 +70,25 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         (a whole ``nn.Module`` stays a torch object).
 
     Raises:
-        UntrustedFileError: the file needs more than tensors and containers, and ``trust`` is false.
-        UnreadableFileError: not a torch file, a missing storage, bad offsets; with ``trust``, a
-            module or class the file names that Python cannot import (saying where it looked).
+        UntrustedFileError: a file torch.save wrote that needs more than tensors and containers, and
+            ``trust`` is false.
+        UnreadableFileError: not a file torch.save wrote (:func:`not_a_torch_pickle` says what it is
+            instead: a TorchScript file, an ONNX model, an ``.npy``, a plain Python pickle ...), a
+            missing storage, bad offsets; with ``trust``, a module or class the file names that
+            Python cannot import (saying where it looked).
     """
     if isinstance(path, (bytes, bytearray)):
+        refusal = not_a_torch_pickle(bytes(path), what or "the torch file")
         source, path = io.BytesIO(path), what or "the torch file"
     else:
         path = Path(path)
         if not path.is_file():
             raise UnreadableFileError(f"{path}: no such file")
         check_torch_file(path)
+        refusal = not_a_torch_pickle(path, str(path))
         source = str(path)
+    if refusal:
+        raise UnreadableFileError(refusal)
     try:
         import torch
     except ImportError:
@@ -138,6 +145,77 @@ def check_torch_file(path: Path) -> None:
     if {"data", "policy.pth"} <= names:
         raise UnreadableFileError(f"{path} is a Stable-Baselines3 save (a zip holding data and policy.pth), not a torch "
                                   "file; convert it with --from sb3")
+
+
+#: torch.save's magic number (``MAGIC_NUMBER`` in ``torch/serialization.py``) as its legacy format
+#: pickles it first (a LONG1 opcode), after the protocol header and, from protocol 4, a frame header.
+_LEGACY_MAGIC = b"\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+#: What a file torch.save wrote looks like, for the refusal of one that is not.
+_TORCH_SAVE = ("torch.save writes a zip archive holding data.pkl, or, before torch 1.6, a pickle that starts "
+               "with torch's magic number")
+
+
+def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
+    """Why ``file`` is not something torch.load reads as a pickle of tensors or a pickled module,
+    told from its first bytes and a zip archive's member names, without unpickling anything; ``None``
+    for a file torch.save wrote (a zip archive holding ``data.pkl``, or the legacy format).
+
+    Args:
+        file: a path, or the bytes of an archive member (an SB3 zip's ``policy.pth``).
+        what: how to name it in the message.
+
+    Returns:
+        The refusal, naming what the file is instead (:func:`policyport.files.file_kind`, or an
+        ONNX model) and, for a source policyport reads another way, the kind that reads it.
+    """
+    from ..files import file_kind
+
+    data = file if isinstance(file, bytes) else None
+    if data is None:
+        with open(file, "rb") as f:
+            head = f.read(64)
+    else:
+        head = data[:64]
+    if not head:
+        return f"{what} is empty"
+    if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        try:
+            with zipfile.ZipFile(io.BytesIO(data) if data is not None else file) as zf:
+                members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
+        except (zipfile.BadZipFile, OSError) as e:
+            return f"{what} is a damaged or truncated zip archive ({e}), not a file torch.save wrote"
+        if {"data.pkl", "constants.pkl"} <= members:
+            return (f"{what} is a TorchScript file (torch.jit.save), not a state_dict or a pickled module; "
+                    "policyport converts it with --from torchscript, which needs no --trust")
+        if "data.pkl" in members:
+            return None
+    elif _LEGACY_MAGIC in head[:32]:
+        return None
+    elif head[:1] == b"\x80":  # a pickle torch.save did not write: torch.load would run it, then refuse it
+        from .unpickle import refused_global
+
+        wanted = refused_global(data if data is not None else Path(file).read_bytes())
+        asks = f", asking for {wanted}" if wanted else ""
+        return (f"{what} is a Python pickle{asks}, not a file torch.save wrote ({_TORCH_SAVE}); torch.load reads "
+                "no such pickle, trusted or not, and nothing from it ran: save the policy's state_dict with "
+                "torch.save, or its arrays with numpy.savez")
+    kind = file_kind(file) if data is None else None
+    described = kind.what if kind is not None else "an ONNX model" if data is None and _is_onnx(file) else None
+    if described is None:
+        return f"{what} is not a file torch.save wrote: it starts with {head[:8]!r}, and {_TORCH_SAVE}"
+    reads = f"; policyport converts it with --from {kind.source}" if kind is not None and kind.source else ""
+    return f"{what} is {described}, not a file torch.save wrote ({_TORCH_SAVE}){reads}"
+
+
+def _is_onnx(path: Path) -> bool:
+    """Whether ``path`` parses as an ONNX model with a graph that has outputs (external data not read)."""
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and whatever a file that is not one gives
+        return False
+    return model.HasField("graph") and len(model.graph.output) > 0
 
 
 def _refused_global(source) -> str | None:

@@ -715,7 +715,8 @@ def convert_torch(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
     reference = module_reference(source, export)
-    return Converted(export.model, reference, "torch", export.notes, oracle=module_oracle("the module"))
+    return Converted(export.model, reference, "torch", export.notes, module_assumptions("a torch module"),
+                     module_oracle("the module"))
 
 
 def convert_torchscript(source, options):
@@ -749,16 +750,31 @@ def convert_torchscript(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
     reference = module_reference(module, export)
-    return Converted(export.model, reference, "torchscript", export.notes, oracle=module_oracle("the TorchScript module"))
+    return Converted(export.model, reference, "torchscript", export.notes, module_assumptions("a TorchScript file"),
+                     module_oracle("the TorchScript module"))
+
+
+def module_assumptions(what: str) -> list:
+    """What a model converted from a torch module (``what``: ``"a TorchScript file"``) rests on beyond
+    the module: no normaliser applied to the observations outside it, which the module cannot record."""
+    from .assumptions import outside_normaliser
+
+    return [outside_normaliser(what, "export a module whose forward applies the normaliser")]
+
+
+#: What torch running a module's own forward settles from the module itself: its activations and its
+#: layers. Not what it does not compute: an action distribution a converter puts on its outputs (the
+#: ``action`` of a ``--head``), or a normaliser applied outside it.
+MODULE_CHECKS = frozenset({"activation", "layout"})
 
 
 def module_oracle(what: str):
-    """torch running ``what``'s own forward: it settles the activations, the layers and what the
-    module outputs from the module itself."""
+    """torch running ``what``'s own forward: it settles the activations and the layers from the
+    module itself (:data:`MODULE_CHECKS`)."""
     from .assumptions import Oracle
 
     return Oracle(f"torch {_torch('naming the oracle').__version__} running {what}'s own forward", framework=True,
-                  checks=frozenset({"activation", "layout", "head", "observation normalisation"}))
+                  checks=MODULE_CHECKS)
 
 
 def _refuse_weight_options(options, what: str) -> None:

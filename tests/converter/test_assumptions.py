@@ -96,16 +96,18 @@ def test_a_wrong_list_passes_only_against_the_reconstruction_that_assumes_it(mix
     assert circular.source_oracle == {"name": "policyport's reconstruction from the state_dict's arrays, run in torch "
                                       "modules", "framework": False, "checks": []}
     assert [(a["topic"], a["assumes"], a["checked"]) for a in circular.assumptions] == [
-        ("activation", "tanh at modules 1 and 3", False), ("observation normalisation", "none", False)]
+        ("activation", "tanh at modules 1 and 3", False), ("layout", "nothing after module 4, the last layer", False),
+        ("observation normalisation", "none", False)]
     text = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.pt").output
-    assert "PASS against a reconstruction that assumes activation tanh at modules 1 and 3; observation " \
-           "normalisation none: " in " ".join(text.split())
+    assert "PASS against a reconstruction that assumes activation tanh at modules 1 and 3; layout nothing after " \
+           "module 4, the last layer; observation normalisation none: " in " ".join(text.split())
 
     oracle = pp.verify(str(model_path), obs, source=folder / "seq.torchscript.pt")
     assert not oracle.passed and oracle.source_oracle["framework"]
     assert oracle.source_oracle["name"] == f"torch {torch.__version__} running the TorchScript module's own forward"
-    assert [(a["topic"], a["checked"]) for a in oracle.assumptions] == [("activation", True),
-                                                                        ("observation normalisation", True)]
+    # torch runs the module's own activations; a normaliser outside the module it cannot know of: both sides assume none
+    assert [(a["topic"], a["side"], a["checked"]) for a in oracle.assumptions] == [
+        ("activation", "model", True), ("layout", "model", True), ("observation normalisation", "both", False)]
     result = invoke("verify", model_path, "-i", _npy(tmp_path, obs), "--source", folder / "seq.torchscript.pt")
     assert result.exit_code == 1
     assert "FAIL against torch" in result.output and "checked against" not in result.output.split("FAIL")[1]
@@ -162,7 +164,7 @@ def test_halves_state_the_split_and_the_model_names_it(cleanrl_actor):
     np.testing.assert_allclose(out["action"], mean[:, :3], atol=1e-5, rtol=1e-5)
     assert assumed(c.model)["head"] == "diagonal Gaussian, module 4 = [mean (3, the action), log_std (3)]"
     assert metadata(c.model)["policyport.head"] == "diag-gaussian"
-    assert c.assumptions[1].because == "given by --head diag-gaussian:halves"
+    assert [a.because for a in c.assumptions if a.topic == "head"] == ["given by --head diag-gaussian:halves"]
 
 
 # ------------------------------------------------------------------------------ SB3 + VecNormalize
@@ -360,20 +362,32 @@ def test_a_keras_head_split_needs_saying(tmp_path):
     assert c.oracle.framework and "running the Keras model's own layers" in c.oracle.name
     categorical = convert_source(source, head="categorical")
     assert assumed(categorical.model)["head"].startswith("categorical, action = argmax of ")
-    plain = convert_source(source)
-    assert assumed(plain.model) == {}
+    plain = convert_source(source)  # a normaliser outside the model is not in its file
+    assert assumed(plain.model) == {"observation normalisation": "none"}
+    assert plain.assumptions[0].because.startswith("a Keras model records the network alone: a normaliser applied to "
+                                                   "the observations outside it")
+    assert plain.oracle.checks == frozenset({"activation", "layout"})
 
 
-def test_a_torch_module_assumes_nothing_and_is_its_own_oracle(mixed, tmp_path):
+def test_a_torch_module_assumes_no_outside_normaliser_and_is_its_own_oracle(mixed, tmp_path):
+    """A module's file cannot record a normaliser applied to the observations outside it (gymnasium's
+    NormalizeObservation wrapper, which CleanRL trains under): that is assumed, and named in the PASS."""
     folder, obs, expected = mixed
     c = convert_source(folder / "seq.torchscript.pt")
-    assert c.assumptions == [] and assumed(c.model) == {}
+    assert assumed(c.model) == {"observation normalisation": "none"}
+    assert "NormalizeObservation" in c.assumptions[0].because
+    assert c.oracle.checks == frozenset({"activation", "layout"})
     report = pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle)
-    assert report.passed and report.assumptions == []
+    assert report.passed and [(a["topic"], a["side"], a["checked"]) for a in report.assumptions] == [
+        ("observation normalisation", "both", False)]
     from policyport.compare import verdict
 
     assert verdict(report).startswith(f"PASS against torch {torch.__version__} running the TorchScript module's own "
-                                      "forward: ")
+                                      "forward, given observation normalisation none: ")
+    module = torch.nn.Sequential(torch.nn.Linear(8, 4)).eval()  # a live module, and a whole pickled one, alike
+    assert assumed(convert_source(module).model) == {"observation normalisation": "none"}
+    torch.save(module, tmp_path / "whole.pt")
+    assert assumed(convert_source(tmp_path / "whole.pt", trust=True).model) == {"observation normalisation": "none"}
 
 
 def test_a_packed_folder_carries_the_assumptions(tmp_path, mixed):
@@ -382,7 +396,8 @@ def test_a_packed_folder_carries_the_assumptions(tmp_path, mixed):
     assert invoke("convert", folder / "seq.pt", "-o", model, "--activation", "tanh,relu").exit_code == 0
     assert invoke("pack", model, "-o", tmp_path / "bundle", "--samples", "8", "--source", folder / "seq.pt").exit_code == 0
     policy = json.loads((tmp_path / "bundle" / "policy.json").read_text())
-    assert [a["assumes"] for a in policy["assumptions"]] == ["tanh at module 1, relu at module 3", "none"]
+    assert [a["assumes"] for a in policy["assumptions"]] == ["tanh at module 1, relu at module 3",
+                                                             "nothing after module 4, the last layer", "none"]
     assert policy["parity"]["source_oracle"]["framework"] is False
     result = invoke("verify", tmp_path / "bundle")
     assert result.exit_code == 0 and "activation tanh at module 1, relu at module 3" in " ".join(result.output.split())

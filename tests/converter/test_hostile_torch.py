@@ -30,8 +30,6 @@ def _message(result) -> str:
 @pytest.mark.parametrize("name, what", [
     ("legacy.pt", "legacy.pt"),  # torch's own message names no global for the pre-1.6 format
     ("zip_format.pt", "zip_format.pt"),
-    ("plain_pickle.pt", "plain_pickle.pt"),
-    ("sb3_plain_pickle.zip", "sb3_plain_pickle.zip:policy.pth"),
 ])
 def test_a_hostile_torch_file_is_refused_naming_the_global_and_nothing_runs(tmp_path, monkeypatch, name, what):
     pytest.importorskip("torch")
@@ -43,6 +41,26 @@ def test_a_hostile_torch_file_is_refused_naming_the_global_and_nothing_runs(tmp_
     assert result.stdout == "" and not (tmp_path / "policyport-pickle-ran").exists()
     assert not (tmp_path / "out.onnx").exists()
     with pytest.raises(pp.UntrustedFileError, match=rf"asks for {SYSTEM} while unpickling"):
+        pp.convert(HOSTILE / name)
+
+
+@pytest.mark.parametrize("name, what", [
+    ("plain_pickle.pt", "plain_pickle.pt"),
+    ("sb3_plain_pickle.zip", "sb3_plain_pickle.zip:policy.pth"),
+])
+def test_a_plain_pickle_is_no_torch_file_and_is_refused_naming_its_global_without_advising_trust(
+        tmp_path, monkeypatch, name, what):
+    """torch.load reads a pickle only behind torch's magic number: with --trust it would run this one and
+    then refuse it, so --trust is no remedy and is not advised."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["convert", str(HOSTILE / name), "-o", "out.onnx"])
+    assert result.exit_code == 3, result.output
+    assert _message(result).startswith(f"error: {HOSTILE / what} is a Python pickle, asking for {SYSTEM}, not a file "
+                                       "torch.save wrote (torch.save writes a zip archive holding data.pkl")
+    assert "--trust" not in result.output
+    assert result.stdout == "" and not (tmp_path / "policyport-pickle-ran").exists()
+    assert not (tmp_path / "out.onnx").exists()
+    with pytest.raises(pp.UnreadableFileError, match=rf"is a Python pickle, asking for {SYSTEM}, not a file"):
         pp.convert(HOSTILE / name)
 
 

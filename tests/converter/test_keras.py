@@ -427,7 +427,8 @@ def test_a_diag_gaussian_head_splits_a_keras_models_output_into_action_and_log_s
 def test_a_keras_head_needs_an_output_it_can_split_and_categorical_takes_the_argmax(obs):
     with pytest.raises(pp.OptionError) as caught:
         convert_source(FIXTURES / "mlp_norm.keras", head="diag-gaussian")
-    assert str(caught.value) == "a diag-gaussian head splits 'fc_out' into mean and log_std halves; it has width 3"
+    assert str(caught.value) == ("--head diag-gaussian splits 'fc_out' into mean and log_std halves, but it has 3 outputs "
+                                 "(an odd number); use --head categorical (or none)")
     c = convert_source(FIXTURES / "mlp_norm.keras", head="categorical")
     got = pp.load(c.model).run({"obs": obs})
     np.testing.assert_array_equal(got["action"], np.argmax(got["fc_out"], axis=1))

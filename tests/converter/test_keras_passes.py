@@ -537,18 +537,24 @@ def test_a_categorical_head_is_the_argmax_over_the_logits_as_int64_actions():
     assert got.dtype == np.int64 and got.tolist() == np.argmax(x, axis=1).tolist()
 
 
-@pytest.mark.parametrize("shape, said", [([None, 5], "5"), ([None, "width"], "unknown"), ([None, 2, 4], "unknown"),
-                                         ([None, 0], "unknown")])
-def test_a_diag_gaussian_head_refuses_an_output_it_cannot_halve(shape, said):
+UNDECLARED = "its declared shape is not (batch, width) of a fixed width"
+
+
+@pytest.mark.parametrize("shape, said", [([None, 5], "it has 5 outputs (an odd number)"), ([None, "width"], UNDECLARED),
+                                         ([None, 2, 4], UNDECLARED), ([None, 0], UNDECLARED)])
+@pytest.mark.parametrize("head", ["diag-gaussian", "diag-gaussian:halves"])
+def test_a_diag_gaussian_head_refuses_an_output_it_cannot_halve(shape, said, head):
     g = _head_graph(4, shape=shape)
     with pytest.raises(pp.OptionError) as caught:
-        kc._add_head(g, "fc_out", "diag-gaussian", 17)
-    assert str(caught.value) == f"a diag-gaussian head splits 'fc_out' into mean and log_std halves; it has width {said}"
+        kc._add_head(g, "fc_out", head, 17)
+    assert str(caught.value) == (f"--head {head} splits 'fc_out' into mean and log_std halves, but {said}; "
+                                 "use --head categorical (or none)")
     g = _head_graph(4, shape=shape)
     del g.g.output[0].type.tensor_type.shape.dim[:]
     g.g.output[0].type.tensor_type.ClearField("shape")
-    with pytest.raises(pp.OptionError, match="it has width unknown$"):
-        kc._add_head(g, "fc_out", "diag-gaussian", 17)
+    with pytest.raises(pp.OptionError) as caught:
+        kc._add_head(g, "fc_out", head, 17)
+    assert f"but {UNDECLARED}; " in str(caught.value)
 
 
 # -------------------------------------------------------------------------------- the whole finish

@@ -265,9 +265,15 @@ REFUSALS = {
                   "default_policy/fc_1/kernel, default_policy/fc_2/kernel"),
     "nothing": (lambda w: {}, "no output layer: expected an array named <prefix>fc_out/kernel; found no arrays"),
     "mixed-floats": (lambda w: {**w, P + "fc_1/bias": w[P + "fc_1/bias"].astype(np.float64)},
-                     "the weights must share one float dtype; found ['float32', 'float64']"),
+                     "the weights are float32 (default_policy/fc_1/kernel, default_policy/fc_2/kernel, "
+                     "default_policy/fc_2/bias … and 2 more) and float64 (default_policy/fc_1/bias): a policy's "
+                     "parameters share one float dtype, which the model computes in; cast them to one (np.savez(path, "
+                     "**{k: v.astype(np.float32) for k, v in weights.items()})) and save that"),
     "integers": (lambda w: {k: v.astype(np.int32) for k, v in w.items()},
-                 "the weights must share one float dtype; found ['int32']"),
+                 "the weights are int32 (default_policy/fc_1/kernel, default_policy/fc_1/bias, "
+                 "default_policy/fc_2/kernel … and 3 more): a policy's weights are floating point; integer ones are a "
+                 "quantized model's (whose scales these arrays do not hold) or no policy's; save the float weights the "
+                 "policy computes with"),
     "bias-no-kernel": (lambda w: _without(w, P + "fc_1/kernel"), "layer 'fc_1' has a bias but no kernel"),
     "kernel-rank": (lambda w: {**w, P + "fc_1/kernel": w[P + "fc_1/kernel"][..., None]},
                     "default_policy/fc_1/kernel must be a 2-D kernel [in, out], got shape (6, 16, 1)"),

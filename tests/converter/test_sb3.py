@@ -237,6 +237,31 @@ def _policy_class(name: str):
     return lambda d: d["policy_class"].update({":serialized:": serialized})
 
 
+def _policy_kwargs_edit(**kwargs):
+    """A zip data edit giving the policy ``kwargs`` as SB3 writes them: readable entries beside their
+    pickle, by SB3's own ``data_to_json``."""
+    from stable_baselines3.common.save_util import data_to_json
+
+    def edit(data):
+        data["policy_kwargs"] = json.loads(data_to_json({"policy_kwargs": kwargs}))["policy_kwargs"]
+
+    return edit
+
+
+#: How a refusal of a policy whose forward pass the zip records only as code ends: what to do.
+EXPORT_FROM_PYTHON = ("to convert it, load the zip with SB3 in Python (PPO.load and the like, its classes importable) "
+                      "and convert a torch module whose forward returns model.policy._predict(obs, deterministic=True): "
+                      "pp.convert(module, input_shape=<observation shape>)")
+
+
+def unbuilt_activation(text: str, detail: str = "") -> str:
+    """The refusal of an ``activation_fn`` policyport does not build."""
+    return (f"the policy's activation_fn is {text!r}, which policyport does not build{f' ({detail})' if detail else ''}. "
+            "It builds torch.nn's Tanh, Sigmoid, Identity, ReLU, SELU, SiLU, Mish, Hardswish, LeakyReLU with any "
+            "negative_slope, and ELU, CELU, GELU and Softplus with their default parameters (in functools.partial "
+            f"too). The zip records its activation, so --activation cannot stand in for it; {EXPORT_FROM_PYTHON}")
+
+
 GSDE = ("the policy uses gSDE (use_sde=True): its exploration noise depends on the latent features and its log_std is "
         "a matrix; policyport converts the plain Gaussian and squashed policies")
 DICT_OBS = "the policy takes dict observations (MultiInputPolicy); policyport converts a single Box observation"
@@ -273,9 +298,8 @@ def _refusals(tmp_path):
         ("multibinary", _space_edit("action", "multi_binary.MultiBinary"),
          "the action space is MultiBinary; policyport builds the deterministic action of Box, Discrete and "
          "MultiDiscrete spaces"),
-        ("activation", lambda d: d["policy_kwargs"].update(activation_fn="<class 'torch.nn.modules.activation.Softsign'>"),
-         "the policy's activation_fn is \"<class 'torch.nn.modules.activation.Softsign'>\", which policyport does not "
-         "map; name it with --activation"),
+        ("activation", _policy_kwargs_edit(net_arch=[32, 32], activation_fn=torch.nn.Softsign),
+         unbuilt_activation("<class 'torch.nn.modules.activation.Softsign'>")),
         ("no_space", lambda d: d.pop("observation_space"), "the zip's data has no readable observation_space"),
         ("box_shape", lambda d: d["action_space"].update(_shape=[2], low="[-2. -2.]", high="[2. 2.]"),
          "a Box action space of shape (2,), but the action network outputs 1 values"),
@@ -450,6 +474,32 @@ def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path
     assert not any(n.output[0].startswith("vec_normalize") for n in c.model.graph.node)
 
 
+@pytest.mark.slow
+def test_a_vecnormalize_without_observation_statistics_is_named_as_no_normalisation(tmp_path):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import VecNormalize as SB3VecNormalize
+
+    shutil.copy(ZIPS["ppo_pendulum"][0], tmp_path / "policy.zip")
+    venv = SB3VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]), norm_obs=False, norm_reward=True)
+    pkl = tmp_path / "vec_normalize.pkl"
+    venv.save(str(pkl))
+    obs = np.random.default_rng(4).uniform(-3, 3, (500, 3)).astype(np.float32)
+    expected, _ = load_sb3(tmp_path / "policy.zip", "PPO").predict(venv.normalize_obs(obs), deterministic=True)
+    for options, because in (({}, "found beside the zip, under the name SB3's documentation saves it with"),
+                             ({"obs_norm": str(pkl)}, "given by --obs-norm")):
+        c = convert_source(tmp_path / "policy.zip", **options)
+        a = c.assumptions[-1]
+        assert (a.topic, a.assumes) == ("observation normalisation",
+                                        f"none: {pkl} normalises no observation (its norm_obs is false)")
+        assert a.because.startswith(because) and "--no-filter" not in a.settle
+        assert not any(n.output[0].startswith("vec_normalize") for n in c.model.graph.node)
+        for backend in ("numpy", "onnxruntime"):
+            np.testing.assert_allclose(pp.load(c.model, backend=backend).run({"obs": obs})["action"], expected,
+                                       rtol=1e-5, atol=1e-5)
+        report = pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle)
+        assert report.passed and [s["assumes"] for s in report.shared_assumptions] == [a.assumes]
+
+
 @pytest.mark.parametrize("content, message", [
     ({"obs_rms": {"mean": MEAN32}}, "{pkl} holds a dict, not a pickled VecNormalize"),
     (VecNormalize(obs_rms={"position": RunningMeanStd(), "speed": RunningMeanStd()}),
@@ -593,14 +643,46 @@ def test_an_array_that_is_not_printed_numbers_is_refused(text, message):
 
 @pytest.mark.parametrize("text, name", [
     ("<class 'torch.nn.modules.activation.Tanh'>", "tanh"), ("torch.nn.modules.activation.ELU", "elu"),
-    ("LeakyReLU", "leaky_relu"), ("<class 'torch.nn.modules.activation.ReLU'>  ", "relu"),
-    ("<class 'torch.nn.modules.linear.Identity'>", "linear"), ("<class 'torch.nn.modules.activation.SiLU'>", "silu"),
-    (None, None),
+    ("<class 'torch.nn.modules.activation.ReLU'>  ", "relu"), ("<class 'torch.nn.modules.linear.Identity'>", "linear"),
+    ("<class 'torch.nn.modules.activation.SiLU'>", "silu"), ("<class 'torch.nn.modules.activation.CELU'>", "elu"),
+    # functools.partial as SB3 writes it (str of the partial): the slope positional or by keyword
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, 0.2)", "leaky_relu:0.2"),
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, negative_slope=0.25, inplace=True)",
+     "leaky_relu:0.25"),
+    ("<class 'torch.nn.modules.activation.LeakyReLU'>", "leaky_relu"),
+    ("functools.partial(<class 'torch.nn.modules.activation.ELU'>, alpha=1.0)", "elu"),
+    ("functools.partial(<class 'torch.nn.modules.activation.GELU'>, approximate='none')", "gelu"),
+    ("functools.partial(<class 'torch.nn.modules.activation.ReLU'>, True)", "relu"),
 ])
 def test_the_activation_is_read_from_the_class_text_of_policy_kwargs(text, name):
-    from policyport.converter.sb3 import _activation_name
+    from policyport.converter.activations import parse_activation
+    from policyport.converter.sb3 import torch_activation
 
-    assert _activation_name({} if text is None else {"activation_fn": text}) == name
+    assert parse_activation(torch_activation(text).name) == parse_activation(name)
+
+
+@pytest.mark.parametrize("text, detail", [
+    ("LeakyReLU", ""),  # SB3 writes a class with its module: a bare name could be any class
+    ("<class 'myext.Tanh'>", ""),  # a class of its own that shares a torch.nn name
+    ("<class 'torch.nn.modules.activation.Hardtanh'>", ""),
+    ("functools.partial(<class 'torch.nn.modules.activation.ELU'>, alpha=3.0)", "ELU with alpha=3.0; policyport's elu is alpha=1.0"),
+    ("functools.partial(<class 'torch.nn.modules.activation.GELU'>, approximate='tanh')",
+     "GELU with approximate='tanh'; policyport's gelu is approximate='none'"),
+    ("functools.partial(<class 'torch.nn.modules.activation.Softplus'>, 5.0)", "Softplus with beta=5.0; policyport's softplus is beta=1.0"),
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, 'x')", "its negative_slope 'x' is not a number"),
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, 0.1, False, 3)",
+     "arguments that torch.nn.LeakyReLU(negative_slope, inplace) does not take"),
+    ("functools.partial(<class 'torch.nn.modules.activation.Tanh'>, slope=2)", "arguments that torch.nn.Tanh() does not take"),
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, 0.1, negative_slope=0.2)",
+     "arguments that torch.nn.LeakyReLU(negative_slope, inplace) does not take"),
+    ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, <object at 0x1>)", "its arguments are not literals"),
+])
+def test_an_activation_policyport_does_not_build_is_refused_saying_what_it_builds(text, detail):
+    from policyport.converter.sb3 import torch_activation
+
+    with pytest.raises(pp.BadModelError) as caught:
+        torch_activation(text).name
+    assert str(caught.value) == unbuilt_activation(text, detail)
 
 
 def test_policy_kwargs_keep_only_their_readable_entries():
@@ -696,22 +778,6 @@ def test_the_policy_class_is_read_from_protocol_0_strings_and_memo_puts_too():
     assert pickled_global(base64.b64encode(crafted).decode()) == "mypolicies.MlpPolicy"
 
 
-@pytest.mark.parametrize("policy_class, refused", [
-    ("mypolicies.Recurrent.MlpPolicy", False),  # the class's own name decides, not its module's
-    ("sb3_contrib.ppo_mask.policies.MaskableActorCriticPolicy", False),  # sb3_contrib but not recurrent
-    ("sb3_contrib.Recurrent.MlpPolicy", True),  # a recurrent module of sb3_contrib
-])
-def test_a_recurrent_policy_is_told_by_its_class_name_or_sb3_contribs_recurrent_modules(tmp_path, policy_class, refused):
-    path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "classed.zip", data=_policy_class(policy_class))
-    if not refused:
-        assert json.loads({p.key: p.value for p in convert_source(path).model.metadata_props}["policyport.source"])[
-            "policy_class"] == policy_class
-        return
-    with pytest.raises(pp.BadModelError) as caught:
-        convert_source(path)
-    assert str(caught.value) == f"{policy_class} is a recurrent policy; policyport converts feed-forward MLP policies"
-
-
 def test_a_space_class_is_read_without_its_module_and_a_space_without_one_is_refused(tmp_path):
     dotless = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "dotless.zip",
                           data=lambda d: d["observation_space"].update({":type:": "<class 'Box'>"}))
@@ -723,11 +789,14 @@ def test_a_space_class_is_read_without_its_module_and_a_space_without_one_is_ref
 
 
 def test_an_activation_fn_that_is_not_a_class_name_is_refused_as_written(tmp_path):
+    import torch
+
+    # an instance where SB3 expects a class: SB3 writes its str() and pickles it, which policyport does not run
     path = rewrite_zip(ZIPS["ppo_pendulum"][0], tmp_path / "called.zip",
-                       data=lambda d: d["policy_kwargs"].update(activation_fn="Tanh()"))
+                       data=_policy_kwargs_edit(net_arch=[32, 32], activation_fn=torch.nn.Tanh()))
     with pytest.raises(pp.BadModelError) as caught:
         convert_source(path)
-    assert str(caught.value) == "the policy's activation_fn is 'Tanh()', which policyport does not map; name it with --activation"
+    assert str(caught.value) == unbuilt_activation("Tanh()")
 
 
 @pytest.mark.parametrize("name, edit, message", [

@@ -197,11 +197,19 @@ def test_numpy_and_torch_references_agree_on_every_tensor():
 
 
 def test_a_state_dict_names_what_it_cannot_tell_and_what_does_not_fit(tmp_path):
-    with pytest.raises(pp.OptionError, match=r"activation modules sit at 2, 6.*--activation"):
+    with pytest.raises(pp.OptionError) as caught:
         pp.convert(TORCH_DIR / "norms.state_dict.pt")
-    with pytest.raises(pp.OptionError, match=r"^nn\.Sequential: --activation \(activation=\) gives 3 activations for 2 "
-                                            r"parameter-free module\(s\) at 2, 6; give one per module, in order$"):
-        pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu,elu")
+    assert str(caught.value) == (
+        "nn.Sequential: the state_dict does not say which activation modules sit at 2, 3, 6 (they hold no parameters); "
+        "name them with --activation (activation= in Python), one per module (3 names, linear for a Dropout, which "
+        "does nothing in eval mode), or one per run of modules in a row (2 names; the others in a run are then taken "
+        "for Dropout) (e.g. --activation tanh,relu)")
+    with pytest.raises(pp.OptionError) as caught:
+        pp.convert(TORCH_DIR / "norms.state_dict.pt", activation="tanh,relu,elu,selu,gelu")
+    assert str(caught.value) == (
+        "nn.Sequential: --activation (activation=) gives 5 activations; the state_dict holds 3 parameter-free modules "
+        "(2, 3, 6) in 2 runs of modules in a row (2 to 3, 6): give one per module, in order (3 names, linear for a "
+        "Dropout), or one per run (2 names; the others in a run are then taken for Dropout)")
     path = tmp_path / "odd.pt"
     torch.save({"0.weight": torch.zeros(3, 2), "encoder.gamma": torch.zeros(3), "head.kernel": torch.zeros(3, 3)}, path)
     with pytest.raises(pp.BadModelError, match=r"2 key\(s\) do not fit: encoder\.gamma, head\.kernel"):
@@ -921,12 +929,53 @@ def test_a_state_dicts_layout_refuses_options_it_cannot_take_by_their_whole_mess
         ({"a.0.weight": np.ones((3, 2), np.float32), "b.0.weight": np.ones((3, 2), np.float32)}, {}, pp.BadModelError,
          "the keys carry more than one prefix (['a.', 'b.']); give one nn.Sequential's state_dict"),
         ({"0.weight": np.ones((3, 2), np.float32), "0.bias": np.zeros(3, np.float64)}, {}, pp.BadModelError,
-         "the parameters must share one float dtype; found ['float32', 'float64']"),
+         "the state_dict's parameters are float32 (0.weight) and float64 (0.bias): a policy's parameters share one "
+         "float dtype, which the model computes in; cast them to one (state_dict = {k: v.float() for k, v in "
+         "state_dict.items()}) and save that"),
     ]
     for arrays, options, error, message in cases:
         with pytest.raises(error) as caught:
             convert_source(_saved(tmp_path, arrays), **options)
         assert type(caught.value) is error and str(caught.value) == message
+
+
+@pytest.mark.parametrize("source", [TORCH_DIR / "norms.torchscript.pt", "module"])
+def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_read(source):
+    """A TorchScript file or a live module records its activations: --activation does not apply to it,
+    a list or one name alike (not: "takes one activation name")."""
+    source = load_module("norms")[0] if source == "module" else source
+    for activation in ("tanh,relu", "tanh"):
+        with pytest.raises(pp.OptionError) as caught:
+            convert_source(source, activation=activation)
+        kind = "torch" if isinstance(source, torch.nn.Module) else "torchscript"
+        assert str(caught.value) == (f"--activation does not apply to {kind} sources (--activation applies to npz, "
+                                     "rllib, rllib-torch, sb3, state-dict)")
+
+
+@pytest.mark.parametrize("dtype, message", [
+    (torch.bfloat16, "the state_dict's parameters are bfloat16 (0.weight, 0.bias, 2.weight … and 1 more): policyport "
+     "builds a model in float16, float32 or float64; cast the parameters to float32, which holds every "
+     "bfloat16 value exactly (state_dict = {k: v.float() for k, v in state_dict.items()}) and save that"),
+    (torch.int64, "the state_dict's parameters are int64 (0.weight, 0.bias, 2.weight … and 1 more): a policy's weights "
+     "are floating point; integer ones are a quantized model's (whose scales these arrays do not hold) or no "
+     "policy's; save the float weights the policy computes with"),
+])
+def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tmp_path, dtype, message):
+    pytest.importorskip("ml_dtypes")
+    module = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    obs = observations((6,), 16)
+    path = tmp_path / "policy.pt"
+    torch.save({k: (v * 100).to(dtype) for k, v in module.state_dict().items()}, path)
+    with pytest.raises(pp.BadModelError) as caught:
+        convert_source(path, activation="tanh")
+    assert str(caught.value) == message
+    if dtype is torch.bfloat16:  # what the message says to do converts, to torch's output in float32
+        torch.save({k: v.float() for k, v in torch.load(path, weights_only=True).items()}, path)
+        module.load_state_dict(torch.load(path, weights_only=True))
+        with torch.no_grad():
+            expected = module(torch.from_numpy(obs)).numpy()
+        got = pp.load(convert_source(path, activation="tanh").model).run({"obs": obs})["logits"]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
@@ -1067,11 +1116,13 @@ def test_a_head_contradicting_the_state_dict_is_a_usage_error_saying_why(tmp_pat
     assert result.exit_code == 2 and not out.exists()
     assert ("--head categorical takes the argmax of the logits, but this is a Gaussian policy: its logits are the 2 "
             "means of 'action_net' followed by the 2 entries of its free log_std 'log_std'") in " ".join(result.stderr.split())
-    with pytest.raises(pp.OptionError) as caught:
-        convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="diag-gaussian", activation="tanh")
-    assert str(caught.value) == (
-        "--head diag-gaussian needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
-        "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, or none)")
+    for head in ("diag-gaussian", "diag-gaussian:halves"):  # named as given
+        with pytest.raises(pp.OptionError) as caught:
+            convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head=head, activation="tanh")
+        assert str(caught.value) == (
+            f"--head {head} needs a log_std, and this SB3 ActorCriticPolicy has none: SB3 keeps a Gaussian policy's "
+            "log_std as a parameter, so this one acts in a Discrete or MultiDiscrete space (use --head categorical, "
+            "or none)")
     discrete = convert_source(_saved(tmp_path, _actor_critic(log_std=False)), head="categorical", activation="tanh").model
     assert [o.name for o in discrete.graph.output] == ["logits", "action"]
 

@@ -10,6 +10,7 @@ import json
 import pickle
 import re
 import sys
+import zipfile
 
 import numpy as np
 import onnx
@@ -47,18 +48,33 @@ def test_a_missing_file_is_named():
     assert str(caught.value) == "/no/such/policy.pt: no such file"
 
 
+#: How a refusal of a file torch.save did not write says what torch.save writes.
+TORCH_SAVE = ("torch.save writes a zip archive holding data.pkl, or, before torch 1.6, a pickle that starts with "
+              "torch's magic number")
+
+
 @pytest.mark.parametrize("trust", [False, True])
-def test_junk_is_unreadable_with_torchs_first_line_and_the_bytes_named_as_given(trust):
+def test_junk_is_no_torch_file_whatever_trust_and_the_bytes_are_named_as_given(trust):
     data = b"junk bytes, not a pickle"
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(data, trust=trust)
-    assert str(caught.value) == f"the torch file is not a readable torch file: {torch_error(data, weights_only=not trust)}"
+    assert str(caught.value) == f"the torch file is not a file torch.save wrote: it starts with b'junk byt', and {TORCH_SAVE}"
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(data, what="policy.pth in model.zip")
-    assert str(caught.value).startswith("policy.pth in model.zip is not a readable torch file: ")
+    assert str(caught.value).startswith("policy.pth in model.zip is not a file torch.save wrote: ")
 
 
-def test_an_empty_file_is_said_to_be_empty_and_empty_bytes_name_the_error_type_torch_gives(tmp_path):
+def test_a_torch_archive_torch_cannot_read_gets_torchs_first_line():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("archive/data.pkl", b"junk, not a pickle")
+    data = buffer.getvalue()
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(data)
+    assert str(caught.value) == f"the torch file is not a readable torch file: {torch_error(data)}"
+
+
+def test_an_empty_file_or_member_is_said_to_be_empty(tmp_path):
     path = tmp_path / "empty.pt"
     path.write_bytes(b"")
     with pytest.raises(pp.UnreadableFileError) as caught:
@@ -66,7 +82,42 @@ def test_an_empty_file_is_said_to_be_empty_and_empty_bytes_name_the_error_type_t
     assert str(caught.value) == f"{path} is empty"
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(b"", what="policy.pth in model.zip")
-    assert str(caught.value) == "policy.pth in model.zip is not a readable torch file: EOFError"
+    assert str(caught.value) == "policy.pth in model.zip is empty"
+
+
+def _onnx_model(path):
+    x = onnx.helper.make_tensor_value_info("obs", onnx.TensorProto.FLOAT, [1, 2])
+    y = onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["obs"], ["logits"])], "g", [x], [y])
+    onnx.save(onnx.helper.make_model(graph), path)
+
+
+#: Files torch.save did not write, how each is made, and what the refusal says it is.
+NOT_TORCH = {
+    "an ONNX model": (_onnx_model, "an ONNX model, not a file torch.save wrote"),
+    "an .npy": (lambda p: np.save(p.open("wb"), np.zeros(3)), "a NumPy array (.npy), not a file torch.save wrote"),
+    "an .npz": (lambda p: np.savez(p.open("wb"), w=np.zeros(3)),
+                "an .npz archive of arrays, not a file torch.save wrote (torch.save writes a zip archive holding "
+                "data.pkl, or, before torch 1.6, a pickle that starts with torch's magic number); policyport converts "
+                "it with --from npz"),
+    "a pickle of arrays": (lambda p: p.write_bytes(pickle.dumps({"w": np.zeros(3)}, protocol=4)),
+                           "a Python pickle, not a file torch.save wrote"),
+    "a TorchScript file": (lambda p: torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(p)),
+                           "a TorchScript file (torch.jit.save), not a state_dict or a pickled module; policyport "
+                           "converts it with --from torchscript, which needs no --trust"),
+}
+
+
+@pytest.mark.parametrize("trust", [False, True])
+@pytest.mark.parametrize("kind", list(NOT_TORCH))
+def test_a_file_torch_save_did_not_write_is_named_for_what_it_is_and_trust_is_not_advised(tmp_path, kind, trust):
+    make, said = NOT_TORCH[kind]
+    path = tmp_path / "policy.pt"
+    make(path)
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(path, trust=trust)
+    assert str(caught.value).startswith(f"{path} is {said}")
+    assert "pass --trust" not in str(caught.value)
 
 
 @pytest.mark.parametrize("legacy", [False, True])
@@ -91,16 +142,17 @@ class CallsSystem:
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_a_refusal_torch_does_not_name_is_named_from_the_pickle_or_said_in_general():
-    """torch's weights-only reader stops at a plain pickle's first opcode (protocol 4's FRAME), naming no
-    GLOBAL: the global is then read from the pickle's opcodes, and a class policyport's own reader
-    would rebuild inertly (Counter) is not named at all."""
-    calls = pickle.dumps(CallsSystem())
-    assert re.search(r"GLOBAL ([\w.]+)", str(pytest.raises(Exception, torch.load, io.BytesIO(calls)).value)) is None
+    """torch's weights-only reader stops at the legacy format's first pickle (protocol 4's FRAME),
+    naming no GLOBAL: the global is then read from the pickle's opcodes, and a class policyport's own
+    reader would rebuild inertly (Counter) is not named at all."""
+    calls = saved(CallsSystem(), _use_new_zipfile_serialization=False, pickle_protocol=4)
+    assert re.search(r"GLOBAL ([\w.]+)", torch_error(calls)) is None
     with pytest.raises(pp.UntrustedFileError) as caught:
         load_torch_file(calls, what="calls.pt")
     assert str(caught.value) == f"calls.pt asks for {CallsSystem().__reduce__()[0].__module__}.system {REFUSAL_TAIL}"
+    counter = saved(collections.Counter(a=1), _use_new_zipfile_serialization=False, pickle_protocol=4)
     with pytest.raises(pp.UntrustedFileError) as caught:
-        load_torch_file(pickle.dumps(collections.Counter(a=1)), what="counter.pt")
+        load_torch_file(counter, what="counter.pt")
     assert str(caught.value) == f"counter.pt asks for objects beyond tensors and containers {REFUSAL_TAIL}"
 
 
@@ -131,17 +183,22 @@ def test_bfloat16_without_ml_dtypes_is_refused_with_the_package_to_install(monke
 
 def test_without_torch_the_zip_is_read_by_policyports_reader_naming_the_path(tmp_path, monkeypatch):
     t = torch.arange(4, dtype=torch.float32)
-    good, junk = tmp_path / "sd.pt", tmp_path / "junk.pt"
+    good, legacy, junk = tmp_path / "sd.pt", tmp_path / "legacy.pt", tmp_path / "junk.pt"
     good.write_bytes(saved({"w": t}))
+    legacy.write_bytes(saved({"w": t}, _use_new_zipfile_serialization=False))
     junk.write_bytes(b"not a zip")
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     assert load_torch_file(good)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(pp.UnreadableFileError) as caught:
-        load_torch_file(junk)
-    assert str(caught.value).startswith(f"{junk} is not a torch zip archive")
+        load_torch_file(legacy)
+    assert str(caught.value).startswith(f"{legacy} is not a torch zip archive (torch >= 1.6 writes one); reading the "
+                                        "legacy format needs torch installed")
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(junk)  # told before either reader: what it is, with torch or without
+    assert str(caught.value) == f"{junk} is a text file, not a file torch.save wrote ({TORCH_SAVE})"
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(b"not a zip")  # bytes: named as the torch file, as with torch
-    assert str(caught.value).startswith("the torch file is not a torch zip archive")
+    assert str(caught.value).startswith("the torch file is not a file torch.save wrote: it starts with b'not a zi'")
     with pytest.raises(pp.MissingDependencyError) as caught:
         load_torch_file(good, trust=True)
     assert str(caught.value) == ("loading a whole pickled torch module (--trust) needs the Python package 'torch', which "
@@ -245,3 +302,40 @@ def test_an_empty_or_truncated_torch_file_is_refused_saying_so(tmp_path, content
     with pytest.raises(pp.UnreadableFileError) as caught:
         pp.convert(path, kind=kind)
     assert str(caught.value) == f"{path} {reason}"
+
+
+def test_the_cli_says_what_a_source_is_and_advises_trust_only_for_a_torch_pickle(tmp_path):
+    """verify --source of a file that is not the model's source (an ONNX model, an .npy, a pickled
+    VecNormalize), read as the state_dict the model records, and a TorchScript file converted as a
+    state_dict: each is named for what it is (exit 3), never with advice to pass --trust."""
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).eval()
+    torch.save(module.state_dict(), tmp_path / "seq.pt")
+    torch.jit.save(torch.jit.script(module), str(tmp_path / "seq.torchscript.pt"))
+    model = tmp_path / "m.onnx"
+    onnx.save(pp.convert(tmp_path / "seq.pt", activation="tanh"), model)
+    _onnx_model(tmp_path / "other.onnx")
+    np.save(tmp_path / "obs.npy", np.zeros((2, 3), np.float32))
+    (tmp_path / "vecnormalize.pkl").write_bytes(pickle.dumps({"obs_rms": collections.OrderedDict(mean=[0.0])}))
+
+    def said(*args) -> tuple[int, str]:
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert "Traceback" not in result.output
+        return result.exit_code, " ".join(result.output.split())
+
+    for source, what in (("other.onnx", "an ONNX model"), ("obs.npy", "a NumPy array (.npy)"),
+                         ("vecnormalize.pkl", "a Python pickle")):
+        code, text = said("verify", model, "--source", tmp_path / source, "--samples", "4")
+        assert code == 3 and f"{tmp_path / source} is {what}, not a file torch.save wrote" in text, text
+        assert "--trust" not in text
+    code, text = said("convert", tmp_path / "seq.torchscript.pt", "--from", "state-dict", "-o", tmp_path / "x.onnx")
+    assert code == 3 and not (tmp_path / "x.onnx").exists()
+    assert text == (f"error: {tmp_path / 'seq.torchscript.pt'} is a TorchScript file (torch.jit.save), not a state_dict "
+                    "or a pickled module; policyport converts it with --from torchscript, which needs no --trust")
+    torch.save(module, tmp_path / "whole.pt")  # a torch pickle that asks for more than tensors: --trust is the remedy
+    code, text = said("convert", tmp_path / "whole.pt", "-o", tmp_path / "x.onnx")
+    assert code == 3 and text.endswith("if you trust this file, pass --trust (trust=True)")
