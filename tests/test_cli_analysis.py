@@ -125,8 +125,13 @@ def test_stats_and_plot_read_what_run_record_writes_for_an_sb3_box_policy(tmp_pa
     assert result.exit_code == 0, result.output
     with np.load(rec) as f:
         recorded = {k: f[k] for k in f.files}
+    description = json.loads(str(recorded.pop("policyport.recording")))
     with_rows = [k for k, v in recorded.items() if v.shape[:1] == (600,)]
     assert len(with_rows) == 15 and len(recorded) == 18
+    assert description["rows"] == 600 and [t["name"] for t in description["tensors"]] == with_rows
+    assert description["tensors"][0] == {"name": "vec_normalize/obs_float64", "op_type": "Cast", "dtype": "float64",
+                                         "shape": [3]}
+    assert description["backend"] == "numpy" and description["overrides"] == []
     note = ("left out (no batch axis, not one row per observation): vec_normalize/var_eps (3,), vec_normalize/std (3,), "
             "action_net/mean_shape (2,)\n")
     stats = invoke("stats", rec)
@@ -145,6 +150,30 @@ def test_stats_and_plot_read_what_run_record_writes_for_an_sb3_box_policy(tmp_pa
     assert sorted(os.listdir(tmp_path / "plots"))[:2] == ["heatmap-action-above_low.png", "heatmap-action.png"]
     asked = invoke("stats", rec, "--tensors", "action_net/mean_shape")
     assert asked.exit_code == 3 and "'action_net/mean_shape' (shape (2,)) has no row for each of the 600 observations" in asked.stderr
+
+
+def test_run_record_says_which_tensors_have_rows_when_a_constant_is_as_long_as_the_observations(tmp_path, pendulum):
+    """On 3 observations, the normaliser's std and var_eps (3 values, one per feature) are as long as
+    the rows: the description that run --record writes leaves them out all the same."""
+    obs = tmp_path / "three.npy"
+    np.save(obs, np.load(pendulum / "obs.npy")[:3])
+    rec = tmp_path / "rec.npz"
+    result = invoke("run", pendulum / "p.onnx", "-i", obs, "-o", tmp_path / "out.npz", "--record", rec)
+    assert result.exit_code == 0, result.output
+    with np.load(rec) as f:
+        assert f["vec_normalize/std"].shape == (3,) and f["vec_normalize/var_eps"].shape == (3,)
+        constants = {"vec_normalize/var_eps": f["vec_normalize/var_eps"], "vec_normalize/std": f["vec_normalize/std"]}
+        obs_std = f["vec_normalize/obs"].astype(np.float64).std()
+    doc = json.loads(invoke("stats", rec, "--json").stdout)
+    assert doc["rows"] == 3 and len(doc["tensors"]) == 15
+    assert doc["left_out"] == [{"name": "vec_normalize/var_eps", "shape": [3]}, {"name": "vec_normalize/std", "shape": [3]},
+                               {"name": "action_net/mean_shape", "shape": [2]}]
+    assert not any(t["name"] in constants for t in doc["tensors"])
+    assert next(t for t in doc["tensors"] if t["name"] == "vec_normalize/obs")["layer"]["std"] == pytest.approx(obs_std, rel=1e-9)
+    plot = invoke("plot", rec, "-o", tmp_path / "plots", "--tensors", "vec_normalize/*", "--json")
+    assert plot.exit_code == 0, plot.output
+    assert json.loads(plot.stdout)["left_out"] == [{"name": "vec_normalize/var_eps", "shape": [3]},
+                                                   {"name": "vec_normalize/std", "shape": [3]}]
 
 
 def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):

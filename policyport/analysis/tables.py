@@ -146,8 +146,10 @@ class NpzTable(Table):
     Args:
         path: the file.
         per_observation: read it as a recording (``policyport run --record`` writes every tensor,
-            constants and shapes among them): members whose axis 0 is not the recording's rows
-            (:func:`recording_rows`) are left out (:attr:`left_out`) instead of refused.
+            constants and shapes among them): the members its description does not list as tensors
+            with rows (``policyport run --record`` and ``record`` say which have them), or, without
+            one, whose axis 0 is not the recording's rows (:func:`recording_rows`) are left out
+            (:attr:`left_out`) instead of refused.
 
     Raises:
         UnreadableFileError: not a readable ``.npz``; members of different row counts (a scalar
@@ -179,7 +181,9 @@ class NpzTable(Table):
         if per_observation:
             described = (self.metadata or {}).get("rows")
             self.rows = described if type(described) is int else recording_rows(path, shapes)
-            self.left_out = {n: s for n, s in shapes.items() if s[:1] != (self.rows,)}
+            listed = _described_tensors(self.metadata)
+            self.left_out = {n: s for n, s in shapes.items()
+                             if s[:1] != (self.rows,) or (listed is not None and n not in listed)}
             for name in self.left_out:
                 del self.columns[name], self._members[name]
         else:
@@ -203,6 +207,14 @@ class NpzTable(Table):
                     s.close()
 
 
+def _described_tensors(metadata: dict | None) -> set[str] | None:
+    """The names of the tensors with rows a recording's description lists; None without one."""
+    tensors = (metadata or {}).get("tensors")
+    if not isinstance(tensors, list):
+        return None
+    return {t["name"] for t in tensors if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+
 def _by_rows(shapes: dict[str, tuple[int, ...]]) -> dict[int | None, list[str]]:
     """Array names grouped by row count (axis 0; ``None`` for a scalar), most arrays first."""
     groups: dict[int | None, list[str]] = {}
@@ -218,10 +230,11 @@ def _rows_text(by_rows: dict[int | None, list[str]]) -> str:
 
 
 def recording_rows(path: Path, shapes: dict[str, tuple[int, ...]]) -> int:
-    """The observations of a recording without a description (``policyport run --record``): the
-    row count (axis 0) that most of its arrays share. Arrays of another length have no row per
-    observation (a constant, a shape); one whose length happens to equal the row count cannot be
-    told from a tensor of one value per observation, and is taken for one.
+    """The observations of a recording without a description (an ``.npz`` saved elsewhere, or one
+    ``policyport run --record`` wrote for a model it could not describe): the row count (axis 0)
+    that most of its arrays share. Arrays of another length have no row per observation (a
+    constant, a shape); one whose length happens to equal the row count cannot be told from a
+    tensor of one value per observation, and is taken for one.
 
     Args:
         path: the file, for messages.
