@@ -26,7 +26,7 @@ import numpy as np
 
 from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import check_memory, check_parent, write_npz
+from .files import check_memory, check_parent, note_placed, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -354,13 +354,15 @@ def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
 
 def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
     """Rename the finished ``tmp`` onto ``out_dir``; an old bundle is moved aside, then its files
-    (and only those) are deleted."""
+    (and only those) are deleted. ``out_dir`` is noted as placed once it is
+    (:func:`policyport.files.noting_placed`)."""
     listed = _check_out_dir(out_dir, force)  # again: it may have appeared or changed while we packed
     if listed is None:
         try:
             os.rename(tmp, out_dir)
         except OSError as e:
             raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}") from e
+        note_placed(out_dir)
         return
     old = _sibling(out_dir, "replaced", create=False)
     os.rename(out_dir, old)
@@ -369,6 +371,7 @@ def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
     except OSError as e:
         os.rename(old, out_dir)
         raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}; the old one is unchanged") from e
+    note_placed(out_dir)
     _remove_bundle(old, listed)
 
 

@@ -668,8 +668,9 @@ def _import(path: Path):
 
 
 def _commit(staged: list[tuple[Path, Path]], force: bool) -> None:
-    """Move every staged file onto its destination, or none of them (old files restored)."""
-    from .files import check_writable
+    """Move every staged file onto its destination, or none of them (old files restored); noted as
+    placed once all are (:func:`policyport.files.noting_placed`)."""
+    from .files import check_writable, note_placed, unnote_placed
 
     for _, final in staged:
         check_writable(final, force)
@@ -683,11 +684,13 @@ def _commit(staged: list[tuple[Path, Path]], force: bool) -> None:
                 aside.append((old, final))
             os.rename(tmp, final)
             placed.append(final)
+        note_placed(*placed)
     except BaseException:
         for final in placed:
             os.unlink(final)
         for old, final in aside:
             os.rename(old, final)
+        unnote_placed(placed)
         raise
     for old, _ in aside:
         os.unlink(old)

@@ -700,6 +700,66 @@ def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None)
 
 Writer = Callable[[BinaryIO], None]
 
+#: The outputs moved into place since the innermost :func:`noting_placed` began (None outside one).
+_placed: list[Path] | None = None
+
+
+@contextlib.contextmanager
+def noting_placed() -> Iterator[list[Path]]:
+    """Within the block, every output moved into place, complete (a file of :func:`write_outputs`,
+    a folder its writer notes with :func:`note_placed`), is appended to the list it yields, so that
+    a command that ends early afterwards (a signal, an error) can say what it wrote: see
+    :func:`written` and :func:`ended_after`. A block within another notes into both."""
+    global _placed
+    outer, _placed = _placed, []
+    try:
+        yield _placed
+    finally:
+        placed, _placed = _placed, outer
+        if outer is not None:
+            outer.extend(placed)
+
+
+def note_placed(*paths: str | os.PathLike) -> None:
+    """Note ``paths`` as moved into place, complete (see :func:`noting_placed`; nothing outside one)."""
+    if _placed is not None:
+        _placed.extend(Path(p) for p in paths)
+
+
+def unnote_placed(paths: list[Path]) -> None:
+    """Take back the last :func:`note_placed` of ``paths``, when it was their last (their placing
+    was undone)."""
+    if paths and _placed is not None and _placed[-len(paths):] == paths:
+        del _placed[-len(paths):]
+
+
+def _paths_text(placed: list[Path]) -> str:
+    names = [str(p) for p in placed]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def written(placed: list[Path]) -> str:
+    """What a command that failed had written, for its message: ``"nothing was written"``, or
+    ``"out.npz had been written and is complete"`` (``placed`` from :func:`noting_placed`)."""
+    if not placed:
+        return "nothing was written"
+    return f"{_paths_text(placed)} had been written and {'is' if len(placed) == 1 else 'are'} complete"
+
+
+def written_sentence(placed: list[Path]) -> str:
+    """:func:`written` as a sentence after an error's own: ``"Nothing was written."``, or ``"It came
+    after writing out.npz, which is complete."``."""
+    return f"{ended_after('It came', placed)}." if placed else "Nothing was written."
+
+
+def ended_after(word: str, placed: list[Path]) -> str:
+    """The message of a command ended by a signal (``word``: ``"terminated"``, ``"interrupted"``):
+    ``"terminated; nothing was written"`` (every output in progress removed), or
+    ``"terminated after writing out.npz, which is complete"`` when outputs were already in place."""
+    if not placed:
+        return f"{word}; nothing was written"
+    return f"{word} after writing {_paths_text(placed)}, which {'is' if len(placed) == 1 else 'are'} complete"
+
 
 #: Whether this platform can create, rename and remove files relative to a folder's descriptor
 #: (POSIX); elsewhere (Windows) outputs are written by path, with the same all-or-none rule.
@@ -763,7 +823,7 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
     relative to that descriptor, so a folder swapped for a symlink meanwhile cannot redirect it. On
     any failure — an exception in a writer, a full disk, Ctrl-C or SIGTERM — no temporary file is
     left and every output path is as it was. A new file gets the mode the umask gives; a replaced
-    one keeps its mode.
+    one keeps its mode. Once every file is in place, they are noted (:func:`noting_placed`).
 
     Args:
         outputs: destination -> writer, in the order they are renamed into place.
@@ -794,8 +854,10 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
             _check_target(out, force)  # nothing appeared there while we wrote
         for out in pending:
             _place(out)
+        note_placed(*paths)
     except BaseException as e:
         _undo(pending)
+        unnote_placed(paths)
         for out in pending:
             out.close()
         if isinstance(e, OSError) and not isinstance(e, PolicyportError):

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import policyport as pp
 from policyport.cli import app
 
 runner = CliRunner()
@@ -387,6 +389,37 @@ def test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing(place, tmp_p
     if as_json:
         assert json.loads(stdout) == {"error": f"{word}; nothing was written", "exit_code": code}
     assert list(tmp_path.iterdir()) == []
+
+
+SLOW_TABLE = """
+import sys, time
+import policyport.cli.render as render
+def slow_table(*args, **kwargs):
+    print("written", flush=True)
+    time.sleep(60)
+render.print_table = slow_table
+from policyport.cli import main
+sys.argv = ["policyport", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_after_the_outputs_are_in_place_names_them_as_complete(place, tmp_path, metadrive_model, metadrive_obs):
+    out, acts = tmp_path / "o.npz", tmp_path / "a.npz"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_TABLE, "run", str(place / "md.onnx"), "-i", str(place / "obs.npy"),
+                             "-o", str(out), "--record", str(acts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "written"  # the table is printed after both files are in place
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert stderr == f"terminated after writing {out} and {acts}, which are complete\n"
+    expected = pp.load(metadrive_model).record(metadrive_obs[:5])
+    with np.load(out) as outputs, np.load(acts) as recorded:
+        np.testing.assert_allclose(outputs["action"], expected["action"], atol=1e-5)
+        np.testing.assert_allclose(recorded["fc_2/tanh"], expected["fc_2/tanh"], atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "o.npz"]
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads files whatever their mode")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
+from ..files import note_placed
 
 
 def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -64,12 +65,15 @@ def building(out: Path, purpose: str) -> Iterator[Path]:
 
 
 def commit_folder(tmp: Path, out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
-    """Rename the finished ``tmp`` onto ``out``; a previous output there is removed only after."""
+    """Rename the finished ``tmp`` onto ``out``; a previous output there is removed only after.
+    ``out`` is then noted as placed (:func:`policyport.files.noting_placed`)."""
     check_out_folder(out, force, suffixes)
     if not out.exists():
         os.rename(tmp, out)
+        note_placed(out)
         return
     with building(out, "replaced") as old:
         os.rmdir(old)
         os.rename(out, old)
         os.rename(tmp, out)
+        note_placed(out)
