@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -20,7 +21,6 @@ from .options import (
     tensor_patterns,
 )
 from .render import add_row, counted, literal, out, say, shape_text, table
-from .verify import source_lines
 
 
 #: The most node rows ``inspect`` draws on a terminal; a pipe or a file gets every row.

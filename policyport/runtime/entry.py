@@ -32,7 +32,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, verdict
+from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, source_lines, verdict
 from ..errors import OptionError, OutputExistsError, PolicyportError
 from ..files import ended_after, noting_placed, stdout_reader_may_leave, written, written_sentence
 from ..text import literal
@@ -225,6 +225,8 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
     _table(("tensor", "shape", "numpy vs golden"),
            [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
             for c in report.comparisons], right=(2,))
+    for line in source_lines(report.source_oracle, report.assumptions):  # what the model rests on, as verify says
+        emit(literal(line))
     emit(literal(verdict(report)))
     return 0 if report.passed else 1
 
