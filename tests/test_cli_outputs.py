@@ -156,7 +156,10 @@ def test_recording_the_graph_outputs_alone_names_them(place, tmp_path):
     result = invoke("run", place / "md.onnx", "-i", place / "obs.npy", "-o", tmp_path / "s.npz", "--record",
                     tmp_path / "a.npz", "--tensors", "logits,action,log_std")
     assert result.exit_code == 0, result.output
-    assert sorted(np.load(tmp_path / "a.npz").files) == ["action", "log_std", "logits"]
+    with np.load(tmp_path / "a.npz") as recorded:  # the tensors, and the description that names them
+        assert sorted(recorded.files) == ["action", "log_std", "logits", "policyport.recording"]
+        described = json.loads(str(recorded["policyport.recording"]))
+    assert [t["name"] for t in described["tensors"]] == ["logits", "action", "log_std"] and described["rows"] == 5
 
 
 @pytest.mark.parametrize("backends,twice", [("numpy,numpy", "numpy"), ("onnxruntime, onnxruntime", "onnxruntime"),
