@@ -26,7 +26,7 @@ import numpy as np
 
 from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import check_memory, check_parent, note_placed, write_npz
+from .files import check_memory, check_not_a_stream, check_parent, note_placed, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -314,7 +314,9 @@ def _check_round_trip(expected: Graph, packed: Graph) -> None:
 
 def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
     """What replacing ``out_dir`` deletes: ``None`` if it does not exist, else the files of the
-    bundle it provably is (none for an empty folder). Anything else is refused."""
+    bundle it provably is (none for an empty folder). Anything else is refused; a device, FIFO or
+    socket as a usage error (:func:`policyport.files.check_not_a_stream`)."""
+    check_not_a_stream(out_dir)
     check_parent(out_dir)
     if not os.path.lexists(out_dir):
         return None

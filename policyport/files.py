@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 import numpy as np
 
 from .errors import (ArgumentTypeError, BadModelError, InputMismatchError, LimitExceededError, NoSpaceError,
-                     OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
+                     OptionError, OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
 
 # ------------------------------------------------------------------------------------------- limits
 
@@ -649,13 +649,36 @@ def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
 # ------------------------------------------------------------------------------------------ outputs
 
 
+def check_not_a_stream(path: str | os.PathLike) -> None:
+    """Refuse an output path that is a device, a FIFO or a socket (``/dev/null``, a named pipe), or
+    a link to one: every output is written whole to a temporary file beside its path and then
+    renamed into place, all of a command's outputs or none, which such a path cannot take (a rename
+    would replace the device's entry itself). Writing to ``/dev/null`` to discard an output is
+    refused like the rest rather than made a special case: write into a temporary folder instead.
+
+    Raises:
+        OptionError: such a path (exit 2, a value policyport refuses), saying what it is and what
+            to give instead.
+    """
+    what = not_a_file(path)
+    if what is None or what == "is a folder":
+        return
+    pipe = "FIFO" in what or "socket" in what
+    instead = ("write to a path in a folder and read the output from there" if pipe else
+               "write to a path in a folder instead (to discard the output, in a temporary folder you remove after)")
+    raise OptionError(f"{path} {what}: policyport writes each output whole to a temporary file beside it and then "
+                      f"renames it into place (all of a command's outputs or none), which a "
+                      f"{'pipe' if pipe else 'device'} cannot take; {instead}")
+
+
 def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
     """Refuse an output path that exists (unless ``force``), is not a regular file, or whose folder
     does not exist.
 
     Raises:
-        OutputExistsError: the path exists and ``force`` is false, or it is a folder, a device, a
-            FIFO or anything else that is not a regular file (never replaced, even with ``force``).
+        OptionError: a device, FIFO or socket (:func:`check_not_a_stream`).
+        OutputExistsError: the path exists and ``force`` is false, or it is a folder, a link or
+            anything else that is not a regular file (never replaced, even with ``force``).
         UnreadableFileError: the parent folder does not exist or is a file; a name the file system
             refuses (too long).
     """
@@ -664,6 +687,7 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
         exists = path.exists() or path.is_symlink()
     except OSError as e:  # a name too long for the file system, a loop of links ...
         raise UnreadableFileError(f"cannot write {path}: {e.strerror or e}") from None
+    check_not_a_stream(path)
     if exists:
         if path.is_dir():
             raise OutputExistsError(f"{path} is a folder; give a file name for the output")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
-from ..files import note_placed
+from ..files import check_not_a_stream, note_placed
 
 
 def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -17,9 +17,11 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
     ``suffixes``: a previous output of the same command), or whose parent does not exist.
 
     Raises:
+        OptionError: a device, FIFO or socket (:func:`policyport.files.check_not_a_stream`).
         OutputExistsError: as said.
         UnreadableFileError: the parent folder does not exist.
     """
+    check_not_a_stream(out)
     if out.exists() or out.is_symlink():
         replaceable = out.is_dir() and not out.is_symlink() and all(p.suffix in suffixes and not p.is_dir()
                                                                     for p in out.iterdir())
