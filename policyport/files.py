@@ -631,6 +631,23 @@ def check_not_a_source(path: str | os.PathLike) -> None:
         raise UnreadableFileError(not_an_onnx_model(path, kind))
 
 
+def check_model_folder(path: str | os.PathLike) -> None:
+    """Refuse a folder given where a model goes unless ``policyport pack`` wrote it (it holds
+    ``policy.json``): a source's folder (a SavedModel, an RLlib checkpoint) is named as what it is,
+    with how to convert it (:func:`check_not_a_source`); any other folder is said to be neither an
+    ``.onnx`` model nor a packed folder, naming the ``.onnx`` files it holds. Anything else passes.
+
+    Raises:
+        UnreadableFileError: such a folder (exit 3).
+    """
+    from .folder import POLICY_FILE, not_packed
+
+    path = Path(path)
+    if path.is_dir() and not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
+        check_not_a_source(path)
+        raise UnreadableFileError(not_packed(path))
+
+
 def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
     """The message for ``path``, a ``kind`` given where an ONNX model goes: what it is, and how to
     convert it when a converter reads it."""
@@ -1136,11 +1153,9 @@ def load_onnx(path: str | os.PathLike):
     onnx = require("onnx", "onnx", "reading an .onnx file")
     path = Path(path)
     if path.is_dir():  # a packed folder: its model.onnx, after the check every reader of a folder makes
-        from .folder import MODEL_FILE, POLICY_FILE, read_bundle
+        from .folder import MODEL_FILE, read_bundle
 
-        if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
-            check_not_a_source(path)
-            raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
+        check_model_folder(path)
         data = read_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
         path = path / MODEL_FILE
     elif not path.is_file():

@@ -350,6 +350,34 @@ def test_verify_source_of_an_unrecognised_name_uses_the_kind_convert_recorded(pl
     assert doc["passed"] and {c["reference"] for c in doc["comparisons"]} >= {"source"}
 
 
+@pytest.mark.parametrize("options", [[], ["--samples", "5"], ["--tensors", "fc*"], ["--low", "0"], ["--outputs", "action"],
+                                     ["--backends", "numpy,onnxruntime"], ["-i", "OBS"], ["--source", "SRC"]])
+def test_verify_of_a_plain_folder_says_what_it_expected(place, tmp_path, options):
+    """Not taken for a packed folder (whose options it would name), whatever the options."""
+    plain = tmp_path / "models"
+    plain.mkdir()
+    shutil.copy(place / "md.onnx", plain / "md.onnx")
+    args = [{"OBS": place / "obs.npy", "SRC": place / "src.npz"}.get(a, a) for a in options]
+    expected = (f"{plain} is a folder without policy.json, so not one written by policyport pack; expected an .onnx "
+                "model or a folder written by policyport pack; it holds md.onnx: give that file itself")
+    result = fails(3, expected, "verify", plain, *args)
+    assert result.stderr == f"error: {expected}\n"
+    as_json = invoke("verify", plain, *args, "--json")
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout) == {"error": expected, "exit_code": 3}
+
+
+def test_a_plain_folder_as_the_model_of_any_command_says_what_was_expected(place, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    expected = (f"{empty} is a folder without policy.json, so not one written by policyport pack; expected an .onnx "
+                "model or a folder written by policyport pack")
+    for args in (["verify"], ["run", "-i", place / "obs.npy", "-o", tmp_path / "o.npz"], ["extract", "-o", tmp_path / "w.npz"],
+                 ["record", "-i", place / "obs.npy", "-o", tmp_path / "r.npz"], ["expose", "-o", tmp_path / "e.onnx"]):
+        result = fails(3, expected, args[0], empty, *args[1:])
+        assert result.stderr == f"error: {expected}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
 def test_export_numpy_needs_a_module_name(place, tmp_path):
     for name in ("p.txt", ".py"):
         fails(2, "the module's file name must end in .py after a name", "export-numpy", place / "md.onnx",

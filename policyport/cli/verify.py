@@ -110,13 +110,11 @@ def verify_cmd(
     """
 
     def body():
-        from ..files import check_not_a_source
-        from ..folder import POLICY_FILE
+        from ..files import check_model_folder
         from ..runtime import BACKENDS
         from ..verification import verify as run_verify
 
-        if model.is_dir() and not (model / POLICY_FILE).exists():
-            check_not_a_source(model)  # a SavedModel or an RLlib checkpoint, not a packed folder: say so first
+        check_model_folder(model)  # a source's folder or any other, not a packed one: say so before the options
         packed = model.is_dir() and inputs is None and source is None
         if packed and backends is None:  # a packed folder: its golden data
             from ..runtime.packed import verify_bundle

@@ -328,11 +328,10 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from ..files import check_not_a_source
-        from .packed import POLICY_FILE, load_graph
+        from ..files import check_model_folder
+        from .packed import load_graph
 
-        if not (Path(model) / POLICY_FILE).exists():
-            check_not_a_source(model)  # a SavedModel or an RLlib checkpoint: say so, and how to convert it
+        check_model_folder(model)  # a SavedModel, an RLlib checkpoint, a plain folder: say what it is
         graph = load_graph(model)
         if backend != "numpy":
             from ..files import load_onnx
