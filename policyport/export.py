@@ -228,9 +228,9 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     tmp = _staging(output)
     try:
         (tmp / output.name).write_text(source, encoding="utf-8")
-        from .files import write_npz
+        from .files import weights_comment, write_npz
 
-        write_npz(tmp / weights_path.name, arrays)
+        write_npz(tmp / weights_path.name, arrays, weights_comment("policyport export-numpy"))
         module = _import(tmp / output.name)
         names = [v.name for v in graph.inputs]
         for batch in (feeds, {k: v[:1] for k, v in feeds.items()}):

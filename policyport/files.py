@@ -1062,7 +1062,18 @@ def stdout_reader_may_leave() -> Iterator[None]:
             sys.stdout = stream
 
 
-def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
+#: How the archive comment of an ``.npz`` of a model's parameters begins (``policyport extract``,
+#: ``export-numpy``'s weights): readers of recordings refuse such a file by it. numpy ignores the
+#: comment, so the arrays read back as they were written.
+WEIGHTS_COMMENT = b"policyport.weights"
+
+
+def weights_comment(writer: str) -> bytes:
+    """The archive comment of an ``.npz`` of parameters that ``writer`` (``"policyport extract"``) wrote."""
+    return WEIGHTS_COMMENT + f": written by {writer}".encode()
+
+
+def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray], comment: bytes = b"") -> None:
     """An uncompressed ``.npz`` that ``numpy.load`` reads, keeping every key (with ``/``, or ``file``).
 
     Written entry by entry rather than with ``numpy.savez(**arrays)``, whose own parameter names
@@ -1070,6 +1081,7 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
 
     Args:
         file: a path, or a seekable binary file object open for writing.
+        comment: the zip archive's comment (:func:`weights_comment` for parameters); none by default.
 
     Raises:
         BadModelError: an object array, which could only be stored as a pickle; a key with a NUL
@@ -1080,6 +1092,7 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
             raise BadModelError(f"{key!r} holds a NUL character (\\x00), which the member names of an .npz (a zip "
                                 "archive) cannot hold; rename the tensor or parameter")
     with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        zf.comment = comment
         for key, array in arrays.items():
             array = np.asarray(array)
             if array.dtype.hasobject:
@@ -1088,14 +1101,15 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
                 np.lib.format.write_array(f, array, allow_pickle=False)
 
 
-def npz_writer(arrays: Mapping[str, np.ndarray]) -> Writer:
+def npz_writer(arrays: Mapping[str, np.ndarray], comment: bytes = b"") -> Writer:
     """A writer of ``arrays`` as an ``.npz`` for :func:`write_outputs` (see :func:`write_npz`)."""
-    return lambda f: write_npz(f, arrays)
+    return lambda f: write_npz(f, arrays, comment)
 
 
-def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False) -> Path:
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False,
+             comment: bytes = b"") -> Path:
     """Write ``arrays`` to an uncompressed ``.npz`` atomically (see :func:`write_npz`)."""
-    return write_atomic(path, npz_writer(arrays), force)
+    return write_atomic(path, npz_writer(arrays, comment), force)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

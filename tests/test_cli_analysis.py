@@ -176,6 +176,32 @@ def test_run_record_says_which_tensors_have_rows_when_a_constant_is_as_long_as_t
                                                    {"name": "vec_normalize/std", "shape": [3]}]
 
 
+NOT_A_RECORDING = ("not a recording: statistics and plots need each tensor's values on every observation; record them "
+                   "with policyport record MODEL -i OBS.npy -o REC.npz (or policyport run MODEL -i OBS.npy -o OUT.npz "
+                   "--record REC.npz)")
+
+
+def test_stats_and_plot_refuse_weights_saying_what_makes_a_recording(tmp_path, model, metadrive_path):
+    import zipfile
+
+    weights = tmp_path / "w.npz"
+    assert invoke("extract", model, "-o", weights).exit_code == 0
+    with zipfile.ZipFile(weights) as zf, np.load(weights) as f, np.load(metadrive_path) as source:
+        assert zf.comment == b"policyport.weights: written by policyport extract"
+        assert f.files == source.files and all(np.array_equal(f[k], source[k]) for k in f.files)  # numpy ignores it
+    marked = f"{weights} holds a model's weights (written by policyport extract), {NOT_A_RECORDING}"
+    for command in (["stats", weights], ["stats", weights, "-o", tmp_path / "s.json"], ["plot", weights, "-o", tmp_path / "p"]):
+        result = invoke(*command)
+        assert result.exit_code == 3 and result.stderr == f"error: {marked}\n"
+        as_json = invoke(*command, "--json")
+        assert as_json.exit_code == 3 and json.loads(as_json.stdout) == {"error": marked, "exit_code": 3}
+    named = invoke("stats", metadrive_path)  # a source's weights, told by their names
+    assert named.exit_code == 3 and named.stderr == (
+        f"error: {metadrive_path} holds a model's weights ('default_policy/fc_1/kernel', 'default_policy/fc_1/bias', "
+        f"'default_policy/fc_2/kernel' … and 3 more, each named as a parameter), {NOT_A_RECORDING}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.npz"]
+
+
 def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):
     rec = tmp_path / "rec.npz"
     assert invoke("record", model, "-i", obs, "-o", rec, "--tensors", "fc_1/tanh").exit_code == 0
