@@ -386,17 +386,16 @@ def test_export_numpy_needs_a_module_name(place, tmp_path):
 
 # ------------------------------------------------------------------------------------ signals
 
-SLOW_RUN = """
-import sys, time
-import policyport.runtime as runtime
-def slow_load(*args, **kwargs):
-    print("running", flush=True)
-    time.sleep(60)
-runtime.load = slow_load
-from policyport.cli import main
-sys.argv = ["policyport", *sys.argv[1:]]
-main()
-"""
+def stalling(module: str, function: str, word: str) -> str:
+    """A script running the policyport command of its arguments with ``module.function`` replaced by
+    a stall: it prints ``word`` and waits a minute, for a signal to come then."""
+    return "\n".join([
+        "import sys, time", f"import {module} as stalled", "def stall(*args, **kwargs):",
+        f"    print({word!r}, flush=True)", "    time.sleep(60)", f"stalled.{function} = stall",
+        "from policyport.cli import main", 'sys.argv = ["policyport", *sys.argv[1:]]', "main()"])
+
+
+SLOW_RUN = stalling("policyport.runtime", "load", "running")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -419,17 +418,7 @@ def test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing(place, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-SLOW_TABLE = """
-import sys, time
-import policyport.cli.render as render
-def slow_table(*args, **kwargs):
-    print("written", flush=True)
-    time.sleep(60)
-render.print_table = slow_table
-from policyport.cli import main
-sys.argv = ["policyport", *sys.argv[1:]]
-main()
-"""
+SLOW_TABLE = stalling("policyport.cli.render", "print_table", "written")  # the files are in place by then
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
