@@ -26,7 +26,7 @@ import numpy as np
 
 from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import check_memory, check_parent, write_npz
+from .files import check_memory, check_not_a_stream, check_parent, note_placed, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -315,7 +315,9 @@ def _check_round_trip(expected: Graph, packed: Graph) -> None:
 
 def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
     """What replacing ``out_dir`` deletes: ``None`` if it does not exist, else the files of the
-    bundle it provably is (none for an empty folder). Anything else is refused."""
+    bundle it provably is (none for an empty folder). Anything else is refused; a device, FIFO or
+    socket as a usage error (:func:`policyport.files.check_not_a_stream`)."""
+    check_not_a_stream(out_dir)
     check_parent(out_dir)
     if not os.path.lexists(out_dir):
         return None
@@ -355,13 +357,15 @@ def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
 
 def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
     """Rename the finished ``tmp`` onto ``out_dir``; an old bundle is moved aside, then its files
-    (and only those) are deleted."""
+    (and only those) are deleted. ``out_dir`` is noted as placed once it is
+    (:func:`policyport.files.noting_placed`)."""
     listed = _check_out_dir(out_dir, force)  # again: it may have appeared or changed while we packed
     if listed is None:
         try:
             os.rename(tmp, out_dir)
         except OSError as e:
             raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}") from e
+        note_placed(out_dir)
         return
     old = _sibling(out_dir, "replaced", create=False)
     os.rename(out_dir, old)
@@ -370,6 +374,7 @@ def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
     except OSError as e:
         os.rename(old, out_dir)
         raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}; the old one is unchanged") from e
+    note_placed(out_dir)
     _remove_bundle(old, listed)
 
 

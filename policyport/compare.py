@@ -350,6 +350,46 @@ def tolerance_text(report: Report) -> str:
     return "; ".join(f"{dtype}: atol {a:g}, rtol {r:g}" for dtype, (a, r) in used.items())
 
 
+def source_lines(oracle: dict | None, assumptions: list[dict]) -> list[str]:
+    """What the source side of a verification was (a report's ``source_oracle``), and each assumption
+    the verdict rests on (with why, and the option that states otherwise), by who makes it: tested by
+    the source side's own code (on the compared observations only), assumed by both sides, by the
+    model or the source side alone, or assumed differently by the two; or the model's assumptions
+    when no source was compared. Assumptions without ``side`` (a packed folder's record) are the
+    model's, shared with the source side when there is one. ``policyport verify``, ``pack`` and
+    ``inspect`` print these lines, and so does a packed folder's ``run.py --verify``."""
+    if not oracle:
+        return (["the model assumes (not in its source file):"] + [f"  {assumption_text(a)}" for a in assumptions]
+                if assumptions else [])
+    checked = [a for a in assumptions if a.get("checked")]
+    rest = [a for a in assumptions if not a.get("checked")]
+    differ = [a for a in rest if a.get("differs")]
+    groups = [
+        ("the model and the source side both assume (not in the source file):",
+         [a for a in rest if a.get("side", "both") == "both" and not a.get("differs")]),
+        ("the model assumes (the source side makes no assumption on it):",
+         [a for a in rest if a.get("side") == "model" and not a.get("differs")]),
+        ("the source side assumes (not in its file; the model does not):",
+         [a for a in rest if a.get("side") == "source" and not a.get("differs")]),
+    ]
+    lines = [f"source side: {oracle['name']}" + (", which tested, on these observations only:" if checked else "")]
+    lines += [f"  {assumption_text(a)}" for a in checked]
+    for heading, group in groups:
+        if group:
+            lines += [heading, *(f"  {assumption_text(a)}" for a in group)]
+    if differ:
+        lines.append("the model and the source side assume differently (they compute different things there):")
+        lines += [f"  {'the model' if a.get('side') == 'model' else 'the source side'}: {assumption_text(a)}"
+                  for a in differ]
+    return lines
+
+
+def assumption_text(a: dict) -> str:
+    """An assumption as a report records it: ``activation tanh at 1 and 3: given by ...; --activation
+    names another``."""
+    return f"{a['topic']} {a['assumes']}: {a['because']}" + (f"; {a['settle']}" if a.get("settle") else "")
+
+
 def verdict(report: Report, loosen: str = "loosen them with --atol/--rtol") -> str:
     """The one-line PASS/FAIL summary of a report, as ``policyport verify`` and a packed folder's
     ``run.py --verify`` print it; a failure names the first diverging tensor, its dtype and, where

@@ -56,7 +56,7 @@ _PLAIN = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16"
 #: parameters and locals of forward); tensors and weights never take them, nor a builtin's, a
 #: keyword's or a helper's that the module copies from the registry (see :func:`generate`).
 _RESERVED = {"np", "math", "Path", "forward", "record", "overrides", "tap", "checked", "observer", "seen", "WEIGHTS",
-             "INPUTS", "OUTPUTS", "TENSORS", "ONNX_DTYPES", "onnx_dtype"} | set(dir(builtins))
+             "INPUTS", "OUTPUTS", "TENSORS", "ASSUMPTIONS", "ONNX_DTYPES", "onnx_dtype"} | set(dir(builtins))
 #: One-line numpy for ops whose plan step is a plain call of the same numpy function.
 _INLINE: dict[str, Callable[[list[str]], str]] = {
     "Add": lambda a: f"{a[0]} + {a[1]}",
@@ -78,6 +78,8 @@ _HEADER = '''"""A policy's forward pass in numpy, written by policyport {version
 forward() computes what policyport's numpy backend computes for this model, bit for bit: that was
 checked on {samples} observations before this file was written. The weights are read from the .npz
 file of the same name beside this one, under the source's own parameter names. Needs numpy only.
+ASSUMPTIONS lists what the model assumes that its source file does not record (an activation given
+when it was converted, no observation normaliser ...): the model matches its source given those.
 
     import numpy as np
     import policy                                    # this file, as policy.py beside policy.npz
@@ -166,13 +168,17 @@ _BLOCKS = '''def in_blocks(compute, inputs, record, overrides):
 @dataclass(frozen=True)
 class Exported:
     """What :func:`export_numpy` wrote: the module, its weights, the module's length in lines, the
-    number of tensors ``forward`` records and of observations it was checked on."""
+    number of tensors ``forward`` records and of observations it was checked on, and the model's
+    assumptions as its metadata records them (:func:`policyport.graph.recorded_assumptions`: dicts
+    of ``topic``, ``assumes``, ``because``, ``settle``; ``None`` when it records none), which the
+    module lists as ``ASSUMPTIONS``."""
 
     module: Path
     weights: Path
     lines: int
     tensors: int
     samples: int
+    assumptions: list[dict] | None = None
 
 
 def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: float = 0.0, high: float = 1.0,
@@ -200,7 +206,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         MissingDependencyError: onnx is not installed.
     """
     from .files import check_distinct, check_memory, check_writable, ensure_model
-    from .graph import from_onnx
+    from .graph import from_onnx, recorded_assumptions
     from .runtime import load
     from .verification import input_ranges, sample_inputs
 
@@ -222,9 +228,9 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     tmp = _staging(output)
     try:
         (tmp / output.name).write_text(source, encoding="utf-8")
-        from .files import write_npz
+        from .files import weights_comment, write_npz
 
-        write_npz(tmp / weights_path.name, arrays)
+        write_npz(tmp / weights_path.name, arrays, weights_comment("policyport export-numpy"))
         module = _import(tmp / output.name)
         names = [v.name for v in graph.inputs]
         for batch in (feeds, {k: v[:1] for k, v in feeds.items()}):
@@ -232,7 +238,8 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         _commit([(tmp / output.name, output), (tmp / weights_path.name, weights_path)], force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return Exported(output, weights_path, source.count("\n"), len(session.tensor_names), samples)
+    return Exported(output, weights_path, source.count("\n"), len(session.tensor_names), samples,
+                    recorded_assumptions(graph.metadata))
 
 
 def check_arguments(samples, low, high, seed) -> None:
@@ -504,6 +511,7 @@ class _Writer:
         ``forward`` gives the backend's bits at every batch size (a BLAS product of 512 rows may round
         otherwise than the same rows inside a larger product)."""
         from . import __version__
+        from .graph import recorded_assumptions
 
         def info(values) -> dict:
             return {v.name: (v.dtype.name, None if v.shape is None else tuple(v.shape)) for v in values}
@@ -512,6 +520,7 @@ class _Writer:
         tensors = tuple(dict.fromkeys(o for n in self.graph.nodes for o in n.outputs if o))
         statements = [
             f"INPUTS = {info(self.graph.inputs)!r}\nOUTPUTS = {info(self.graph.outputs)!r}\nTENSORS = {tensors!r}",
+            _assumptions_lines(recorded_assumptions(self.graph.metadata)),
             'WEIGHTS = dict(np.load(Path(__file__).with_suffix(".npz"), allow_pickle=False))',
             "\n".join(self.constant_lines),
             "\n".join(self.values.values()),
@@ -547,6 +556,19 @@ class _Writer:
         text += "".join(f"\n\n{part}" for part in statements if part)
         text += "".join(f"\n\n\n{part.strip()}" for part in parts)
         return text + "\n"
+
+
+def _assumptions_lines(assumptions: list[dict] | None) -> str:
+    """The module's ``ASSUMPTIONS``: each assumption of the model as ``policyport verify`` words it
+    (:func:`policyport.compare.assumption_text`), a ``repr`` literal on a line of its own."""
+    from .compare import assumption_text
+
+    comment = "# What the model assumes that its source file does not record (policyport recorded it in the model).\n"
+    if assumptions is None:
+        return comment + "ASSUMPTIONS = None  # the model does not say: converted elsewhere, or by an older policyport"
+    if not assumptions:
+        return comment + "ASSUMPTIONS = ()  # nothing beyond its source file"
+    return comment + "ASSUMPTIONS = (\n" + "".join(f"    {assumption_text(a)!r},\n" for a in assumptions) + ")"
 
 
 _ONNX_DTYPE = '''def onnx_dtype(code):
@@ -668,8 +690,9 @@ def _import(path: Path):
 
 
 def _commit(staged: list[tuple[Path, Path]], force: bool) -> None:
-    """Move every staged file onto its destination, or none of them (old files restored)."""
-    from .files import check_writable
+    """Move every staged file onto its destination, or none of them (old files restored); noted as
+    placed once all are (:func:`policyport.files.noting_placed`)."""
+    from .files import check_writable, note_placed, unnote_placed
 
     for _, final in staged:
         check_writable(final, force)
@@ -683,11 +706,13 @@ def _commit(staged: list[tuple[Path, Path]], force: bool) -> None:
                 aside.append((old, final))
             os.rename(tmp, final)
             placed.append(final)
+        note_placed(*placed)
     except BaseException:
         for final in placed:
             os.unlink(final)
         for old, final in aside:
             os.rename(old, final)
+        unnote_placed(placed)
         raise
     for old, _ in aside:
         os.unlink(old)

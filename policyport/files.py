@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 import numpy as np
 
 from .errors import (ArgumentTypeError, BadModelError, InputMismatchError, LimitExceededError, NoSpaceError,
-                     OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
+                     OptionError, OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
 
 # ------------------------------------------------------------------------------------------- limits
 
@@ -634,6 +634,23 @@ def check_not_a_source(path: str | os.PathLike) -> None:
         raise UnreadableFileError(not_an_onnx_model(path, kind))
 
 
+def check_model_folder(path: str | os.PathLike) -> None:
+    """Refuse a folder given where a model goes unless ``policyport pack`` wrote it (it holds
+    ``policy.json``): a source's folder (a SavedModel, an RLlib checkpoint) is named as what it is,
+    with how to convert it (:func:`check_not_a_source`); any other folder is said to be neither an
+    ``.onnx`` model nor a packed folder, naming the ``.onnx`` files it holds. Anything else passes.
+
+    Raises:
+        UnreadableFileError: such a folder (exit 3).
+    """
+    from .folder import POLICY_FILE, not_packed
+
+    path = Path(path)
+    if path.is_dir() and not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
+        check_not_a_source(path)
+        raise UnreadableFileError(not_packed(path))
+
+
 def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
     """The message for ``path``, a ``kind`` given where an ONNX model goes: what it is, and how to
     convert it when a converter reads it."""
@@ -656,13 +673,36 @@ def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:
 # ------------------------------------------------------------------------------------------ outputs
 
 
+def check_not_a_stream(path: str | os.PathLike) -> None:
+    """Refuse an output path that is a device, a FIFO or a socket (``/dev/null``, a named pipe), or
+    a link to one: every output is written whole to a temporary file beside its path and then
+    renamed into place, all of a command's outputs or none, which such a path cannot take (a rename
+    would replace the device's entry itself). Writing to ``/dev/null`` to discard an output is
+    refused like the rest rather than made a special case: write into a temporary folder instead.
+
+    Raises:
+        OptionError: such a path (exit 2, a value policyport refuses), saying what it is and what
+            to give instead.
+    """
+    what = not_a_file(path)
+    if what is None or what == "is a folder":
+        return
+    pipe = "FIFO" in what or "socket" in what
+    instead = ("write to a path in a folder and read the output from there" if pipe else
+               "write to a path in a folder instead (to discard the output, in a temporary folder you remove after)")
+    raise OptionError(f"{path} {what}: policyport writes each output whole to a temporary file beside it and then "
+                      f"renames it into place (all of a command's outputs or none), which a "
+                      f"{'pipe' if pipe else 'device'} cannot take; {instead}")
+
+
 def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
     """Refuse an output path that exists (unless ``force``), is not a regular file, or whose folder
     does not exist.
 
     Raises:
-        OutputExistsError: the path exists and ``force`` is false, or it is a folder, a device, a
-            FIFO or anything else that is not a regular file (never replaced, even with ``force``).
+        OptionError: a device, FIFO or socket (:func:`check_not_a_stream`).
+        OutputExistsError: the path exists and ``force`` is false, or it is a folder, a link or
+            anything else that is not a regular file (never replaced, even with ``force``).
         UnreadableFileError: the parent folder does not exist or is a file; a name the file system
             refuses (too long).
     """
@@ -671,6 +711,7 @@ def check_writable(path: str | os.PathLike, force: bool = False) -> Path:
         exists = path.exists() or path.is_symlink()
     except OSError as e:  # a name too long for the file system, a loop of links ...
         raise UnreadableFileError(f"cannot write {path}: {e.strerror or e}") from None
+    check_not_a_stream(path)
     if exists:
         if path.is_dir():
             raise OutputExistsError(f"{path} is a folder; give a file name for the output")
@@ -706,6 +747,66 @@ def check_distinct(output: str | os.PathLike, *inputs: str | os.PathLike | None)
 
 
 Writer = Callable[[BinaryIO], None]
+
+#: The outputs moved into place since the innermost :func:`noting_placed` began (None outside one).
+_placed: list[Path] | None = None
+
+
+@contextlib.contextmanager
+def noting_placed() -> Iterator[list[Path]]:
+    """Within the block, every output moved into place, complete (a file of :func:`write_outputs`,
+    a folder its writer notes with :func:`note_placed`), is appended to the list it yields, so that
+    a command that ends early afterwards (a signal, an error) can say what it wrote: see
+    :func:`written` and :func:`ended_after`. A block within another notes into both."""
+    global _placed
+    outer, _placed = _placed, []
+    try:
+        yield _placed
+    finally:
+        placed, _placed = _placed, outer
+        if outer is not None:
+            outer.extend(placed)
+
+
+def note_placed(*paths: str | os.PathLike) -> None:
+    """Note ``paths`` as moved into place, complete (see :func:`noting_placed`; nothing outside one)."""
+    if _placed is not None:
+        _placed.extend(Path(p) for p in paths)
+
+
+def unnote_placed(paths: list[Path]) -> None:
+    """Take back the last :func:`note_placed` of ``paths``, when it was their last (their placing
+    was undone)."""
+    if paths and _placed is not None and _placed[-len(paths):] == paths:
+        del _placed[-len(paths):]
+
+
+def _paths_text(placed: list[Path]) -> str:
+    names = [str(p) for p in placed]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def written(placed: list[Path]) -> str:
+    """What a command that failed had written, for its message: ``"nothing was written"``, or
+    ``"out.npz had been written and is complete"`` (``placed`` from :func:`noting_placed`)."""
+    if not placed:
+        return "nothing was written"
+    return f"{_paths_text(placed)} had been written and {'is' if len(placed) == 1 else 'are'} complete"
+
+
+def written_sentence(placed: list[Path]) -> str:
+    """:func:`written` as a sentence after an error's own: ``"Nothing was written."``, or ``"It came
+    after writing out.npz, which is complete."``."""
+    return f"{ended_after('It came', placed)}." if placed else "Nothing was written."
+
+
+def ended_after(word: str, placed: list[Path]) -> str:
+    """The message of a command ended by a signal (``word``: ``"terminated"``, ``"interrupted"``):
+    ``"terminated; nothing was written"`` (every output in progress removed), or
+    ``"terminated after writing out.npz, which is complete"`` when outputs were already in place."""
+    if not placed:
+        return f"{word}; nothing was written"
+    return f"{word} after writing {_paths_text(placed)}, which {'is' if len(placed) == 1 else 'are'} complete"
 
 
 #: Whether this platform can create, rename and remove files relative to a folder's descriptor
@@ -770,7 +871,7 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
     relative to that descriptor, so a folder swapped for a symlink meanwhile cannot redirect it. On
     any failure — an exception in a writer, a full disk, Ctrl-C or SIGTERM — no temporary file is
     left and every output path is as it was. A new file gets the mode the umask gives; a replaced
-    one keeps its mode.
+    one keeps its mode. Once every file is in place, they are noted (:func:`noting_placed`).
 
     Args:
         outputs: destination -> writer, in the order they are renamed into place.
@@ -801,8 +902,10 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
             _check_target(out, force)  # nothing appeared there while we wrote
         for out in pending:
             _place(out)
+        note_placed(*paths)
     except BaseException as e:
         _undo(pending)
+        unnote_placed(paths)
         for out in pending:
             out.close()
         if isinstance(e, OSError) and not isinstance(e, PolicyportError):
@@ -966,7 +1069,18 @@ def stdout_reader_may_leave() -> Iterator[None]:
             sys.stdout = stream
 
 
-def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray]) -> None:
+#: How the archive comment of an ``.npz`` of a model's parameters begins (``policyport extract``,
+#: ``export-numpy``'s weights): readers of recordings refuse such a file by it. numpy ignores the
+#: comment, so the arrays read back as they were written.
+WEIGHTS_COMMENT = b"policyport.weights"
+
+
+def weights_comment(writer: str) -> bytes:
+    """The archive comment of an ``.npz`` of parameters that ``writer`` (``"policyport extract"``) wrote."""
+    return WEIGHTS_COMMENT + f": written by {writer}".encode()
+
+
+def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarray], comment: bytes = b"") -> None:
     """An uncompressed ``.npz`` that ``numpy.load`` reads, keeping every key (with ``/``, or ``file``).
 
     Written entry by entry rather than with ``numpy.savez(**arrays)``, whose own parameter names
@@ -974,6 +1088,7 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
 
     Args:
         file: a path, or a seekable binary file object open for writing.
+        comment: the zip archive's comment (:func:`weights_comment` for parameters); none by default.
 
     Raises:
         BadModelError: an object array, which could only be stored as a pickle; a key with a NUL
@@ -984,6 +1099,7 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
             raise BadModelError(f"{key!r} holds a NUL character (\\x00), which the member names of an .npz (a zip "
                                 "archive) cannot hold; rename the tensor or parameter")
     with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        zf.comment = comment
         for key, array in arrays.items():
             array = np.asarray(array)
             if array.dtype.hasobject:
@@ -992,14 +1108,15 @@ def write_npz(file: str | os.PathLike | BinaryIO, arrays: Mapping[str, np.ndarra
                 np.lib.format.write_array(f, array, allow_pickle=False)
 
 
-def npz_writer(arrays: Mapping[str, np.ndarray]) -> Writer:
+def npz_writer(arrays: Mapping[str, np.ndarray], comment: bytes = b"") -> Writer:
     """A writer of ``arrays`` as an ``.npz`` for :func:`write_outputs` (see :func:`write_npz`)."""
-    return lambda f: write_npz(f, arrays)
+    return lambda f: write_npz(f, arrays, comment)
 
 
-def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False) -> Path:
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], force: bool = False,
+             comment: bytes = b"") -> Path:
     """Write ``arrays`` to an uncompressed ``.npz`` atomically (see :func:`write_npz`)."""
-    return write_atomic(path, npz_writer(arrays), force)
+    return write_atomic(path, npz_writer(arrays, comment), force)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -1057,11 +1174,9 @@ def load_onnx(path: str | os.PathLike):
     onnx = require("onnx", "onnx", "reading an .onnx file")
     path = Path(path)
     if path.is_dir():  # a packed folder: its model.onnx, after the check every reader of a folder makes
-        from .folder import MODEL_FILE, POLICY_FILE, read_bundle
+        from .folder import MODEL_FILE, read_bundle
 
-        if not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
-            check_not_a_source(path)
-            raise UnreadableFileError(f"{path} is a folder, not an .onnx file (nor a packed folder with {POLICY_FILE})")
+        check_model_folder(path)
         data = read_bundle(path, (MODEL_FILE,))[1][MODEL_FILE]
         path = path / MODEL_FILE
     elif not path.is_file():

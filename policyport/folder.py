@@ -279,6 +279,22 @@ def runtime_modules(policy: dict) -> list[str]:
     return sorted(names)
 
 
+def not_packed(directory: str | os.PathLike) -> str:
+    """The message for a folder without :data:`POLICY_FILE` given where a model goes: what was
+    expected instead, and the ``.onnx`` files it holds, if any (the likely meant model)."""
+    directory = Path(directory)
+    try:
+        models = sorted(p.name for p in directory.glob("*.onnx") if p.is_file())
+    except OSError:
+        models = []
+    held = ""
+    if models:
+        shown = ", ".join(models[:3]) + (f" and {len(models) - 3:,} more" if len(models) > 3 else "")
+        held = f"; it holds {shown}: give {'that file' if len(models) == 1 else 'one of those files'} itself"
+    return (f"{directory} is a folder without {POLICY_FILE}, so not one written by policyport pack; expected an "
+            f".onnx model or a folder written by policyport pack{held}")
+
+
 def read_policy(directory: str | os.PathLike) -> dict[str, Any]:
     """The validated ``policy.json`` of a packed folder, after checking every file it lists.
 
@@ -505,7 +521,7 @@ class _Folder:
             fd = self._open(name.split("/"))
         except FileNotFoundError:
             if not missing_is_bundle:
-                raise UnreadableFileError(f"{self.path} is not a policyport bundle: it has no {name}") from None
+                raise UnreadableFileError(not_packed(self.path)) from None
             raise BadModelError(f"{self.path} is incomplete: {POLICY_FILE} lists {name}, which is missing") from None
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):

@@ -129,7 +129,12 @@ def test_run_with_record_writes_outputs_and_every_activation(converted, obs_file
     assert result.exit_code == 0, result.output
     with np.load(out) as o, np.load(acts) as a:
         assert o.files == ["logits", "action", "log_std"]
-        assert set(a.files) == {"fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"}
+        assert set(a.files) == {"fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std",
+                                "policyport.recording"}  # the description stats and plot read
+        described = json.loads(str(a["policyport.recording"]))
+        assert [t["name"] for t in described["tensors"]] == [
+            "fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
+        assert described["rows"] == 16 and described["backend"] == backend
         np.testing.assert_allclose(a["fc_1/tanh"], np.tanh(a["fc_1/linear"]), atol=1e-6)
         assert o["action"].shape == (16, 2)
 
@@ -272,7 +277,7 @@ def test_force_never_replaces_a_fifo_or_a_folder(tmp_path, converted):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     result = invoke("extract", converted, "-o", fifo, "--force")
-    assert result.exit_code == 3 and "not a regular file" in result.stderr
+    assert result.exit_code == 2 and f"{fifo} is a FIFO (named pipe): policyport writes each output whole" in result.stderr
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     folder = tmp_path / "d"
     folder.mkdir()

@@ -125,8 +125,13 @@ def test_stats_and_plot_read_what_run_record_writes_for_an_sb3_box_policy(tmp_pa
     assert result.exit_code == 0, result.output
     with np.load(rec) as f:
         recorded = {k: f[k] for k in f.files}
+    description = json.loads(str(recorded.pop("policyport.recording")))
     with_rows = [k for k, v in recorded.items() if v.shape[:1] == (600,)]
     assert len(with_rows) == 15 and len(recorded) == 18
+    assert description["rows"] == 600 and [t["name"] for t in description["tensors"]] == with_rows
+    assert description["tensors"][0] == {"name": "vec_normalize/obs_float64", "op_type": "Cast", "dtype": "float64",
+                                         "shape": [3]}
+    assert description["backend"] == "numpy" and description["overrides"] == []
     note = ("left out (no batch axis, not one row per observation): vec_normalize/var_eps (3,), vec_normalize/std (3,), "
             "action_net/mean_shape (2,)\n")
     stats = invoke("stats", rec)
@@ -145,6 +150,56 @@ def test_stats_and_plot_read_what_run_record_writes_for_an_sb3_box_policy(tmp_pa
     assert sorted(os.listdir(tmp_path / "plots"))[:2] == ["heatmap-action-above_low.png", "heatmap-action.png"]
     asked = invoke("stats", rec, "--tensors", "action_net/mean_shape")
     assert asked.exit_code == 3 and "'action_net/mean_shape' (shape (2,)) has no row for each of the 600 observations" in asked.stderr
+
+
+def test_run_record_says_which_tensors_have_rows_when_a_constant_is_as_long_as_the_observations(tmp_path, pendulum):
+    """On 3 observations, the normaliser's std and var_eps (3 values, one per feature) are as long as
+    the rows: the description that run --record writes leaves them out all the same."""
+    obs = tmp_path / "three.npy"
+    np.save(obs, np.load(pendulum / "obs.npy")[:3])
+    rec = tmp_path / "rec.npz"
+    result = invoke("run", pendulum / "p.onnx", "-i", obs, "-o", tmp_path / "out.npz", "--record", rec)
+    assert result.exit_code == 0, result.output
+    with np.load(rec) as f:
+        assert f["vec_normalize/std"].shape == (3,) and f["vec_normalize/var_eps"].shape == (3,)
+        constants = {"vec_normalize/var_eps": f["vec_normalize/var_eps"], "vec_normalize/std": f["vec_normalize/std"]}
+        obs_std = f["vec_normalize/obs"].astype(np.float64).std()
+    doc = json.loads(invoke("stats", rec, "--json").stdout)
+    assert doc["rows"] == 3 and len(doc["tensors"]) == 15
+    assert doc["left_out"] == [{"name": "vec_normalize/var_eps", "shape": [3]}, {"name": "vec_normalize/std", "shape": [3]},
+                               {"name": "action_net/mean_shape", "shape": [2]}]
+    assert not any(t["name"] in constants for t in doc["tensors"])
+    assert next(t for t in doc["tensors"] if t["name"] == "vec_normalize/obs")["layer"]["std"] == pytest.approx(obs_std, rel=1e-9)
+    plot = invoke("plot", rec, "-o", tmp_path / "plots", "--tensors", "vec_normalize/*", "--json")
+    assert plot.exit_code == 0, plot.output
+    assert json.loads(plot.stdout)["left_out"] == [{"name": "vec_normalize/var_eps", "shape": [3]},
+                                                   {"name": "vec_normalize/std", "shape": [3]}]
+
+
+NOT_A_RECORDING = ("not a recording: statistics and plots need each tensor's values on every observation; record them "
+                   "with policyport record MODEL -i OBS.npy -o REC.npz (or policyport run MODEL -i OBS.npy -o OUT.npz "
+                   "--record REC.npz)")
+
+
+def test_stats_and_plot_refuse_weights_saying_what_makes_a_recording(tmp_path, model, metadrive_path):
+    import zipfile
+
+    weights = tmp_path / "w.npz"
+    assert invoke("extract", model, "-o", weights).exit_code == 0
+    with zipfile.ZipFile(weights) as zf, np.load(weights) as f, np.load(metadrive_path) as source:
+        assert zf.comment == b"policyport.weights: written by policyport extract"
+        assert f.files == source.files and all(np.array_equal(f[k], source[k]) for k in f.files)  # numpy ignores it
+    marked = f"{weights} holds a model's weights (written by policyport extract), {NOT_A_RECORDING}"
+    for command in (["stats", weights], ["stats", weights, "-o", tmp_path / "s.json"], ["plot", weights, "-o", tmp_path / "p"]):
+        result = invoke(*command)
+        assert result.exit_code == 3 and result.stderr == f"error: {marked}\n"
+        as_json = invoke(*command, "--json")
+        assert as_json.exit_code == 3 and json.loads(as_json.stdout) == {"error": marked, "exit_code": 3}
+    named = invoke("stats", metadrive_path)  # a source's weights, told by their names
+    assert named.exit_code == 3 and named.stderr == (
+        f"error: {metadrive_path} holds a model's weights ('default_policy/fc_1/kernel', 'default_policy/fc_1/bias', "
+        f"'default_policy/fc_2/kernel' … and 3 more, each named as a parameter), {NOT_A_RECORDING}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.npz"]
 
 
 def test_plot_of_a_recording_and_of_a_verify_report(tmp_path, model, obs):

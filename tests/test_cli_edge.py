@@ -114,7 +114,7 @@ def test_tables_are_not_cut_when_stdout_is_a_pipe(tmp_path):
 SLOW_WRITE = """
 import sys, time
 import policyport.files as files
-def slow_write(file, arrays):  # half a file, then a long wait: SIGTERM arrives mid-write
+def slow_write(file, arrays, *rest):  # half a file, then a long wait: SIGTERM arrives mid-write
     file.write(b"PK partial")
     file.flush()
     print("writing", flush=True)

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import policyport as pp
 from policyport.cli import app
 
 runner = CliRunner()
@@ -352,6 +354,34 @@ def test_verify_source_of_an_unrecognised_name_uses_the_kind_convert_recorded(pl
     assert doc["passed"] and {c["reference"] for c in doc["comparisons"]} >= {"source"}
 
 
+@pytest.mark.parametrize("options", [[], ["--samples", "5"], ["--tensors", "fc*"], ["--low", "0"], ["--outputs", "action"],
+                                     ["--backends", "numpy,onnxruntime"], ["-i", "OBS"], ["--source", "SRC"]])
+def test_verify_of_a_plain_folder_says_what_it_expected(place, tmp_path, options):
+    """Not taken for a packed folder (whose options it would name), whatever the options."""
+    plain = tmp_path / "models"
+    plain.mkdir()
+    shutil.copy(place / "md.onnx", plain / "md.onnx")
+    args = [{"OBS": place / "obs.npy", "SRC": place / "src.npz"}.get(a, a) for a in options]
+    expected = (f"{plain} is a folder without policy.json, so not one written by policyport pack; expected an .onnx "
+                "model or a folder written by policyport pack; it holds md.onnx: give that file itself")
+    result = fails(3, expected, "verify", plain, *args)
+    assert result.stderr == f"error: {expected}\n"
+    as_json = invoke("verify", plain, *args, "--json")
+    assert as_json.exit_code == 3 and json.loads(as_json.stdout) == {"error": expected, "exit_code": 3}
+
+
+def test_a_plain_folder_as_the_model_of_any_command_says_what_was_expected(place, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    expected = (f"{empty} is a folder without policy.json, so not one written by policyport pack; expected an .onnx "
+                "model or a folder written by policyport pack")
+    for args in (["verify"], ["run", "-i", place / "obs.npy", "-o", tmp_path / "o.npz"], ["extract", "-o", tmp_path / "w.npz"],
+                 ["record", "-i", place / "obs.npy", "-o", tmp_path / "r.npz"], ["expose", "-o", tmp_path / "e.onnx"]):
+        result = fails(3, expected, args[0], empty, *args[1:])
+        assert result.stderr == f"error: {expected}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
 def test_export_numpy_needs_a_module_name(place, tmp_path):
     for name in ("p.txt", ".py"):
         fails(2, "the module's file name must end in .py after a name", "export-numpy", place / "md.onnx",
@@ -360,17 +390,16 @@ def test_export_numpy_needs_a_module_name(place, tmp_path):
 
 # ------------------------------------------------------------------------------------ signals
 
-SLOW_RUN = """
-import sys, time
-import policyport.runtime as runtime
-def slow_load(*args, **kwargs):
-    print("running", flush=True)
-    time.sleep(60)
-runtime.load = slow_load
-from policyport.cli import main
-sys.argv = ["policyport", *sys.argv[1:]]
-main()
-"""
+def stalling(module: str, function: str, word: str) -> str:
+    """A script running the policyport command of its arguments with ``module.function`` replaced by
+    a stall: it prints ``word`` and waits a minute, for a signal to come then."""
+    return "\n".join([
+        "import sys, time", f"import {module} as stalled", "def stall(*args, **kwargs):",
+        f"    print({word!r}, flush=True)", "    time.sleep(60)", f"stalled.{function} = stall",
+        "from policyport.cli import main", 'sys.argv = ["policyport", *sys.argv[1:]]', "main()"])
+
+
+SLOW_RUN = stalling("policyport.runtime", "load", "running")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -391,6 +420,27 @@ def test_ctrl_c_and_sigterm_exit_with_their_codes_and_write_nothing(place, tmp_p
     if as_json:
         assert json.loads(stdout) == {"error": f"{word}; nothing was written", "exit_code": code}
     assert list(tmp_path.iterdir()) == []
+
+
+SLOW_TABLE = stalling("policyport.cli.render", "print_table", "written")  # the files are in place by then
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_after_the_outputs_are_in_place_names_them_as_complete(place, tmp_path, metadrive_model, metadrive_obs):
+    out, acts = tmp_path / "o.npz", tmp_path / "a.npz"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_TABLE, "run", str(place / "md.onnx"), "-i", str(place / "obs.npy"),
+                             "-o", str(out), "--record", str(acts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "written"  # the table is printed after both files are in place
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert stderr == f"terminated after writing {out} and {acts}, which are complete\n"
+    expected = pp.load(metadrive_model).record(metadrive_obs[:5])
+    with np.load(out) as outputs, np.load(acts) as recorded:
+        np.testing.assert_allclose(outputs["action"], expected["action"], atol=1e-5)
+        np.testing.assert_allclose(recorded["fc_2/tanh"], expected["fc_2/tanh"], atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "o.npz"]
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads files whatever their mode")

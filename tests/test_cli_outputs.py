@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,59 @@ def fails(code: int, message: str, *args):
 
 
 # ------------------------------------------------------------------------- output names and formats
+
+
+def _writers(place, tmp_path) -> dict[str, list]:
+    """Each writing command, its -o (or --record) given as ``OUT``."""
+    model, obs = place / "md.onnx", place / "obs.npy"
+    return {
+        "convert": ["convert", place / "src.npz", "--activation", "tanh", "-o", "OUT"],
+        "extract": ["extract", model, "-o", "OUT"],
+        "expose": ["expose", model, "-o", "OUT"],
+        "run": ["run", model, "-i", obs, "-o", "OUT"],
+        "run --record": ["run", model, "-i", obs, "-o", tmp_path / "out.npz", "--record", "OUT"],
+        "record": ["record", model, "-i", obs, "-o", "OUT"],
+        "stats -o": ["stats", tmp_path / "rec.npz", "-o", "OUT"],
+        "plot": ["plot", tmp_path / "rec.npz", "-o", "OUT"],
+        "export-numpy": ["export-numpy", model, "-o", "OUT"],
+        "pack": ["pack", model, "-o", "OUT"],
+    }
+
+
+DEVICE = ("is a character device: policyport writes each output whole to a temporary file beside it and then renames "
+          "it into place (all of a command's outputs or none), which a device cannot take; write to a path in a folder "
+          "instead (to discard the output, in a temporary folder you remove after)")
+PIPE = ("is a FIFO (named pipe): policyport writes each output whole to a temporary file beside it and then renames it "
+        "into place (all of a command's outputs or none), which a pipe cannot take; write to a path in a folder and "
+        "read the output from there")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null") or not hasattr(os, "mkfifo"), reason="needs /dev/null and FIFOs")
+@pytest.mark.parametrize("command", list(_writers(Path("p"), Path("t"))))
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_every_writing_command_refuses_a_device_or_a_fifo_as_usage(place, tmp_path, command, force):
+    """/dev/null, a link to it (named as the output's format) and a FIFO: exit 2 saying why, and the
+    path left as it was."""
+    assert invoke("record", place / "md.onnx", "-i", place / "obs.npy", "-o", tmp_path / "rec.npz").exit_code == 0
+    fifo = tmp_path / ("pipe.py" if command == "export-numpy" else "pipe")
+    os.mkfifo(fifo)
+    link = tmp_path / {"convert": "null.onnx", "expose": "null.onnx", "stats -o": "null.json",
+                       "export-numpy": "null.py"}.get(command, "null.npz")
+    link.symlink_to("/dev/null")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    paths = ([] if command == "export-numpy" else [(Path("/dev/null"), "/dev/null", DEVICE)]) + [
+        (link, str(link), DEVICE), (fifo, str(fifo), PIPE)]
+    for path, shown, message in paths:
+        args = [path if a == "OUT" else a for a in _writers(place, tmp_path)[command]]
+        fails(2, f"{shown} {message}", *args, *force)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert os.path.realpath(link) == "/dev/null" and stat.S_ISFIFO(fifo.lstat().st_mode)
+
+
+def test_export_numpy_refuses_dev_null_for_its_name():
+    """/dev/null is no module name: refused before the path is looked at."""
+    result = invoke("export-numpy", "m.onnx", "-o", "/dev/null")
+    assert result.exit_code == 2 and "the module's file name must end in .py" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["act.npy", "act.onnx", "act.PT", "act.zip", "act.parquet", "act.json"])
@@ -156,7 +210,10 @@ def test_recording_the_graph_outputs_alone_names_them(place, tmp_path):
     result = invoke("run", place / "md.onnx", "-i", place / "obs.npy", "-o", tmp_path / "s.npz", "--record",
                     tmp_path / "a.npz", "--tensors", "logits,action,log_std")
     assert result.exit_code == 0, result.output
-    assert sorted(np.load(tmp_path / "a.npz").files) == ["action", "log_std", "logits"]
+    with np.load(tmp_path / "a.npz") as recorded:  # the tensors, and the description that names them
+        assert sorted(recorded.files) == ["action", "log_std", "logits", "policyport.recording"]
+        described = json.loads(str(recorded["policyport.recording"]))
+    assert [t["name"] for t in described["tensors"]] == ["logits", "action", "log_std"] and described["rows"] == 5
 
 
 @pytest.mark.parametrize("backends,twice", [("numpy,numpy", "numpy"), ("onnxruntime, onnxruntime", "onnxruntime"),

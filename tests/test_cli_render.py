@@ -818,6 +818,57 @@ def test_guard_ends_each_kind_of_failure_with_its_code_and_one_message(raised, c
         {"error": message.removeprefix("error: "), "exit_code": code} if as_json else "")
 
 
+@pytest.mark.parametrize("raised, code, message", [
+    (core.Terminated(), 143, "terminated after writing {a} and {b}, which are complete"),
+    (KeyboardInterrupt(), 130, "interrupted after writing {a} and {b}, which are complete"),
+    (OSError(28, "No space left on device"), 3,
+     "error: cannot use: No space left on device; {a} and {b} had been written and are complete"),
+    (MemoryError(), 3, "error: not enough memory to finish; {a} and {b} had been written and are complete — use fewer "
+                       "samples, a smaller input, or a machine with more memory"),
+    (ValueError("boom"), 70, "error: this is a bug in policyport: ValueError: boom. It came after writing {a} and {b}, "
+                             "which are complete. Re-run with --debug for the traceback, and please report it."),
+])
+def test_an_end_after_outputs_are_in_place_names_them_as_complete(raised, code, message, tmp_path, capsys, monkeypatch):
+    from policyport.files import write_outputs
+
+    monkeypatch.setattr(core.state, "debug", False)
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+
+    def body():
+        write_outputs({a: lambda f: f.write(b"a"), b: lambda f: f.write(b"b")})
+        raise raised
+
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(False, body)
+    assert ended.value.exit_code == code
+    assert " ".join(capsys.readouterr().err.split()) == message.format(a=a, b=b)
+    assert a.read_bytes() == b"a" and b.read_bytes() == b"b"
+    with pytest.raises(typer.Exit):  # each command its own: the next one wrote nothing
+        core.guard(False, _raise(core.Terminated()))
+    assert capsys.readouterr().err == "terminated; nothing was written\n"
+
+
+def test_outputs_whose_placing_is_undone_are_not_named(tmp_path, capsys, monkeypatch):
+    """A signal the moment both files are in place and noted: they are removed, and not named."""
+    from policyport import files
+
+    noted = files.note_placed
+
+    def noted_then_terminated(*paths):
+        noted(*paths)
+        raise core.Terminated()
+
+    monkeypatch.setattr(files, "note_placed", noted_then_terminated)
+
+    def body():
+        files.write_outputs({tmp_path / "a.npz": lambda f: f.write(b"a"), tmp_path / "b.npz": lambda f: f.write(b"b")})
+
+    with pytest.raises(typer.Exit) as ended:
+        core.guard(False, body)
+    assert ended.value.exit_code == 143 and capsys.readouterr().err == "terminated; nothing was written\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_guard_exits_with_the_code_the_body_returns_and_holds_sigterm_only_meanwhile():
     import signal
     import threading

@@ -65,8 +65,9 @@ def test_the_expert_module_is_as_short_as_a_hand_written_one_and_imports_numpy_o
     done, _ = expert
     text = done.module.read_text()
     # about a hand-written one's length, plus the input and override checks one usually leaves out,
-    # and the row blocks that keep the backend's bits on batches of 1,024 rows or more
-    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 32 + 33  # row blocks: 33 lines
+    # the row blocks that keep the backend's bits on batches of 1,024 rows or more, and the model's
+    # three assumptions (two lines of the docstring, and ASSUMPTIONS)
+    assert done.lines == len(text.splitlines()) <= HAND_WRITTEN_LINES + 32 + 33 + 2 + 7  # row blocks: 33 lines
     assert (done.tensors, done.samples) == (7, 64)
     imported = {a.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ImportFrom)}
@@ -84,6 +85,44 @@ def test_the_expert_module_is_as_short_as_a_hand_written_one_and_imports_numpy_o
         "    action = tap('action', logits[:, 0:2])  # Slice",
         "    log_std = tap('log_std', logits[:, 2:4])  # Slice",
     ]
+
+
+#: What the expert, converted from its .npz with --activation tanh --head diag-gaussian, assumes, as
+#: policyport verify words it.
+EXPERT_ASSUMES = (
+    "activation tanh at fc_1 and fc_2: given by --activation; an .npz of weights does not record it, and RLlib's "
+    "FullyConnectedNetwork uses one fcnet_activation for every hidden layer; --activation names another",
+    "head diagonal Gaussian, fc_out = [mean (2, the action), log_std (2)]: given by --head; RLlib's DiagGaussian "
+    "splits its inputs so (ray/rllib/models/tf/tf_action_dist.py); --head none exports fc_out alone",
+    "observation normalisation none: an .npz of weights holds no normaliser statistics (RLlib keeps a "
+    "MeanStdFilter's in the checkpoint); convert the RLlib checkpoint to bake its filter in",
+)
+
+
+def test_the_expert_module_lists_what_the_model_assumes(expert):
+    done, module = expert
+    assert module.ASSUMPTIONS == EXPERT_ASSUMES
+    assert [a["topic"] for a in done.assumptions] == ["activation", "head", "observation normalisation"]
+    assert "ASSUMPTIONS lists what the model assumes that its source file does not record" in module.__doc__
+
+
+@pytest.mark.parametrize("recorded, listed", [
+    (None, None),  # the model does not say
+    ("[]", ()),  # it says it assumes nothing
+    ('[{"topic": "activation", "assumes": "tanh\\n\\"\\"\\"\\nimport os; os.system(\\"touch PWNED\\")\\n#", '
+     '"because": "\'\'\')", "settle": ""}]',
+     ('activation tanh\n"""\nimport os; os.system("touch PWNED")\n#: \'\'\')',)),
+])
+def test_assumptions_reach_the_module_only_as_literals(tmp_path, monkeypatch, recorded, listed):
+    monkeypatch.chdir(tmp_path)
+    model = _single("Tanh", {"x": X})
+    if recorded is not None:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = "policyport.assumptions", recorded
+    done = pp.export_numpy(model, tmp_path / "policy.py")
+    module = load_module(done.module)
+    assert module.ASSUMPTIONS == listed and not (tmp_path / "PWNED").exists()
+    assert ruff(done.module).returncode == 0, ruff(done.module).stdout
 
 
 def test_the_expert_module_passes_ruff(expert):
@@ -364,8 +403,12 @@ def test_the_command(metadrive_model, tmp_path):
     assert ok.exit_code == 0, ok.output
     assert f"policy.py: {len((tmp_path / 'policy.py').read_text().splitlines())} lines, numpy only; forward() " \
            "reproduces the numpy backend bit for bit on 64 observations, all 7 tensors" in ok.stdout
+    assert ok.stdout.splitlines()[-4:] == ["the model assumes (not in its source file):",
+                                           *(f"  {line}" for line in EXPERT_ASSUMES)]  # as verify prints them
     as_json = runner.invoke(app, ["export-numpy", str(model), "-o", str(tmp_path / "policy.py"), "--force", "--json"])
-    assert json.loads(as_json.stdout)["tensors"] == 7
+    doc = json.loads(as_json.stdout)
+    assert doc["tensors"] == 7
+    assert [f"{a['topic']} {a['assumes']}: {a['because']}; {a['settle']}" for a in doc["assumptions"]] == list(EXPERT_ASSUMES)
     usage = runner.invoke(app, ["export-numpy", str(model), "-o", str(tmp_path / "policy.txt")])
     assert usage.exit_code == 2 and "must end in .py" in usage.stderr
     transposed = tmp_path / "t.onnx"

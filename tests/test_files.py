@@ -354,10 +354,10 @@ def test_when_the_recording_cannot_be_written_the_outputs_are_not_written_either
     model, obs = tiny
     real = files.write_npz
 
-    def fails_on_the_recording(file, arrays):
+    def fails_on_the_recording(file, arrays, *rest):
         if "h" in arrays:
             raise OSError(28, "No space left on device")
-        real(file, arrays)
+        real(file, arrays, *rest)
 
     monkeypatch.setattr(files, "write_npz", fails_on_the_recording)
     result = invoke("run", model, "-i", obs, "-o", tmp_path / "y.npz", "--record", tmp_path / "acts.npz")

@@ -80,10 +80,33 @@ def test_run_py_verifies_the_copied_folder_where_only_numpy_exists(target, copie
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "max abs error on 16 observations (atol 1e-05, rtol 1e-05)"
-    assert [line.split()[0] for line in lines[2:-1]] == NODE_ORDER
+    assert [line.split()[0] for line in lines[2:9]] == NODE_ORDER
+    assert lines[9:-1] == ASSUMED  # what the model rests on, as policyport verify prints it
     assert lines[-1] == ("PASS: 7 comparisons within atol 1e-05, rtol 1e-05; "
                          "worst 0 on fc_1/linear (numpy vs golden)")
     assert tree(copied) == before  # nothing written into the folder (no __pycache__)
+
+
+#: What the expert, converted from its .npz with --activation tanh --head diag-gaussian, assumes.
+ASSUMED = [
+    "the model assumes (not in its source file):",
+    "  activation tanh at fc_1 and fc_2: given by --activation; an .npz of weights does not record it, and RLlib's "
+    "FullyConnectedNetwork uses one fcnet_activation for every hidden layer; --activation names another",
+    "  head diagonal Gaussian, fc_out = [mean (2, the action), log_std (2)]: given by --head; RLlib's DiagGaussian "
+    "splits its inputs so (ray/rllib/models/tf/tf_action_dist.py); --head none exports fc_out alone",
+    "  observation normalisation none: an .npz of weights holds no normaliser statistics (RLlib keeps a "
+    "MeanStdFilter's in the checkpoint); convert the RLlib checkpoint to bake its filter in",
+]
+
+
+def test_run_py_verify_names_the_assumptions_as_policyport_verify_does(packed):
+    from policyport.cli import app
+    from typer.testing import CliRunner
+
+    printed = CliRunner().invoke(app, ["verify", str(packed)], env={"COLUMNS": "300"})
+    assert printed.exit_code == 0, printed.output
+    lines = printed.stdout.splitlines()
+    assert lines[lines.index(ASSUMED[0]):-1] == ASSUMED
 
 
 def test_run_py_runs_bit_identical_to_the_numpy_backend_and_close_to_onnxruntime(target, copied, model, obs, tmp_path):

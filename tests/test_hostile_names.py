@@ -123,7 +123,8 @@ def test_run_records_every_hostile_tensor(evil_model, obs, tmp_path):
     shown = shows_nothing_raw(result)
     assert literal(name("mid")) in shown and literal(out) in shown
     with np.load(record) as f:
-        assert sorted(f.files) == sorted([name("mid"), name("out")])
+        assert sorted(f.files) == sorted([name("mid"), name("out"), "policyport.recording"])
+        assert [t["name"] for t in json.loads(str(f["policyport.recording"]))["tensors"]] == [name("mid"), name("out")]
 
 
 def test_run_with_an_exact_hostile_name_in_tensors(evil_model, obs, tmp_path):
@@ -132,7 +133,7 @@ def test_run_with_an_exact_hostile_name_in_tensors(evil_model, obs, tmp_path):
     shown = shows_nothing_raw(result)
     assert result.exit_code == 0, shown
     with np.load(tmp_path / "a.npz") as f:
-        assert sorted(f.files) == sorted([name("mid"), name("out")])
+        assert sorted(f.files) == sorted([name("mid"), name("out"), "policyport.recording"])
 
 
 def test_extract_names_the_parameters_literally(evil_model, tmp_path):

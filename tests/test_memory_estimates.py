@@ -133,6 +133,104 @@ def test_a_run_or_record_needs_what_its_estimate_says(tmp_path, sizes, activatio
     assert within_twice(got["estimate"], got["peak"]), got
 
 
+def wide(path: Path, width: int, log_std: bool = True, seed: int = 0) -> Path:
+    """A policy of one wide hidden layer, ``obs (8) -> Gemm (width) -> Tanh -> Gemm (16) -> Tanh -> Gemm
+    (2) -> action``; ``log_std``: with a free log_std expanded to the action's shape and concatenated after
+    it, as SB3 exports a Box policy (Shape and Expand: the numpy backend runs every batch whole)."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, prev = [], [], "obs"
+    for i, (n_in, n_out) in enumerate([(8, width), (width, 16), (16, 2)]):
+        inits += [numpy_helper.from_array((rng.standard_normal((n_out, n_in)) * 0.3).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array((rng.standard_normal(n_out) * 0.1).astype(np.float32), f"b{i}")]
+        out = "action" if i == 2 else f"fc_{i + 1}/linear"
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [out], name=out, transB=1))
+        prev = out
+        if i < 2:
+            prev = f"fc_{i + 1}/tanh"
+            nodes.append(helper.make_node("Tanh", [out], [prev], name=prev))
+    outputs = [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 2])]
+    if log_std:
+        inits.append(numpy_helper.from_array(np.full(2, -0.5, np.float32), "log_std/parameter"))
+        nodes += [helper.make_node("Shape", ["action"], ["action/shape"], name="action/shape"),
+                  helper.make_node("Expand", ["log_std/parameter", "action/shape"], ["log_std"], name="log_std"),
+                  helper.make_node("Concat", ["action", "log_std"], ["logits"], name="logits", axis=1)]
+        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", w]) for n, w in (("log_std", 2),
+                                                                                                  ("logits", 4))]
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 8])],
+                              outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("backend, tensors, log_std", [
+    ("numpy", None, True),  # run whole (Shape, Expand): the tanh over its Gemm's array; the next Gemm copies nothing
+    ("numpy", "*", True),
+    ("onnxruntime", None, True),  # the tanh written over its Gemm's buffer
+    ("onnxruntime", None, False),
+    ("onnxruntime", "*", True),
+])
+def test_a_wide_layer_is_held_once_where_the_backend_computes_its_activation_over_it(tmp_path, backend, tensors,
+                                                                                      log_std):
+    """A user's SB3-like policy with a 16,384-unit layer, at 200,000 rows, was refused for 24.4 GiB (numpy)
+    and 30.5 GiB (onnxruntime) where it took 12.3 and 12.8: here 4,096 units on 2,000 rows, 31 MB a tensor."""
+    model = wide(tmp_path / "m.onnx", 4096, log_std)
+    got = measure(SESSION, model=str(model), backend=backend, tensors=tensors, rows=2000, threads=0)
+    assert got["peak"] > 25 << 20
+    assert within_twice(got["estimate"], got["peak"]), got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_16384_unit_layer_on_40000_rows_needs_about_the_one_array_it_holds(tmp_path, backend):
+    """The user's model at a fifth of the rows: 2.4 GiB a tensor."""
+    model = wide(tmp_path / "m.onnx", 16384)
+    got = measure(SESSION, model=str(model), backend=backend, tensors=None, rows=40_000, threads=0)
+    assert got["peak"] > 2 << 30
+    assert within_twice(got["estimate"], got["peak"]) and got["estimate"] < 1.3 * got["peak"], got
+
+
+def keras_layers(path: Path, sizes: list[int], activation: str) -> Path:
+    """An MLP as tf2onnx writes a Keras model: each layer a MatMul, an Add of its bias, then the activation."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "obs"
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        inits += [numpy_helper.from_array((rng.standard_normal((n_in, n_out)) * 0.3).astype(np.float32), f"fc_{i}/kernel"),
+                  numpy_helper.from_array((rng.standard_normal(n_out) * 0.1).astype(np.float32), f"fc_{i}/bias")]
+        last = i == len(sizes) - 2
+        nodes += [helper.make_node("MatMul", [prev, f"fc_{i}/kernel"], [f"fc_{i}/MatMul"]),
+                  helper.make_node("Add", [f"fc_{i}/MatMul", f"fc_{i}/bias"], ["logits" if last else f"fc_{i}/BiasAdd"])]
+        prev = "logits" if last else f"fc_{i}/BiasAdd"
+        if not last:
+            nodes.append(helper.make_node(activation, [prev], [f"fc_{i}"]))
+            prev = f"fc_{i}"
+    graph = helper.make_graph(nodes, "keras", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", sizes[0]])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", sizes[-1]])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("activation, backend, tensors, layers", [
+    ("Sigmoid", "numpy", None, "gemm"),  # exp(-|x|), 1 + e, two ratios and a mask while it runs
+    ("Erf", "numpy", None, "gemm"),  # evaluated in float64
+    ("LeakyRelu", "numpy", "*", "gemm"),
+    ("Sigmoid", "onnxruntime", None, "gemm"),  # written over its input
+    ("HardSwish", "onnxruntime", None, "gemm"),  # run as its function body: HardSigmoid, then Mul
+    ("Relu", "onnxruntime", None, "keras"),  # MatMul and Add fused into one Gemm
+])
+def test_what_an_activation_holds_while_it_runs_is_counted(tmp_path, activation, backend, tensors, layers):
+    """A 4,096-unit layer, 65 MB a tensor (which the C library maps apart: smaller arrays come from its
+    heap, which keeps some of what is freed); on numpy, batches run whole (a batch's mean taken off the
+    observations)."""
+    sizes = [16, 4096, 512, 8]
+    if layers == "keras":
+        model = keras_layers(tmp_path / "m.onnx", sizes, activation)
+    else:
+        model = mlp(tmp_path / "m.onnx", sizes, activation, centered=True)
+    got = measure(SESSION, model=str(model), backend=backend, tensors=tensors, rows=4000, threads=0)
+    assert got["peak"] > 60 << 20
+    assert within_twice(got["estimate"], got["peak"]), got
+
+
 VERIFY = '''
 import policyport.verification as verification
 asked = checks(verification)

@@ -236,7 +236,9 @@ def test_not_a_bundle(tmp_path, copy):
     with pytest.raises(pp.UnreadableFileError, match="no such folder"):
         reader.load_graph(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(pp.UnreadableFileError, match="has no policy.json"):
+    with pytest.raises(pp.UnreadableFileError, match=r"empty is a folder without policy.json, so not one written by "
+                                                     r"policyport pack; expected an \.onnx model or a folder written by "
+                                                     r"policyport pack$"):
         reader.load_graph(tmp_path / "empty")
     policy = json.loads((copy / "policy.json").read_text())
     policy["format"] = "policyport.bundle/99"

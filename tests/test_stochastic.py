@@ -151,7 +151,9 @@ def test_an_empty_tensor_list_is_refused_and_the_graph_outputs_are_recorded_by_n
     assert refused.exit_code == 2 and "holds no tensor name or glob" in refused.stderr
     assert not (tmp_path / "o.npz").exists() and not (tmp_path / "r.npz").exists()
     assert runner.invoke(app, [*run, "mu"]).exit_code == 0
-    with np.load(tmp_path / "r.npz") as f:
-        assert sorted(f.files) == ["mu", "sampled", "version_number"]  # the graph outputs, always recorded
+    with np.load(tmp_path / "r.npz") as f:  # the graph outputs, always recorded, and the description
+        assert sorted(f.files) == ["mu", "policyport.recording", "sampled", "version_number"]
+        described = [t["name"] for t in json.loads(str(f["policyport.recording"]))["tensors"]]
+    assert described == ["mu", "sampled"]  # version_number is a constant: no row per observation
     doc = json.loads(runner.invoke(app, ["verify", str(path), "--samples", "4", "--tensors", "mu", "--json"]).stdout)
     assert [c["tensor"] for c in doc["comparisons"]] == ["mu", "version_number"]  # 'sampled' is random: skipped

@@ -29,7 +29,7 @@ from ..errors import BadModelError, InputMismatchError, OptionError, check_argum
 from ..files import check_distinct, check_free_space, check_writable, write_atomic
 from ..runtime.numpy.rows import ResultPool, reusing
 from .folders import building, check_out_folder, commit_folder
-from .recording import FORMATS, WRITERS, TensorInfo, describe
+from .recording import FORMATS, WRITERS, TensorInfo, describe, tensor_infos
 from .statistics import nonfinite_rows
 from .tables import Table, open_table
 
@@ -124,11 +124,6 @@ def feed_columns(table: Table, inputs: list[str]) -> dict[str, str]:
         raise InputMismatchError(f"{table.path} has columns {columns} but the model's inputs are {inputs}; "
                                  f"no column for {missing}")
     return {n: n for n in inputs}
-
-
-def producers(session) -> dict[str, str]:
-    """Tensor name -> op type of the node that produces it."""
-    return {o: n.op_type for n in session.backend.graph.nodes for o in n.outputs if o}
 
 
 def record_dataset(model, data, out, *, tensors="*", batch_size: int = DEFAULT_BATCH, format: str | None = None,
@@ -380,14 +375,8 @@ class Background:
 
 def batched_tensors(session, table: Table, columns: dict[str, str], names: list[str],
                     steering=None) -> tuple[list[TensorInfo], list[str]]:
-    """Which of the tensors ``names`` have the batch axis first (one row per observation): those
-    with 2 rows when the model runs on 2 observations and 3 rows on 3, each time of the same row
-    shape. A constant, a shape (an SB3 policy's ``action_net/mean_shape`` is ``(2,)``) or anything
-    else of a fixed length keeps its length: a single run could take one whose length happens to
-    be the block's rows for a tensor with rows.
-
-    The observations are the first row of ``table`` repeated (zeros when it has none), so that the
-    model runs on values it expects.
+    """Which of the tensors ``names`` have the batch axis first (one row per observation), found on
+    the first row of ``table`` (:meth:`Session.per_observation <policyport.runtime.Session.per_observation>`).
 
     Args:
         session: the model, loaded.
@@ -397,6 +386,9 @@ def batched_tensors(session, table: Table, columns: dict[str, str], names: list[
     Returns:
         (the tensors with rows, as :class:`TensorInfo` in ``names``' order with graph outputs after,
         as :meth:`Session.record` returns them; the names of the others).
+
+    Raises:
+        InputMismatchError: the model has no input with a batch axis (each of its runs is one observation).
     """
     import contextlib
 
@@ -405,16 +397,13 @@ def batched_tensors(session, table: Table, columns: dict[str, str], names: list[
         first = next(blocks, None)
     if first is None:  # no rows: zeros of each column's row shape
         first = {c: np.zeros((1, *table.columns[c].shape), table.columns[c].dtype) for c in wanted}
-    two, three = (session.record({i: np.repeat(first[c], k, axis=0) for i, c in columns.items()}, names,
-                                 overrides=steering) for k in (2, 3))
-    ops = producers(session)
-    kept, skipped = [], []
-    for name, v in three.items():
-        if v.ndim >= 1 and v.shape[0] == 3 and two[name].shape == (2, *v.shape[1:]):
-            kept.append(TensorInfo(name, ops.get(name), v.dtype.name, tuple(v.shape[1:])))
-        else:
-            skipped.append(name)
-    return kept, skipped
+    found = session.per_observation({i: first[c] for i, c in columns.items()}, names, overrides=steering)
+    if found is None:
+        raise InputMismatchError(f"the model's inputs [{', '.join(repr(v.name) for v in session.inputs)}] have no "
+                                 "batch axis (a fixed axis 0): each run of it is one observation, and a recording "
+                                 "needs one row per observation; run it with policyport run --record instead")
+    rows, skipped = found
+    return tensor_infos(session, rows), skipped
 
 
 def _check_block(values: dict[str, np.ndarray], rows: int, tensors: list[TensorInfo]) -> None:

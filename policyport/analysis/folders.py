@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
+from ..files import check_not_a_stream, note_placed
 
 
 def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -16,9 +17,11 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
     ``suffixes``: a previous output of the same command), or whose parent does not exist.
 
     Raises:
+        OptionError: a device, FIFO or socket (:func:`policyport.files.check_not_a_stream`).
         OutputExistsError: as said.
         UnreadableFileError: the parent folder does not exist.
     """
+    check_not_a_stream(out)
     if out.exists() or out.is_symlink():
         replaceable = out.is_dir() and not out.is_symlink() and all(p.suffix in suffixes and not p.is_dir()
                                                                     for p in out.iterdir())
@@ -64,12 +67,15 @@ def building(out: Path, purpose: str) -> Iterator[Path]:
 
 
 def commit_folder(tmp: Path, out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
-    """Rename the finished ``tmp`` onto ``out``; a previous output there is removed only after."""
+    """Rename the finished ``tmp`` onto ``out``; a previous output there is removed only after.
+    ``out`` is then noted as placed (:func:`policyport.files.noting_placed`)."""
     check_out_folder(out, force, suffixes)
     if not out.exists():
         os.rename(tmp, out)
+        note_placed(out)
         return
     with building(out, "replaced") as old:
         os.rmdir(old)
         os.rename(out, old)
         os.rename(tmp, out)
+        note_placed(out)

@@ -58,11 +58,11 @@ class TensorInfo:
 class Recording:
     """A recording read back: its tensors and rows, streamed block by block.
 
-    Also reads an ``.npz`` or ``.parquet`` without the description (``policyport run --record``
-    writes one): every array with one row per observation is a tensor of unknown op type, and the
-    arrays without (constants and shapes the model computes, such as an SB3 policy's
-    ``action_net/mean_shape``) are :attr:`left_out` (see
-    :func:`~policyport.analysis.tables.recording_rows`).
+    An ``.npz`` of ``policyport run --record`` holds every tensor the model computes: the arrays its
+    description does not list (constants and shapes, such as an SB3 policy's ``vec_normalize/std``
+    and ``action_net/mean_shape``) are :attr:`left_out`. Also reads an ``.npz`` or ``.parquet``
+    without the description: every array with one row per observation is a tensor of unknown op
+    type, and the others are :attr:`left_out` (see :func:`~policyport.analysis.tables.recording_rows`).
 
     Args:
         path: an ``.npz`` or ``.parquet`` file, an ``npy`` recording's folder, or a folder of ``.parquet`` files.
@@ -165,6 +165,61 @@ def open_recording(path: str | os.PathLike) -> Recording:
 def describe(rows: int, tensors: list[TensorInfo], **made) -> dict:
     """The JSON description a recording carries (see the module docstring)."""
     return {"format": FORMAT, "rows": rows, "tensors": [{**asdict(t), "shape": list(t.shape)} for t in tensors], **made}
+
+
+def producers(session) -> dict[str, str]:
+    """Tensor name -> op type of the node that produces it."""
+    return {o: n.op_type for n in session.backend.graph.nodes for o in n.outputs if o}
+
+
+def tensor_infos(session, rows: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> list[TensorInfo]:
+    """The tensors with rows that :meth:`Session.per_observation
+    <policyport.runtime.Session.per_observation>` found, as :class:`TensorInfo` with their op types."""
+    ops = producers(session)
+    return [TensorInfo(name, ops.get(name), np.dtype(dtype).name, tuple(shape)) for name, (dtype, shape) in rows.items()]
+
+
+def described_run(session, feeds: dict[str, np.ndarray], values: dict[str, np.ndarray], tensors="*", steering=None,
+                  **made) -> dict[str, np.ndarray]:
+    """What ``policyport run --record`` writes: ``values`` (a :meth:`Session.record
+    <policyport.runtime.Session.record>` of ``tensors`` on ``feeds``, with the overrides ``steering``), every
+    tensor, and the recording's description under :data:`~.tables.META_KEY`, which says which of
+    them have one row per observation, found as ``record`` finds them
+    (:meth:`Session.per_observation <policyport.runtime.Session.per_observation>`); readers leave
+    the others out (a constant, a shape) even where their length happens to be the row count.
+
+    Written without a description (readers then tell the rows by the length most arrays share,
+    :func:`~.tables.recording_rows`): a model without an input with a batch axis (each run is one
+    observation), one that does not run on two and three copies of the first observation, and one
+    with a tensor named like the description's key.
+
+    Args:
+        session: the model, loaded.
+        feeds: input name -> array, what it ran on.
+        values: tensor name -> array, as the record returned them.
+        tensors: the record's ``tensors`` (globs).
+        steering: the record's ``overrides``.
+        made: how it was made (``model``, ``data``, ``backend``, ``overrides``), into the description.
+
+    Returns:
+        ``values``, followed by the description (a 0-d string array) under :data:`~.tables.META_KEY`
+        when there is one.
+    """
+    from ..errors import PolicyportError
+    from ..runtime.base import count_observations
+
+    if META_KEY in values:
+        return values
+    try:
+        found = session.per_observation(feeds, tensors, overrides=steering)
+    except PolicyportError:  # it ran on the feeds only: the readers' own rule tells the rows
+        return values
+    if found is None:
+        return values
+    rows, _ = found
+    infos = tensor_infos(session, {name: rows[name] for name in values if name in rows})
+    description = describe(count_observations(session.inputs, feeds), infos, **made)
+    return {**values, META_KEY: np.array(json.dumps(description))}
 
 
 def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:

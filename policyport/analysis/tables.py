@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..errors import UnreadableFileError, listing, require
-from ..files import check_npz_arrays, not_a_file
+from ..files import WEIGHTS_COMMENT, check_npz_arrays, not_a_file
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -146,12 +147,15 @@ class NpzTable(Table):
     Args:
         path: the file.
         per_observation: read it as a recording (``policyport run --record`` writes every tensor,
-            constants and shapes among them): members whose axis 0 is not the recording's rows
-            (:func:`recording_rows`) are left out (:attr:`left_out`) instead of refused.
+            constants and shapes among them): the members its description does not list as tensors
+            with rows (``policyport run --record`` and ``record`` say which have them), or, without
+            one, whose axis 0 is not the recording's rows (:func:`recording_rows`) are left out
+            (:attr:`left_out`) instead of refused.
 
     Raises:
         UnreadableFileError: not a readable ``.npz``; members of different row counts (a scalar
-            among them) when not ``per_observation``, or whose rows cannot be told when it is.
+            among them) when not ``per_observation``, or whose rows cannot be told when it is; read
+            as a recording, a model's weights (:func:`check_not_weights`).
     """
 
     def __init__(self, path: Path, per_observation: bool = False):
@@ -160,6 +164,7 @@ class NpzTable(Table):
         shapes: dict[str, tuple[int, ...]] = {}
         try:
             with zipfile.ZipFile(path) as zf:
+                comment = zf.comment
                 members = zf.infolist()
                 check_npz_arrays(len(members), str(path))
                 for info in members:
@@ -177,9 +182,13 @@ class NpzTable(Table):
                 raise
             raise UnreadableFileError(f"{path} is not a readable .npz file: {e}") from e
         if per_observation:
+            if self.metadata is None:
+                check_not_weights(path, comment, shapes)
             described = (self.metadata or {}).get("rows")
             self.rows = described if type(described) is int else recording_rows(path, shapes)
-            self.left_out = {n: s for n, s in shapes.items() if s[:1] != (self.rows,)}
+            listed = _described_tensors(self.metadata)
+            self.left_out = {n: s for n, s in shapes.items()
+                             if s[:1] != (self.rows,) or (listed is not None and n not in listed)}
             for name in self.left_out:
                 del self.columns[name], self._members[name]
         else:
@@ -203,6 +212,51 @@ class NpzTable(Table):
                     s.close()
 
 
+#: The last word of a parameter's name in the sources policyport reads (``fc_1/kernel``,
+#: ``mlp_extractor.policy_net.0.weight``, ``dense/kernel:0``, ``obs_rms.mean``, ``log_std``).
+PARAMETER_WORDS = frozenset({"kernel", "bias", "weight", "weights", "log_std", "running_mean", "running_var",
+                             "num_batches_tracked", "moving_mean", "moving_variance", "gamma", "beta", "mean", "var",
+                             "count"})
+
+
+def check_not_weights(path: Path, comment: bytes, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse an ``.npz`` without a recording's description that holds a model's parameters, not
+    activations: one whose archive comment says so (``policyport extract`` and ``export-numpy``
+    write :data:`policyport.files.WEIGHTS_COMMENT`), or whose every array is named like a parameter
+    (:data:`PARAMETER_WORDS`, a source's weights file such as an RLlib ``.npz``), a matrix among
+    them. A recording always holds the model's graph outputs (``action``, ``logits``), which are not.
+
+    Args:
+        path: the file, for the message.
+        comment: the zip archive's comment.
+        shapes: member name -> shape.
+
+    Raises:
+        UnreadableFileError: such a file, saying it is not a recording and what makes one.
+    """
+    if comment.startswith(WEIGHTS_COMMENT):
+        made = comment[len(WEIGHTS_COMMENT):].decode("utf-8", "replace").lstrip(": ")[:80]
+        what = f"a model's weights{f' ({made})' if made else ''}"
+    else:
+        words = {name: re.split(r"[/.]", re.sub(r":\d+$", "", name))[-1] for name in shapes}
+        if not shapes or not all(w in PARAMETER_WORDS for w in words.values()) or not any(
+                words[n] in ("kernel", "weight", "weights") and len(s) == 2 for n, s in shapes.items()):
+            return
+        what = f"a model's weights ({listing(shapes, 3)}, each named as a parameter)"
+    raise UnreadableFileError(
+        f"{path} holds {what}, not a recording: statistics and plots need each tensor's values on every "
+        "observation; record them with policyport record MODEL -i OBS.npy -o REC.npz (or policyport run MODEL "
+        "-i OBS.npy -o OUT.npz --record REC.npz)")
+
+
+def _described_tensors(metadata: dict | None) -> set[str] | None:
+    """The names of the tensors with rows a recording's description lists; None without one."""
+    tensors = (metadata or {}).get("tensors")
+    if not isinstance(tensors, list):
+        return None
+    return {t["name"] for t in tensors if isinstance(t, dict) and isinstance(t.get("name"), str)}
+
+
 def _by_rows(shapes: dict[str, tuple[int, ...]]) -> dict[int | None, list[str]]:
     """Array names grouped by row count (axis 0; ``None`` for a scalar), most arrays first."""
     groups: dict[int | None, list[str]] = {}
@@ -218,10 +272,11 @@ def _rows_text(by_rows: dict[int | None, list[str]]) -> str:
 
 
 def recording_rows(path: Path, shapes: dict[str, tuple[int, ...]]) -> int:
-    """The observations of a recording without a description (``policyport run --record``): the
-    row count (axis 0) that most of its arrays share. Arrays of another length have no row per
-    observation (a constant, a shape); one whose length happens to equal the row count cannot be
-    told from a tensor of one value per observation, and is taken for one.
+    """The observations of a recording without a description (an ``.npz`` saved elsewhere, or one
+    ``policyport run --record`` wrote for a model it could not describe): the row count (axis 0)
+    that most of its arrays share. Arrays of another length have no row per observation (a
+    constant, a shape); one whose length happens to equal the row count cannot be told from a
+    tensor of one value per observation, and is taken for one.
 
     Args:
         path: the file, for messages.

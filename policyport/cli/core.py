@@ -5,7 +5,9 @@ Every way a command can end is decided here: 0 ok; 1 verification found a mismat
 a run out of memory, and an OS error about the user's paths or machine: a name too long, a
 permission, a full disk); 4 missing optional dependency; 70 an unexpected exception, which is a bug
 in policyport (the traceback is printed only with ``--debug`` or ``POLICYPORT_DEBUG=1``); 130 on
-Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. Output the reader stops
+Ctrl-C and 143 on SIGTERM, after every output in progress has been removed. A message of a command
+that ends early says "nothing was written", or names the outputs already in place, which are
+complete (``terminated after writing out.npz, which is complete``). Output the reader stops
 taking (``policyport inspect m.onnx | head -1``) is not an error: the command ends with its own code. With ``--json`` stdout
 holds exactly one JSON document, failures included: ``{"error": ..., "exit_code": ...}``.
 """
@@ -25,7 +27,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
-from ..files import stdout_reader_may_leave, using_limits
+from ..files import ended_after, noting_placed, stdout_reader_may_leave, using_limits, written, written_sentence
 from . import render
 from .render import literal, say_error
 
@@ -315,11 +317,19 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
     the body, ``typer.Exit``) pass through to :class:`PolicyportGroup`. ``command`` and ``source``
     (the command's ``--source``, if any) let an error suggest a remedy in the command's own options.
     """
+    with noting_placed() as placed:
+        code = _guarded(as_json, body, command, source, placed)
+    if code:
+        raise typer.Exit(code)
+
+
+def _guarded(as_json: bool, body: Callable[[], int | None], command: str, source, placed: list) -> int | None:
+    """:func:`guard`'s edge around ``body``; ``placed``: the outputs in place so far, for messages."""
     previous = None
     if _in_main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = body()
+        return body()
     except PolicyportError as e:
         fail(e, as_json, command, source is not None)
     except (ClickException, Exit, Abort):
@@ -327,35 +337,33 @@ def guard(as_json: bool, body: Callable[[], int | None], command: str = "", sour
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)
         code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-        message = "terminated" if terminated else "interrupted"
+        message = ended_after("terminated" if terminated else "interrupted", placed)
         if as_json:
-            print(json.dumps({"error": f"{message}; nothing was written", "exit_code": code}))
-        render.err.print(f"{message}; nothing was written")
+            print(json.dumps({"error": message, "exit_code": code}))
+        render.err.print(literal(message))
         raise typer.Exit(code) from None
     except OSError as e:
         if e.errno not in USER_OS_ERRORS:
-            return _bug(e, as_json)
+            return _bug(e, as_json, placed)
         where = f" {literal(e.filename)}" if e.filename is not None else ""
-        message = f"cannot use{where}: {e.strerror or e}; nothing was written"
+        message = f"cannot use{where}: {e.strerror or e}; {written(placed)}"
         if as_json:
             print(json.dumps({"error": message, "exit_code": 3}))
         say_error(message)
         raise typer.Exit(3) from None
     except MemoryError as e:
         detail = f" ({literal(str(e))})" if str(e) else ""
-        message = (f"not enough memory to finish{detail}; nothing was written — use fewer samples, a smaller "
+        message = (f"not enough memory to finish{detail}; {written(placed)} — use fewer samples, a smaller "
                    "input, or a machine with more memory")
         if as_json:
             print(json.dumps({"error": message, "exit_code": 3}))
         say_error(message)
         raise typer.Exit(3) from None
     except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
-        _bug(e, as_json)
+        _bug(e, as_json, placed)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if code:
-        raise typer.Exit(code)
 
 
 #: OS errors that say something about the user's paths or machine, not about policyport: a name too
@@ -365,9 +373,10 @@ USER_OS_ERRORS = frozenset(getattr(errno, n) for n in (
     "ENXIO", "ENODEV", "ETXTBSY", "EFBIG", "EMFILE", "ENFILE", "ESTALE") if hasattr(errno, n))
 
 
-def _bug(e: BaseException, as_json: bool) -> None:
-    """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug."""
-    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written."
+def _bug(e: BaseException, as_json: bool, placed: list | None = None) -> None:
+    """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug.
+    ``placed``: the outputs already in place (:func:`policyport.files.noting_placed`)."""
+    message = (f"this is a bug in policyport: {type(e).__name__}: {e}. {written_sentence(placed or [])}"
                + ("" if state.debug else " Re-run with --debug for the traceback, and please report it."))
     if as_json:
         print(json.dumps({"error": message, "exit_code": EXIT_BUG}))

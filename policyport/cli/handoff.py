@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -47,7 +48,7 @@ def export_numpy(
             done = run_export(model, output, samples=samples, low=low, high=high, seed=seed, force=force)
         if as_json:
             emit_json({"module": str(done.module), "weights": str(done.weights), "lines": done.lines,
-                       "tensors": done.tensors, "samples": done.samples})
+                       "tensors": done.tensors, "samples": done.samples, "assumptions": done.assumptions})
             return
         say(f"wrote {done.module} and {done.weights}")
         if not output.stem.isidentifier():
@@ -56,5 +57,7 @@ def export_numpy(
         out.print(literal(f"{done.module}: {done.lines} lines, numpy only; forward() reproduces the numpy backend "
                           f"bit for bit on {counted(done.samples, 'observation')}, "
                           + ("the one tensor" if done.tensors == 1 else f"all {done.tensors} tensors")))
+        for line in source_lines(None, done.assumptions or []):  # as verify prints them; the module's ASSUMPTIONS
+            out.print(literal(line))
 
     guard(as_json, body)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -20,7 +21,6 @@ from .options import (
     tensor_patterns,
 )
 from .render import add_row, counted, literal, out, say, shape_text, table
-from .verify import source_lines
 
 
 #: The most node rows ``inspect`` draws on a terminal; a pipe or a file gets every row.
@@ -112,14 +112,14 @@ def extract(
     """Write the model's parameters to .npz under the source's names, in the source's layout."""
 
     def body():
-        from ..files import check_distinct, check_writable, save_npz
+        from ..files import check_distinct, check_writable, save_npz, weights_comment
         from ..passes import extract_weights
 
         check_output_format(output, ".npz")
         check_writable(output, force)
         check_distinct(output, model)
         weights = extract_weights(model)
-        save_npz(output, weights, force)
+        save_npz(output, weights, force, weights_comment("policyport extract"))  # stats and plot refuse it by that
         if as_json:
             emit_json({"output": str(output), "parameters": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
                                                              for k, v in weights.items()]})

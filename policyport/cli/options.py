@@ -40,7 +40,7 @@ RoundingOpt = Annotated[bool, typer.Option("--rounding/--no-rounding", help="Als
 LowOpt = Annotated[float, typer.Option("--low", metavar="L", help="Lower end of the range observations are drawn from.")]
 HighOpt = Annotated[float, typer.Option("--high", metavar="H", help="Upper end of the range observations are drawn from.")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the drawn observations.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files. An output is written whole beside its path and renamed into place, so it must be a file or folder name: a device or pipe (/dev/null, a FIFO) is refused.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 TrustOpt = Annotated[bool, typer.Option("--trust", help="Allow loading files that run code they hold: a TorchScript file, a SavedModel, a whole pickled torch module (the current folder and the file's own are on the import path while it loads), a Keras Lambda stored as bytecode. Only for files you trust.")]
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model or a folder written by 'policyport pack'.")]

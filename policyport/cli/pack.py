@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..compare import source_lines
 from .core import app, emit_json, guard
 from .inputs import graph_inputs, load_feeds, warn_of_nonfinite_rows
 from .options import (
@@ -26,7 +27,6 @@ from .options import (
     given_options,
 )
 from .render import add_row, counted, fits, literal, out, say, table
-from .verify import source_lines
 
 
 @app.command()

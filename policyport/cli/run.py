@@ -94,8 +94,12 @@ def run(
         else:
             outputs = session.run(feeds, overrides=edits)
         writers = {output: npz_writer(outputs)}
-        if record is not None:
-            writers[record] = npz_writer(values)
+        if record is not None:  # with the description of which tensors have rows, as record writes it
+            from ..analysis.recording import described_run
+
+            writers[record] = npz_writer(described_run(
+                session, feeds, values, selection, edits, model=str(model), data=str(inputs), backend=backend.value,
+                overrides=[e.spec for e in edits or ()]))
         write_outputs(writers, force)  # both files, or neither
         shown = values if record is not None else outputs
         if as_json:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..compare import tolerance_text, verdict
+from ..compare import source_lines, tolerance_text, verdict
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import (
@@ -69,45 +69,6 @@ def report_lines(report) -> list[str]:
     return lines
 
 
-def source_lines(oracle: dict | None, assumptions: list[dict]) -> list[str]:
-    """What the source side of a verification was (a report's ``source_oracle``), and each assumption
-    the verdict rests on (with why, and the option that states otherwise), by who makes it: tested by
-    the source side's own code (on the compared observations only), assumed by both sides, by the
-    model or the source side alone, or assumed differently by the two; or the model's assumptions
-    when no source was compared. Assumptions without ``side`` (a packed folder's record) are the
-    model's, shared with the source side when there is one."""
-    if not oracle:
-        return (["the model assumes (not in its source file):"] + [f"  {assumption_text(a)}" for a in assumptions]
-                if assumptions else [])
-    checked = [a for a in assumptions if a.get("checked")]
-    rest = [a for a in assumptions if not a.get("checked")]
-    differ = [a for a in rest if a.get("differs")]
-    groups = [
-        ("the model and the source side both assume (not in the source file):",
-         [a for a in rest if a.get("side", "both") == "both" and not a.get("differs")]),
-        ("the model assumes (the source side makes no assumption on it):",
-         [a for a in rest if a.get("side") == "model" and not a.get("differs")]),
-        ("the source side assumes (not in its file; the model does not):",
-         [a for a in rest if a.get("side") == "source" and not a.get("differs")]),
-    ]
-    lines = [f"source side: {oracle['name']}" + (", which tested, on these observations only:" if checked else "")]
-    lines += [f"  {assumption_text(a)}" for a in checked]
-    for heading, group in groups:
-        if group:
-            lines += [heading, *(f"  {assumption_text(a)}" for a in group)]
-    if differ:
-        lines.append("the model and the source side assume differently (they compute different things there):")
-        lines += [f"  {'the model' if a.get('side') == 'model' else 'the source side'}: {assumption_text(a)}"
-                  for a in differ]
-    return lines
-
-
-def assumption_text(a: dict) -> str:
-    """An assumption as a report records it: ``activation tanh at 1 and 3: given by ...; --activation
-    names another``."""
-    return f"{a['topic']} {a['assumes']}: {a['because']}" + (f"; {a['settle']}" if a.get("settle") else "")
-
-
 def print_report(report, as_json: bool) -> int:
     """Render ``report`` (table, notes and verdict, or JSON); the exit code it calls for."""
     if as_json:
@@ -149,13 +110,11 @@ def verify_cmd(
     """
 
     def body():
-        from ..files import check_not_a_source
-        from ..folder import POLICY_FILE
+        from ..files import check_model_folder
         from ..runtime import BACKENDS
         from ..verification import verify as run_verify
 
-        if model.is_dir() and not (model / POLICY_FILE).exists():
-            check_not_a_source(model)  # a SavedModel or an RLlib checkpoint, not a packed folder: say so first
+        check_model_folder(model)  # a source's folder or any other, not a packed one: say so before the options
         packed = model.is_dir() and inputs is None and source is None
         if packed and backends is None:  # a packed folder: its golden data
             from ..runtime.packed import verify_bundle

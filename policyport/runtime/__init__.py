@@ -144,6 +144,55 @@ class Session:
             else:
                 yield self.backend.record_steered(self._feeds(feeds), names, steering)
 
+    def per_observation(self, feeds: Feeds, tensors: str | list[str] | None = "*", overrides=None
+                        ) -> tuple[dict[str, tuple[np.dtype, tuple[int, ...]]], list[str]] | None:
+        """Which of the tensors a :meth:`record` of ``tensors`` returns hold one row per observation
+        (the batch axis first): those with 2 rows when the model runs on 2 observations and 3 rows
+        on 3, each time of the same row shape. A constant, a shape (an SB3 policy's
+        ``action_net/mean_shape`` is ``(2,)``) or anything else of a fixed length keeps its length:
+        a single run could take one whose length happens to be the batch's rows for a tensor with rows.
+
+        The observations are the first row of ``feeds`` repeated, so that the model runs on values it
+        expects (zeros of a row's shape where ``feeds`` hold none). Inputs with a batch axis are cut,
+        and so is an input of unknown rank fed an array (counted by its axis 0, as
+        :func:`~policyport.runtime.base.count_observations` counts it); the others are fed as they are.
+
+        Args:
+            feeds: as for :meth:`run` (the first row of each input with a batch axis is used).
+            tensors, overrides: as for :meth:`record`.
+
+        Returns:
+            (tensor name -> (dtype, shape of one row) for those with rows, in the order :meth:`record`
+            returns them; the names of the others), or ``None`` when no input is cut (each run of the
+            model is one observation).
+
+        Raises:
+            InputMismatchError: bad feeds, tensors or overrides.
+        """
+        feeds = self._feeds(feeds)
+        batched = {v.name for v in self.inputs if v.name in feeds
+                   and (v.has_batch_axis or (v.shape is None and np.ndim(feeds[v.name]) >= 1))}
+        if not batched:
+            return None
+
+        def observations(k: int) -> dict[str, np.ndarray]:
+            fed = {}
+            for name, a in feeds.items():
+                if name in batched:
+                    first = a[:1] if len(a) else np.zeros((1, *a.shape[1:]), a.dtype)
+                    a = np.repeat(first, k, axis=0)
+                fed[name] = a
+            return fed
+
+        two, three = (self.record(observations(k), tensors, overrides=overrides) for k in (2, 3))
+        kept, others = {}, []
+        for name, v in three.items():
+            if v.ndim >= 1 and v.shape[0] == 3 and two[name].shape == (2, *v.shape[1:]):
+                kept[name] = (v.dtype, tuple(v.shape[1:]))
+            else:
+                others.append(name)
+        return kept, others
+
     def selection(self, tensors: str | list[str] | None = "*") -> list[str]:
         """The node outputs that ``tensors`` (globs, as for :meth:`record`) select, in node order.
 
@@ -279,11 +328,10 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from ..files import check_not_a_source
-        from .packed import POLICY_FILE, load_graph
+        from ..files import check_model_folder
+        from .packed import load_graph
 
-        if not (Path(model) / POLICY_FILE).exists():
-            check_not_a_source(model)  # a SavedModel or an RLlib checkpoint: say so, and how to convert it
+        check_model_folder(model)  # a SavedModel, an RLlib checkpoint, a plain folder: say what it is
         graph = load_graph(model)
         if backend != "numpy":
             from ..files import load_onnx

@@ -98,7 +98,9 @@ class TensorSizes:
         return self._at(*self.inputs, rows)
 
 
-def held_in_node_order(nodes: Iterable[Node], nbytes: Mapping[str, int], kept: Iterable[str] = ()) -> int:
+def held_in_node_order(nodes: Iterable[Node], nbytes: Mapping[str, int], kept: Iterable[str] = (),
+                       in_place: Callable[[Node], bool] | None = None,
+                       temporary: Callable[[Node], int] | None = None) -> int:
     """The most bytes of node outputs alive at once when ``nodes`` run in order, each output alive
     from its node until the last node that reads it has run, and those in ``kept`` (what the run
     returns) until the end. Feeds and initializers are not counted.
@@ -107,17 +109,33 @@ def held_in_node_order(nodes: Iterable[Node], nbytes: Mapping[str, int], kept: I
         nodes: the graph's nodes, in the order they run.
         nbytes: tensor name -> bytes; tensors not in it take none.
         kept: the tensors alive until the end.
+        in_place: whether a node may write its first output over its first input's memory (an
+            allocator that reuses the buffer of an input it is the last reader of): where it says
+            so, and that input is a node output of the same size that nothing reads later and that
+            is not kept, the output takes the input's bytes instead of new ones. Default: never.
+        temporary: the bytes a node holds while it runs beyond its inputs and outputs (scratch
+            arrays); default none.
     """
     nodes = list(nodes)
     kept = set(kept)
     last = {t: i for i, n in enumerate(nodes) for t in n.inputs if t}
-    alive = peak = 0
+    held: dict[str, int] = {}  # node output alive -> the bytes it holds
+    peak = 0
     for i, n in enumerate(nodes):
-        alive += sum(nbytes.get(t, 0) for t in n.outputs if t)
-        peak = max(peak, alive)
-        made_here = [t for t in n.outputs if t and last.get(t, -1) <= i]  # never read after this node
+        outputs = [t for t in n.outputs if t]
+        src = n.inputs[0] if n.inputs else ""
+        reuse = (in_place is not None and outputs and src in held and last.get(src) == i and src not in kept
+                 and held[src] == nbytes.get(outputs[0], 0) and src not in outputs and in_place(n))
+        for t in outputs:
+            held[t] = held.get(t, 0) + (0 if reuse and t == outputs[0] else nbytes.get(t, 0))
+        if reuse:
+            held[outputs[0]] += held.pop(src)  # the output's bytes are the input's
+        peak = max(peak, sum(held.values()) + (temporary(n) if temporary is not None else 0))
+        made_here = [t for t in outputs if last.get(t, -1) <= i]  # never read after this node
         read_last = [t for t in n.inputs if t and last[t] == i]
-        alive -= sum(nbytes.get(t, 0) for t in dict.fromkeys([*made_here, *read_last]) if t not in kept)
+        for t in dict.fromkeys([*made_here, *read_last]):
+            if t not in kept:
+                held.pop(t, None)
     return peak
 
 

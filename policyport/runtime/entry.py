@@ -11,7 +11,7 @@ Exit codes are policyport's: 0 ok; 1 the golden data does not match; 2 usage err
 input (a changed, refused or damaged file of the folder included); 4 missing dependency; 70 a bug
 in policyport (the traceback only with ``--debug``); 130 on Ctrl-C, 143 on SIGTERM. Outputs are
 written atomically, all of them or none, never into the folder itself, and an existing output is
-replaced only with ``--force``. Text from files (tensor names, paths) is shown with control
+replaced only with ``--force``; a run that ends early after its outputs are in place names them. Text from files (tensor names, paths) is shown with control
 characters escaped.
 
 This module is the folder's command-line layer, the one part of the runtime that writes to the
@@ -32,9 +32,9 @@ import threading
 import traceback
 from pathlib import Path
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, verdict
+from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, source_lines, verdict
 from ..errors import OptionError, OutputExistsError, PolicyportError
-from ..files import stdout_reader_may_leave
+from ..files import ended_after, noting_placed, stdout_reader_may_leave, written, written_sentence
 from ..text import literal
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
@@ -80,11 +80,11 @@ def main(folder: str | os.PathLike, argv: list[str] | None = None, prog: str = "
     result, and return the exit code. Usage errors exit 2 through ``SystemExit``, as argparse does.
     Output the reader stops taking (``python run.py --verify | head -1``) is not an error: the exit
     code is the command's own."""
-    with stdout_reader_may_leave():
-        return _main(folder, argv, prog)
+    with stdout_reader_may_leave(), noting_placed() as placed:
+        return _main(folder, argv, prog, placed)
 
 
-def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
+def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str, placed: list[Path]) -> int:
     p = parser(prog)
     args = p.parse_args(argv)
     _check_usage(p, args)
@@ -103,15 +103,16 @@ def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str) -> int:
         return _fail(_foreign_options(str(e), p), e.exit_code, args.json)
     except KeyboardInterrupt as e:
         code = EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED
-        return _fail(("terminated" if code == EXIT_TERMINATED else "interrupted") + "; nothing was written", code, args.json)
+        return _fail(ended_after("terminated" if code == EXIT_TERMINATED else "interrupted", placed), code, args.json)
     except MemoryError:
-        return _fail("not enough memory to finish; nothing was written — use a smaller input", 3, args.json)
+        return _fail(f"not enough memory to finish; {written(placed)} — use a smaller input", 3, args.json)
     except Exception as e:  # noqa: BLE001 - the edge: anything else is a bug in policyport
         if args.debug:
             for line in "".join(traceback.format_exception(e)).splitlines():
                 sys.stderr.write(literal(line) + "\n")
         hint = "" if args.debug else " Re-run with --debug for the traceback, and please report it."
-        return _fail(f"this is a bug in policyport: {type(e).__name__}: {e}. Nothing was written.{hint}", EXIT_BUG, args.json)
+        return _fail(f"this is a bug in policyport: {type(e).__name__}: {e}. {written_sentence(placed)}{hint}", EXIT_BUG,
+                     args.json)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -224,6 +225,8 @@ def _verify(folder: Path, args: argparse.Namespace) -> int:
     _table(("tensor", "shape", "numpy vs golden"),
            [(c.tensor, str(tuple(c.shape)), (c.detail or f"{c.max_abs:.2g}") + ("" if c.passed else " FAIL"))
             for c in report.comparisons], right=(2,))
+    for line in source_lines(report.source_oracle, report.assumptions):  # what the model rests on, as verify says
+        emit(literal(line))
     emit(literal(verdict(report)))
     return 0 if report.passed else 1
 

@@ -200,6 +200,55 @@ def test_tensors_without_a_batch_axis_are_left_out_and_said(tmp_path):
     np.testing.assert_array_equal(open_recording(tmp_path / "rec.npz").head(10)["y"], np.tile([2, 3, 4], (10, 1)))
 
 
+def _bias_model(obs_shape):
+    """``y = obs + bias``: ``bias`` a constant of 3 values computed by a node, ``obs`` of ``obs_shape``."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["B"], ["bias"]), helper.make_node("Add", ["obs", "bias"], ["y"])],
+        "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, obs_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "B")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_run_record_is_described_so_that_a_constant_as_long_as_the_rows_is_left_out(tmp_path):
+    import json
+
+    from policyport.analysis.recording import described_run
+    from policyport.analysis.tables import META_KEY
+    from policyport.files import save_npz
+
+    session = pp.load(_bias_model(["batch", 3]))
+    feeds = {"obs": np.arange(9, dtype=np.float32).reshape(3, 3)}
+    values = session.record(feeds)
+    written = described_run(session, feeds, values, "*", None, model="m.onnx", overrides=[])
+    assert list(written) == ["bias", "y", META_KEY] and written["bias"].shape == (3,)
+    assert json.loads(str(written[META_KEY])) == {
+        "format": "policyport.recording/1", "rows": 3, "model": "m.onnx", "overrides": [],
+        "tensors": [{"name": "y", "op_type": "Add", "dtype": "float32", "shape": [3]}]}
+    save_npz(tmp_path / "rec.npz", written)
+    rec = open_recording(tmp_path / "rec.npz")
+    assert [t.name for t in rec.tensors] == ["y"] and rec.left_out == {"bias": (3,)} and rec.rows == 3
+    np.testing.assert_array_equal(rec.head(3)["y"], feeds["obs"] + [1, 2, 3])
+    save_npz(tmp_path / "bare.npz", values)  # without the description, the bias passes for a tensor with rows
+    assert [t.name for t in open_recording(tmp_path / "bare.npz").tensors] == ["bias", "y"]
+
+
+def test_a_run_record_of_a_model_without_a_batch_axis_is_written_without_a_description(tmp_path):
+    from policyport.analysis.recording import described_run
+
+    session = pp.load(_bias_model([1, 3]))
+    feeds = {"obs": np.ones((1, 3), np.float32)}
+    values = session.record(feeds)
+    assert described_run(session, feeds, values) is values
+    assert session.per_observation(feeds) is None
+
+
+def test_an_input_of_unknown_rank_counts_its_rows_by_axis_0():
+    session = pp.load(_bias_model(None))
+    rows, others = session.per_observation({"obs": np.ones((5, 3), np.float32)})
+    assert rows == {"y": (np.dtype(np.float32), (3,))} and others == ["bias"]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows, batch", [(2, 4096), (3, 4096), (600, 2), (600, 3), (1, 4096)])
 def test_constants_and_shapes_are_left_out_whatever_the_rows_of_a_block(tmp_path, pendulum_onnx, pendulum_constants,

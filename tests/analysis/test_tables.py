@@ -143,3 +143,34 @@ def test_a_recording_whose_rows_cannot_be_told_is_refused_naming_its_arrays(tmp_
     np.savez(tmp_path / "x.npz", **arrays)
     with pytest.raises(pp.UnreadableFileError, match=message):
         open_table(tmp_path / "x.npz", per_observation=True)
+
+
+@pytest.mark.parametrize("arrays, refused", [
+    ({"0.weight": np.ones((8, 3)), "0.bias": np.ones(8), "2.weight": np.ones((2, 8)), "2.bias": np.ones(2)}, True),
+    ({"dense/kernel:0": np.ones((3, 8)), "dense/bias:0": np.ones(8), "obs_rms.mean": np.ones(3)}, True),
+    ({"bias": np.ones((5, 2)), "mean": np.ones((5, 2))}, False),  # no matrix named as one: rows of activations
+    ({"pi/mean": np.ones((5, 2)), "action": np.ones((5, 2)), "fc/weight": np.ones((5, 2))}, False),  # an output among them
+])
+def test_a_weights_npz_is_not_read_as_a_recording(tmp_path, arrays, refused):
+    from policyport.analysis import open_recording
+
+    np.savez(tmp_path / "f.npz", **arrays)
+    if refused:
+        with pytest.raises(pp.UnreadableFileError, match=r"holds a model's weights \(.*each named as a parameter\), "
+                                                          r"not a recording"):
+            open_recording(tmp_path / "f.npz")
+        return
+    assert [t.name for t in open_recording(tmp_path / "f.npz").tensors] == list(arrays)
+    assert open_table(tmp_path / "f.npz").rows == 5  # as observations (record -i), nothing is refused
+
+
+def test_a_description_says_it_is_a_recording_whatever_the_names(tmp_path):
+    import json
+
+    from policyport.analysis import open_recording
+    from policyport.analysis.recording import TensorInfo, describe
+    from policyport.files import save_npz
+
+    description = describe(4, [TensorInfo("fc/kernel", "Gemm", "float32", (3,))])
+    save_npz(tmp_path / "r.npz", {"fc/kernel": np.ones((4, 3), np.float32), "policyport.recording": np.array(json.dumps(description))})
+    assert [t.name for t in open_recording(tmp_path / "r.npz").tensors] == ["fc/kernel"]

@@ -157,15 +157,17 @@ def test_memory_needed_holds_the_tensors_as_each_backend_holds_them():
     h, y, g, z = 80, 80, 40, 40
     numpy = pp.load(m)
     blas = numpy_backend.BLAS_BUFFER_BYTES
-    # run whole: every tensor until the end, z computed over g's array; h again, read by the Gemm (a product)
+    # run whole: every tensor until the end, z computed over g's array; the Gemm hands h to the BLAS as it is
     assert numpy.backend.plan.overwritten() == {"z"}
-    assert numpy.memory_needed(obs) == h + y + g + h + blas
-    assert numpy.memory_needed(obs, "h") == h + y + g + z + h + blas  # a record holds every tensor, apart
-    # onnxruntime frees a tensor after its last reader: h lives until Gemm has read it, g until Relu has
+    assert numpy.memory_needed(obs) == h + y + g + blas
+    assert numpy.memory_needed(obs, "h") == h + y + g + z + blas  # a record holds every tensor, apart
+    # onnxruntime frees a tensor after its last reader: h lives until Gemm has read it; the Relu, g's last
+    # reader, writes z over g's buffer
     ort = pp.load(m, backend="onnxruntime")
     assert ort.memory_needed(obs) == int(ort_backend.ARENA_SLACK * (h + y + g))
     assert ort.memory_needed(obs, "g") == int(ort_backend.ARENA_SLACK * (h + y + g))  # h is gone before z
-    assert ort.memory_needed(obs, "h") == int(ort_backend.ARENA_SLACK * (h + y + g + z))  # h kept to the end
+    assert ort.memory_needed(obs, "h") == int(ort_backend.ARENA_SLACK * (h + y + g))  # h kept to the end, z over g
+    assert ort.memory_needed(obs, "g,h") == int(ort_backend.ARENA_SLACK * (h + y + g + z))  # g kept: z needs its own
 
 
 def test_memory_needed_of_a_batch_in_row_blocks_holds_what_it_returns_and_one_block_a_thread(monkeypatch):
@@ -192,6 +194,18 @@ def test_node_outputs_are_held_from_their_node_until_their_last_reader():
     assert base.held_in_node_order(nodes, nbytes, ["unread"]) == 11100
     assert base.held_in_node_order(nodes[:3], nbytes) == 1011  # a and b while C makes c
     assert base.held_in_node_order(nodes[:2], nbytes) == 111 and base.held_in_node_order([], nbytes) == 0
+
+
+def test_an_output_written_over_its_input_takes_the_input_bytes_where_nothing_else_reads_them():
+    nodes = [Node("A", ("x",), ("a",)), Node("T", ("a",), ("t",)), Node("U", ("t",), ("u",)), Node("V", ("u", "t"), ("v",))]
+    nbytes = {"a": 100, "t": 100, "u": 100, "v": 100}
+    every = lambda node: True  # noqa: E731
+    assert base.held_in_node_order(nodes, nbytes) == 300  # t, u and v while V runs
+    assert base.held_in_node_order(nodes, nbytes, in_place=every) == 200  # t over a, v over u; not u over t (V reads t)
+    assert base.held_in_node_order(nodes, nbytes, in_place=lambda n: n.op_type == "T") == 300  # V writes v apart
+    assert base.held_in_node_order(nodes, nbytes, ["a"], in_place=every) == 300  # a is returned: t needs its own
+    assert base.held_in_node_order(nodes, {**nbytes, "t": 50}, in_place=every) == 150  # t of another size: apart
+    assert base.held_in_node_order(nodes, nbytes, in_place=every, temporary=lambda n: 1000 * (n.op_type == "U")) == 1200
 
 
 # ---------------------------------------------------------------------------------- Plan refusals

@@ -213,6 +213,32 @@ def test_every_other_end_has_its_code(folder, obs, tmp_path, monkeypatch, capsys
     assert json.loads(capsys.readouterr().out) == {"error": message, "exit_code": code}
 
 
+@pytest.mark.parametrize("error,code,message", [
+    (entry._Terminated(), 143, "terminated after writing {out}, which is complete"),
+    (MemoryError(), 3, "not enough memory to finish; {out} had been written and is complete — use a smaller input"),
+    (ValueError("odd"), 70, "this is a bug in policyport: ValueError: odd. It came after writing {out}, which is "
+                            "complete. Re-run with --debug for the traceback, and please report it."),
+])
+def test_an_end_after_the_outputs_are_in_place_names_them(folder, obs, tmp_path, monkeypatch, capsys, error, code,
+                                                         message):
+    from policyport import files
+
+    real = files.write_outputs
+
+    def place_then_fail(writers, force=False):  # the outputs in place, then the run ends
+        real(writers, force)
+        raise error
+
+    monkeypatch.setattr(files, "write_outputs", place_then_fail)
+    out = tmp_path / "y.npz"
+    assert entry.main(folder, ["-i", str(obs), "-o", str(out)]) == code
+    assert capsys.readouterr().err == f"error: {message.format(out=out)}\n"
+    w = np.array([[0.5, -1.0], [0.25, 2.0], [-0.75, 0.5]], np.float32)
+    with np.load(out) as f:  # complete: the model's output on every observation
+        assert f.files == ["y"]
+        np.testing.assert_allclose(f["y"], np.tanh(np.load(obs) @ w), rtol=1e-6)
+
+
 def test_debug_prints_the_traceback_literally(folder, obs, tmp_path, monkeypatch, capsys):
     def broken(folder, args):
         raise ValueError("x\x1by")

@@ -11,26 +11,44 @@ from ...graph import Graph
 from ..base import Backend, TensorSizes
 from ..overrides import Steering
 from .floating import quiet
-from .plan import Plan
+from .plan import NEW_MEMORY, Plan
 from .registry import op, resolve, supported_ops
-from .rows import BOUNDS_BYTES, SPLIT_ROWS, WORKER_BYTES, blocks, workers
+from .rows import BOUNDS_BYTES, SPLIT_ROWS, WORKER_BYTES, blocks, usable_cores, workers
 
 __all__ = ["NumpyBackend", "Plan", "op", "resolve", "supported_ops"]
 
-#: What the BLAS keeps for a whole batch's matrix products beyond its packed copy of an operand (which
-#: the estimate counts as one more array of the largest tensor's size): its threads' other buffers.
-#: Measured (``ru_maxrss``, OpenBLAS 0.3 on two threads, MLPs of 256 to 1,024 units, 1,000 to 50,000
-#: rows): under 2 MiB.
+#: What the BLAS keeps for a whole batch's matrix products beyond the panels it packs (below).
 BLAS_BUFFER_BYTES = 4 << 20
+#: The most a BLAS thread packs of a product's operands at once: OpenBLAS's buffer per thread
+#: (``BUFFER_SIZE``, 32 MiB on x86-64). A whole batch's products run on one BLAS thread per core.
+BLAS_THREAD_BYTES = 32 << 20
+#: How much of each row of a product's left operand the BLAS packs, in elements: the rows of its
+#: share, a block of their K columns at a time (OpenBLAS: 384 to 448). Measured (peak resident set of
+#: ``np.dot`` on two threads, OpenBLAS 0.3.31 Haswell kernel): 1,800 bytes a float32 row and 3,100 a
+#: float64 row of K = 1,024 to 16,384, up to 64 MiB in all; a row of K under the block is packed whole.
+BLAS_PANEL = 512
 #: Ops whose numpy code computes the result in one call, or returns a view, with no temporary array
-#: of its size; any other op (a matrix product, whose BLAS packs a copy of an operand, an activation
-#: written as several ufuncs, a normalization) is taken to hold one more array while it runs.
+#: of its size.
 _NO_TEMPORARIES = frozenset({
-    "Relu", "Tanh", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Sign", "Not",
-    "Add", "Sub", "Mul", "Div", "Equal", "Greater", "Less", "And", "Or", "Where", "Cast", "ArgMax", "ArgMin",
-    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Transpose", "Dropout", "Split",
+    "Relu", "Tanh", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Not",
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Greater", "Less", "And", "Or", "Where", "Cast",
+    "ArgMax", "ArgMin", "Softplus", "Hardmax", "BatchNormalization",
+    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Transpose", "Split",
     "Expand", "Tile", "Concat", "Gather", "Constant", "ConstantOfShape", "Shape", "Size",
 })
+#: How many arrays the size of the largest tensor it reads or writes an op's numpy code holds while
+#: it runs, beyond its inputs and outputs, for the ops that hold other than one. Measured (the peak
+#: resident set of the op's registered function on float32 arrays of 16 MB, which the C library
+#: takes from its heap, and of 64 MB, which it maps apart; the larger figure): a sigmoid's
+#: exp(-|x|), 1 + e, two ratios and a mask; Erf and Gelu evaluated in float64; a mask (a quarter of
+#: a float32 array) and one more array where a leaky activation picks a branch. Any other op not in
+#: :data:`_NO_TEMPORARIES` is taken to hold one (Softmax, Clip, HardSwish ...).
+#: Ops whose numpy code returns a contiguous array when its input is one (the same array, or a view of it).
+_CONTIGUOUS_VIEWS = frozenset({"Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+_TEMPORARIES = {
+    "Sigmoid": 4.0, "Erf": 4.25, "Gelu": 7.25, "LayerNormalization": 2.0, "LeakyRelu": 1.25, "PRelu": 1.25,
+    "Elu": 1.25, "Selu": 1.25, "Celu": 1.25, "ThresholdedRelu": 0.25, "Dropout": 0.25,
+}
 
 
 class NumpyBackend(Backend):
@@ -86,11 +104,13 @@ class NumpyBackend(Backend):
         outputs, a record every tensor (``names`` are picked from them) — and the bounds of its
         blocks (:data:`~.rows.BOUNDS_BYTES` each), and on each thread that runs blocks
         (:func:`~.rows.workers`) one block's tensors (its scratch buffers) and
-        :data:`~.rows.WORKER_BYTES`. A batch run whole holds every node output until it returns (a
-        run shares one array between a tensor and the activation computed over it,
-        :meth:`Plan.overwritten`), one more array the size of the largest tensor an op with
-        temporaries reads or writes (one not in :data:`_NO_TEMPORARIES`: a matrix product, whose
-        BLAS packs a copy of an operand, a sigmoid ...), and :data:`BLAS_BUFFER_BYTES`.
+        :data:`~.rows.WORKER_BYTES`.
+
+        A batch run whole keeps every node output it computes until it returns, but for those
+        that have no array of their own: a run's activation computed over the array it reads
+        (:meth:`Plan.overwritten`), and views of another tensor (:meth:`Plan.aliases`). At its peak
+        it holds those, the arrays the node being computed holds while it runs (:func:`temporary`)
+        and :data:`BLAS_BUFFER_BYTES`.
         """
         nbytes = sizes.nbytes(rows)
         if self.plan.row_split is not None and rows >= SPLIT_ROWS:
@@ -99,11 +119,28 @@ class NumpyBackend(Backend):
             per_worker = sum(block.values()) + WORKER_BYTES
             returned = sum(nbytes[n] for n in self._out_names) if names is None else sum(nbytes.values())
             return returned + len(bounds) * BOUNDS_BYTES + workers(self.plan.threads, len(bounds)) * per_worker
-        shared = self.plan.overwritten() if names is None else frozenset()
-        held = sum(b for n, b in nbytes.items() if n not in shared)
-        temporary = max((nbytes.get(t, 0) for node in self.graph.nodes if node.op_type not in _NO_TEMPORARIES
-                         for t in (*node.inputs, *node.outputs)), default=0)
-        return held + temporary + BLAS_BUFFER_BYTES
+        shared = (self.plan.overwritten() if names is None else frozenset()) | self.plan.aliases("run" if names is None else "record")
+        steps = list(zip(self.plan.steps, self.graph.nodes))
+        fresh: set[str] = set()  # node outputs in contiguous memory of their own or of another's
+        for step, node in steps:
+            if (step.kind == "gemm" or node.op_type in NEW_MEMORY
+                    or (node.op_type in _CONTIGUOUS_VIEWS and node.inputs and node.inputs[0] in fresh)):
+                fresh.update(t for t in node.outputs[:1] if t)
+        packing = BLAS_THREAD_BYTES * usable_cores()
+
+        def packed(tensor: str) -> int:  # what the BLAS packs of a product's left operand
+            if tensor in sizes.one:
+                (b1, e1), (_, e2) = sizes.one[tensor], sizes.two[tensor]
+                width, itemsize = e2 - e1, b1 // max(e1, 1)
+            else:  # a feed
+                width, itemsize = sizes.inputs[1] - sizes.inputs[0], max(v.dtype.itemsize for v in self.inputs)
+            return min(rows * min(width, BLAS_PANEL) * itemsize, packing)
+
+        held = peak = 0
+        for step, node in steps:
+            held += sum(nbytes.get(t, 0) for t in node.outputs if t and t not in shared)
+            peak = max(peak, held + temporary(step.kind, node, nbytes, fresh, packed))
+        return peak + BLAS_BUFFER_BYTES
 
     # NaN and infinities propagate without numpy's warnings (see .floating), in every entry point.
     @quiet
@@ -147,3 +184,30 @@ class NumpyBackend(Backend):
         """
         return self._plan_for(feeds).observe(feeds, observer)
 
+
+
+def temporary(kind: str, node, nbytes: Mapping[str, int], fresh: set[str], packed: Callable[[str], int]) -> int:
+    """The bytes one node's numpy code holds while it runs, beyond its inputs and outputs.
+
+    A matrix product (a Gemm on the plan's fast path, a MatMul) hands contiguous operands to the
+    BLAS as they are, and copies those that are not: an operand not in ``fresh`` (the node outputs
+    that ops made in new memory, and contiguous views of them) is counted as copied; the BLAS packs
+    panels of the left one (``packed``). Gemm's general form adds its
+    bias to the product: one array of the output's size. Any other op holds its
+    :data:`_TEMPORARIES` (one, none for :data:`_NO_TEMPORARIES`) arrays of the size of the largest
+    tensor it reads or writes.
+
+    Args:
+        kind: the plan's kind of step (``"gemm"`` for the fast path).
+        node: the graph node.
+        nbytes: node output -> bytes (feeds and weights are not in it).
+        fresh: the node outputs known to be contiguous.
+        packed: a product's left operand -> the bytes the BLAS packs of it.
+    """
+    if kind == "gemm" or node.op_type == "MatMul":
+        copies = sum(nbytes.get(t, 0) for t in node.inputs[:2] if t in nbytes and t not in fresh)
+        return copies + packed(node.inputs[0])
+    if node.op_type == "Gemm":  # np.matmul, then the bias added into a new array
+        return max((nbytes.get(t, 0) for t in node.outputs if t), default=0) + packed(node.inputs[0])
+    factor = 0.0 if node.op_type in _NO_TEMPORARIES else _TEMPORARIES.get(node.op_type, 1.0)
+    return int(factor * max((nbytes.get(t, 0) for t in (*node.inputs, *node.outputs) if t), default=0))

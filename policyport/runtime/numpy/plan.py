@@ -57,7 +57,7 @@ _FRESH = {"Gemm", "Conv"}
 _FRESH_IF_ARRAY = {"MatMul", "Add", "Sub", "Mul", "Div"}
 #: Ops whose implementation always returns new memory (never an input or a view of one). Any other
 #: op's result may share memory with its inputs (Identity, Reshape, Slice, Squeeze ... return views).
-_NEW_MEMORY = {
+NEW_MEMORY = {
     "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal",
     "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Erf", "Gelu",
     "Softmax", "LogSoftmax", "Concat", "ArgMax", "ArgMin",
@@ -361,7 +361,7 @@ class Plan:
         feed, weight or other tensor (an override may then write into it in place)."""
         loc = self._local.get(tensor)
         step = next((s for s in self.steps if loc in s.results), None)
-        return step is not None and (step.kind == "gemm" or step.op_type in _NEW_MEMORY)
+        return step is not None and (step.kind == "gemm" or step.op_type in NEW_MEMORY)
 
     def _compile(self, mode: str, hooks: dict[str, int] | None = None, split: bool = True,
                  into: list[str] | None = None) -> Callable:
@@ -583,6 +583,28 @@ class Plan:
         return frozenset(self._tensor_of[r] for s in self.steps if self._overwrites(s, outputs)
                          for r in s.results if r != "_")
 
+    def aliases(self, mode: str = "run") -> frozenset[str]:
+        """The node outputs whose array, on a batch ``mode`` (``"run"`` or ``"record"``) runs whole,
+        is the array of a feed or of another node output, or a view of it, holding no memory of its
+        own: an Identity's, an inference Dropout's, a constant Slice's, a Transpose's, Squeeze's,
+        Unsqueeze's or Split's, and a Reshape's or Flatten's of an array its producer made fresh
+        (contiguous). Not those that ``mode`` returns after copying them, as it does a returned
+        tensor that may share a feed's or a weight's memory."""
+        views = {"Identity", "Transpose", "Squeeze", "Unsqueeze", "Split"}
+        fresh = {loc for s in self.steps if s.kind == "gemm" or s.op_type in NEW_MEMORY for loc in s.results}
+        returned = set(self._returned(mode))
+        found = set()
+        for s in self.steps:
+            src = s.args[0] if s.args else ""
+            if not (s.kind == "index" or s.op_type in views or (s.op_type in ("Reshape", "Flatten") and src in fresh)
+                    or (s.op_type == "Dropout" and len(s.args) < 3)) or src[:1] not in ("t", "x"):
+                continue
+            for r in s.results if s.op_type == "Split" else s.results[:1]:
+                tensor = self._tensor_of.get(r)
+                if tensor is not None and not (tensor in returned and self._shared.get(r)):
+                    found.add(tensor)
+        return frozenset(found)
+
     def _overwritable(self, src: str, outputs: set[str]) -> bool:
         """Whether the node output ``src`` has one reader and is not a graph output: that reader
         may write its result over it (if its producer made it fresh)."""
@@ -615,12 +637,12 @@ class Plan:
     def _memory_roots(self) -> dict[str, set[str]]:
         """Local -> the feeds (``x*``) and constants (``k*``) whose memory it may share.
 
-        A result of an op in ``_NEW_MEMORY`` (or of the Gemm fast path) shares nothing; any other
+        A result of an op in ``NEW_MEMORY`` (or of the Gemm fast path) shares nothing; any other
         op's results may share memory with every array it reads.
         """
         shared: dict[str, set[str]] = {}
         for s in self.steps:
-            if s.kind == "gemm" or s.op_type in _NEW_MEMORY:
+            if s.kind == "gemm" or s.op_type in NEW_MEMORY:
                 roots: set[str] = set()
             else:
                 roots = set()
