@@ -7,6 +7,7 @@ onnxruntime running that graph (and torch running the same layers), tensor by te
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -273,6 +274,33 @@ def test_a_discrete_observation_is_one_hot_encoded_by_gathering_rows_of_the_iden
 def test_a_one_hot_width_that_is_not_the_first_layers_is_refused(prelude, spec, message):
     with pytest.raises(BadModelError, match=f"^{message}$"):
         build_mlp(spec, prelude=prelude)
+
+
+@pytest.mark.parametrize("prelude, space", [(Prelude(one_hot=600), "Discrete(600)"),
+                                             (Prelude(one_hot_nvec=(200, 400)), "MultiDiscrete[200, 400]")])
+def test_a_one_hot_table_above_the_array_limit_is_refused_before_it_is_built(prelude, space):
+    from policyport.errors import LimitExceededError
+    from policyport.files import using_limits
+
+    with using_limits(array_bytes=600 * 600 * 4 - 1), pytest.raises(LimitExceededError, match=(
+            rf"^the one-hot table of the observation space {re.escape(space)} \(float32, shape \(600, 600\)\) would "
+            r"take 1\.37 MiB \(1,440,000 bytes\), above the limit of 1\.37 MiB for arrays built from sizes a file declares")):
+        build_mlp(_spec(obs_dim=600), prelude=prelude)
+    with using_limits(array_bytes=600 * 600 * 4):
+        build_mlp(_spec(obs_dim=600), prelude=prelude)
+
+
+def test_the_one_hot_reference_picks_rows_of_the_identity_without_building_it():
+    from policyport.converter.build import _one_hot
+
+    obs = np.array([[4, 0, -1], [2, 3, -5]], np.int64)
+    _same(_one_hot(obs, 5, F64), np.eye(5, dtype=F64)[obs])  # negative indices count from the end, as numpy's
+    for bad in (np.array([5]), np.array([-6])):
+        with pytest.raises(IndexError):
+            np.eye(5)[bad]
+        with pytest.raises(IndexError):
+            _one_hot(bad, 5, F32)
+    assert _one_hot(np.zeros(0, np.int64), 3, F32).shape == (0, 3)
 
 
 def test_prelude_truth_and_width():
