@@ -383,8 +383,9 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
 
     Raises:
         OptionError: an unknown head, an opset out of range.
-        BadModelError: layer widths that do not chain, a one-hot observation encoding whose width
-            is not the first layer's, or a diag-gaussian head on an odd number of logits.
+        BadModelError: layer widths that do not chain, a one-hot observation encoding or an
+            observation filter whose width is not the first layer's, or a diag-gaussian head on an
+            odd number of logits.
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
@@ -411,6 +412,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
                  else f"MultiDiscrete{list(prelude.one_hot_nvec)}")
         raise BadModelError(f"the observation space {space} one-hot encodes to {prelude.width} features, "
                             f"but the first layer takes {spec.obs_dim}")
+    filt = prelude.obs_filter if prelude is not None else None
+    if filt is not None and (np.size(filt.mean) != spec.obs_dim or np.size(filt.std) != spec.obs_dim):
+        # checked before the statistics are written out (as graph constants and JSON metadata)
+        raise BadModelError(f"the observation filter holds {np.size(filt.mean):,} means and {np.size(filt.std):,} "
+                            f"standard deviations, but the first layer takes {spec.obs_dim} features")
     dtype = spec.dtype
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype)

@@ -406,6 +406,14 @@ def test_a_filter_after_a_one_hot_reads_the_encoded_rows():
     _agrees(model, spec, obs, exact=tuple(out), prelude_out=out)
 
 
+@pytest.mark.parametrize("mean, std", [(np.zeros(5), np.ones(3)), (np.zeros(3), np.ones(5)), (np.zeros(1), np.ones(1))])
+def test_a_filter_as_wide_as_no_first_layer_is_refused_before_its_statistics_are_written(mean, std):
+    filt = ObsFilter(mean, std, 1e-6)
+    with pytest.raises(BadModelError, match=rf"^the observation filter holds {mean.size} means and {std.size} standard "
+                                            r"deviations, but the first layer takes 3 features$"):
+        build_mlp(_spec(obs_dim=3), prelude=Prelude(obs_filter=filt))
+
+
 def test_a_filters_record_is_plain_json_types():
     filt = ObsFilter(np.array([[1.5], [2.0]], np.float32), np.array([0.5, 0.25], np.float32), np.float32(1e-8),
                      demean=np.bool_(False), destd=np.bool_(True), clip=np.float32(4), count=np.int64(7))
