@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import io
 import math
 import os
 import re
@@ -408,23 +409,24 @@ def read_npy(file: BinaryIO, where: str, size: int, *, max_bytes: int | None = N
         raise UnreadableFileError(f"{where} is a damaged .npy file: {e}") from e
 
 
-def _check_npy_header(file: BinaryIO, where: str, size: int, limit: int) -> tuple[np.dtype, tuple, int]:
+def _check_npy_header(file: BinaryIO, where: str, size: int | None,
+                      limit: int) -> tuple[np.dtype, tuple, int, bool]:
     """Parse an npy header at the file's position (nothing more is read) and check it against the
-    ``size`` bytes there and the limit.
+    ``size`` bytes there (``None``: not known yet) and the limit.
 
     Returns:
-        dtype, shape and the bytes of data the header describes.
+        dtype, shape, the bytes of data the header describes, and whether it is in Fortran order.
     """
     fmt = np.lib.format
     start = file.tell()
     try:
         version = fmt.read_magic(file)
         if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(file)
+            shape, fortran, dtype = fmt.read_array_header_1_0(file)
         elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(file)
+            shape, fortran, dtype = fmt.read_array_header_2_0(file)
         else:  # 3.0 (a UTF-8 header) has no public reader
-            shape, _, dtype = fmt._read_array_header(file, version)
+            shape, fortran, dtype = fmt._read_array_header(file, version)
         header = file.tell() - start
     except Exception as e:  # noqa: BLE001 - numpy's parser raises ValueError, SyntaxError, TypeError ... on hostile bytes
         raise UnreadableFileError(f"{where} has a damaged .npy header: {type(e).__name__}: {e}") from e
@@ -443,14 +445,112 @@ def _check_npy_header(file: BinaryIO, where: str, size: int, limit: int) -> tupl
     if any(d < 0 for d in shape):
         raise UnreadableFileError(f"{where} has a damaged .npy header: shape {shape}")
     nbytes = math.prod(shape) * dtype.itemsize
-    held = max(size - header, 0)
-    if nbytes > held:
+    held = None if size is None else max(size - header, 0)
+    if held is not None and nbytes > held:
         raise UnreadableFileError(
             f"{where} is truncated or damaged: its header describes {dtype.name} {shape} "
             f"({format_size(nbytes)}), but it holds {format_size(held)} of data"
         )
     check_array_bytes(nbytes, f"{where} ({dtype.name}, shape {shape})", limit)
-    return dtype, shape, nbytes
+    return dtype, shape, nbytes, bool(fortran)
+
+
+#: The most bytes of an .npy header decompressed before it is parsed: numpy reads headers of at most
+#: 10,000 bytes (``max_header_size`` of ``numpy.lib.format``) after a 12-byte preamble.
+_NPY_HEADER_BYTES = 1 << 16
+
+
+def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None) -> np.ndarray:
+    """The array of an ``.npy`` file compressed with zlib (as RLlib serialises arrays,
+    ``ray/rllib/utils/serialization.py``), checked as :func:`load_arrays` checks one.
+
+    Only the header is decompressed first; its dtype and shape are checked against the limit, and
+    then the data it describes is decompressed straight into the array, no more than that, so a
+    small stream that inflates to gigabytes never does.
+
+    Args:
+        data: the zlib stream.
+        where: how to name the array in messages.
+        max_bytes: the most the array may take; default :func:`limits` ``.array_bytes`` (1 GiB).
+
+    Returns:
+        The array, in the byte order the file stores.
+
+    Raises:
+        UnreadableFileError: not a zlib stream, a damaged or truncated .npy, an object, structured or
+            wide raw-byte array.
+        LimitExceededError: the header describes an array larger than ``max_bytes``.
+    """
+    limit = limits().array_bytes if max_bytes is None else max_bytes
+    inflate = zlib.decompressobj()
+    try:
+        head = inflate.decompress(data, _NPY_HEADER_BYTES)
+        header = io.BytesIO(head)
+        dtype, shape, nbytes, fortran = _check_npy_header(header, where, None, limit)
+        raw = np.empty(nbytes, np.uint8)
+        got = head[header.tell():header.tell() + nbytes]
+        raw[:len(got)] = np.frombuffer(got, np.uint8)
+        filled = len(got)
+        while filled < nbytes:
+            chunk = inflate.decompress(inflate.unconsumed_tail, min(nbytes - filled, _INFLATE_CHUNK))
+            if not chunk:
+                break
+            raw[filled:filled + len(chunk)] = np.frombuffer(chunk, np.uint8)
+            filled += len(chunk)
+    except zlib.error as e:
+        raise UnreadableFileError(f"{where} is not a zlib-compressed .npy file: {e}") from e
+    if filled < nbytes:
+        raise UnreadableFileError(f"{where} is truncated or damaged: its header describes {dtype.name} {shape} "
+                                  f"({format_size(nbytes)}), but it holds {format_size(filled)} of data")
+    if dtype.itemsize == 0:
+        return np.empty(shape, dtype)
+    return raw.view(dtype).reshape(shape, order="F" if fortran else "C")
+
+
+#: Bytes decompressed at a time into an array (:func:`read_npy_zlib`).
+_INFLATE_CHUNK = 1 << 20
+
+
+def read_zip_member(zf: zipfile.ZipFile, name: str, where: str, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of member ``name`` of an open zip archive, the size the archive declares for it
+    checked against the limit before anything is decompressed (:mod:`zipfile` returns no more
+    than that size, whatever the compressed data inflates to).
+
+    Args:
+        zf: the archive.
+        name: the member.
+        where: how to name the archive in messages (its path).
+        max_bytes: the most the member may take; default :func:`limits` ``.array_bytes`` (1 GiB).
+
+    Returns:
+        The member's bytes.
+
+    Raises:
+        UnreadableFileError: no such member.
+        LimitExceededError: the member declares more than ``max_bytes``.
+    """
+    try:
+        info = zf.getinfo(name)
+    except KeyError:
+        raise UnreadableFileError(f"{where} lacks the member {name}") from None
+    check_array_bytes(info.file_size, f"{where}: its member {name}", max_bytes, purpose="data read from a file")
+    return zf.read(info)
+
+
+def check_zip_members(zf: zipfile.ZipFile, where: str, *, max_bytes: int | None = None) -> None:
+    """Refuse an archive whose members together declare more than the limit, before any is read
+    (for readers that hand the archive to a library that reads its members whole: ``torch.load``).
+
+    Args:
+        zf: the archive.
+        where: how to name it in messages (its path).
+        max_bytes: the most the members may take together; default :func:`limits` ``.array_bytes``.
+
+    Raises:
+        LimitExceededError: naming the total, the limit and how to raise it.
+    """
+    total = sum(info.file_size for info in zf.infolist())
+    check_array_bytes(total, f"the members of {where}", max_bytes, purpose="data read from a file")
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -383,8 +383,9 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
 
     Raises:
         OptionError: an unknown head, an opset out of range.
-        BadModelError: layer widths that do not chain, a one-hot observation encoding whose width
-            is not the first layer's, or a diag-gaussian head on an odd number of logits.
+        BadModelError: layer widths that do not chain, a one-hot observation encoding or an
+            observation filter whose width is not the first layer's, or a diag-gaussian head on an
+            odd number of logits.
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
@@ -411,6 +412,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
                  else f"MultiDiscrete{list(prelude.one_hot_nvec)}")
         raise BadModelError(f"the observation space {space} one-hot encodes to {prelude.width} features, "
                             f"but the first layer takes {spec.obs_dim}")
+    filt = prelude.obs_filter if prelude is not None else None
+    if filt is not None and (np.size(filt.mean) != spec.obs_dim or np.size(filt.std) != spec.obs_dim):
+        # checked before the statistics are written out (as graph constants and JSON metadata)
+        raise BadModelError(f"the observation filter holds {np.size(filt.mean):,} means and {np.size(filt.std):,} "
+                            f"standard deviations, but the first layer takes {spec.obs_dim} features")
     dtype = spec.dtype
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype)
@@ -743,13 +749,32 @@ class Prelude:
     def _offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.one_hot_nvec)[:-1]]).astype(np.int64)
 
+    def _table(self, dtype) -> np.ndarray:
+        """The identity matrix the one-hot rows are gathered from, its size checked first.
+
+        Raises:
+            LimitExceededError: ``width ** 2`` elements take more than the array limit.
+        """
+        from ..files import check_array_bytes
+
+        n, dtype = int(self.width), np.dtype(dtype)
+        space = f"Discrete({n})" if self.one_hot is not None else f"MultiDiscrete{list(self.one_hot_nvec)}"
+        check_array_bytes(n * n * dtype.itemsize, f"the one-hot table of the observation space {space} "
+                          f"({dtype.name}, shape ({n}, {n}))", purpose="arrays built from sizes a file declares")
+        return np.eye(n, dtype=dtype)
+
     def build(self, b: MlpBuilder, x: str) -> str:
-        """Add the nodes after graph input ``x``; returns the tensor the network reads."""
+        """Add the nodes after graph input ``x``; returns the tensor the network reads.
+
+        Raises:
+            LimitExceededError: the one-hot table (``width ** 2`` elements) would take more than the
+                array limit.
+        """
         if self.one_hot is not None:
-            eye = b.initializer(np.eye(self.one_hot, dtype=b.dtype), "obs_preprocessor/one_hot_table")
+            eye = b.initializer(self._table(b.dtype), "obs_preprocessor/one_hot_table")
             x = b.node("Gather", [eye, x], "obs_preprocessor/one_hot", axis=0)
         if self.one_hot_nvec is not None:
-            eye = b.initializer(np.eye(sum(self.one_hot_nvec), dtype=b.dtype), "obs_preprocessor/one_hot_table")
+            eye = b.initializer(self._table(b.dtype), "obs_preprocessor/one_hot_table")
             rows = b.node("Add", [x, b.constant(self._offsets(), "obs_preprocessor/offsets")], "obs_preprocessor/rows")
             picked = b.node("Gather", [eye, rows], "obs_preprocessor/one_hot_rows", axis=0)
             if b.opset >= 13:
@@ -788,11 +813,11 @@ class Prelude:
         out: dict[str, np.ndarray] = {}
         x = obs
         if self.one_hot is not None:
-            x = out["obs_preprocessor/one_hot"] = np.eye(self.one_hot, dtype=dtype)[np.asarray(obs, np.int64)]
+            x = out["obs_preprocessor/one_hot"] = _one_hot(np.asarray(obs, np.int64), int(self.one_hot), dtype)
         if self.one_hot_nvec is not None:
             columns = np.asarray(obs, np.int64)
             x = out["obs_preprocessor/one_hot"] = np.concatenate(
-                [np.eye(n, dtype=dtype)[columns[:, i]] for i, n in enumerate(self.one_hot_nvec)], axis=1)
+                [_one_hot(columns[:, i], int(n), dtype) for i, n in enumerate(self.one_hot_nvec)], axis=1)
         if self.obs_filter is not None:
             f = self.obs_filter
             mean, denom = f.constants(dtype)
@@ -803,6 +828,15 @@ class Prelude:
             if f.clip:
                 x = out["obs_filter/clip"] = np.clip(x, dtype.type(-f.clip), dtype.type(f.clip))
         return x, out
+
+
+def _one_hot(indices: np.ndarray, n: int, dtype) -> np.ndarray:
+    """Rows of ``eye(n)`` picked by ``indices`` (negative ones counting from the end, as numpy
+    indexes; out of range raises ``IndexError``), without building ``eye(n)``: shape
+    ``(*indices.shape, n)``."""
+    rows = np.zeros((indices.size, n), dtype=dtype)
+    rows[np.arange(indices.size), indices.ravel()] = 1
+    return rows.reshape(*indices.shape, n)
 
 
 def add_obs_filter(b: MlpBuilder, x: str, filt: ObsFilter) -> str:

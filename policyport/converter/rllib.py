@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnreadableFileError, listing
+from ..errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ..files import read_npy_zlib
 from . import msgpack_decode, unpickle
 from .activations import Activation, choose_activation, parse_activation
 from .assumptions import HALVES, RLLIB_SPLIT, Assumption, head_assumption, reconstruction
@@ -149,14 +148,25 @@ def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
     return pid
 
 
-def _decode_array(value: Any) -> Any:
+def _decode_array(value: Any, what: str) -> Any:
     """RLlib serialises arrays in JSON-able states as base64 of zlib of ``.npy`` bytes
-    (``ray/rllib/utils/serialization.py``); anything else comes back unchanged."""
+    (``ray/rllib/utils/serialization.py``); anything else, or text that does not decode, comes back
+    unchanged. The ``.npy`` header is checked against the array limit before its data is
+    decompressed (:func:`policyport.files.read_npy_zlib`).
+
+    Args:
+        value: the state's entry.
+        what: how to name it in messages (``f"{where}: the MeanStdFilter's mean_array"``).
+
+    Raises:
+        LimitExceededError: the array it holds would take more than the array limit.
+    """
     if isinstance(value, str) and value.startswith("eJ"):
         try:
-            raw = zlib.decompress(base64.b64decode(value, validate=True))
-            return np.load(io.BytesIO(raw), allow_pickle=False)
-        except (ValueError, zlib.error, OSError):
+            return read_npy_zlib(base64.b64decode(value, validate=True), what)
+        except LimitExceededError:
+            raise
+        except (ValueError, UnreadableFileError):
             return value
     return value
 
@@ -181,7 +191,8 @@ def _space(value: Any) -> tuple | None:
         if kind == "discrete":
             return ("discrete", int(value["n"]))
         if kind == "multidiscrete":
-            return ("multidiscrete", tuple(int(n) for n in np.ravel(_decode_array(value.get("nvec")))))
+            nvec = _decode_array(value.get("nvec"), "the observation space's nvec")
+            return ("multidiscrete", tuple(int(n) for n in np.ravel(nvec)))
         if kind == "box":
             return ("box", tuple(int(d) for d in value.get("shape", ())))
         return (kind, None)
@@ -198,7 +209,7 @@ def _space(value: Any) -> tuple | None:
     return None
 
 
-def _filter(value: Any) -> ObsFilter | None:
+def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
     """A ``MeanStdFilter`` from a pickled filter record or a serialised state dict; ``None`` for
     ``NoFilter`` or nothing.
 
@@ -207,8 +218,13 @@ def _filter(value: Any) -> ObsFilter | None:
     (``num_pushes``, ``mean_array``, ``sum_sq_diff_array``): ``var = sum_sq_diff / (n - 1)`` as
     float32, 0 when ``n <= 1``; ``/ (std + 1e-6)``.
 
+    Args:
+        value: the filter's state.
+        where: the file it was read from, for messages.
+
     Raises:
         BadModelError: a filter of another kind, or statistics of a structured observation.
+        LimitExceededError: a statistics array it holds serialised would take more than the array limit.
     """
     if value is None:
         return None
@@ -225,8 +241,8 @@ def _filter(value: Any) -> ObsFilter | None:
     rs = _get(value, "rs")
     if rs is not None:
         n = int(_get(rs, "_n"))
-        m = np.asarray(_decode_array(_get(rs, "_M")), np.float64)
-        s = np.asarray(_decode_array(_get(rs, "_S")), np.float64)
+        m = np.asarray(_decode_array(_get(rs, "_M"), f"{where}: the MeanStdFilter's rs._M"), np.float64)
+        s = np.asarray(_decode_array(_get(rs, "_S"), f"{where}: the MeanStdFilter's rs._S"), np.float64)
         var = s / (n - 1) if n > 1 else np.square(m)
         return ObsFilter(m, np.sqrt(var), EPSILON_RS, bool(demean), bool(destd), clip, n, "rs")
     stats = _get(value, "running_stats")
@@ -238,8 +254,8 @@ def _filter(value: Any) -> ObsFilter | None:
     if stats is None:
         raise BadModelError("the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics")
     n = int(_get(stats, "num_pushes"))
-    m = np.asarray(_decode_array(_get(stats, "mean_array")), np.float64)
-    s = np.asarray(_decode_array(_get(stats, "sum_sq_diff_array")), np.float64)
+    m = np.asarray(_decode_array(_get(stats, "mean_array"), f"{where}: the MeanStdFilter's mean_array"), np.float64)
+    s = np.asarray(_decode_array(_get(stats, "sum_sq_diff_array"), f"{where}: the MeanStdFilter's sum_sq_diff_array"), np.float64)
     var = (s / (float(n) - 1)).astype(np.float32) if n > 1 else np.zeros_like(m, dtype=np.float32)
     std = np.sqrt(np.maximum(0, var)).astype(np.float64)
     return ObsFilter(m, std, EPSILON_RUNNING_STATS, bool(demean), bool(destd), clip, n, "running_stats")
@@ -370,7 +386,7 @@ def _read_legacy(path: Path, files: _Files, policy_id: str | None, read_filter: 
                                          (f"{path} (its worker state's policy_config)", _get(worker, "policy_config")))
     framework = "torch" if any(k.startswith("_hidden_layers") or k.startswith("_logits") for k in arrays) else "tf"
     return Checkpoint("legacy", pid, list(state), arrays, framework, config, None, None,
-                      _filter(raw) if read_filter else None, None, dropped, filter_named=named, filter_named_by=named_by,
+                      _filter(raw, str(path)) if read_filter else None, None, dropped, filter_named=named, filter_named_by=named_by,
                       filter_sought=f"the worker state's filters[{pid!r}] in {path}")
 
 
@@ -423,7 +439,7 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
         f"a MeanStd connector in {folder / 'policy_state'}'s connector_configs"
     return Checkpoint("old-stack", pid, ids or [pid], arrays, framework, model,
                       _space(_get(spec, "observation_space")), _space(_get(spec, "action_space")),
-                      _filter(filt) if obs_filter else None, None, dropped, filter_named=named,
+                      _filter(filt, named_by) if obs_filter else None, None, dropped, filter_named=named,
                       filter_named_by=named_by, filter_sought=sought)
 
 
@@ -493,7 +509,9 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filte
         dropped.append(f"the target network ({len(targets)} _target_* arrays)")
     filt, agents = None, []
     filter_stem = path / "env_runner" / "env_to_module_connector" / "MeanStdFilter" / "state"
-    if any(filter_stem.with_name(f"state{s}").is_file() for s in (".pkl", ".msgpack")):
+    filter_file = next((f for f in (filter_stem.with_name(f"state{s}") for s in (".pkl", ".msgpack")) if f.is_file()),
+                       None)
+    if filter_file is not None:
         named, named_by = "MeanStdFilter", str(filter_stem.parent)
         if read_filter:
             raw = files.state(filter_stem)
@@ -504,7 +522,8 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filte
                 agents = sorted(str(agent) for agent in raw)
     else:
         named, named_by = _connector_filter(path, files)
-    return Checkpoint("new-stack", pid, ids, arrays, "torch", config, obs_space, action_space, _filter(filt),
+    return Checkpoint("new-stack", pid, ids, arrays, "torch", config, obs_space, action_space,
+                      _filter(filt, str(filter_file)),
                       module_class, dropped, filter_agents=agents, filter_named=named, filter_named_by=named_by,
                       filter_sought=f"{filter_stem}.pkl (or .msgpack)")
 

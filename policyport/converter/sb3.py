@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnreadableFileError, listing
+from ..errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ..text import bounded_repr
 from .activations import ActivationNeeded, choose_activation
 from .assumptions import Assumption
 from .build import ActionHead, ObsNorm, Prelude
@@ -160,19 +161,54 @@ _LITERAL_OPCODES = frozenset({
 _CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 
 
-def pickled_value(serialized: str):
+def pickled_value(serialized: str, what: str = "a pickle in the zip's data"):
     """The value a base64 pickle holds, read from its opcodes (:func:`pickletools.genops`) without
     unpickling anything: numbers, strings and containers as Python values (a set as a list), every
     global a :class:`PickledGlobal`, every call a :class:`PickledCall`. Nothing is imported or run.
+    What the pickle's memo shares stays shared (a DAG, not a tree).
+
+    Args:
+        serialized: the base64 text.
+        what: how to name the pickle in messages.
 
     Returns:
         The value; ``None`` where the text is not a base64 pickle or holds an opcode this reader does
-        not follow (persistent ids, extension codes, protocol 0-1 ``INST``/``OBJ``).
+        not follow (persistent ids, extension codes, protocol 0-1 ``INST``/``OBJ``, a container as a
+        dict key).
+
+    Raises:
+        LimitExceededError: the value, written out as a tree with every shared object repeated where
+            it appears, would take more than the array limit
+            (:func:`policyport.converter.unpickle.check_written_size`).
     """
+    from .unpickle import check_written_size
+
     try:
-        return _follow(pickletools.genops(base64.b64decode(serialized, validate=False)))
+        value = _follow(pickletools.genops(base64.b64decode(serialized, validate=False)))
     except Exception:  # noqa: BLE001 - not a pickle we can follow: no value
         return None
+    check_written_size(value, what, _followed_children)
+    return value
+
+
+def _followed_children(value) -> tuple:
+    """What a value :func:`_follow` built holds: a container's items, a call's function, arguments
+    and state."""
+    if isinstance(value, dict):
+        return (*value.keys(), *value.values())
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    if isinstance(value, PickledCall):
+        return (value.func, value.args, value.kwargs, value.state)
+    return ()
+
+
+def _keys(items: list) -> list:
+    """Dict keys as :func:`_follow` takes them: scalars only (hashing a tuple walks it, and a pickle's
+    memo can nest one tuple in another 40 deep)."""
+    if any(isinstance(k, (tuple, list, dict)) for k in items):
+        raise _Unfollowed("a container as a dict key")
+    return items
 
 
 def _follow(ops):
@@ -211,7 +247,7 @@ def _follow(ops):
             stack.append(list(items) if name == "LIST" else tuple(items))
         elif name == "DICT":
             items = to_mark()
-            stack.append(dict(zip(items[::2], items[1::2])))
+            stack.append(dict(zip(_keys(items[::2]), items[1::2])))
         elif name in ("APPEND", "APPENDS", "ADDITEMS"):
             items = [stack.pop()] if name == "APPEND" else to_mark()
             if not isinstance(stack[-1], list):
@@ -223,7 +259,7 @@ def _follow(ops):
                 del stack[-2:]
             if not isinstance(stack[-1], dict):
                 raise _Unfollowed(name)
-            stack[-1].update(zip(items[::2], items[1::2]))
+            stack[-1].update(zip(_keys(items[::2]), items[1::2]))
         elif name == "GLOBAL":
             stack.append(PickledGlobal(str(arg).replace(" ", ".")))
         elif name == "STACK_GLOBAL":
@@ -341,16 +377,21 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
 
     Raises:
         UnreadableFileError: not a zip, or no ``data``/``policy.pth``.
+        LimitExceededError: a member read declares more than the array limit (checked before it is
+            decompressed).
     """
+    from ..files import read_zip_member
+
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
             if not {"data", "policy.pth"} <= names:
                 raise UnreadableFileError(f"{path} is not a Stable-Baselines3 save: it lacks {sorted({'data', 'policy.pth'} - names)}")
-            data = json.loads(zf.read("data"))
-            policy = zf.read("policy.pth")
-            version = zf.read("_stable_baselines3_version").decode().strip() if "_stable_baselines3_version" in names else None
-    except UnreadableFileError:  # an OSError too: not to be wrapped in the message below
+            data = json.loads(read_zip_member(zf, "data", str(path)))
+            policy = read_zip_member(zf, "policy.pth", str(path))
+            version = (read_zip_member(zf, "_stable_baselines3_version", str(path)).decode().strip()
+                       if "_stable_baselines3_version" in names else None)
+    except (UnreadableFileError, LimitExceededError):  # an OSError and a MemoryError: not to be wrapped below
         raise
     except (zipfile.BadZipFile, OSError) as e:
         if Path(path).is_file() and Path(path).stat().st_size == 0:
@@ -363,15 +404,26 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
     return data, policy, version
 
 
-def _as_written(value):
+def _as_written(value, done: dict[int, tuple] | None = None):
     """A value :func:`pickled_value` read, as SB3 writes it readable beside its pickle
     (``stable_baselines3/common/save_util.py``, ``data_to_json``: JSON as it is, anything else as its
     ``str()``): a class ``"<class 'module.Name'>"``, a ``functools.partial`` as its ``repr``, tuples as
-    lists; an object only a call would build as an :class:`_Unwritten` ``"<module.Name(...) object>"``."""
+    lists; an object only a call would build as an :class:`_Unwritten` ``"<module.Name(...) object>"``.
+    Each container is converted once (``done``: id -> (container, converted)): what the pickle shares
+    stays shared."""
+    done = {} if done is None else done
+    if isinstance(value, (list, tuple, dict)) and id(value) in done:
+        return done[id(value)][1]
     if isinstance(value, (list, tuple)):
-        return [_as_written(v) for v in value]
+        out: list = []
+        done[id(value)] = (value, out)
+        out.extend(_as_written(v, done) for v in value)
+        return out
     if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): _as_written(v) for k, v in value.items()}
+        written: dict = {}
+        done[id(value)] = (value, written)
+        written.update((k if isinstance(k, str) else str(k), _as_written(v, done)) for k, v in value.items())
+        return written
     if isinstance(value, bytes):
         return repr(value)
     if not isinstance(value, (PickledGlobal, PickledCall)):
@@ -384,8 +436,8 @@ def _as_written(value):
         state = value.state if isinstance(value.state, tuple) and len(value.state) >= 3 else (
             value.args[0] if value.args else None, (), {})
         target, args, keywords = state[0], state[1] or (), state[2] or {}
-        shown = [str(_as_written(target))] + [repr(_as_written(a)) for a in args] + [
-            f"{k}={_as_written(v)!r}" for k, v in keywords.items()]
+        shown = [str(_as_written(target, done))] + [bounded_repr(_as_written(a, done)) for a in args] + [
+            f"{k}={bounded_repr(_as_written(v, done))}" for k, v in keywords.items()]
         return f"functools.partial({', '.join(shown)})"
     return _Unwritten(f"<{func}(...) object>")
 
@@ -395,7 +447,24 @@ class _Unwritten(str):
 
 
 def _same(a, b) -> bool:
-    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+    """Whether a value :func:`_as_written` wrote (which may share containers) and one read from
+    JSON (a tree) are equal as JSON: lists and tuples alike, anything but containers and JSON
+    scalars by its ``str()``. The walk follows ``b``, so it ends within the size of the JSON."""
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if isinstance(x, (list, tuple)) or isinstance(y, (list, tuple)):
+            if not (isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and len(x) == len(y)):
+                return False
+            pending.extend(zip(x, y))
+        elif isinstance(x, dict) or isinstance(y, dict):
+            if not (isinstance(x, dict) and isinstance(y, dict)) or {str(k) for k in x} != {str(k) for k in y}:
+                return False
+            by_text = {str(k): v for k, v in y.items()}
+            pending.extend((v, by_text[str(k)]) for k, v in x.items())
+        elif json.dumps(x, default=str) != json.dumps(y, default=str):
+            return False
+    return True
 
 
 def _policy_kwargs(data: dict) -> dict:
@@ -412,7 +481,7 @@ def _policy_kwargs(data: dict) -> dict:
     if not isinstance(raw, dict):
         return {}
     readable = {k: v for k, v in raw.items() if not k.startswith(":")}
-    pickled = pickled_value(raw[":serialized:"]) if ":serialized:" in raw else None
+    pickled = pickled_value(raw[":serialized:"], "the pickle of the zip's policy_kwargs") if ":serialized:" in raw else None
     if not isinstance(pickled, dict):
         return readable
     kwargs = dict(readable)
@@ -422,7 +491,7 @@ def _policy_kwargs(data: dict) -> dict:
             kwargs[str(key)] = written
         elif key in FORWARD_KWARGS and not isinstance(written, _Unwritten) and not _same(written, readable[key]):
             raise BadModelError(f"the zip's policy_kwargs disagree with themselves: {key} reads {readable[key]!r}, and "
-                                f"their pickle holds {written!r}; the zip was edited after SB3 saved it: save the "
+                                f"their pickle holds {bounded_repr(written)}; the zip was edited after SB3 saved it: save the "
                                 "model again with SB3 (model.save)")
     return kwargs
 
@@ -498,7 +567,7 @@ def torch_activation(text) -> TorchActivation:
         BadModelError: text that names no ``torch.nn`` class (a class of another module, an
             object), or arguments that are not literals.
     """
-    shown = str(text).strip()
+    shown = (text if isinstance(text, str) else bounded_repr(text)).strip()
     partial = re.fullmatch(rf"functools\.partial\({_CLASS_TEXT}(?:, (.*))?\)", shown, re.DOTALL)
     whole = re.fullmatch(_CLASS_TEXT, shown) or re.fullmatch(r"(torch\.nn\.[\w.]+)", shown)
     match = partial or whole
@@ -551,22 +620,23 @@ def _check_policy_kwargs(kwargs: dict) -> None:
         BadModelError: naming the entry and what policyport converts.
     """
     extractor = kwargs.get("features_extractor_class")
-    if extractor is not None and not re.fullmatch(rf"(<class ')?{re.escape(FLATTEN_EXTRACTOR)}('>)?", str(extractor).strip()):
-        raise BadModelError(f"the policy's features extractor is {extractor!r} (policy_kwargs' features_extractor_class), "
+    if extractor is not None and not (isinstance(extractor, str) and re.fullmatch(
+            rf"(<class ')?{re.escape(FLATTEN_EXTRACTOR)}('>)?", extractor.strip())):
+        raise BadModelError(f"the policy's features extractor is {bounded_repr(extractor)} (policy_kwargs' features_extractor_class), "
                             "and policyport converts SB3's FlattenExtractor (the default) only: another extractor's "
                             "forward pass, parameter-free or not, is code the zip does not record; "
                             f"{EXPORT_FROM_PYTHON}")
     extractor_kwargs = kwargs.get("features_extractor_kwargs")
     if extractor_kwargs not in (None, {}):
-        raise BadModelError(f"the policy's policy_kwargs give its features extractor the arguments {extractor_kwargs!r} "
+        raise BadModelError(f"the policy's policy_kwargs give its features extractor the arguments {bounded_repr(extractor_kwargs)} "
                             "(features_extractor_kwargs), which SB3's FlattenExtractor, the one policyport converts, "
                             f"does not take; {EXPORT_FROM_PYTHON}")
     if kwargs.get("squash_output") not in (None, False):
-        raise BadModelError(f"the policy's policy_kwargs set squash_output={kwargs['squash_output']!r}, which SB3 "
+        raise BadModelError(f"the policy's policy_kwargs set squash_output={bounded_repr(kwargs['squash_output'])}, which SB3 "
                             "allows under gSDE only; policyport converts the plain Gaussian and squashed policies")
     unknown = sorted(k for k in kwargs if k not in FORWARD_KWARGS and k not in INERT_KWARGS)
     if unknown:
-        shown = ", ".join(f"{k}={kwargs[k]!r}" for k in unknown)
+        shown = ", ".join(f"{k}={bounded_repr(kwargs[k])}" for k in unknown)
         raise BadModelError(f"the policy's policy_kwargs hold {shown}, which none of the SB3 or sb3-contrib policy "
                             "classes policyport converts takes, so policyport cannot tell whether it changes the action "
                             f"(it reads {', '.join(FORWARD_KWARGS)}, and {', '.join(INERT_KWARGS)} change no "

@@ -8,6 +8,10 @@
   through policyport's restricted unpickler, whose only torch globals are rebuilt by policyport's
   own functions (``torch._utils._rebuild_tensor_v2`` -> a numpy view of the storage bytes, copied;
   ``torch.<Type>Storage`` -> its dtype). Nothing from the file is called.
+* Sizes: the members of a torch zip archive together, and every tensor once copied to numpy (a
+  tensor with stride 0 declares its whole shape over a storage of a few bytes), are checked against
+  the array limit (:func:`policyport.files.limits`) before they are read or copied; what a file
+  pickles shared (a DAG) is converted once and stays shared.
 * ``.safetensors``: the ``safetensors`` package when installed, else a reader of its documented
   layout (an 8-byte little-endian header length, a JSON header of dtype/shape/data_offsets, raw
   little-endian bytes), checking every offset.
@@ -27,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, UnreadableFileError, UntrustedFileError
+from ..errors import BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
+from ..files import check_array_bytes, check_zip_members, read_zip_member
+from ..text import bounded_repr
 
 #: torch storage class -> numpy dtype (``torch/storage.py``'s legacy typed storages).
 STORAGE_DTYPES = {
@@ -76,6 +82,11 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
             instead: a TorchScript file, an ONNX model, an ``.npy``, a plain Python pickle ...), a
             missing storage, bad offsets; with ``trust``, a module or class the file names that
             Python cannot import (saying where it looked).
+        LimitExceededError: the archive's members declare more than the array limit together, its
+            pickle's calls do (``bytearray(n)``, ``list(range(n))``), its tensors would take more once
+            copied to numpy (a tensor with stride 0 declares its whole shape), or what it holds,
+            written out as a tree, would (:func:`policyport.converter.unpickle.check_written_size`);
+            nothing that large was read or allocated.
     """
     if isinstance(path, (bytes, bytearray)):
         refusal = not_a_torch_pickle(bytes(path), what or "the torch file")
@@ -89,6 +100,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         source = str(path)
     if refusal:
         raise UnreadableFileError(refusal)
+    _check_archive_sizes(source, str(path))
     try:
         import torch
     except ImportError:
@@ -118,7 +130,65 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
                 "when loaded: if you trust this file, pass --trust (trust=True)"
             ) from e
         raise UnreadableFileError(f"{path} is not a readable torch file: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}") from e
-    return _tensors_to_numpy(loaded)
+    value = _tensors_to_numpy(loaded, _TensorBytes(str(path)), {})
+    if not trust:
+        from .unpickle import check_written_size
+
+        check_written_size(value, str(path))
+    return value
+
+
+def _check_archive_sizes(source, what: str) -> None:
+    """Refuse a torch zip archive whose members declare more than the array limit together, or whose
+    ``data.pkl`` declares more (:func:`policyport.converter.unpickle.load`: sizes its calls ask for,
+    its value written out as a tree), before torch (or :func:`read_torch_zip`) reads any of it.
+
+    ``data.pkl`` is read once more for this with policyport's restricted unpickler, torch's
+    globals inert (recorded, never called) and its storages not read: torch's own weights-only
+    unpickler calls what its allowlist holds (``bytearray(n)``) with no size checked. Anything but a
+    size is left for the reader to say. A file that is no zip archive (torch's legacy format) is
+    left alone.
+    """
+    from ..errors import PolicyportError
+    from .unpickle import load
+
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    try:
+        with zipfile.ZipFile(source) as zf:
+            check_zip_members(zf, what)
+            pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            if len(pickles) == 1:
+                try:
+                    load(zf.read(pickles[0]), what=what, inert_modules=("torch",), persistent_load=lambda pid: None)
+                except LimitExceededError:
+                    raise
+                except PolicyportError:
+                    pass  # refused or unreadable for another reason: the reader names it
+    except (zipfile.BadZipFile, OSError):
+        pass  # not a zip archive: the legacy format, or a damaged file the reader will name
+    finally:
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+
+
+class _TensorBytes:
+    """The bytes the tensors of one file take once copied to numpy, added up and checked against
+    the array limit before each copy: a tensor with stride 0 (``expand``) declares its whole shape
+    over a storage of a few bytes."""
+
+    def __init__(self, what: str):
+        self.what, self.total = what, 0
+
+    def take(self, shape: tuple[int, ...], dtype: str, itemsize: int) -> None:
+        """Count a tensor of ``shape``; refuse when the file's total passes the limit.
+
+        Raises:
+            LimitExceededError: naming the tensor, the total, the limit and how to raise it.
+        """
+        before, self.total = self.total, self.total + math.prod(shape) * itemsize
+        check_array_bytes(self.total, f"{self.what}: its {dtype} tensor of shape {shape}"
+                          + (" with the tensors before it" if before else ""), purpose="tensors read from a file")
 
 
 def check_torch_file(path: Path) -> None:
@@ -256,19 +326,35 @@ def _refused_global(source) -> str | None:
     return refused_global(data, allowed_roots=("torch",))
 
 
-def _tensors_to_numpy(value):
+def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):
+    """``value`` with every tensor copied to a numpy array (each counted in ``sizes`` first), in
+    dicts, lists and tuples; each object once (``done``: id -> (object, converted)), so what torch's
+    unpickler shares stays shared and a list DAG costs one step per list, not per path."""
     import torch
 
+    if not isinstance(value, (torch.Tensor, dict, list, tuple)) or isinstance(value, torch.nn.Module):
+        return value
+    if id(value) in done:
+        return done[id(value)][1]
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
+        sizes.take(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.element_size())
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(_numpy_dtype("bfloat16", "the file"))
-        return t.numpy().copy()
-    if isinstance(value, dict) and not isinstance(value, torch.nn.Module):
-        return {k: _tensors_to_numpy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_tensors_to_numpy(v) for v in value)
-    return value
+            out = t.view(torch.int16).numpy().copy().view(_numpy_dtype("bfloat16", "the file"))
+        else:
+            out = t.numpy().copy()
+    elif isinstance(value, dict):
+        out = {}
+        done[id(value)] = (value, out)
+        out.update((k, _tensors_to_numpy(v, sizes, done)) for k, v in value.items())
+    elif isinstance(value, list):
+        out = []
+        done[id(value)] = (value, out)
+        out.extend(_tensors_to_numpy(v, sizes, done) for v in value)
+    else:
+        out = type(value)(_tensors_to_numpy(v, sizes, done) for v in value)
+    done[id(value)] = (value, out)
+    return out
 
 
 class _StorageType:
@@ -285,6 +371,8 @@ def read_torch_zip(source, what: str | None = None) -> object:
         UnreadableFileError: the legacy (pre-1.6) format, a missing ``data.pkl`` or storage, a
             tensor reaching outside its storage.
         UntrustedFileError: the pickle asks for anything but tensors and containers.
+        LimitExceededError: the archive's members, a storage or the tensors once copied declare more
+            than the array limit (checked before each is read or copied).
     """
     from .unpickle import load
 
@@ -302,19 +390,22 @@ def read_torch_zip(source, what: str | None = None) -> object:
         if len(pickles) != 1:
             raise UnreadableFileError(f"{path} is a zip archive but not a torch file (no single data.pkl)")
         prefix = pickles[0][: -len("data.pkl")]
-        order = zf.read(f"{prefix}byteorder").decode().strip() if f"{prefix}byteorder" in names else "little"
+        check_zip_members(zf, path)
+        order = (read_zip_member(zf, f"{prefix}byteorder", path).decode().strip()
+                 if f"{prefix}byteorder" in names else "little")
         storages: dict[str, np.ndarray] = {}
+        sizes = _TensorBytes(path)
 
         def persistent_load(pid):
             if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
-                raise UntrustedFileError(f"{path} holds a persistent id this reader does not rebuild: {pid!r:.80}")
+                raise UntrustedFileError(f"{path} holds a persistent id this reader does not rebuild: {bounded_repr(pid):.80}")
             _, storage_type, key, _location, numel = pid
             if key not in storages:
                 member = f"{prefix}data/{key}"
                 if member not in names:
                     raise UnreadableFileError(f"{path} lacks the storage {member}")
                 dtype = _numpy_dtype(storage_type.dtype_name, str(path)).newbyteorder("<" if order == "little" else ">")
-                raw = zf.read(member)
+                raw = read_zip_member(zf, member, path)
                 if len(raw) < int(numel) * dtype.itemsize:
                     raise UnreadableFileError(f"{path}: storage {key} holds {len(raw)} bytes, expected {numel} x {dtype.itemsize}")
                 storages[key] = np.frombuffer(raw, dtype=dtype, count=int(numel))
@@ -327,6 +418,7 @@ def read_torch_zip(source, what: str | None = None) -> object:
                 raise UnreadableFileError(f"{path} holds a malformed tensor (size {size}, stride {stride}, offset {offset})")
             if math.prod(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= storage.size:
                 raise UnreadableFileError(f"{path} holds a tensor reaching outside its storage (size {size}, stride {stride})")
+            sizes.take(size, storage.dtype.name, storage.itemsize)  # its copy, whatever its strides
             view = np.lib.stride_tricks.as_strided(storage[offset:], size, [s * storage.itemsize for s in stride],
                                                    writeable=False)  # pragma: no mutate (copied at once)
             return np.array(view, dtype=storage.dtype.newbyteorder("="))
@@ -338,7 +430,8 @@ def read_torch_zip(source, what: str | None = None) -> object:
             ("torch._utils", "_rebuild_parameter_with_state"): lambda data, requires_grad, hooks, state: data,
             **{("torch", name): _StorageType(name) for name in STORAGE_DTYPES},
         }
-        return load(zf.read(pickles[0]), what=str(path), rebuilders=rebuilders, persistent_load=persistent_load)
+        return load(read_zip_member(zf, pickles[0], path), what=str(path), rebuilders=rebuilders,
+                    persistent_load=persistent_load)
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:

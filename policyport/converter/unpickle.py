@@ -15,6 +15,17 @@ so a hostile file can run any command. :func:`load` instead:
   as ``os.system`` or ``builtins.eval``) and every global of a module that can reach the operating
   system or the interpreter, naming the offending global (:class:`~policyport.errors.UntrustedFileError`).
 
+Every size a call declares in its arguments rather than in the data the file holds — the length of
+a ``range`` (``list(range(n))``), a byte count (``bytearray(n)``), an array's shape (a view of a few
+bytes with stride 0 declares its whole shape) — is checked against the array limit
+(:func:`policyport.files.limits`), all of one file's together, before the call is made. A pickle's
+memo lets a few hundred bytes describe a list nested 40 deep whose two items are the same list (a
+DAG of 40 lists, a tree of 2**41): what walks a value whole — hashing a tuple key, numpy or ``str``
+converting a call's argument, a reader converting the result — costs its size written out as a
+tree (:func:`written_items`), which is checked against the same limit before the walk, and for the
+value returned (:func:`check_written_size`). Readers that convert what was unpickled follow each
+object once, as :func:`plain` does.
+
 Only ``trust=True`` falls back to :func:`pickle.loads`, which runs the file's code, with the folders
 the user's own script would import from on ``sys.path`` (:func:`user_import_path`).
 
@@ -29,6 +40,7 @@ import _compat_pickle
 import collections
 import contextlib
 import io
+import math
 import os
 import pickle
 import re
@@ -38,7 +50,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ..errors import UnreadableFileError, UntrustedFileError
+from ..errors import LimitExceededError, UnreadableFileError, UntrustedFileError
+from ..files import check_array_bytes, limits
 
 
 class Record:
@@ -142,11 +155,146 @@ def _newobj(cls, *args):
     return cls.__new__(cls, *args)
 
 
+#: The bytes one item of a sequence takes at least once it is built (a pointer in a list or tuple, an
+#: int64 in an array): what a ``range`` and a value written out as a tree are sized by.
+ITEM_BYTES = 8
+
+
+def _length(r: range) -> int:
+    """``len(r)``, also beyond ``sys.maxsize``."""
+    try:
+        return len(r)
+    except OverflowError:
+        return (abs(r.stop - r.start) + abs(r.step) - 1) // abs(r.step)
+
+
+def _array_bytes(shape, dtype) -> int:
+    """The bytes an array of ``shape`` and ``dtype`` takes (allocated, or viewed whatever its
+    strides); 0 for arguments numpy itself refuses."""
+    try:
+        dims = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        itemsize = np.dtype(float if dtype is None else dtype).itemsize
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return 0 if any(d < 0 for d in dims) else math.prod(dims) * itemsize
+
+
+#: How the pickle names the reconstructors this module stands in for.
+_PICKLED_NAMES = {_newobj: "copyreg.__newobj__", _reconstructor: "copyreg._reconstructor"}
+
+
+def _call_text(func, args: tuple) -> str:
+    """A call for a message, named as the pickle names it: classes, ranges, ints, shapes and dtypes
+    as they are, anything else by its type."""
+    def name(f) -> str:
+        known = _PICKLED_NAMES.get(f) if callable(f) and not isinstance(f, type) else None
+        return known or f"{getattr(f, '__module__', None) or '?'}.{getattr(f, '__qualname__', '?')}"
+
+    def one(a) -> str:
+        if isinstance(a, type):
+            return name(a)
+        if isinstance(a, (int, range, np.dtype)) or (isinstance(a, tuple) and len(a) <= 8
+                                                     and all(isinstance(d, int) for d in a)):
+            return repr(a)
+        return type(a).__name__
+    return f"{name(func)}({', '.join(one(a) for a in args[:4])}{', ...' if len(args) > 4 else ''})"
+
+
+class _DeclaredSizes:
+    """What the calls of one pickle allocate from sizes their arguments declare rather than from
+    data the file holds — a ``range`` once listed, a byte count, an array's shape — added up and
+    checked against the array limit before each call is made."""
+
+    def __init__(self, what: str):
+        self.what, self.total, self.limit = what, 0, limits().array_bytes
+        self._reconstruct = _numpy_core("multiarray")._reconstruct
+        self._walked: dict[int, tuple[Any, int]] = {}  # id -> (tuple or frozenset, its written size)
+
+    def check(self, func, args: tuple, kwargs: Mapping[str, Any] | None = None) -> None:
+        """Count what ``func(*args, **kwargs)`` would allocate from sizes, before it is called, and
+        check the arguments it would walk whole (:meth:`walked`).
+
+        ``copyreg.__newobj__(cls, *args)`` and ``cls.__new__`` count as ``cls`` would,
+        ``copyreg._reconstructor(cls, base, state)`` as ``base(state)``, numpy's ``_reconstruct``
+        as the array it makes empty.
+
+        Raises:
+            LimitExceededError: the total passes the limit, or an argument walked whole would.
+        """
+        kwargs = kwargs or {}
+        target, sized = func, args
+        if func is _newobj and args:
+            target, sized = args[0], args[1:]
+        elif func is _reconstructor and len(args) == 3:
+            target, sized = args[1], args[2:]
+        elif func is self._reconstruct and len(args) == 3:
+            target, sized = np.ndarray, args[1:]
+        if isinstance(target, type) and issubclass(target, Record):
+            return  # a stand-in records its arguments, never builds from them
+        if target in _WALKING or (isinstance(target, type) and issubclass(target, (np.generic, str))):
+            for a in (*sized, *kwargs.values()):
+                self.walked(a, f"{_call_text(func, args)} walks")
+        nbytes = sum(_length(a) * ITEM_BYTES for a in (*sized, *kwargs.values()) if isinstance(a, range))
+        if isinstance(target, type) and issubclass(target, (bytes, bytearray)) and sized and isinstance(sized[0], int):
+            nbytes += max(int(sized[0]), 0)
+        if isinstance(target, type) and issubclass(target, np.ndarray):
+            shape = sized[0] if sized else kwargs.get("shape", ())
+            nbytes += _array_bytes(shape, sized[1] if len(sized) > 1 else kwargs.get("dtype"))
+        if nbytes:
+            before, self.total = self.total, self.total + nbytes
+            check_array_bytes(self.total, f"{self.what} asks for {_call_text(func, args)}, which"
+                              + (" with what it asked for before" if before else ""),
+                              self.limit, purpose="data read from a file")
+
+
+    def walked(self, value, how: str) -> None:
+        """Check a container about to be walked whole (a tuple hashed as a key, a call's argument
+        converted), written out as a tree, against the limit; each tuple and frozenset once.
+
+        Raises:
+            LimitExceededError: naming the count, the bytes and the limit.
+        """
+        if not isinstance(value, (tuple, frozenset, list, dict, set)):
+            return
+        immutable = isinstance(value, (tuple, frozenset))
+        known = self._walked.get(id(value)) if immutable else None
+        n = known[1] if known else written_items(value)
+        if immutable:
+            self._walked[id(value)] = (value, n)  # the value kept alive: its id is not reused
+        check_array_bytes(n * ITEM_BYTES, f"{self.what}: {how} objects that, written out with every object its "
+                          f"pickle shares repeated where it appears, are {n:,} objects, which", self.limit,
+                          purpose="data read from a file")
+
+    def keys(self, keys) -> None:
+        """Check the tuples and frozensets about to be hashed as dict keys or set items."""
+        for key in keys:
+            if isinstance(key, (tuple, frozenset)) and key:
+                self.walked(key, "a key it hashes holds")
+
+
+class _Truncating(io.BytesIO):
+    """The pickle's bytes, read as the C unpickler reads them: a read that comes up short once
+    something was read is a truncated pickle (``UnpicklingError``), not the ``IndexError`` the
+    Python unpickler would meet."""
+
+    def read(self, size: int = -1) -> bytes:
+        at = self.tell()
+        data = super().read(size)
+        if at and size is not None and 0 <= len(data) < size:
+            raise pickle.UnpicklingError("pickle data was truncated")
+        return data
+
+
 def _defaultdict(factory=None, *args):
     """``collections.defaultdict`` with an allowed factory; a stand-in factory gives a plain dict."""
     if isinstance(factory, type) and issubclass(factory, Record):
         return dict(*args)
     return collections.defaultdict(factory, *args)
+
+
+#: Allowed callables that hash the items of their arguments (numpy's and ``str``'s conversions are
+#: told by type): what they are given is walked whole.
+_WALKING = frozenset({set, frozenset, dict, collections.OrderedDict, _defaultdict})
 
 
 def _allowed() -> dict[tuple[str, str], Any]:
@@ -216,11 +364,19 @@ def _is_dangerous(module: str) -> bool:
     return any(module == m or module.startswith(m + ".") for m in DANGEROUS_MODULES)
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+class _RestrictedUnpickler(pickle._Unpickler):
+    """pickle's own Python unpickler, with every global it looks up checked (:meth:`find_class`)
+    and every call it makes checked for the sizes its arguments declare (:class:`_DeclaredSizes`):
+    ``REDUCE``, ``NEWOBJ``, ``NEWOBJ_EX``, and protocol 0-1's ``INST`` and ``OBJ``. The C unpickler
+    calls what it looked up with no way in between; the values it builds are the same."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
     def __init__(self, file, what: str, inert_modules: Iterable[str], rebuilders: Mapping[tuple[str, str], Any] | None = None,
                  persistent_load: Callable[[Any], Any] | None = None):
         super().__init__(file)
         self._what = what
+        self._sizes = _DeclaredSizes(what)
         self._allowed = _allowed()
         self._allowed.update(rebuilders or {})
         self._persistent_load = persistent_load
@@ -247,6 +403,65 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if key not in self._stand_ins:
             self._stand_ins[key] = _stand_in(module, name)
         return self._stand_ins[key]
+
+    def load_reduce(self):
+        args = self.stack.pop()
+        self._sizes.check(self.stack[-1], tuple(args))
+        self.stack[-1] = self.stack[-1](*args)
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+
+    def load_newobj(self):
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        self._sizes.check(cls, tuple(args))
+        self.append(cls.__new__(cls, *args))
+
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+
+    def load_newobj_ex(self):
+        kwargs = self.stack.pop()
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        self._sizes.check(cls, tuple(args), kwargs)
+        self.append(cls.__new__(cls, *args, **kwargs))
+
+    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+
+    def _instantiate(self, klass, args):
+        self._sizes.check(klass, tuple(args))
+        super()._instantiate(klass, args)
+
+    # the opcodes that hash keys and set items: a tuple nested in itself through the memo is checked first
+    def load_setitem(self):
+        self._sizes.keys(self.stack[-2:-1])
+        pickle._Unpickler.load_setitem(self)
+
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_setitems(self):
+        self._sizes.keys(self.stack[::2])
+        pickle._Unpickler.load_setitems(self)
+
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def load_dict(self):
+        self._sizes.keys(self.stack[::2])
+        pickle._Unpickler.load_dict(self)
+
+    dispatch[pickle.DICT[0]] = load_dict
+
+    def load_additems(self):
+        self._sizes.keys(self.stack)
+        pickle._Unpickler.load_additems(self)
+
+    dispatch[pickle.ADDITEMS[0]] = load_additems
+
+    def load_frozenset(self):
+        self._sizes.keys(self.stack)
+        pickle._Unpickler.load_frozenset(self)
+
+    dispatch[pickle.FROZENSET[0]] = load_frozenset
 
     def persistent_load(self, pid):
         if self._persistent_load is not None:
@@ -277,6 +492,9 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
     Raises:
         UntrustedFileError: the pickle names a function or a dangerous module (without ``trust``).
         UnreadableFileError: the file cannot be read or is not a valid pickle.
+        LimitExceededError: (without ``trust``) its calls declare more than the array limit (a
+            ``range``, a byte count, an array's shape), or its value, written out as a tree, would
+            (:func:`check_written_size`); nothing that large was allocated.
     """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -291,8 +509,8 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         if trust:
             with user_import_path(source if isinstance(source, (str, os.PathLike)) else None):
                 return pickle.loads(data)  # noqa: S301 — the user said they trust this file
-        return _RestrictedUnpickler(io.BytesIO(data), what, inert_modules, rebuilders, persistent_load).load()
-    except UntrustedFileError:
+        value = _RestrictedUnpickler(_Truncating(data), what, inert_modules, rebuilders, persistent_load).load()
+    except (UntrustedFileError, LimitExceededError):
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
             ImportError, UnicodeDecodeError, OverflowError) as e:
@@ -300,6 +518,8 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
         if unimportable:
             raise UnreadableFileError(unimportable) from e
         raise UnreadableFileError(f"{what} is not a readable pickle: {type(e).__name__}: {e}") from e
+    check_written_size(value, what)
+    return value
 
 
 @contextlib.contextmanager
@@ -435,24 +655,114 @@ def refused_global(data: bytes, allowed_roots: Iterable[str] = ()) -> str | None
 
 def plain(value: Any) -> Any:
     """``value`` with every :class:`Record` replaced by a dict of its state (recursively), for
-    readers that want plain data: ``{"__class__": "module.Name", **state}``."""
-    if isinstance(value, Record):
-        state = value.state
-        out: dict[str, Any] = {"__class__": value.global_name}
-        if isinstance(state, dict):
-            out.update({str(k): plain(v) for k, v in state.items()})
-        elif state is not None:
-            out["__state__"] = plain(state)
-        if value.args:
-            out["__args__"] = [plain(a) for a in value.args]
-        if value.items:
-            out["__items__"] = {k: plain(v) for k, v in value.items.items()}
+    readers that want plain data: ``{"__class__": "module.Name", **state}``.
+
+    Each object is converted once: what the pickle shares (its memo makes a DAG, not a tree) stays
+    shared in the result, so a list nested 40 deep whose two items are the same list costs 40 steps.
+    """
+    return _plain(value, {})
+
+
+def _plain(value: Any, done: dict[int, tuple[Any, Any]]) -> Any:
+    """:func:`plain`, with ``done``: id -> (object, what it became)."""
+    if not isinstance(value, (Record, dict, list, tuple)):
+        return value
+    if id(value) in done:
+        return done[id(value)][1]
+    if isinstance(value, tuple):
+        out: Any = tuple(_plain(v, done) for v in value)
+        done[id(value)] = (value, out)
         return out
+    out = {"__class__": value.global_name} if isinstance(value, Record) else {} if isinstance(value, dict) else []
+    done[id(value)] = (value, out)  # before the items: a container holding itself holds its copy
+    if isinstance(value, list):
+        out.extend(_plain(v, done) for v in value)
+    elif isinstance(value, dict):
+        out.update((k, _plain(v, done)) for k, v in value.items())
+    else:
+        state = value.state
+        if isinstance(state, dict):
+            out.update((str(k), _plain(v, done)) for k, v in state.items())
+        elif state is not None:
+            out["__state__"] = _plain(state, done)
+        if value.args:
+            out["__args__"] = [_plain(a, done) for a in value.args]
+        if value.items:
+            out["__items__"] = {k: _plain(v, done) for k, v in value.items.items()}
+    return out
+
+
+def _children(value: Any) -> Iterable[Any]:
+    """What a container holds: a list's, tuple's or set's items, a dict's keys and values, a
+    :class:`Record`'s arguments, state and items; nothing for anything else."""
+    if isinstance(value, Record):
+        d = value.__dict__
+        return (d.get("args"), d.get("kwargs"), d.get("state"), d.get("items"), d.get("list_items"))
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(plain(v) for v in value)
-    return value
+        return (*value.keys(), *value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return value
+    return ()
 
 
-__all__ = ["Record", "load", "plain", "pickled_globals", "refused_global", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]
+def written_items(value: Any, children: Callable[[Any], Iterable[Any]] = _children) -> int:
+    """How many objects ``value`` holds written out as a tree (by ``repr``, ``json.dumps``,
+    ``numpy.asarray``, a walk that converts each place it meets): an object the pickle shares is
+    counted at every place it appears. Each object is visited once, so a list nested 40 deep whose
+    two items are the same list, around ``[0]``, is counted in 40 steps (as 3 * 2**40 - 1 objects);
+    an object holding itself counts once there.
+
+    Args:
+        value: what was unpickled.
+        children: what a container holds (default: lists, tuples, sets, dicts and :class:`Record` s).
+
+    Returns:
+        The count, ``value`` itself included.
+    """
+    counts: dict[int, int] = {}
+    on_path = {id(value)}
+    stack = [(value, iter(children(value)))]
+    totals = [1]
+    while stack:
+        obj, items = stack[-1]
+        child = next(items, on_path)  # on_path: a sentinel no container holds
+        if child is on_path:
+            stack.pop()
+            on_path.discard(id(obj))
+            counts[id(obj)] = n = totals.pop()
+            if totals:
+                totals[-1] += n
+            continue
+        known = counts.get(id(child))
+        if known is not None:
+            totals[-1] += known
+            continue
+        inner = children(child)
+        if id(child) in on_path or not inner:
+            totals[-1] += 1
+            continue
+        on_path.add(id(child))
+        stack.append((child, iter(inner)))
+        totals.append(1)
+    return counts[id(value)]
+
+
+def check_written_size(value: Any, what: str, children: Callable[[Any], Iterable[Any]] = _children) -> None:
+    """Refuse a value that, written out as a tree (:func:`written_items`), would take more than the
+    array limit at :data:`ITEM_BYTES` an object — before anything walks it that way.
+
+    Args:
+        value: what was unpickled.
+        what: how to name the file in the message.
+        children: as for :func:`written_items`.
+
+    Raises:
+        LimitExceededError: naming the count, the bytes, the limit and how to raise it.
+    """
+    n = written_items(value, children)
+    check_array_bytes(n * ITEM_BYTES, f"{what} holds objects that, written out with every object its pickle shares "
+                      f"repeated where it appears, are {n:,} objects, which", purpose="data read from a file")
+
+
+__all__ = ["Record", "load", "plain", "pickled_globals", "refused_global", "written_items", "check_written_size",
+           "ITEM_BYTES", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]

@@ -7,6 +7,7 @@ onnxruntime running that graph (and torch running the same layers), tensor by te
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -275,6 +276,33 @@ def test_a_one_hot_width_that_is_not_the_first_layers_is_refused(prelude, spec, 
         build_mlp(spec, prelude=prelude)
 
 
+@pytest.mark.parametrize("prelude, space", [(Prelude(one_hot=600), "Discrete(600)"),
+                                             (Prelude(one_hot_nvec=(200, 400)), "MultiDiscrete[200, 400]")])
+def test_a_one_hot_table_above_the_array_limit_is_refused_before_it_is_built(prelude, space):
+    from policyport.errors import LimitExceededError
+    from policyport.files import using_limits
+
+    with using_limits(array_bytes=600 * 600 * 4 - 1), pytest.raises(LimitExceededError, match=(
+            rf"^the one-hot table of the observation space {re.escape(space)} \(float32, shape \(600, 600\)\) would "
+            r"take 1\.37 MiB \(1,440,000 bytes\), above the limit of 1\.37 MiB for arrays built from sizes a file declares")):
+        build_mlp(_spec(obs_dim=600), prelude=prelude)
+    with using_limits(array_bytes=600 * 600 * 4):
+        build_mlp(_spec(obs_dim=600), prelude=prelude)
+
+
+def test_the_one_hot_reference_picks_rows_of_the_identity_without_building_it():
+    from policyport.converter.build import _one_hot
+
+    obs = np.array([[4, 0, -1], [2, 3, -5]], np.int64)
+    _same(_one_hot(obs, 5, F64), np.eye(5, dtype=F64)[obs])  # negative indices count from the end, as numpy's
+    for bad in (np.array([5]), np.array([-6])):
+        with pytest.raises(IndexError):
+            np.eye(5)[bad]
+        with pytest.raises(IndexError):
+            _one_hot(bad, 5, F32)
+    assert _one_hot(np.zeros(0, np.int64), 3, F32).shape == (0, 3)
+
+
 def test_prelude_truth_and_width():
     assert not Prelude() and Prelude().width is None
     assert Prelude(one_hot=3) and Prelude(one_hot=np.int64(3)).width == 3
@@ -376,6 +404,14 @@ def test_a_filter_after_a_one_hot_reads_the_encoded_rows():
     _, out = prelude.reference(obs, F32)
     assert list(out) == ["obs_preprocessor/one_hot", "obs_filter/demean", "obs_filter/destd", "obs_filter/clip"]
     _agrees(model, spec, obs, exact=tuple(out), prelude_out=out)
+
+
+@pytest.mark.parametrize("mean, std", [(np.zeros(5), np.ones(3)), (np.zeros(3), np.ones(5)), (np.zeros(1), np.ones(1))])
+def test_a_filter_as_wide_as_no_first_layer_is_refused_before_its_statistics_are_written(mean, std):
+    filt = ObsFilter(mean, std, 1e-6)
+    with pytest.raises(BadModelError, match=rf"^the observation filter holds {mean.size} means and {std.size} standard "
+                                            r"deviations, but the first layer takes 3 features$"):
+        build_mlp(_spec(obs_dim=3), prelude=Prelude(obs_filter=filt))
 
 
 def test_a_filters_record_is_plain_json_types():

@@ -487,15 +487,33 @@ def test_serialised_arrays_are_decoded_and_anything_else_comes_back_as_it_was():
     from policyport.converter.rllib import _decode_array
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    got = _decode_array(_ray_array(a))
+    got = _decode_array(_ray_array(a), "mean_array")
     assert got.dtype == np.float32 and got.tobytes() == a.tobytes() and got.shape == (2, 3)
     import base64
     import zlib
 
     not_npy = base64.b64encode(zlib.compress(b"not an npy file at all")).decode()
     not_zlib = "eJ" + base64.b64encode(b"xy").decode()
-    for value in ("eJ not base64 !", not_zlib, not_npy, "mean", "", 7, None, [1.0]):
-        assert _decode_array(value) is value
+    truncated = base64.b64encode(zlib.compress(zlib.decompress(base64.b64decode(_ray_array(a)))[:-1])).decode()
+    for value in ("eJ not base64 !", not_zlib, not_npy, truncated, "mean", "", 7, None, [1.0]):
+        assert _decode_array(value, "mean_array") is value
+
+
+def test_a_serialised_array_is_refused_by_its_header_before_its_data_is_decompressed():
+    import base64
+    import io
+    import zlib
+
+    from policyport import LimitExceededError
+    from policyport.converter.rllib import _decode_array
+
+    header = io.BytesIO()  # 64 bytes of data behind a header that describes 8 GB of them
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**9,)})
+    claims = header.getvalue()
+    text = base64.b64encode(zlib.compress(claims + bytes(64))).decode()
+    with pytest.raises(LimitExceededError, match=r"^filter\.pkl: mean_array \(float64, shape \(1000000000,\)\) would "
+                                                 r"take 7\.45 GiB \(8,000,000,000 bytes\), above the limit of 1 GiB"):
+        _decode_array(text, "filter.pkl: mean_array")
 
 
 def test_filter_statistics_defaults_and_refusals():
@@ -1303,11 +1321,11 @@ def test_serialised_arrays_are_read_strictly_and_never_unpickled():
 
     text = _ray_array(np.arange(4, dtype=np.float64))
     damaged = text[:12] + "!" + text[12:]  # a lenient base64 decoder would skip the "!"
-    assert _decode_array(damaged) is damaged
+    assert _decode_array(damaged, "mean_array") is damaged
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     pickled = base64.b64encode(zlib.compress(buf.getvalue())).decode()
-    assert _decode_array(pickled) is pickled
+    assert _decode_array(pickled, "mean_array") is pickled
 
 
 def test_a_pickled_filter_object_takes_rllibs_defaults_for_what_it_does_not_record():

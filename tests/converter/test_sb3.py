@@ -822,3 +822,30 @@ def test_a_sac_actions_tanh_is_named_action_and_a_td3_actors_after_its_last_line
     for name, scope in (("sac_pendulum", "action"), ("td3_pendulum", "actor.mu.5")):
         nodes = {n.output[0]: n.op_type for n in convert_source(ZIPS[name][0]).model.graph.node}
         assert nodes.get(f"{scope}/tanh") == "Tanh", (name, sorted(nodes))
+
+
+def _list_dag(depth: int) -> list:
+    value: list = [0]
+    for _ in range(depth):
+        value = [value, value]
+    return value
+
+
+def test_a_pickle_in_data_is_read_as_the_dag_it_is_and_compared_along_the_readable_json():
+    from policyport.converter.sb3 import _as_written, _same, pickled_value
+
+    text = base64.b64encode(pickle.dumps({"net_arch": _list_dag(25), "pi": [64, 64]}, protocol=4)).decode()
+    value = pickled_value(text)  # 3 * 2**25 objects as a tree (under the limit), read in 25 steps
+    assert value["net_arch"][0] is value["net_arch"][1]
+    written = _as_written(value)
+    assert written["net_arch"][0] is written["net_arch"][1] and written["pi"] == [64, 64]
+    assert not _same(written["net_arch"], [64, 64]) and not _same(written, {"net_arch": [[0]], "pi": [64, 64]})
+    assert _same({"a": (1, [2.0])}, {"a": [1, [2.0]]}) and not _same({"a": 1}, {"a": 1, "b": 2})
+    assert not _same([1], 1) and not _same({"a": 1}, [("a", 1)])
+    big = base64.b64encode(pickle.dumps(_list_dag(40), protocol=4)).decode()
+    with pytest.raises(pp.LimitExceededError, match=r"^the policy's pickle holds objects that, written out with every "
+                                                    r"object its pickle shares repeated where it appears, are "
+                                                    r"3,298,534,883,327 objects"):
+        pickled_value(big, "the policy's pickle")
+    nested_key = base64.b64encode(b"\x80\x04}(K\x00\x85K\x01u.").decode()  # {(0,): 1}: a container as a key
+    assert pickled_value(nested_key) is None

@@ -8,6 +8,7 @@ import copyreg
 import io
 import os
 import pickle
+import pickletools
 import re
 import sys
 import types
@@ -15,8 +16,9 @@ import types
 import numpy as np
 import pytest
 
-from policyport.converter.unpickle import Record, load, plain
-from policyport.errors import UnreadableFileError, UntrustedFileError
+from policyport.converter.unpickle import Record, _numpy_core, load, plain
+from policyport.errors import LimitExceededError, UnreadableFileError, UntrustedFileError
+from policyport.files import using_limits
 
 PROTOCOLS = range(0, pickle.HIGHEST_PROTOCOL + 1)
 
@@ -479,3 +481,172 @@ def test_the_numpy_core_modules_are_found_under_numpy_2_and_numpy_1_names(monkey
                                               ("uint64", np.uint64), ("ndarray", np.ndarray), ("dtype", np.dtype)])
 def test_numpy_types_are_rebuilt_by_the_names_numpy_1_and_2_pickle_them_under(name, numpy_type):
     assert load(f"cnumpy\n{name}\n.".encode()) is numpy_type  # numpy 1 pickles its bool type as bool_, numpy 2 as bool
+
+
+# ------------------------------------------------------------------- sizes the pickle's calls declare
+
+
+class _Asks:
+    """Pickles as ``func(*args)``: what a hostile pickle can ask any allowed callable for."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+@pytest.mark.parametrize("value, protocol, call", [
+    (_Asks(bytearray, 2000), 2, "builtins.bytearray(2000)"),
+    (_Asks(bytes, 2000), 2, "builtins.bytes(2000)"),
+    (_Asks(list, range(300)), 2, "builtins.list(range(0, 300))"),  # 300 items of 8 bytes at least
+    (_Asks(frozenset, range(300)), 4, "builtins.frozenset(range(0, 300))"),
+    (_Asks(copyreg.__newobj__, tuple, range(300)), 1, "copyreg.__newobj__(builtins.tuple, range(0, 300))"),
+    (_Asks(copyreg.__newobj__, bytes, 2000), 1, "copyreg.__newobj__(builtins.bytes, 2000)"),
+    (_Asks(copyreg._reconstructor, bytearray, bytearray, 2000), 2,
+     "copyreg._reconstructor(builtins.bytearray, builtins.bytearray, 2000)"),
+    (_Asks(np.ndarray, (50, 10)), 2, "numpy.ndarray((50, 10))"),  # float64: 4,000 bytes
+    (_Asks(_numpy_core("multiarray")._reconstruct, np.ndarray, (600,), b"f"), 2,
+     "_reconstruct(numpy.ndarray, (600,), bytes)"),  # float32: 2,400 bytes
+    (_Asks(copyreg.__newobj__, np.ndarray, (1000,), np.float32, b"\0" * 4, 0, (0,)), 1,
+     "copyreg.__newobj__(numpy.ndarray, (1000,), numpy.float32, bytes, ...)"),  # stride 0 over 4 bytes
+])
+def test_a_call_is_refused_by_the_sizes_its_arguments_declare_before_it_is_made(value, protocol, call):
+    data = pickle.dumps(value, protocol=protocol)
+    with using_limits(array_bytes=1000), pytest.raises(LimitExceededError) as refused:
+        load(data, what="x.pkl")
+    message = str(refused.value)
+    assert message.startswith("x.pkl asks for ") and call in message, message
+    assert "above the limit of 1000 B for data read from a file" in message
+
+
+def test_what_the_calls_of_one_pickle_declare_adds_up():
+    data = pickle.dumps([_Asks(bytearray, 600), _Asks(bytearray, 600)], protocol=2)
+    with using_limits(array_bytes=1000), pytest.raises(LimitExceededError, match=(
+            r"^the pickle asks for builtins\.bytearray\(600\), which with what it asked for before would take 1\.17 KiB "
+            r"\(1,200 bytes\), above the limit of 1000 B")):
+        load(data)
+    with using_limits(array_bytes=1200):
+        assert load(data) == [bytearray(600), bytearray(600)]
+
+
+def test_a_newobj_opcode_is_sized_as_the_call_it_makes():
+    """Protocol 2's NEWOBJ calls cls.__new__ itself: ndarray.__new__(ndarray, shape) allocates the shape."""
+    data = b"\x80\x02cnumpy\nndarray\nq\x00M\xe8\x03\x85q\x01\x81q\x02."  # ndarray.__new__(ndarray, 1000)
+    with using_limits(array_bytes=1000), pytest.raises(LimitExceededError, match=r"asks for numpy\.ndarray\(1000\), "
+                                                                                 r"which would take 7\.81 KiB"):
+        load(data)
+    with using_limits(array_bytes=8000):
+        assert load(data).shape == (1000,)
+
+
+def test_the_values_of_allowed_classes_stay_what_they_are():
+    value = [np.ndarray, bytes, bytearray, range, np.float32, range(3), bytearray(b"ab"), np.zeros((2, 3), np.int8)]
+    got = load(pickle.dumps(value, protocol=2))
+    assert got[:5] == [np.ndarray, bytes, bytearray, range, np.float32]
+    assert got[5] == range(3) and got[6] == bytearray(b"ab") and got[7].shape == (2, 3)
+
+
+def _dag(depth: int) -> list:
+    value: list = [0]
+    for _ in range(depth):
+        value = [value, value]
+    return value
+
+
+def test_a_dag_is_counted_as_it_is_written_out_and_refused_above_the_limit():
+    from policyport.converter.unpickle import written_items
+
+    assert written_items(_dag(0)) == 2 and written_items(_dag(3)) == 3 * 2**3 - 1
+    assert written_items(_dag(60)) == 3 * 2**60 - 1  # counted in 60 steps
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    assert written_items(cyclic) == 3  # the list, 1, and itself once
+    data = pickle.dumps({"a": _dag(40)}, protocol=4)
+    assert len(data) < 1000
+    with pytest.raises(LimitExceededError, match=r"^x\.pkl holds objects that, written out with every object its pickle "
+                                                 r"shares repeated where it appears, are 3,298,534,883,329 objects, which "
+                                                 r"would take 24 TiB \(26,388,279,066,632 bytes\), above the limit of 1 GiB"):
+        load(data, what="x.pkl")
+
+
+def test_plain_keeps_what_the_pickle_shares_shared(monkeypatch):
+    dag = load(pickle.dumps(_dag(24), protocol=4))  # as a tree: 50 million objects, under the limit
+    out = plain(dag)
+    assert out[0] is out[1] and out[0][0] is out[0][1]
+    depth, node = 0, out
+    while node != [0]:
+        node, depth = node[0], depth + 1
+    assert depth == 24
+    module = types.ModuleType("fakefw.models")
+
+    class Thing:
+        pass
+
+    Thing.__module__, Thing.__qualname__ = module.__name__, "Thing"
+    module.Thing = Thing
+    monkeypatch.setitem(sys.modules, "fakefw", types.ModuleType("fakefw"))
+    monkeypatch.setitem(sys.modules, "fakefw.models", module)
+    inner, outer = Thing(), Thing()
+    inner.x = 1
+    outer.a = outer.b = inner
+    flat = plain(load(pickle.dumps(outer, protocol=4)))
+    assert flat["a"] is flat["b"] and flat["a"] == {"__class__": "fakefw.models.Thing", "x": 1}
+
+
+def test_a_truncated_pickle_is_told_as_the_c_unpickler_tells_it():
+    data = pickle.dumps({"a": np.zeros(3)}, protocol=2)
+    for cut in (3, len(data) // 2, len(data) - 1):
+        with pytest.raises(UnreadableFileError, match=r"^the pickle is not a readable pickle: "
+                                                      r"(UnpicklingError: pickle data was truncated|EOFError)"):
+            load(data[:cut])
+
+
+def _tuple_dag(depth: int) -> tuple:
+    value: tuple = (0,)
+    for _ in range(depth):
+        value = (value, value)
+    return value
+
+
+def _pushing_tuple_dag(depth: int) -> bytes:
+    """Opcodes pushing ``_tuple_dag(depth)`` built through the memo (indices 0 to depth), which
+    Python could not pickle from a dict or set holding it without hashing it first."""
+    ops = b"K\x00\x85\x94"  # BININT1 0, TUPLE1, MEMOIZE
+    for i in range(depth):
+        ops += b"0h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x94"  # POP, BINGET i twice, TUPLE2, MEMOIZE
+    return ops
+
+
+#: PROTO 4 ... STOP around opcodes that hash a tuple nested 40 deep through the memo
+_T40 = _pushing_tuple_dag(40)
+HASHING = {
+    "SETITEM": b"}" + _T40 + b"K\x01s",  # EMPTY_DICT, key, BININT1 1, SETITEM
+    "SETITEMS": b"}(K\x01K\x02" + _T40 + b"K\x01u",  # EMPTY_DICT, MARK, 1: 2, key: 1, SETITEMS
+    "DICT": b"(" + _T40 + b"K\x01d",  # MARK, key: 1, DICT
+    "ADDITEMS": b"\x8f(" + _T40 + b"\x90",  # EMPTY_SET, MARK, item, ADDITEMS
+    "FROZENSET": b"(" + _T40 + b"\x91",  # MARK, item, FROZENSET
+    "frozenset([t])": b"\x8c\x08builtins\x8c\tfrozenset\x93]" + _T40 + b"a\x85R",  # frozenset([t]): REDUCE
+}
+
+
+@pytest.mark.parametrize("body, how", [
+    *[pytest.param(body, "a key it hashes holds" if name != "frozenset([t])" else "builtins.frozenset(list) walks",
+                   id=name) for name, body in HASHING.items()],
+    pytest.param(pickle.dumps(_Asks(np.float32, _dag(40)), protocol=4)[2:-1], "numpy.float32(list) walks", id="float32"),
+    pytest.param(pickle.dumps(_Asks(str, _dag(40)), protocol=4)[2:-1], "builtins.str(list) walks", id="str"),
+])
+def test_what_loading_would_walk_whole_is_checked_by_its_written_size_first(body, how):
+    data = b"\x80\x04" + body + b"."
+    assert len(data) < 2000
+    assert pickletools.dis(data, io.StringIO()) is None  # a well-formed pickle
+    with pytest.raises(LimitExceededError, match=rf"^x\.pkl: {re.escape(how)} objects that, written out with every "
+                                                 r"object its pickle shares repeated where it appears, are [\d,]+ "
+                                                 r"objects, which would take \d+ TiB"):
+        load(data, what="x.pkl")
+
+
+def test_small_tuples_as_keys_and_numpy_scalars_still_load():
+    value = {_tuple_dag(3): 1, "s": frozenset({(1, 2)}), "f": np.float32(2.5), "o": collections.OrderedDict(a=(1,))}
+    assert load(pickle.dumps(value, protocol=4)) == value
+    assert load(pickle.dumps(_Asks(frozenset, [(1, 2), (1, 2)]), protocol=2)) == frozenset({(1, 2)})
