@@ -31,7 +31,7 @@ from ..errors import InputMismatchError, UnreadableFileError, require
 from ..runtime.entry import literal
 from .folders import check_out_folder, commit_folder, building
 from .recording import Recording, open_recording
-from .statistics import RELU_LIKE, Statistics, statistics
+from .statistics import RELU_LIKE, Statistics, block_rows, statistics
 
 BINS = 80
 _DPI = 110
@@ -141,8 +141,10 @@ def plot_recording(recording, out_dir, *, tensors: str | None = None, heatmap_ro
         raise InputMismatchError(f"{rec.path} holds no observations; there is nothing to plot")
     half = None if progress is None else (lambda done, total: progress(done, 2 * total))
     stats = statistics(rec, tensors, batch_size=batch_size, progress=half)
+    plotted = {s.name for s in stats.tensors}
+    batch_size = block_rows(rec, [t for t in rec.tensors if t.name in plotted], batch_size)  # as the statistics read
     hists = _histograms(rec, stats, batch_size, progress)
-    head = rec.head(heatmap_rows, [s.name for s in stats.tensors])
+    head = rec.head(min(heatmap_rows, batch_size), [s.name for s in stats.tensors])
     with building(out_dir, "plots") as build:
         taken: set[str] = set()
         names = ["histograms.png"]

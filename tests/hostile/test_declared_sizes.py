@@ -60,3 +60,114 @@ def test_inspect_refuses_a_graph_above_the_node_limit_before_describing_it(tmp_p
     message = refused(run_limited(["inspect", path]))
     assert "the graph has 300,000 nodes, more than the limit of 200,000 nodes (the numpy backend's" in message
     assert "POLICYPORT_MAX_NODES=300000" in message
+
+
+# ------------------------------------------------------------------------------------- recordings
+
+
+def _sparse_npy(path: Path, shape: tuple[int, ...]) -> Path:
+    """An ``.npy`` of float32 zeros of ``shape`` as a sparse file: its header, then a hole."""
+    from policyport.analysis.recording import npy_header
+
+    header = npy_header("float32", shape)
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + 4 * int(np.prod(shape)))
+    return path
+
+
+@pytest.mark.parametrize("command", ["stats", "plot"])
+def test_statistics_are_not_sized_from_a_recording_header_above_the_array_limit(tmp_path, command):
+    path = _sparse_npy(tmp_path / "wide.npy", (1, 1_000_000_000))  # 4 KB on disk, 4 GB of rows declared
+    argv = [command, path] + (["-o", tmp_path / "plots"] if command == "plot" else [])
+    message = refused(run_limited(argv))
+    assert ("wide.npy: the per-neuron statistics of 1 tensor (1,000,000,000 neurons, as its header says) and a "
+            "block of one row would take 233 GiB") in message
+    assert "above the limit of 1 GiB for the statistics of a recording" in message
+    assert not (tmp_path / "plots").exists()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _zigzag(n: int) -> bytes:
+    """An integer as Thrift's compact protocol writes i32 and i64 fields."""
+    return _varint((n << 1) ^ (n >> 63))
+
+
+_I32, _I64, _BINARY, _LIST, _STRUCT, _FALSE = 5, 6, 8, 9, 12, 2  # Thrift compact-protocol types
+
+
+def _struct(*fields) -> bytes:
+    """A Thrift struct of ``(field id, type, encoded value)`` in field-id order."""
+    out, last = bytearray(), 0
+    for field, kind, value in fields:
+        out += bytes([(field - last) << 4 | kind]) + value
+        last = field
+    return bytes(out) + b"\x00"
+
+
+def _list(kind: int, items: list[bytes]) -> bytes:
+    return bytes([len(items) << 4 | kind]) + b"".join(items)
+
+
+def _text(text: str) -> bytes:
+    return _varint(len(text)) + text.encode()
+
+
+def _one_row_parquet(values: int, width: int) -> bytes:
+    """A recording in Parquet (parquet.thrift's FileMetaData and page headers, written by hand): one
+    list<float> column ``logits`` whose metadata says rows of ``width`` values, holding one row of
+    ``values`` zeros, dictionary- and run-length encoded in a few hundred bytes."""
+    import json
+
+    dictionary = _struct((1, _I32, _zigzag(2)), (2, _I32, _zigzag(4)), (3, _I32, _zigzag(4)),
+                         (7, _STRUCT, _struct((1, _I32, _zigzag(1)), (2, _I32, _zigzag(0)), (3, _FALSE, b"")))) + bytes(4)
+    repetition = b"\x03\xfe" + _varint((values - 8) << 1) + b"\x01"  # level 0, then values - 1 ones
+    definition = _varint(values << 1) + b"\x03"  # every value present
+    data = (len(repetition).to_bytes(4, "little") + repetition + len(definition).to_bytes(4, "little") + definition
+            + b"\x01" + _varint(values << 1) + b"\x00")  # dictionary index 0, values times
+    page = _struct((1, _I32, _zigzag(0)), (2, _I32, _zigzag(len(data))), (3, _I32, _zigzag(len(data))),
+                   (5, _STRUCT, _struct((1, _I32, _zigzag(values)), (2, _I32, _zigzag(8)), (3, _I32, _zigzag(3)),
+                                        (4, _I32, _zigzag(3))))) + data
+    chunk = dictionary + page
+    column = _struct((1, _I32, _zigzag(4)), (2, _LIST, _list(_I32, [_zigzag(0), _zigzag(3), _zigzag(8)])),
+                     (3, _LIST, _list(_BINARY, [_text("logits"), _text("list"), _text("element")])),
+                     (4, _I32, _zigzag(0)), (5, _I64, _zigzag(values)), (6, _I64, _zigzag(len(chunk))),
+                     (7, _I64, _zigzag(len(chunk))), (9, _I64, _zigzag(4 + len(dictionary))), (11, _I64, _zigzag(4)))
+    schema = [_struct((4, _BINARY, _text("schema")), (5, _I32, _zigzag(1))),
+              _struct((3, _I32, _zigzag(1)), (4, _BINARY, _text("logits")), (5, _I32, _zigzag(1)), (6, _I32, _zigzag(3))),
+              _struct((3, _I32, _zigzag(2)), (4, _BINARY, _text("list")), (5, _I32, _zigzag(1))),
+              _struct((1, _I32, _zigzag(4)), (3, _I32, _zigzag(1)), (4, _BINARY, _text("element")))]
+    group = _struct((1, _LIST, _list(_STRUCT, [_struct((2, _I64, _zigzag(4)), (3, _STRUCT, column))])),
+                    (2, _I64, _zigzag(len(chunk))), (3, _I64, _zigzag(1)))
+    described = json.dumps({"format": "policyport.recording/1", "rows": 1, "tensors": [
+        {"name": "logits", "op_type": None, "dtype": "float32", "shape": [width]}]})
+    footer = _struct((1, _I32, _zigzag(1)), (2, _LIST, _list(_STRUCT, schema)), (3, _I64, _zigzag(1)),
+                     (4, _LIST, _list(_STRUCT, [group])),
+                     (5, _LIST, _list(_STRUCT, [_struct((1, _BINARY, _text("policyport.recording")),
+                                                        (2, _BINARY, _text(described)))])))
+    return b"PAR1" + chunk + footer + len(footer).to_bytes(4, "little") + b"PAR1"
+
+
+def test_the_hand_written_parquet_recording_is_one_pyarrow_reads():
+    import io
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(io.BytesIO(_one_row_parquet(1000, 1000)))
+    assert table.num_rows == 1 and table.column("logits")[0].values.to_numpy().tolist() == [0.0] * 1000
+
+
+def test_a_parquet_row_of_more_values_than_the_array_limit_is_refused_before_it_is_decoded(tmp_path):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "rec.parquet"
+    path.write_bytes(_one_row_parquet(1_250_000_000, 4))  # 359 bytes; decoded, 5 GB (12.8 GB at the peak)
+    message = refused(run_limited(["stats", path]))
+    assert ("rec.parquet: row group 0 of list column 'logits' (1,250,000,000 float32 values, read as whole rows) "
+            f"would take 4.66 GiB (5,000,000,000 bytes), {ARRAY_LIMIT} arrays read from a file") in message
