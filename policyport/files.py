@@ -224,6 +224,22 @@ def check_array_bytes(nbytes: int, what: str, limit: int | None = None, *,
         )
 
 
+#: The most memory ``json.loads`` takes per byte of the text it parses: 25 (measured on
+#: ``[[],[],...]``, the text densest in objects: 64 MiB of it take 1.6 GB parsed).
+JSON_BYTES = 25
+
+
+def check_json_bytes(nbytes: int, what: str) -> None:
+    """Refuse a JSON document of ``nbytes`` bytes (a config, a description) that, parsed, could take
+    more than the array limit (:data:`JSON_BYTES` per byte of text), before it is read.
+
+    Raises:
+        LimitExceededError: naming the document, what parsing it could take and the limit.
+    """
+    check_array_bytes(nbytes * JSON_BYTES, f"{what} ({nbytes:,} bytes of JSON, parsed)",
+                      purpose="a document parsed from a file")
+
+
 def check_tensor_shape(shape, dtype) -> tuple[int, ...]:
     """``shape`` as a tuple of ints, checked before an array of it is allocated.
 
@@ -280,12 +296,14 @@ def memory_limit() -> int:
     return available_memory() if set_limit is None else set_limit
 
 
-def check_memory(nbytes: int, what: str) -> None:
+def check_memory(nbytes: int, what: str, advice: str | None = None) -> None:
     """Refuse to start work that is computed to need ``nbytes`` when the memory limit is lower.
 
     Args:
         nbytes: the bytes the work needs.
         what: what needs it, e.g. ``"verifying 100,000,000 samples (1 input, 7 tensors, 2 backends)"``.
+        advice: what to do instead; default: use fewer samples or a smaller input, or a machine
+            with more memory.
 
     Raises:
         LimitExceededError: naming the size needed and the memory there is.
@@ -295,9 +313,10 @@ def check_memory(nbytes: int, what: str) -> None:
     if nbytes > limit:
         source = (f"the limit {ENV_MEMORY} sets" if set_limit is not None
                   else "the memory this process can get")
+        advice = advice or "use fewer samples or a smaller input, or a machine with more memory"
         raise LimitExceededError(
             f"{what} needs about {format_size(nbytes)}, more than {format_size(limit)} ({source}); "
-            f"use fewer samples or a smaller input, or a machine with more memory (or set {ENV_MEMORY})"
+            f"{advice} (or set {ENV_MEMORY})"
         )
 
 

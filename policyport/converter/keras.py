@@ -57,6 +57,7 @@ from ..errors import (
 from ..files import sha256_file
 from .assumptions import Oracle, head_assumption, outside_normaliser
 from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
+from .keras_sizes import check_keras_config, check_savedmodel_sizes
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
@@ -161,11 +162,14 @@ def load_keras_file(path: Path, trust: bool = False):
             is false.
         UnreadableFileError: missing, or not a Keras model file.
         BadModelError: the file names a custom class Keras cannot find.
+        LimitExceededError: its config declares more than the limits allow
+            (:func:`~policyport.converter.keras_sizes.check_keras_config`).
     """
     fw = _frameworks()
     if not path.exists():
         raise UnreadableFileError(f"{path}: no such file")
     _check_keras_file(path)
+    check_keras_config(path)
     try:
         return fw.keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except ValueError as e:
@@ -1100,6 +1104,8 @@ def convert_savedmodel(source, options):
     Raises:
         UnreadableFileError: not a loadable SavedModel, or no ``serving_default`` signature.
         UntrustedFileError: the signature holds ops that read/write files or run Python, without ``trust``.
+        LimitExceededError: a tensor its graph sizes from a constant above the array limit
+            (:func:`~policyport.converter.keras_sizes.check_savedmodel_sizes`).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
     from . import wrong_shape_of_source
@@ -1112,6 +1118,7 @@ def convert_savedmodel(source, options):
         raise UnreadableFileError(wrong)
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")
+    check_savedmodel_sizes(path, fw.tf)
     with _globless(path) as plain:
         try:
             loaded = fw.tf.saved_model.load(str(plain))

@@ -5,6 +5,7 @@ up as another message (a MemoryError, onnxruntime's or TensorFlow's own), never 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,105 @@ def test_a_parquet_row_of_more_values_than_the_array_limit_is_refused_before_it_
     message = refused(run_limited(["stats", path]))
     assert ("rec.parquet: row group 0 of list column 'logits' (1,250,000,000 float32 values, read as whole rows) "
             f"would take 4.66 GiB (5,000,000,000 bytes), {ARRAY_LIMIT} arrays read from a file") in message
+
+
+# ------------------------------------------------------------------------------ Keras, SavedModel
+
+
+def _keras_layer(kind: str, name: str, config: dict, width: int | None = None) -> dict:
+    layer = {"module": "keras.layers", "class_name": kind, "registered_name": None,
+             "config": {"name": name, "trainable": True, "dtype": "float32", **config}}
+    if width is not None:
+        layer["build_config"] = {"input_shape": [None, width]}
+    return layer
+
+
+def _keras_archive(path: Path, units: list[int], width: int = 6, padding: int = 0,
+                   method: int | None = None) -> Path:
+    """A ``.keras`` archive (Keras 3 saving_lib's layout) of a Sequential of ``Dense(units)`` layers
+    on ``width`` inputs; its config.json padded with ``padding`` spaces and compressed with
+    ``method`` (default deflated). No weights: the config is refused before they would be read."""
+    import json
+    import zipfile
+
+    layers = [_keras_layer("InputLayer", "obs", {"batch_shape": [None, width]})]
+    for i, u in enumerate(units):
+        layers.append(_keras_layer("Dense", f"fc_{i}", {"units": u, "activation": "tanh", "use_bias": True}, width))
+        width = u
+    config = {"module": "keras", "class_name": "Sequential", "config": {"name": "policy", "layers": layers}}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("metadata.json", json.dumps({"keras_version": "3.11.0", "date_saved": "2025-01-01"}))
+        zf.writestr(zipfile.ZipInfo("config.json"), json.dumps(config) + " " * padding,
+                    compress_type=zipfile.ZIP_DEFLATED if method is None else method)
+        zf.writestr("model.weights.h5", b"")
+    return path
+
+
+KERAS = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")
+
+
+@KERAS
+def test_keras_layer_weights_declared_above_the_array_limit_are_refused_before_the_model_is_built(tmp_path):
+    path = _keras_archive(tmp_path / "wide.keras", [500_000], width=10_000)  # 1 KB: Dense(500000) on 10,000 inputs
+    message = refused(run_limited(["inspect", path]))  # before: TensorFlow's out-of-memory error, exit 70
+    assert ("wide.keras: the weights its config declares (5,000,500,000 in the Dense layer 'fc_0' alone) would take "
+            "18.6 GiB (20,002,000,000 bytes), above the limit of 1 GiB for the weights of a model, sized from its "
+            "config") in message
+
+
+@KERAS
+def test_a_keras_config_larger_than_parsing_it_within_the_array_limit_allows_is_refused_unread(tmp_path):
+    path = _keras_archive(tmp_path / "padded.keras", [16], padding=100_000_000)  # 100 KB, 100 MB of JSON
+    message = refused(run_limited(["inspect", path]))
+    assert "padded.keras: config.json (100,00" in message
+    assert "bytes of JSON, parsed) would take 2.33 GiB" in message
+    assert "above the limit of 1 GiB for a document parsed from a file" in message
+
+
+@KERAS
+def test_a_keras_member_compressed_without_an_output_bound_is_refused_unread(tmp_path):
+    import zipfile
+
+    path = _keras_archive(tmp_path / "bomb.keras", [16], padding=500_000_000, method=zipfile.ZIP_BZIP2)  # 5 KB
+    message = refused(run_limited(["inspect", path]))
+    assert ("bomb.keras: member 'config.json' is compressed with bzip2, which Python's zipfile decompresses without a "
+            "bound on its size") in message
+
+
+@KERAS
+def test_more_keras_layers_than_the_memory_this_process_can_get_holds_are_refused_before_loading(tmp_path):
+    path = _keras_archive(tmp_path / "deep.keras", [1] * 3000)  # 17 KB; before: over 22 minutes and 1 GB, unfinished
+    message = refused(run_limited(["inspect", path]))
+    assert "deep.keras: loading the 3,001 Keras layers its config declares needs about 2.93 GiB, more than" in message
+    assert "(the memory this process can get)" in message
+
+
+_FILL = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+
+class Policy(tf.Module):
+    def __init__(self):
+        self.w = tf.Variable(tf.ones([4, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="obs")])
+    def __call__(self, obs):
+        return {"y": tf.matmul(obs, self.w) + tf.reduce_sum(tf.fill([50_000, 50_000], 1.0))}  # 10 GB
+
+policy = Policy()
+tf.saved_model.save(policy, sys.argv[1], signatures={"serving_default": policy.__call__})
+"""
+
+
+@KERAS
+def test_a_savedmodel_tensor_sized_from_a_constant_above_the_array_limit_is_refused_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _FILL, str(tmp_path / "fill")], check=True, capture_output=True, timeout=600)
+    message = refused(run_limited(["convert", tmp_path / "fill", "-o", tmp_path / "fill.onnx"]))  # before: TF aborts
+    assert ('fill/saved_model.pb: Fill node "Fill" in function __inference___call___' in message
+            and ": its output (float32, shape (50000, 50000)) would take 9.31 GiB (10,000,000,000 bytes), "
+                f"{ARRAY_LIMIT} one tensor sized from a value in the model" in message)
+    assert not (tmp_path / "fill.onnx").exists()
