@@ -16,8 +16,6 @@ import ast
 import hashlib
 import json
 import os
-import secrets
-import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,7 +24,7 @@ import numpy as np
 
 from .compare import Report, tolerance_advice
 from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import check_memory, check_not_a_stream, check_parent, note_placed, write_npz
+from .files import FolderBuild, FolderContents, check_memory, check_not_a_stream, check_parent, write_npz
 from .folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
@@ -191,24 +189,22 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     }
 
     code = runtime_sources() if runtime else {}
-    tmp = _sibling(out_dir, "packing")
-    committed = False
-    try:
+    with FolderBuild(out_dir, "packing") as build:
         try:
-            (tmp / MODEL_FILE).write_bytes(proto.SerializeToString())
-            write_npz(tmp / WEIGHTS_FILE, weights)
-            write_npz(tmp / CONSTANTS_FILE, constants)
-            (tmp / GRAPH_FILE).write_text(json.dumps(graph_doc, indent=1), encoding="utf-8")
-            write_npz(tmp / GOLDEN_FILE, golden)
-            policy["files"] = {name: _sha256(tmp / name) for name in DATA_FILES}
+            writers = {
+                MODEL_FILE: lambda f: f.write(proto.SerializeToString()),
+                WEIGHTS_FILE: lambda f: write_npz(f, weights),
+                CONSTANTS_FILE: lambda f: write_npz(f, constants),
+                GRAPH_FILE: lambda f: f.write(json.dumps(graph_doc, indent=1).encode()),
+                GOLDEN_FILE: lambda f: write_npz(f, golden),
+            }
+            policy["files"] = {name: _write(build, name, writers[name]) for name in DATA_FILES}
             if code:
                 for name, data in code.items():
-                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                    (tmp / name).write_bytes(data)
-                    policy["files"][name] = hashlib.sha256(data).hexdigest()
+                    policy["files"][name] = _write(build, name, lambda f, data=data: f.write(data))
                 digest = runtime_digest(policy["files"])
-                (tmp / ENTRY_POINT).write_text(RUN_PY.replace("@DIGEST@", repr(digest)), encoding="utf-8")
-                policy["files"][ENTRY_POINT] = _sha256(tmp / ENTRY_POINT)
+                run_py = RUN_PY.replace("@DIGEST@", repr(digest)).encode()
+                policy["files"][ENTRY_POINT] = _write(build, ENTRY_POINT, lambda f: f.write(run_py))
                 policy["runtime"] = {
                     "package": RUNTIME_PACKAGE,
                     "entry_point": ENTRY_POINT,
@@ -217,15 +213,11 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
                     "requires_python": ">=3.10",
                     "requires": ["numpy>=1.24"],
                 }
-            (tmp / POLICY_FILE).write_text(json.dumps(policy, indent=1), encoding="utf-8")
+            _write(build, POLICY_FILE, lambda f: f.write(json.dumps(policy, indent=1).encode()))
         except OSError as e:
             raise UnreadableFileError(f"writing the bundle for {out_dir} failed: {e}; nothing was written") from e
-        _check_round_trip(graph, load_graph(tmp))
-        _commit(tmp, out_dir, force)
-        committed = True
-    finally:
-        if not committed:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _check_round_trip(graph, load_graph(build.path, folder_fd=build.fd))
+        build.commit(lambda found: _replaceable(out_dir, found, force))
     return out_dir
 
 
@@ -355,40 +347,30 @@ def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
     return listed
 
 
-def _commit(tmp: Path, out_dir: Path, force: bool) -> None:
-    """Rename the finished ``tmp`` onto ``out_dir``; an old bundle is moved aside, then its files
-    (and only those) are deleted. ``out_dir`` is noted as placed once it is
-    (:func:`policyport.files.noting_placed`)."""
-    listed = _check_out_dir(out_dir, force)  # again: it may have appeared or changed while we packed
-    if listed is None:
-        try:
-            os.rename(tmp, out_dir)
-        except OSError as e:
-            raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}") from e
-        note_placed(out_dir)
-        return
-    old = _sibling(out_dir, "replaced", create=False)
-    os.rename(out_dir, old)
+def _replaceable(out_dir: Path, found: FolderContents, force: bool) -> list[str]:
+    """The files of the folder found at ``out_dir`` when the new bundle is renamed into place (read
+    through a descriptor of it) that replacing it deletes: those of the intact bundle it is, or none
+    of an empty folder; anything else is refused, as :func:`_check_out_dir` refuses it."""
+    if not force:
+        raise OutputExistsError(f"{out_dir} appeared while packing; nothing was written (overwrite it with --force)")
+    if not (found.files or found.folders or found.others):
+        return []
+    if POLICY_FILE not in found.files:
+        raise OutputExistsError(f"{out_dir} is a non-empty folder without {POLICY_FILE}, so not a policyport bundle; "
+                                "force replaces only bundles and empty folders — remove it yourself or choose another name")
     try:
-        os.rename(tmp, out_dir)
-    except OSError as e:
-        os.rename(old, out_dir)
-        raise OutputExistsError(f"cannot move the new bundle to {out_dir}: {e}; the old one is unchanged") from e
-    note_placed(out_dir)
-    _remove_bundle(old, listed)
-
-
-def _remove_bundle(folder: Path, listed: list[str]) -> None:
-    """Delete the listed files of a bundle moved aside, then its folders; anything that appeared
-    in it meanwhile (or a file turned into a link) stays, and so does the folder."""
-    files, folders, others = folder_entries(folder)
-    if others or not set(files) <= set(listed):
-        return
-    for name in files:
-        os.unlink(folder / name)
-    for name in sorted(folders, key=lambda n: -n.count("/")):
-        os.rmdir(folder / name)
-    os.rmdir(folder)
+        policy, _ = open_bundle(out_dir, folder_fd=found.fd)
+    except PolicyportError as e:
+        raise OutputExistsError(f"{out_dir} is not provably a policyport bundle ({e}); force replaces only intact "
+                                "bundles and empty folders — remove it yourself or choose another name") from None
+    listed = [*policy["files"], POLICY_FILE]
+    parents = {"/".join(n.split("/")[:i]) for n in listed for i in range(1, n.count("/") + 1)}
+    foreign = sorted({*found.files} - {*listed} | {*found.folders} - parents | {*found.others})
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputExistsError(f"{out_dir} holds files a bundle does not write ({shown}); force would delete them "
+                                "— move them out first or choose another name")
+    return listed
 
 
 def runtime_sources() -> dict[str, bytes]:
@@ -421,29 +403,16 @@ def runtime_sources() -> dict[str, bytes]:
     return {f"{RUNTIME_PACKAGE}/{rel}": found[rel] for rel in sorted(found)}
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+def _write(build: FolderBuild, name: str, write) -> str:
+    """Write the new file ``name`` of the folder being built through ``write(file)``; its sha256."""
+    with os.fdopen(build.create(name), "w+b") as f:
+        write(f)
+        f.flush()
+        f.seek(0)
+        digest = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _sibling(path: Path, purpose: str, create: bool = True) -> Path:
-    """A fresh hidden name beside ``path`` (``.<name>.<purpose>-<hex>``), created as a folder if asked."""
-    for _ in range(100):
-        candidate = path.parent / f".{path.name}.{purpose}-{secrets.token_hex(4)}"
-        if create:
-            try:
-                candidate.mkdir()
-            except FileExistsError:
-                continue
-            except OSError as e:
-                raise UnreadableFileError(f"cannot create a folder beside {path}: {e}") from e
-            return candidate
-        if not (candidate.exists() or candidate.is_symlink()):
-            return candidate
-    raise OutputExistsError(f"cannot find a free temporary name beside {path}")
 
 
 def _json_or_text(text: str | None) -> Any:

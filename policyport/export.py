@@ -203,6 +203,8 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         InputMismatchError: ``output`` does not end in ``.py``; inputs observations cannot be drawn for.
         OutputExistsError: an output exists (without ``force``) or is not a regular file.
         VerificationError: the generated module does not reproduce the numpy backend (nothing written).
+        UnreadableFileError: the outputs' folder cannot be written in, or writing fails (a full disk),
+            naming both outputs; nothing is written.
         MissingDependencyError: onnx is not installed.
     """
     from .files import check_distinct, check_memory, check_writable, ensure_model
@@ -227,10 +229,16 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     check_memory(_check_needs(session, feeds), f"checking the module on {samples:,} observations")
     tmp = _staging(output)
     try:
-        (tmp / output.name).write_text(source, encoding="utf-8")
         from .files import weights_comment, write_npz
 
-        write_npz(tmp / weights_path.name, arrays, weights_comment("policyport export-numpy"))
+        try:
+            (tmp / output.name).write_text(source, encoding="utf-8")
+            write_npz(tmp / weights_path.name, arrays, weights_comment("policyport export-numpy"))
+        except OSError as e:  # a full disk, a quota: say which outputs
+            from .errors import UnreadableFileError
+
+            raise UnreadableFileError(f"writing {output} and {weights_path} failed: {e.strerror or e}; nothing was "
+                                      "written") from e
         module = _import(tmp / output.name)
         names = [v.name for v in graph.inputs]
         for batch in (feeds, {k: v[:1] for k, v in feeds.items()}):

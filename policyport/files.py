@@ -10,7 +10,10 @@
   written to a temporary file in its folder, which is opened once: creating, writing and renaming
   all happen relative to that one descriptor, so swapping the folder for a symlink meanwhile cannot
   redirect an output, and no temporary file survives a failure (Ctrl-C and SIGTERM included). An
-  existing file is never replaced unless asked.
+  existing file is never replaced unless asked. What a killed writer (SIGKILL) left behind is
+  removed by the next write to the same folder (:func:`remove_stale_temporaries`).
+* **Output folders** (:class:`FolderBuild`): a folder of files built under a temporary name beside
+  its destination and renamed into place, every step relative to descriptors as for single files.
 * **ONNX** (:func:`load_onnx`, :func:`ensure_model`): every initializer and tensor attribute must hold
   exactly the data its dims call for; external data is size-checked before it is read.
 """
@@ -24,16 +27,19 @@ import io
 import math
 import os
 import re
+import shutil
 import stat
 import sys
+import time
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 
+from .folder import folder_entries, folder_entries_at
 from .errors import (ArgumentTypeError, BadModelError, InputMismatchError, LimitExceededError, NoSpaceError,
                      OptionError, OutputExistsError, PolicyportError, UnreadableFileError, check_argument, require)
 
@@ -219,6 +225,22 @@ def check_array_bytes(nbytes: int, what: str, limit: int | None = None, *,
         )
 
 
+#: The most memory ``json.loads`` takes per byte of the text it parses: 25 (measured on
+#: ``[[],[],...]``, the text densest in objects: 64 MiB of it take 1.6 GB parsed).
+JSON_BYTES = 25
+
+
+def check_json_bytes(nbytes: int, what: str) -> None:
+    """Refuse a JSON document of ``nbytes`` bytes (a config, a description) that, parsed, could take
+    more than the array limit (:data:`JSON_BYTES` per byte of text), before it is read.
+
+    Raises:
+        LimitExceededError: naming the document, what parsing it could take and the limit.
+    """
+    check_array_bytes(nbytes * JSON_BYTES, f"{what} ({nbytes:,} bytes of JSON, parsed)",
+                      purpose="a document parsed from a file")
+
+
 def check_tensor_shape(shape, dtype) -> tuple[int, ...]:
     """``shape`` as a tuple of ints, checked before an array of it is allocated.
 
@@ -275,12 +297,14 @@ def memory_limit() -> int:
     return available_memory() if set_limit is None else set_limit
 
 
-def check_memory(nbytes: int, what: str) -> None:
+def check_memory(nbytes: int, what: str, advice: str | None = None) -> None:
     """Refuse to start work that is computed to need ``nbytes`` when the memory limit is lower.
 
     Args:
         nbytes: the bytes the work needs.
         what: what needs it, e.g. ``"verifying 100,000,000 samples (1 input, 7 tensors, 2 backends)"``.
+        advice: what to do instead; default: use fewer samples or a smaller input, or a machine
+            with more memory.
 
     Raises:
         LimitExceededError: naming the size needed and the memory there is.
@@ -290,9 +314,10 @@ def check_memory(nbytes: int, what: str) -> None:
     if nbytes > limit:
         source = (f"the limit {ENV_MEMORY} sets" if set_limit is not None
                   else "the memory this process can get")
+        advice = advice or "use fewer samples or a smaller input, or a machine with more memory"
         raise LimitExceededError(
             f"{what} needs about {format_size(nbytes)}, more than {format_size(limit)} ({source}); "
-            f"use fewer samples or a smaller input, or a machine with more memory (or set {ENV_MEMORY})"
+            f"{advice} (or set {ENV_MEMORY})"
         )
 
 
@@ -926,6 +951,7 @@ class _Output:
     tmp: str | None = None
     backup: str | None = None
     placed: bool = False
+    lock: int | None = None  # a descriptor of the temporary file, holding its lock until the end
 
     @property
     def name(self) -> str:
@@ -955,10 +981,11 @@ class _Output:
             os.unlink(self.at(name), dir_fd=self.folder)
 
     def close(self) -> None:
-        if self.folder is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.folder)
-            self.folder = None
+        for fd in (self.lock, self.folder):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.lock = self.folder = None
 
 
 def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = False) -> list[Path]:
@@ -996,6 +1023,11 @@ def write_outputs(outputs: Mapping[str | os.PathLike, Writer], force: bool = Fal
     try:
         for path in paths:  # every folder opened before anything is written
             pending.append(_Output(path, _open_folder(path.parent)))
+        cleaned: set[tuple[int, int]] = set()
+        for out in pending:  # what killed writers left in each folder, once per folder
+            if out.folder is not None and (key := _identity(os.fstat(out.folder))) not in cleaned:
+                cleaned.add(key)
+                remove_stale_temporaries(out.folder)
         for out, write in zip(pending, outputs.values()):
             _write_temp(out, write)
         for out in pending:
@@ -1048,20 +1080,38 @@ def _random_hex() -> str:
     return os.urandom(4).hex()
 
 
+def _fresh(path: Path, suffix: str, make: Callable[[str], Any], claim: Callable[[str | None], None]) -> Any:
+    """``make(name)`` of a new name ``.<name of path>.<8 hex digits>.<suffix>`` beside ``path``, tried
+    afresh while the name is taken (100 times). ``claim`` is told each name before it is made (a
+    signal that moment still has it removed), and None when the name turned out to be another's
+    (never to be removed).
+
+    Returns:
+        What ``make`` returned.
+
+    Raises:
+        OutputExistsError: no free name after 100 tries.
+    """
+    for _ in range(100):
+        name = f".{path.name}.{_random_hex()}.{suffix}"
+        claim(name)
+        try:
+            return make(name)
+        except FileExistsError:
+            claim(None)
+    raise OutputExistsError(f"cannot find a free temporary name beside {path}")
+
+
 def _write_temp(out: _Output, write: Writer) -> None:
     mode = _new_mode(out)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        name = f".{out.name}.{_random_hex()}.tmp"
-        out.tmp = name  # before the file exists: a signal the moment it is made still has it removed
-        try:
-            fd = out.create(name, flags)
-        except FileExistsError:
-            out.tmp = None  # another's file: never to be removed
-            continue
-        break
-    else:
-        raise OutputExistsError(f"cannot find a free temporary name beside {out.path}")
+    fd = _fresh(out.path, "tmp", lambda name: out.create(name, flags), lambda name: setattr(out, "tmp", name))
+    try:
+        out.lock = os.dup(fd)  # the lock lives as long as a descriptor of the file is open
+        hold_lock(out.lock)
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "w+b") as f:
         write(f)
         f.flush()
@@ -1106,6 +1156,407 @@ def _undo(pending: list[_Output]) -> None:
                 out.rename(out.backup, out.name)
             elif out.placed:
                 out.unlink(out.name)
+
+
+# --------------------------------------------------------------------- what killed writers left
+
+#: A temporary file of :func:`write_outputs`: ``.<output name>.<8 hex digits>.tmp``.
+_TEMP_FILE = re.compile(r"\..+\.[0-9a-f]{8}\.tmp", re.DOTALL)
+#: A temporary folder of :class:`FolderBuild`: ``.<output name>.<8 hex digits>.<purpose>``.
+_TEMP_FOLDER = re.compile(r"\..+\.[0-9a-f]{8}\.(?:packing|recording|plots|replaced)", re.DOTALL)
+#: How long (seconds) a temporary file or folder must have gone unchanged before it may be taken
+#: for one a killed writer left: far more than a writer takes between creating it and locking it.
+STALE_AFTER = 10 * 60
+#: How deep a stale temporary folder is removed: policyport builds none deeper.
+_TREE_DEPTH = 16
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so nothing is ever taken for stale
+    fcntl = None
+
+
+def hold_lock(fd: int) -> None:
+    """Lock the file (or folder) open as ``fd`` exclusively (``flock``), as every writer of a
+    temporary file or folder does from creating it until it is renamed or removed: the lock lasts
+    as long as a descriptor of that open file does, and the kernel drops it when the process dies
+    (SIGKILL included), which is how :func:`remove_stale_temporaries` tells a dead writer's file
+    from a live one's. Nothing where the platform has no ``flock``."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def remove_stale_temporaries(folder: int) -> list[str]:
+    """Remove the temporary files and folders that policyport writers killed before they finished
+    (SIGKILL, a power cut) left in a folder, and nothing else.
+
+    An entry is removed only when all of these hold: its name is exactly policyport's temporary
+    naming (``.<name>.<8 hex digits>.tmp`` for a file; ``.<name>.<8 hex digits>.<purpose>`` for a
+    folder, purpose ``packing``, ``recording``, ``plots`` or ``replaced``); it is a regular file or
+    a folder (not a link); it has not changed for :data:`STALE_AFTER` seconds; and its lock can be
+    taken, so no process holds it: every writer holds one on its temporary file or folder
+    (:func:`hold_lock`) for as long as it exists. A concurrent writer's file is never touched, and
+    neither is anything where the platform has no ``flock`` (nothing is removed there).
+
+    Args:
+        folder: a descriptor of the folder (every step is relative to it; links are never followed).
+
+    Returns:
+        The names removed.
+    """
+    if fcntl is None:
+        return []
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        is_file = _TEMP_FILE.fullmatch(name) is not None
+        if not is_file and _TEMP_FOLDER.fullmatch(name) is None:
+            continue
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) \
+            | getattr(os, "O_NOCTTY", 0) | (0 if is_file else getattr(os, "O_DIRECTORY", 0))
+        try:
+            fd = os.open(name, flags, dir_fd=folder)
+        except OSError:  # a link, gone meanwhile, not ours to read
+            continue
+        try:
+            found = os.fstat(fd)
+            kind = stat.S_ISREG if is_file else stat.S_ISDIR
+            if not kind(found.st_mode) or time.time() - found.st_mtime < STALE_AFTER:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a live writer holds it
+                continue
+            try:  # still the same entry under that name
+                if _identity(os.stat(name, dir_fd=folder, follow_symlinks=False)) != _identity(found):
+                    continue
+            except OSError:
+                continue
+            if is_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=folder)
+            else:
+                _remove_tree(folder, name)
+            removed.append(name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _open_subfolder(folder: int, name: str) -> int:
+    """The folder ``name`` in ``folder`` (a descriptor), opened without following a link."""
+    return os.open(name, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                   | getattr(os, "O_CLOEXEC", 0), dir_fd=folder)
+
+
+def _descend(folder: int, parts: list[str], make: bool = False) -> int:
+    """A new descriptor of the folder ``parts`` below ``folder`` (made on the way if ``make``),
+    never through a link; the caller closes it."""
+    fd = os.dup(folder)
+    try:
+        for part in parts:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)
+            inner = _open_subfolder(fd, part)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_tree(folder: int, name: str, depth: int = 0) -> None:
+    """Remove the folder ``name`` in ``folder`` (a descriptor) and all it holds, every step relative
+    to descriptors, never following a link (best effort, never raises; stops :data:`_TREE_DEPTH` deep)."""
+    if depth > _TREE_DEPTH:
+        return
+    try:
+        fd = _open_subfolder(folder, name)
+    except OSError:
+        return
+    try:
+        for entry in list(os.scandir(fd)):
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(fd, entry.name, depth + 1)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=folder)
+
+
+@dataclass(frozen=True)
+class FolderContents:
+    """What an existing output folder holds, read through a descriptor of it where the platform
+    has them (:meth:`FolderBuild.commit`).
+
+    Attributes:
+        files, folders, others: ``/``-separated relative names (see :func:`files_at`).
+        fd: the descriptor it is open as (valid during the call it is given to); None where the
+            platform has none (its path is used).
+    """
+
+    files: list[str]
+    folders: list[str]
+    others: list[str]
+    fd: int | None
+
+    @classmethod
+    def of(cls, fd: int | None, path: Path) -> FolderContents:
+        """The contents of the folder open as ``fd`` (None: the folder at ``path``).
+
+        Raises:
+            OutputExistsError: it cannot be read.
+        """
+        try:
+            if fd is None:
+                return cls(*folder_entries(path), fd=None)
+            return cls(*folder_entries_at(fd), fd=fd)
+        except OSError as e:
+            raise OutputExistsError(f"{path} cannot be read ({e.strerror or e}); nothing was written") from e
+
+
+class FolderBuild:
+    """An output folder built under a hidden temporary name beside it, then renamed into place
+    (:meth:`commit`): all of its files or none.
+
+    The destination's parent folder is opened once, and the temporary folder once it is made; every
+    file and subfolder is created relative to those descriptors (exclusively, never following a
+    link), and the renames into place happen relative to the parent's, so swapping either folder
+    for a symlink meanwhile cannot redirect a file or the folder. The temporary folder is
+    ``.<name>.<8 hex digits>.<purpose>``, mode 0700, locked while it exists (see
+    :func:`remove_stale_temporaries`), and removed with whatever it holds unless committed, however
+    the ``with`` block ends (Ctrl-C and SIGTERM included). Where the platform has no descriptor-
+    relative calls (Windows), paths are used, with the same all-or-none rule.
+
+    Args:
+        out: the destination folder.
+        purpose: the end of the temporary name: ``"packing"``, ``"recording"`` or ``"plots"``.
+
+    Attributes:
+        path: the temporary folder's path, to read it back or to hand to other processes that write
+            by path (not for writing from this one: use :meth:`open`, :meth:`create`).
+
+    Raises:
+        UnreadableFileError: the parent folder cannot be opened or written in.
+        OutputExistsError: no free temporary name after 100 tries.
+    """
+
+    def __init__(self, out: str | os.PathLike, purpose: str):
+        self.out = Path(out)
+        self.name: str | None = None
+        self.fd: int | None = None
+        self.committed = False
+        self.parent = _open_folder(self.out.parent)
+        try:
+            if self.parent is not None:
+                remove_stale_temporaries(self.parent)
+            _fresh(self.out, purpose, lambda name: os.mkdir(self._at(name), 0o700, dir_fd=self.parent),
+                   lambda name: setattr(self, "name", name))
+            if self.parent is not None:
+                self.fd = _open_subfolder(self.parent, self.name)
+                hold_lock(self.fd)
+        except OSError as e:
+            self.close()
+            raise UnreadableFileError(f"cannot write in {self.out.parent}: {e.strerror or e}") from e
+        except BaseException:
+            self.close()
+            raise
+
+    def _at(self, name: str) -> str:
+        return name if self.parent is not None else str(self.out.parent / name)
+
+    @property
+    def path(self) -> Path:
+        return self.out.parent / self.name
+
+    def __enter__(self) -> FolderBuild:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def create(self, name: str) -> int:
+        """A new file ``name`` (``/``-separated below the folder; subfolders are made) opened for
+        reading and writing as a descriptor, which the caller closes.
+
+        Raises:
+            OSError: it exists, a part of the name is a link, or it cannot be created.
+        """
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) \
+            | getattr(os, "O_BINARY", 0)
+        *folders, leaf = name.split("/")
+        if self.fd is None:
+            path = self.path
+            for part in folders:
+                path = path / part
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path)
+            return os.open(path / leaf, flags, 0o666)
+        fd = _descend(self.fd, folders, make=True)
+        try:
+            return os.open(leaf, flags, 0o666, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def open(self, name: str) -> BinaryIO:
+        """A new file ``name`` (as for :meth:`create`) open for binary writing."""
+        return os.fdopen(self.create(name), "wb")
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write ``data`` to the new file ``name`` (as for :meth:`create`)."""
+        with self.open(name) as f:
+            f.write(data)
+
+    def nbytes(self) -> int:
+        """The bytes of the files in the folder (read through its descriptor)."""
+        if self.fd is None:
+            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file() and not p.is_symlink())
+        total = 0
+        for name in folder_entries_at(self.fd)[0]:
+            *up, leaf = name.split("/")
+            fd = _descend(self.fd, up)
+            try:
+                total += os.stat(leaf, dir_fd=fd, follow_symlinks=False).st_size
+            finally:
+                os.close(fd)
+        return total
+
+    def commit(self, replaceable: Callable[[FolderContents], list[str]] | None = None) -> None:
+        """Rename the finished folder onto the destination.
+
+        Args:
+            replaceable: when the destination exists: called with what it holds
+                (:class:`FolderContents`, read through a descriptor of it opened relative to the
+                parent, not through a link); returns the files that may be deleted once it is moved
+                aside, or raises :class:`~policyport.errors.OutputExistsError` if it may not be
+                replaced. None (default): an existing destination is refused. The old folder is
+                moved aside under a temporary name, the new one renamed into place, then the listed
+                files and the folders left empty are deleted; anything else in it keeps the old
+                folder under that name.
+
+        The destination is noted as placed once it is (:func:`noting_placed`).
+
+        Raises:
+            OutputExistsError: the destination exists and may not be replaced, is not a folder, or
+                the folder cannot be renamed into place (the old one is then put back).
+        """
+        found = self._entry(self.out.name)
+        if found is None:
+            self._rename(self.name, self.out.name)
+            self.committed = True
+            note_placed(self.out)
+            return
+        if not stat.S_ISDIR(found.st_mode) or replaceable is None:
+            raise OutputExistsError(f"{self.out} exists and is not a folder this command replaces; nothing was written")
+        old = self._open_existing()
+        try:
+            listed = replaceable(FolderContents.of(old, self.out))
+            if old is not None and fcntl is not None:
+                with contextlib.suppress(OSError):  # kept from stale-folder removal while it is aside
+                    fcntl.flock(old, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            aside = self._aside()
+            self._rename(self.out.name, aside)
+            try:
+                self._rename(self.name, self.out.name)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.rename(self._at(aside), self._at(self.out.name), src_dir_fd=self.parent,
+                              dst_dir_fd=self.parent)
+                raise
+            self.committed = True
+            note_placed(self.out)
+            self._remove_listed(old, aside, listed)
+        finally:
+            if old is not None:
+                os.close(old)
+
+    def _entry(self, name: str) -> os.stat_result | None:
+        try:
+            return os.stat(self._at(name), dir_fd=self.parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def _open_existing(self) -> int | None:
+        if self.parent is None:
+            return None
+        try:
+            return _open_subfolder(self.parent, self.out.name)
+        except OSError as e:
+            raise OutputExistsError(f"{self.out} cannot be opened as a folder ({e.strerror or e}); nothing was written") from e
+
+    def _aside(self) -> str:
+        for _ in range(100):
+            name = f".{self.out.name}.{_random_hex()}.replaced"
+            if self._entry(name) is None:
+                return name
+        raise OutputExistsError(f"cannot find a free temporary name beside {self.out}")
+
+    def _rename(self, src: str, dst: str) -> None:
+        try:
+            os.rename(self._at(src), self._at(dst), src_dir_fd=self.parent, dst_dir_fd=self.parent)
+        except OSError as e:
+            raise OutputExistsError(f"cannot move the new folder to {self.out}: {e.strerror or e}; nothing was "
+                                    "written") from e
+
+    def _remove_listed(self, old: int | None, aside: str, listed: list[str]) -> None:
+        """Delete ``listed`` from the replaced folder moved ``aside``, then its folders left empty,
+        then itself if empty (best effort, never raises)."""
+        if old is None:  # no descriptors: by path
+            base = self.out.parent / aside
+            for name in listed:
+                with contextlib.suppress(OSError):
+                    os.unlink(base / name)
+            for folder, _, _ in sorted(os.walk(base), key=lambda entry: -len(entry[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            return
+        for name in listed:
+            *up, leaf = name.split("/")
+            with contextlib.suppress(OSError):
+                fd = _descend(old, up)
+                try:
+                    os.unlink(leaf, dir_fd=fd)
+                finally:
+                    os.close(fd)
+        with contextlib.suppress(OSError):
+            for name in sorted(folder_entries_at(old)[1], key=lambda n: -n.count("/")):
+                *up, leaf = name.split("/")
+                fd = _descend(old, up)
+                try:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(leaf, dir_fd=fd)
+                finally:
+                    os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(aside, dir_fd=self.parent)
+
+    def close(self) -> None:
+        """Remove the temporary folder with all it holds unless committed, and close the descriptors."""
+        if not self.committed and self.name is not None:
+            if self.parent is not None:
+                _remove_tree(self.parent, self.name)
+            else:
+                shutil.rmtree(self.path, ignore_errors=True)
+        self.name = None if not self.committed else self.name
+        for fd in (self.fd, self.parent):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fd = self.parent = None
 
 
 class _ReaderMayLeave:

@@ -304,12 +304,15 @@ def read_policy(directory: str | os.PathLike) -> dict[str, Any]:
     return open_bundle(directory)[0]
 
 
-def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, bytes]]:
+def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = (), *,
+                folder_fd: int | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Check a packed folder and read the files in ``needed`` (the one integrity check).
 
     Args:
         directory: the folder.
         needed: names of listed files whose bytes to return.
+        folder_fd: a descriptor of the folder, already open, to read its files through (relative
+            to it) instead of opening ``directory`` (which then only names it in messages).
 
     Returns:
         ``(policy, blobs)``: the validated ``policy.json`` and ``{name: bytes}`` for ``needed``.
@@ -321,7 +324,7 @@ def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
             another sha256 than ``policy.json`` records; the runtime digest does not match.
     """
     directory = Path(directory)
-    with _Folder(directory) as folder:
+    with _Folder(directory, folder_fd) as folder:
         document = str(directory / POLICY_FILE)
         policy = _parse_policy(folder.read(POLICY_FILE, missing_is_bundle=False), document)
         names = listed_files(policy, document)
@@ -341,14 +344,15 @@ def open_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
                     "file was changed or damaged after packing — restore the file, or pack the model again into a new "
                     "folder (pack --force replaces only an intact bundle)"
                 )
-    _refuse_unlisted_code(directory, names, document)
+        _refuse_unlisted_code(directory, folder.entries(), names, document)
     runtime = policy.get("runtime")
     if runtime is not None and runtime_digest(policy["files"]) != runtime["digest"]:
         raise BadModelError(f"{document}: the runtime files do not add up to the runtime digest it records")
     return policy, blobs
 
 
-def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, bytes], Any, dict[str, dict]]:
+def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = (), *,
+                folder_fd: int | None = None) -> tuple[dict[str, Any], dict[str, bytes], Any, dict[str, dict]]:
     """The check every reader of a packed folder makes where numpy is installed, and what it read.
 
     :func:`open_bundle` (sizes, regular files, every sha256), then the contents, before any of them
@@ -362,6 +366,7 @@ def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
         needed: more listed files whose bytes to return (``model.onnx``).
+        folder_fd: as for :func:`open_bundle`.
 
     Returns:
         ``(policy, blobs, graph, golden)``: the validated ``policy.json``; ``{name: bytes}`` of the
@@ -375,7 +380,7 @@ def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = ()) -> t
     """
     directory = Path(directory)
     policy, blobs = open_bundle(directory, tuple(dict.fromkeys((GRAPH_FILE, WEIGHTS_FILE, CONSTANTS_FILE,
-                                                                 GOLDEN_FILE, *needed))))
+                                                                 GOLDEN_FILE, *needed))), folder_fd=folder_fd)
     graph = _graph_from(blobs, directory)
     golden = _split_golden(_read_npz(blobs[GOLDEN_FILE], directory / GOLDEN_FILE), directory / GOLDEN_FILE)
     return policy, blobs, graph, golden
@@ -453,11 +458,13 @@ def _split_golden(arrays: dict, path: Path) -> dict[str, dict]:
     return groups
 
 
-def _refuse_unlisted_code(directory: Path, listed: list[str], document: str) -> None:
+def _refuse_unlisted_code(directory: Path, entries: tuple[list[str], list[str], list[str]], listed: list[str],
+                          document: str) -> None:
     """Refuse a file or folder Python could import from the folder that ``policy.json`` does not list
     (a ``hashlib.py`` beside ``run.py`` would shadow the standard library's, a ``__pycache__`` would
-    stand in for the runtime's sources), whatever it is (a file, a folder, a link)."""
-    files, folders, others = folder_entries(directory)
+    stand in for the runtime's sources), whatever it is (a file, a folder, a link); ``entries`` are
+    the folder's (:func:`folder_entries`)."""
+    files, folders, others = entries
     planted = [n for n in sorted((*files, *folders, *others)) if n not in listed and IMPORTABLE.fullmatch(n.rsplit("/", 1)[-1])]
     if planted:
         shown = ", ".join(repr(n) for n in planted[:5]) + (f" and {len(planted) - 5} more" if len(planted) > 5 else "")
@@ -491,10 +498,12 @@ class _Folder:
     with ``lstat`` and the opened file's identity compared with what ``lstat`` saw.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fd: int | None = None):
         self.path = path
         try:
-            if _DIR_FD:
+            if fd is not None and _DIR_FD:
+                self.fd = os.dup(fd)
+            elif _DIR_FD:
                 self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
             else:
                 self.fd = None
@@ -513,6 +522,10 @@ class _Folder:
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
             os.close(self.fd)
+
+    def entries(self) -> tuple[list[str], list[str], list[str]]:
+        """Everything below the folder (:func:`folder_entries`), read through its descriptor where there is one."""
+        return folder_entries_at(self.fd) if self.fd is not None else folder_entries(self.path)
 
     def open(self, name: str, missing_is_bundle: bool = True) -> tuple[int, int]:
         """``(descriptor, size limit)`` of the regular file ``name`` (``/``-separated), its size checked."""
@@ -599,6 +612,36 @@ class _Folder:
         finally:
             os.close(fd)
         return digest.hexdigest()
+
+
+def folder_entries_at(folder: int) -> tuple[list[str], list[str], list[str]]:
+    """As :func:`folder_entries`, for the folder open as the descriptor ``folder``: every folder
+    below it is opened relative to it, never through a link."""
+    files: list[str] = []
+    folders: list[str] = []
+    others: list[str] = []
+    todo: list[list[str]] = [[]]
+    while todo:
+        parts = todo.pop()
+        fd = os.dup(folder)
+        try:
+            for part in parts:
+                inner = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    name = "/".join([*parts, entry.name])
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(name)
+                        todo.append([*parts, entry.name])
+                    elif entry.is_file(follow_symlinks=False):
+                        files.append(name)
+                    else:
+                        others.append(name)
+        finally:
+            os.close(fd)
+    return sorted(files), sorted(folders), sorted(others)
 
 
 def folder_entries(directory: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:

@@ -20,7 +20,9 @@ def summarize(model) -> dict:
 
     Returns:
         ``{"opset", "ir_version", "producer", "inputs", "outputs", "nodes", "parameters",
-        "parameter_count", "ops", "numpy_backend_lacks", "metadata"}``; shapes list ints and
+        "parameter_count", "ops", "numpy_backend_lacks", "numpy_backend_refusal", "metadata"}``;
+        ``numpy_backend_refusal`` is why the numpy backend refuses the model (the message loading
+        it there raises: missing ops, a newer opset than it knows ...), None when it runs it; shapes list ints and
         symbolic dimension names; ``nodes`` give each node's name, op type, output tensor(s) with
         shape and dtype from ONNX shape inference, and the parameters it reads. ``parameters`` are
         the source's, as :func:`policyport.passes.extract_weights` gives them back: the graph's
@@ -29,12 +31,26 @@ def summarize(model) -> dict:
         the source's order;
         ``parameter_count`` adds up their elements, as the source framework counts its parameters
         (Keras' ``count_params``).
+
+    Raises:
+        LimitExceededError: a graph of more nodes than :attr:`policyport.files.Limits.nodes`, the
+            numpy backend's limit (200,000 by default; ``POLICYPORT_MAX_NODES``), before anything is
+            read from it.
     """
     onnx = require("onnx", "onnx", "inspecting a model")
+    from .errors import LimitExceededError, PolicyportError
+    from .files import ENV_NODES, limits
     from .graph import from_onnx
     from .passes import infer_shapes, parameter_map, source_order
+    from .runtime import load
     from .runtime.numpy.registry import missing_ops
 
+    count, limit = len(model.graph.node), limits().nodes
+    if count > limit:
+        raise LimitExceededError(
+            f"the graph has {count:,} nodes, more than the limit of {limit:,} nodes (the numpy backend's: describing "
+            f"a graph takes time and memory in proportion to its nodes, as loading it does); if you trust the model, "
+            f"raise the limit with {ENV_NODES}={count}")
     graph = from_onnx(model)
     try:
         inferred = infer_shapes(model)
@@ -78,6 +94,11 @@ def summarize(model) -> dict:
     ops = sorted({(n.domain, n.op_type) for n in graph.nodes})
     lacks = [m.op_type if not m.domain else f"{m.domain}.{m.op_type}"
              for m in sorted(missing_ops(graph), key=lambda m: (m.domain, m.op_type))]
+    try:  # the numpy backend's own verdict: what policyport run --backend numpy would say
+        load(graph, backend="numpy")
+        refusal = None
+    except PolicyportError as e:
+        refusal = str(e)
     return {
         "opset": graph.opset,
         "ir_version": model.ir_version,
@@ -89,6 +110,7 @@ def summarize(model) -> dict:
         "parameter_count": int(sum(p["size"] for p in parameters)),
         "ops": [op if not dom else f"{dom}.{op}" for dom, op in ops],
         "numpy_backend_lacks": lacks,
+        "numpy_backend_refusal": refusal,
         "metadata": graph.metadata,
     }
 

@@ -20,6 +20,7 @@ row; scalars and inputs of fixed shape (``(1, 480)``, ``(54,)``) are one observa
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -184,7 +185,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
            samples: int | None = None, low: float = 0.0, high: float = 1.0, seed: int = 0,
            atol: float | None = None, rtol: float | None = None, tensors: str | list[str] | None = "*",
            outputs: str | list[str] | None = None, rounding: bool = True, trust: bool = False,
-           threads: int = 0, reference_oracle=None) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
+           threads: int = 0, reference_oracle=None, obs_norm: str | os.PathLike | None = None) -> Report:  # pragma: no mutate (a run's result is the same bits whatever its threads)
     """Run the same inputs through every backend (and the source) and compare every tensor.
 
     Args:
@@ -216,6 +217,11 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             difference (:mod:`policyport.compare`). ``False``: the tolerance alone decides.
         trust: let ``source`` be a file that runs code it holds when loaded (a TorchScript file, a
             SavedModel, a whole pickled torch module).
+        obs_norm: the observation-normalisation file to rebuild ``source`` with (an SB3 zip's
+            ``vecnormalize.pkl``, as ``convert --obs-norm`` took it). A path the model's metadata
+            records is never opened: without this, the source is read as ``convert`` reads it
+            without ``--obs-norm`` (the files beside it), and a note names the file the model was
+            converted with.
         threads: threads of each backend's session (see :func:`policyport.load`; the numpy
             backend's results are the same whatever the number); 0 (default) one per core.
 
@@ -296,7 +302,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     _check_finite(first.inputs, feeds, n, notes)
     source_assumptions = None  # a reference given: the conversion's own, making the model's assumptions
     if source is not None and reference is None:
-        rebuilt, read_as = _source_reference(model, source, trust)
+        rebuilt, read_as = _source_reference(model, source, trust, obs_norm)
         reference, reference_oracle, source_assumptions = rebuilt.reference, rebuilt.oracle, rebuilt.assumptions
         notes += read_as
     if inputs is None and n != asked:
@@ -767,7 +773,7 @@ def _observation_shape(proto) -> tuple[int, ...] | None:
     return shape if shape and all(n > 0 for n in shape) else None
 
 
-def _source_reference(model, source, trust: bool):
+def _source_reference(model, source, trust: bool, obs_norm=None):
     """The source's forward pass, rebuilt with the options recorded in the model at conversion: the
     :class:`~policyport.converter.Converted` of the source (its ``reference``, ``oracle`` and
     ``assumptions``), and notes on how the source was read.
@@ -781,7 +787,8 @@ def _source_reference(model, source, trust: bool):
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
     choose what it outputs (``keep_value``) carry over, and it is run as it is. A torch source with
-    no recorded ``input_shape`` takes the model's graph input shape (without the batch axis).
+    no recorded ``input_shape`` takes the model's graph input shape (without the batch axis). The
+    observation-normalisation file is ``obs_norm`` as given, never the path the model records.
 
     Returns:
         ``(converted, notes)``.
@@ -807,10 +814,17 @@ def _source_reference(model, source, trust: bool):
     if options.activation is None and used not in (None, "none") and props.get("policyport.source_kind") in (
             "npz", "state-dict", "rllib-torch"):  # converted when these kinds defaulted: the one the conversion used
         options = dataclasses.replace(options, activation=used)
+    notes = []
+    if obs_norm is not None:
+        options = dataclasses.replace(options, obs_norm=str(obs_norm))
+    elif recorded_norm := _recorded_obs_norm(props.get(OPTIONS_KEY)):
+        notes.append(f"the model was converted with --obs-norm {recorded_norm}, a path its metadata records and "
+                     "verify never opens; the source is read without it (as convert reads it: the files beside it) "
+                     "— give it again with --obs-norm (obs_norm=)")
     recorded_kind = props.get("policyport.source_kind")
     recorded_kind = recorded_kind if recorded_kind in FILE_KINDS else None
     if recorded_kind and _is_the_converted_file(source, props.get("policyport.source")):
-        return _rebuild(proto, source, recorded_kind, recorded_kind, options, used, trust), []
+        return _rebuild(proto, source, recorded_kind, recorded_kind, options, used, trust), notes
     try:
         kind, told = detect_kind(source), "as its name says"
     except UnknownKindError as e:  # a source named unlike its kind: the kind convert recorded
@@ -818,7 +832,7 @@ def _source_reference(model, source, trust: bool):
             raise BadModelError(f"cannot rebuild the source's forward pass for verification: {e}") from e
         kind, told = recorded_kind, "the kind the model was converted from"
     try:
-        return _rebuild(proto, source, kind, recorded_kind, options, used, trust), []
+        return _rebuild(proto, source, kind, recorded_kind, options, used, trust), notes
     except (BadModelError, UnreadableFileError, UntrustedFileError) as refused:
         if isinstance(refused, (LimitExceededError, TrustRequiredError)):  # the file is this kind: no other reading
             raise
@@ -830,9 +844,20 @@ def _source_reference(model, source, trust: bool):
             except (PolicyportError, MemoryError):
                 continue
             cause = re.split(r" \(|: |; ", str(refused.__cause__ or refused), maxsplit=1)[0]
-            return converted, [f"{source} is read as a {other} source, {why}; read as {kind}, {told}, it cannot "
-                               f"be: {cause}"]
+            return converted, [*notes, f"{source} is read as a {other} source, {why}; read as {kind}, {told}, it "
+                               f"cannot be: {cause}"]
         raise
+
+
+def _recorded_obs_norm(text: str | None) -> str | None:
+    """The ``--obs-norm`` path a model's recorded convert options name, as text, if any."""
+    import json
+
+    try:
+        value = json.loads(text or "{}").get("obs_norm")
+    except (ValueError, RecursionError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def _other_readings(source, kind: str, recorded_kind: str | None) -> list[tuple[str, str]]:
@@ -885,7 +910,8 @@ def _rebuild(proto, source, kind: str, recorded_kind: str | None, options, used:
     from .errors import OptionError
 
     if recorded_kind and kind != recorded_kind:
-        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset)
+        options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset,
+                                      obs_norm=options.obs_norm)
     recorded = given_fields(options)
     if options.input_shape is None and "input_shape" in READS.get(kind, ()):
         options = dataclasses.replace(options, input_shape=_observation_shape(proto))

@@ -236,10 +236,10 @@ def record_local(model, data, out: Path, fmt: str, *, tensors="*", batch_size: i
             raise
 
     if fmt == "npy":
-        with building(out, "recording") as tmp:
-            write(tmp)
-            commit_folder(tmp, out, force, NPY_SUFFIXES)
-        summary.bytes = sum(p.stat().st_size for p in out.iterdir())
+        with building(out, "recording") as build:
+            write(build)
+            summary.bytes = build.nbytes()
+            commit_folder(build, out, force, NPY_SUFFIXES)
     else:
         write_atomic(out, write, force)
         summary.bytes = out.stat().st_size
@@ -459,11 +459,11 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
         blocks += [{"path": str(part.path), "start": s, "stop": min(s + batch_size, part.rows), "row": first + s}
                    for s in range(0, part.rows, batch_size)]
         first += part.rows
-    with building(out, "recording") as tmp:
+    with building(out, "recording") as build:  # Ray's workers write in it by path, from other processes
         ray_data = start_ray(ray)
         recorded = ray_data.from_items(blocks).map_batches(RecordBatch, fn_constructor_kwargs={
             "model": model_bytes, "names": names, "overrides": specs, "columns": columns, "tensors": infos,
-            "metadata": metadata, "folder": str(tmp)}, batch_size=1, batch_format="numpy",
+            "metadata": metadata, "folder": str(build.path)}, batch_size=1, batch_format="numpy",
             compute=ray_data.ActorPoolStrategy(min_size=1))
         done = 0
         for written in recorded.iter_rows():
@@ -472,9 +472,9 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
                 progress(done, table.rows)
         if done != table.rows:
             raise BadModelError(f"the Ray workers recorded {done} rows of {table.rows}; nothing was written")
-        commit_folder(tmp, out, force, (".parquet",))
+        size = build.nbytes()
+        commit_folder(build, out, force, (".parquet",))
     seconds = time.perf_counter() - started
-    size = sum(p.stat().st_size for p in out.iterdir())
     return RecordSummary(out, "parquet", table.rows, infos, skipped, seconds=seconds, bytes=size)
 
 

@@ -1,15 +1,14 @@
-"""Output folders written all at once: built under a temporary sibling name, then renamed into place."""
+"""Output folders written all at once: built under a temporary sibling name, then renamed into place
+(:class:`policyport.files.FolderBuild`: every file created relative to descriptors)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
-from ..files import check_not_a_stream, note_placed
+from ..files import FolderBuild, FolderContents, check_not_a_stream
 
 
 def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -31,51 +30,39 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
             raise OutputExistsError(f"{out} exists and is not a folder of {'/'.join(suffixes)} files only (a previous "
                                     "output of this command), so it is never replaced — remove it yourself or choose "
                                     "another name")
-        if not out.is_dir() or out.is_symlink() or any(p.suffix not in suffixes or p.is_dir() for p in out.iterdir()):
-            raise OutputExistsError(f"{out} is not a folder of {'/'.join(suffixes)} files only; force replaces only a "
-                                    "previous output of this command — remove it yourself or choose another name")
     if not out.parent.is_dir():
         raise UnreadableFileError(f"cannot write {out}: folder {out.parent} does not exist")
 
 
 @contextlib.contextmanager
-def building(out: Path, purpose: str) -> Iterator[Path]:
+def building(out: Path, purpose: str) -> Iterator[FolderBuild]:
     """A new hidden folder beside ``out`` to build it in (``.<name>.<8 hex digits>.<purpose>``, mode
-    0700), removed with whatever is left in it when the block ends, however it ends. Its name is
-    chosen before it is made, so that a signal (Ctrl-C, SIGTERM) the moment it is made still has it
-    removed.
+    0700; :class:`~policyport.files.FolderBuild`), removed with whatever is left in it when the block
+    ends uncommitted, however it ends.
 
     Raises:
         OutputExistsError: no free name beside ``out`` after 100 tries.
+        UnreadableFileError: the folder of ``out`` cannot be written in.
     """
-    folder = None
-    try:
-        for _ in range(100):
-            folder = out.parent / f".{out.name}.{os.urandom(4).hex()}.{purpose}"
-            try:
-                os.mkdir(folder, 0o700)
-            except FileExistsError:
-                folder = None  # another's folder: never to be removed
-                continue
-            break
-        if folder is None:
-            raise OutputExistsError(f"cannot find a free temporary name beside {out}")
-        yield folder
-    finally:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+    with FolderBuild(out, purpose) as build:
+        yield build
 
 
-def commit_folder(tmp: Path, out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
-    """Rename the finished ``tmp`` onto ``out``; a previous output there is removed only after.
-    ``out`` is then noted as placed (:func:`policyport.files.noting_placed`)."""
-    check_out_folder(out, force, suffixes)
-    if not out.exists():
-        os.rename(tmp, out)
-        note_placed(out)
-        return
-    with building(out, "replaced") as old:
-        os.rmdir(old)
-        os.rename(out, old)
-        os.rename(tmp, out)
-        note_placed(out)
+def commit_folder(build: FolderBuild, out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
+    """Rename the finished ``build`` onto ``out``; a previous output there (a folder of files ending
+    in ``suffixes`` only, replaced with ``force``) is removed only after.
+
+    Raises:
+        OutputExistsError: ``out`` appeared meanwhile, or is not such a folder.
+    """
+
+    def replaceable(found: FolderContents) -> list[str]:
+        if found.folders or found.others or not all(Path(n).suffix in suffixes for n in found.files):
+            raise OutputExistsError(f"{out} is not a folder of {'/'.join(suffixes)} files only; force replaces only a "
+                                    "previous output of this command — remove it yourself or choose another name")
+        if not force:
+            raise OutputExistsError(f"{out} appeared while it was written; nothing was written (overwrite it with "
+                                    "--force)")
+        return found.files
+
+    build.commit(replaceable)

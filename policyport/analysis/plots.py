@@ -31,7 +31,7 @@ from ..errors import InputMismatchError, UnreadableFileError, require
 from ..runtime.entry import literal
 from .folders import check_out_folder, commit_folder, building
 from .recording import Recording, open_recording
-from .statistics import RELU_LIKE, Statistics, statistics
+from .statistics import RELU_LIKE, Statistics, block_rows, statistics
 
 BINS = 80
 _DPI = 110
@@ -141,20 +141,28 @@ def plot_recording(recording, out_dir, *, tensors: str | None = None, heatmap_ro
         raise InputMismatchError(f"{rec.path} holds no observations; there is nothing to plot")
     half = None if progress is None else (lambda done, total: progress(done, 2 * total))
     stats = statistics(rec, tensors, batch_size=batch_size, progress=half)
+    plotted = {s.name for s in stats.tensors}
+    batch_size = block_rows(rec, [t for t in rec.tensors if t.name in plotted], batch_size)  # as the statistics read
     hists = _histograms(rec, stats, batch_size, progress)
-    head = rec.head(heatmap_rows, [s.name for s in stats.tensors])
-    with building(out_dir, "plots") as tmp:
+    head = rec.head(min(heatmap_rows, batch_size), [s.name for s in stats.tensors])
+    with building(out_dir, "plots") as build:
         taken: set[str] = set()
         names = ["histograms.png"]
-        _plot_histograms(stats, hists).savefig(tmp / names[0])
+        _save(_plot_histograms(stats, hists), build, names[0])
         for s in stats.tensors:
             key = slug(s.name, taken)
             names.append(f"heatmap-{key}.png")
-            _plot_heatmap(s, head[s.name]).savefig(tmp / names[-1])
+            _save(_plot_heatmap(s, head[s.name]), build, names[-1])
             names.append(f"neurons-{key}.png")
-            _plot_neurons(s, rec.rows).savefig(tmp / names[-1])
-        commit_folder(tmp, out_dir, force, (".png",))
+            _save(_plot_neurons(s, rec.rows), build, names[-1])
+        commit_folder(build, out_dir, force, (".png",))
     return [out_dir / n for n in names]
+
+
+def _save(fig, build, name: str, **options) -> None:
+    """``fig`` as the PNG ``name`` of the folder being built (created relative to its descriptor)."""
+    with build.open(name) as f:
+        fig.savefig(f, format="png", **options)
 
 
 def _plot_histograms(stats: Statistics, hists) -> object:
@@ -319,9 +327,9 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
         handles.append(Patch(facecolor="white", edgecolor="#C44E52", hatch="///", linewidth=1.5))
         labels.append("fails its tolerance")
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # beside, never over a bar
-    with building(out_dir, "plots") as tmp:
-        fig.savefig(tmp / "errors.png", bbox_inches="tight")
-        commit_folder(tmp, out_dir, force, (".png",))
+    with building(out_dir, "plots") as build:
+        _save(fig, build, "errors.png", bbox_inches="tight")
+        commit_folder(build, out_dir, force, (".png",))
     return [out_dir / "errors.png"]
 
 

@@ -366,26 +366,25 @@ class NpyFolderWriter(_InPlaceWriter):
     description and ``files``, each tensor's file name (:func:`npy_file_name`).
 
     Args:
-        target: the (empty) folder to write in.
+        target: the (empty) folder to write in: a :class:`~policyport.files.FolderBuild` (its files
+            are created relative to its descriptor), or a path.
         rows: the total row count.
         tensors: what each block holds.
         metadata: the recording's description.
         scratch: unused (the parquet writer's signature).
     """
 
-    def __init__(self, target: str | os.PathLike, rows: int, tensors: list[TensorInfo], metadata: dict,
+    def __init__(self, target, rows: int, tensors: list[TensorInfo], metadata: dict,
                  scratch: str | os.PathLike | None = None):
-        self.folder, self.rows, self.tensors = Path(target), rows, tensors
+        self.folder, self.rows, self.tensors = target, rows, tensors
         self.metadata = {**metadata, "files": {t.name: npy_file_name(i, t.name) for i, t in enumerate(tensors)}}
         self._written = 0
         self._fds: list[int] = []
         self._next: list[int] = []
         try:
             for t in tensors:
-                fd = os.open(self.folder / self.metadata["files"][t.name],
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0),
-                             0o666)
-                self._fds.append(fd)
+                self._fds.append(self._create(self.metadata["files"][t.name]))
+                fd = self._fds[-1]
                 header = npy_header(t.dtype, (rows, *t.shape))
                 write_at(fd, 0, header)
                 self._next.append(len(header))
@@ -402,8 +401,16 @@ class NpyFolderWriter(_InPlaceWriter):
             self._check_rows()
         finally:
             self.abort()
-        with open(self.folder / META_FILE, "x", encoding="utf-8") as f:
+        with os.fdopen(self._create(META_FILE), "w", encoding="utf-8") as f:
             json.dump(self.metadata, f, indent=1)
+
+    def _create(self, name: str) -> int:
+        """A new file in the folder, open for writing (never an existing one, never through a link)."""
+        if hasattr(self.folder, "create"):
+            return self.folder.create(name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0) \
+            | getattr(os, "O_CLOEXEC", 0)
+        return os.open(Path(self.folder) / name, flags, 0o666)
 
     def abort(self) -> None:
         """Close the files; the caller removes the folder."""

@@ -26,8 +26,9 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputMismatchError, require
+from ..files import check_array_bytes, limits
 from ..runtime.base import nonfinite_rows  # noqa: F401  (re-exported: analysis counts them too)
-from .moments import SATURATION, Moments
+from .moments import BLOCK_BYTES, MERGE_BYTES, SATURATION, STATE_BYTES, Moments
 from .recording import Recording, TensorInfo, open_recording
 
 FORMAT = "policyport.stats/1"
@@ -141,7 +142,8 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
     Args:
         recording: a path (``.npz``, ``.parquet``, a folder of ``.parquet``) or a :class:`Recording`.
         tensors: ``fnmatch`` globs over the recorded tensor names (default: all).
-        batch_size: rows read per block (default 16384): the memory the pass takes.
+        batch_size: rows read per block (default 16384): the memory the pass takes; fewer where the
+            block would take the statistics' memory above the array limit (:func:`block_rows`).
         engine: ``"local"`` (default) or ``"ray"`` (parquet recordings; each worker reduces its
             blocks, the driver merges the moments).
         progress: called as ``progress(rows_done, rows_total)`` after each block (local engine).
@@ -153,13 +155,18 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
     Raises:
         UnreadableFileError: the recording cannot be read.
         InputMismatchError: a pattern matches no tensor (or only arrays left out), or an unknown engine.
+        LimitExceededError: the per-neuron statistics its header sizes would take more than the
+            array limit (:func:`block_rows`).
     """
     rec = recording if isinstance(recording, Recording) else open_recording(recording)
     names = rec.select(tensors)
     chosen = [t for t in rec.tensors if t.name in names]
+    if engine not in ("local", "ray"):
+        raise InputMismatchError(f"unknown engine {engine!r}; choose local or ray")
+    batch_size = block_rows(rec, chosen, batch_size)
     if engine == "ray":
         moments = _moments_ray(rec, chosen, batch_size)
-    elif engine == "local":
+    else:
         moments = {t.name: Moments.empty(int(np.prod(t.shape, dtype=np.int64)), t.op_type) for t in chosen}
         done = 0
         for block in rec.iter_batches(batch_size, names):
@@ -168,10 +175,32 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
             done += len(next(iter(block.values()))) if block else 0
             if progress is not None:
                 progress(done, rec.rows)
-    else:
-        raise InputMismatchError(f"unknown engine {engine!r}; choose local or ray")
     return Statistics(str(rec.path), rec.rows, [TensorStats(t.name, t.op_type, t.shape, moments[t.name]) for t in chosen],
                       rec.left_out_among(tensors))
+
+
+def block_rows(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> int:
+    """The rows per block of a pass computing the statistics of ``tensors``: ``batch_size``, or fewer
+    where the pass would otherwise hold more than the array limit (:attr:`policyport.files.Limits.array_bytes`):
+    the running statistics of every neuron, the merge of one tensor's block, and the blocks' values
+    (:data:`~policyport.analysis.moments.STATE_BYTES` and the figures beside it), every size taken
+    from the recording's header before anything of it is allocated.
+
+    Raises:
+        LimitExceededError: the statistics and a block of one row alone would take more than the
+            limit (a header declaring rows of billions of values).
+    """
+    if not tensors:
+        return batch_size
+    neurons = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors]
+    fixed = STATE_BYTES * sum(neurons) + MERGE_BYTES * max(neurons)
+    per_row = sum(t.row_bytes for t in tensors) + BLOCK_BYTES * max(neurons)
+    limit = limits().array_bytes
+    counted = f"{len(tensors):,} tensor{'' if len(tensors) == 1 else 's'}"
+    check_array_bytes(fixed + per_row, f"{rec.path}: the per-neuron statistics of {counted} ({sum(neurons):,} "
+                      "neurons, as its header says) and a block of one row",
+                      purpose="the statistics of a recording")
+    return max(1, min(batch_size, (limit - fixed) // per_row))
 
 
 def _moments_ray(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> dict[str, Moments]:

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..errors import UnreadableFileError, listing, require
-from ..files import WEIGHTS_COMMENT, check_npz_arrays, not_a_file
+from ..files import WEIGHTS_COMMENT, check_array_bytes, check_npz_arrays, not_a_file
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -169,11 +169,20 @@ class NpzTable(Table):
                 check_npz_arrays(len(members), str(path))
                 for info in members:
                     name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                    where = f"{path} member {name!r}"
                     with zf.open(info) as f:
-                        if name == META_KEY:
+                        dtype, shape = _npy_header(f, where, scalar=per_observation or name == META_KEY)
+                        declared = f.tell() + dtype.itemsize * int(np.prod(shape, dtype=object))
+                    if declared > info.file_size:
+                        raise UnreadableFileError(f"{where} is truncated or damaged: its header says {dtype.name} "
+                                                  f"{shape}, which needs {declared:,} bytes; it holds {info.file_size:,}")
+                    if name == META_KEY:
+                        if declared > META_FILE_BYTES:
+                            raise UnreadableFileError(f"{where} declares {declared:,} bytes, more than a recording's "
+                                                      f"description ({META_FILE_BYTES:,}); it is not one")
+                        with zf.open(info) as f:
                             self.metadata = _metadata(np.lib.format.read_array(f, allow_pickle=False), path)
-                            continue
-                        dtype, shape = _npy_header(f, f"{path} member {name!r}", scalar=per_observation)
+                        continue
                     self._members[name] = info.filename
                     self.columns[name] = Column(name, dtype, shape[1:])
                     shapes[name] = shape
@@ -340,6 +349,7 @@ class ParquetTable(Table):
         shapes = {t["name"]: tuple(t["shape"]) for t in (self.metadata or {}).get("tensors", [])}
         self.rows = self._file.metadata.num_rows
         self.columns = {f.name: _arrow_column(f, shapes.get(f.name), path) for f in schema}
+        _check_list_values(self._file.metadata, schema, self.columns, path)
 
     def iter_batches(self, batch_size, names=None):
         names = list(self.columns) if names is None else names
@@ -357,6 +367,45 @@ class ParquetTable(Table):
             at += rows
         table = self._file.read_row_groups(groups, columns=names, use_threads=False).slice(start - (first or 0), stop - start)
         return {n: _to_numpy(table.column(n).combine_chunks(), self.columns[n], self.path) for n in names}
+
+
+def _check_list_values(meta, schema, columns: dict[str, Column], path) -> None:
+    """Refuse a ``.parquet`` file whose list columns hold more values than can be read, from its
+    metadata alone, before any is decoded.
+
+    A row of a list column is decoded whole, however many values it holds, and the file does not
+    say how they are spread over the rows: a row group of a single row can hold billions of values
+    in a few hundred bytes (dictionary and run-length encoded). So each row group's values of a list
+    column are checked against the array limit (:attr:`policyport.files.Limits.array_bytes`), and
+    against the width the column declares (``fixed_size_list``, or the recording's row shape).
+
+    Raises:
+        LimitExceededError: a row group of a list column holds values above the array limit.
+        UnreadableFileError: more values than its rows times the column's width.
+    """
+    pa = require("pyarrow", "analysis", "reading .parquet files")
+    lists = {f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+             or pa.types.is_fixed_size_list(f.type)}
+    if not lists:
+        return
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        values: dict[str, int] = {}
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            name = chunk.path_in_schema.split(".")[0]
+            if name in lists:
+                values[name] = values.get(name, 0) + chunk.num_values
+        for name, count in values.items():
+            col = columns[name]
+            check_array_bytes(count * col.dtype.itemsize, f"{path}: row group {g} of list column {name!r} "
+                              f"({count:,} {col.dtype.name} values, read as whole rows)")
+            width = None if col.shape is None else int(np.prod(col.shape, dtype=np.int64))
+            if width is not None and count > group.num_rows * max(width, 1):
+                rows = f"{group.num_rows:,} row{'' if group.num_rows == 1 else 's'}"
+                raise UnreadableFileError(f"{path}: row group {g} of column {name!r} holds {count:,} values in {rows}, "
+                                          f"more than rows of {width:,} values hold; the file is damaged or not what "
+                                          "its metadata says")
 
 
 def _arrow_column(field, shape, path) -> Column:

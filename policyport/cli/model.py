@@ -92,8 +92,11 @@ def inspect(
             say(f"{counted(sum(p['size'] for p in dropped), 'parameter')} in all-zero arrays the graph does not hold "
                 f"(the exporter dropped them; extract writes them back): {', '.join(p['name'] for p in dropped)}")
         out.print(literal("ops: " + ", ".join(s["ops"])))
-        lacks = s["numpy_backend_lacks"]
-        out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
+        lacks, refusal = s["numpy_backend_lacks"], s["numpy_backend_refusal"]
+        if lacks or refusal is None:
+            out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
+        else:
+            out.print(literal(f"numpy backend lacks no op, but refuses the model: {refusal}"))
         from ..graph import recorded_assumptions
 
         for line in source_lines(None, recorded_assumptions(s["metadata"]) or []):

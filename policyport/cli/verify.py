@@ -94,6 +94,7 @@ def verify_cmd(
     backends: Annotated[Optional[str], typer.Option(metavar="NAME,NAME", help="Comma-separated backends; the first is the baseline  [default: numpy,onnxruntime]")] = None,
     source: Annotated[Optional[Path], typer.Option(metavar="SRC", parser=given_path, help="The source the model was converted from, as a further reference.")] = None,
     trust: Annotated[bool, typer.Option("--trust", help="Allow loading a --source that runs code it holds: a TorchScript file, a SavedModel, a whole pickled torch module. Only for files you trust.")] = False,
+    obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", metavar="FILE", parser=given_path, help="The observation-normalisation file to rebuild --source with, as convert took it (a path the model records is never opened).")] = None,
     tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names to compare; graph outputs always are (name them alone to compare only them).")] = "*",
     outputs: Annotated[Optional[str], typer.Option("--outputs", metavar="NAMES", help="Comma-separated graph outputs to verify, on the graph pruned to what they need  [default: all]")] = None,
     atol: AtolOpt = None,
@@ -114,6 +115,9 @@ def verify_cmd(
         from ..runtime import BACKENDS
         from ..verification import verify as run_verify
 
+        if obs_norm is not None and source is None:
+            raise typer.BadParameter("it rebuilds the source the model was converted from; give --source too",
+                                     param_hint="--obs-norm")
         check_model_folder(model)  # a source's folder or any other, not a packed one: say so before the options
         packed = model.is_dir() and inputs is None and source is None
         if packed and backends is None:  # a packed folder: its golden data
@@ -159,7 +163,7 @@ def verify_cmd(
         with drawing_advice("verify", takes_inputs=True):
             report = run_verify(str(model), feeds, backends=names, source=source, samples=samples, low=lo, high=hi,
                                 seed=0 if seed is None else seed, atol=atol, rtol=rtol, tensors=tensors, outputs=outputs,
-                                rounding=rounding, trust=trust, threads=threads)
+                                rounding=rounding, trust=trust, threads=threads, obs_norm=obs_norm)
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)

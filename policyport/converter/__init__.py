@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import (
     ArgumentTypeError,
     BadModelError,
+    InputMismatchError,
     OptionError,
     TrustRequiredError,
     UnreadableFileError,
@@ -183,10 +184,12 @@ class ConvertOptions:
 
     @classmethod
     def from_metadata(cls, text: str | None) -> ConvertOptions:
-        """Options recorded by :meth:`to_metadata`; unknown keys are ignored, ``trust`` is never read.
+        """Options recorded by :meth:`to_metadata`; unknown keys are ignored. ``trust`` is never read,
+        nor ``obs_norm``: a path a model records is never opened (the command line gives it again).
 
         Raises:
-            BadModelError: the text is not a JSON object.
+            BadModelError: the text is not a JSON object, or an option in it is not of its type (the
+                model file is damaged: not the user's options).
         """
         if not text:
             return cls()
@@ -194,14 +197,24 @@ class ConvertOptions:
             recorded = json.loads(text)
             if not isinstance(recorded, dict):
                 raise ValueError(f"expected an object, got {type(recorded).__name__}")
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
-        known = {f.name for f in dataclasses.fields(cls)} - {"trust"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
         values = {k: v for k, v in recorded.items() if k in known}
-        for key in ("input_shape", "output_names"):  # JSON lists back to tuples
-            if isinstance(values.get(key), list):
-                values[key] = tuple(values[key])
-        return cls(**values)
+        for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples
+            value = values.get(key)
+            if value is not None and not (isinstance(value, list) and all(type(v) is kind for v in value)):
+                raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {key} must be a list of "
+                                    f"{kind.__name__} or null, not {value!r:.80}")
+            if value is not None:
+                values[key] = tuple(value)
+        options = cls(**values)
+        try:
+            _check_types(options)
+        except (ArgumentTypeError, InputMismatchError) as e:
+            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {str(e).removeprefix('convert(): ')}; "
+                                "the model file is damaged or was not written by policyport convert") from None
+        return options
 
 
 @dataclass

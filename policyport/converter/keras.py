@@ -59,6 +59,7 @@ from ..errors import (
 from ..files import sha256_file
 from .assumptions import Oracle, head_assumption, outside_normaliser
 from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
+from .keras_sizes import check_keras_config, check_savedmodel_sizes
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
@@ -149,29 +150,43 @@ def load_keras_file(path: Path, trust: bool = False):
     """A Keras model from a ``.keras`` or ``.h5`` file, loaded in Keras' safe mode unless ``trust``.
 
     Raises:
-        UntrustedFileError: the file holds Python code (a ``Lambda`` layer's bytecode) and ``trust``
-            is false.
+        UntrustedFileError: the file holds what Keras' safe mode refuses (a ``Lambda`` layer's
+            bytecode, a ``TFSMLayer``) and ``trust`` is false.
         UnreadableFileError: missing, or not a Keras model file.
         BadModelError: the file names a custom class Keras cannot find.
+        LimitExceededError: its config declares more than the limits allow
+            (:func:`~policyport.converter.keras_sizes.check_keras_config`).
     """
     fw = _frameworks()
     if not path.exists():
         raise UnreadableFileError(f"{path}: no such file")
     _check_keras_file(path)
+    check_keras_config(path)
     try:
         return fw.keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except ValueError as e:
         if "safe_mode" in str(e):
-            raise UntrustedFileError(
-                f"{path} stores a Lambda layer as Python bytecode, which runs when the model is loaded; "
-                f"policyport loads Keras files in Keras' safe mode and refused it (nothing from the file ran). "
-                "If you trust this file, pass --trust (trust=True)"
-            ) from e
+            raise UntrustedFileError(_safe_mode_refusal(path, e)) from e
         raise UnreadableFileError(f"{path} is not a readable Keras model: {_first_line(e)}") from e
     except TypeError as e:
         raise BadModelError(f"{path} names a class Keras cannot rebuild: {_first_line(e)}") from e
     except (OSError, KeyError, AttributeError, EOFError) as e:
         raise UnreadableFileError(f"{path} is not a readable Keras model: {type(e).__name__}: {_first_line(e)}") from e
+
+
+def _safe_mode_refusal(path: Path, error: ValueError) -> str:
+    """What Keras' safe mode refused in ``path``, told from its message ("Requested the
+    deserialization of a `TFSMLayer`" ...): a TFSMLayer, a Lambda layer's bytecode, or other Python
+    code of the config."""
+    text = str(error)
+    if "`TFSMLayer`" in text:
+        what = "a TFSMLayer, which loads an external SavedModel and runs its graph when the model is loaded"
+    elif "`Lambda`" in text:
+        what = "a Lambda layer as Python bytecode, which runs when the model is loaded"
+    else:
+        what = f"Python code that runs when the model is loaded ({_first_line(error)})"
+    return (f"{path} stores {what}; policyport loads Keras files in Keras' safe mode and refused it (nothing from the "
+            "file ran). If you trust this file, pass --trust (trust=True)")
 
 
 #: The 8 bytes an HDF5 file starts with (at offset 0, or 512, 1024, 2048 ... after a user block);
@@ -1097,6 +1112,8 @@ def convert_savedmodel(source, options):
     Raises:
         UnreadableFileError: not a loadable SavedModel, or no ``serving_default`` signature.
         TrustRequiredError: ``options.trust`` is false (exit 2).
+        LimitExceededError: a tensor its graph sizes from a constant above the array limit
+            (:func:`~policyport.converter.keras_sizes.check_savedmodel_sizes`).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
     from . import refuse_code_without_trust, wrong_shape_of_source
@@ -1110,6 +1127,7 @@ def convert_savedmodel(source, options):
     if not (path / "saved_model.pb").is_file():
         raise UnreadableFileError(f"{path} is not a TF SavedModel folder (it has no saved_model.pb)")
     refuse_code_without_trust(path, "savedmodel", options.trust)
+    check_savedmodel_sizes(path, fw.tf)
     with _globless(path) as plain:
         try:
             loaded = fw.tf.saved_model.load(str(plain))

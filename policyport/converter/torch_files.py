@@ -123,6 +123,10 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         text = str(e)
         refused = re.search(r"GLOBAL ([\w.]+)", text)
         if not trust and (refused or "weights_only" in text.lower() or "Weights only load failed" in text):
+            damage = None if refused else _pickle_damage(source)
+            if damage:  # not a pickle that asks for too much: one that is no pickle at all
+                raise UnreadableFileError(f"{path} is damaged: its pickle {damage}, so it is not a file torch.save "
+                                          "wrote (nothing from it ran); save the policy again") from e
             what = refused.group(1) if refused else _refused_global(source) or "objects beyond tensors and containers"
             raise UntrustedFileError(
                 f"{path} asks for {what} while unpickling; torch.load(weights_only=True) rebuilds only tensors and "
@@ -316,14 +320,38 @@ def _refused_global(source) -> str | None:
     neither a torch tensor rebuilder nor a plain container (see :func:`unpickle.refused_global`)."""
     from .unpickle import refused_global
 
+    found = _pickle_of(source)
+    return None if found is None else refused_global(found[1], allowed_roots=("torch",))
+
+
+def _pickle_of(source) -> tuple[str, bytes] | None:
+    """The pickle of a torch file (a path or ``io.BytesIO``), named: its zip archive's
+    ``data.pkl``, or the whole file in the legacy format; None for an archive without exactly one
+    ``data.pkl``."""
     data = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
-    if zipfile.is_zipfile(io.BytesIO(data)):
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-            if len(pickles) != 1:
-                return None
-            data = zf.read(pickles[0])
-    return refused_global(data, allowed_roots=("torch",))
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        return "pickle", data
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+        return ("data.pkl", zf.read(pickles[0])) if len(pickles) == 1 else None
+
+
+def _pickle_damage(source) -> str | None:
+    """What makes a torch file's pickle no pickle at all (a byte that is no opcode, an end before
+    its STOP), read with ``pickletools.genops``, which only parses; None for a well-formed one.
+    torch's weights-only reader reports both as a failure of its own, as it reports a refused global."""
+    import pickletools
+
+    found = _pickle_of(source)
+    if found is None:
+        return None
+    name, data = found
+    try:
+        for _ in pickletools.genops(data):
+            pass
+    except ValueError as e:  # an unknown opcode, data exhausted before STOP
+        return f"({name}, {len(data):,} bytes starting {data[:8]!r}) is not one: {e}"
+    return None
 
 
 def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):

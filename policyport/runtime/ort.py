@@ -46,6 +46,8 @@ class OrtBackend(Backend):
     Raises:
         MissingDependencyError: onnxruntime is not installed.
         BadModelError: onnxruntime refuses the model.
+        LimitExceededError: a node output would take more than the array limit on one row
+            (:func:`check_tensor_sizes`), before onnxruntime sees the model.
     """
 
     name = "onnxruntime"
@@ -55,6 +57,7 @@ class OrtBackend(Backend):
 
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = free_dims(model)  # onnxruntime takes a declared 0 literally
+        check_tensor_sizes(self.model)
         self.graph = graph
         self.threads = threads
         self.seed = seed
@@ -154,6 +157,44 @@ class OrtBackend(Backend):
             for name, value in zip(piece.outputs, results):
                 values[name] = steer[name](value) if name in steer else value
         return {n: np.array(values[n]) if n in feeds else values[n] for n in wanted}
+
+
+def check_tensor_sizes(model) -> None:
+    """Refuse a model whose node outputs, as ONNX shape inference (with data propagation) sizes them
+    from the model's values, would take more than the array limit on one row of the batch (every
+    dimension it cannot tell counted as 1), before onnxruntime sees it: onnxruntime folds constants
+    such as a ``ConstantOfShape`` of a shape held in an initializer while it loads the model, and
+    allocates what a run asks for without a limit. The numpy backend refuses the same tensors as it
+    computes them, with the same limit (:func:`policyport.files.check_tensor_shape`). A model shape
+    inference cannot read is left to onnxruntime.
+
+    Raises:
+        LimitExceededError: naming the node, its output's shape and size, and the limit.
+    """
+    from ..errors import PolicyportError
+    from ..files import check_tensor_shape
+    from ..passes import infer_shapes
+
+    helper = require("onnx", "onnx", "the onnxruntime backend").helper
+    try:
+        inferred = infer_shapes(model)
+    except PolicyportError:
+        return
+    infos = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    for node in model.graph.node:
+        for name in node.output:
+            t = infos.get(name)
+            if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+                continue
+            try:
+                dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
+            except (KeyError, TypeError, ValueError):  # undefined or unknown element type
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.tensor_type.shape.dim]
+            try:
+                check_tensor_shape(dims, dtype if dtype.kind != "O" else np.dtype(np.intp))
+            except PolicyportError as e:
+                raise type(e)(f'{node.op_type} node "{node.name}" on the onnxruntime backend: {e}') from None
 
 
 def _left_to_feeds(model, names: tuple[str, ...]):

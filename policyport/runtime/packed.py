@@ -96,7 +96,7 @@ from .base import count_observations
 # --------------------------------------------------------------------------------------------- load
 
 
-def load_graph(directory: str | os.PathLike) -> Graph:
+def load_graph(directory: str | os.PathLike, *, folder_fd: int | None = None) -> Graph:
     """Read a packed folder into a :class:`Graph` for the numpy backend (needs numpy only).
 
     The folder is checked by :func:`policyport.folder.read_bundle` first, the check every reader
@@ -106,6 +106,8 @@ def load_graph(directory: str | os.PathLike) -> Graph:
 
     Args:
         directory: a folder written by :func:`policyport.bundle.pack`.
+        folder_fd: a descriptor of the folder, already open, to read it through (``directory``
+            then only names it in messages).
 
     Returns:
         The graph, with initializers as numpy arrays exactly as the model stored them.
@@ -116,7 +118,7 @@ def load_graph(directory: str | os.PathLike) -> Graph:
             another sha256 than ``policy.json`` records (the message names the file), a document
             that does not fit its schema, or an initializer missing or misshapen.
     """
-    return read_bundle(directory)[2]
+    return read_bundle(directory, folder_fd=folder_fd)[2]
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -90,7 +90,7 @@ def test_failing_comparisons_are_marked_and_named_in_a_legend_beside_the_bars(tm
     failing = [c["tensor"] for c in report["comparisons"] if not c["passed"]]
     assert failing and not report["passed"]
     drawn = []
-    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig) or path.write_bytes(PNG))
+    monkeypatch.setattr(Figure, "savefig", lambda fig, file, **kw: drawn.append(fig) or file.write(PNG))
     plots.plot_report(report, tmp_path / "errors")
     ax = drawn[0].axes[0]
     legend = ax.get_legend()

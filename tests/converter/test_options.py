@@ -49,16 +49,16 @@ def test_every_kind_has_its_reads():
     assert all("opset" in reads for reads in READS.values())
 
 
-def test_recorded_options_come_back_as_given_but_never_the_trust():
+def test_recorded_options_come_back_as_given_but_never_the_trust_nor_a_path():
     from policyport.converter import ConvertOptions
 
     given = ConvertOptions(activation="relu", head="categorical", opset=13, keep_value=True, exporter="dynamo",
                            policy_id="p1", obs_filter=False, obs_norm="vecnormalize.pkl", trust=True,
                            input_shape=(2, 3), output_names=("logits", "value"))
     text = given.to_metadata()
-    assert "trust" not in json.loads(text)
+    assert "trust" not in json.loads(text) and json.loads(text)["obs_norm"] == "vecnormalize.pkl"
     back = ConvertOptions.from_metadata(text)
-    assert back == dataclasses.replace(given, trust=False)
+    assert back == dataclasses.replace(given, trust=False, obs_norm=None)  # a recorded path is never opened
     assert type(back.input_shape) is tuple and type(back.output_names) is tuple
     recorded = json.loads(text) | {"trust": True, "added_later": 1}  # a newer policyport's key, a forged trust
     assert ConvertOptions.from_metadata(json.dumps(recorded)) == back
@@ -77,6 +77,38 @@ def test_malformed_recorded_options_are_refused(text, reason):
     with pytest.raises(pp.BadModelError) as caught:
         ConvertOptions.from_metadata(text)
     assert str(caught.value) == f"model metadata 'policyport.convert_options' is malformed: {reason}"
+
+
+@pytest.mark.parametrize("recorded, reason", [
+    ({"opset": "13"}, "opset must be a whole number, not str '13'"),
+    ({"opset": 0}, "opset must be a finite number >= 1, got 0"),
+    ({"keep_value": "yes"}, "keep_value must be bool, not str 'yes'"),
+    ({"activation": ["tanh"]}, "activation must be str, not list ['tanh']"),
+    ({"input_shape": [2, "3"]}, "input_shape must be a list of int or null, not [2, '3']"),
+    ({"output_names": "logits"}, "output_names must be a list of str or null, not 'logits'"),
+])
+def test_recorded_options_of_the_wrong_type_are_a_damaged_model_not_the_users_options(recorded, reason):
+    from policyport.converter import ConvertOptions
+
+    with pytest.raises(pp.BadModelError) as caught:  # exit 3, where the user's own options are exit 2
+        ConvertOptions.from_metadata(json.dumps(recorded))
+    assert not isinstance(caught.value, (pp.ArgumentTypeError, pp.OptionError))
+    assert str(caught.value).startswith(f"model metadata 'policyport.convert_options' is malformed: {reason}")
+
+
+def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_path):
+    import onnx
+
+    from policyport.converter import OPTIONS_KEY
+
+    model = pp.convert(EXPERT, activation="tanh")
+    entry = next(p for p in model.metadata_props if p.key == OPTIONS_KEY)
+    entry.value = json.dumps({**json.loads(entry.value), "opset": "seventeen"})
+    onnx.save(model, tmp_path / "m.onnx")
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "m.onnx"), "--source", str(EXPERT), "--samples", "4"])
+    assert result.exit_code == 3
+    assert ("model metadata 'policyport.convert_options' is malformed: opset must be a whole number, not str "
+            "'seventeen'; the model file is damaged") in " ".join(result.stderr.split())
 
 
 TELLS = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), state-dict "
