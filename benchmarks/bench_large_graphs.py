@@ -23,7 +23,7 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 import policyport as pp
-from policyport.files import load_onnx
+from policyport.io import load_onnx
 from policyport.graph import from_onnx
 
 path = sys.argv[1]

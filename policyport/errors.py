@@ -150,7 +150,7 @@ class LimitExceededError(BadModelError, MemoryError):
     Raised before anything that large is allocated: an array whose header claims more bytes than
     the limit, a node whose output would be too large, a graph with too many nodes, a command whose
     data would not fit. The message names the size needed, the limit and how to raise it (see
-    :class:`policyport.files.Limits`).
+    :class:`policyport.io.limits.Limits`).
     """
 
 

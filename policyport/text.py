@@ -1,6 +1,6 @@
 """Text from outside policyport shown as it is: names, paths and values from files, on a terminal.
 
-Standard library only: a packed folder's ``run.py`` (``policyport.runtime.entry``) and the
+Standard library only: a packed folder's ``run.py`` (``policyport.handoff.folder_run``) and the
 ``policyport`` command line (``policyport.cli.render``) print through the same function.
 """
 

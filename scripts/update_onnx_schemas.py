@@ -1,6 +1,6 @@
-"""Rewrite ``policyport/onnx_schemas.py``: the attributes of every operator schema of the installed onnx.
+"""Rewrite ``policyport/graph/schemas.py``: the attributes of every operator schema of the installed onnx.
 
-``policyport.graph.from_onnx`` checks each node's attributes against its operator's schema. Asking
+``policyport.graph.model.from_onnx`` checks each node's attributes against its operator's schema. Asking
 ``onnx.defs`` for the first schema builds onnx's whole schema registry, some 15-25 ms of every
 ``policyport run``; the table this script writes answers the same question for the onnx version it
 was made from (any other version is asked directly). Run it after upgrading onnx::
@@ -29,7 +29,7 @@ def main() -> None:
     lines = [
         f'"""The attributes of every operator schema of onnx {onnx.__version__}, as ``onnx.defs`` holds them.',
         "",
-        "Written by ``scripts/update_onnx_schemas.py``; do not edit. :func:`policyport.graph.schema_attributes`",
+        "Written by ``scripts/update_onnx_schemas.py``; do not edit. :func:`policyport.graph.model.schema_attributes`",
         "reads it when the installed onnx is this version, and asks ``onnx.defs`` otherwise.",
         '"""',
         "",

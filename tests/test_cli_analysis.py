@@ -353,7 +353,7 @@ def test_record_refuses_an_output_larger_than_the_free_space_and_writes_nothing(
 
 
 def pp_size(nbytes: int) -> str:
-    from policyport.files import format_size
+    from policyport.io.limits import format_size
 
     return format_size(nbytes)
 
@@ -361,7 +361,8 @@ def pp_size(nbytes: int) -> str:
 @pytest.fixture
 def many_arrays(tmp_path):
     """An .npz of 5,000 two-element arrays (0.7 MB), more than the reader's limit of 4,096 allows."""
-    from policyport.files import DEFAULT_NPZ_ARRAYS, write_npz
+    from policyport.io.limits import DEFAULT_NPZ_ARRAYS
+    from policyport.io.arrays import write_npz
 
     path = tmp_path / "many.npz"
     write_npz(path, {f"k{i:05d}": np.zeros(2, np.float32) for i in range(DEFAULT_NPZ_ARRAYS + 904)})

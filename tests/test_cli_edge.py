@@ -24,12 +24,12 @@ def invoke(*args, env=None):
 
 
 def test_an_unexpected_exception_is_exit_70_naming_a_bug_without_a_traceback(monkeypatch, tmp_path):
-    import policyport.summary
+    import policyport.verification.summary
 
     def broken(model):
         raise KeyError("nodes")
 
-    monkeypatch.setattr(policyport.summary, "summarize", broken)
+    monkeypatch.setattr(policyport.verification.summary, "summarize", broken)
     model = tmp_path / "m.onnx"
     _tiny_model(model)
     result = invoke("inspect", model)
@@ -113,7 +113,7 @@ def test_tables_are_not_cut_when_stdout_is_a_pipe(tmp_path):
 
 SLOW_WRITE = """
 import sys, time
-import policyport.files as files
+import policyport.io as files
 def slow_write(file, arrays, *rest):  # half a file, then a long wait: SIGTERM arrives mid-write
     file.write(b"PK partial")
     file.flush()

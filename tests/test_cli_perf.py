@@ -95,13 +95,13 @@ def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path
                 "policyport.converter", "policyport.verification", "policyport.analysis.engines",
                 "policyport.cli.analysis", "policyport.cli.convert", "policyport.cli.model", "policyport.cli.pack",
                 "policyport.cli.verify", "policyport.cli.handoff",
-                "policyport.runtime.ort", "policyport.bundle",
+                "policyport.runtime.ort", "policyport.handoff.pack",
                 "secrets", "hashlib",  # temporary names come from os.urandom; only provenance hashes files
                 "rich"]  # JSON, or a table written as Rich would draw it on a pipe (tests/test_cli_plain_table.py)
     assert [m for m in unwanted if m in modules] == []
     import onnx
 
-    from policyport import onnx_schemas
+    from policyport.graph import schemas as onnx_schemas
 
     if onnx.__version__ == onnx_schemas.ONNX_VERSION:  # the table answers: onnx's schema registry is never built
         assert asked == []

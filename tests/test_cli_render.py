@@ -18,8 +18,8 @@ from policyport.cli.convert import check_convert_options, parse_names, parse_sha
 from policyport.cli.options import check_range
 from policyport.cli.render import add_row, cell, literal, shape_text, table
 from policyport.cli.verify import report_lines, verification_table
-from policyport.compare import tolerance_text, verdict
-from policyport.compare import Comparison, Report, Skipped
+from policyport.verification.compare import tolerance_text, verdict
+from policyport.verification.compare import Comparison, Report, Skipped
 
 
 def _text(renderable) -> str:
@@ -150,7 +150,7 @@ def test_a_failure_far_beyond_the_tolerance_suggests_no_tolerance_but_the_diverg
 ])
 def test_within_reach_measures_the_error_against_the_tolerance_or_the_dtype_default(max_abs, max_rel, atol, rtol,
                                                                                      dtype, within):
-    from policyport.compare import within_reach
+    from policyport.verification.compare import within_reach
 
     assert within_reach(_cmp(passed=False, max_abs=max_abs, max_rel=max_rel, atol=atol, rtol=rtol, dtype=dtype)) is within
     assert not within_reach(_cmp(passed=False, rule="exact", dtype="int64", max_abs=1.0, max_rel=1.0, atol=0, rtol=0))
@@ -679,9 +679,9 @@ def test_debug_from_the_environment_and_max_bytes_before_the_command(tmp_path, m
     run = ["run", str(model), "-i", str(tmp_path / "obs.npy"), "-o", str(tmp_path / "o.npz")]
     limited = CliRunner().invoke(app, ["--max-bytes", "1", *run])
     assert limited.exit_code == 3 and "above the limit of 1 B" in limited.stderr and not (tmp_path / "o.npz").exists()
-    import policyport.summary
+    import policyport.verification.summary
 
-    monkeypatch.setattr(policyport.summary, "summarize", lambda model: {}["boom"])
+    monkeypatch.setattr(policyport.verification.summary, "summarize", lambda model: {}["boom"])
     shown = CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": "1"})
     assert shown.exit_code == 70 and "Traceback" in shown.stderr
     assert "Traceback" not in CliRunner().invoke(app, ["inspect", str(model)], env={"POLICYPORT_DEBUG": ""}).stderr
@@ -829,7 +829,7 @@ def test_guard_ends_each_kind_of_failure_with_its_code_and_one_message(raised, c
                              "which are complete. Re-run with --debug for the traceback, and please report it."),
 ])
 def test_an_end_after_outputs_are_in_place_names_them_as_complete(raised, code, message, tmp_path, capsys, monkeypatch):
-    from policyport.files import write_outputs
+    from policyport.io.outputs import write_outputs
 
     monkeypatch.setattr(core.state, "debug", False)
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
@@ -850,7 +850,7 @@ def test_an_end_after_outputs_are_in_place_names_them_as_complete(raised, code, 
 
 def test_outputs_whose_placing_is_undone_are_not_named(tmp_path, capsys, monkeypatch):
     """A signal the moment both files are in place and noted: they are removed, and not named."""
-    from policyport import files
+    from policyport import io as files
 
     noted = files.note_placed
 
@@ -900,7 +900,7 @@ def group_main(monkeypatch):
     from typer.core import TyperGroup
     from typer.main import get_command
 
-    from policyport.files import limits
+    from policyport.io.limits import limits
 
     calls = []
 

@@ -86,7 +86,7 @@ def test_a_torchscript_forward_failure_reports_torchs_exception_and_the_shape_tr
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_a_torchscript_error_is_told_by_the_exception_its_code_raised():
-    from policyport.converter.torch_module import torch_error_text
+    from policyport.converter.sources.torch_module import torch_error_text
 
     class Checked(torch.nn.Module):
         def forward(self, x):

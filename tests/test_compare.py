@@ -1,4 +1,4 @@
-"""policyport.compare element by element: every branch of the rule with the value it must give
+"""policyport.verification.compare element by element: every branch of the rule with the value it must give
 (rounding steps, the coarser dtype, NaN and infinity patterns, max_rel, the rounding bound, the
 exact comparisons and the report's JSON)."""
 
@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from policyport.compare import (
+from policyport.verification.compare import (
     ROUNDING_FACTOR,
     Comparison,
     Report,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import policyport as pp
-from policyport import export as exporter
+from policyport.handoff import export_numpy as exporter
 from policyport.cli import app
 from numpy_venv import make_venv, run
 

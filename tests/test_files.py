@@ -13,10 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 import policyport as pp
-from policyport import files
+from policyport import io as files
 from policyport.cli import app
 from policyport.errors import InputMismatchError, LimitExceededError, OutputExistsError, UnreadableFileError
-from policyport.files import GIB, KIB, MIB, format_size, limits, load_arrays, parse_size, using_limits
+from policyport.io.limits import GIB, KIB, MIB, format_size, limits, parse_size, using_limits
+from policyport.io.arrays import load_arrays
 
 runner = CliRunner()
 
@@ -379,7 +380,7 @@ def test_tensor_sizes_are_exact_for_tensors_that_grow_with_the_batch(metadrive_m
 
 
 def test_drawing_more_observations_than_memory_allows_is_refused_up_front(metadrive_model, monkeypatch):
-    from policyport.verification import sample_inputs
+    from policyport.verification.verify import sample_inputs
 
     monkeypatch.setenv(files.ENV_MEMORY, "100M")
     inputs = pp.load(metadrive_model).inputs

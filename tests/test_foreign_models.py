@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.passes import parameter_names
-from policyport.summary import summarize
+from policyport.graph.passes import parameter_names
+from policyport.verification.summary import summarize
 
 RNG = np.random.default_rng(0)
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-from policyport.graph import from_onnx
+from policyport.graph.model import from_onnx
 
 
 def chain(order=(0, 1, 2), tanh_reads="h"):
@@ -95,7 +95,7 @@ def test_schema_attributes_answer_as_onnx_defs_for_every_op_and_opset():
     import onnx
     import onnx.defs
 
-    from policyport.graph import schema_attributes
+    from policyport.graph.model import schema_attributes
 
     newest = {}
     for schema in onnx.defs.get_all_schemas_with_history():
@@ -118,8 +118,8 @@ def test_schema_attributes_come_from_the_table_for_its_onnx_version(monkeypatch)
     import onnx
     import onnx.defs
 
-    from policyport import onnx_schemas
-    from policyport.graph import schema_attributes
+    from policyport.graph import schemas as onnx_schemas
+    from policyport.graph.model import schema_attributes
 
     if onnx.__version__ != onnx_schemas.ONNX_VERSION:
         pytest.skip(f"the table is of onnx {onnx_schemas.ONNX_VERSION}, onnx {onnx.__version__} is installed: "

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import policyport as pp
-from policyport import bundle as packing
-from policyport import folder as fmt
+from policyport.handoff import pack as packing
+from policyport.graph import folder as fmt
 from numpy_venv import ABSENT, make_venv, run
 
 ROOT = Path(__file__).parents[1]

@@ -89,7 +89,7 @@ def test_an_option_contradicting_another_is_a_usage_error_naming_both(place, met
 
 
 def test_a_packed_folder_refuses_one_file_for_both_outputs_as_a_usage_error(place, tmp_path):
-    from policyport.runtime.entry import main
+    from policyport.handoff.folder_run import main
 
     folder = pp.pack(place / "m.onnx", tmp_path / "b", samples=4)
     out = tmp_path / "o.npz"
@@ -130,7 +130,7 @@ def commands() -> dict[str, set[str]]:
 
     from policyport.cli import _app
     from policyport.cli.core import long_options
-    from policyport.runtime.entry import parser
+    from policyport.handoff.folder_run import parser
 
     group = get_command(_app())
     found = {name: long_options(cmd) for name, cmd in group.commands.items()}
@@ -195,7 +195,7 @@ def test_the_node_limit_names_backend_as_run_and_records_option(place, tmp_path,
 
 
 def test_a_packed_folder_says_which_options_are_the_policyport_commands(place, tmp_path, monkeypatch, capsys):
-    from policyport.runtime.entry import main
+    from policyport.handoff.folder_run import main
 
     folder = pp.pack(place / "m.onnx", tmp_path / "b", samples=4)
     monkeypatch.setenv("POLICYPORT_MAX_NODES", "3")

@@ -95,7 +95,7 @@ def test_verify_table_and_json(evil_model):
 
 def test_a_failing_report_names_its_tensor_literally_in_table_verdict_and_json(capsys):
     from policyport.cli.verify import print_report
-    from policyport.compare import Report, compare
+    from policyport.verification.compare import Report, compare
 
     report = Report(["numpy", "onnxruntime"], None, 2, 1e-5, 1e-5)
     report.comparisons.append(compare(name("mid"), "onnxruntime", np.ones(2), "numpy", np.zeros(2), 1e-5, 1e-5))

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.runtime.base import count_observations
-from policyport.verification import sample_inputs
+from policyport.verification.verify import sample_inputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verification"
 BACKENDS = list(pp.BACKENDS)
@@ -256,7 +256,7 @@ def test_every_command_reading_observations_takes_them_in_the_other_byte_order(t
     verified = invoke("verify", model, "-i", tmp_path / "big.npy", "--source", metadrive_path, "--json")
     assert json.loads(verified.stdout)["passed"] is True and json.loads(verified.stdout)["samples"] == 40
     folder = pp.pack(model, tmp_path / "bundle", samples=4)
-    from policyport.runtime.entry import main
+    from policyport.handoff.folder_run import main
 
     assert main(folder, ["-i", str(tmp_path / "big.npy"), "-o", str(tmp_path / "packed.npz")]) == 0
     with np.load(tmp_path / "packed.npz") as got, np.load(tmp_path / "native-numpy.npz") as want:

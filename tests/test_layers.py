@@ -11,15 +11,15 @@ import pytest
 #: module -> modules it must not pull in (directly or through anything it imports).
 LOWER_LAYERS = {
     "policyport": ["onnx", "onnxruntime", "typer", "rich", "policyport.runtime", "policyport.verification"],
-    "policyport.runtime": ["onnx", "onnxruntime", "policyport.verification", "policyport.bundle", "policyport.cli"],
-    "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.bundle"],
-    "policyport.compare": ["onnx", "policyport.runtime", "policyport.verification"],
+    "policyport.runtime": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff.pack", "policyport.cli"],
+    "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff.pack"],
+    "policyport.verification.compare": ["onnx", "policyport.runtime", "policyport.verification"],
     "policyport.graph": ["onnx", "policyport.runtime"],
     # What a packed folder's run.py executes before its files are checked: the standard library only.
-    "policyport.folder": ["numpy", "onnx", "policyport.runtime", "policyport.graph", "policyport.files"],
-    "policyport.schema": ["numpy", "onnx", "policyport.runtime"],
-    "policyport.runtime.entry": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification",
-                                 "policyport.bundle", "policyport.cli"],
+    "policyport.graph.folder": ["numpy", "onnx", "policyport.runtime", "policyport.graph", "policyport.io"],
+    "policyport.io.schema": ["numpy", "onnx", "policyport.runtime"],
+    "policyport.handoff.folder_run": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification",
+                                 "policyport.handoff.pack", "policyport.cli"],
 }
 
 

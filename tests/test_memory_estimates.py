@@ -264,7 +264,7 @@ def test_verify_needs_what_its_checks_say_for_the_comparison_and_the_float64_run
 
 
 HAND_OFF = '''
-import policyport.bundle as bundle, policyport.export as export, policyport.files as files
+import policyport.handoff.pack as bundle, policyport.handoff.export_numpy as export, policyport.io as files
 import policyport.verification as verification
 asked = checks(bundle, files, verification)
 def work():
@@ -312,7 +312,7 @@ def test_run_on_many_rows_of_few_features_is_not_refused_for_memory_it_does_not_
     monkeypatch.setenv("POLICYPORT_MAX_MEMORY", "8M")
     result = invoke("run", model, "-i", tmp_path / "obs.npy", "-o", tmp_path / "z.npz")
     assert result.exit_code == 3 and not (tmp_path / "z.npz").exists()
-    from policyport.files import format_size
+    from policyport.io.limits import format_size
 
     assert f"running 2,000,000 rows of {tmp_path / 'obs.npy'} needs about {format_size(got['estimate'])}, more " \
            "than 8 MiB" in result.stderr.replace("\n", " ")

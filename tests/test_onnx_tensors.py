@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.errors import BadModelError
-from policyport.graph import check_tensor, from_onnx, tensor_array
+from policyport.graph.model import check_tensor, from_onnx, tensor_array
 
 
 def raw(data_type, dims, data: bytes, name="W"):

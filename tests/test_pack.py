@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import policyport as pp
-from policyport import bundle as packing
+from policyport.handoff import pack as packing
 from policyport.runtime import packed as reader
-from policyport.graph import from_onnx
-from policyport.verification import sample_inputs
+from policyport.graph.model import from_onnx
+from policyport.verification.verify import sample_inputs
 
 ROOT = Path(__file__).parents[1]
 EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"

@@ -18,9 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 import policyport as pp
-from policyport import folder as fmt
+from policyport.graph import folder as fmt
 from policyport.cli import app
-from policyport.files import write_npz
+from policyport.io.arrays import write_npz
 from policyport.runtime import packed as reader
 
 ROOT = Path(__file__).parents[1]

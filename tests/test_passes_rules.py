@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from policyport.errors import BadModelError, InputMismatchError
-from policyport.graph import from_onnx
-from policyport.passes import (
+from policyport.graph.model import from_onnx
+from policyport.graph.passes import (
     PARAMETERS_KEY,
     expose,
     extract_weights,
@@ -294,7 +294,7 @@ def test_expose_says_why_a_tensor_cannot_be_typed():
 
 
 def test_each_pass_names_the_extra_that_installs_onnx(monkeypatch):
-    import policyport.passes as passes
+    import policyport.graph.passes as passes
     from policyport.errors import MissingDependencyError
 
     def missing(module, extra, purpose):
@@ -311,7 +311,7 @@ def test_each_pass_names_the_extra_that_installs_onnx(monkeypatch):
 
 
 def test_typing_by_onnxruntime_names_its_extra_too(monkeypatch):
-    import policyport.passes as passes
+    import policyport.graph.passes as passes
     from policyport.errors import MissingDependencyError, require
 
     model = _fast_gelu()
@@ -340,7 +340,7 @@ def _fast_gelu():
 
 
 def test_run_untyped_computes_only_what_the_names_need_on_numpy():
-    import policyport.passes as passes
+    import policyport.graph.passes as passes
 
     model = _branches()
     feeds = {"x": np.array([[-1.0, 2.0]], np.float32), "x2": np.array([[0.5, 0.0]], np.float32)}
@@ -382,7 +382,7 @@ def _computed_reshape():
 
 
 def test_infer_shapes_propagates_computed_shapes():
-    import policyport.passes as passes
+    import policyport.graph.passes as passes
 
     inferred = passes.infer_shapes(_computed_reshape())
     y = next(o for o in inferred.graph.output if o.name == "y")
@@ -435,7 +435,7 @@ def _run_stages(stages, feeds):
 
 
 def test_split_at_one_tensor_makes_two_stages_that_compute_the_model():
-    from policyport.passes import split_at
+    from policyport.graph.passes import split_at
 
     model = _chain()
     before = model.SerializeToString()
@@ -458,7 +458,7 @@ def test_split_at_one_tensor_makes_two_stages_that_compute_the_model():
 
 
 def test_split_at_several_tensors_and_kept_tensors():
-    from policyport.passes import split_at
+    from policyport.graph.passes import split_at
 
     stages = split_at(_chain(), ["a", "b"], keep=["c"])
     assert [(s.inputs, s.outputs) for s in stages] == [(["x"], ["a", "n"]), (["a"], ["b"]), (["b", "a", "n"], ["c", "y"])]
@@ -473,7 +473,7 @@ def test_split_at_several_tensors_and_kept_tensors():
 
 
 def test_split_at_leaves_out_a_stage_that_returns_nothing():
-    from policyport.passes import split_at
+    from policyport.graph.passes import split_at
 
     unused = helper.make_node("Abs", ["y"], ["unused"], name="unused")
     stages = split_at(_chain([unused]), ["y"])
@@ -482,7 +482,7 @@ def test_split_at_leaves_out_a_stage_that_returns_nothing():
 
 
 def test_split_at_refuses_tensors_no_node_makes_and_tensors_inference_cannot_type():
-    from policyport.passes import split_at
+    from policyport.graph.passes import split_at
 
     with pytest.raises(InputMismatchError, match=r"^cannot split at \['x', 'zz'\]: no node produces them$"):
         split_at(_chain(), ["a", "x", "zz"])
@@ -492,7 +492,7 @@ def test_split_at_refuses_tensors_no_node_makes_and_tensors_inference_cannot_typ
 
 
 def test_split_at_carries_the_model_local_functions():
-    from policyport.passes import split_at
+    from policyport.graph.passes import split_at
 
     double = helper.make_function("local", "Double", ["t"], ["u"], [helper.make_node("Add", ["t", "t"], ["u"])],
                                   [helper.make_opsetid("", 17)])
@@ -552,7 +552,7 @@ def test_names_the_recorded_order_leaves_out_follow_in_their_own_order():
 
 def test_run_untyped_never_runs_nodes_the_names_do_not_need():
     """A node no runtime can run, on a branch the names do not need, is never run."""
-    import policyport.passes as passes
+    import policyport.graph.passes as passes
 
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"),
              helper.make_node("NoSuchOp", ["x"], ["odd"], name="odd", domain="example.nowhere"),

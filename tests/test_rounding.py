@@ -17,10 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 import policyport.runtime
-from policyport.compare import ROUNDING_FACTOR, compare
-from policyport.graph import from_onnx
-from policyport.passes import widen_to_float64
-from policyport.verification import sample_inputs
+from policyport.verification.compare import ROUNDING_FACTOR, compare
+from policyport.graph.model import from_onnx
+from policyport.graph.passes import widen_to_float64
+from policyport.verification.verify import sample_inputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verification"
 HIDDEN = "/net/net.2/Gemm_output_0"  # the SAC actor's second hidden layer, values up to ~70

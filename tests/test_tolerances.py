@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.compare import TOLERANCES, compare, tolerance
-from policyport.passes import widen_to_float64
-from policyport.graph import from_onnx
-from policyport.verification import sample_inputs
+from policyport.verification.compare import TOLERANCES, compare, tolerance
+from policyport.graph.passes import widen_to_float64
+from policyport.graph.model import from_onnx
+from policyport.verification.verify import sample_inputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verification"
 runner = CliRunner()

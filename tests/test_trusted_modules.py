@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.converter.unpickle import user_import_path
+from policyport.converter.readers.unpickle import user_import_path
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 import policyport as pp
-from policyport.verification import compare, sample_inputs
+from policyport.verification.verify import compare, sample_inputs
 
 
 def test_metadrive_passes_with_source_and_reports_every_tensor(metadrive_model, metadrive_path, metadrive_obs):

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.compare import verdict
+from policyport.verification.compare import verdict
 from policyport.converter import convert_source
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.compare import verdict
+from policyport.verification.compare import verdict
 
 RIGHT = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
 WRONG = RIGHT + np.float32(0.5)  # the model's weight: every action differs from the source's

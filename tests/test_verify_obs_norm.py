@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from policyport.cli import app
 from policyport.converter import OPTIONS_KEY
-from policyport.converter import sb3 as sb3_converter
+from policyport.converter.sources import sb3 as sb3_converter
 
 ROOT = Path(__file__).parents[1]
 ZIP = ROOT / "fixtures/sb3/ppo_pendulum_vecnorm.zip"

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.errors import BadModelError, InputMismatchError, UndrawableInputError
-from policyport.graph import INPUT_RANGES_KEY, ValueInfo
-from policyport.verification import ORACLE, first_rows, input_ranges, sample_inputs
+from policyport.graph.model import INPUT_RANGES_KEY, ValueInfo
+from policyport.verification.verify import ORACLE, first_rows, input_ranges, sample_inputs
 
 
 def _mlp(batch="batch") -> onnx.ModelProto:

@@ -153,7 +153,7 @@ def test_a_torch_source_that_cannot_tell_its_observation_shape_takes_the_models(
 def test_the_observation_shape_comes_from_one_graph_input_with_every_axis_but_the_batch_fixed():
     from onnx import TensorProto, helper
 
-    from policyport.verification import _observation_shape
+    from policyport.verification.verify import _observation_shape
 
     def model(*shapes):
         inputs = [helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, s) for i, s in enumerate(shapes)]

@@ -26,7 +26,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
-from ..files import check_distinct, check_free_space, check_writable, write_atomic
+from ..io.outputs import check_distinct, check_writable, write_atomic
+from ..io.limits import check_free_space
 from ..runtime.numpy.rows import ResultPool, reusing
 from .folders import building, check_out_folder, commit_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe, tensor_infos
@@ -525,7 +526,7 @@ class RecordBatch:
 
 
 def _model_bytes(model) -> bytes:
-    from ..files import ensure_model, load_onnx
+    from ..graph.onnx_files import ensure_model, load_onnx
 
     if isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
         return load_onnx(model).SerializeToString()

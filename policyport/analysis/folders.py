@@ -1,5 +1,5 @@
 """Output folders written all at once: built under a temporary sibling name, then renamed into place
-(:class:`policyport.files.FolderBuild`: every file created relative to descriptors)."""
+(:class:`policyport.io.outputs.FolderBuild`: every file created relative to descriptors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OutputExistsError, UnreadableFileError
-from ..files import FolderBuild, FolderContents, check_not_a_stream
+from ..io.outputs import FolderBuild, FolderContents
+from ..io.kinds import check_not_a_stream
 
 
 def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
@@ -16,7 +17,7 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
     ``suffixes``: a previous output of the same command), or whose parent does not exist.
 
     Raises:
-        OptionError: a device, FIFO or socket (:func:`policyport.files.check_not_a_stream`).
+        OptionError: a device, FIFO or socket (:func:`policyport.io.kinds.check_not_a_stream`).
         OutputExistsError: as said.
         UnreadableFileError: the parent folder does not exist.
     """
@@ -37,7 +38,7 @@ def check_out_folder(out: Path, force: bool, suffixes: tuple[str, ...]) -> None:
 @contextlib.contextmanager
 def building(out: Path, purpose: str) -> Iterator[FolderBuild]:
     """A new hidden folder beside ``out`` to build it in (``.<name>.<8 hex digits>.<purpose>``, mode
-    0700; :class:`~policyport.files.FolderBuild`), removed with whatever is left in it when the block
+    0700; :class:`~policyport.io.outputs.FolderBuild`), removed with whatever is left in it when the block
     ends uncommitted, however it ends.
 
     Raises:

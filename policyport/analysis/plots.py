@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputMismatchError, UnreadableFileError, require
-from ..runtime.entry import literal
+from ..handoff.folder_run import literal
 from .folders import check_out_folder, commit_folder, building
 from .recording import Recording, open_recording
 from .statistics import RELU_LIKE, Statistics, block_rows, statistics
@@ -334,7 +334,7 @@ def plot_report(report, out_dir, *, force: bool = False) -> list[Path]:
 
 
 def _read_report(path) -> dict:
-    from ..files import read_json
+    from ..io.kinds import read_json
 
     doc = read_json(path)
     if not isinstance(doc, dict):

@@ -366,7 +366,7 @@ class NpyFolderWriter(_InPlaceWriter):
     description and ``files``, each tensor's file name (:func:`npy_file_name`).
 
     Args:
-        target: the (empty) folder to write in: a :class:`~policyport.files.FolderBuild` (its files
+        target: the (empty) folder to write in: a :class:`~policyport.io.outputs.FolderBuild` (its files
             are created relative to its descriptor), or a path.
         rows: the total row count.
         tensors: what each block holds.

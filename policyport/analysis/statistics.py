@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputMismatchError, require
-from ..files import check_array_bytes, limits
+from ..io.limits import check_array_bytes, limits
 from ..runtime.base import nonfinite_rows  # noqa: F401  (re-exported: analysis counts them too)
 from .moments import BLOCK_BYTES, MERGE_BYTES, SATURATION, STATE_BYTES, Moments
 from .recording import Recording, TensorInfo, open_recording
@@ -181,7 +181,7 @@ def statistics(recording, tensors: str | list[str] | None = None, *, batch_size:
 
 def block_rows(rec: Recording, tensors: list[TensorInfo], batch_size: int) -> int:
     """The rows per block of a pass computing the statistics of ``tensors``: ``batch_size``, or fewer
-    where the pass would otherwise hold more than the array limit (:attr:`policyport.files.Limits.array_bytes`):
+    where the pass would otherwise hold more than the array limit (:attr:`policyport.io.limits.Limits.array_bytes`):
     the running statistics of every neuron, the merge of one tensor's block, and the blocks' values
     (:data:`~policyport.analysis.moments.STATE_BYTES` and the figures beside it), every size taken
     from the recording's header before anything of it is allocated.
@@ -245,7 +245,7 @@ def write_json(path: str | os.PathLike, stats: Statistics, force: bool = False) 
     """Write ``stats.to_dict()`` as JSON, atomically."""
     import json
 
-    from ..files import write_atomic
+    from ..io.outputs import write_atomic
 
     text = json.dumps(stats.to_dict(), indent=1)
 

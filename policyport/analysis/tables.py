@@ -33,7 +33,10 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from ..errors import UnreadableFileError, listing, require
-from ..files import WEIGHTS_COMMENT, check_array_bytes, check_npz_arrays, not_a_file
+from ..io.outputs import WEIGHTS_COMMENT
+from ..io.limits import check_array_bytes
+from ..io.arrays import check_npz_arrays
+from ..io.kinds import not_a_file
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -231,7 +234,7 @@ PARAMETER_WORDS = frozenset({"kernel", "bias", "weight", "weights", "log_std", "
 def check_not_weights(path: Path, comment: bytes, shapes: dict[str, tuple[int, ...]]) -> None:
     """Refuse an ``.npz`` without a recording's description that holds a model's parameters, not
     activations: one whose archive comment says so (``policyport extract`` and ``export-numpy``
-    write :data:`policyport.files.WEIGHTS_COMMENT`), or whose every array is named like a parameter
+    write :data:`policyport.io.outputs.WEIGHTS_COMMENT`), or whose every array is named like a parameter
     (:data:`PARAMETER_WORDS`, a source's weights file such as an RLlib ``.npz``), a matrix among
     them. A recording always holds the model's graph outputs (``action``, ``logits``), which are not.
 
@@ -376,7 +379,7 @@ def _check_list_values(meta, schema, columns: dict[str, Column], path) -> None:
     A row of a list column is decoded whole, however many values it holds, and the file does not
     say how they are spread over the rows: a row group of a single row can hold billions of values
     in a few hundred bytes (dictionary and run-length encoded). So each row group's values of a list
-    column are checked against the array limit (:attr:`policyport.files.Limits.array_bytes`), and
+    column are checked against the array limit (:attr:`policyport.io.limits.Limits.array_bytes`), and
     against the width the column declares (``fixed_size_list``, or the recording's row shape).
 
     Raises:

@@ -63,8 +63,8 @@ def main() -> None:
         if missing not in ("typer", "rich", "click"):
             raise
         if _command(argv) is None and "--version" in argv[: argv.index("--") if "--" in argv else len(argv)]:
-            from .. import __version__  # the version needs numpy alone
-            from ..files import stdout_reader_may_leave
+            from ..version import __version__  # the version needs numpy alone
+            from ..io.outputs import stdout_reader_may_leave
 
             with stdout_reader_may_leave():
                 print(f"policyport {__version__}")

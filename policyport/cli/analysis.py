@@ -230,7 +230,7 @@ def stats(
 
     def body():
         from ..analysis.statistics import statistics, write_json
-        from ..files import check_distinct, check_writable
+        from ..io.outputs import check_distinct, check_writable
 
         if output is not None:
             check_output_format(output, ".json")

@@ -111,8 +111,9 @@ def convert(
 
     def body():
         from ..converter import ConvertOptions, convert_source
-        from ..files import check_distinct, check_writable, save_onnx
-        from ..verification import verify as run_verify
+        from ..io.outputs import check_distinct, check_writable
+        from ..graph.onnx_files import save_onnx
+        from ..verification.verify import verify as run_verify
 
         check_convert_options(kind, activation, head, opset, exporter)
         unchecked = (["-i"] * (inputs is not None) + given_options(ctx, "samples", "low", "high", "seed", "atol", "rtol")

@@ -27,7 +27,8 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from ..errors import PolicyportError, UnsupportedOpError
-from ..files import ended_after, noting_placed, stdout_reader_may_leave, using_limits, written, written_sentence
+from ..io.outputs import ended_after, noting_placed, stdout_reader_may_leave, written, written_sentence
+from ..io.limits import using_limits
 from . import render
 from .render import literal, say_error
 
@@ -85,7 +86,7 @@ def _limits_from(max_bytes: str | None) -> dict:
         click BadParameter: not a size (a usage error, exit 2).
     """
     from ..errors import InputMismatchError
-    from ..files import limits, parse_size
+    from ..io.limits import limits, parse_size
 
     try:
         limits()
@@ -215,7 +216,7 @@ app = PolicyportTyper(
 
 def _version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from ..version import __version__
 
         print(f"policyport {__version__}")
         raise typer.Exit(0)
@@ -375,7 +376,7 @@ USER_OS_ERRORS = frozenset(getattr(errno, n) for n in (
 
 def _bug(e: BaseException, as_json: bool, placed: list | None = None) -> None:
     """Report an unexpected exception as a bug in policyport (exit 70); the traceback with --debug.
-    ``placed``: the outputs already in place (:func:`policyport.files.noting_placed`)."""
+    ``placed``: the outputs already in place (:func:`policyport.io.outputs.noting_placed`)."""
     message = (f"this is a bug in policyport: {type(e).__name__}: {e}. {written_sentence(placed or [])}"
                + ("" if state.debug else " Re-run with --debug for the traceback, and please report it."))
     if as_json:

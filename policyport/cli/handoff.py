@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..compare import source_lines
+from ..verification.compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -38,7 +38,7 @@ def export_numpy(
     after checking it reproduces the numpy backend bit for bit."""
 
     def body():
-        from ..export import export_numpy as run_export
+        from ..handoff.export_numpy import export_numpy as run_export
 
         check_range(low, high)
         if not output.name.endswith(".py") or output.name == ".py":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def load_feeds(path: Path, names: list[str]) -> dict:
     """Feeds from an .npy (one array) or .npz; one array under any name feeds a single-input model."""
-    from ..files import load_arrays
+    from ..io.arrays import load_arrays
     from ..runtime.base import feeds_from_arrays
 
     return feeds_from_arrays(load_arrays(path), names, path)
@@ -28,7 +28,7 @@ def warn_of_nonfinite_rows(feeds: dict) -> None:
 
 def input_names(model: Path) -> list[str]:
     """The graph inputs of an .onnx file or packed folder (its non-initializer graph inputs)."""
-    from ..files import load_onnx
+    from ..graph.onnx_files import load_onnx
 
     return graph_inputs(load_onnx(model))
 

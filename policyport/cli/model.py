@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..compare import source_lines
+from ..verification.compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
@@ -37,8 +37,9 @@ def inspect(
 
     def body():
         from ..errors import BadModelError
-        from ..files import file_kind, load_onnx
-        from ..summary import format_shape, summarize
+        from ..io.kinds import file_kind
+        from ..graph.onnx_files import load_onnx
+        from ..verification.summary import format_shape, summarize
 
         bundle = model.is_dir() and any(os.path.lexists(model / n) for n in ("policy.json", "model.onnx"))
         if bundle or model.suffix == ".onnx" or not model.exists():
@@ -97,7 +98,7 @@ def inspect(
             out.print(literal("numpy backend lacks: " + (", ".join(lacks) if lacks else "nothing (runs on --backend numpy)")))
         else:
             out.print(literal(f"numpy backend lacks no op, but refuses the model: {refusal}"))
-        from ..graph import recorded_assumptions
+        from ..graph.model import recorded_assumptions
 
         for line in source_lines(None, recorded_assumptions(s["metadata"]) or []):
             out.print(literal(line))
@@ -115,8 +116,9 @@ def extract(
     """Write the model's parameters to .npz under the source's names, in the source's layout."""
 
     def body():
-        from ..files import check_distinct, check_writable, save_npz, weights_comment
-        from ..passes import extract_weights
+        from ..io.outputs import check_distinct, check_writable, weights_comment
+        from ..io.arrays import save_npz
+        from ..graph.passes import extract_weights
 
         check_output_format(output, ".npz")
         check_writable(output, force)
@@ -146,10 +148,11 @@ def expose(
     """Write a copy of the model whose intermediate tensors are graph outputs too."""
 
     def body():
-        from ..files import check_distinct, check_writable, load_onnx, save_onnx
-        from ..graph import from_onnx
-        from ..passes import expose as expose_pass
-        from ..summary import format_shape
+        from ..io.outputs import check_distinct, check_writable
+        from ..graph.onnx_files import load_onnx, save_onnx
+        from ..graph.model import from_onnx
+        from ..graph.passes import expose as expose_pass
+        from ..verification.summary import format_shape
 
         check_onnx_output(output)
         check_writable(output, force)

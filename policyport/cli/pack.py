@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..compare import source_lines
+from ..verification.compare import source_lines
 from .core import app, emit_json, guard
 from .inputs import graph_inputs, load_feeds, warn_of_nonfinite_rows
 from .options import (
@@ -52,15 +52,15 @@ def pack(
     and run.py with the numpy runtime it needs)."""
 
     def body():
-        from ..bundle import pack as run_pack
+        from ..handoff.pack import pack as run_pack
         from ..runtime.packed import read_policy
 
         check_range(low, high)
         feeds = None
         if inputs is not None:
-            from ..files import load_onnx
-            from ..graph import from_onnx
-            from ..verification import first_rows
+            from ..graph.onnx_files import load_onnx
+            from ..graph.model import from_onnx
+            from ..verification.verify import first_rows
 
             drawn = given_options(ctx, "low", "high", "seed")
             if drawn:

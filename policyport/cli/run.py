@@ -54,7 +54,9 @@ def run(
     """Run a model on observations; optionally record activations and override neurons."""
 
     def body():
-        from ..files import check_distinct, check_memory, check_writable, npz_writer, write_outputs
+        from ..io.outputs import check_distinct, check_writable, write_outputs
+        from ..io.limits import check_memory
+        from ..io.arrays import npz_writer
 
         if tensors is not None and record is None:
             raise typer.BadParameter("--tensors selects what --record writes; give --record too", param_hint="--tensors")
@@ -142,8 +144,8 @@ def _session(model: Path, chosen: str | None, backend: str, threads: int):
 
     if chosen is None:
         return load(str(model), backend=backend, threads=threads)
-    from ..files import load_onnx
-    from ..passes import prune
+    from ..graph.onnx_files import load_onnx
+    from ..graph.passes import prune
 
     return load(prune(load_onnx(model), chosen), backend=backend, threads=threads)
 

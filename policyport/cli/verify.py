@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..compare import source_lines, tolerance_text, verdict
+from ..verification.compare import source_lines, tolerance_text, verdict
 from .core import app, emit_json, guard
 from .inputs import input_names, load_feeds
 from .options import (
@@ -111,9 +111,9 @@ def verify_cmd(
     """
 
     def body():
-        from ..files import check_model_folder
+        from ..io.kinds import check_model_folder
         from ..runtime import BACKENDS
-        from ..verification import verify as run_verify
+        from ..verification.verify import verify as run_verify
 
         if obs_norm is not None and source is None:
             raise typer.BadParameter("it rebuilds the source the model was converted from; give --source too",

@@ -37,15 +37,15 @@ from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
 #: and returns a :class:`Converted`.
 SOURCES: dict[str, str] = {
-    "npz": "policyport.converter.rllib_weights:convert_npz",
-    "torch": "policyport.converter.torch_module:convert_torch",
-    "torchscript": "policyport.converter.torch_module:convert_torchscript",
-    "state-dict": "policyport.converter.state_dict:convert_state_dict",
-    "sb3": "policyport.converter.sb3:convert_sb3",
-    "rllib-torch": "policyport.converter.state_dict:convert_rllib_torch",
-    "keras": "policyport.converter.keras:convert_keras",
-    "savedmodel": "policyport.converter.keras:convert_savedmodel",
-    "rllib": "policyport.converter.rllib:convert_rllib",
+    "npz": "policyport.converter.sources.rllib_weights:convert_npz",
+    "torch": "policyport.converter.sources.torch_module:convert_torch",
+    "torchscript": "policyport.converter.sources.torch_module:convert_torchscript",
+    "state-dict": "policyport.converter.sources.state_dict:convert_state_dict",
+    "sb3": "policyport.converter.sources.sb3:convert_sb3",
+    "rllib-torch": "policyport.converter.sources.state_dict:convert_rllib_torch",
+    "keras": "policyport.converter.sources.keras:convert_keras",
+    "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
+    "rllib": "policyport.converter.sources.rllib:convert_rllib",
 }
 
 #: Source kinds ``--from`` accepts, in the order the help lists them.
@@ -483,10 +483,10 @@ def convert(source, *, kind: str | None = None, **options):
         source: a path to a policy file or folder, or a live object; the kinds are :data:`KINDS`
             (see :func:`detect_kind`). ``npz``: a path to an ``.npz`` of weights, or a dict
             name -> array, in RLlib's TF FullyConnectedNetwork layout (``[prefix/]fc_<i>/kernel``
-            ``[in, out]``, ``.../bias``, ``fc_out/...``; see :mod:`policyport.converter.rllib_weights`).
+            ``[in, out]``, ``.../bias``, ``fc_out/...``; see :mod:`policyport.converter.sources.rllib_weights`).
             ``keras``: a ``.keras``/``.h5`` file, a ``keras.Model`` or a ``tf.function`` with an
-            input signature (:mod:`policyport.converter.keras`); ``savedmodel``: a SavedModel folder;
-            ``rllib``: a checkpoint file or folder of any Ray version (:mod:`policyport.converter.rllib`).
+            input signature (:mod:`policyport.converter.sources.keras`); ``savedmodel``: a SavedModel folder;
+            ``rllib``: a checkpoint file or folder of any Ray version (:mod:`policyport.converter.sources.rllib`).
         kind: the source kind (one of :data:`KINDS`); detected from ``source`` when ``None``.
         **options: fields of :class:`ConvertOptions`: ``activation`` (tanh, relu, elu, selu,
             swish/silu, softplus, leaky_relu[:slope], gelu, linear; default: the source's own or

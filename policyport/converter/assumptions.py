@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..graph import ASSUMPTIONS_KEY
+from ..graph.model import ASSUMPTIONS_KEY
 
 
 @dataclass(frozen=True)

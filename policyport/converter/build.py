@@ -7,7 +7,7 @@ source's own parameter names; :func:`build_mlp` lays them out so that no array i
   ``[out, in]`` (torch ``weight``) becomes ``B`` with ``transB=1`` (Gemm, https://onnx.ai/onnx/operators/onnx__Gemm.html);
 * initializers are named by the source's parameter names (``default_policy/fc_1/kernel``), and the
   model's ``metadata_props["policyport.parameters"]`` records initializer -> source name, so
-  :func:`policyport.passes.extract_weights` returns the source's arrays bit for bit;
+  :func:`policyport.graph.passes.extract_weights` returns the source's arrays bit for bit;
 * tensors are named ``<layer>/linear`` before the activation and ``<layer>/<activation>`` after it;
   the output layer's raw output is ``logits``, a value branch's is ``value``.
 
@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import BadModelError, OptionError, require
-from ..graph import INPUT_RANGES_KEY
+from ..graph.model import INPUT_RANGES_KEY
 from .activations import Activation
 
 #: ``head=`` values. ``diag-gaussian`` splits ``logits`` into a mean and a log_std half where the source
@@ -668,7 +668,7 @@ def _max_ir_version(onnx, opset: int) -> int:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 
@@ -755,7 +755,7 @@ class Prelude:
         Raises:
             LimitExceededError: ``width ** 2`` elements take more than the array limit.
         """
-        from ..files import check_array_bytes
+        from ..io.limits import check_array_bytes
 
         n, dtype = int(self.width), np.dtype(dtype)
         space = f"Discrete({n})" if self.one_hot is not None else f"MultiDiscrete{list(self.one_hot_nvec)}"

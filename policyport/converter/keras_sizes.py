@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import LimitExceededError, UnreadableFileError
-from ..files import ENV_NODES, check_array_bytes, check_json_bytes, check_memory, limits
+from ..io.limits import ENV_NODES, check_array_bytes, check_json_bytes, check_memory, limits
 
 #: Memory that loading and converting one Keras layer takes beside its weights: its Keras and
 #: TensorFlow objects, its part of the traced function and of tf2onnx's graph. Measured as the

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import BadModelError, PolicyportError
-from ..graph import Graph, ValueInfo
+from ..graph.model import Graph, ValueInfo
 from .base import Backend, TensorSizes, compile_feed_check, select_tensors
 from .overrides import Steering, parse_overrides
 
@@ -292,7 +292,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     """Load a model on a backend.
 
     Args:
-        model: an ``onnx.ModelProto``, a path to an ``.onnx`` file, a :class:`~policyport.graph.Graph`,
+        model: an ``onnx.ModelProto``, a path to an ``.onnx`` file, a :class:`~policyport.graph.model.Graph`,
             or a folder written by ``policyport pack`` (which the numpy backend runs with numpy alone).
         backend: a key of :data:`BACKENDS`: ``"numpy"`` (default) or ``"onnxruntime"``.
         threads: how many threads a run may use. ``numpy``: threads sharing the row blocks of a
@@ -328,18 +328,18 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from ..files import check_model_folder
+        from ..io.kinds import check_model_folder
         from .packed import load_graph
 
         check_model_folder(model)  # a SavedModel, an RLlib checkpoint, a plain folder: say what it is
         graph = load_graph(model)
         if backend != "numpy":
-            from ..files import load_onnx
+            from ..graph.onnx_files import load_onnx
 
             proto = load_onnx(model)
     else:
-        from ..files import ensure_model
-        from ..graph import from_onnx
+        from ..graph.onnx_files import ensure_model
+        from ..graph.model import from_onnx
 
         proto = ensure_model(model)
         graph = from_onnx(proto)

@@ -1,6 +1,6 @@
 """The one interface every backend implements, and the feed checks they all share.
 
-A backend is built from a :class:`~policyport.graph.Graph` view (for its inputs, outputs and tensor
+A backend is built from a :class:`~policyport.graph.model.Graph` view (for its inputs, outputs and tensor
 names) plus whatever it executes; :class:`Session` checks feeds against the graph inputs before any
 backend runs, so every backend rejects bad input with the same error and message.
 """
@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from ..errors import ArgumentTypeError, InputMismatchError, listing
-from ..graph import Graph, Node, ValueInfo
+from ..graph.model import Graph, Node, ValueInfo
 from .overrides import Steering
 
 
@@ -195,7 +195,7 @@ def feeds_from_arrays(arrays: Mapping[str, np.ndarray], names: list[str], source
     single-input model.
 
     Args:
-        arrays: name -> array, as :func:`policyport.files.load_arrays` returns them.
+        arrays: name -> array, as :func:`policyport.io.arrays.load_arrays` returns them.
         names: the model's input names.
         source: what the arrays came from, for the message (a path).
 

@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import BadModelError, require
-from ..graph import Graph
+from ..graph.model import Graph
 from .base import Backend, TensorSizes, held_in_node_order
 from .overrides import Steering
 
@@ -38,7 +38,7 @@ class OrtBackend(Backend):
 
     Args:
         model: the ``onnx.ModelProto``.
-        graph: its :class:`~policyport.graph.Graph` view (inputs, outputs, tensor names).
+        graph: its :class:`~policyport.graph.model.Graph` view (inputs, outputs, tensor names).
         threads: intra-op threads; 0 (default) lets onnxruntime choose (one per core).
         seed: if given, ``onnxruntime.set_seed(seed)`` (process-wide) before each session is built,
             so random ops without a ``seed`` attribute draw a reproducible sequence.
@@ -53,7 +53,7 @@ class OrtBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, model, graph: Graph, threads: int = 0, seed: int | None = None):
-        from ..passes import free_dims
+        from ..graph.passes import free_dims
 
         self._ort = require("onnxruntime", "onnx", "the onnxruntime backend")
         self.model = free_dims(model)  # onnxruntime takes a declared 0 literally
@@ -122,7 +122,7 @@ class OrtBackend(Backend):
             raise BadModelError(f"onnxruntime failed to run the model: {e}") from e
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        from ..passes import expose
+        from ..graph.passes import expose
 
         if not names:
             return self.run(feeds)
@@ -135,7 +135,7 @@ class OrtBackend(Backend):
 
     def record_steered(self, feeds: Mapping[str, np.ndarray], names: list[str] | None,
                        steering: Steering) -> dict[str, np.ndarray]:
-        """Run the graph split at the overridden tensors (:func:`policyport.passes.split_at`) stage by
+        """Run the graph split at the overridden tensors (:func:`policyport.graph.passes.split_at`) stage by
         stage, replacing each overridden tensor between the stage that makes it and those that read it.
         The split models and their onnxruntime sessions are built once per set of tensors (and of
         optional inputs fed, which the stages then read from the feeds instead of their initializers)."""
@@ -144,7 +144,7 @@ class OrtBackend(Backend):
         key = (steering.tensors, tuple(wanted), fed)
         stages = self._steered.get(key)
         if stages is None:
-            from ..passes import split_at
+            from ..graph.passes import split_at
 
             # an initializer that is a graph input too and is fed: a stage reads it from the feeds
             source = _left_to_feeds(self.model, fed) if fed else self.model
@@ -165,15 +165,15 @@ def check_tensor_sizes(model) -> None:
     dimension it cannot tell counted as 1), before onnxruntime sees it: onnxruntime folds constants
     such as a ``ConstantOfShape`` of a shape held in an initializer while it loads the model, and
     allocates what a run asks for without a limit. The numpy backend refuses the same tensors as it
-    computes them, with the same limit (:func:`policyport.files.check_tensor_shape`). A model shape
+    computes them, with the same limit (:func:`policyport.io.limits.check_tensor_shape`). A model shape
     inference cannot read is left to onnxruntime.
 
     Raises:
         LimitExceededError: naming the node, its output's shape and size, and the limit.
     """
     from ..errors import PolicyportError
-    from ..files import check_tensor_shape
-    from ..passes import infer_shapes
+    from ..io.limits import check_tensor_shape
+    from ..graph.passes import infer_shapes
 
     helper = require("onnx", "onnx", "the onnxruntime backend").helper
     try:

@@ -236,7 +236,7 @@ def load_override_sets(path) -> dict[str, list[Edit]]:
         UnreadableFileError: the file is missing or not JSON.
         InputMismatchError: the JSON is not an object of sets, or a set is malformed.
     """
-    from ..files import read_json
+    from ..io.kinds import read_json
 
     doc = read_json(path)
     if not isinstance(doc, dict) or not doc:

@@ -1,7 +1,7 @@
 """Reading a packed policy folder, with numpy and the standard library alone.
 
-:func:`policyport.bundle.pack` writes the folder; :func:`load_graph` reads it back into a
-:class:`~policyport.graph.Graph` for the numpy backend, after :func:`policyport.folder.open_bundle`
+:func:`policyport.handoff.pack.pack` writes the folder; :func:`load_graph` reads it back into a
+:class:`~policyport.graph.model.Graph` for the numpy backend, after :func:`policyport.graph.folder.open_bundle`
 has checked it (sizes, regular files only, every file's sha256); :func:`verify_bundle` re-runs the
 golden observations on this machine and compares every tensor with what was recorded at pack time.
 Loading and verifying import nothing beyond numpy and the standard library (no onnx, protobuf,
@@ -13,7 +13,7 @@ The folder (format ``policyport.bundle/1``):
     The ONNX model, serialized (for onnxruntime and other ONNX tools; the numpy path never reads it).
 ``weights.npz``
     The parameters under the source's names in the source's layout, exactly
-    :func:`policyport.passes.extract_weights` of the model (``default_policy/fc_1/kernel``: float32
+    :func:`policyport.graph.passes.extract_weights` of the model (``default_policy/fc_1/kernel``: float32
     ``(275, 256)`` ...), bit for bit.
 ``constants.npz``
     The initializers that are not parameters (e.g. the int64 Slice bounds ``head/mid`` a head adds),
@@ -25,9 +25,9 @@ The folder (format ``policyport.bundle/1``):
     ``numpy.transpose(array, perm)`` of the stored array (the inverse of the transpose
     ``extract_weights`` undoes), or the array itself. :meth:`Graph.from_json` ignores the extra key,
     so the file is also a plain policyport graph. Its schema is
-    :data:`policyport.folder.GRAPH_SCHEMA`.
+    :data:`policyport.graph.folder.GRAPH_SCHEMA`.
 ``golden.npz``
-    ``samples`` observations drawn as :func:`policyport.verification.sample_inputs` draws them and what the
+    ``samples`` observations drawn as :func:`policyport.verification.verify.sample_inputs` draws them and what the
     numpy backend computed from them at pack time. Keys are ``<group>/<tensor name>``, the group being
     everything before the first ``/`` (tensor names may themselves contain ``/``):
     ``inputs/obs`` (the feeds), ``outputs/logits`` ... (what ``Session.run`` returned) and
@@ -37,7 +37,7 @@ The folder (format ``policyport.bundle/1``):
     The folder's own entry point (standard library and numpy only) and the copy of policyport's
     numpy runtime it imports under a private name: ``python run.py -i obs.npy -o actions.npz`` and
     ``python run.py --verify`` work where policyport is not installed. See
-    :mod:`policyport.runtime.entry`.
+    :mod:`policyport.handoff.folder_run`.
 ``policy.json``
     Written last. ``format``; ``inputs`` / ``outputs`` (name, dtype, shape; a string is a symbolic
     dimension such as ``"batch"``); ``head`` (model metadata ``policyport.head``); ``observation_filter``
@@ -48,14 +48,14 @@ The folder (format ``policyport.bundle/1``):
     creation time in UTC ISO 8601); ``golden`` (how the observations were drawn, and ``samples``: how
     many observations ``golden.npz`` holds — 1 for inputs without a batch axis, whatever was asked);
     ``parity`` (the largest onnxruntime-vs-numpy absolute difference over every tensor at pack time,
-    and against the source when :func:`policyport.bundle.pack` was given it; the tolerances by dtype,
+    and against the source when :func:`policyport.handoff.pack.pack` was given it; the tolerances by dtype,
     the tensors that passed as float32 rounding with their float64 figures, and the random tensors
     left out); ``files`` (file name -> sha256 hex
     digest of every other file in the folder, the runtime's included); ``runtime`` (only with a
     runtime: ``package``, ``entry_point``, ``policyport_version``, ``requires_python``,
     ``requires`` and ``digest``, the sha256 of the sorted ``name sha256`` lines of the runtime
-    files). Its schema is :data:`policyport.folder.POLICY_SCHEMA`; the limits every file is held
-    to are in :mod:`policyport.folder`.
+    files). Its schema is :data:`policyport.graph.folder.POLICY_SCHEMA`; the limits every file is held
+    to are in :mod:`policyport.graph.folder`.
 
 npz files are plain uncompressed numpy archives (``numpy.load(path, allow_pickle=False)`` reads them).
 """
@@ -68,9 +68,9 @@ from typing import Mapping
 
 import numpy as np
 
-from ..compare import Report, Skipped, compare
+from ..verification.compare import Report, Skipped, compare
 from ..errors import BadModelError, listing
-from ..folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
+from ..graph.folder import (  # noqa: F401  (the format's names, re-exported for readers of this module)
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
     DATA_FILES,
@@ -90,7 +90,7 @@ from ..folder import (  # noqa: F401  (the format's names, re-exported for reade
     read_bundle,
     read_policy,
 )
-from ..graph import Graph, recorded_assumptions
+from ..graph.model import Graph, recorded_assumptions
 from .base import count_observations
 
 # --------------------------------------------------------------------------------------------- load
@@ -99,13 +99,13 @@ from .base import count_observations
 def load_graph(directory: str | os.PathLike, *, folder_fd: int | None = None) -> Graph:
     """Read a packed folder into a :class:`Graph` for the numpy backend (needs numpy only).
 
-    The folder is checked by :func:`policyport.folder.read_bundle` first, the check every reader
+    The folder is checked by :func:`policyport.graph.folder.read_bundle` first, the check every reader
     of a folder makes (sizes, regular files, every listed file's sha256, both documents against
     their schemas, every .npz member's header); the initializers are rebuilt from ``weights.npz``
     (transposed back to the model's layout where ``graph.json`` says so) and ``constants.npz``.
 
     Args:
-        directory: a folder written by :func:`policyport.bundle.pack`.
+        directory: a folder written by :func:`policyport.handoff.pack.pack`.
         folder_fd: a descriptor of the folder, already open, to read it through (``directory``
             then only names it in messages).
 
@@ -147,19 +147,19 @@ def verify_bundle(directory: str | os.PathLike, *, atol: float | None = None,
 
     Every tensor ``Session.record(feeds, "*")`` returns (node outputs in node order, graph outputs
     included) is compared with ``activations/<name>`` of ``golden.npz``, and every graph output of
-    ``Session.run`` with ``outputs/<name>``, by :func:`policyport.compare.compare`: an element
+    ``Session.run`` with ``outputs/<name>``, by :func:`policyport.verification.compare.compare`: an element
     passes when ``|numpy - golden| <= atol + rtol * |golden|``. The report holds one comparison per
     tensor, in node order; a graph output's is the worse of its record and run comparisons.
     Tensors that depend on a random node are not compared; the report lists them as skipped.
 
     Args:
-        directory: a folder written by :func:`policyport.bundle.pack`.
+        directory: a folder written by :func:`policyport.handoff.pack.pack`.
         atol: absolute tolerance for floating tensors; ``None`` (default) follows the dtype
-            (float32 1e-5, float16 1e-3 ...: :data:`policyport.compare.TOLERANCES`).
+            (float32 1e-5, float16 1e-3 ...: :data:`policyport.verification.compare.TOLERANCES`).
         rtol: relative tolerance; ``None`` (default) follows the dtype.
 
     Returns:
-        A :class:`~policyport.verification.Report` with backends ``["numpy"]`` and reference ``"golden"``;
+        A :class:`~policyport.verification.verify.Report` with backends ``["numpy"]`` and reference ``"golden"``;
         it does not raise on a mismatch (check ``report.passed`` and ``report.first_divergence``).
 
     Raises:

@@ -15,7 +15,7 @@ import policyport as pp
 from policyport.analysis import open_recording, statistics
 from policyport.analysis.recording import npy_header
 from policyport.analysis.tables import META_FILE_BYTES, META_KEY
-from policyport.files import MIB, using_limits
+from policyport.io.limits import MIB, using_limits
 
 
 def test_statistics_read_fewer_rows_at_once_where_a_block_would_pass_the_array_limit(tmp_path):

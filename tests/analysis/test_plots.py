@@ -108,7 +108,7 @@ def test_names_are_drawn_escaped_and_long_names_give_short_unique_files(tmp_path
     import subprocess
     import sys
 
-    from policyport.files import write_npz
+    from policyport.io.arrays import write_npz
 
     rng = np.random.default_rng(4)
     write_npz(tmp_path / "rec.npz", {name: rng.normal(size=(30, 3)).astype(np.float32) for name in HOSTILE.values()})

@@ -215,7 +215,7 @@ def test_a_run_record_is_described_so_that_a_constant_as_long_as_the_rows_is_lef
 
     from policyport.analysis.recording import described_run
     from policyport.analysis.tables import META_KEY
-    from policyport.files import save_npz
+    from policyport.io.arrays import save_npz
 
     session = pp.load(_bias_model(["batch", 3]))
     feeds = {"obs": np.arange(9, dtype=np.float32).reshape(3, 3)}

@@ -169,7 +169,7 @@ def test_a_description_says_it_is_a_recording_whatever_the_names(tmp_path):
 
     from policyport.analysis import open_recording
     from policyport.analysis.recording import TensorInfo, describe
-    from policyport.files import save_npz
+    from policyport.io.arrays import save_npz
 
     description = describe(4, [TensorInfo("fc/kernel", "Gemm", "float32", (3,))])
     save_npz(tmp_path / "r.npz", {"fc/kernel": np.ones((4, 3), np.float32), "policyport.recording": np.array(json.dumps(description))})

@@ -381,7 +381,7 @@ def test_a_torch_module_assumes_no_outside_normaliser_and_is_its_own_oracle(mixe
     report = pp.verify(c.model, obs, reference=c.reference, reference_oracle=c.oracle)
     assert report.passed and [(a["topic"], a["side"], a["checked"]) for a in report.assumptions] == [
         ("observation normalisation", "both", False)]
-    from policyport.compare import verdict
+    from policyport.verification.compare import verdict
 
     assert verdict(report).startswith(f"PASS against torch {torch.__version__} running the TorchScript module's own "
                                       "forward, given observation normalisation none: ")

@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from policyport.converter.activations import parse_activation
 from policyport.converter.build import ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, Step, build_mlp
-from policyport.converter.reference import reference_forward
+from policyport.converter.sources.reference import reference_forward
 from policyport.errors import BadModelError, MissingDependencyError, OptionError
-from policyport.passes import expose
+from policyport.graph.passes import expose
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -280,7 +280,7 @@ def test_a_one_hot_width_that_is_not_the_first_layers_is_refused(prelude, spec, 
                                              (Prelude(one_hot_nvec=(200, 400)), "MultiDiscrete[200, 400]")])
 def test_a_one_hot_table_above_the_array_limit_is_refused_before_it_is_built(prelude, space):
     from policyport.errors import LimitExceededError
-    from policyport.files import using_limits
+    from policyport.io.limits import using_limits
 
     with using_limits(array_bytes=600 * 600 * 4 - 1), pytest.raises(LimitExceededError, match=(
             rf"^the one-hot table of the observation space {re.escape(space)} \(float32, shape \(600, 600\)\) would "
@@ -556,7 +556,7 @@ def test_the_normalisation_modules_are_laid_out_with_their_parameters_and_fills(
 
 
 def test_the_numpy_normalisation_steps_are_torchs_definitions():
-    from policyport.converter.reference import _NumpyOps
+    from policyport.converter.sources.reference import _NumpyOps
 
     x = np.random.default_rng(4).normal(size=(5, 4)).astype(np.float32)
     for roles in (("weight", "bias"), ("weight",), ()):
@@ -578,7 +578,7 @@ def test_the_numpy_normalisation_steps_are_torchs_definitions():
                                   "flattened observation, normalisation modules"])
 def test_torch_runs_the_same_forward_with_the_same_names(case):
     pytest.importorskip("torch")
-    from policyport.converter.reference import torch_forward
+    from policyport.converter.sources.reference import torch_forward
 
     make, head, exact = NETWORKS[case]
     spec = make()

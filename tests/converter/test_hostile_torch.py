@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.converter.unpickle import load, pickled_globals, refused_global
+from policyport.converter.readers.unpickle import load, pickled_globals, refused_global
 
 runner = CliRunner()
 HOSTILE = TORCH_DIR / "hostile"

@@ -288,14 +288,14 @@ def test_a_model_of_two_inputs_converts_and_verifies_against_keras_taking_each_i
 
 
 def test_a_frameworks_error_is_reported_by_its_first_line_or_its_type():
-    from policyport.converter.keras import _first_line
+    from policyport.converter.sources.keras import _first_line
 
     assert _first_line(ValueError("  \n first line \nsecond")) == "first line "  # the text stripped, then its first line
     assert _first_line(KeyError()) == "KeyError" and _first_line(OSError("   ")) == "OSError"
 
 
 def test_an_incompatible_pair_of_frameworks_names_tf2onnx_and_the_extra_that_installs_the_pair():
-    from policyport.converter.keras import EXTRA, IncompatibleFrameworkError
+    from policyport.converter.sources.keras import EXTRA, IncompatibleFrameworkError
 
     error = IncompatibleFrameworkError("tf2onnx failed inside itself")
     assert isinstance(error, pp.MissingDependencyError) and error.exit_code == 4
@@ -307,7 +307,7 @@ def test_an_incompatible_pair_of_frameworks_names_tf2onnx_and_the_extra_that_ins
 def _graph(nodes, inputs=("obs",), inits=()):
     from onnx import TensorProto, helper, numpy_helper
 
-    from policyport.converter.keras import _Graph
+    from policyport.converter.sources.keras import _Graph
 
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, [None, 2]) for i in inputs],
                               [], [numpy_helper.from_array(np.ones(2, np.float32), n) for n in inits])
@@ -326,7 +326,7 @@ def test_an_identity_cycle_ends_the_walk_back_to_a_tensors_root():
 
     from onnx import helper
 
-    from policyport.converter.keras import _root
+    from policyport.converter.sources.keras import _root
 
     g = _graph([helper.make_node("Identity", ["b"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
                 helper.make_node("Identity", ["obs"], ["c"]), helper.make_node("Identity", ["c"], ["d"])])
@@ -341,7 +341,7 @@ def test_an_identity_cycle_ends_the_walk_back_to_a_tensors_root():
 def test_names_of_a_graph_input_or_an_initializer_become_identities_and_the_source_keeps_its_name():
     from onnx import helper
 
-    from policyport.converter.keras import _settle_names
+    from policyport.converter.sources.keras import _settle_names
 
     g = _graph([helper.make_node("Identity", ["obs"], ["input_layer"]), helper.make_node("Identity", ["W"], ["dense/kernel"]),
                 helper.make_node("Add", ["input_layer", "dense/kernel"], ["sum"])], inits=["W"])
@@ -355,7 +355,7 @@ def test_names_of_a_graph_input_or_an_initializer_become_identities_and_the_sour
 def test_traced_tensors_are_one_when_they_are_the_same_object_or_share_a_name():
     from types import SimpleNamespace
 
-    from policyport.converter.keras import _same_tensor
+    from policyport.converter.sources.keras import _same_tensor
 
     a = SimpleNamespace(name="dense/BiasAdd:0")
     assert _same_tensor(a, a) and _same_tensor(a, SimpleNamespace(name="dense/BiasAdd:0"))
@@ -380,7 +380,7 @@ def test_a_keras_model_never_built_is_refused_saying_how_to_build_it(keras):
 ])
 def test_called_directly_the_keras_converters_refuse_options_of_other_sources(option, value, message):
     from policyport.converter import ConvertOptions
-    from policyport.converter.keras import _check_options
+    from policyport.converter.sources.keras import _check_options
 
     with pytest.raises(pp.OptionError) as caught:
         _check_options(ConvertOptions(**{option: value}), "a Keras model")
@@ -439,7 +439,7 @@ def test_below_opset_17_a_layer_norm_is_spelled_out_in_nodes_named_after_their_s
 def test_a_layers_internal_tensors_and_constants_are_named_under_the_layer():
     from onnx import helper
 
-    from policyport.converter.keras import _readable_names
+    from policyport.converter.sources.keras import _readable_names
 
     g = _graph([helper.make_node("Add", ["obs", "Const_3"], ["StatefulPartitionedCall/fc_1/BiasAdd:0"]),
                 helper.make_node("Mul", ["StatefulPartitionedCall/fc_1/BiasAdd:0", "fc"], ["fc_out"])], inits=["Const_3", "fc"])
@@ -451,7 +451,7 @@ def test_a_layers_internal_tensors_and_constants_are_named_under_the_layer():
 
 
 def test_loading_a_keras_file_is_safe_unless_trusted():
-    from policyport.converter.keras import load_keras_file
+    from policyport.converter.sources.keras import load_keras_file
 
     with pytest.raises(pp.UntrustedFileError, match="Lambda"):
         load_keras_file(FIXTURES / "gaussian_lambda.keras")  # safe mode by default

@@ -60,7 +60,7 @@ def test_a_broken_savedmodel_under_a_glob_path_is_reported_under_the_users_path(
 @pytest.mark.parametrize("folder", ["br[1]", "star*", "what?"])
 @pytest.mark.parametrize("name", ["mlp_norm.keras", "mlp_norm.h5"])
 def test_keras_files_load_from_paths_holding_glob_characters(tmp_path, folder, name):
-    from policyport.converter.keras import load_keras_file
+    from policyport.converter.sources.keras import load_keras_file
 
     (tmp_path / folder).mkdir()
     path = shutil.copy(FIXTURES / name, tmp_path / folder / name)

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.converter import ConvertOptions
-from policyport.converter import keras as kc
+from policyport.converter.sources import keras as kc
 
 RNG = np.random.default_rng(7)
 

@@ -22,9 +22,9 @@ import pytest
 
 import policyport as pp
 from policyport.converter import ConvertOptions, convert_source
-from policyport.converter import keras as kc
+from policyport.converter.sources import keras as kc
 from policyport.converter.build import MIN_OPSET
-from policyport.files import sha256_file
+from policyport.io.kinds import sha256_file
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policyport.converter.msgpack_decode import load
+from policyport.converter.readers.msgpack_decode import load
 from policyport.errors import UnreadableFileError
 
 SPEC = [

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import policyport as pp
 from policyport.cli import app
-from policyport.converter import sb3
+from policyport.converter.sources import sb3
 
 runner = CliRunner()
 

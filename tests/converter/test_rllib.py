@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import policyport as pp
 from policyport.converter import convert_source
 from policyport.cli import app
-from policyport.converter.rllib import EPSILON_RS, EPSILON_RUNNING_STATS, _filter, read_checkpoint
+from policyport.converter.sources.rllib import EPSILON_RS, EPSILON_RUNNING_STATS, _filter, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 RLLIB = ROOT / "fixtures" / "rllib"
@@ -283,7 +283,7 @@ def test_an_activation_contradicting_the_model_config_is_refused():
 
 
 def test_an_old_tf2_weight_list_is_named_in_policy_variables_order():
-    from policyport.converter.rllib import _name_tf2_list
+    from policyport.converter.sources.rllib import _name_tf2_list
 
     arrays = [np.full(1, i, np.float32) for i in range(13)]
     named = _name_tf2_list(arrays[:12], {}, "p")  # RLlib's defaults: two hidden layers, separate value branch
@@ -445,7 +445,7 @@ def test_an_old_stack_with_several_policies_reads_the_one_named_and_its_filter(t
 
 def _record(global_name: str, state):
     """An inert record of ``module.Class`` with ``state``, as the restricted unpickler makes one."""
-    from policyport.converter import unpickle
+    from policyport.converter.readers import unpickle
 
     module, name = global_name.rsplit(".", 1)
     record = unpickle._stand_in(module, name)()
@@ -465,7 +465,7 @@ def _ray_array(a: np.ndarray) -> str:
 
 
 def test_spaces_in_rllibs_serialised_form_and_as_gymnasium_records():
-    from policyport.converter.rllib import _space
+    from policyport.converter.sources.rllib import _space
 
     assert _space({"space": "discrete", "n": np.int64(4)}) == ("discrete", 4)
     assert _space({"space": {"space": "Multi-Discrete", "nvec": _ray_array(np.array([3, 2]))}}) == ("multidiscrete", (3, 2))
@@ -484,7 +484,7 @@ def test_spaces_in_rllibs_serialised_form_and_as_gymnasium_records():
 
 
 def test_serialised_arrays_are_decoded_and_anything_else_comes_back_as_it_was():
-    from policyport.converter.rllib import _decode_array
+    from policyport.converter.sources.rllib import _decode_array
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     got = _decode_array(_ray_array(a), "mean_array")
@@ -505,7 +505,7 @@ def test_a_serialised_array_is_refused_by_its_header_before_its_data_is_decompre
     import zlib
 
     from policyport import LimitExceededError
-    from policyport.converter.rllib import _decode_array
+    from policyport.converter.sources.rllib import _decode_array
 
     header = io.BytesIO()  # 64 bytes of data behind a header that describes 8 GB of them
     np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**9,)})
@@ -704,7 +704,7 @@ def test_legacy_checkpoints_of_another_shape_are_refused_with_what_is_missing(tm
 
 
 def test_where_a_path_is_no_checkpoint_and_which_legacy_file_is_read(tmp_path):
-    from policyport.converter.rllib import find_legacy_file
+    from policyport.converter.sources.rllib import find_legacy_file
 
     with pytest.raises(pp.UnreadableFileError) as caught:
         read_checkpoint(tmp_path / "missing")
@@ -779,7 +779,7 @@ def test_a_dqn_refuses_a_diag_gaussian_head_and_takes_categorical_as_the_argmax_
 
 
 def test_an_unnamed_tf2_list_against_rllibs_default_model_config_names_what_it_needs():
-    from policyport.converter.rllib import _name_tf2_list
+    from policyport.converter.sources.rllib import _name_tf2_list
 
     with pytest.raises(pp.BadModelError) as caught:
         _name_tf2_list([np.zeros(1)] * 3, {}, "p")
@@ -837,7 +837,7 @@ def test_a_shared_rl_module_encoder_feeds_both_heads(tmp_path):
 
 
 def test_rl_module_layouts_policyport_cannot_convert_are_refused_naming_what_is_wrong():
-    from policyport.converter.rllib import parse_rl_module
+    from policyport.converter.sources.rllib import parse_rl_module
 
     rng = np.random.default_rng(19)
     enc = _linear(rng, 4, 3, "encoder.encoder.net.mlp.0")
@@ -1111,7 +1111,7 @@ def test_the_notes_and_the_recorded_source_of_a_legacy_conversion(options, notes
 
 def test_obs_norm_is_refused_by_the_rllib_converter_itself():
     from policyport.converter import ConvertOptions
-    from policyport.converter.rllib import convert_rllib
+    from policyport.converter.sources.rllib import convert_rllib
 
     with pytest.raises(pp.OptionError) as caught:
         convert_rllib(LEGACY, ConvertOptions(obs_norm="vecnormalize.pkl"))
@@ -1317,7 +1317,7 @@ def test_serialised_arrays_are_read_strictly_and_never_unpickled():
     import io
     import zlib
 
-    from policyport.converter.rllib import _decode_array
+    from policyport.converter.sources.rllib import _decode_array
 
     text = _ray_array(np.arange(4, dtype=np.float64))
     damaged = text[:12] + "!" + text[12:]  # a lenient base64 decoder would skip the "!"

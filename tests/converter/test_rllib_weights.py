@@ -287,7 +287,7 @@ REFUSALS = {
 
 @pytest.mark.parametrize("change, message", REFUSALS.values(), ids=REFUSALS)
 def test_each_refusal_says_exactly_what_is_wrong(change, message):
-    from policyport.converter.rllib_weights import parse_rllib_fcnet
+    from policyport.converter.sources.rllib_weights import parse_rllib_fcnet
 
     with pytest.raises(pp.BadModelError) as caught:
         parse_rllib_fcnet(change(fcnet()), parse_activation("tanh"))
@@ -295,7 +295,7 @@ def test_each_refusal_says_exactly_what_is_wrong(change, message):
 
 
 def test_a_value_layer_is_found_by_its_kernel_or_its_bias():
-    from policyport.converter.rllib_weights import parse_rllib_fcnet
+    from policyport.converter.sources.rllib_weights import parse_rllib_fcnet
 
     unbiased = {k: v for k, v in fcnet(sizes=(6, 8, 4), value=(6, 5, 1)).items() if not k.endswith("bias")}
     spec = parse_rllib_fcnet(unbiased, None, keep_value=True)
@@ -311,7 +311,7 @@ def test_a_value_layer_is_found_by_its_kernel_or_its_bias():
 def test_provenance_names_the_file_and_its_digest(tmp_path):
     import hashlib
 
-    from policyport.converter.rllib_weights import parse_rllib_fcnet, read_weights
+    from policyport.converter.sources.rllib_weights import parse_rllib_fcnet, read_weights
 
     w = fcnet(sizes=(6, 8, 4))
     assert read_weights(w)[1] == {"kind": "npz"} and parse_rllib_fcnet(w, None).source == {"kind": "npz"}
@@ -341,7 +341,7 @@ def test_provenance_names_the_file_and_its_digest(tmp_path):
 
 def test_an_observation_normalisation_file_is_refused_for_weights():
     from policyport.converter import ConvertOptions
-    from policyport.converter.rllib_weights import convert_npz
+    from policyport.converter.sources.rllib_weights import convert_npz
 
     with pytest.raises(pp.BadModelError, match=r"^an observation-normalisation file applies to SB3 sources, not to an "
                                                r"\.npz of weights$"):

@@ -116,7 +116,7 @@ def test_the_metadata_names_the_head_each_zip_was_built_with():
 
 
 def test_the_metadata_holds_the_vecnormalize_statistics_baked_in():
-    from policyport.converter.sb3 import read_vecnormalize
+    from policyport.converter.sources.sb3 import read_vecnormalize
 
     pkl = SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl"
     props = {p.key: p.value for p in convert_source(ZIPS["ppo_pendulum_vecnorm"][0]).model.metadata_props}
@@ -378,7 +378,7 @@ def test_vec_normalize_nodes_clip_both_ways_and_add_epsilon_to_the_variance():
     """Every tensor of the VecNormalize step, by name, against SB3's formula on observations beyond the clip
     and a variance of 0 (where only epsilon keeps the division finite)."""
     from policyport.converter.build import Dense, MlpSpec, ObsNorm, build_mlp
-    from policyport.converter.reference import reference_forward
+    from policyport.converter.sources.reference import reference_forward
 
     rng = np.random.default_rng(23)
     norm = ObsNorm(np.array([1.0, -2.0, 0.0]), np.array([4.0, 0.0, 0.25]), epsilon=0.25, clip_obs=2.5,
@@ -452,7 +452,7 @@ MEAN32, VAR32 = np.array([0.1, -2.5, 3.0], np.float32), np.array([0.3, 1.7, 1e-7
     ({}, 1e-8, 10.0),  # an older save without these attributes: SB3's defaults
 ])
 def test_vecnormalize_statistics_are_read_in_float64_with_epsilon_and_clip(tmp_path, state, epsilon, clip_obs):
-    from policyport.converter.sb3 import read_vecnormalize
+    from policyport.converter.sources.sb3 import read_vecnormalize
 
     pkl = tmp_path / "vecnormalize.pkl"
     pkl.write_bytes(pickle.dumps(VecNormalize(obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32, count=4.0), **state)))
@@ -464,7 +464,7 @@ def test_vecnormalize_statistics_are_read_in_float64_with_epsilon_and_clip(tmp_p
 
 
 def test_a_vecnormalize_that_does_not_normalise_observations_gives_none(tmp_path):
-    from policyport.converter.sb3 import read_vecnormalize
+    from policyport.converter.sources.sb3 import read_vecnormalize
 
     pkl = tmp_path / "vecnormalize.pkl"
     pkl.write_bytes(pickle.dumps(VecNormalize(norm_obs=False, obs_rms=RunningMeanStd(mean=MEAN32, var=VAR32))))
@@ -512,7 +512,7 @@ def test_a_vecnormalize_without_observation_statistics_is_named_as_no_normalisat
      "{pkl} has no obs_rms mean/var arrays; is it a VecNormalize save?"),
 ])
 def test_what_is_not_a_box_vecnormalize_is_refused_naming_the_file(tmp_path, content, message):
-    from policyport.converter.sb3 import read_vecnormalize
+    from policyport.converter.sources.sb3 import read_vecnormalize
 
     pkl = tmp_path / "vecnormalize.pkl"
     pkl.write_bytes(pickle.dumps(content))
@@ -522,7 +522,7 @@ def test_what_is_not_a_box_vecnormalize_is_refused_naming_the_file(tmp_path, con
 
 
 def test_a_hostile_vecnormalize_is_refused_naming_the_file_and_the_function(tmp_path):
-    from policyport.converter.sb3 import read_vecnormalize
+    from policyport.converter.sources.sb3 import read_vecnormalize
 
     marker = tmp_path / "pwned"
     pkl = tmp_path / "vecnormalize.pkl"
@@ -551,7 +551,7 @@ def _zip(path, members: dict[str, bytes]):
     ({"policy.pth": b"x", "data": b"[1]"}, "{path}: its data member is not a JSON object"),
 ])
 def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path, members, message):
-    from policyport.converter.sb3 import read_zip
+    from policyport.converter.sources.sb3 import read_zip
 
     path = tmp_path / "policy.zip"
     if members is None or isinstance(members, bytes):
@@ -564,7 +564,7 @@ def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path,
 
 
 def test_a_zip_gives_its_data_policy_and_version(tmp_path):
-    from policyport.converter.sb3 import read_zip
+    from policyport.converter.sources.sb3 import read_zip
 
     with zipfile.ZipFile(ZIPS["ppo_pendulum"][0]) as zf:
         data, policy = json.loads(zf.read("data")), zf.read("policy.pth")
@@ -577,7 +577,7 @@ def test_a_zip_gives_its_data_policy_and_version(tmp_path):
 
 def test_options_an_sb3_zip_cannot_take_are_refused(tmp_path):
     from policyport.converter import ConvertOptions
-    from policyport.converter.sb3 import convert_sb3
+    from policyport.converter.sources.sb3 import convert_sb3
 
     with pytest.raises(pp.OptionError) as caught:
         convert_sb3(ZIPS["ppo_pendulum"][0], ConvertOptions(head="categorical"))
@@ -600,7 +600,7 @@ def _pickled(obj, protocol) -> str:
 def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
     from collections import OrderedDict
 
-    from policyport.converter.sb3 import pickled_global
+    from policyport.converter.sources.sb3 import pickled_global
 
     # GLOBAL (protocols 0-2) and STACK_GLOBAL (4, 5) name the class; anything else first names none
     assert [pickled_global(_pickled(OrderedDict, p)) for p in (0, 2, 4, 5)] == ["collections.OrderedDict"] * 4
@@ -621,7 +621,7 @@ def test_the_policy_class_is_read_from_its_pickles_opcodes_alone():
     (3, 3.0), (2.5, 2.5), ("[ 1e-3  -inf]", [1e-3, -np.inf]),
 ])
 def test_a_printed_array_is_read_as_float64(text, values):
-    from policyport.converter.sb3 import _array
+    from policyport.converter.sources.sb3 import _array
 
     got = _array(text, "observation_space.low")
     assert got.dtype == np.float64 and got.tolist() == values
@@ -634,7 +634,7 @@ def test_a_printed_array_is_read_as_float64(text, values):
     ("[a b]", "the zip's observation_space.low is not a list of numbers: '[a b]'"),
 ])
 def test_an_array_that_is_not_printed_numbers_is_refused(text, message):
-    from policyport.converter.sb3 import _array
+    from policyport.converter.sources.sb3 import _array
 
     with pytest.raises(pp.BadModelError) as caught:
         _array(text, "observation_space.low")
@@ -656,7 +656,7 @@ def test_an_array_that_is_not_printed_numbers_is_refused(text, message):
 ])
 def test_the_activation_is_read_from_the_class_text_of_policy_kwargs(text, name):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.sb3 import torch_activation
+    from policyport.converter.sources.sb3 import torch_activation
 
     assert parse_activation(torch_activation(text).name) == parse_activation(name)
 
@@ -678,7 +678,7 @@ def test_the_activation_is_read_from_the_class_text_of_policy_kwargs(text, name)
     ("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, <object at 0x1>)", "its arguments are not literals"),
 ])
 def test_an_activation_policyport_does_not_build_is_refused_saying_what_it_builds(text, detail):
-    from policyport.converter.sb3 import torch_activation
+    from policyport.converter.sources.sb3 import torch_activation
 
     with pytest.raises(pp.BadModelError) as caught:
         torch_activation(text).name
@@ -686,7 +686,7 @@ def test_an_activation_policyport_does_not_build_is_refused_saying_what_it_build
 
 
 def test_policy_kwargs_keep_only_their_readable_entries():
-    from policyport.converter.sb3 import _policy_kwargs
+    from policyport.converter.sources.sb3 import _policy_kwargs
 
     assert _policy_kwargs({"policy_kwargs": {":type:": "<class 'dict'>", ":serialized:": "gA==", "net_arch": [8]}}) == {
         "net_arch": [8]}
@@ -706,7 +706,7 @@ def test_policy_kwargs_keep_only_their_readable_entries():
      {"type": "Box", "shape": None, "dtype": None, "low": [0.0], "high": [1.0]}),
 ])
 def test_a_space_is_read_from_its_readable_attributes(entry, space):
-    from policyport.converter.sb3 import _space
+    from policyport.converter.sources.sb3 import _space
 
     got = _space({"action_space": entry}, "action_space")
     assert {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in got.items()} == space
@@ -772,7 +772,7 @@ def test_a_policy_pth_that_is_not_a_state_dict_is_named_inside_its_zip(tmp_path)
 
 
 def test_the_policy_class_is_read_from_protocol_0_strings_and_memo_puts_too():
-    from policyport.converter.sb3 import pickled_global
+    from policyport.converter.sources.sb3 import pickled_global
 
     crafted = b"\x80\x04Vmypolicies\np0\nVMlpPolicy\np1\n\x93."  # UNICODE strings, PUT memo entries, STACK_GLOBAL
     assert pickled_global(base64.b64encode(crafted).decode()) == "mypolicies.MlpPolicy"
@@ -832,7 +832,7 @@ def _list_dag(depth: int) -> list:
 
 
 def test_a_pickle_in_data_is_read_as_the_dag_it_is_and_compared_along_the_readable_json():
-    from policyport.converter.sb3 import _as_written, _same, pickled_value
+    from policyport.converter.sources.sb3 import _as_written, _same, pickled_value
 
     text = base64.b64encode(pickle.dumps({"net_arch": _list_dag(25), "pi": [64, 64]}, protocol=4)).decode()
     value = pickled_value(text)  # 3 * 2**25 objects as a tree (under the limit), read in 25 steps

@@ -207,14 +207,14 @@ def test_a_policy_class_of_its_own_is_refused_and_the_way_forward_it_names_works
 def test_a_policy_class_pickled_by_value_is_refused_naming_it(tmp_path, myext):
     import cloudpickle
 
-    from policyport.converter.sb3 import pickled_global
+    from policyport.converter.sources.sb3 import pickled_global
 
     cloudpickle.register_pickle_by_value(myext)  # as cloudpickle pickles a class its script defined
     try:
         sb3.PPO(myext.ClipPolicy2, "Pendulum-v1", device="cpu").save(tmp_path / "by_value.zip")
     finally:
         cloudpickle.unregister_pickle_by_value(myext)
-    from policyport.converter.sb3 import read_zip
+    from policyport.converter.sources.sb3 import read_zip
 
     serialized = read_zip(tmp_path / "by_value.zip")[0]["policy_class"][":serialized:"]
     assert b"_make_skeleton_class" in __import__("base64").b64decode(serialized)
@@ -324,7 +324,7 @@ class zipfile_data:
         self.path = path
 
     def __enter__(self):
-        from policyport.converter.sb3 import read_zip
+        from policyport.converter.sources.sb3 import read_zip
 
         return read_zip(self.path)[0]
 
@@ -333,8 +333,8 @@ class zipfile_data:
 
 
 def test_sb3s_own_policy_is_built_with_the_activation_the_zip_records():
-    from policyport.converter.sb3 import torch_activation
-    from policyport.converter.sb3_policy import _activation_fn
+    from policyport.converter.sources.sb3 import torch_activation
+    from policyport.converter.sources.sb3_policy import _activation_fn
 
     leaky = _activation_fn(torch, torch_activation("functools.partial(<class 'torch.nn.modules.activation.LeakyReLU'>, 0.2)"))()
     assert type(leaky) is torch.nn.LeakyReLU and leaky.negative_slope == 0.2
@@ -425,7 +425,7 @@ def test_the_pickle_reader_gives_containers_globals_and_calls_without_running_th
     import base64
     import pickle
 
-    from policyport.converter.sb3 import PickledCall, PickledGlobal, pickled_value
+    from policyport.converter.sources.sb3 import PickledCall, PickledGlobal, pickled_value
 
     kwargs = {"net_arch": {"pi": [16, 24], "vf": (8,)}, "activation_fn": functools.partial(torch.nn.ELU, alpha=3.0),
               "fe": torch.nn.ReLU, "again": torch.nn.ReLU, "flag": True, "none": None, "x": 2.5}

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 import policyport as pp
 from policyport.cli import app
 from policyport.converter import convert_source
-from policyport.converter.reference import reference_forward, torch_forward
-from policyport.converter.torch_files import _read_safetensors_layout, read_safetensors, read_torch_zip
+from policyport.converter.sources.reference import reference_forward, torch_forward
+from policyport.converter.readers.torch_files import _read_safetensors_layout, read_safetensors, read_torch_zip
 
 from torch_fixtures import CARTPOLE, ROOT, SB3_DIR, TORCH_DIR, load_module, observations
 
@@ -56,7 +56,7 @@ def test_the_reader_without_torch_reads_views_and_refuses_what_it_cannot_rebuild
     assert got["half"].dtype == np.float16
     module_path = tmp_path / "module.pt"
     torch.save(torch.nn.Linear(2, 2), module_path)
-    from policyport.converter.torch_files import as_state_dict
+    from policyport.converter.readers.torch_files import as_state_dict
 
     with pytest.raises(pp.UntrustedFileError, match=r"torch\.nn\.modules\.linear\.Linear.*--trust"):
         as_state_dict(read_torch_zip(module_path), module_path)
@@ -185,7 +185,7 @@ def test_a_sequential_state_dict_matches_the_module_layer_by_layer(name, activat
 
 
 def test_numpy_and_torch_references_agree_on_every_tensor():
-    from policyport.converter.state_dict import parse_layout, read_arrays
+    from policyport.converter.sources.state_dict import parse_layout, read_arrays
 
     arrays, _ = read_arrays(TORCH_DIR / "norms.state_dict.pt")
     spec, _, _ = parse_layout(arrays, "sequential", "tanh,relu", False)
@@ -414,7 +414,7 @@ def test_without_the_safetensors_library_the_layout_reader_reads_the_file_and_na
 
 def test_rllib_torch_state_dicts_parse_with_their_notes_log_std_and_refusals():
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_rllib_torch
+    from policyport.converter.sources.state_dict import parse_rllib_torch
 
     rng = np.random.default_rng(25)
 
@@ -458,7 +458,7 @@ def test_rllib_torch_state_dicts_parse_with_their_notes_log_std_and_refusals():
 
 def test_sb3_actor_state_dicts_note_what_is_left_out_and_refuse_other_layouts_exactly():
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor
+    from policyport.converter.sources.state_dict import parse_sb3_actor
 
     rng = np.random.default_rng(26)
     relu = parse_activation("relu")
@@ -537,7 +537,7 @@ def _actor(layout, dtype=np.float32, seed=27):
 def test_an_sb3_actor_names_its_sequential_in_assumptions_and_refusals(family, hidden, output, gap):
     from policyport.converter.activations import parse_activation
     from policyport.converter.assumptions import Assumption
-    from policyport.converter.state_dict import MODULE_ITSELF, parse_sb3_actor
+    from policyport.converter.sources.state_dict import MODULE_ITSELF, parse_sb3_actor
 
     relu = parse_activation("relu")
     spec, got_family, notes = parse_sb3_actor(_actor(family), relu)
@@ -558,7 +558,7 @@ def test_an_sb3_actor_names_its_sequential_in_assumptions_and_refusals(family, h
 
 def test_an_sb3_state_dict_without_an_actor_has_no_actor_mu():
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor
+    from policyport.converter.sources.state_dict import parse_sb3_actor
 
     with pytest.raises(pp.BadModelError, match=r"^actor\.mu has no Linear layer$"):
         parse_sb3_actor({"critic.qf0.0.weight": np.zeros((1, 5), np.float32)}, parse_activation("relu"))
@@ -579,7 +579,7 @@ def test_an_sb3_state_dict_without_an_actor_has_no_actor_mu():
 def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, arrays, kind, scope, assumed):
     from policyport.converter.activations import parse_activation
     from policyport.converter.assumptions import Assumption
-    from policyport.converter.state_dict import bare_actor_head, parse_sb3_actor, parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import bare_actor_head, parse_sb3_actor, parse_sb3_actor_critic
 
     relu = parse_activation("relu")
     spec = parse_sb3_actor(arrays, relu)[0] if family != "ac" else parse_sb3_actor_critic(arrays, relu)[0]
@@ -601,7 +601,7 @@ def test_a_bare_sb3_state_dict_gets_the_action_head_its_family_implies(family, a
 
 
 def test_a_state_dict_loaded_without_torch_is_never_taken_for_a_module(tmp_path, monkeypatch):
-    from policyport.converter.state_dict import read_arrays
+    from policyport.converter.sources.state_dict import read_arrays
 
     path = tmp_path / "w.npz"
     np.savez(path, **{"0.weight": np.ones((2, 3), np.float32)})
@@ -662,7 +662,7 @@ def test_bfloat16_storages_need_ml_dtypes_and_say_so(tmp_path, monkeypatch):
 def test_the_refused_global_of_a_torch_zip_is_read_from_its_one_data_pkl(members, expected):
     import io
 
-    from policyport.converter.torch_files import _refused_global
+    from policyport.converter.readers.torch_files import _refused_global
 
     pickles = {"hostile": b"\x80\x02cposix\nsystem\nq\x00.", "plain": pickle.dumps({"w": np.zeros(2)}, protocol=2)}
     buffer = io.BytesIO()
@@ -674,7 +674,7 @@ def test_the_refused_global_of_a_torch_zip_is_read_from_its_one_data_pkl(members
 
 
 def test_a_bare_sequential_without_a_linear_layer_is_refused_by_its_name():
-    from policyport.converter.state_dict import parse_sequential
+    from policyport.converter.sources.state_dict import parse_sequential
 
     norm = {"0.weight": np.ones(3, np.float32), "0.bias": np.zeros(3, np.float32)}
     with pytest.raises(pp.BadModelError, match=r"^nn\.Sequential has no Linear layer \(no 2-D weight\)$"):
@@ -721,7 +721,7 @@ SHARES = "the value branch shares the policy's latent features"
                                            (5, "{p}0.weight, {p}1.weight, {p}2.weight, {p}3.weight ...")])
 def test_an_sb3_extractor_with_parameters_is_refused_listing_four_of_them(prefix, count, listed):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import parse_sb3_actor_critic
 
     arrays = {**_actor_critic(), **{f"{prefix}{i}.weight": np.ones((2, 2), np.float32) for i in range(count)}}
     with pytest.raises(pp.BadModelError) as caught:
@@ -732,7 +732,7 @@ def test_an_sb3_extractor_with_parameters_is_refused_listing_four_of_them(prefix
 
 def test_an_sb3_actor_critic_state_dict_is_refused_exactly_where_it_does_not_fit():
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import parse_sb3_actor_critic
 
     tanh = parse_activation("tanh")
     cases = [
@@ -757,7 +757,7 @@ def test_an_sb3_actor_critic_state_dict_is_refused_exactly_where_it_does_not_fit
 def test_an_sb3_actor_critic_names_each_sequential_in_its_assumptions(net):
     from policyport.converter.activations import parse_activation
     from policyport.converter.assumptions import Assumption
-    from policyport.converter.state_dict import MODULE_ITSELF, parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import MODULE_ITSELF, parse_sb3_actor_critic
 
     arrays = _actor_critic(shared=(6, 6), pi=(8, 8), vf=(8, 8), gap=net)
     spec, notes = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=True)
@@ -783,7 +783,7 @@ def test_an_sb3_actor_critic_names_each_sequential_in_its_assumptions(net):
 def test_an_sb3_actor_critic_keeps_its_value_branch_only_when_asked_and_says_what_it_shares(arrays, keep_value, notes,
                                                                                           value_layers):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import parse_sb3_actor_critic
 
     spec, got = parse_sb3_actor_critic(arrays, parse_activation("tanh"), keep_value=keep_value)
     assert got == notes
@@ -831,7 +831,7 @@ def test_a_state_dict_records_its_layout_and_the_activation_it_was_read_with(tmp
 
 def test_a_state_dict_converts_at_the_opset_and_input_shape_asked_for(tmp_path):
     from policyport.converter.assumptions import Assumption
-    from policyport.converter.state_dict import MODULE_ITSELF
+    from policyport.converter.sources.state_dict import MODULE_ITSELF
 
     arrays = {"2.weight": np.ones((3, 6), np.float32), "2.bias": np.zeros(3, np.float32)}  # 0..1: a Flatten
     c = convert_source(_saved(tmp_path, arrays), opset=13, input_shape=(2, 3))
@@ -979,7 +979,7 @@ def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tm
 
 
 def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
-    from policyport.converter.state_dict import read_arrays
+    from policyport.converter.sources.state_dict import read_arrays
 
     module = tmp_path / "module.pt"
     torch.save(torch.nn.Linear(2, 2), module)
@@ -1004,7 +1004,7 @@ def test_read_arrays_names_where_the_arrays_came_from(tmp_path):
 
 
 def test_a_sequential_index_that_fits_no_module_is_refused_naming_its_parameters_and_shapes():
-    from policyport.converter.state_dict import parse_sequential
+    from policyport.converter.sources.state_dict import parse_sequential
 
     arrays = {"0.weight": np.ones((3, 2), np.float32), "1.bias": np.ones(3, np.float32)}
     with pytest.raises(pp.BadModelError) as caught:
@@ -1031,7 +1031,7 @@ def test_a_list_of_activations_must_name_one_per_parameter_free_module_and_linea
 
 def test_an_action_net_must_be_a_linear_weight_and_may_have_no_bias():
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic
+    from policyport.converter.sources.state_dict import parse_sb3_actor_critic
 
     tanh = parse_activation("tanh")
     with pytest.raises(pp.BadModelError) as caught:
@@ -1052,13 +1052,13 @@ def test_an_action_net_must_be_a_linear_weight_and_may_have_no_bias():
     (["0.weight", "net.2.bias"], "sequential"),
 ])
 def test_the_layout_is_read_from_any_one_key_of_it(keys, layout):
-    from policyport.converter.state_dict import detect_layout
+    from policyport.converter.sources.state_dict import detect_layout
 
     assert detect_layout({k: np.ones((1, 1), np.float32) for k in keys}) == layout
 
 
 def test_keys_that_fit_no_layout_are_counted_and_the_first_twenty_listed():
-    from policyport.converter.state_dict import detect_layout
+    from policyport.converter.sources.state_dict import detect_layout
 
     keys = [f"odd_{i:02d}" for i in range(21)] + ["0.weight"]
     with pytest.raises(pp.BadModelError) as caught:
@@ -1075,14 +1075,14 @@ def test_non_finite_weights_are_refused_by_name_and_integer_buffers_are_not_chec
     with pytest.raises(pp.BadModelError) as caught:
         convert_source(_saved(tmp_path, arrays), activation="relu")
     assert str(caught.value) == "non-finite values (NaN or inf) in 0.bias, 0.weight; a trained policy's weights are finite"
-    from policyport.converter.state_dict import _check_finite
+    from policyport.converter.sources.state_dict import _check_finite
 
     _check_finite({"steps": np.array([2**62], np.int64), "w": np.ones(2, np.float32)})  # nothing to refuse
 
 
 def test_without_torch_the_reference_is_numpys_with_the_head_asked_for(monkeypatch):
     from policyport.converter.activations import parse_activation
-    from policyport.converter.state_dict import parse_sb3_actor_critic, reference_for
+    from policyport.converter.sources.state_dict import parse_sb3_actor_critic, reference_for
 
     spec, _ = parse_sb3_actor_critic(_actor_critic(), parse_activation("tanh"))
     obs = observations((5,), 3)

@@ -13,7 +13,7 @@ import policyport as pp
 from policyport.cli import app
 from policyport.converter import convert_source
 from policyport.converter.assumptions import Assumption
-from policyport.converter.state_dict import CONVERT_THE_MODULE, MODULE_ITSELF
+from policyport.converter.sources.state_dict import CONVERT_THE_MODULE, MODULE_ITSELF
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import policyport as pp  # noqa: E402
 from policyport.converter import ConvertOptions, convert_source  # noqa: E402
-from policyport.converter import torch_module as tm  # noqa: E402
+from policyport.converter.sources import torch_module as tm  # noqa: E402
 from policyport.errors import BadModelError, OptionError, UnreadableFileError  # noqa: E402
 
 FLOAT = TensorProto.FLOAT
@@ -967,7 +967,7 @@ def test_the_norm_steps_are_torchs_layer_and_batch_norm(ops):
 
 def test_the_remaining_primitives_compute_as_numpy_does(ops):
     from policyport.converter.build import ObsNorm
-    from policyport.converter.reference import _NumpyOps
+    from policyport.converter.sources.reference import _NumpyOps
 
     rng = np.random.default_rng(15)
     x = rng.normal(size=(3, 2, 2)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Reading torch files (policyport/converter/torch_files.py): torch.load's weights-only reader and
+"""Reading torch files (policyport/converter/readers/torch_files.py): torch.load's weights-only reader and
 its refusals, the reader without torch, tensors of every container and bfloat16 as numpy, the
 state_dict check, and the layout metadata that lets extract give a state_dict back in its order."""
 
@@ -17,9 +17,9 @@ import onnx
 import pytest
 
 import policyport as pp
-from policyport.converter.torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
-from policyport.converter.unpickle import Record
-from policyport.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
+from policyport.converter.readers.torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
+from policyport.converter.readers.unpickle import Record
+from policyport.graph.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
 
 torch = pytest.importorskip("torch")
 

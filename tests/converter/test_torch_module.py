@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import policyport as pp  # noqa: E402
 from policyport.converter import convert_source  # noqa: E402
-from policyport.converter.torch_module import ROLES  # noqa: E402
+from policyport.converter.sources.torch_module import ROLES  # noqa: E402
 
 from torch_fixtures import TORCH_DIR, load_module, observations, torch_leaf_outputs  # noqa: E402
 
@@ -197,7 +197,7 @@ def test_a_failure_no_exported_leaf_tells_apart_is_the_exporters_own_message():
 
 
 def test_an_export_error_is_reported_by_its_first_plain_line_and_op():
-    from policyport.converter.torch_module import _export_error
+    from policyport.converter.sources.torch_module import _export_error
 
     module = torch.nn.Sequential(torch.nn.Linear(4, 4), Spectrum())
     example = torch.zeros(1, 4)
@@ -212,7 +212,7 @@ def test_an_export_error_is_reported_by_its_first_plain_line_and_op():
 
 
 def test_export_module_defaults_to_the_torchscript_exporter_at_opset_17():
-    from policyport.converter.torch_module import export_module
+    from policyport.converter.sources.torch_module import export_module
 
     export = export_module(torch.nn.Sequential(torch.nn.Linear(3, 2)))
     assert export.model.opset_import[0].version == 17
@@ -226,7 +226,7 @@ def test_export_module_defaults_to_the_torchscript_exporter_at_opset_17():
     ("Gemm_3", None),
 ])
 def test_a_torchscript_node_name_gives_the_module_that_computed_it(node_name, scope):
-    from policyport.converter.torch_module import _scope_of_ts_name
+    from policyport.converter.sources.torch_module import _scope_of_ts_name
 
     modules = {"mlp_extractor", "mlp_extractor.policy_net", "mlp_extractor.policy_net.0"}
     assert _scope_of_ts_name(node_name, modules) == scope
@@ -316,7 +316,7 @@ def test_every_activation_has_an_exact_form_at_every_opset(opset):
 
 def test_called_directly_the_module_converter_refuses_options_of_weight_files():
     from policyport.converter import ConvertOptions
-    from policyport.converter.torch_module import convert_torch
+    from policyport.converter.sources.torch_module import convert_torch
 
     with pytest.raises(pp.OptionError) as caught:
         convert_torch(torch.nn.Sequential(torch.nn.Linear(3, 2)), ConvertOptions(activation="relu"))

@@ -16,9 +16,9 @@ import types
 import numpy as np
 import pytest
 
-from policyport.converter.unpickle import Record, _numpy_core, load, plain
+from policyport.converter.readers.unpickle import Record, _numpy_core, load, plain
 from policyport.errors import LimitExceededError, UnreadableFileError, UntrustedFileError
-from policyport.files import using_limits
+from policyport.io.limits import using_limits
 
 PROTOCOLS = range(0, pickle.HIGHEST_PROTOCOL + 1)
 
@@ -453,7 +453,7 @@ def test_every_submodule_of_a_dangerous_module_is_refused_and_only_those(module,
 def test_the_numpy_core_modules_are_found_under_numpy_2_and_numpy_1_names(monkeypatch):
     import importlib
 
-    from policyport.converter.unpickle import _numpy_core
+    from policyport.converter.readers.unpickle import _numpy_core
 
     real = importlib.import_module
     assert _numpy_core("multiarray") is real("numpy._core.multiarray" if int(np.__version__.split(".")[0]) >= 2
@@ -555,7 +555,7 @@ def _dag(depth: int) -> list:
 
 
 def test_a_dag_is_counted_as_it_is_written_out_and_refused_above_the_limit():
-    from policyport.converter.unpickle import written_items
+    from policyport.converter.readers.unpickle import written_items
 
     assert written_items(_dag(0)) == 2 and written_items(_dag(3)) == 3 * 2**3 - 1
     assert written_items(_dag(60)) == 3 * 2**60 - 1  # counted in 60 steps

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import policyport as pp
-from policyport.files import load_onnx
+from policyport.graph.onnx_files import load_onnx
 
 from .mutations import MUTATIONS, mutate
 
@@ -101,9 +101,9 @@ def exercise(model: onnx.ModelProto) -> Outcome:
     from typer.testing import CliRunner
 
     from policyport.cli import app
-    from policyport.passes import expose, extract_weights
-    from policyport.summary import summarize
-    from policyport.verification import sample_inputs
+    from policyport.graph.passes import expose, extract_weights
+    from policyport.verification.summary import summarize
+    from policyport.verification.verify import sample_inputs
 
     outcome = Outcome()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -143,7 +143,7 @@ def _check_row_blocks(session) -> None:
     straight-line code gives on the whole batch: the same error class, or the same values (floats
     within 1e-5 + 1e-4 relative: the BLAS may block a product otherwise)."""
     from policyport.runtime.numpy.rows import SPLIT_ROWS
-    from policyport.verification import sample_inputs
+    from policyport.verification.verify import sample_inputs
 
     plan = session.backend.plan
     if plan.row_split is None:

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-from policyport.graph import Graph, Node, ValueInfo, from_onnx
+from policyport.graph.model import Graph, Node, ValueInfo, from_onnx
 from policyport.runtime import base, blas
 from policyport.runtime import numpy as numpy_backend
 from policyport.runtime import ort as ort_backend

@@ -1,4 +1,4 @@
-"""A packed folder's command line (run.py, policyport.runtime.entry) run in this process: its outputs,
+"""A packed folder's command line (run.py, policyport.handoff.folder_run) run in this process: its outputs,
 tables and JSON, usage errors, and every way it ends with its exit code and message."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-from policyport.runtime import entry
+from policyport.handoff import folder_run as entry
 from policyport.runtime.packed import read_golden
 
 
@@ -171,7 +171,7 @@ def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tm
 
 @pytest.mark.parametrize("existing", [None, b"old outputs"])
 def test_a_failed_record_leaves_every_output_as_it_was(folder, obs, tmp_path, monkeypatch, capsys, existing):
-    import policyport.files as files
+    import policyport.io as files
 
     out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
     if existing is not None:
@@ -221,7 +221,7 @@ def test_every_other_end_has_its_code(folder, obs, tmp_path, monkeypatch, capsys
 ])
 def test_an_end_after_the_outputs_are_in_place_names_them(folder, obs, tmp_path, monkeypatch, capsys, error, code,
                                                          message):
-    from policyport import files
+    from policyport import io as files
 
     real = files.write_outputs
 
@@ -276,7 +276,7 @@ def test_table_layout(capsys):
 
 
 def test_max_bytes_limits_what_the_run_reads(folder, obs, tmp_path, monkeypatch, capsys):
-    from policyport.files import limits
+    from policyport.io.limits import limits
 
     seen = []
     monkeypatch.setattr(entry, "_verify", lambda folder, args: seen.append(limits().array_bytes) or 0)

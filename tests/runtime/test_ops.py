@@ -24,7 +24,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")  # onnx depends on it
 from onnx import TensorProto, helper  # noqa: E402
 
 import policyport as pp  # noqa: E402
-from policyport.graph import Graph, from_onnx, onnx_dtype  # noqa: E402
+from policyport.graph.model import Graph, from_onnx, onnx_dtype  # noqa: E402
 from policyport.runtime.numpy.ops.special import erf, erfc  # noqa: E402
 from policyport.runtime.numpy.registry import op, supported_ops  # noqa: E402
 from onnx_node import RNG, assert_same, both, close, f32, i64, narrow, node_model, run  # noqa: E402

@@ -152,7 +152,7 @@ def test_a_long_chain_compiles_in_chunks_and_runs():
 
 
 def test_a_graph_of_more_nodes_than_the_limit_is_refused_before_compiling():
-    from policyport.files import using_limits
+    from policyport.io.limits import using_limits
 
     with using_limits(nodes=10):
         with pytest.raises(pp.LimitExceededError, match="the graph has 11 nodes, more than the numpy backend's limit of 10; "
@@ -168,7 +168,7 @@ def test_a_graph_of_more_nodes_than_the_limit_is_refused_before_compiling():
     ("Range", ["start", "limit", "delta"], [("start", 0), ("limit", 1024 * 257), ("delta", 1)], (1024 * 257,)),
 ])
 def test_ops_sized_from_a_value_are_refused_above_the_limit_naming_the_node(op, inputs, inits, shape):
-    from policyport.files import using_limits
+    from policyport.io.limits import using_limits
 
     m = model([helper.make_node(op, inputs, ["y"], name="grow")], [f32("obs", ["batch", 4])], [f32("y", None)],
               [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in inits])

@@ -7,7 +7,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ...graph import Graph
+from ...graph.model import Graph
 from ..base import Backend, TensorSizes
 from ..overrides import Steering
 from .floating import quiet

@@ -1,4 +1,4 @@
-"""Compile a :class:`~policyport.graph.Graph` once into straight-line Python over numpy.
+"""Compile a :class:`~policyport.graph.model.Graph` once into straight-line Python over numpy.
 
 Every node's implementation is resolved from the registry at compile time and bound to its
 attributes; initializers are bound as constants in the layout the kernel wants (a Gemm with a
@@ -20,7 +20,7 @@ tensor names among them); no string from the model ever reaches the source text.
 A large graph is compiled in pieces: CPython compiles one huge function in superlinear time and
 memory, so past :data:`CHUNK_LINES` generated lines the tensors live in a list (``s[3]`` for
 ``t3``) and the lines are split into functions of at most that many lines, called in turn. A graph
-of more nodes than :attr:`policyport.files.Limits.nodes` (``POLICYPORT_MAX_NODES``) is refused.
+of more nodes than :attr:`policyport.io.limits.Limits.nodes` (``POLICYPORT_MAX_NODES``) is refused.
 ``record`` and ``observe`` are compiled on first use.
 
 A graph that computes row by row (followed while compiling, see :class:`_RowTracker`) runs a batch
@@ -39,8 +39,8 @@ from typing import Callable
 import numpy as np
 
 from ...errors import BadModelError, LimitExceededError, PolicyportError, UnsupportedOpError, listing
-from ...files import ENV_NODES, limits
-from ...graph import Graph, onnx_dtype
+from ...io.limits import ENV_NODES, limits
+from ...graph.model import Graph, onnx_dtype
 from .registry import NEWEST_OPSET, Static, missing_ops, resolve
 from .rows import SPLIT_ROWS, RowBlocks
 

@@ -179,7 +179,7 @@ def missing_ops(graph) -> list[MissingOp]:
     """Every op of ``graph`` without an implementation at the graph's opset for its domain.
 
     Args:
-        graph: a :class:`~policyport.graph.Graph`.
+        graph: a :class:`~policyport.graph.model.Graph`.
 
     Returns:
         One :class:`~policyport.errors.MissingOp` per (domain, op type), in order of first use,

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ....graph import ML_DTYPE_NAMES
+from ....graph.model import ML_DTYPE_NAMES
 from ..registry import op
 from .special import erfc
 

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from ....files import check_tensor_shape
+from ....io.limits import check_tensor_shape
 from ..registry import op
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....files import check_tensor_shape
-from ....graph import ML_DTYPE_NAMES
+from ....io.limits import check_tensor_shape
+from ....graph.model import ML_DTYPE_NAMES
 from ..registry import op
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....graph import onnx_dtype
+from ....graph.model import onnx_dtype
 from ..registry import op
 
 

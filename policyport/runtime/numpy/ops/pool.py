@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ....files import check_tensor_shape
+from ....io.limits import check_tensor_shape
 from ..registry import op
 from .conv import padded_shape, window_geometry, windows
 

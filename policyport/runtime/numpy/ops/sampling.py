@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....files import check_tensor_shape
-from ....graph import onnx_dtype
+from ....io.limits import check_tensor_shape
+from ....graph.model import onnx_dtype
 from ..registry import op
 
 

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ....files import check_tensor_shape
-from ....graph import ML_DTYPE_NAMES, onnx_dtype
+from ....io.limits import check_tensor_shape
+from ....graph.model import ML_DTYPE_NAMES, onnx_dtype
 from ..registry import op
 
 
@@ -208,7 +208,7 @@ def cast(x, *, to, saturate=1, round_mode="up"):
 
     Float to integer truncates toward zero; strings parse as Python floats ("INF", "NaN" ...).
     ``saturate`` (opset 19) and ``round_mode`` (24) concern the float8 types, which need the
-    optional ml_dtypes package (without it :func:`policyport.graph.onnx_dtype` refuses them):
+    optional ml_dtypes package (without it :func:`policyport.graph.model.onnx_dtype` refuses them):
     see :func:`_cast_ml`.
     """
     return _cast(x, onnx_dtype(to), saturate, round_mode)

@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .graph import ML_DTYPE_NAMES
+from ..graph.model import ML_DTYPE_NAMES
 
 #: Tolerances of the element types numpy has: dtype name -> (atol, rtol). See the module table.
 TOLERANCES: dict[str, tuple[float, float]] = {

@@ -10,7 +10,7 @@
   ``torch.<Type>Storage`` -> its dtype). Nothing from the file is called.
 * Sizes: the members of a torch zip archive together, and every tensor once copied to numpy (a
   tensor with stride 0 declares its whole shape over a storage of a few bytes), are checked against
-  the array limit (:func:`policyport.files.limits`) before they are read or copied; what a file
+  the array limit (:func:`policyport.io.limits.limits`) before they are read or copied; what a file
   pickles shared (a DAG) is converted once and stays shared.
 * ``.safetensors``: the ``safetensors`` package when installed, else a reader of its documented
   layout (an 8-byte little-endian header length, a JSON header of dtype/shape/data_offsets, raw
@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
-from ..files import check_array_bytes, check_zip_members, read_zip_member
-from ..text import bounded_repr
+from ...errors import BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
+from ...io.limits import check_array_bytes
+from ...io.arrays import check_zip_members, read_zip_member
+from ...text import bounded_repr
 
 #: torch storage class -> numpy dtype (``torch/storage.py``'s legacy typed storages).
 STORAGE_DTYPES = {
@@ -68,7 +69,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         path: the file, or its bytes (a member of an SB3 zip).
         trust: unpickle whatever the file holds (runs its code), with the current folder and the
             file's own on the import path, as for the script that saved it
-            (:func:`~policyport.converter.unpickle.user_import_path`).
+            (:func:`~policyport.converter.readers.unpickle.user_import_path`).
         what: how to name the file in messages (default: the path).
 
     Returns:
@@ -85,7 +86,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         LimitExceededError: the archive's members declare more than the array limit together, its
             pickle's calls do (``bytearray(n)``, ``list(range(n))``), its tensors would take more once
             copied to numpy (a tensor with stride 0 declares its whole shape), or what it holds,
-            written out as a tree, would (:func:`policyport.converter.unpickle.check_written_size`);
+            written out as a tree, would (:func:`policyport.converter.readers.unpickle.check_written_size`);
             nothing that large was read or allocated.
     """
     if isinstance(path, (bytes, bytearray)):
@@ -105,7 +106,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
         import torch
     except ImportError:
         if trust:
-            from ..errors import MissingDependencyError
+            from ...errors import MissingDependencyError
 
             raise MissingDependencyError("torch", "torch", "loading a whole pickled torch module (--trust)") from None
         return read_torch_zip(source, what=str(path))
@@ -144,7 +145,7 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
 
 def _check_archive_sizes(source, what: str) -> None:
     """Refuse a torch zip archive whose members declare more than the array limit together, or whose
-    ``data.pkl`` declares more (:func:`policyport.converter.unpickle.load`: sizes its calls ask for,
+    ``data.pkl`` declares more (:func:`policyport.converter.readers.unpickle.load`: sizes its calls ask for,
     its value written out as a tree), before torch (or :func:`read_torch_zip`) reads any of it.
 
     ``data.pkl`` is read once more for this with policyport's restricted unpickler, torch's
@@ -153,7 +154,7 @@ def _check_archive_sizes(source, what: str) -> None:
     size is left for the reader to say. A file that is no zip archive (torch's legacy format) is
     left alone.
     """
-    from ..errors import PolicyportError
+    from ...errors import PolicyportError
     from .unpickle import load
 
     if isinstance(source, io.BytesIO):
@@ -239,10 +240,10 @@ def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
         what: how to name it in the message.
 
     Returns:
-        The refusal, naming what the file is instead (:func:`policyport.files.file_kind`, or an
+        The refusal, naming what the file is instead (:func:`policyport.io.kinds.file_kind`, or an
         ONNX model) and, for a source policyport reads another way, the kind that reads it.
     """
-    from ..files import file_kind
+    from ...io.kinds import file_kind
 
     data = file if isinstance(file, bytes) else None
     if data is None:
@@ -286,8 +287,8 @@ def not_torchscript(path: Path) -> str | None:
     """Why ``path`` is not a TorchScript file, told from its layout without loading it: ``None`` for
     a zip archive holding ``data.pkl`` and ``constants.pkl`` (as ``torch.jit.save`` writes,
     ``torch/csrc/jit/serialization/export_module.cpp``), else the refusal naming what the file is
-    (:func:`policyport.files.file_kind`) and the ``--from`` that reads it, when one does."""
-    from ..files import file_kind
+    (:func:`policyport.io.kinds.file_kind`) and the ``--from`` that reads it, when one does."""
+    from ...io.kinds import file_kind
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -538,13 +539,13 @@ def keep_state_dict_layout(model, state_dict) -> None:
     Small integer buffers that no computation reads (``BatchNorm.num_batches_tracked``), and so are
     not in the graph, are recorded as ``"value"`` entries of the parameter metadata; the order of
     the state_dict's keys is recorded as ``policyport.parameter_order``
-    (see :func:`policyport.passes.parameter_map`).
+    (see :func:`policyport.graph.passes.parameter_map`).
 
     Args:
         model: an ``onnx.ModelProto`` whose ``policyport.parameters`` metadata a converter wrote.
         state_dict: the source's arrays, name -> array, in the source's order.
     """
-    from ..passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
+    from ...graph.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
 
     props = {p.key: p for p in model.metadata_props}
     mapping = json.loads(props[PARAMETERS_KEY].value) if PARAMETERS_KEY in props else {}

@@ -18,7 +18,7 @@ How a model is converted:
 3. Parameters: every Keras weight is found among the initializers the layer's own nodes read, bit
    for bit, and the initializer is renamed ``<layer>/<weight>`` (``fc_1/kernel``, ``bn/gamma``).
    tf2onnx drops all-zero biases; those are recorded in ``policyport.parameters`` so that
-   :func:`policyport.passes.extract_weights` rebuilds them. ``BatchNormalization`` and
+   :func:`policyport.graph.passes.extract_weights` rebuilds them. ``BatchNormalization`` and
    ``LayerNormalization`` on ``(batch, features)`` tensors, which tf2onnx folds into anonymous
    constants, are rebuilt as ONNX ``BatchNormalization``/``LayerNormalization`` nodes reading the
    Keras ``gamma``, ``beta``, ``moving_mean``, ``moving_variance`` with the layer's exact epsilon
@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import (
+from ...errors import (
     BadModelError,
     MissingDependencyError,
     OptionError,
@@ -56,10 +56,10 @@ from ..errors import (
     UntrustedFileError,
     listing,
 )
-from ..files import sha256_file
-from .assumptions import Oracle, head_assumption, outside_normaliser
-from .build import GAUSSIAN_HEADS, MIN_OPSET, head_name
-from .keras_sizes import check_keras_config, check_savedmodel_sizes
+from ...io.kinds import sha256_file
+from ..assumptions import Oracle, head_assumption, outside_normaliser
+from ..build import GAUSSIAN_HEADS, MIN_OPSET, head_name
+from ..keras_sizes import check_keras_config, check_savedmodel_sizes
 
 #: The pip extra that installs tensorflow and tf2onnx.
 EXTRA = "tf"
@@ -222,7 +222,7 @@ def _check_keras_file(path: Path) -> None:
         UnreadableFileError: a folder, an empty file, a file whose contents are not its name's format
             (naming the format they are), a damaged zip archive, or a name Keras does not load.
     """
-    from . import wrong_shape_of_source
+    from .. import wrong_shape_of_source
 
     if wrong := wrong_shape_of_source(path, "keras"):
         raise UnreadableFileError(wrong)
@@ -967,7 +967,7 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
 
 
 def _version() -> str:
-    from .. import __version__
+    from ...version import __version__
 
     return __version__
 
@@ -1023,8 +1023,8 @@ def _check_options(options, what: str) -> None:
 def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, kind: str):
     import dataclasses
 
-    from . import Converted
-    from .build import NO_HEAD
+    from .. import Converted
+    from ..build import NO_HEAD
 
     if options.head == NO_HEAD:  # the model's own outputs, as without a head
         options = dataclasses.replace(options, head=None)
@@ -1116,7 +1116,7 @@ def convert_savedmodel(source, options):
             (:func:`~policyport.converter.keras_sizes.check_savedmodel_sizes`).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
-    from . import refuse_code_without_trust, wrong_shape_of_source
+    from .. import refuse_code_without_trust, wrong_shape_of_source
 
     fw = _frameworks()
     _check_options(options, "a SavedModel")

@@ -4,7 +4,7 @@
 with ``forward(obs, record=None, overrides=None)`` — straight-line numpy, one line per node, each
 tensor a local named after the graph's tensor — and a ``.npz`` of the same name beside it holding the
 weights under the source's parameter names, in the source's layout (exactly
-:func:`policyport.passes.extract_weights`; the module applies the transposes the parameter map
+:func:`policyport.graph.passes.extract_weights`; the module applies the transposes the parameter map
 records). It follows the numpy backend's compiled plan (:class:`~policyport.runtime.numpy.plan.Plan`):
 the same numpy calls in the same order, the op implementations the plan calls copied from the
 registry where one line of numpy would not be the same computation. Before anything is written the
@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BadModelError, InputMismatchError, UnsupportedOpError, VerificationError
+from ..errors import BadModelError, InputMismatchError, UnsupportedOpError, VerificationError
 
 #: The ops export-numpy writes: the MLP op set.
 EXPORT_OPS = frozenset({
@@ -169,7 +169,7 @@ _BLOCKS = '''def in_blocks(compute, inputs, record, overrides):
 class Exported:
     """What :func:`export_numpy` wrote: the module, its weights, the module's length in lines, the
     number of tensors ``forward`` records and of observations it was checked on, and the model's
-    assumptions as its metadata records them (:func:`policyport.graph.recorded_assumptions`: dicts
+    assumptions as its metadata records them (:func:`policyport.graph.model.recorded_assumptions`: dicts
     of ``topic``, ``assumes``, ``because``, ``settle``; ``None`` when it records none), which the
     module lists as ``ASSUMPTIONS``."""
 
@@ -190,7 +190,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         output: the module to write, ending in ``.py``; the weights go to the same path with ``.npz``.
         samples: how many observations the module is checked on (default 64), drawn uniformly from
             ``[low, high)`` (default ``[0, 1)``) with numpy ``default_rng(seed)`` (default 0), as
-            :func:`policyport.verification.sample_inputs` draws them; one more run checks batch 1.
+            :func:`policyport.verification.verify.sample_inputs` draws them; one more run checks batch 1.
         force: replace existing regular files at both paths.
 
     Returns:
@@ -207,10 +207,12 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
             naming both outputs; nothing is written.
         MissingDependencyError: onnx is not installed.
     """
-    from .files import check_distinct, check_memory, check_writable, ensure_model
-    from .graph import from_onnx, recorded_assumptions
-    from .runtime import load
-    from .verification import input_ranges, sample_inputs
+    from ..io.outputs import check_distinct, check_writable
+    from ..io.limits import check_memory
+    from ..graph.onnx_files import ensure_model
+    from ..graph.model import from_onnx, recorded_assumptions
+    from ..runtime import load
+    from ..verification.verify import input_ranges, sample_inputs
 
     check_arguments(samples, low, high, seed)
     output = Path(output)
@@ -229,13 +231,14 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     check_memory(_check_needs(session, feeds), f"checking the module on {samples:,} observations")
     tmp = _staging(output)
     try:
-        from .files import weights_comment, write_npz
+        from ..io.outputs import weights_comment
+        from ..io.arrays import write_npz
 
         try:
             (tmp / output.name).write_text(source, encoding="utf-8")
             write_npz(tmp / weights_path.name, arrays, weights_comment("policyport export-numpy"))
         except OSError as e:  # a full disk, a quota: say which outputs
-            from .errors import UnreadableFileError
+            from ..errors import UnreadableFileError
 
             raise UnreadableFileError(f"writing {output} and {weights_path} failed: {e.strerror or e}; nothing was "
                                       "written") from e
@@ -256,7 +259,7 @@ def check_arguments(samples, low, high, seed) -> None:
     Raises:
         ArgumentTypeError, InputMismatchError: see :func:`policyport.errors.check_argument`.
     """
-    from .errors import check_argument
+    from ..errors import check_argument
 
     check_argument(samples, "samples (observations to draw)", "int", 1)
     check_argument(low, "low (the smallest observation value drawn)", "real")
@@ -268,7 +271,7 @@ def _check_needs(session, feeds: dict[str, np.ndarray]) -> int:
     """The bytes :func:`_check` holds at its peak: the numpy backend's record of every tensor and its
     run, and the module's own record of every tensor, computed whole, as a whole batch's record; a
     batch the module computes in row blocks holds its blocks' records too while it joins them."""
-    from .runtime.numpy.rows import SPLIT_ROWS
+    from ..runtime.numpy.rows import SPLIT_ROWS
 
     sizes = session.tensor_sizes(feeds)
     if sizes is None:
@@ -282,7 +285,7 @@ def _check_needs(session, feeds: dict[str, np.ndarray]) -> int:
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:
     """The generated ``forward`` against the numpy backend, every tensor bit for bit."""
-    from .runtime.packed import same_bits
+    from ..runtime.packed import same_bits
 
     want = session.record(feeds, "*")
     record: dict[str, np.ndarray] = {}
@@ -308,10 +311,10 @@ def generate(model, samples: int = 64) -> tuple[str, dict[str, np.ndarray]]:
     Raises:
         As :func:`export_numpy`, but for writing and checking.
     """
-    from .graph import from_onnx
-    from .passes import extract_weights, parameter_map
-    from .runtime.numpy import Plan
-    from .runtime.numpy.registry import resolve
+    from ..graph.model import from_onnx
+    from ..graph.passes import extract_weights, parameter_map
+    from ..runtime.numpy import Plan
+    from ..runtime.numpy.registry import resolve
 
     graph = from_onnx(model)
     for node in graph.nodes:
@@ -518,8 +521,8 @@ class _Writer:
         ``None``): a graph that computes row by row gets the backend's row blocks too, so that
         ``forward`` gives the backend's bits at every batch size (a BLAS product of 512 rows may round
         otherwise than the same rows inside a larger product)."""
-        from . import __version__
-        from .graph import recorded_assumptions
+        from ..version import __version__
+        from ..graph.model import recorded_assumptions
 
         def info(values) -> dict:
             return {v.name: (v.dtype.name, None if v.shape is None else tuple(v.shape)) for v in values}
@@ -543,7 +546,7 @@ class _Writer:
             parts.append(f"def forward({params}):\n{doc}    tap = observer(record, overrides)\n{checks}"
                          + "\n".join(body) + f"\n    return {{{returned}}}")
         else:
-            from .runtime.numpy.rows import BLOCK_ROWS, SPLIT_ROWS
+            from ..runtime.numpy.rows import BLOCK_ROWS, SPLIT_ROWS
 
             names = ", ".join(self.params)
             local = dict(zip([v.name for v in self.graph.inputs], self.params))
@@ -568,8 +571,8 @@ class _Writer:
 
 def _assumptions_lines(assumptions: list[dict] | None) -> str:
     """The module's ``ASSUMPTIONS``: each assumption of the model as ``policyport verify`` words it
-    (:func:`policyport.compare.assumption_text`), a ``repr`` literal on a line of its own."""
-    from .compare import assumption_text
+    (:func:`policyport.verification.compare.assumption_text`), a ``repr`` literal on a line of its own."""
+    from ..verification.compare import assumption_text
 
     comment = "# What the model assumes that its source file does not record (policyport recorded it in the model).\n"
     if assumptions is None:
@@ -586,14 +589,14 @@ _ONNX_DTYPE = '''def onnx_dtype(code):
 
 
 def _onnx_dtypes_line() -> str:
-    from .graph import ONNX_TO_NUMPY
+    from ..graph.model import ONNX_TO_NUMPY
 
     names = {code: dtype.name for code, dtype in ONNX_TO_NUMPY.items() if dtype.name in _PLAIN}
     return f"ONNX_DTYPES = {names!r}"
 
 
 def _dtype_name(code: int, node) -> str:
-    from .graph import ONNX_TO_NUMPY
+    from ..graph.model import ONNX_TO_NUMPY
 
     dtype = ONNX_TO_NUMPY.get(code)
     if dtype is None or dtype.name not in _PLAIN:
@@ -670,7 +673,7 @@ def _index(index: tuple) -> str:
 
 
 def _staging(output: Path) -> Path:
-    from .errors import UnreadableFileError
+    from ..errors import UnreadableFileError
 
     for _ in range(100):
         folder = output.parent / f".{output.name}.export-{secrets.token_hex(4)}"
@@ -699,8 +702,8 @@ def _import(path: Path):
 
 def _commit(staged: list[tuple[Path, Path]], force: bool) -> None:
     """Move every staged file onto its destination, or none of them (old files restored); noted as
-    placed once all are (:func:`policyport.files.noting_placed`)."""
-    from .files import check_writable, note_placed, unnote_placed
+    placed once all are (:func:`policyport.io.outputs.noting_placed`)."""
+    from ..io.outputs import check_writable, note_placed, unnote_placed
 
     for _, final in staged:
         check_writable(final, force)

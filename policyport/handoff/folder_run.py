@@ -32,9 +32,9 @@ import threading
 import traceback
 from pathlib import Path
 
-from ..compare import DEFAULT_ATOL, DEFAULT_RTOL, source_lines, verdict
+from ..verification.compare import DEFAULT_ATOL, DEFAULT_RTOL, source_lines, verdict
 from ..errors import OptionError, OutputExistsError, PolicyportError
-from ..files import ended_after, noting_placed, stdout_reader_may_leave, written, written_sentence
+from ..io.outputs import ended_after, noting_placed, stdout_reader_may_leave, written, written_sentence
 from ..text import literal
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_TERMINATED = 70, 130, 143
@@ -92,7 +92,7 @@ def _main(folder: str | os.PathLike, argv: list[str] | None, prog: str, placed: 
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        from ..files import using_limits
+        from ..io.limits import using_limits
 
         with using_limits(**({} if args.max_bytes is None else {"array_bytes": args.max_bytes})):
             if args.verify:
@@ -137,7 +137,7 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if not (math.isfinite(value) and value >= 0):
             p.error(f"--{name} must be a finite number >= 0, not {value}")
     if args.max_bytes is not None:
-        from ..files import parse_size
+        from ..io.limits import parse_size
 
         try:
             args.max_bytes = parse_size(args.max_bytes)
@@ -166,7 +166,7 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
-    from ..files import check_distinct, check_writable
+    from ..io.outputs import check_distinct, check_writable
 
     outputs = [args.output] + ([args.record] if args.record is not None else [])
     if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
@@ -182,9 +182,10 @@ def _check_outputs(folder: Path, args: argparse.Namespace) -> list[Path]:
 
 
 def _run(folder: Path, args: argparse.Namespace) -> None:
-    from ..files import load_arrays, npz_writer, write_outputs
-    from . import load
-    from .base import feeds_from_arrays, nonfinite_rows
+    from ..io.arrays import load_arrays, npz_writer
+    from ..io.outputs import write_outputs
+    from ..runtime import load
+    from ..runtime.base import feeds_from_arrays, nonfinite_rows
 
     outputs = _check_outputs(folder, args)
     session = load(folder, backend="numpy")
@@ -215,7 +216,7 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
 
 
 def _verify(folder: Path, args: argparse.Namespace) -> int:
-    from .packed import verify_bundle
+    from ..runtime.packed import verify_bundle
 
     report = verify_bundle(folder, atol=args.atol, rtol=args.rtol)
     if args.json:

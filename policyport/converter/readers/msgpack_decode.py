@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnreadableFileError
+from ...errors import UnreadableFileError
 
 #: How deep arrays and maps may nest (RLlib's states nest a few levels); each level takes two Python
 #: frames, so this stays well inside the interpreter's recursion limit.

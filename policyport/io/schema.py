@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any, Callable
 
-from .errors import BadModelError
+from ..errors import BadModelError
 
 
 class SchemaError(BadModelError):

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .build import GAUSSIAN_HEADS, Dense, MlpSpec, Step
+from ..build import GAUSSIAN_HEADS, Dense, MlpSpec, Step
 
 
 class _NumpyOps:

@@ -3,7 +3,7 @@
 For each tensor the backends record (every node output and graph output), every backend after the
 first is compared with the first; when the source's reference forward pass is known, every backend
 is also compared with it on the tensors the source computes (by name; a source that computes none of
-them is refused, and the report notes those it does not compute). The rule is :mod:`policyport.compare`'s:
+them is refused, and the report notes those it does not compute). The rule is :mod:`policyport.verification.compare`'s:
 tolerances by element type (``|candidate - reference| <= atol + rtol * |reference|``; integers,
 bools and strings exactly), and for a floating tensor that fails them, the float32-rounding rule
 against a float64 run of the graph on the numpy backend (the *oracle*). The first diverging tensor
@@ -28,11 +28,11 @@ import numpy as np
 
 from .compare import (DEFAULT_ATOL, DEFAULT_RTOL, Comparison, ComparisonFold, Report, Skipped,  # noqa: F401
                       compare, is_floating)
-from .errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, TrustRequiredError,
+from ..errors import (BadModelError, InputMismatchError, LimitExceededError, PolicyportError, TrustRequiredError,
                      UndrawableInputError, UnreadableFileError, UntrustedFileError, listing)
-from .files import check_memory
-from .graph import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
-from .runtime.base import count_observations, native_order
+from ..io.limits import check_memory
+from ..graph.model import INPUT_RANGES_KEY, Graph, ValueInfo, recorded_assumptions
+from ..runtime.base import count_observations, native_order
 
 DEFAULT_SAMPLES = 1000
 #: The name of the float64 oracle in reports.
@@ -72,7 +72,7 @@ def sample_inputs(inputs: Sequence[ValueInfo], samples: int = DEFAULT_SAMPLES, l
             bool, or an integer input with no recorded range whose ``[low, high)`` holds fewer than
             two integers (give such inputs' observations yourself).
         LimitExceededError: the observations would need more memory than this process can get
-            (see :func:`policyport.files.check_memory`).
+            (see :func:`policyport.io.limits.check_memory`).
     """
     if samples < 1 or not low < high or not np.isfinite(high - low):
         raise InputMismatchError(f"need samples >= 1 and finite low < high; got samples={samples}, range [{low}, {high})")
@@ -136,7 +136,7 @@ def _integers(low, high) -> str:
 
 def input_ranges(metadata: Mapping[str, str]) -> dict[str, tuple]:
     """The integer ranges a converter recorded for graph inputs (model metadata
-    :data:`policyport.graph.INPUT_RANGES_KEY`), as :func:`sample_inputs` takes them.
+    :data:`policyport.graph.model.INPUT_RANGES_KEY`), as :func:`sample_inputs` takes them.
 
     Returns:
         input name -> ``(low, high)``, each an int64 array (a scalar, or one value per position
@@ -206,15 +206,15 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
             to use (default all). Inputs without a batch axis are one observation either way.
         low, high, seed: see :func:`sample_inputs`.
         atol: absolute tolerance for floating tensors; ``None`` (default) follows the dtype
-            (float32 1e-5, float16 1e-3 ...: :data:`policyport.compare.TOLERANCES`).
+            (float32 1e-5, float16 1e-3 ...: :data:`policyport.verification.compare.TOLERANCES`).
         rtol: relative tolerance, scaled by the reference's magnitude; ``None`` follows the dtype.
         tensors: which node outputs to compare (globs); graph outputs are always compared.
         outputs: compare only these graph outputs (names, or one comma-separated string), on the
-            graph pruned to what they need (:func:`policyport.passes.prune`); feeds of inputs it
+            graph pruned to what they need (:func:`policyport.graph.passes.prune`); feeds of inputs it
             no longer reads are dropped.
         rounding: apply the float32-rounding rule (default) to floating tensors that fail the
             tolerance: a float64 run of the graph on the numpy backend tells rounding from a real
-            difference (:mod:`policyport.compare`). ``False``: the tolerance alone decides.
+            difference (:mod:`policyport.verification.compare`). ``False``: the tolerance alone decides.
         trust: let ``source`` be a file that runs code it holds when loaded (a TorchScript file, a
             SavedModel, a whole pickled torch module).
         obs_norm: the observation-normalisation file to rebuild ``source`` with (an SB3 zip's
@@ -243,8 +243,8 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         UntrustedFileError: ``source`` asks for more than arrays and containers while unpickling (a
             whole pickled module) and ``trust`` is false.
     """
-    from .errors import check_argument
-    from .runtime import BACKENDS, load
+    from ..errors import check_argument
+    from ..runtime import BACKENDS, load
 
     atol = check_argument(atol, "atol (absolute tolerance)", "real", 0, none=True)
     rtol = check_argument(rtol, "rtol (relative tolerance)", "real", 0, none=True)
@@ -255,7 +255,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     if not backends or unknown:
         raise InputMismatchError(f"unknown backend(s) {unknown}; choose from {', '.join(BACKENDS)}")
     if outputs is not None:
-        from .passes import prune
+        from ..graph.passes import prune
 
         model = prune(model, outputs)
     sessions = {b: load(model, backend=b, threads=threads) for b in backends}
@@ -443,7 +443,7 @@ def _files_as_contents(text: str) -> str:
     import os
     from pathlib import Path
 
-    from .files import sha256_file
+    from ..io.kinds import sha256_file
 
     words = text.split(" ")
     if len(words) > _PATH_WORDS:
@@ -566,7 +566,7 @@ def _blocks(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray], te
     Raises:
         LimitExceededError: even the smallest block needs more memory than this process can get.
     """
-    from .files import memory_limit
+    from ..io.limits import memory_limit
 
     first = next(iter(sessions.values()))
     sizes = first.tensor_sizes(feeds)
@@ -605,7 +605,7 @@ def _row_split(graph: Graph, sessions: Mapping, feeds: Mapping[str, np.ndarray],
     """The numpy plan's :class:`~policyport.runtime.numpy.plan.RowSplit` of the graph when blocks of
     rows verify it as the whole batch does: the graph computes row by row, no optional input (an
     initializer) is fed, and every batched input holds ``n`` rows. Otherwise ``None``."""
-    from .runtime import load
+    from ..runtime import load
 
     session = sessions.get("numpy")
     try:
@@ -706,8 +706,8 @@ def _rounding_rule(graph: Graph, blocks: _Blocks, sessions: Mapping, feeds: Mapp
     the numpy backend (the *oracle*), block by block as they were compared; notes on the report why
     a tensor has none (a float64 run that needs more memory than this process can get, as
     ``blocks.oracle`` tells before it starts, among them). Sets ``report.oracle`` when it ran."""
-    from .passes import widen_to_float64
-    from .runtime import load
+    from ..graph.passes import widen_to_float64
+    from ..runtime import load
 
     baseline = report.backends[0]
     known = set(graph.tensor_names)  # the widened graph's Casts are not the baseline's
@@ -754,8 +754,8 @@ def _graph(model, sessions) -> Graph:
         graph = getattr(s.backend, "graph", None)  # pragma: no mutate (without it the same graph is read from the model)
         if isinstance(graph, Graph):
             return graph
-    from .files import ensure_model
-    from .graph import from_onnx
+    from ..graph.onnx_files import ensure_model
+    from ..graph.model import from_onnx
 
     return from_onnx(ensure_model(model))  # pragma: no mutate (for a backend without a graph; every one of BACKENDS has it)
 
@@ -782,7 +782,7 @@ def _source_reference(model, source, trust: bool, obs_norm=None):
     converted (the sha256 the model records, ``policyport.source``), however it is named; else the
     kind its name tells (:func:`~policyport.converter.detect_kind`), or the recorded kind when its
     name tells none. A source that kind cannot read is read as the recorded kind, then as the kind
-    its contents tell (:func:`policyport.files.file_kind`), and a note says so.
+    its contents tell (:func:`policyport.io.kinds.file_kind`), and a note says so.
 
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
@@ -800,8 +800,8 @@ def _source_reference(model, source, trust: bool, obs_norm=None):
     """
     import dataclasses
 
-    from .converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, detect_kind
-    from .files import ensure_model
+    from ..converter import FILE_KINDS, HEADS, OPTIONS_KEY, ConvertOptions, UnknownKindError, detect_kind
+    from ..graph.onnx_files import ensure_model
 
     proto = ensure_model(model)  # a packed folder's model.onnx too
     props = {p.key: p.value for p in proto.metadata_props}
@@ -865,7 +865,7 @@ def _other_readings(source, kind: str, recorded_kind: str | None) -> list[tuple[
     was converted from, then the kind the file's contents tell."""
     from pathlib import Path
 
-    from .files import file_kind
+    from ..io.kinds import file_kind
 
     readings = [(recorded_kind, "the kind the model was converted from")] if recorded_kind not in (None, kind) else []
     if isinstance(source, (str, Path)) and Path(source).exists():
@@ -881,7 +881,7 @@ def _is_the_converted_file(source, recorded: str | None) -> bool:
     import json
     from pathlib import Path
 
-    from .files import sha256_file
+    from ..io.kinds import sha256_file
 
     try:
         digest = json.loads(recorded or "{}").get("sha256")
@@ -905,9 +905,9 @@ def _rebuild(proto, source, kind: str, recorded_kind: str | None, options, used:
     """
     import dataclasses
 
-    from .converter import READS, ConvertOptions, convert_source, flag_list, given_fields
-    from .converter.activations import ActivationNeeded
-    from .errors import OptionError
+    from ..converter import READS, ConvertOptions, convert_source, flag_list, given_fields
+    from ..converter.activations import ActivationNeeded
+    from ..errors import OptionError
 
     if recorded_kind and kind != recorded_kind:
         options = dataclasses.replace(ConvertOptions(), keep_value=options.keep_value, opset=options.opset,
@@ -946,7 +946,7 @@ def _from_the_model(assumption, activation: str):
 def _flags(options, names) -> str:
     """Option fields ``names`` of ``options`` as the command line spells them: ``--head diag-gaussian
     --keep-value``."""
-    from .converter import flag_list
+    from ..converter import flag_list
 
     def spelled(name: str) -> str:
         value = getattr(options, name)

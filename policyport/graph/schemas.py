@@ -1,6 +1,6 @@
 """The attributes of every operator schema of onnx 1.23.2, as ``onnx.defs`` holds them.
 
-Written by ``scripts/update_onnx_schemas.py``; do not edit. :func:`policyport.graph.schema_attributes`
+Written by ``scripts/update_onnx_schemas.py``; do not edit. :func:`policyport.graph.model.schema_attributes`
 reads it when the installed onnx is this version, and asks ``onnx.defs`` otherwise.
 """
 

@@ -3,7 +3,7 @@
 ``PPO.load`` unpickles the zip's ``data`` (cloudpickle: code from the file), so the oracle is built
 the way SB3 builds a policy before it loads weights: the policy class the zip records, imported from
 policyport's own table of SB3's and sb3-contrib's classes
-(:data:`~policyport.converter.sb3.SB3_POLICY_CLASSES`, never a module read from the file), gymnasium
+(:data:`~policyport.converter.sources.sb3.SB3_POLICY_CLASSES`, never a module read from the file), gymnasium
 spaces rebuilt from the zip's readable ``observation_space`` and ``action_space`` fields, and every
 ``policy_kwargs`` entry the zip records that the constructor takes: ``net_arch`` and the other literal
 entries as they are, ``activation_fn`` as the ``torch.nn`` class (and ``functools.partial``
@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from .assumptions import Oracle
+from ..assumptions import Oracle
 
 #: ``policy_kwargs`` read from the zip's ``data`` and passed on as the literals they are; the
 #: activation and the features extractor are built from policyport's own tables.
@@ -84,12 +84,12 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
 
     Args:
         policy_class: the class the zip records, ``"module.Name"``, one of
-            :data:`~policyport.converter.sb3.SB3_POLICY_CLASSES`.
+            :data:`~policyport.converter.sources.sb3.SB3_POLICY_CLASSES`.
         kwargs: the zip's ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
         activation: the zip's ``activation_fn``
-            (:class:`~policyport.converter.sb3.TorchActivation`), or the policyport name of the one
+            (:class:`~policyport.converter.sources.sb3.TorchActivation`), or the policyport name of the one
             ``--activation`` gave (``"leaky_relu:0.2"``) where the zip's cannot be read.
-        obs_space, act_space: the spaces as :func:`policyport.converter.sb3._space` reads them.
+        obs_space, act_space: the spaces as :func:`policyport.converter.sources.sb3._space` reads them.
         arrays: the ``policy.pth`` state_dict, numpy arrays.
         obs_norm: the :class:`~policyport.converter.build.ObsNorm` baked in, or ``None``.
         keep_value: also return ``value`` (``predict_values``).
@@ -172,7 +172,7 @@ def _activation_fn(torch, activation):
     """
     import functools
 
-    from .activations import parse_activation
+    from ..activations import parse_activation
     from .sb3 import TORCH_ACTIVATIONS
 
     if isinstance(activation, str):
@@ -201,7 +201,7 @@ def _literal(value):
 
 
 def _gym_space(spaces, space: dict):
-    """A gymnasium space from the fields :func:`policyport.converter.sb3._space` read."""
+    """A gymnasium space from the fields :func:`policyport.converter.sources.sb3._space` read."""
     if space["type"] == "Discrete":
         return spaces.Discrete(space["n"])
     if space["type"] == "MultiDiscrete":

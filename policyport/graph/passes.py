@@ -6,7 +6,7 @@
   pass of Polygraphy), so any runtime can return them;
 * :func:`free_dims` — dimensions declared as 0 or negative made unknown, as policyport reads them;
 * :func:`prune` — only what chosen outputs need;
-* :func:`widen_to_float64` — a :class:`~policyport.graph.Graph` computed in float64, the oracle of
+* :func:`widen_to_float64` — a :class:`~policyport.graph.model.Graph` computed in float64, the oracle of
   the float32-rounding rule.
 * :func:`split_at` — the graph cut into stages at chosen tensors, so a runtime that executes a
   whole graph at once (onnxruntime) can hand those tensors to the caller, who may change them (neuron
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadModelError, InputMismatchError, PolicyportError, require
-from .files import ensure_model
-from .graph import tensor_array
-from .runtime.base import select_tensors
+from ..errors import BadModelError, InputMismatchError, PolicyportError, require
+from .onnx_files import ensure_model
+from .model import tensor_array
+from ..runtime.base import select_tensors
 
 PARAMETERS_KEY = "policyport.parameters"
 #: Metadata listing the source's parameter names in the source's own order (see :func:`parameter_map`).
@@ -289,7 +289,7 @@ def _probe(model, names: list[str]) -> tuple[dict, str]:
     """
     from onnx import helper
 
-    from .graph import NUMPY_TO_ONNX, from_onnx
+    from .model import NUMPY_TO_ONNX, from_onnx
 
     try:
         graph = from_onnx(model)
@@ -312,8 +312,8 @@ def _run_untyped(model, graph, feeds, names: list[str]) -> list:
     backend, else on onnxruntime with ``names`` as untyped graph outputs."""
     from dataclasses import replace
 
-    from .graph import ValueInfo
-    from .runtime import load
+    from .model import ValueInfo
+    from ..runtime import load
 
     needed = set(names)
     nodes = []
@@ -340,7 +340,7 @@ def free_dims(model):
     """``model`` with every dimension declared as 0 or a negative number made unknown.
 
     Exporters write ``-1`` (Paddle2ONNX) or 0 for a free dimension; policyport reads both as free
-    (:func:`policyport.graph.free_dim`). onnxruntime agrees for a negative one but takes 0
+    (:func:`policyport.graph.model.free_dim`). onnxruntime agrees for a negative one but takes 0
     literally, refusing any other size, so the onnxruntime backend runs this copy.
 
     Args:
@@ -380,9 +380,9 @@ _TYPE_ATTRS = {"Cast": "to", "RandomNormal": "dtype", "RandomUniform": "dtype", 
 
 
 def widen_to_float64(graph):
-    """The graph computed in float64: the oracle of the rounding rule (:mod:`policyport.compare`).
+    """The graph computed in float64: the oracle of the rounding rule (:mod:`policyport.verification.compare`).
 
-    A pure pass over a :class:`~policyport.graph.Graph` (numpy only; the argument is unchanged).
+    A pure pass over a :class:`~policyport.graph.model.Graph` (numpy only; the argument is unchanged).
     float16, bfloat16 and float32 become float64 (complex64 complex128) wherever the graph fixes an
     element type:
 
@@ -405,7 +405,7 @@ def widen_to_float64(graph):
         graph: the graph.
 
     Returns:
-        A new :class:`~policyport.graph.Graph`.
+        A new :class:`~policyport.graph.model.Graph`.
     """
     from dataclasses import replace
 
@@ -460,7 +460,7 @@ def prune(model, outputs: str | list[str]):
         InputMismatchError: no name given, or a name that is no tensor of the model (the message
             lists the graph outputs).
     """
-    from .errors import InputMismatchError
+    from ..errors import InputMismatchError
 
     source = ensure_model(model)
     names = [o.strip() for o in outputs.split(",")] if isinstance(outputs, str) else [str(o) for o in outputs]

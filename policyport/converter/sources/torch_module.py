@@ -18,7 +18,7 @@ whichever exporter ran:
   transposed (a bias-free ``Linear`` becomes ``MatMul`` on a pre-transposed constant named
   ``onnx::MatMul_<n>``), renamed to that key where no other tensor has the name, and recorded in
   ``metadata_props["policyport.parameters"]`` (with the transpose, and the other keys of a tied or
-  de-duplicated tensor), so that :func:`policyport.passes.extract_weights` returns the state_dict.
+  de-duplicated tensor), so that :func:`policyport.graph.passes.extract_weights` returns the state_dict.
 
 The reference forward pass runs the module in torch with a forward hook on every submodule and
 names each submodule's output as the graph names it. A TorchScript module takes no hooks; its
@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, UnsupportedOpError, listing, require
+from ...errors import BadModelError, OptionError, UnsupportedOpError, listing, require
 
 #: Output-tensor roles of common leaf modules (any other class: its name in snake_case).
 ROLES = {
@@ -277,7 +277,7 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     leaves = [name for name, sub in module.named_modules() if name and not list(sub.children())]
     model, module_tensors, module_inputs = rename_graph(raw, exporter, names, module_names, classes, leaves)
     model, unmatched = match_parameters(model, params)
-    from .torch_files import keep_state_dict_layout
+    from ..readers.torch_files import keep_state_dict_layout
 
     keep_state_dict_layout(model, params)
     unmatched = [k for k in unmatched if not k.endswith("num_batches_tracked")]
@@ -667,7 +667,7 @@ def module_reference(module, export: Export) -> Callable:
 
 
 def _run_leaves_on_graph_inputs(module, export: Export, obs: np.ndarray, keep) -> None:
-    from ..runtime import load
+    from ...runtime import load
 
     torch = _torch()
     inputs = {p: t for p, t in export.module_inputs.items() if p in export.module_tensors}
@@ -708,7 +708,7 @@ def convert_torch(source, options):
     Returns:
         A :class:`~policyport.converter.Converted` whose reference runs the module with forward hooks.
     """
-    from . import Converted
+    from .. import Converted
 
     _refuse_weight_options(options, "a torch module")
     export = export_module(source, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
@@ -734,14 +734,14 @@ def convert_torchscript(source, options):
     """
     from pathlib import Path
 
-    from ..errors import UnreadableFileError
-    from . import Converted, refuse_code_without_trust
+    from ...errors import UnreadableFileError
+    from .. import Converted, refuse_code_without_trust
 
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
     if not path.is_file():
         raise UnreadableFileError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
-    from .torch_files import check_torch_file, not_torchscript
+    from ..readers.torch_files import check_torch_file, not_torchscript
 
     check_torch_file(path)
     if refusal := not_torchscript(path):
@@ -765,7 +765,7 @@ def convert_torchscript(source, options):
 def module_assumptions(what: str) -> list:
     """What a model converted from a torch module (``what``: ``"a TorchScript file"``) rests on beyond
     the module: no normaliser applied to the observations outside it, which the module cannot record."""
-    from .assumptions import outside_normaliser
+    from ..assumptions import outside_normaliser
 
     return [outside_normaliser(what, "export a module whose forward applies the normaliser")]
 
@@ -779,7 +779,7 @@ MODULE_CHECKS = frozenset({"activation", "layout"})
 def module_oracle(what: str):
     """torch running ``what``'s own forward: it settles the activations and the layers from the
     module itself (:data:`MODULE_CHECKS`)."""
-    from .assumptions import Oracle
+    from ..assumptions import Oracle
 
     return Oracle(f"torch {_torch('naming the oracle').__version__} running {what}'s own forward", framework=True,
                   checks=MODULE_CHECKS)
@@ -803,7 +803,7 @@ def _sha256(path) -> str:
 def _finish(model, source: dict) -> None:
     """Provenance metadata and the checker."""
     onnx = require("onnx", "onnx", "building an ONNX model")
-    from .build import _version
+    from ..build import _version
 
     model.producer_name, model.producer_version = "policyport", _version()
     props = {p.key: p.value for p in model.metadata_props}
@@ -820,7 +820,7 @@ def _finish(model, source: dict) -> None:
 
 
 def torch_ops():
-    """The forward primitives of :mod:`policyport.converter.reference` computed by torch modules."""
+    """The forward primitives of :mod:`policyport.converter.sources.reference` computed by torch modules."""
     torch = _torch("the torch reference forward pass")
     nn, F = torch.nn, torch.nn.functional
 

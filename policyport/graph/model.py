@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BadModelError, require
+from ..errors import BadModelError, require
 
 #: Model metadata key: graph input -> the values it may take, for inputs whose valid range the
 #: source knows (a ``Discrete``/``MultiDiscrete`` observation's indices). JSON
 #: ``{input: {"low": L, "high": H}}``, ``high`` exclusive; ``L``/``H`` an integer, or a list that runs
 #: along the input's last axis (one per ``MultiDiscrete`` sub-space). Verification, ``pack`` and
-#: ``export-numpy`` draw observations from it (:func:`policyport.verification.sample_inputs`).
+#: ``export-numpy`` draw observations from it (:func:`policyport.verification.verify.sample_inputs`).
 INPUT_RANGES_KEY = "policyport.input_ranges"
 
 #: Model metadata key: what a converted model rests on that its source file does not record (an
@@ -479,7 +479,7 @@ def check_tensor(tensor, subject: str = "initializer") -> int:
     of ``raw_data`` (the packed 4-, 2- and 6-bit types rounded up to whole bytes) or with the number
     of entries of the typed field (``float_data``, ``int32_data`` ...), as onnx.proto lays them out.
     A tensor whose data lives in an external file is checked only for its dims here (its length is
-    checked where the file is read, :func:`policyport.files.load_onnx`).
+    checked where the file is read, :func:`policyport.graph.onnx_files.load_onnx`).
 
     Args:
         tensor: the ``TensorProto``.
@@ -534,7 +534,7 @@ def tensor_array(tensor, subject: str = "initializer") -> np.ndarray:
 
     Raises:
         BadModelError: as :func:`check_tensor`; data still in an external file (load the model with
-            :func:`policyport.files.load_onnx`, which reads it from the model's folder); an element
+            :func:`policyport.graph.onnx_files.load_onnx`, which reads it from the model's folder); an element
             type numpy cannot hold; strings that are not UTF-8.
     """
     numpy_helper = require("onnx.numpy_helper", "onnx", "reading an ONNX tensor")
@@ -542,7 +542,7 @@ def tensor_array(tensor, subject: str = "initializer") -> np.ndarray:
     if tensor.data_location == EXTERNAL:
         raise BadModelError(
             f"{subject} {tensor.name!r} is stored in an external file that was not loaded; read the model "
-            "with policyport.files.load_onnx (or onnx.load from its folder) first"
+            "with policyport.graph.onnx_files.load_onnx (or onnx.load from its folder) first"
         )
     if tensor.data_type in ONNX_TO_ML_DTYPES:
         onnx_dtype(tensor.data_type)  # says which package is missing, if one is
@@ -641,7 +641,7 @@ _ATTRIBUTE_TYPES = {0: "undefined", 1: "a float", 2: "an int", 3: "a string", 4:
 def schema_attributes(onnx, op_type: str, opset: int, domain: str) -> tuple[int, dict[str, tuple[int, bool]]] | None:
     """The attributes of ``op_type``'s schema at ``opset``, as ``onnx.defs.get_schema`` gives it.
 
-    Read from :mod:`policyport.onnx_schemas` when the installed onnx is the version that table was
+    Read from :mod:`policyport.graph.schemas` when the installed onnx is the version that table was
     written from (asking ``onnx.defs`` first builds onnx's whole schema registry, some 15-25 ms of
     a command's start-up), else from ``onnx.defs`` itself.
 
@@ -655,7 +655,7 @@ def schema_attributes(onnx, op_type: str, opset: int, domain: str) -> tuple[int,
         ``(since_version, {attribute: (AttributeProto type code, required)})`` of the newest schema
         whose since-version is at most ``opset``; None when onnx has no such schema.
     """
-    from . import onnx_schemas
+    from . import schemas as onnx_schemas
 
     if onnx.__version__ == onnx_schemas.ONNX_VERSION:
         versions = onnx_schemas.SCHEMAS.get((domain, op_type), {})

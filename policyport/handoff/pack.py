@@ -22,10 +22,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .compare import Report, tolerance_advice
-from .errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
-from .files import FolderBuild, FolderContents, check_memory, check_not_a_stream, check_parent, write_npz
-from .folder import (
+from ..verification.compare import Report, tolerance_advice
+from ..errors import BadModelError, OutputExistsError, PolicyportError, UnreadableFileError, VerificationError
+from ..io.outputs import FolderBuild, FolderContents, check_parent
+from ..io.limits import check_memory
+from ..io.kinds import check_not_a_stream
+from ..io.arrays import write_npz
+from ..graph.folder import (
     BUNDLE_FORMAT,
     CONSTANTS_FILE,
     DATA_FILES,
@@ -40,9 +43,9 @@ from .folder import (
     open_bundle,
     runtime_digest,
 )
-from .graph import Graph, recorded_assumptions
-from .runtime.base import count_observations
-from .runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
+from ..graph.model import Graph, recorded_assumptions
+from ..runtime.base import count_observations
+from ..runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
 
 #: Modules (relative to the policyport package) whose imports, followed, make a folder's runtime.
 RUNTIME_ENTRIES = ("runtime/packed.py", "runtime/entry.py", "runtime/numpy/ops/__init__.py")
@@ -88,7 +91,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             folder runs where policyport is not installed (default); ``False`` writes the data
             files and ``policy.json`` only, for machines that install policyport.
         atol, rtol: the tolerances of the onnxruntime-vs-numpy (and source) check for floating
-            tensors; ``None`` (default) follows the dtype (:data:`policyport.compare.TOLERANCES`).
+            tensors; ``None`` (default) follows the dtype (:data:`policyport.verification.compare.TOLERANCES`).
             A tensor that fails them still passes when a float64 run shows the difference is
             float32 rounding, as in :func:`policyport.verify`; ``rounding=False`` turns that off.
         inputs: the golden observations themselves (input name -> array), instead of drawing them
@@ -112,14 +115,14 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             (:class:`~policyport.errors.TrustRequiredError`, exit 2, for a TorchScript file or a SavedModel).
         MissingDependencyError: onnx or onnxruntime is not installed (packing needs both).
     """
-    from . import __version__
-    from .errors import require
-    from .export import check_arguments
-    from .files import ensure_model
-    from .graph import from_onnx
-    from .passes import extract_weights, parameter_map
-    from .runtime import load
-    from .verification import input_ranges, sample_inputs
+    from ..version import __version__
+    from ..errors import require
+    from .export_numpy import check_arguments
+    from ..graph.onnx_files import ensure_model
+    from ..graph.model import from_onnx
+    from ..graph.passes import extract_weights, parameter_map
+    from ..runtime import load
+    from ..verification.verify import input_ranges, sample_inputs
 
     require("onnx", "onnx", "packing a policy")
     check_arguments(samples, low, high, seed)
@@ -181,7 +184,7 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
             "high": float(high) if drawn else None,
             "seed": int(seed) if drawn else None,
             "distribution": "uniform [low, high) (an integer input: its recorded range, else the integers in [low, high)), "
-                            "numpy default_rng(seed), as policyport.verification.sample_inputs" if drawn
+                            "numpy default_rng(seed), as policyport.verification.verify.sample_inputs" if drawn
                             else "given to pack (-i, inputs=)",
             "keys": "inputs/<graph input>, outputs/<graph output>, activations/<tensor>",
         },
@@ -238,8 +241,8 @@ def _parity(proto, feeds: dict[str, np.ndarray], source, atol: float | None, rto
             rounding: bool, trust: bool) -> tuple[dict[str, Any], Report]:
     """onnxruntime (and the source) against the numpy backend on the golden feeds, every tensor: the
     figures ``policy.json`` records, and the report."""
-    from .errors import require
-    from .verification import verify
+    from ..errors import require
+    from ..verification.verify import verify
 
     ort = require("onnxruntime", "onnx", "packing a policy (its numpy-vs-onnxruntime check)")
     report = verify(proto, feeds, backends=("numpy", "onnxruntime"), source=source, atol=atol, rtol=rtol,
@@ -308,7 +311,7 @@ def _check_round_trip(expected: Graph, packed: Graph) -> None:
 def _check_out_dir(out_dir: Path, force: bool) -> list[str] | None:
     """What replacing ``out_dir`` deletes: ``None`` if it does not exist, else the files of the
     bundle it provably is (none for an empty folder). Anything else is refused; a device, FIFO or
-    socket as a usage error (:func:`policyport.files.check_not_a_stream`)."""
+    socket as a usage error (:func:`policyport.io.kinds.check_not_a_stream`)."""
     check_not_a_stream(out_dir)
     check_parent(out_dir)
     if not os.path.lexists(out_dir):

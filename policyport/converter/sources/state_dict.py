@@ -42,10 +42,10 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, listing
-from .activations import Activation, ActivationNeeded, parse_activation
-from .assumptions import Assumption, joined
-from .build import GAUSSIAN_HEADS, NO_HEAD, ActionHead, Dense, MlpSpec, Step
+from ...errors import BadModelError, OptionError, listing
+from ..activations import Activation, ActivationNeeded, parse_activation
+from ..assumptions import Assumption, joined
+from ..build import GAUSSIAN_HEADS, NO_HEAD, ActionHead, Dense, MlpSpec, Step
 
 SB3_AC_PREFIXES = ("mlp_extractor.", "action_net.", "value_net.", "log_std", "features_extractor.",
                    "pi_features_extractor.", "vf_features_extractor.")
@@ -64,8 +64,8 @@ def read_arrays(path, trust: bool = False):
         ``(arrays or a torch module, provenance)``: a whole pickled module (``trust`` only) comes
         back as the module itself.
     """
-    from ..files import load_arrays
-    from .torch_files import as_state_dict, load_torch_file, read_safetensors
+    from ...io.arrays import load_arrays
+    from ..readers.torch_files import as_state_dict, load_torch_file, read_safetensors
 
     if isinstance(path, Mapping):  # a dict of arrays (RLlib's policy.get_weights())
         return as_state_dict({str(k): np.asarray(v) for k, v in path.items()}, "the weights"), {}
@@ -738,7 +738,7 @@ _ONE_ACTIVATION = {"sb3": "SB3 builds every hidden layer with one activation_fn"
 def state_dict_assumptions(spec: MlpSpec, layout: str, options) -> list[Assumption]:
     """What a converted state_dict rests on beyond its arrays: the activations ``--activation``
     named, the parser's layout and action-space readings, the head, and no normaliser."""
-    from .assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser
+    from ..assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser
 
     found = [
         activation_assumption(spec.activation_slots, "a state_dict", _ONE_ACTIVATION.get(layout, ""), unit="module")
@@ -753,9 +753,9 @@ def state_dict_assumptions(spec: MlpSpec, layout: str, options) -> list[Assumpti
 
 
 def _convert(source, options, forced_layout: str | None, kind: str):
-    from . import Converted
-    from .assumptions import reconstruction
-    from .build import build_mlp
+    from .. import Converted
+    from ..assumptions import reconstruction
+    from ..build import build_mlp
 
     arrays, provenance = read_arrays(source, trust=options.trust)
     _refuse_options_of_the_other_file(options, module=not isinstance(arrays, dict))
@@ -787,7 +787,7 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     spec.source = {"kind": kind, "layout": layout, **provenance}
     model = build_mlp(spec, head=options.head, opset=options.opset,
                       metadata={"policyport.activation": options.activation or "none", "policyport.layout": layout})
-    from .torch_files import keep_state_dict_layout
+    from ..readers.torch_files import keep_state_dict_layout
 
     keep_state_dict_layout(model, arrays)
     runner = "torch modules" if has_torch() else "numpy"
@@ -816,7 +816,7 @@ def _refuse_options_of_the_other_file(options, module: bool) -> None:
     Raises:
         OptionError: naming the options, what the file holds, and where they apply (exit 2).
     """
-    from . import flag_list, given_fields, where_they_apply
+    from .. import flag_list, given_fields, where_they_apply
 
     given = [n for n in given_fields(options) if n in (WEIGHT_OPTIONS if module else MODULE_OPTIONS)]
     if not given:

@@ -17,7 +17,7 @@ Three layouts (as Ray writes them; the facts are in the docstrings below):
   config in that folder's ``class_and_ctor_args.pkl``; the filter in
   ``env_runner/env_to_module_connector/MeanStdFilter/state.pkl``.
 
-Pickles go through :mod:`policyport.converter.unpickle`: numpy arrays and containers are rebuilt;
+Pickles go through :mod:`policyport.converter.readers.unpickle`: numpy arrays and containers are rebuilt;
 RLlib, gymnasium and torch classes become inert records; a function or an OS-reaching global is
 refused (:class:`~policyport.errors.UntrustedFileError`) unless ``trust``.
 
@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
-from ..files import read_npy_zlib
-from . import msgpack_decode, unpickle
-from .activations import Activation, choose_activation, parse_activation
-from .assumptions import HALVES, RLLIB_SPLIT, Assumption, head_assumption, reconstruction
-from .build import NO_HEAD, Dense, MlpSpec, ObsFilter, Prelude
+from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...io.arrays import read_npy_zlib
+from ..readers import msgpack_decode, unpickle
+from ..activations import Activation, choose_activation, parse_activation
+from ..assumptions import HALVES, RLLIB_SPLIT, Assumption, head_assumption, reconstruction
+from ..build import NO_HEAD, Dense, MlpSpec, ObsFilter, Prelude
 from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
 
@@ -152,7 +152,7 @@ def _decode_array(value: Any, what: str) -> Any:
     """RLlib serialises arrays in JSON-able states as base64 of zlib of ``.npy`` bytes
     (``ray/rllib/utils/serialization.py``); anything else, or text that does not decode, comes back
     unchanged. The ``.npy`` header is checked against the array limit before its data is
-    decompressed (:func:`policyport.files.read_npy_zlib`).
+    decompressed (:func:`policyport.io.arrays.read_npy_zlib`).
 
     Args:
         value: the state's entry.
@@ -658,8 +658,8 @@ def convert_rllib(source, options):
             contradicting the recorded action space (diag-gaussian for Discrete, categorical for
             Box, either for MultiDiscrete or another space), naming the space and the head it implies.
     """
-    from . import Converted
-    from .build import build_mlp
+    from .. import Converted
+    from ..build import build_mlp
     from .reference import reference_forward
 
     if options.obs_norm is not None:

@@ -33,8 +33,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .errors import BadModelError, UnreadableFileError
-from .schema import (
+from ..errors import BadModelError, UnreadableFileError
+from ..io.schema import (
     Anything,
     Const,
     Either,
@@ -102,7 +102,7 @@ DTYPE_NAMES = (
     "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "uint4", "int4",
     "float4_e2m1fn", "float8_e8m0fnu", "uint2", "int2", "float6_e2m3fn", "float6_e3m2fn",
 )
-DTYPE = OneOf(*DTYPE_NAMES, what="an element type name (float32, int64, ...; see policyport.folder.DTYPE_NAMES)")
+DTYPE = OneOf(*DTYPE_NAMES, what="an element type name (float32, int64, ...; see policyport.graph.folder.DTYPE_NAMES)")
 SHA256 = Str(64, r"[0-9a-f]{64}", "a sha256 hex digest")
 NAME = Str(65536)
 VALUE_INFO = Obj({"name": NAME, "dtype": DTYPE, "shape": Null | ListOf(Either(Int(0), Str(256), Null), 64)})
@@ -154,7 +154,7 @@ _TENSOR = Obj({"tensor": Where(Obj({
 _ATTR_ITEM = Either(Num(), Str(1 << 24), _TENSOR)
 _ATTR = Either(_ATTR_ITEM, Obj({"list": ListOf(_ATTR_ITEM)}))
 
-#: ``graph.json``: :meth:`policyport.graph.Graph.to_json` plus ``initializer_sources``.
+#: ``graph.json``: :meth:`policyport.graph.model.Graph.to_json` plus ``initializer_sources``.
 GRAPH_SCHEMA = Obj({
     "format": Const("policyport.graph/1"),
     "opsets": MapOf(Str(256), Int(1, 10_000)),
@@ -364,13 +364,13 @@ def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = (), *,
     :func:`read_policy` before it imports numpy, then this check when it loads the graph.)
 
     Args:
-        directory: a folder written by :func:`policyport.bundle.pack`.
+        directory: a folder written by :func:`policyport.handoff.pack.pack`.
         needed: more listed files whose bytes to return (``model.onnx``).
         folder_fd: as for :func:`open_bundle`.
 
     Returns:
         ``(policy, blobs, graph, golden)``: the validated ``policy.json``; ``{name: bytes}`` of the
-        files read; the :class:`policyport.graph.Graph` with its initializers; the golden arrays by
+        files read; the :class:`policyport.graph.model.Graph` with its initializers; the golden arrays by
         group (``{"inputs": {name: array}, "outputs": ..., "activations": ...}``).
 
     Raises:
@@ -387,7 +387,7 @@ def read_bundle(directory: str | os.PathLike, needed: tuple[str, ...] = (), *,
 
 
 def _graph_from(blobs: dict[str, bytes], directory: Path):
-    from .graph import Graph
+    from .model import Graph
 
     doc = parse_json(blobs[GRAPH_FILE], str(directory / GRAPH_FILE), GRAPH_SCHEMA)
     stores = {
@@ -416,9 +416,9 @@ def _graph_from(blobs: dict[str, bytes], directory: Path):
 def _read_npz(data: bytes, path: Path) -> dict:
     """Every array of a bundle's ``.npz`` held in memory, each header checked before it is read.
 
-    A bundle's archives are uncompressed (as :func:`policyport.files.write_npz` writes them) and hold
+    A bundle's archives are uncompressed (as :func:`policyport.io.arrays.write_npz` writes them) and hold
     at most :data:`MAX_NPZ_ARRAYS` arrays; each member is then read as every ``.npz`` policyport reads
-    (:func:`policyport.files.read_npz`: plain element types only, headers checked against the bytes
+    (:func:`policyport.io.arrays.read_npz`: plain element types only, headers checked against the bytes
     there, sizes against the folder's data limit), so an array takes no more memory than the file.
     """
     try:
@@ -430,7 +430,7 @@ def _read_npz(data: bytes, path: Path) -> dict:
             if info.compress_type != zipfile.ZIP_STORED:
                 raise BadModelError(f"{path}: member {info.filename!r} is compressed; a bundle's .npz files are "
                                     "uncompressed (as policyport pack writes them)")
-        from .files import read_npz
+        from ..io.arrays import read_npz
 
         return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit(), max_arrays=MAX_NPZ_ARRAYS)
     except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad

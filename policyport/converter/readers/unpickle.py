@@ -18,7 +18,7 @@ so a hostile file can run any command. :func:`load` instead:
 Every size a call declares in its arguments rather than in the data the file holds — the length of
 a ``range`` (``list(range(n))``), a byte count (``bytearray(n)``), an array's shape (a view of a few
 bytes with stride 0 declares its whole shape) — is checked against the array limit
-(:func:`policyport.files.limits`), all of one file's together, before the call is made. A pickle's
+(:func:`policyport.io.limits.limits`), all of one file's together, before the call is made. A pickle's
 memo lets a few hundred bytes describe a list nested 40 deep whose two items are the same list (a
 DAG of 40 lists, a tree of 2**41): what walks a value whole — hashing a tuple key, numpy or ``str``
 converting a call's argument, a reader converting the result — costs its size written out as a
@@ -50,8 +50,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ..errors import LimitExceededError, UnreadableFileError, UntrustedFileError
-from ..files import check_array_bytes, limits
+from ...errors import LimitExceededError, UnreadableFileError, UntrustedFileError
+from ...io.limits import check_array_bytes, limits
 
 
 class Record:

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from .errors import require
+from ..errors import require
 
 
 def summarize(model) -> dict:
@@ -25,7 +25,7 @@ def summarize(model) -> dict:
         it there raises: missing ops, a newer opset than it knows ...), None when it runs it; shapes list ints and
         symbolic dimension names; ``nodes`` give each node's name, op type, output tensor(s) with
         shape and dtype from ONNX shape inference, and the parameters it reads. ``parameters`` are
-        the source's, as :func:`policyport.passes.extract_weights` gives them back: the graph's
+        the source's, as :func:`policyport.graph.passes.extract_weights` gives them back: the graph's
         initializers that are parameters, and the all-zero arrays an exporter dropped (tf2onnx
         folds away zero biases; ``"initializer"`` None), each array once (tied weights too), in
         the source's order;
@@ -33,17 +33,17 @@ def summarize(model) -> dict:
         (Keras' ``count_params``).
 
     Raises:
-        LimitExceededError: a graph of more nodes than :attr:`policyport.files.Limits.nodes`, the
+        LimitExceededError: a graph of more nodes than :attr:`policyport.io.limits.Limits.nodes`, the
             numpy backend's limit (200,000 by default; ``POLICYPORT_MAX_NODES``), before anything is
             read from it.
     """
     onnx = require("onnx", "onnx", "inspecting a model")
-    from .errors import LimitExceededError, PolicyportError
-    from .files import ENV_NODES, limits
-    from .graph import from_onnx
-    from .passes import infer_shapes, parameter_map, source_order
-    from .runtime import load
-    from .runtime.numpy.registry import missing_ops
+    from ..errors import LimitExceededError, PolicyportError
+    from ..io.limits import ENV_NODES, limits
+    from ..graph.model import from_onnx
+    from ..graph.passes import infer_shapes, parameter_map, source_order
+    from ..runtime import load
+    from ..runtime.numpy.registry import missing_ops
 
     count, limit = len(model.graph.node), limits().nodes
     if count > limit:

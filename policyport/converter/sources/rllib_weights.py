@@ -18,10 +18,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, listing
-from ..files import load_arrays, sha256_file
-from .activations import Activation, parse_activation, required_activation
-from .build import Dense, MlpSpec
+from ...errors import BadModelError, OptionError, listing
+from ...io.arrays import load_arrays
+from ...io.kinds import sha256_file
+from ..activations import Activation, parse_activation, required_activation
+from ..build import Dense, MlpSpec
 
 _KEY = re.compile(
     r"^(?P<prefix>(?:.*/)?)(?:(?P<layer>fc_\d+|fc_out|fc_value_\d+|value_out)/(?P<param>kernel|bias)"
@@ -163,9 +164,9 @@ def convert_npz(source: str | os.PathLike | Mapping[str, np.ndarray], options):
         OptionError: no ``activation`` for a network with hidden layers; a head the weights cannot
             take (see :func:`~policyport.converter.assumptions.head_assumption`).
     """
-    from . import Converted
-    from .assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser, reconstruction
-    from .build import build_mlp
+    from .. import Converted
+    from ..assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser, reconstruction
+    from ..build import build_mlp
     from .reference import reference_forward
 
     if options.obs_norm is not None:

@@ -1,7 +1,7 @@
 """Stable-Baselines3 ``.zip`` saves, read without SB3 and without unpickling anything they pickled.
 
 An SB3 zip (``stable_baselines3/common/save_util.py``) holds ``policy.pth`` (a plain ``state_dict``,
-read as :mod:`policyport.converter.state_dict` reads one), ``data`` (JSON) and files policyport
+read as :mod:`policyport.converter.sources.state_dict` reads one), ``data`` (JSON) and files policyport
 ignores (``policy.optimizer.pth``, ``pytorch_variables.pth``). ``data`` stores each non-JSON value as
 a base64 cloudpickle (``:serialized:``) beside its readable attributes (``str()`` of what is not
 JSON). Used from them: the spaces' ``shape``/``_shape``, ``low``, ``high``, ``dtype``, ``n``,
@@ -45,11 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
-from ..text import bounded_repr
-from .activations import ActivationNeeded, choose_activation
-from .assumptions import Assumption
-from .build import ActionHead, ObsNorm, Prelude
+from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...text import bounded_repr
+from ..activations import ActivationNeeded, choose_activation
+from ..assumptions import Assumption
+from ..build import ActionHead, ObsNorm, Prelude
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
 DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu", "dqn": "relu", "qrdqn": "relu"}
@@ -179,9 +179,9 @@ def pickled_value(serialized: str, what: str = "a pickle in the zip's data"):
     Raises:
         LimitExceededError: the value, written out as a tree with every shared object repeated where
             it appears, would take more than the array limit
-            (:func:`policyport.converter.unpickle.check_written_size`).
+            (:func:`policyport.converter.readers.unpickle.check_written_size`).
     """
-    from .unpickle import check_written_size
+    from ..readers.unpickle import check_written_size
 
     try:
         value = _follow(pickletools.genops(base64.b64decode(serialized, validate=False)))
@@ -380,7 +380,7 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
         LimitExceededError: a member read declares more than the array limit (checked before it is
             decompressed).
     """
-    from ..files import read_zip_member
+    from ...io.arrays import read_zip_member
 
     try:
         with zipfile.ZipFile(path) as zf:
@@ -677,7 +677,7 @@ def read_vecnormalize(path: Path) -> ObsNorm | None:
         UntrustedFileError: the pickle asks to call a function.
         BadModelError: dict observations, or statistics missing.
     """
-    from .unpickle import Record, load
+    from ..readers.unpickle import Record, load
 
     venv = load(path, what=str(path))
     if not isinstance(venv, Record):
@@ -720,12 +720,12 @@ def convert_sb3(source, options):
             pickle cannot be followed and no ``--activation`` (:class:`ActivationNeeded`).
         UnreadableFileError: not an SB3 zip.
     """
-    from . import Converted
-    from .assumptions import activation_assumption, reconstruction
-    from .build import build_mlp
+    from .. import Converted
+    from ..assumptions import activation_assumption, reconstruction
+    from ..build import build_mlp
     from .sb3_policy import LazyOracle, LazySource, sb3_oracle
     from .state_dict import has_torch, parse_layout, reference_for
-    from .torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
+    from ..readers.torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
 
     path = Path(source)
     if options.head is not None:
