@@ -35,7 +35,7 @@ from .errors import (
     VerificationError,
 )
 
-__version__ = "0.1.0"
+from .version import __version__
 
 #: Public name -> (module relative to this package, attribute). Relative, so that the copy of the
 #: numpy runtime a packed folder carries (under a private package name) resolves its own modules.
@@ -44,12 +44,12 @@ _LAZY = {
     "load": (".runtime", "load"),
     "Session": (".runtime", "Session"),
     "BACKENDS": (".runtime", "BACKENDS"),
-    "verify": (".verification", "verify"),
-    "extract_weights": (".passes", "extract_weights"),
-    "expose": (".passes", "expose"),
-    "pack": (".bundle", "pack"),
-    "export_numpy": (".export", "export_numpy"),
-    "verify_bundle": (".runtime.packed", "verify_bundle"),
+    "verify": (".verification.verify", "verify"),
+    "extract_weights": (".graph.passes", "extract_weights"),
+    "expose": (".graph.passes", "expose"),
+    "pack": (".handoff.pack", "pack"),
+    "export_numpy": (".handoff.export_numpy", "export_numpy"),
+    "verify_bundle": (".handoff.golden", "verify_bundle"),
 }
 
 __all__ = [

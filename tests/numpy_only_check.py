@@ -39,7 +39,7 @@ def main(sandbox: str, bundle: str, out: str) -> None:
     import numpy as np
 
     import policyport as pp
-    from policyport.runtime.packed import read_golden, verify_bundle
+    from policyport.handoff.golden import read_golden, verify_bundle
 
     golden = read_golden(bundle)
     outputs = pp.load(bundle, backend="numpy").run(golden["inputs"])

@@ -113,7 +113,7 @@ def test_tables_are_not_cut_when_stdout_is_a_pipe(tmp_path):
 
 SLOW_WRITE = """
 import sys, time
-import policyport.io as files
+import policyport.io.arrays as files
 def slow_write(file, arrays, *rest):  # half a file, then a long wait: SIGTERM arrives mid-write
     file.write(b"PK partial")
     file.flush()

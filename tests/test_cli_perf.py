@@ -92,7 +92,7 @@ def test_run_on_the_numpy_backend_imports_only_what_it_needs(converted, tmp_path
         assert done.stdout.startswith(f"numpy: outputs written to {tmp_path / 'y.npz'}") and "┃ tensor" in done.stdout
     modules, asked = json.loads(done.stderr.split("MODULES", 1)[1])
     unwanted = ["onnxruntime", "torch", "tensorflow", "pyarrow", "matplotlib", "ray", "threadpoolctl",
-                "policyport.converter", "policyport.verification", "policyport.analysis.engines",
+                "policyport.converter", "policyport.verification.verify", "policyport.analysis.engines",
                 "policyport.cli.analysis", "policyport.cli.convert", "policyport.cli.model", "policyport.cli.pack",
                 "policyport.cli.verify", "policyport.cli.handoff",
                 "policyport.runtime.ort", "policyport.handoff.pack",

@@ -13,7 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 import policyport as pp
-from policyport import io as files
+from policyport.graph import onnx_files
+from policyport.io import arrays, kinds, outputs
+from policyport.io import limits as io_limits
 from policyport.cli import app
 from policyport.errors import InputMismatchError, LimitExceededError, OutputExistsError, UnreadableFileError
 from policyport.io.limits import GIB, KIB, MIB, format_size, limits, parse_size, using_limits
@@ -47,14 +49,14 @@ def test_sizes_print_for_people():
 
 
 def test_limits_come_from_using_limits_then_the_environment_then_the_defaults(monkeypatch):
-    monkeypatch.delenv(files.ENV_ARRAY_BYTES, raising=False)
+    monkeypatch.delenv(io_limits.ENV_ARRAY_BYTES, raising=False)
     assert limits().array_bytes == GIB and limits().nodes == 200_000 and limits().memory_bytes is None
-    monkeypatch.setenv(files.ENV_ARRAY_BYTES, "2G")
+    monkeypatch.setenv(io_limits.ENV_ARRAY_BYTES, "2G")
     assert limits().array_bytes == 2 * GIB
     with using_limits(array_bytes=MIB, nodes=7):
         assert (limits().array_bytes, limits().nodes) == (MIB, 7)
     assert limits().array_bytes == 2 * GIB
-    monkeypatch.setenv(files.ENV_NODES, "many")
+    monkeypatch.setenv(io_limits.ENV_NODES, "many")
     with pytest.raises(InputMismatchError, match="POLICYPORT_MAX_NODES='many'"):
         limits()
 
@@ -104,10 +106,10 @@ def test_read_npz_reads_an_archive_held_in_memory(tmp_path):
     buf = io.BytesIO()
     np.savez(buf, w=np.eye(3, dtype=np.float32))
     buf.seek(0)
-    assert files.read_npz(buf, "weights.npz")["w"].tolist() == np.eye(3).tolist()
+    assert arrays.read_npz(buf, "weights.npz")["w"].tolist() == np.eye(3).tolist()
     buf.seek(0)
     with pytest.raises(LimitExceededError, match="weights.npz"):
-        files.read_npz(buf, "weights.npz", max_bytes=16)
+        arrays.read_npz(buf, "weights.npz", max_bytes=16)
 
 
 def _npz(path, members: dict[str, bytes]):
@@ -180,18 +182,18 @@ def test_max_bytes_and_its_environment_variable_on_the_command_line(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    pp.files.save_onnx(tmp_path / "m.onnx", model)
+    onnx_files.save_onnx(tmp_path / "m.onnx", model)
     np.save(tmp_path / "obs.npy", np.zeros((512, 4), np.float32))  # 8 KiB
     base = ["run", tmp_path / "m.onnx", "-i", tmp_path / "obs.npy", "-o", tmp_path / "y.npz"]
     refused = invoke(*base, "--max-bytes", "4K")
     assert refused.exit_code == 3 and "above the limit of 4 KiB" in refused.stderr
-    refused = invoke("--max-bytes=4K", *base, env={files.ENV_ARRAY_BYTES: "1G"})  # the option wins
+    refused = invoke("--max-bytes=4K", *base, env={io_limits.ENV_ARRAY_BYTES: "1G"})  # the option wins
     assert refused.exit_code == 3 and "above the limit of 4 KiB" in refused.stderr
-    assert invoke(*base, env={files.ENV_ARRAY_BYTES: "4K"}).exit_code == 3
+    assert invoke(*base, env={io_limits.ENV_ARRAY_BYTES: "4K"}).exit_code == 3
     assert invoke(*base, "--max-bytes", "8K").exit_code == 0 and (tmp_path / "y.npz").is_file()
     bad = invoke(*base, "--max-bytes", "lots", "--json")
     assert bad.exit_code == 2 and "'lots' is not a size" in json.loads(bad.stdout)["error"]
-    bad = invoke(*base, env={files.ENV_ARRAY_BYTES: "lots"})
+    bad = invoke(*base, env={io_limits.ENV_ARRAY_BYTES: "lots"})
     assert bad.exit_code == 2 and "POLICYPORT_MAX_ARRAY_BYTES='lots'" in bad.stderr
 
 
@@ -208,7 +210,7 @@ def _fails(f):
 
 
 def test_outputs_are_written_together(tmp_path):
-    paths = files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _writes(b"B")})
+    paths = outputs.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _writes(b"B")})
     assert [p.read_bytes() for p in paths] == [b"A", b"B"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.bin"]
 
@@ -216,17 +218,17 @@ def test_outputs_are_written_together(tmp_path):
 def test_a_failing_writer_leaves_no_output_and_no_temporary_file(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"old")
     with pytest.raises(UnreadableFileError, match="No space left on device; nothing was written"):
-        files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _fails}, force=True)
+        outputs.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _fails}, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
 
 
 def test_where_folders_have_no_descriptors_outputs_are_still_written_all_or_none(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "_AT_FOLDER", False)  # as on Windows
+    monkeypatch.setattr(outputs, "_AT_FOLDER", False)  # as on Windows
     (tmp_path / "a.bin").write_bytes(b"old")
     with pytest.raises(UnreadableFileError):
-        files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _fails}, force=True)
+        outputs.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _fails}, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
-    files.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _writes(b"B")}, force=True)
+    outputs.write_outputs({tmp_path / "a.bin": _writes(b"A"), tmp_path / "b.bin": _writes(b"B")}, force=True)
     assert [(tmp_path / n).read_bytes() for n in ("a.bin", "b.bin")] == [b"A", b"B"] and len(list(tmp_path.iterdir())) == 2
 
 
@@ -240,10 +242,10 @@ def test_a_failed_rename_puts_back_the_outputs_already_in_place(tmp_path, monkey
             raise OSError(5, "Input/output error")
         return real(src, dst, **kw)
 
-    monkeypatch.setattr(files.os, "replace", second_fails)
+    monkeypatch.setattr(outputs.os, "replace", second_fails)
     with pytest.raises(UnreadableFileError, match="Input/output error"):
-        files.write_outputs({tmp_path / "a.bin": _writes(b"new A"), tmp_path / "b.bin": _writes(b"B")}, force=True)
-    monkeypatch.setattr(files.os, "replace", real)
+        outputs.write_outputs({tmp_path / "a.bin": _writes(b"new A"), tmp_path / "b.bin": _writes(b"B")}, force=True)
+    monkeypatch.setattr(outputs.os, "replace", real)
     assert (tmp_path / "a.bin").read_bytes() == b"old A"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]
 
@@ -251,8 +253,8 @@ def test_a_failed_rename_puts_back_the_outputs_already_in_place(tmp_path, monkey
 def test_a_replaced_file_keeps_its_mode_and_a_new_one_gets_the_umask(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"old")
     os.chmod(tmp_path / "a.bin", 0o640)
-    files.write_atomic(tmp_path / "a.bin", _writes(b"new"), force=True)
-    files.write_atomic(tmp_path / "b.bin", _writes(b"new"))
+    outputs.write_atomic(tmp_path / "a.bin", _writes(b"new"), force=True)
+    outputs.write_atomic(tmp_path / "b.bin", _writes(b"new"))
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((tmp_path / "a.bin").stat().st_mode) == 0o640
@@ -265,7 +267,7 @@ def test_an_output_that_appears_while_writing_is_not_replaced(tmp_path):
         (tmp_path / "a.bin").write_bytes(b"theirs")
 
     with pytest.raises(OutputExistsError, match="appeared while writing"):
-        files.write_atomic(tmp_path / "a.bin", rival)
+        outputs.write_atomic(tmp_path / "a.bin", rival)
     assert (tmp_path / "a.bin").read_bytes() == b"theirs" and len(list(tmp_path.iterdir())) == 1
 
 
@@ -281,7 +283,7 @@ def test_swapping_the_output_folder_for_a_symlink_cannot_redirect_the_output(tmp
         folder.symlink_to(elsewhere)
         f.write(b"data")
 
-    files.write_outputs({folder / "a.npz": swap_then_write, folder / "b.npz": _writes(b"more")})
+    outputs.write_outputs({folder / "a.npz": swap_then_write, folder / "b.npz": _writes(b"more")})
     assert sorted(p.name for p in moved.iterdir()) == ["a.npz", "b.npz"]
     assert list(elsewhere.iterdir()) == []
 
@@ -310,7 +312,7 @@ def test_a_folder_swapped_back_and_forth_while_writing_never_gets_stray_files(tm
     try:
         for i in range(200):
             try:
-                files.write_atomic(folder / f"f{i}.bin", _writes(b"x"))
+                outputs.write_atomic(folder / f"f{i}.bin", _writes(b"x"))
                 written += 1
             except (UnreadableFileError, OutputExistsError):
                 pass
@@ -338,7 +340,7 @@ def tiny(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    pp.files.save_onnx(tmp_path / "m.onnx", model)
+    onnx_files.save_onnx(tmp_path / "m.onnx", model)
     np.save(tmp_path / "obs.npy", np.ones((3, 4), np.float32))
     return tmp_path / "m.onnx", tmp_path / "obs.npy"
 
@@ -353,14 +355,14 @@ def test_an_existing_record_file_is_refused_before_the_outputs_are_written(tiny,
 
 def test_when_the_recording_cannot_be_written_the_outputs_are_not_written_either(tiny, tmp_path, monkeypatch):
     model, obs = tiny
-    real = files.write_npz
+    real = arrays.write_npz
 
     def fails_on_the_recording(file, arrays, *rest):
         if "h" in arrays:
             raise OSError(28, "No space left on device")
         real(file, arrays, *rest)
 
-    monkeypatch.setattr(files, "write_npz", fails_on_the_recording)
+    monkeypatch.setattr(arrays, "write_npz", fails_on_the_recording)
     result = invoke("run", model, "-i", obs, "-o", tmp_path / "y.npz", "--record", tmp_path / "acts.npz")
     assert result.exit_code == 3 and "nothing was written" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "obs.npy"]
@@ -382,7 +384,7 @@ def test_tensor_sizes_are_exact_for_tensors_that_grow_with_the_batch(metadrive_m
 def test_drawing_more_observations_than_memory_allows_is_refused_up_front(metadrive_model, monkeypatch):
     from policyport.verification.verify import sample_inputs
 
-    monkeypatch.setenv(files.ENV_MEMORY, "100M")
+    monkeypatch.setenv(io_limits.ENV_MEMORY, "100M")
     inputs = pp.load(metadrive_model).inputs
     with pytest.raises(LimitExceededError, match=r"drawing 100,000 observations for 1 input\(s\) needs about 315 MiB, "
                                                  r"more than 100 MiB \(the limit POLICYPORT_MAX_MEMORY sets\)"):
@@ -436,7 +438,7 @@ def test_file_kind_tells_a_file_from_its_first_bytes_or_its_members(tmp_path, ma
     path = tmp_path / "f"
     make(path)
     path = path if path.exists() else path.with_suffix(".npy")  # numpy.save adds .npy
-    assert files.file_kind(path) == files.FileKind(what, source, runs_code=source == "torchscript")
+    assert kinds.file_kind(path) == kinds.FileKind(what, source, runs_code=source == "torchscript")
 
 
 def test_file_kind_tells_nothing_of_an_onnx_model_a_missing_file_or_a_plain_folder(tmp_path, metadrive_model):
@@ -444,9 +446,9 @@ def test_file_kind_tells_nothing_of_an_onnx_model_a_missing_file_or_a_plain_fold
 
     onnx.save(metadrive_model, tmp_path / "m.onnx")
     (tmp_path / "plain").mkdir()
-    assert [files.file_kind(tmp_path / n) for n in ("m.onnx", "missing", "plain")] == [None, None, None]
+    assert [kinds.file_kind(tmp_path / n) for n in ("m.onnx", "missing", "plain")] == [None, None, None]
     (tmp_path / "plain" / "saved_model.pb").write_bytes(b"")
-    assert files.file_kind(tmp_path / "plain") == files.FileKind("a TensorFlow SavedModel folder", "savedmodel",
+    assert kinds.file_kind(tmp_path / "plain") == kinds.FileKind("a TensorFlow SavedModel folder", "savedmodel",
                                                                   runs_code=True)
 
 

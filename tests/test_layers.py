@@ -10,16 +10,19 @@ import pytest
 
 #: module -> modules it must not pull in (directly or through anything it imports).
 LOWER_LAYERS = {
-    "policyport": ["onnx", "onnxruntime", "typer", "rich", "policyport.runtime", "policyport.verification"],
-    "policyport.runtime": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff.pack", "policyport.cli"],
-    "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff.pack"],
-    "policyport.verification.compare": ["onnx", "policyport.runtime", "policyport.verification"],
-    "policyport.graph": ["onnx", "policyport.runtime"],
+    "policyport": ["onnx", "onnxruntime", "typer", "rich", "policyport.runtime", "policyport.verification.verify"],
+    "policyport.runtime": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff", "policyport.cli"],
+    "policyport.runtime.packed": ["onnx", "onnxruntime", "policyport.verification", "policyport.handoff"],
+    "policyport.verification.compare": ["onnx", "policyport.runtime", "policyport.verification.verify"],
+    "policyport.graph.model": ["onnx", "policyport.runtime"],
     # What a packed folder's run.py executes before its files are checked: the standard library only.
-    "policyport.graph.folder": ["numpy", "onnx", "policyport.runtime", "policyport.graph", "policyport.io"],
+    "policyport.graph.folder": ["numpy", "onnx", "policyport.runtime", "policyport.graph.model", "policyport.io.limits",
+                                "policyport.io.arrays"],
     "policyport.io.schema": ["numpy", "onnx", "policyport.runtime"],
-    "policyport.handoff.folder_run": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification",
-                                 "policyport.handoff.pack", "policyport.cli"],
+    "policyport.handoff.folder_run": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification.verify",
+                                      "policyport.handoff.pack", "policyport.cli"],
+    "policyport.handoff.golden": ["onnx", "onnxruntime", "typer", "rich", "policyport.verification.verify",
+                                  "policyport.handoff.pack", "policyport.cli"],
 }
 
 

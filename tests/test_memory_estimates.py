@@ -232,7 +232,7 @@ def test_what_an_activation_holds_while_it_runs_is_counted(tmp_path, activation,
 
 
 VERIFY = '''
-import policyport.verification as verification
+import policyport.verification.verify as verification
 asked = checks(verification)
 obs = np.random.default_rng(0).uniform(0, 1, (rows, 8)).astype(np.float32)
 verification.BLOCK_BYTES = block_bytes
@@ -264,8 +264,8 @@ def test_verify_needs_what_its_checks_say_for_the_comparison_and_the_float64_run
 
 
 HAND_OFF = '''
-import policyport.handoff.pack as bundle, policyport.handoff.export_numpy as export, policyport.io as files
-import policyport.verification as verification
+import policyport.handoff.pack as bundle, policyport.handoff.export_numpy as export, policyport.io.limits as files
+import policyport.verification.verify as verification
 asked = checks(bundle, files, verification)
 def work():
     if command == "pack":

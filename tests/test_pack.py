@@ -18,7 +18,8 @@ import pytest
 
 import policyport as pp
 from policyport.handoff import pack as packing
-from policyport.runtime import packed as reader
+from policyport.handoff import golden as reader
+from policyport.runtime.packed import SOURCES_KEY, load_graph
 from policyport.graph.model import from_onnx
 from policyport.verification.verify import sample_inputs
 
@@ -106,7 +107,7 @@ def test_constants_npz_holds_the_head_slice_bounds_and_graph_json_says_where_eac
     assert all(a.dtype == np.int64 for a in constants.values())
     assert constants["head/mid"].tolist() == [2] and constants["head/end"].tolist() == [4]
     doc = json.loads((packed / "graph.json").read_text())
-    sources = doc[reader.SOURCES_KEY]
+    sources = doc[SOURCES_KEY]
     assert list(sources) == [t.name for t in model.graph.initializer]
     assert sources["default_policy/fc_1/kernel"] == {
         "file": "weights.npz", "key": "default_policy/fc_1/kernel", "transpose": None}
@@ -189,7 +190,7 @@ def test_golden_npz_matches_a_fresh_numpy_run(packed, model):
 
 def test_load_graph_rebuilds_the_model_graph_exactly(packed, model):
     want = from_onnx(model)
-    got = reader.load_graph(packed)
+    got = load_graph(packed)
     assert got.to_json() == want.to_json()
     assert list(got.initializers) == list(want.initializers)
     for name, array in want.initializers.items():
@@ -223,28 +224,28 @@ def test_any_changed_file_is_named_on_load(copy, name):
     data[-1] ^= 0xFF
     (copy / name).write_bytes(bytes(data))
     with pytest.raises(pp.BadModelError, match=rf"{name}: its content differs from the sha256"):
-        reader.load_graph(copy)
+        load_graph(copy)
 
 
 def test_a_listed_file_that_is_missing_is_named(copy):
     (copy / "constants.npz").unlink()
     with pytest.raises(pp.BadModelError, match=r"lists constants\.npz, which is missing"):
-        reader.load_graph(copy)
+        load_graph(copy)
 
 
 def test_not_a_bundle(tmp_path, copy):
     with pytest.raises(pp.UnreadableFileError, match="no such folder"):
-        reader.load_graph(tmp_path / "nowhere")
+        load_graph(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(pp.UnreadableFileError, match=r"empty is a folder without policy.json, so not one written by "
                                                      r"policyport pack; expected an \.onnx model or a folder written by "
                                                      r"policyport pack$"):
-        reader.load_graph(tmp_path / "empty")
+        load_graph(tmp_path / "empty")
     policy = json.loads((copy / "policy.json").read_text())
     policy["format"] = "policyport.bundle/99"
     (copy / "policy.json").write_text(json.dumps(policy))
     with pytest.raises(pp.BadModelError, match=r"expected format 'policyport.bundle/1', found 'policyport.bundle/99'"):
-        reader.load_graph(copy)
+        load_graph(copy)
 
 
 def test_a_file_name_outside_the_folder_is_refused(copy):
@@ -252,7 +253,7 @@ def test_a_file_name_outside_the_folder_is_refused(copy):
     policy["files"]["../secret"] = "0" * 64
     (copy / "policy.json").write_text(json.dumps(policy))
     with pytest.raises(pp.BadModelError, match=r"'\.\./secret' is not a file of the bundle format"):
-        reader.load_graph(copy)
+        load_graph(copy)
 
 
 # ------------------------------------------------------------------------------------------ verify
@@ -395,8 +396,8 @@ def test_a_transposed_parameter_is_stored_in_the_source_layout_and_rebuilt_exact
     weights = read_npz(out / "weights.npz")
     assert same_bits(weights["default_policy/fc_1/kernel"], source_weights["default_policy/fc_1/kernel"])  # (275, 256)
     doc = json.loads((out / "graph.json").read_text())
-    assert doc[reader.SOURCES_KEY]["default_policy/fc_1/kernel"]["transpose"] == [1, 0]
-    graph = reader.load_graph(out)
+    assert doc[SOURCES_KEY]["default_policy/fc_1/kernel"]["transpose"] == [1, 0]
+    graph = load_graph(out)
     assert graph.initializers["default_policy/fc_1/kernel"].shape == (256, 275)
     assert same_bits(graph.initializers["default_policy/fc_1/kernel"], from_onnx(variant).initializers["default_policy/fc_1/kernel"])
     assert reader.verify_bundle(out).passed

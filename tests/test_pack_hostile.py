@@ -21,7 +21,7 @@ import policyport as pp
 from policyport.graph import folder as fmt
 from policyport.cli import app
 from policyport.io.arrays import write_npz
-from policyport.runtime import packed as reader
+from policyport.handoff import golden as reader
 
 ROOT = Path(__file__).parents[1]
 EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"

@@ -121,7 +121,7 @@ def verify_cmd(
         check_model_folder(model)  # a source's folder or any other, not a packed one: say so before the options
         packed = model.is_dir() and inputs is None and source is None
         if packed and backends is None:  # a packed folder: its golden data
-            from ..runtime.packed import verify_bundle
+            from ..handoff.golden import verify_bundle
 
             given = [f"--{n}" for n, v in (("samples", samples), ("low", low), ("high", high), ("seed", seed),
                                             ("outputs", outputs)) if v is not None]
@@ -147,7 +147,7 @@ def verify_cmd(
         check_range(lo, hi)
         feeds = None
         if packed:  # compare backends on the folder's golden observations
-            from ..runtime.packed import read_golden
+            from ..handoff.golden import read_golden
 
             drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
             if drawn:

@@ -216,7 +216,7 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
 
 
 def _verify(folder: Path, args: argparse.Namespace) -> int:
-    from ..runtime.packed import verify_bundle
+    from .golden import verify_bundle
 
     report = verify_bundle(folder, atol=args.atol, rtol=args.rtol)
     if args.json:

@@ -48,7 +48,7 @@ from ..runtime.base import count_observations
 from ..runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
 
 #: Modules (relative to the policyport package) whose imports, followed, make a folder's runtime.
-RUNTIME_ENTRIES = ("runtime/packed.py", "runtime/entry.py", "runtime/numpy/ops/__init__.py")
+RUNTIME_ENTRIES = ("runtime/packed.py", "handoff/folder_run.py", "handoff/golden.py", "runtime/numpy/ops/__init__.py")
 #: Modules those imports reach that the runtime leaves out on purpose, and why.
 RUNTIME_LEFT_OUT = {
     "runtime/ort.py": "the onnxruntime backend: a machine with onnxruntime installs policyport itself",
@@ -384,7 +384,7 @@ def runtime_sources() -> dict[str, bytes]:
     package-relative import (at module level or inside a function) to the module or package it
     names, except :data:`RUNTIME_LEFT_OUT`; every enclosing package's ``__init__.py`` is included.
     """
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parent.parent  # the policyport package
     found: dict[str, bytes] = {}
     todo = ["__init__.py", *RUNTIME_ENTRIES]
     while todo:
@@ -480,7 +480,7 @@ def runtime():
     writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     prefix, sys.pycache_prefix = sys.pycache_prefix, NO_BYTECODE
     try:
-        folder = importlib.import_module(name + ".folder")
+        folder = importlib.import_module(name + ".graph.folder")
         policy = folder.read_policy(FOLDER)  # sizes, regular files, every sha256, the runtime digest
         if policy.get("runtime", {}).get("digest") != RUNTIME_DIGEST:
             raise folder.BadModelError(f"{FOLDER}: run.py belongs to another runtime than policy.json lists")
@@ -529,7 +529,7 @@ def main(argv=None):
             message = f"cannot import the runtime in {PACKAGE}/ ({type(e).__name__}: {message}); copy the folder again"
         sys.stderr.write(f"error: {message}\\n")
         return getattr(e, "exit_code", 3)
-    return importlib.import_module(package.__name__ + ".runtime.entry").main(FOLDER, argv)
+    return importlib.import_module(package.__name__ + ".handoff.folder_run").main(FOLDER, argv)
 
 
 if __name__ == "__main__":

@@ -493,7 +493,7 @@ def test_verifying_a_folder_skips_the_tensors_of_random_nodes(tmp_path):
                helper.make_node("Add", ["obs", "noise"], ["y"]), helper.make_node("Tanh", ["obs"], ["t"])],
               [f32("obs", ["batch", 2])], [f32("y", ["batch", 2]), f32("t", ["batch", 2])])
     pp.pack(m, tmp_path / "bundle", samples=3, runtime=False)
-    from policyport.runtime.packed import verify_bundle
+    from policyport.handoff.golden import verify_bundle
 
     report = verify_bundle(tmp_path / "bundle")
     assert report.passed and [c.tensor for c in report.comparisons] == ["t"]

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
 from policyport.handoff import folder_run as entry
-from policyport.runtime.packed import read_golden
+from policyport.handoff.golden import read_golden
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def with_golden(folder, copy, changes):
     ({"outputs/y": 0.5, "activations/y": 0.25}, 0.5),
 ])
 def test_a_graph_outputs_comparison_is_the_worse_of_its_run_and_its_record(folder, tmp_path, changes, worst):
-    from policyport.runtime.packed import verify_bundle
+    from policyport.handoff.golden import verify_bundle
 
     report = verify_bundle(with_golden(folder, tmp_path / "copy", changes))
     h, y = report.comparisons
@@ -115,7 +115,7 @@ def test_a_graph_outputs_comparison_is_the_worse_of_its_run_and_its_record(folde
 
 
 def test_the_tolerances_given_judge_the_graph_outputs_too(folder, tmp_path):
-    from policyport.runtime.packed import verify_bundle
+    from policyport.handoff.golden import verify_bundle
 
     copy = with_golden(folder, tmp_path / "copy", {"outputs/y": 0.25})
     assert not verify_bundle(copy).passed
@@ -171,7 +171,7 @@ def test_bad_input_existing_outputs_and_the_folder_itself_exit_3(folder, obs, tm
 
 @pytest.mark.parametrize("existing", [None, b"old outputs"])
 def test_a_failed_record_leaves_every_output_as_it_was(folder, obs, tmp_path, monkeypatch, capsys, existing):
-    import policyport.io as files
+    import policyport.io.arrays as files
 
     out, acts = tmp_path / "y.npz", tmp_path / "acts.npz"
     if existing is not None:
