@@ -35,7 +35,7 @@ from .errors import (
     VerificationError,
 )
 
-from .version import __version__
+from .version import __version__  # noqa: F401  (the package's version)
 
 #: Public name -> (module relative to this package, attribute). Relative, so that the copy of the
 #: numpy runtime a packed folder carries (under a private package name) resolves its own modules.
@@ -46,7 +46,7 @@ _LAZY = {
     "BACKENDS": (".runtime", "BACKENDS"),
     "verify": (".verification.verify", "verify"),
     "extract_weights": (".graph.passes", "extract_weights"),
-    "expose": (".graph.passes", "expose"),
+    "expose": (".runtime.expose", "expose"),
     "pack": (".handoff.pack", "pack"),
     "export_numpy": (".handoff.export_numpy", "export_numpy"),
     "verify_bundle": (".handoff.golden", "verify_bundle"),

@@ -96,7 +96,7 @@ def prepare(group: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, target)
     # mutmut's trampolines make a module several times larger: let packed folders hold such copies.
-    folder_py = folder / "policyport" / "folder.py"
+    folder_py = folder / "policyport" / "graph" / "folder.py"
     folder_py.write_text(folder_py.read_text().replace("MAX_CODE_BYTES = 1 << 20", "MAX_CODE_BYTES = 1 << 26"))
     # ...and each call goes through two more frames (trampoline, wrapper): tests that recurse deliberately
     # (MessagePack nested 200 deep) need room for three times the frames.

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import onnx.defs
 
-TARGET = Path(__file__).resolve().parents[1] / "policyport" / "onnx_schemas.py"
+TARGET = Path(__file__).resolve().parents[1] / "policyport" / "graph" / "schemas.py"
 
 
 def table() -> dict:

@@ -25,7 +25,8 @@ EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"
 NODE_ORDER = ["fc_1/linear", "fc_1/tanh", "fc_2/linear", "fc_2/tanh", "logits", "action", "log_std"]
 #: Modules the runtime must never import, by top-level name, and policyport modules it must not carry.
 FORBIDDEN_TOP = {"onnx", "onnxruntime", "google", "typer", "rich", "click", "torch", "tensorflow", "tf2onnx", "ray"}
-NOT_CARRIED = {"verification.py", "bundle.py", "passes.py", "summary.py", "export.py", "runtime/ort.py"}
+NOT_CARRIED = {"verification/verify.py", "handoff/pack.py", "graph/passes.py", "verification/summary.py",
+               "handoff/export_numpy.py", "runtime/ort.py", "runtime/expose.py"}
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,7 @@ def test_run_py_without_numpy_says_what_to_install(copied, tmp_path):
 
 
 def test_a_broken_runtime_file_is_named_not_a_traceback(target, copied):
-    (copied / "_policyport" / "schema.py").write_text("def broken(:\n")  # part of the check itself
+    (copied / "_policyport" / "io" / "schema.py").write_text("def broken(:\n")  # part of the check itself
     result = run(target, copied / "run.py", "--verify")
     assert result.returncode == 3 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: cannot import the runtime in _policyport/ (SyntaxError")
@@ -311,8 +312,9 @@ def test_the_runtime_is_the_installed_modules_byte_for_byte_and_nothing_higher(p
     sources = packing.runtime_sources()
     root = Path(pp.__file__).parent
     carried = {name.removeprefix("_policyport/") for name in sources}
-    assert {"__init__.py", "errors.py", "folder.py", "schema.py", "graph.py", "compare.py", "runtime/packed.py",
-            "runtime/entry.py", "runtime/numpy/plan.py", "runtime/numpy/registry.py", "runtime/numpy/ops/tensor.py"} <= carried
+    assert {"__init__.py", "errors.py", "graph/folder.py", "io/schema.py", "graph/model.py", "verification/compare.py",
+            "runtime/packed.py", "handoff/folder_run.py", "handoff/golden.py", "runtime/numpy/plan.py",
+            "runtime/numpy/registry.py", "runtime/numpy/ops/tensor.py"} <= carried
     assert not carried & NOT_CARRIED and not any(n.startswith(("cli/", "converter/")) for n in carried)
     for name, data in sources.items():
         assert (root / name.removeprefix("_policyport/")).read_bytes() == data
@@ -339,7 +341,8 @@ def test_the_runtime_imports_nothing_but_the_standard_library_numpy_and_itself()
 
 def test_run_py_and_the_folder_check_import_the_standard_library_only(packed):
     """What run.py executes before the check passes (errors, schema, folder) needs no numpy."""
-    bootstrap = ["run.py", "_policyport/errors.py", "_policyport/schema.py", "_policyport/folder.py"]
+    bootstrap = ["run.py", "_policyport/errors.py", "_policyport/io/__init__.py", "_policyport/io/schema.py",
+                 "_policyport/graph/__init__.py", "_policyport/graph/folder.py"]
     for name in bootstrap:
         for node in ast.walk(ast.parse((packed / name).read_bytes())):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "level", 0) == 0:

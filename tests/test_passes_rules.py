@@ -15,14 +15,14 @@ from policyport.errors import BadModelError, InputMismatchError
 from policyport.graph.model import from_onnx
 from policyport.graph.passes import (
     PARAMETERS_KEY,
-    expose,
     extract_weights,
     free_dims,
     parameter_map,
     parameter_names,
-    prune,
     widen_to_float64,
 )
+import policyport.runtime.expose as exposing
+from policyport.runtime.expose import expose, prune
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17, value_info=(), metadata=None):
@@ -295,12 +295,14 @@ def test_expose_says_why_a_tensor_cannot_be_typed():
 
 def test_each_pass_names_the_extra_that_installs_onnx(monkeypatch):
     import policyport.graph.passes as passes
+    import policyport.runtime.expose as exposing
     from policyport.errors import MissingDependencyError
 
     def missing(module, extra, purpose):
         raise MissingDependencyError(module, extra, purpose)
 
     monkeypatch.setattr(passes, "require", missing)
+    monkeypatch.setattr(exposing, "require", missing)
     for call, purpose in [(lambda: extract_weights(_linear()), "extracting weights"),
                           (lambda: expose(_linear()), "exposing tensors"),
                           (lambda: passes.infer_shapes(_linear()), "inferring tensor shapes")]:
@@ -311,7 +313,7 @@ def test_each_pass_names_the_extra_that_installs_onnx(monkeypatch):
 
 
 def test_typing_by_onnxruntime_names_its_extra_too(monkeypatch):
-    import policyport.graph.passes as passes
+    import policyport.runtime.expose as passes
     from policyport.errors import MissingDependencyError, require
 
     model = _fast_gelu()
@@ -344,9 +346,9 @@ def test_run_untyped_computes_only_what_the_names_need_on_numpy():
 
     model = _branches()
     feeds = {"x": np.array([[-1.0, 2.0]], np.float32), "x2": np.array([[0.5, 0.0]], np.float32)}
-    values = passes._run_untyped(model, from_onnx(model), feeds, ["b", "a"])
+    values = exposing._run_untyped(model, from_onnx(model), feeds, ["b", "a"])
     assert np.array_equal(values[0], np.tanh(feeds["x2"])) and np.array_equal(values[1], [[0.0, 2.0]])
-    assert passes._run_untyped(_fast_gelu(), from_onnx(_fast_gelu()), {"x": np.zeros((2, 3), np.float32)},
+    assert exposing._run_untyped(_fast_gelu(), from_onnx(_fast_gelu()), {"x": np.zeros((2, 3), np.float32)},
                                ["g"])[0].shape == (2, 3)
 
 
@@ -560,7 +562,7 @@ def test_run_untyped_never_runs_nodes_the_names_do_not_need():
     graph = helper.make_graph(nodes, "g", [_vi("x", shape=(1, 2))], [_vi("b", shape=(1, 2)), _vi("odd", shape=None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.nowhere", 1)])
     model.ir_version = 8
-    values = passes._run_untyped(model, from_onnx(model), {"x": np.array([[-1.0, 2.0]], np.float32)}, ["b", "a"])
+    values = exposing._run_untyped(model, from_onnx(model), {"x": np.array([[-1.0, 2.0]], np.float32)}, ["b", "a"])
     assert values[0].tolist() == [[-0.0, -2.0]] and values[1].tolist() == [[0.0, 2.0]]
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import policyport as pp
 import policyport.runtime
 from policyport.cli import app
-from policyport.graph.passes import prune
+from policyport.runtime.expose import prune
 from policyport.runtime.numpy import registry
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-import policyport.verification as verification
+import policyport.verification.verify as verification
 from policyport.verification.compare import ComparisonFold, compare
 from policyport.errors import LimitExceededError
 from test_stochastic import REASON, random_normal_like, sampled_policy  # noqa: F401  (a fixture; tests/ is on sys.path)

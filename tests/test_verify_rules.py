@@ -322,7 +322,7 @@ def test_the_default_seed_is_0_for_drawn_and_verified_observations():
 
 
 def test_the_memory_checks_name_what_they_measure(monkeypatch):
-    import policyport.verification as verification
+    import policyport.verification.verify as verification
 
     asked = []
     monkeypatch.setattr(verification, "check_memory", lambda need, what: asked.append((need, what)))
@@ -383,7 +383,7 @@ def test_a_fixed_shape_model_given_observations_gets_no_note_and_several_are_lis
 
 def test_trust_reaches_the_source(monkeypatch, tmp_path):
     import policyport.converter as converter
-    import policyport.verification as verification
+    import policyport.verification.verify as verification
 
     given = []
     real = verification._source_reference

@@ -28,10 +28,10 @@ import numpy as np
 from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
 from ..io.outputs import check_distinct, check_writable, write_atomic
 from ..io.limits import check_free_space
+from ..runtime.base import nonfinite_rows
 from ..runtime.numpy.rows import ResultPool, reusing
 from .folders import building, check_out_folder, commit_folder
 from .recording import FORMATS, WRITERS, TensorInfo, describe, tensor_infos
-from .statistics import nonfinite_rows
 from .tables import Table, open_table
 
 #: Engines of :func:`record_dataset`.

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputMismatchError, UnreadableFileError, require
-from ..handoff.folder_run import literal
+from ..text import literal
 from .folders import check_out_folder, commit_folder, building
 from .recording import Recording, open_recording
 from .statistics import RELU_LIKE, Statistics, block_rows, statistics

@@ -48,9 +48,10 @@ def _app(argv: list[str] | None = None):
         importlib.import_module(f".{module}", __name__)  # each registers its commands
     if importlib.util.find_spec("rich") is None:  # imported only once something is rendered (see .render)
         raise ImportError("No module named 'rich'", name="rich")
-    from .core import app
+    from . import core
 
-    return app
+    core.register_every_command = _app
+    return core.app
 
 
 def main() -> None:

@@ -297,14 +297,19 @@ def foreign_options(message: str) -> str:
     return f"{message} ({'; '.join(notes)}, not of policyport {ctx.info_name})"
 
 
+#: Imports the module of every command, each of which registers its commands on :data:`app` as it is
+#: imported; set by :mod:`policyport.cli`, which lists them (this module is below them all).
+register_every_command: Callable[[], object] | None = None
+
+
 @functools.lru_cache(maxsize=1)
 def _every_command() -> tuple[tuple[str, frozenset[str]], ...]:
     """(name, long options) of every command, sorted by name (each command's module imported)."""
     from typer.main import get_command
 
-    from . import _app
-
-    return tuple((name, frozenset(long_options(cmd))) for name, cmd in sorted(get_command(_app()).commands.items()))
+    if register_every_command is not None:
+        register_every_command()
+    return tuple((name, frozenset(long_options(cmd))) for name, cmd in sorted(get_command(app).commands.items()))
 
 
 def _on_sigterm(signum, frame) -> None:

@@ -151,7 +151,7 @@ def expose(
         from ..io.outputs import check_distinct, check_writable
         from ..graph.onnx_files import load_onnx, save_onnx
         from ..graph.model import from_onnx
-        from ..graph.passes import expose as expose_pass
+        from ..runtime.expose import expose as expose_pass
         from ..verification.summary import format_shape
 
         check_onnx_output(output)

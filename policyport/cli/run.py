@@ -145,7 +145,7 @@ def _session(model: Path, chosen: str | None, backend: str, threads: int):
     if chosen is None:
         return load(str(model), backend=backend, threads=threads)
     from ..graph.onnx_files import load_onnx
-    from ..graph.passes import prune
+    from ..runtime.expose import prune
 
     return load(prune(load_onnx(model), chosen), backend=backend, threads=threads)
 

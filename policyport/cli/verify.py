@@ -111,7 +111,7 @@ def verify_cmd(
     """
 
     def body():
-        from ..io.kinds import check_model_folder
+        from ..graph.onnx_files import check_model_folder
         from ..runtime import BACKENDS
         from ..verification.verify import verify as run_verify
 

@@ -152,3 +152,22 @@ def choose_activation(given: str | None, recorded: str | None, what: str) -> tup
         raise OptionError(f"--activation {given} contradicts {what}, which names {recorded}; leave --activation out "
                             "to use the recorded one")
     return recorded, []
+
+
+#: ``torch.nn`` activation classes policyport builds -> (policyport activation name, the class's
+#: constructor parameters in order). ``inplace`` changes no value; ``negative_slope`` becomes the
+#: ``leaky_relu`` slope; every other parameter must hold :data:`TORCH_DEFAULTS`' value, the function
+#: the name stands for (``torch/nn/modules/activation.py``). CELU with alpha 1 is ELU with alpha 1.
+TORCH_ACTIVATIONS = {
+    "Tanh": ("tanh", ()), "Sigmoid": ("sigmoid", ()), "Identity": ("linear", ()),
+    "ReLU": ("relu", ("inplace",)), "SELU": ("selu", ("inplace",)), "SiLU": ("silu", ("inplace",)),
+    "Mish": ("mish", ("inplace",)), "Hardswish": ("hardswish", ("inplace",)),
+    "LeakyReLU": ("leaky_relu", ("negative_slope", "inplace")),
+    "ELU": ("elu", ("alpha", "inplace")), "CELU": ("elu", ("alpha", "inplace")),
+    "GELU": ("gelu", ("approximate",)), "Softplus": ("softplus", ("beta", "threshold")),
+}
+
+
+#: The values of ``torch.nn`` activation parameters that policyport's activation of the same name
+#: computes (torch's defaults).
+TORCH_DEFAULTS = {"alpha": 1.0, "approximate": "none", "beta": 1.0, "threshold": 20.0}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 from ..errors import (BadModelError, UnreadableFileError, require)
-from ..io.kinds import check_model_folder, check_not_a_source
+from ..io.kinds import check_not_a_source
 from ..io.limits import check_array_bytes
 from ..io.outputs import write_atomic
 
@@ -104,3 +104,20 @@ def ensure_model(model):
         check_model_tensors(model)
         return model
     raise BadModelError(f"expected an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
+
+
+def check_model_folder(path: str | os.PathLike) -> None:
+    """Refuse a folder given where a model goes unless ``policyport pack`` wrote it (it holds
+    ``policy.json``): a source's folder (a SavedModel, an RLlib checkpoint) is named as what it is,
+    with how to convert it (:func:`check_not_a_source`); any other folder is said to be neither an
+    ``.onnx`` model nor a packed folder, naming the ``.onnx`` files it holds. Anything else passes.
+
+    Raises:
+        UnreadableFileError: such a folder (exit 3).
+    """
+    from ..graph.folder import POLICY_FILE, not_packed
+
+    path = Path(path)
+    if path.is_dir() and not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
+        check_not_a_source(path)
+        raise UnreadableFileError(not_packed(path))

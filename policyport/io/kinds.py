@@ -202,21 +202,6 @@ def check_not_a_source(path: str | os.PathLike) -> None:
         raise UnreadableFileError(not_an_onnx_model(path, kind))
 
 
-def check_model_folder(path: str | os.PathLike) -> None:
-    """Refuse a folder given where a model goes unless ``policyport pack`` wrote it (it holds
-    ``policy.json``): a source's folder (a SavedModel, an RLlib checkpoint) is named as what it is,
-    with how to convert it (:func:`check_not_a_source`); any other folder is said to be neither an
-    ``.onnx`` model nor a packed folder, naming the ``.onnx`` files it holds. Anything else passes.
-
-    Raises:
-        UnreadableFileError: such a folder (exit 3).
-    """
-    from ..graph.folder import POLICY_FILE, not_packed
-
-    path = Path(path)
-    if path.is_dir() and not (path / POLICY_FILE).exists() and not (path / POLICY_FILE).is_symlink():
-        check_not_a_source(path)
-        raise UnreadableFileError(not_packed(path))
 
 
 def not_an_onnx_model(path: str | os.PathLike, kind: FileKind) -> str:

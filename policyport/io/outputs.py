@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 
-from ..graph.folder import folder_entries, folder_entries_at
 from ..errors import (OutputExistsError, PolicyportError, UnreadableFileError)
+from .entries import folder_entries, folder_entries_at
 from .kinds import check_not_a_stream
 
 

@@ -328,7 +328,7 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
     if isinstance(model, Graph):
         graph = model
     elif isinstance(model, (str, os.PathLike)) and Path(model).is_dir():
-        from ..io.kinds import check_model_folder
+        from ..graph.onnx_files import check_model_folder
         from .packed import load_graph
 
         check_model_folder(model)  # a SavedModel, an RLlib checkpoint, a plain folder: say what it is

@@ -122,7 +122,7 @@ class OrtBackend(Backend):
             raise BadModelError(f"onnxruntime failed to run the model: {e}") from e
 
     def record(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        from ..graph.passes import expose
+        from .expose import expose
 
         if not names:
             return self.run(feeds)

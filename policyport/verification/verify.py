@@ -210,7 +210,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
         rtol: relative tolerance, scaled by the reference's magnitude; ``None`` follows the dtype.
         tensors: which node outputs to compare (globs); graph outputs are always compared.
         outputs: compare only these graph outputs (names, or one comma-separated string), on the
-            graph pruned to what they need (:func:`policyport.graph.passes.prune`); feeds of inputs it
+            graph pruned to what they need (:func:`policyport.runtime.expose.prune`); feeds of inputs it
             no longer reads are dropped.
         rounding: apply the float32-rounding rule (default) to floating tensors that fail the
             tolerance: a float64 run of the graph on the numpy backend tells rounding from a real
@@ -255,7 +255,7 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     if not backends or unknown:
         raise InputMismatchError(f"unknown backend(s) {unknown}; choose from {', '.join(BACKENDS)}")
     if outputs is not None:
-        from ..graph.passes import prune
+        from ..runtime.expose import prune
 
         model = prune(model, outputs)
     sessions = {b: load(model, backend=b, threads=threads) for b in backends}

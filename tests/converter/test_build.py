@@ -20,7 +20,7 @@ from policyport.converter.activations import parse_activation
 from policyport.converter.build import ActionHead, Dense, MlpSpec, ObsFilter, ObsNorm, Prelude, Step, build_mlp
 from policyport.converter.sources.reference import reference_forward
 from policyport.errors import BadModelError, MissingDependencyError, OptionError
-from policyport.graph.passes import expose
+from policyport.runtime.expose import expose
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 

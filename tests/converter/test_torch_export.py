@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import policyport as pp  # noqa: E402
 from policyport.converter import ConvertOptions, convert_source  # noqa: E402
 from policyport.converter.sources import torch_module as tm  # noqa: E402
+from policyport.converter.sources.reference import torch_ops  # noqa: E402
 from policyport.errors import BadModelError, OptionError, UnreadableFileError  # noqa: E402
 
 FLOAT = TensorProto.FLOAT
@@ -903,7 +904,7 @@ def test_an_unreadable_torchscript_file_is_refused_by_its_first_line(tmp_path):
 
 @pytest.fixture
 def ops():  # per test (it is cheap): a mutation tool maps a module-scoped fixture's call to its first test only
-    return tm.torch_ops()
+    return torch_ops()
 
 
 ACTIVATIONS = {
@@ -1048,7 +1049,7 @@ def test_without_torch_each_entry_point_says_what_needed_it(monkeypatch, tmp_pat
     script = Path(__file__).resolve().parents[2] / "fixtures" / "torch" / "tied.torchscript.pt"
     monkeypatch.setitem(__import__("sys").modules, "torch", None)
     for call, purpose in [(lambda: tm.export_module(module), "converting a torch module"),
-                          (lambda: tm.torch_ops(), "the torch reference forward pass"),
+                          (lambda: torch_ops(), "the torch reference forward pass"),
                           (lambda: tm.convert_torchscript(script, ConvertOptions(trust=True)),
                            "converting a TorchScript file"),
                           (lambda: tm.input_shape_of(module, (3,)) and tm._param_dtype(module), "converting a torch module")]:

@@ -101,7 +101,8 @@ def exercise(model: onnx.ModelProto) -> Outcome:
     from typer.testing import CliRunner
 
     from policyport.cli import app
-    from policyport.graph.passes import expose, extract_weights
+    from policyport.graph.passes import extract_weights
+    from policyport.runtime.expose import expose
     from policyport.verification.summary import summarize
     from policyport.verification.verify import sample_inputs
 

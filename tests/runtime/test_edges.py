@@ -685,7 +685,6 @@ def test_strings_cast_to_int4_as_the_floats_they_spell():
 def own_registry(monkeypatch):
     """An empty registry the test fills (the real one is put back afterwards)."""
     monkeypatch.setattr(registry, "_REGISTRY", {})
-    monkeypatch.setattr(registry, "_loaded", True)
     return registry._REGISTRY
 
 

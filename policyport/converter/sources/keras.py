@@ -222,7 +222,7 @@ def _check_keras_file(path: Path) -> None:
         UnreadableFileError: a folder, an empty file, a file whose contents are not its name's format
             (naming the format they are), a damaged zip archive, or a name Keras does not load.
     """
-    from .. import wrong_shape_of_source
+    from ..kinds import wrong_shape_of_source
 
     if wrong := wrong_shape_of_source(path, "keras"):
         raise UnreadableFileError(wrong)
@@ -1023,7 +1023,7 @@ def _check_options(options, what: str) -> None:
 def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, kind: str):
     import dataclasses
 
-    from .. import Converted
+    from ..options import Converted
     from ..build import NO_HEAD
 
     if options.head == NO_HEAD:  # the model's own outputs, as without a head
@@ -1116,7 +1116,7 @@ def convert_savedmodel(source, options):
             (:func:`~policyport.converter.keras_sizes.check_savedmodel_sizes`).
         BadModelError, UnsupportedOpError, MissingDependencyError: as :func:`convert_keras`.
     """
-    from .. import refuse_code_without_trust, wrong_shape_of_source
+    from ..kinds import refuse_code_without_trust, wrong_shape_of_source
 
     fw = _frameworks()
     _check_options(options, "a SavedModel")

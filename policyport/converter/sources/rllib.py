@@ -658,7 +658,7 @@ def convert_rllib(source, options):
             contradicting the recorded action space (diag-gaussian for Discrete, categorical for
             Box, either for MultiDiscrete or another space), naming the space and the head it implies.
     """
-    from .. import Converted
+    from ..options import Converted
     from ..build import build_mlp
     from .reference import reference_forward
 

@@ -164,7 +164,7 @@ def convert_npz(source: str | os.PathLike | Mapping[str, np.ndarray], options):
         OptionError: no ``activation`` for a network with hidden layers; a head the weights cannot
             take (see :func:`~policyport.converter.assumptions.head_assumption`).
     """
-    from .. import Converted
+    from ..options import Converted
     from ..assumptions import RLLIB_SPLIT, activation_assumption, head_assumption, no_normaliser, reconstruction
     from ..build import build_mlp
     from .reference import reference_forward

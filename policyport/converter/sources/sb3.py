@@ -47,9 +47,10 @@ import numpy as np
 
 from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
 from ...text import bounded_repr
-from ..activations import ActivationNeeded, choose_activation
+from ..activations import TORCH_ACTIVATIONS, TORCH_DEFAULTS, ActivationNeeded, choose_activation
 from ..assumptions import Assumption
 from ..build import ActionHead, ObsNorm, Prelude
+from .sb3_policy import SB3_POLICY_CLASSES
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
 DEFAULT_ACTIVATION = {"ac": "tanh", "sac": "relu", "td3": "relu", "dqn": "relu", "qrdqn": "relu"}
@@ -59,35 +60,8 @@ FEATURES_FLATTEN = {"ac": "features_extractor.flatten", "sac": "actor.features_e
                     "td3": "actor.features_extractor.flatten", "dqn": "q_net.features_extractor.flatten",
                     "qrdqn": "quantile_net.features_extractor.flatten"}
 
-#: ``torch.nn`` activation classes policyport builds -> (policyport activation name, the class's
-#: constructor parameters in order). ``inplace`` changes no value; ``negative_slope`` becomes the
-#: ``leaky_relu`` slope; every other parameter must hold :data:`TORCH_DEFAULTS`' value, the function
-#: the name stands for (``torch/nn/modules/activation.py``). CELU with alpha 1 is ELU with alpha 1.
-TORCH_ACTIVATIONS = {
-    "Tanh": ("tanh", ()), "Sigmoid": ("sigmoid", ()), "Identity": ("linear", ()),
-    "ReLU": ("relu", ("inplace",)), "SELU": ("selu", ("inplace",)), "SiLU": ("silu", ("inplace",)),
-    "Mish": ("mish", ("inplace",)), "Hardswish": ("hardswish", ("inplace",)),
-    "LeakyReLU": ("leaky_relu", ("negative_slope", "inplace")),
-    "ELU": ("elu", ("alpha", "inplace")), "CELU": ("elu", ("alpha", "inplace")),
-    "GELU": ("gelu", ("approximate",)), "Softplus": ("softplus", ("beta", "threshold")),
-}
 
-#: The values of ``torch.nn`` activation parameters that policyport's activation of the same name
-#: computes (torch's defaults).
-TORCH_DEFAULTS = {"alpha": 1.0, "approximate": "none", "beta": 1.0, "threshold": 20.0}
 
-#: The policy classes of SB3 and sb3-contrib whose deterministic action policyport builds, as a zip's
-#: pickle names them (``MlpPolicy`` is an alias of each), and the family of networks their
-#: ``policy.pth`` holds (``stable_baselines3/*/policies.py``, ``sb3_contrib/*/policies.py``). DDPG
-#: saves TD3's policy class; sb3-contrib's TRPO saves ``ActorCriticPolicy``.
-SB3_POLICY_CLASSES = {
-    "stable_baselines3.common.policies.ActorCriticPolicy": "ac",
-    "stable_baselines3.sac.policies.SACPolicy": "sac",
-    "stable_baselines3.td3.policies.TD3Policy": "td3",
-    "stable_baselines3.dqn.policies.DQNPolicy": "dqn",
-    "sb3_contrib.qrdqn.policies.QRDQNPolicy": "qrdqn",
-    "sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy": "ac",
-}
 
 #: How messages name each family of policies.
 FAMILY_TEXT = {"ac": "PPO/A2C actor-critic", "sac": "SAC", "td3": "TD3/DDPG", "dqn": "DQN", "qrdqn": "QR-DQN"}
@@ -720,7 +694,7 @@ def convert_sb3(source, options):
             pickle cannot be followed and no ``--activation`` (:class:`ActivationNeeded`).
         UnreadableFileError: not an SB3 zip.
     """
-    from .. import Converted
+    from ..options import Converted
     from ..assumptions import activation_assumption, reconstruction
     from ..build import build_mlp
     from .sb3_policy import LazyOracle, LazySource, sb3_oracle

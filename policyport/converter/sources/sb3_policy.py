@@ -3,7 +3,7 @@
 ``PPO.load`` unpickles the zip's ``data`` (cloudpickle: code from the file), so the oracle is built
 the way SB3 builds a policy before it loads weights: the policy class the zip records, imported from
 policyport's own table of SB3's and sb3-contrib's classes
-(:data:`~policyport.converter.sources.sb3.SB3_POLICY_CLASSES`, never a module read from the file), gymnasium
+(:data:`SB3_POLICY_CLASSES`, never a module read from the file), gymnasium
 spaces rebuilt from the zip's readable ``observation_space`` and ``action_space`` fields, and every
 ``policy_kwargs`` entry the zip records that the constructor takes: ``net_arch`` and the other literal
 entries as they are, ``activation_fn`` as the ``torch.nn`` class (and ``functools.partial``
@@ -84,7 +84,7 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
 
     Args:
         policy_class: the class the zip records, ``"module.Name"``, one of
-            :data:`~policyport.converter.sources.sb3.SB3_POLICY_CLASSES`.
+            :data:`SB3_POLICY_CLASSES`.
         kwargs: the zip's ``policy_kwargs`` (values as ``data`` holds them: text or JSON).
         activation: the zip's ``activation_fn``
             (:class:`~policyport.converter.sources.sb3.TorchActivation`), or the policyport name of the one
@@ -111,7 +111,6 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
         raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib
 
-    from .sb3 import SB3_POLICY_CLASSES
 
     if policy_class not in SB3_POLICY_CLASSES:
         raise OracleUnavailable(f"policyport does not build SB3's policy class {policy_class}")
@@ -173,7 +172,7 @@ def _activation_fn(torch, activation):
     import functools
 
     from ..activations import parse_activation
-    from .sb3 import TORCH_ACTIVATIONS
+    from ..activations import TORCH_ACTIVATIONS
 
     if isinstance(activation, str):
         parsed = parse_activation(activation)
@@ -274,3 +273,17 @@ def _first_line(e: BaseException) -> str:
         return type(e).__name__
     said = " ".join(text[:2]) if text[0].endswith(":") else text[0]
     return f"{type(e).__name__}: {said[:300]}"
+
+
+#: The policy classes of SB3 and sb3-contrib whose deterministic action policyport builds, as a zip's
+#: pickle names them (``MlpPolicy`` is an alias of each), and the family of networks their
+#: ``policy.pth`` holds (``stable_baselines3/*/policies.py``, ``sb3_contrib/*/policies.py``). DDPG
+#: saves TD3's policy class; sb3-contrib's TRPO saves ``ActorCriticPolicy``.
+SB3_POLICY_CLASSES = {
+    "stable_baselines3.common.policies.ActorCriticPolicy": "ac",
+    "stable_baselines3.sac.policies.SACPolicy": "sac",
+    "stable_baselines3.td3.policies.TD3Policy": "td3",
+    "stable_baselines3.dqn.policies.DQNPolicy": "dqn",
+    "sb3_contrib.qrdqn.policies.QRDQNPolicy": "qrdqn",
+    "sb3_contrib.common.maskable.policies.MaskableActorCriticPolicy": "ac",
+}

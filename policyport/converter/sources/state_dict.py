@@ -753,7 +753,7 @@ def state_dict_assumptions(spec: MlpSpec, layout: str, options) -> list[Assumpti
 
 
 def _convert(source, options, forced_layout: str | None, kind: str):
-    from .. import Converted
+    from ..options import Converted
     from ..assumptions import reconstruction
     from ..build import build_mlp
 
@@ -816,7 +816,7 @@ def _refuse_options_of_the_other_file(options, module: bool) -> None:
     Raises:
         OptionError: naming the options, what the file holds, and where they apply (exit 2).
     """
-    from .. import flag_list, given_fields, where_they_apply
+    from ..options import flag_list, given_fields, where_they_apply
 
     given = [n for n in given_fields(options) if n in (WEIGHT_OPTIONS if module else MODULE_OPTIONS)]
     if not given:

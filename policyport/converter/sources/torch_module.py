@@ -708,7 +708,7 @@ def convert_torch(source, options):
     Returns:
         A :class:`~policyport.converter.Converted` whose reference runs the module with forward hooks.
     """
-    from .. import Converted
+    from ..options import Converted
 
     _refuse_weight_options(options, "a torch module")
     export = export_module(source, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
@@ -735,7 +735,8 @@ def convert_torchscript(source, options):
     from pathlib import Path
 
     from ...errors import UnreadableFileError
-    from .. import Converted, refuse_code_without_trust
+    from ..kinds import refuse_code_without_trust
+    from ..options import Converted
 
     _refuse_weight_options(options, "a TorchScript file")
     path = Path(source)
@@ -815,65 +816,3 @@ def _finish(model, source: dict) -> None:
         raise BadModelError(f"the exported model fails onnx.checker: {e}") from e
 
 
-# ---------------------------------------------------------------------------------------------
-# torch primitives for the weight-only reference forward (reference.torch_forward)
-
-
-def torch_ops():
-    """The forward primitives of :mod:`policyport.converter.sources.reference` computed by torch modules."""
-    torch = _torch("the torch reference forward pass")
-    nn, F = torch.nn, torch.nn.functional
-
-    def activation_module(act):
-        table = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "selu": nn.SELU, "swish": nn.SiLU,
-                 "softplus": nn.Softplus, "gelu": nn.GELU, "mish": nn.Mish, "hardswish": nn.Hardswish,
-                 "sigmoid": nn.Sigmoid, "linear": nn.Identity}
-        if act.name == "leaky_relu":
-            return nn.LeakyReLU(act.alpha)
-        return table[act.name]()
-
-    class TorchOps:
-        tensor = staticmethod(lambda x: torch.as_tensor(np.asarray(x)))
-        to_numpy = staticmethod(lambda x: x.detach().cpu().numpy())
-
-        @staticmethod
-        def affine(layer, x):
-            w = torch.as_tensor(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy())
-            b = None if layer.bias is None else torch.as_tensor(layer.bias)
-            linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
-            with torch.no_grad():
-                linear.weight.copy_(w)
-                if b is not None:
-                    linear.bias.copy_(b)
-                return linear(x)
-
-        @staticmethod
-        def step(step, x):
-            with torch.no_grad():
-                if step.kind == "activation":
-                    return activation_module(step.activation)(x)
-                p = {k: torch.as_tensor(a) for k, (_, a) in step.params.items()}
-                if step.kind == "layer_norm":
-                    return F.layer_norm(x, (x.shape[-1],), p.get("weight"), p.get("bias"), step.eps)
-                return F.batch_norm(x, p["running_mean"], p["running_var"], p.get("weight"), p.get("bias"),
-                                    training=False, eps=step.eps)
-
-        flatten = staticmethod(lambda x: nn.Flatten()(x))
-
-        @staticmethod
-        def obs_norm(norm, x):  # VecNormalize runs in numpy, outside the policy
-            from .reference import _NumpyOps
-
-            return torch.as_tensor(_NumpyOps.obs_norm(norm, x.numpy()))
-
-        concat = staticmethod(lambda xs: torch.cat(xs, dim=1))
-        broadcast = staticmethod(lambda v, like: v.expand_as(like))
-        argmax = staticmethod(lambda x: torch.argmax(x, dim=1))
-        # sb3-contrib's QuantileNetwork: quantiles.view(-1, n_quantiles, n_actions), then .mean(dim=1)
-        quantiles = staticmethod(lambda x, n: x.view(-1, n, x.shape[1] // n))
-        quantile_mean = staticmethod(lambda x: x.mean(dim=1))
-        clip = staticmethod(lambda x, low, high: torch.minimum(torch.maximum(x, low), high))
-        tanh = staticmethod(torch.tanh)
-        asarray = staticmethod(lambda x, like: torch.as_tensor(np.asarray(x), dtype=like.dtype))
-
-    return TorchOps

@@ -10,6 +10,7 @@ import numpy as np
 from ...graph.model import Graph
 from ..base import Backend, TensorSizes
 from ..overrides import Steering
+from . import ops  # noqa: F401  (each op module registers its ops as it is imported)
 from .floating import quiet
 from .plan import NEW_MEMORY, Plan
 from .registry import op, resolve, supported_ops
@@ -183,7 +184,6 @@ class NumpyBackend(Backend):
         the node. An exception the observer raises propagates unchanged.
         """
         return self._plan_for(feeds).observe(feeds, observer)
-
 
 
 def temporary(kind: str, node, nbytes: Mapping[str, int], fresh: set[str], packed: Callable[[str], int]) -> int:

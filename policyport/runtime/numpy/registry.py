@@ -128,13 +128,11 @@ def op(op_type: str, since: int, *, domain: str = DEFAULT_DOMAIN, check: Callabl
 
 def versions(op_type: str, domain: str = DEFAULT_DOMAIN) -> list[int]:
     """The opset versions at which ``op_type`` has an implementation, ascending (empty if none)."""
-    _load_ops()
     return sorted(_REGISTRY.get((domain, op_type), {}))
 
 
 def supported_ops() -> dict[str, list[int]]:
     """Every registered default-domain op type -> its implementation versions, sorted by name."""
-    _load_ops()
     return {name: versions(name, dom) for (dom, name) in sorted(_REGISTRY) if dom == DEFAULT_DOMAIN}
 
 
@@ -169,7 +167,6 @@ def resolve(op_type: str, opset: int, domain: str = DEFAULT_DOMAIN, node_name: s
 
 
 def _usable(op_type: str, opset: int, domain: str) -> OpImpl | None:
-    _load_ops()
     impls = _REGISTRY.get((domain, op_type), {})
     usable = [v for v in impls if v <= opset]
     return impls[max(usable)] if usable else None
@@ -194,13 +191,3 @@ def missing_ops(graph) -> list[MissingOp]:
         MissingOp(op_type, domain, graph.opsets.get(domain, graph.opset), tuple(nodes), tuple(versions(op_type, domain)))
         for (domain, op_type), nodes in found.items()
     ]
-
-
-_loaded = False
-
-
-def _load_ops() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from . import ops  # noqa: F401  (registers every op module)

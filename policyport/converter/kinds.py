@@ -1,0 +1,181 @@
+"""Source kinds: the converter of each (:data:`SOURCES`) and how a file's kind is told from its name and
+layout, never by unpickling (:func:`detect_kind`)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Mapping
+
+
+from ..errors import BadModelError, TrustRequiredError, UnreadableFileError
+
+
+#: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
+#: and returns a :class:`Converted`.
+SOURCES: dict[str, str] = {
+    "npz": "policyport.converter.sources.rllib_weights:convert_npz",
+    "torch": "policyport.converter.sources.torch_module:convert_torch",
+    "torchscript": "policyport.converter.sources.torch_module:convert_torchscript",
+    "state-dict": "policyport.converter.sources.state_dict:convert_state_dict",
+    "sb3": "policyport.converter.sources.sb3:convert_sb3",
+    "rllib-torch": "policyport.converter.sources.state_dict:convert_rllib_torch",
+    "keras": "policyport.converter.sources.keras:convert_keras",
+    "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
+    "rllib": "policyport.converter.sources.rllib:convert_rllib",
+}
+
+
+#: Source kinds ``--from`` accepts, in the order the help lists them.
+KINDS = tuple(SOURCES)
+
+
+#: Source kinds that are files or folders (``torch`` is a live module), as ``--from`` takes them.
+FILE_KINDS = tuple(k for k in KINDS if k != "torch")
+
+
+#: How :func:`detect_kind` tells each kind of file, for messages.
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
+                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
+
+
+class UnknownKindError(BadModelError):
+    """A source whose kind cannot be told from its name or layout (exit 3); ``kind=`` / ``--from`` names it."""
+
+
+def _is_zip_with(path: Path, *members: str) -> bool:
+    """Whether ``path`` is a zip archive holding every name in ``members`` (at any folder depth)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = {n.rsplit("/", 1)[-1] for n in zf.namelist()} | set(zf.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return all(m in names for m in members)
+
+
+def detect_kind(source) -> str:
+    """The source kind of a path or object (``--from`` overrides this).
+
+    Files are told apart by name and layout, never by loading them: an ``.npz`` is RLlib-layout
+    weights; a ``.zip`` is a Stable-Baselines3 save (one lacking its ``policy.pth`` or ``data`` is
+    refused by the SB3 reader, saying so); a
+    ``.pt``/``.pth`` zip holding TorchScript ``code/`` is a TorchScript file, any other is a
+    ``state_dict``; ``.safetensors`` is a ``state_dict``; ``.keras``/``.h5`` are Keras files; a folder
+    with ``saved_model.pb`` is a TF SavedModel; a folder with ``rllib_checkpoint.json`` or a file
+    named ``checkpoint-<N>`` is an RLlib checkpoint. Objects: a mapping of arrays is ``npz``, a
+    ``torch.nn.Module`` is ``torch``, a Keras model or ``tf.function`` is ``keras``.
+
+    Raises:
+        UnreadableFileError: a path that does not exist.
+        BadModelError: a source of no known kind.
+    """
+    if isinstance(source, Mapping):
+        return "npz"
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise UnreadableFileError(f"{path}: no such file")
+        kind = _detect_path(path)
+        if kind is None:
+            what = "folder" if path.is_dir() else "file"
+            raise UnknownKindError(
+                f"cannot tell what kind of policy the {what} {path} is: policyport tells {FILE_KINDS_TEXT}; "
+                f"name the kind of a source named otherwise with --from KIND (kind=KIND in Python), one of "
+                f"{', '.join(FILE_KINDS)}"
+            )
+        return kind
+    module = type(source).__module__.split(".")[0]
+    if module == "torch" or any(c.__module__.startswith("torch.nn") for c in type(source).__mro__):
+        return "torch"
+    if any(c.__module__.split(".")[0] in ("keras", "tensorflow", "tf_keras") for c in type(source).__mro__):
+        return "keras"  # a Keras model (subclasses too) or a tf.function
+    raise BadModelError(f"cannot convert a {type(source).__name__}; supported sources: {', '.join(KINDS)}")
+
+
+def _detect_path(path: Path) -> str | None:
+    name = path.name.lower()
+    if path.is_dir():
+        if (path / "saved_model.pb").is_file():
+            return "savedmodel"
+        if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
+            return "rllib"
+        return None
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        return "npz"
+    if suffix == ".zip":  # a damaged one gets the SB3 reader's own account of what is wrong
+        return "sb3"
+    if suffix in (".pt", ".pth"):
+        return "torchscript" if _is_zip_with(path, "data.pkl", "constants.pkl") else "state-dict"
+    if suffix == ".safetensors":
+        return "state-dict"
+    if suffix in (".keras", ".h5", ".hdf5"):
+        return "keras"
+    if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
+        return "rllib"
+    return None
+
+
+#: What each kind of file source is, for the refusal of a folder given as one.
+_FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
+               "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
+               "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file"}
+
+
+#: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.
+_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder"}
+
+
+def wrong_shape_of_source(path: Path, kind: str) -> str | None:
+    """Why ``path`` cannot be a ``kind`` source because it is a folder where a file is expected or a
+    file where a folder is, naming the ``--from`` it would convert with when its layout tells; ``None``
+    when the shape fits (or the path does not exist).
+    """
+    path = Path(path)
+    if path.is_dir() and kind in _FILE_TAKES:
+        detected = _detect_path(path)
+        if detected in _FOLDERS:
+            return f"{path} is a folder; {_FOLDERS[detected]} converts with --from {detected}"
+        return f"{path} is a folder; --from {kind} takes {_FILE_TAKES[kind]}"
+    if path.is_file() and kind == "savedmodel":
+        detected = _detect_path(path)
+        hint = f"; a {path.suffix or 'file'} file like this converts with --from {detected}" if detected else ""
+        return f"{path} is a file; --from savedmodel takes a SavedModel folder (holding saved_model.pb){hint}"
+    return None
+
+
+#: Source kinds whose files hold code that loading them runs: kind -> (what such a source is, what of
+#: it runs and when). They are read only with ``trust``; without it :func:`refuse_code_without_trust`
+#: refuses them before anything loads them. No list of allowed or refused ops stands in for that: the
+#: code is the policy, and whatever it does runs.
+RUNS_CODE: dict[str, tuple[str, str]] = {
+    "torchscript": (
+        "a TorchScript file (torch.jit.save), and loading it runs code the file holds",
+        ("its __setstate__ methods run while torch.jit.load loads it and its forward when policyport traces and "
+         "checks it, and TorchScript code can create, read and write files"),
+    ),
+    "savedmodel": (
+        "a TensorFlow SavedModel, and loading it runs code the folder holds",
+        ("its resources' initializers run while tf.saved_model.load loads it and its serving signature when "
+         "policyport traces and checks it, and TensorFlow ops can read and write files"),
+    ),
+}
+
+
+def refuse_code_without_trust(path, kind: str, trust: bool) -> None:
+    """Refuse ``path``, a source of a kind in :data:`RUNS_CODE`, unless ``trust``.
+
+    Called by the converters of those kinds once the path is known to be of the kind (by its
+    layout, never by loading it) and before anything loads it.
+
+    Raises:
+        TrustRequiredError: ``trust`` is false (exit 2), naming what the source is, what of it would
+            run and ``--trust``.
+    """
+    if trust:
+        return
+    what, runs = RUNS_CODE[kind]
+    raise TrustRequiredError(f"{path} is {what}: {runs}. policyport refused it without loading it (nothing from it "
+                             "ran); if you trust it, pass --trust (trust=True)")

@@ -1,0 +1,210 @@
+"""What a conversion is given and gives back: :class:`ConvertOptions` (every option, as the command
+line spells it in messages) and :class:`Converted` (the ONNX model with what it assumes)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import (
+    ArgumentTypeError,
+    BadModelError,
+    InputMismatchError,
+    check_argument,
+)
+from .assumptions import Assumption, Oracle, reconstruction
+from .build import DEFAULT_OPSET
+
+
+#: The :class:`ConvertOptions` fields each source kind reads; any other field given a value is
+#: refused before conversion rather than ignored (an SB3 zip's head comes from its action space, a
+#: Keras model records its own activations ...). ``trust`` is a permission, not a setting, and is
+#: accepted everywhere.
+READS: dict[str, frozenset[str]] = {
+    "npz": frozenset({"activation", "head", "opset", "keep_value"}),
+    "torch": frozenset({"opset", "exporter", "input_shape", "output_names"}),
+    "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names"}),
+    "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "exporter",
+                             "output_names"}),  # the last two for a whole pickled module loaded with trust
+    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm"}),
+    "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape"}),
+    "keras": frozenset({"head", "opset"}),
+    "savedmodel": frozenset({"head", "opset"}),
+    "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
+}
+
+
+#: Options a source kind reads only for some of its files, and which files: a ``.pt`` of the state-dict
+#: kind holds either a state_dict (weights: policyport builds the graph) or, read with ``trust``, a
+#: whole pickled module (exported by torch.onnx); :mod:`.state_dict` refuses the other file's options.
+READS_ONLY_FOR = {
+    ("state-dict", "exporter"): "files holding a whole pickled module read with --trust",
+    ("state-dict", "output_names"): "files holding a whole pickled module read with --trust",
+}
+
+
+#: How the CLI spells each option, for messages.
+_FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
+          "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
+          "input_shape": "--input-shape", "output_names": "--output-names"}
+
+
+#: The model metadata key under which a converter records the options it was run with, so that
+#: ``verify --source`` can rebuild the same source forward pass.
+OPTIONS_KEY = "policyport.convert_options"
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What a user can tell a converter beyond the source itself.
+
+    Attributes:
+        activation: hidden-layer activation for sources whose files do not record it (an ``.npz``
+            or a ``state_dict``); ``None`` lets the converter use the source's default (RLlib's
+            ``tanh`` for an ``.npz``).
+        head: ``None`` (the source's own outputs: an SB3 zip's or an RLlib checkpoint's action, an
+            ``.npz``'s logits), ``"none"`` (``logits`` only, no action head) or a name from :data:`HEADS`.
+        opset: ONNX default-domain opset (default 17).
+        keep_value: also export the value function as output ``value``.
+        exporter: for live torch modules: ``"torchscript"`` (default) or ``"dynamo"``.
+        policy_id: which policy of a multi-policy checkpoint (default ``default_policy``).
+        obs_filter: bake the source's observation filter into the graph (default true).
+        obs_norm: an observation-normalisation file to bake in (SB3's ``vecnormalize.pkl``).
+        trust: allow loading files that run code they hold: a whole pickled module (unpickled), a
+            TorchScript file, a SavedModel, a Keras file with a ``Lambda`` stored as bytecode.
+        input_shape: the observation's shape without the batch axis, for torch modules whose first
+            layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
+        output_names: names for a torch module's outputs, in the order it returns them; ``None``:
+            ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
+    """
+
+    activation: str | None = None
+    head: str | None = None
+    opset: int = DEFAULT_OPSET
+    keep_value: bool = False
+    exporter: str = "torchscript"
+    policy_id: str | None = None
+    obs_filter: bool = True
+    obs_norm: str | None = None
+    trust: bool = False
+    input_shape: tuple[int, ...] | None = None
+    output_names: tuple[str, ...] | None = None
+
+    def to_metadata(self) -> str:
+        """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
+        recorded = dataclasses.asdict(self)
+        recorded.pop("trust")
+        return json.dumps(recorded, sort_keys=True)
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> ConvertOptions:
+        """Options recorded by :meth:`to_metadata`; unknown keys are ignored. ``trust`` is never read,
+        nor ``obs_norm``: a path a model records is never opened (the command line gives it again).
+
+        Raises:
+            BadModelError: the text is not a JSON object, or an option in it is not of its type (the
+                model file is damaged: not the user's options).
+        """
+        if not text:
+            return cls()
+        try:
+            recorded = json.loads(text)
+            if not isinstance(recorded, dict):
+                raise ValueError(f"expected an object, got {type(recorded).__name__}")
+        except (ValueError, RecursionError) as e:
+            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
+        known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
+        values = {k: v for k, v in recorded.items() if k in known}
+        for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples
+            value = values.get(key)
+            if value is not None and not (isinstance(value, list) and all(type(v) is kind for v in value)):
+                raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {key} must be a list of "
+                                    f"{kind.__name__} or null, not {value!r:.80}")
+            if value is not None:
+                values[key] = tuple(value)
+        options = cls(**values)
+        try:
+            _check_types(options)
+        except (ArgumentTypeError, InputMismatchError) as e:
+            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {str(e).removeprefix('convert(): ')}; "
+                                "the model file is damaged or was not written by policyport convert") from None
+        return options
+
+
+@dataclass
+class Converted:
+    """A converted policy.
+
+    Attributes:
+        model: the ``onnx.ModelProto``.
+        reference: ``reference(obs) -> {tensor name: array}``, the source's own forward pass on
+            ``obs`` (float array, shape ``(batch, *obs_shape)``; for a model of several graph
+            inputs, a mapping input name -> array), naming tensors as the graph does (every layer
+            the source computes that the graph also names).
+        kind: the source kind.
+        notes: what the converter did that a user should hear about (parts of the source it
+            dropped), one sentence each.
+        assumptions: what the model rests on that the source file does not record (an activation
+            a state_dict cannot tell, a head, the absence of a normaliser, a normaliser file found
+            beside the source), each an :class:`~policyport.converter.assumptions.Assumption`;
+            recorded in the model's metadata.
+        oracle: what ``reference`` is: the framework running the source's own code, or policyport's
+            reconstruction (an :class:`~policyport.converter.assumptions.Oracle`).
+    """
+
+    model: object
+    reference: Callable[[np.ndarray], dict[str, np.ndarray]]
+    kind: str
+    notes: list[str] = field(default_factory=list)
+    assumptions: list[Assumption] = field(default_factory=list)
+    oracle: Oracle = field(default_factory=lambda: reconstruction("the source's arrays"))
+
+
+def given_fields(options: ConvertOptions) -> list[str]:
+    """The :class:`ConvertOptions` fields given a value other than their default (``trust`` aside)."""
+    defaults = ConvertOptions()
+    return [f.name for f in dataclasses.fields(options)
+            if f.name != "trust" and getattr(options, f.name) != getattr(defaults, f.name)]
+
+
+def flag_list(names) -> str:
+    """Option fields as the command line spells them: ``"--exporter, --output-names"``."""
+    return ", ".join(_FLAGS.get(n, n) for n in names)
+
+
+def where_they_apply(names) -> str:
+    """The source kinds that read each option of ``names``, options read by the same kinds together:
+    ``"--exporter, --output-names apply to state-dict files holding a whole pickled module read with
+    --trust, torch, torchscript"``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        kinds = sorted(k for k, reads in READS.items() if name in reads)
+        text = ", ".join(f"{k} {READS_ONLY_FOR[k, name]}" if (k, name) in READS_ONLY_FOR else k for k in kinds)
+        groups.setdefault(text, []).append(name)
+    return "; ".join(f"{flag_list(group)} appl{'ies' if len(group) == 1 else 'y'} to {kinds}" for kinds, group in groups.items())
+
+
+#: The plain types each option takes (None aside, which every option but these booleans and opset takes).
+_OPTION_TYPES = {"activation": str, "head": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
+                 "keep_value": bool, "obs_filter": bool, "trust": bool}
+
+
+def _check_types(options: ConvertOptions) -> None:
+    """Refuse an option of the wrong type before any file is read.
+
+    Raises:
+        ArgumentTypeError: naming the option, the type it takes and what it got.
+    """
+    check_argument(options.opset, "opset", "int", 1)
+    for name, wanted in _OPTION_TYPES.items():
+        value = getattr(options, name)
+        if value is None and wanted is not bool:
+            continue
+        if not isinstance(value, wanted):
+            shown = " or ".join(t.__name__ for t in (wanted if isinstance(wanted, tuple) else (wanted,)))
+            raise ArgumentTypeError(f"convert(): {name} must be {shown}, not {type(value).__name__} {value!r:.80}")
