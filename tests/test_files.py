@@ -466,17 +466,17 @@ def test_a_zlib_npy_round_trips_in_its_stored_order_and_byte_order():
 
     for array in (np.arange(12, dtype=">i4").reshape(3, 4), np.asfortranarray(np.arange(6.0).reshape(2, 3)),
                   np.zeros((0, 3)), np.array(3.5), np.array(["ab", "c"]), np.ones(3, bool)):
-        got = files.read_npy_zlib(zlib.compress(_npy(array)), "x")
+        got = arrays.read_npy_zlib(zlib.compress(_npy(array)), "x")
         assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
         assert (got.flags.c_contiguous, got.flags.f_contiguous) == (array.flags.c_contiguous, array.flags.f_contiguous)
         with pytest.raises(UnreadableFileError, match=r"^x (is truncated or damaged|has a damaged \.npy header)"):
-            files.read_npy_zlib(zlib.compress(_npy(array)[:-1]), "x")
+            arrays.read_npy_zlib(zlib.compress(_npy(array)[:-1]), "x")
     with pytest.raises(UnreadableFileError, match=r"^x is not a zlib-compressed \.npy file"):
-        files.read_npy_zlib(b"not zlib", "x")
+        arrays.read_npy_zlib(b"not zlib", "x")
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(UnreadableFileError, match=r"^x is an object array"):
-        files.read_npy_zlib(zlib.compress(buf.getvalue()), "x")
+        arrays.read_npy_zlib(zlib.compress(buf.getvalue()), "x")
 
 
 def test_a_zlib_npy_is_refused_by_its_header_and_inflates_no_further_than_its_data():
@@ -486,9 +486,9 @@ def test_a_zlib_npy_is_refused_by_its_header_and_inflates_no_further_than_its_da
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**9,)})
     with pytest.raises(LimitExceededError, match=r"^x \(float64, shape \(1000000000,\)\) would take 7\.45 GiB"):
-        files.read_npy_zlib(zlib.compress(header.getvalue() + bytes(64)), "x")
+        arrays.read_npy_zlib(zlib.compress(header.getvalue() + bytes(64)), "x")
     with using_limits(array_bytes=31), pytest.raises(LimitExceededError, match=r"above the limit of 31 B"):
-        files.read_npy_zlib(zlib.compress(_npy(np.zeros(4))), "x")
+        arrays.read_npy_zlib(zlib.compress(_npy(np.zeros(4))), "x")
     # four float64 and then 1 GiB of zeros in the same stream (1 MB of it, fully flushed identical blocks)
     deflate = zlib.compressobj()
     chunk = 1 << 20
@@ -496,7 +496,7 @@ def test_a_zlib_npy_is_refused_by_its_header_and_inflates_no_further_than_its_da
     stream += (deflate.compress(bytes(chunk)) + deflate.flush(zlib.Z_FULL_FLUSH)) * 1024
     tracemalloc.start()
     try:
-        got = files.read_npy_zlib(stream, "x")
+        got = arrays.read_npy_zlib(stream, "x")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -509,13 +509,13 @@ def test_a_zip_member_is_refused_by_the_size_the_archive_declares_before_it_is_r
         zf.writestr("data", b"{}" + b" " * 3000)
         zf.writestr("small", b"ok")
     with zipfile.ZipFile(tmp_path / "a.zip") as zf:
-        assert files.read_zip_member(zf, "small", "a.zip") == b"ok"
+        assert arrays.read_zip_member(zf, "small", "a.zip") == b"ok"
         with using_limits(array_bytes=3000):
             with pytest.raises(LimitExceededError, match=r"^a\.zip: its member data would take 2\.93 KiB \(3,002 bytes\), "
                                                          r"above the limit of 2\.93 KiB for data read from a file"):
-                files.read_zip_member(zf, "data", "a.zip")
+                arrays.read_zip_member(zf, "data", "a.zip")
             with pytest.raises(LimitExceededError, match=r"^the members of a\.zip would take 2\.93 KiB \(3,004 bytes\)"):
-                files.check_zip_members(zf, "a.zip")
-        files.check_zip_members(zf, "a.zip")
+                arrays.check_zip_members(zf, "a.zip")
+        arrays.check_zip_members(zf, "a.zip")
         with pytest.raises(UnreadableFileError, match=r"^a\.zip lacks the member nothing$"):
-            files.read_zip_member(zf, "nothing", "a.zip")
+            arrays.read_zip_member(zf, "nothing", "a.zip")
