@@ -178,10 +178,10 @@ def _safe_mode_refusal(path: Path, error: ValueError) -> str:
     """What Keras' safe mode refused in ``path``, told from its message ("Requested the
     deserialization of a `TFSMLayer`" ...): a TFSMLayer, a Lambda layer's bytecode, or other Python
     code of the config."""
-    text = str(error)
-    if "`TFSMLayer`" in text:
+    text = str(error)  # Keras 3.14 quotes the class (`Lambda`); 3.15 does not
+    if re.search(r"\bTFSMLayer\b", text):
         what = "a TFSMLayer, which loads an external SavedModel and runs its graph when the model is loaded"
-    elif "`Lambda`" in text:
+    elif re.search(r"\bLambda\b", text):
         what = "a Lambda layer as Python bytecode, which runs when the model is loaded"
     else:
         what = f"Python code that runs when the model is loaded ({_first_line(error)})"
