@@ -850,7 +850,7 @@ def test_an_end_after_outputs_are_in_place_names_them_as_complete(raised, code, 
 
 def test_outputs_whose_placing_is_undone_are_not_named(tmp_path, capsys, monkeypatch):
     """A signal the moment both files are in place and noted: they are removed, and not named."""
-    from policyport import io as files
+    from policyport.io import outputs as files
 
     noted = files.note_placed
 

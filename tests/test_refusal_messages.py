@@ -90,7 +90,7 @@ def test_a_torch_pickle_asking_for_code_is_still_called_untrusted(tmp_path):
 def test_export_numpy_says_which_outputs_a_full_disk_stopped(tmp_path, metadrive_model, monkeypatch):
     import onnx
 
-    import policyport.io as files
+    import policyport.io.arrays as files
 
     onnx.save(metadrive_model, tmp_path / "m.onnx")
 

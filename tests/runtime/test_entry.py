@@ -221,7 +221,7 @@ def test_every_other_end_has_its_code(folder, obs, tmp_path, monkeypatch, capsys
 ])
 def test_an_end_after_the_outputs_are_in_place_names_them(folder, obs, tmp_path, monkeypatch, capsys, error, code,
                                                          message):
-    from policyport import io as files
+    from policyport.io import outputs as files
 
     real = files.write_outputs
 
