@@ -388,7 +388,7 @@ def test_trust_reaches_the_source(monkeypatch, tmp_path):
     given = []
     real = verification._source_reference
     monkeypatch.setattr(verification, "_source_reference",  # the source's Converted: its reference and oracle
-                        lambda model, source, trust=False: given.append(trust) or (
+                        lambda model, source, trust=False, obs_norm=None: given.append(trust) or (
                             converter.Converted(None, _mlp_forward, "npz"), []))
     pp.verify(_mlp(), OBS, source="anything", trust=True)
     pp.verify(_mlp(), OBS, source="anything")

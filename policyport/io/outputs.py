@@ -384,9 +384,11 @@ def hold_lock(fd: int) -> None:
     temporary file or folder does from creating it until it is renamed or removed: the lock lasts
     as long as a descriptor of that open file does, and the kernel drops it when the process dies
     (SIGKILL included), which is how :func:`remove_stale_temporaries` tells a dead writer's file
-    from a live one's. Nothing where the platform has no ``flock``."""
+    from a live one's. Nothing where the platform has no ``flock``, nor where the file system
+    refuses one (a remover's own attempt fails there too, so it removes nothing)."""
     if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:

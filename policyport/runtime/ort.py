@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -177,7 +178,7 @@ def check_tensor_sizes(model) -> None:
 
     helper = require("onnx", "onnx", "the onnxruntime backend").helper
     try:
-        inferred = infer_shapes(model)
+        inferred = infer_shapes(_shapes_of(model))
     except PolicyportError:
         return
     infos = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output]}
@@ -195,6 +196,35 @@ def check_tensor_sizes(model) -> None:
                 check_tensor_shape(dims, dtype if dtype.kind != "O" else np.dtype(np.intp))
             except PolicyportError as e:
                 raise type(e)(f'{node.op_type} node "{node.name}" on the onnxruntime backend: {e}') from None
+
+
+#: The most elements of an initializer whose values shape inference is given (shapes, axes, bounds);
+#: a larger one is given as a graph input of its type and shape alone.
+_VALUES_KEPT = 64
+
+
+def _shapes_of(model):
+    """``model`` as shape inference needs it, without copying its weights: initializers of more than
+    :data:`_VALUES_KEPT` elements become graph inputs of the same type and shape (data propagation
+    reads only small ones: shapes, axes, bounds)."""
+    helper = require("onnx", "onnx", "the onnxruntime backend").helper
+    light = type(model)()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph, source = light.graph, model.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    inputs = {v.name for v in source.input}
+    for t in source.initializer:
+        if math.prod(t.dims) <= _VALUES_KEPT:
+            graph.initializer.append(t)
+        elif t.name not in inputs:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
 
 
 def _left_to_feeds(model, names: tuple[str, ...]):
