@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import policyport as pp
-from policyport.files import MIB, using_limits
+from policyport.io.limits import MIB, using_limits
 from policyport.runtime.ort import _shapes_of, check_tensor_sizes
 
 pytest.importorskip("onnxruntime")
