@@ -17,7 +17,7 @@ import pytest
 import policyport as pp
 from policyport.handoff import pack as packing
 from policyport.io.outputs import STALE_AFTER, FolderBuild, remove_stale_temporaries, write_atomic
-from policyport.runtime import packed as reader
+from policyport.handoff import golden as reader
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descriptor-relative calls and flock")
 
@@ -60,7 +60,7 @@ def _write_and_wait(folder: Path) -> subprocess.Popen:
     return _writer(f"""
         import time
         from pathlib import Path
-        from policyport.io import write_atomic
+        from policyport.io.outputs import write_atomic
         def write(f):
             f.write(b"partial")
             Path({str(folder / "ready")!r}).touch()
@@ -126,7 +126,7 @@ def test_a_folder_a_killed_pack_left_is_removed_by_the_next_folder_built_beside_
     proc = _writer(f"""
         import time
         from pathlib import Path
-        from policyport.io import FolderBuild
+        from policyport.io.outputs import FolderBuild
         with FolderBuild(Path({str(tmp_path / "b")!r}), "packing") as build:
             build.write_bytes("sub/model.onnx", b"partial")
             Path({str(tmp_path / "ready")!r}).touch()
