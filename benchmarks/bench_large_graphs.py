@@ -23,8 +23,8 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 import policyport as pp
-from policyport.io import load_onnx
-from policyport.graph import from_onnx
+from policyport.graph.onnx_files import load_onnx
+from policyport.graph.model import from_onnx
 
 path = sys.argv[1]
 marks = [(time.perf_counter(), time.process_time())]
