@@ -232,8 +232,6 @@ def read_run_config(checkpoint: Path) -> RunConfig | None:
 
 
 def _activation(name: str, where: str):
-    from ..activations import parse_activation
-
     key = str(name).lower()
     if key not in ACTIVATIONS:
         raise BadModelError(f"{where} names the activation {name!r}, which rl_games does not build "
