@@ -59,3 +59,32 @@ def strict_numpy():
     """Turn numpy floating-point warnings into errors (overflow, invalid, divide)."""
     with np.errstate(all="raise"):
         yield
+
+
+def _numpy_error_state_now():
+    """numpy's floating-point error state: numpy 2's context variable value (compared by identity by
+    the runtime's ``quiet``) or numpy 1's settings."""
+    from policyport.runtime.numpy import floating
+
+    return floating._STATE, (floating._STATE.get() if floating._STATE is not None else np.geterr())
+
+
+#: numpy's floating-point error state before any test module is imported.
+_NUMPY_STATE_VAR, _NUMPY_STATE = _numpy_error_state_now()
+
+
+def _restore_numpy_error_state():
+    if _NUMPY_STATE_VAR is None:
+        np.seterr(**_NUMPY_STATE)
+    elif _NUMPY_STATE_VAR.get() is not _NUMPY_STATE:
+        _NUMPY_STATE_VAR.set(_NUMPY_STATE)
+
+
+@pytest.fixture(autouse=True)
+def _numpy_error_state():
+    """numpy's floating-point error state as the session began, for every test: an RL library
+    imported as an oracle (at collection or in a test) may change it for the whole process
+    (rl_games sets ``under='warn'``), which would leak into the runtime's warning tests."""
+    _restore_numpy_error_state()
+    yield
+    _restore_numpy_error_state()
