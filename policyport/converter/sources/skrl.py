@@ -565,10 +565,12 @@ def convert_skrl(source, options):
     scale, output_act = parse_output(config.output, where) if config and config.output else (1.0, None)
     gaussian = {**GAUSSIAN_DEFAULTS, **(config.gaussian if config else {})}
     if config is None:
+        clamp = "" if options.action_bounds is not None else " not clamped (clip_mean_actions off)"
         assumptions.append(Assumption(
-            "head", "mean_actions = the output layer as it is (output ACTIONS), log_std clamped to [-20, 2]",
-            "GaussianMixin's and the model instantiator's defaults; the checkpoint records neither, and no run "
-            "configuration (params/agent.yaml) lies beside it"))
+            "head", f"output ACTIONS: mean_actions = the output layer{clamp}, log_std clamped to [-20, 2]",
+            "GaussianMixin's and the model instantiator's defaults; the checkpoint records none of them, and no run "
+            "configuration (params/agent.yaml) lies beside it",
+            "" if options.action_bounds is not None else "--action-bounds LOW:HIGH clamps the mean as clip_mean_actions does"))
     plan_bounds = None
     if gaussian["clip_mean_actions"] and options.action_bounds is None:
         raise OptionError(f"{where} turns clip_mean_actions on: skrl clamps the mean action to the environment's action "
