@@ -172,6 +172,9 @@ def test_bad_files_are_refused_cleanly(tmp_path):
     torch.save(saved, tmp_path / "agent_1.pt")
     refused = invoke("convert", tmp_path / "agent_1.pt", "--from", "skrl", "--activation", "elu", "-o", tmp_path / "a.onnx")
     assert refused.exit_code == 3 and "log_std_parameter" in refused.output
+    other = invoke("convert", ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth", "--from", "skrl",
+                   "-o", tmp_path / "a.onnx")
+    assert other.exit_code == 3 and "neither an skrl agent file" in other.output
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     junk = invoke("convert", tmp_path / "junk.pt", "--from", "skrl", "-o", tmp_path / "a.onnx")
     assert junk.exit_code == 3
@@ -193,3 +196,60 @@ def test_skrls_own_agent_agrees_now(obs):
     want = make_fixtures.deterministic(agent, obs)["action"]
     out = pp.load(pp.convert(AGENT), "onnxruntime").run({"obs": obs})
     assert np.abs(out["action"] - want).max() <= 1e-5
+
+
+def test_the_output_expressions_skrl_writes_are_read_and_others_refused():
+    assert skrl.parse_output("ACTIONS", "cfg") == (1.0, None)
+    assert skrl.parse_output("tanh(ACTIONS)", "cfg") == (1.0, "tanh")
+    assert skrl.parse_output("2 * tanh(ACTIONS)", "cfg") == (2.0, "tanh")
+    assert skrl.parse_output("ACTIONS * 0.5", "cfg") == (0.5, None)
+    for expression in ("ACTIONS + 1", "softmax(ACTIONS)", "tanh(ACTIONS, 2)", "concatenate([ACTIONS])", "("):
+        with pytest.raises(pp.BadModelError):
+            skrl.parse_output(expression, "cfg")
+
+
+def test_a_state_preprocessor_without_an_observation_one_is_applied_and_said(tmp_path, obs):
+    """skrl 1.x named the policy's input preprocessor state_preprocessor."""
+    torch = pytest.importorskip("torch")
+    saved = torch.load(AGENT, weights_only=False)
+    saved["state_preprocessor"] = saved.pop("observation_preprocessor")
+    torch.save(saved, tmp_path / "agent_1000.pt")
+    converted = convert_source(tmp_path / "agent_1000.pt", activation="elu")
+    normalisation = [a for a in converted.assumptions if a.topic == "observation normalisation"]
+    assert normalisation and normalisation[0].assumes.startswith("state_preprocessor")
+    out = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(out["action"] - expected("isaaclab_elu")["action"]).max() <= 1e-5
+    assert "state_preprocessor.running_variance" in pp.extract_weights(converted.model)
+
+
+@pytest.mark.slow
+def test_the_configurations_output_and_preprocessor_kwargs_are_skrls(tmp_path, obs):
+    """A separate model whose output is 2 * tanh(ACTIONS) and whose preprocessor has another epsilon and
+    clip, made and run by skrl, read from its params/agent.yaml."""
+    pytest.importorskip("skrl")
+    import torch
+    import yaml
+
+    make_fixtures = fixture_script(SKRL / "make_fixtures.py", "skrl_make_fixtures")
+    cfg = make_fixtures.models_cfg("relu", separate=True)
+    cfg["policy"]["output"] = "2 * tanh(ACTIONS)"
+    kwargs = {"epsilon": 0.05, "clip_threshold": 2.0}
+    torch.manual_seed(3)
+    agent = make_fixtures.build_agent(make_fixtures.build_models(cfg))
+    scaler = agent._observation_preprocessor = type(agent._observation_preprocessor)(obs.shape[1], device="cpu", **kwargs)
+    agent.checkpoint_modules["observation_preprocessor"] = scaler
+    scaler(torch.from_numpy(obs[:500] * 0.01), train=True)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "params").mkdir()
+    agent.save(str(tmp_path / "run" / "checkpoints" / "agent_10.pt"))
+    agent_section = {"class": "PPO", "observation_preprocessor": "RunningStandardScaler",
+                     "observation_preprocessor_kwargs": kwargs}
+    (tmp_path / "run" / "params" / "agent.yaml").write_text(yaml.dump({"models": cfg, "agent": agent_section}))
+    want = make_fixtures.deterministic(agent, obs)["action"]
+    out = pp.load(pp.convert(tmp_path / "run" / "checkpoints" / "agent_10.pt")).run({"obs": obs})
+    assert np.abs(out["action"] - want).max() <= 1e-5
+    assert np.abs(want).max() > 1.0 and np.abs(want).max() <= 2.0  # the output expression's scale matters
+    del agent_section["observation_preprocessor_kwargs"]  # skrl's default epsilon and clip give another action
+    (tmp_path / "run" / "params" / "agent.yaml").write_text(yaml.dump({"models": cfg, "agent": agent_section}))
+    defaults = pp.load(pp.convert(tmp_path / "run" / "checkpoints" / "agent_10.pt")).run({"obs": obs})
+    assert np.abs(defaults["action"] - want).max() > 1e-3

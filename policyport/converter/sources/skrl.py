@@ -472,6 +472,10 @@ def read_source(path: Path, input_name: str, obs_filter: bool) -> tuple[Layout, 
         others = [k for k in loaded if k not in ("policy", module)]
         read = [f"{path.name}"]
     else:
+        if not any(_CONTAINER.fullmatch(str(k)) for k in loaded):
+            raise BadModelError(f"{what} holds {', '.join(map(str, list(loaded)[:8]))}: neither an skrl agent file (a "
+                                "'policy' entry beside 'value', 'optimizer' and the preprocessors) nor a separately stored "
+                                "policy (<name>_container.N.weight, log_std_parameter)")
         layout = read_policy(loaded, what)
         stem, beside = _separate_files(path)
         if module == "observation_preprocessor" and module not in beside and "state_preprocessor" in beside:
