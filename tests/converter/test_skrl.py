@@ -253,3 +253,15 @@ def test_the_configurations_output_and_preprocessor_kwargs_are_skrls(tmp_path, o
     (tmp_path / "run" / "params" / "agent.yaml").write_text(yaml.dump({"models": cfg, "agent": agent_section}))
     defaults = pp.load(pp.convert(tmp_path / "run" / "checkpoints" / "agent_10.pt")).run({"obs": obs})
     assert np.abs(defaults["action"] - want).max() > 1e-3
+
+
+def test_best_and_otherwise_named_policies(tmp_path, obs):
+    checkpoints = SEPARATE.parent
+    shutil.copy(SEPARATE, tmp_path / "best_policy.pt")
+    shutil.copy(checkpoints / "observation_preprocessor_500.pt", tmp_path / "best_observation_preprocessor.pt")
+    assert detect_kind(tmp_path / "best_policy.pt") == "skrl"
+    best = pp.load(pp.convert(tmp_path / "best_policy.pt", activation="tanh", action_bounds=(LOW, HIGH))).run({"obs": obs})
+    assert np.abs(best["action"] - expected("separate_tanh")["action"]).max() <= 1e-5
+    shutil.copy(SEPARATE, tmp_path / "actor.pt")
+    named = convert_source(tmp_path / "actor.pt", kind="skrl", activation="tanh")
+    assert [a.assumes for a in named.assumptions if a.topic == "observation normalisation"] == ["none"]

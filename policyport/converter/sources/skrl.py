@@ -438,7 +438,9 @@ def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, 
 def _separate_files(path: Path) -> tuple[str, dict[str, Path]]:
     """The tag of a separately stored ``policy_<tag>.pt`` and the other modules' files beside it."""
     m = SEPARATE_POLICY.fullmatch(path.name)
-    prefix, suffix = ("best_", "") if m and m["best"] else ("", m["tag"] or "" if m else "")
+    if m is None:  # named otherwise: no module files of its own tag to look for
+        return path.stem, {}
+    prefix, suffix = ("best_", "") if m["best"] else ("", m["tag"] or "")
     beside = {}
     for name in ("observation_preprocessor", "state_preprocessor", "value", "value_preprocessor", "optimizer"):
         candidate = path.with_name(f"{prefix}{name}{suffix}.pt")
@@ -481,7 +483,8 @@ def read_source(path: Path, input_name: str, obs_filter: bool) -> tuple[Layout, 
         if module == "observation_preprocessor" and module not in beside and "state_preprocessor" in beside:
             module = "state_preprocessor"
         preprocessor = read_checkpoint(beside[module], "skrl") if module in beside else None
-        where = f"no {stem.replace('policy', module, 1)}.pt beside {path.name}"
+        where = (f"no {stem.replace('policy', module, 1)}.pt beside {path.name}" if SEPARATE_POLICY.fullmatch(path.name)
+                 else f"{path.name} is a policy's state_dict alone, not named policy_<timestep>.pt as skrl stores one")
         others = [f"{k} ({p.name})" for k, p in beside.items() if k != module]
         read = [path.name] + ([beside[module].name] if module in beside else [])
     if preprocessor is not None and obs_filter:
