@@ -265,3 +265,18 @@ def test_best_and_otherwise_named_policies(tmp_path, obs):
     shutil.copy(SEPARATE, tmp_path / "actor.pt")
     named = convert_source(tmp_path / "actor.pt", kind="skrl", activation="tanh")
     assert [a.assumes for a in named.assumptions if a.topic == "observation normalisation"] == ["none"]
+
+
+def test_one_activation_per_layer_in_the_configuration(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(SKRL / "isaaclab_elu", run)
+    text = (run / "params" / "agent.yaml").read_text()
+    (run / "params" / "agent.yaml").write_text(text.replace("- activations: elu", "- activations: [elu, tanh]", 1))
+    read = convert_source(run / "checkpoints" / "agent_1000.pt")
+    assert read.assumptions[0].assumes == "elu,tanh at policy.net_container.1 and policy.net_container.3"
+    weights = pp.extract_weights(read.model)
+    assert "policy.net_container.2.weight" in weights
+    ops = {node.name: node.op_type for node in read.model.graph.node}
+    assert ops["policy.net_container.1/elu"] == "Elu" and ops["policy.net_container.3/tanh"] == "Tanh"
+    refused = invoke("convert", run / "checkpoints" / "agent_1000.pt", "--activation", "elu", "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 2 and "one per layer" in refused.output

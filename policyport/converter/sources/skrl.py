@@ -546,6 +546,9 @@ def convert_skrl(source, options):
             raise BadModelError(f"{where} names {len(names)} activations for the policy's {len(layout.layers)} layers")
         names = [_activation(n, where) for n in names]
         recorded = names[0] if len(set(names)) == 1 else ",".join(names)
+    if recorded is not None and "," in recorded and options.activation is not None and options.activation != recorded:
+        raise OptionError(f"--activation {options.activation} contradicts {where}, which names {recorded} (one per "
+                          "layer); leave --activation out to use the recorded ones")
     activation_name, notes = choose_activation(options.activation, recorded, where)
     if hidden and activation_name is None:
         activation_name = required_activation(None, f"{what} (an skrl checkpoint)", hidden,
