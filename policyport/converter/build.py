@@ -357,6 +357,36 @@ class MlpBuilder:
             return self.node("Mul", [p, half], out)
         raise BadModelError(f"activation {act.name!r} has no ONNX form")  # parse_activation prevents this
 
+    def scalar(self, value, name: str) -> str:
+        """An initializer named ``name`` holding ``value`` in the builder's dtype (a clip bound, an epsilon)."""
+        return self.initializer(np.asarray(value, self.dtype), name)
+
+    def finish(self, obs_dim: int, outputs: list[tuple[str, int, list]], head: str, metadata: dict[str, str]):
+        """The model of what was built: graph input ``obs`` (the builder's dtype, ``(batch, obs_dim)``),
+        ``outputs`` as ``(name, ONNX element type, shape)``, ``policyport.parameters`` and
+        ``policyport.head`` (``head``) beside ``metadata`` in its metadata_props.
+
+        Raises:
+            BadModelError: the model fails ``onnx.checker`` (a bug of the converter, the details kept).
+        """
+        import onnx
+
+        helper = self.helper
+        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        graph_input = helper.make_tensor_value_info("obs", elem, ["batch", obs_dim])
+        graph = helper.make_graph(self.nodes, "policy", [graph_input],
+                                  [helper.make_tensor_value_info(*output) for output in outputs], self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], producer_name="policyport",
+                                  producer_version=_version())
+        model.ir_version = min(model.ir_version, _max_ir_version(onnx, self.opset))
+        helper.set_model_props(model, {"policyport.parameters": json.dumps(self.parameters), "policyport.head": head,
+                                       **metadata})
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except onnx.checker.ValidationError as e:
+            raise BadModelError(f"the built model fails onnx.checker: {e}") from e
+        return model
+
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
               input_name: str = "obs", metadata: dict[str, str] | None = None,

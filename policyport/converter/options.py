@@ -37,6 +37,7 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
+    "skrl": frozenset({"activation", "opset", "action_bounds", "obs_filter"}),
 }
 
 
@@ -84,7 +85,7 @@ class ConvertOptions:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
         action_bounds: ``(low, high)``, the environment's action bounds (each one number for every
             action dimension, or one per dimension), for sources whose player maps the policy's
-            output to them (rl_games' ``clip_actions``, skrl's clipped actions); ``None``: the
+            output to them (rl_games' ``clip_actions``, skrl's ``clip_mean_actions``); ``None``: the
             action as the policy outputs it.
     """
 

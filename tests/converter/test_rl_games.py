@@ -3,18 +3,16 @@ and every expected action is what rl_games' own player returned after restoring 
 
 from __future__ import annotations
 
-import json
+import functools
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from library_checkpoints import NORMALISERS, convert_verify_pack, elu_policy_under, fixture_script, invoke
 
 import policyport as pp
-from policyport.cli import app
 from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import rl_games
@@ -39,12 +37,6 @@ def obs() -> np.ndarray:
 def expected(run: str) -> dict[str, np.ndarray]:
     with np.load(RLG / run / "expected.npz") as f:
         return {k: f[k] for k in f.files}
-
-
-def invoke(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output, result.output
-    return result
 
 
 def test_a_checkpoint_is_told_from_its_keys():
@@ -80,19 +72,6 @@ def test_a_discrete_policys_action_is_the_argmax(backend, obs):
     assert len(set(want.tolist())) > 1
 
 
-def _actions_under(layout, obs, eps_on_var=None, eps_on_std=None, clip=None):
-    """ant_elu's mu under a normaliser of some library's formula, in float64."""
-    mean, var = (layout.normalizer[r][1] for r in ("running_mean", "running_var"))
-    x = (obs - mean) / (np.sqrt(var + eps_on_var) if eps_on_var is not None else np.sqrt(var) + eps_on_std)
-    if clip is not None:
-        x = np.clip(x, -clip, clip)
-    for _, w, _, b in layout.layers:
-        x = x @ w.T.astype(np.float64) + b
-        x = np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
-    _, w, _, b = layout.head
-    return x @ w.T.astype(np.float64) + b
-
-
 def test_the_normaliser_is_rl_games_and_no_other_librarys(obs, monkeypatch):
     """rl_games adds 1e-5 to the variance and clips at 5; each other library's formula moves mu."""
     layout = rl_games.read_layout(read_checkpoint(checkpoint("ant_elu"), "rl_games"), "ant_elu")
@@ -100,11 +79,12 @@ def test_the_normaliser_is_rl_games_and_no_other_librarys(obs, monkeypatch):
     want = expected("ant_elu")["mu"]
     # the test observations reach past the clip, so a formula without it (or with another) differs
     assert np.abs(rl_games.normalize(layout, obs)).max() == 5.0
-    assert np.abs(_actions_under(layout, obs, eps_on_var=1e-5, clip=5) - want).max() <= 1e-5
-    others = {"rsl_rl": dict(eps_on_std=1e-2), "skrl": dict(eps_on_std=1e-8, clip=5),
-              "gymnasium": dict(eps_on_var=1e-8, clip=10), "no clip": dict(eps_on_var=1e-5)}
+    mean, var = (layout.normalizer[r][1] for r in ("running_mean", "running_var"))
+    under = functools.partial(elu_policy_under, obs, mean, var, layout.layers, layout.head)
+    assert np.abs(under(**NORMALISERS["rl_games"]) - want).max() <= 1e-5
+    others = {**{k: v for k, v in NORMALISERS.items() if k != "rl_games"}, "no clip": dict(eps_on_var=1e-5)}
     for name, formula in others.items():
-        assert np.abs(_actions_under(layout, obs, **formula) - want).max() > 1e-3, name
+        assert np.abs(under(**formula) - want).max() > 1e-3, name
     for attribute, value in (("NORMALIZER_CLIP", 10.0), ("NORMALIZER_EPS", 1e-2)):
         with monkeypatch.context() as patched:  # the converter itself with another constant gives another mu
             patched.setattr(rl_games, attribute, value)
@@ -179,29 +159,15 @@ def test_a_pickled_env_state_that_would_run_code_converts_without_running_it(tmp
 
 
 def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
-    source = checkpoint("ant_elu")
-    converted = invoke("convert", source, "--action-bounds", BOUNDS, "-o", tmp_path / "a.onnx", "--json")
-    assert converted.exit_code == 0, converted.output
-    topics = [a["topic"] for a in json.loads(converted.stdout)["assumptions"]]
+    topics = convert_verify_pack(tmp_path, checkpoint("ant_elu"), "--action-bounds", BOUNDS)
     assert topics == ["activation", "action bounds"]
-    verified = invoke("verify", tmp_path / "a.onnx", "--source", source, "--json")
-    assert verified.exit_code == 0 and json.loads(verified.stdout)["passed"] is True
-    packed = invoke("pack", tmp_path / "a.onnx", "-o", tmp_path / "pack")
-    assert packed.exit_code == 0, packed.output
-    run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "--verify"], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS" in run.stdout
 
 
 @pytest.mark.slow
 def test_rl_games_own_player_agrees_now(obs):
     """The fixtures' expected actions, recomputed by the installed rl_games from the saved file."""
     pytest.importorskip("rl_games")
-    sys.path.insert(0, str(RLG))
-    try:
-        import make_fixtures
-    finally:
-        sys.path.remove(str(RLG))
+    make_fixtures = fixture_script(RLG / "make_fixtures.py", "rl_games_make_fixtures")
     import torch
 
     played = make_fixtures.player(make_fixtures.RUNS["ant_elu"][0])

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError, OptionError
+from ..action_bounds import action_bounds, shown as _shown
 from ..assumptions import Assumption
 
 #: ``RunningMeanStd``'s epsilon (``rl_games/algos_torch/running_mean_std.py``, ``epsilon=1e-05``), added
@@ -239,29 +240,6 @@ def _activation(name: str, where: str):
     return ACTIVATIONS[key]
 
 
-# ---------------------------------------------------------------- the action mapping
-
-
-def action_bounds(bounds, actions: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(low, high)`` from ``--action-bounds``, each widened to ``actions`` entries, float32.
-
-    Raises:
-        OptionError: a side of another width than 1 or ``actions``, non-finite bounds, low not below high.
-    """
-    low, high = (np.asarray(side, np.float64).reshape(-1) for side in bounds)
-    out = []
-    for side, name in ((low, "low"), (high, "high")):
-        if side.size not in (1, actions):
-            raise OptionError(f"--action-bounds gives {side.size} {name} bounds; {what} has {actions} actions: give one "
-                              f"number for all of them or {actions}")
-        out.append(np.broadcast_to(side, (actions,)).astype(np.float32))
-    low, high = out
-    if not (np.isfinite(low).all() and np.isfinite(high).all()) or (low >= high).any():
-        raise OptionError(f"--action-bounds: every low must be finite and below its high (low {low.tolist()}, "
-                          f"high {high.tolist()})")
-    return low, high
-
-
 # ---------------------------------------------------------------- the graph
 
 
@@ -279,15 +257,11 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, Step, _max_ir_version, _version
+    from ..build import Dense, MlpBuilder, Step
 
-    helper, f32 = onnx.helper, np.float32
+    f32 = np.float32
     b = MlpBuilder(opset, np.dtype(f32))
-    FLOAT = onnx.TensorProto.FLOAT
-
-    def const(value, name):
-        return b.initializer(np.asarray(value, f32), name)
-
+    FLOAT, const = onnx.TensorProto.FLOAT, b.scalar
     x = "obs"
     if layout.normalizer:
         # RunningMeanStd.forward: (x - mean.float()) / sqrt(var.float() + eps), clamped to [-5, 5]; the
@@ -309,10 +283,10 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     hidden = x
     logits = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in"), x, "logits")
     n = layout.actions
-    outputs = [helper.make_tensor_value_info("logits", FLOAT, ["batch", n])]
+    outputs = [("logits", FLOAT, ["batch", n])]
     if not layout.continuous:
         b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
-        outputs.append(helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"]))
+        outputs.append(("action", onnx.TensorProto.INT64, ["batch"]))
     else:
         mu = logits if plan.mu_activation is None else b.activation(plan.mu_activation, logits, "mu")
         if plan.bounds is None:
@@ -322,7 +296,7 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
             clamped = b.node("Clip", [mu, const(-1.0, "action/clip_min"), const(1.0, "action/clip_max")], "action/clamped")
             scaled = b.node("Mul", [clamped, const((high - low) / f32(2.0), "action/half_range")], "action/scaled")
             b.node("Add", [scaled, const((high + low) / f32(2.0), "action/center")], "action")
-        outputs.append(helper.make_tensor_value_info("action", FLOAT, ["batch", n]))
+        outputs.append(("action", FLOAT, ["batch", n]))
         if layout.sigma is not None:
             name, array = layout.sigma
             sigma = b.node("Expand", [b.initializer(array, name, name), b.node("Shape", [logits], "sigma/batch_shape")],
@@ -336,17 +310,9 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         else:
             b.node("Identity", [sigma], "std")
             b.node("Log", ["std"], "log_std")
-        outputs += [helper.make_tensor_value_info("std", FLOAT, ["batch", n]),
-                    helper.make_tensor_value_info("log_std", FLOAT, ["batch", n])]
-    graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-                              producer_version=_version())
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
+        outputs += [("std", FLOAT, ["batch", n]), ("log_std", FLOAT, ["batch", n])]
     head = "categorical" if not layout.continuous else "clipped-diag-gaussian" if plan.bounds is not None else "diag-gaussian"
-    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), "policyport.head": head, **metadata})
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return b.finish(layout.obs_dim, outputs, head, metadata)
 
 
 def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:
@@ -507,8 +473,3 @@ def convert_rl_games(source, options):
     return Converted(model, lambda obs: reference_forward(layout, plan, obs), "rl-games", notes=notes,
                      assumptions=assumptions, oracle=reconstruction("the arrays of an rl_games checkpoint"))
 
-
-def _shown(values: np.ndarray) -> str:
-    """One number when every entry is the same, else the list: ``-1`` or ``[-1, -2]``."""
-    values = np.asarray(values)
-    return f"{values[0]:g}" if (values == values[0]).all() else "[" + ", ".join(f"{v:g}" for v in values) + "]"
