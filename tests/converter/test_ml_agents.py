@@ -90,10 +90,12 @@ def test_the_action_is_ml_agents_own(run, backend):
     finally:
         np.seterr(all="warn")
     if "deterministic_discrete_actions" in want:
-        assert out["action"].dtype == np.int64 and out["action"].shape == (1000, 2)
-        assert (out["action"] == want["deterministic_discrete_actions"]).all()
+        chosen = out["action" if run == "pushblock_discrete" else "discrete_action"]
+        assert chosen.dtype == np.int64 and chosen.shape == want["deterministic_discrete_actions"].shape
+        assert (chosen == want["deterministic_discrete_actions"]).all()
         assert np.abs(out["logits"] - want["logits"]).max() <= 1e-5
-        assert all(len(set(column)) > 1 for column in out["action"].T.tolist())
+        assert all(len(set(column)) > 1 for column in chosen.T.tolist())
+    if "deterministic_continuous_actions" not in want:
         return
     action = want["deterministic_continuous_actions"]
     assert out["action"].shape == action.shape
@@ -103,7 +105,7 @@ def test_the_action_is_ml_agents_own(run, backend):
     assert np.abs(out["log_std"] - np.log(want["std"])).max() <= 1e-5
     if run == "walker_ppo":  # clamp(mean, -3, 3) / 3: the clamp and the division both matter here
         assert np.abs(want["mean"]).max() > 3 and np.abs(out["action"] - want["mean"]).max() > 0.5
-    else:  # SAC's tanh_squash: the deterministic action is the mean, neither clamped nor squashed
+    elif run == "crawler_sac":  # SAC's tanh_squash: the deterministic action is the mean, neither clamped nor squashed
         assert (action == want["mean"]).all() and np.abs(np.tanh(action) - action).max() > 0.1
 
 
@@ -167,6 +169,9 @@ def test_the_head_comes_from_the_run_configuration_or_the_layout(tmp_path):
     shutil.copy(checkpoint("crawler_sac"), alone / "checkpoint.pt")
     told = convert_source(alone / "checkpoint.pt")
     assert "told from the layout" in told.assumptions[1].because and "tanh_squash on" in told.assumptions[1].assumes
+    hybrid = convert_source(checkpoint("hybrid_ppo"))
+    assert [a.topic for a in hybrid.assumptions] == ["activation", "head", "action masks"]
+    assert [o.name for o in hybrid.model.graph.output] == ["action", "mean", "std", "log_std", "discrete_action", "logits"]
     discrete = convert_source(checkpoint("pushblock_discrete"))
     assert [a.topic for a in discrete.assumptions] == ["activation", "action masks"]
     assert any("no configuration.yaml" in note for note in discrete.notes)
@@ -216,10 +221,11 @@ def test_a_pickled_payload_that_would_run_code_converts_without_running_it(tmp_p
     assert np.abs(out["action"] - want).max() <= 1e-5
 
 
-@pytest.mark.parametrize("run", ["walker_ppo", "pushblock_discrete"])
-def test_convert_verify_pack_and_the_packed_run_on_the_cli(run, tmp_path):
-    topics = convert_verify_pack(checkpoint(run), tmp_path)
-    assert topics == (["activation", "head"] if run == "walker_ppo" else ["activation", "action masks"])
+@pytest.mark.parametrize("run, topics", [("walker_ppo", ["activation", "head"]),
+                                         ("pushblock_discrete", ["activation", "action masks"]),
+                                         ("hybrid_ppo", ["activation", "head", "action masks"])])
+def test_convert_verify_pack_and_the_packed_run_on_the_cli(run, topics, tmp_path):
+    assert convert_verify_pack(checkpoint(run), tmp_path) == topics
 
 
 def test_several_vector_observations_are_normalised_each_by_its_own_normalizer(tmp_path):

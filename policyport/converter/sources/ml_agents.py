@@ -29,7 +29,8 @@ What the actor computes, as ML-Agents computes it:
   the Gaussian's mean, clamped to [-3, 3] and divided by 3 unless the actor was built with ``tanh_squash``
   (``clip_action = not tanh_squash``), in which case the mean as it is (``TanhGaussianDistInstance`` does not
   override ``deterministic_sample``); discrete, the argmax of each branch's softmax, with no action
-  masked (ML-Agents' ``action_masks`` input all ones).
+  masked (ML-Agents' ``action_masks`` input all ones); a hybrid action space has both (the discrete
+  actions then named ``discrete_action``).
 
 ``tanh_squash`` is not in the checkpoint: ML-Agents' trainers build PPO's and POCA's actor with
 ``conditional_sigma`` and ``tanh_squash`` off (``ppo/trainer.py``, ``poca/trainer.py``) and SAC's with both
@@ -175,9 +176,6 @@ def read_layout(ckpt: dict, what: str) -> Layout:
     if layout.mu is None and not layout.branches:
         raise BadModelError(f"{what}'s Policy has neither {CONTINUOUS}.mu (continuous actions) nor {DISCRETE} "
                             "(discrete actions)")
-    if layout.mu is not None and layout.branches:
-        raise BadModelError(f"{what}'s Policy has both continuous ({CONTINUOUS}) and discrete ({DISCRETE}) actions: "
-                            "policyport does not read hybrid action spaces")
     heads = [layout.mu, layout.log_sigma_layer, *layout.branches]
     for (wa, a, _, _), (wb, b, _, _) in zip(layout.layers, layout.layers[1:]):
         if a.shape[0] != b.shape[1]:
@@ -348,7 +346,8 @@ def _build(layout: Layout, tanh_squash: bool, opset: int, metadata: dict[str, st
                              "action/clamped")
             b.node("Div", [clamped, const(ACTION_CLIP, "action/clip")], "action")
         outputs += [helper.make_tensor_value_info(t, FLOAT, ["batch", n]) for t in ("action", "mean", "std", "log_std")]
-    else:
+    if layout.branches:
+        chosen = discrete_output(layout)
         logits, choices = [], []
         for i, (wname, w, bname, bias) in enumerate(layout.branches):
             scope = f"{DISCRETE}.{i}"
@@ -357,8 +356,8 @@ def _build(layout: Layout, tanh_squash: bool, opset: int, metadata: dict[str, st
             logits.append(branch)
             choices.append(b.node("ArgMax", [probs], f"{scope}/action", axis=1, keepdims=1))
         b.node("Concat", logits, "logits", axis=1)
-        b.node("Concat", choices, "action", axis=1)
-        outputs += [helper.make_tensor_value_info("action", INT64, ["batch", len(layout.branches)]),
+        b.node("Concat", choices, chosen, axis=1)
+        outputs += [helper.make_tensor_value_info(chosen, INT64, ["batch", len(layout.branches)]),
                     helper.make_tensor_value_info("logits", FLOAT, ["batch", sum(layout.branch_sizes)])]
     parameters: dict[str, object] = dict(b.parameters)
     for initializer, source in b.parameters.items():
@@ -372,7 +371,8 @@ def _build(layout: Layout, tanh_squash: bool, opset: int, metadata: dict[str, st
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
                               producer_version=_version())
     model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
-    head = "categorical" if layout.branches else "diag-gaussian" if tanh_squash else "clipped-diag-gaussian"
+    head = "diag-gaussian" if tanh_squash else "clipped-diag-gaussian"
+    head = head if not layout.branches else "categorical" if layout.mu is None else f"{head}+categorical"
     helper.set_model_props(model, {"policyport.parameters": json.dumps(parameters), "policyport.head": head,
                                    "policyport.parameter_order": json.dumps(layout.order), **metadata})
     onnx.checker.check_model(model, full_check=True)
@@ -419,6 +419,7 @@ def reference_forward(layout: Layout, tanh_squash: bool, obs: np.ndarray) -> dic
             log_std = np.clip(x @ sw.T + sb, f32(LOG_SIGMA_RANGE[0]), f32(LOG_SIGMA_RANGE[1]))
         out["log_std"], out["std"] = log_std, np.exp(log_std)
         out["action"] = mean if tanh_squash else np.clip(mean, f32(-ACTION_CLIP), f32(ACTION_CLIP)) / f32(ACTION_CLIP)
+    if not layout.branches:
         return out
     logits = [x @ w.T + bias for _, w, _, bias in layout.branches]
     out["logits"] = np.concatenate(logits, axis=1)
@@ -426,8 +427,14 @@ def reference_forward(layout: Layout, tanh_squash: bool, obs: np.ndarray) -> dic
     for branch in logits:  # CategoricalDistInstance.deterministic_sample: argmax of the softmax
         e = np.exp(branch - branch.max(axis=1, keepdims=True))
         choices.append(np.argmax(e / e.sum(axis=1, keepdims=True), axis=1))
-    out["action"] = np.stack(choices, axis=1).astype(np.int64)
+    out[discrete_output(layout)] = np.stack(choices, axis=1).astype(np.int64)
     return out
+
+
+def discrete_output(layout: Layout) -> str:
+    """The name of the discrete actions' output: ``action``, or ``discrete_action`` beside a continuous ``action``
+    in a hybrid action space."""
+    return "action" if layout.mu is None else "discrete_action"
 
 
 def convert_ml_agents(source, options):
@@ -444,7 +451,8 @@ def convert_ml_agents(source, options):
         ``deterministic_continuous_actions``), ``mean``, ``std`` and ``log_std``, each ``(batch, A)``;
         discrete outputs ``action`` (int64, ``(batch, branches)``, the export's
         ``deterministic_discrete_actions``) and ``logits`` (``(batch, sum of branch sizes)``, the branches'
-        logits side by side); initializers under ML-Agents' keys (``network_body._body_endoder.seq_layers.0.weight``,
+        logits side by side); a hybrid action space has both, its discrete actions named
+        ``discrete_action``; initializers under ML-Agents' keys (``network_body._body_endoder.seq_layers.0.weight``,
         ``network_body.observation_encoder.processors.0.normalizer.running_mean`` ...), the normaliser's
         second names and the export's constants recorded so that ``extract`` gives every array back; the
         reference is ML-Agents' forward rebuilt in numpy.
@@ -452,7 +460,7 @@ def convert_ml_agents(source, options):
     Raises:
         UnreadableFileError: not a torch zip holding a dict.
         BadModelError: an actor this reader does not read (LSTM, visual or attention encoders, a goal-
-            conditioned body, hybrid actions), or a configuration.yaml that contradicts the checkpoint.
+            conditioned body), or a configuration.yaml that contradicts the checkpoint.
     """
     from ...io.kinds import sha256_file
     from ..assumptions import Assumption, joined, reconstruction
@@ -493,7 +501,7 @@ def convert_ml_agents(source, options):
         else:
             assumes = f"tanh_squash off: action = clamp(mean, -{ACTION_CLIP:g}, {ACTION_CLIP:g}) / {ACTION_CLIP:g}"
         assumptions.append(Assumption("head", assumes, because))
-    else:
+    if layout.branches:
         assumptions.append(Assumption("action masks", "none: every action of every branch allowed",
                                       "ML-Agents' export takes action_masks from the environment at each step; "
                                       "the graph has no such input, which is the same as a mask of ones"))
