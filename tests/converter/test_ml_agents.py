@@ -250,3 +250,35 @@ def test_several_vector_observations_are_normalised_each_by_its_own_normalizer(t
         assert np.abs(out["action"] - want["deterministic_continuous_actions"].numpy()).max() <= 1e-5
     steps = json.loads(dict((p.key, p.value) for p in converted.model.metadata_props)["policyport.observation_filter"])
     assert steps["normalization_steps"] == [301, 501]
+
+
+@pytest.mark.parametrize("run", ["pushblock_discrete", "hybrid_ppo"])
+def test_action_masks_are_an_optional_input_as_in_ml_agents_export(run):
+    """Fed, the masks keep each branch off the actions they forbid, as ML-Agents' masked logits do; left out,
+    every action is allowed."""
+    obs = observations(run)
+    _, _, trainer_type, settings = make_fixtures.RUNS[run]
+    rng = np.random.default_rng(8)
+    masks = (rng.uniform(size=(1000, sum(settings["discrete_branches"]))) < 0.6).astype(np.float32)
+    start = 0
+    for size in settings["discrete_branches"]:  # at least one action allowed in every branch, as the environment must
+        masks[np.arange(1000), start + rng.integers(size, size=1000)] = 1.0
+        start += size
+    actor = make_fixtures.actor(trainer_type, settings)
+    actor.load_state_dict(torch.load(checkpoint(run), weights_only=False)["Policy"], strict=True)
+    with torch.no_grad():
+        want = actor([torch.from_numpy(obs)], masks=torch.from_numpy(masks))["deterministic_discrete_actions"].numpy()
+        free = actor([torch.from_numpy(obs)])["deterministic_discrete_actions"].numpy()
+    assert (want != free).any()
+    converted = convert_source(checkpoint(run))
+    name = "action" if run == "pushblock_discrete" else "discrete_action"
+    for backend in ("numpy", "onnxruntime"):
+        session = pp.load(converted.model, backend)
+        assert [v.name for v in session.optional_inputs] == ["action_masks"]
+        assert (session.run({"obs": obs, "action_masks": masks})[name] == want).all()
+        assert (session.run({"obs": obs})[name] == free).all()
+    assert (converted.reference({"obs": obs, "action_masks": masks})[name] == want).all()
+    start = 0
+    for i, size in enumerate(settings["discrete_branches"]):  # no forbidden action is ever chosen
+        assert masks[np.arange(1000), start + want[:, i]].all()
+        start += size

@@ -28,9 +28,10 @@ What the actor computes, as ML-Agents computes it:
 * the export's deterministic actions (``torch_entities/action_model.py``, ``get_action_out``): continuous,
   the Gaussian's mean, clamped to [-3, 3] and divided by 3 unless the actor was built with ``tanh_squash``
   (``clip_action = not tanh_squash``), in which case the mean as it is (``TanhGaussianDistInstance`` does not
-  override ``deterministic_sample``); discrete, the argmax of each branch's softmax, with no action
-  masked (ML-Agents' ``action_masks`` input all ones); a hybrid action space has both (the discrete
-  actions then named ``discrete_action``).
+  override ``deterministic_sample``); discrete, the argmax of each branch's softmax of its masked logits,
+  ``logits * mask - 1e8 * (1 - mask)``, the mask an optional input ``action_masks`` as in ML-Agents' export
+  (1 allowed; by default all ones); a hybrid action space has both (the discrete actions then named
+  ``discrete_action``).
 
 ``tanh_squash`` is not in the checkpoint: ML-Agents' trainers build PPO's and POCA's actor with
 ``conditional_sigma`` and ``tanh_squash`` off (``ppo/trainer.py``, ``poca/trainer.py``) and SAC's with both
@@ -59,6 +60,10 @@ NORMALIZER_CLIP = 5.0
 ACTION_CLIP = 3.0
 #: ``GaussianDistribution.forward`` clamps a state-dependent log sigma to [-20, 2].
 LOG_SIGMA_RANGE = (-20.0, 2.0)
+#: ``MultiCategoricalDistribution._mask_branch`` subtracts this from a masked action's logit.
+MASK_PENALTY = 1e8
+#: The discrete actions' mask input, as ML-Agents' export names it (``action_masks``: 1 allowed, 0 masked).
+MASKS = "action_masks"
 #: Where ``SimpleActor`` keeps its parts (``torch_entities/networks.py``).
 BODY = "network_body._body_endoder.seq_layers"
 ENCODER = "network_body.observation_encoder.processors"
@@ -346,13 +351,28 @@ def _build(layout: Layout, tanh_squash: bool, opset: int, metadata: dict[str, st
                              "action/clamped")
             b.node("Div", [clamped, const(ACTION_CLIP, "action/clip")], "action")
         outputs += [helper.make_tensor_value_info(t, FLOAT, ["batch", n]) for t in ("action", "mean", "std", "log_std")]
+    inputs = [helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])]
     if layout.branches:
         chosen = discrete_output(layout)
-        logits, choices = [], []
+        # the export's action_masks input (1: allowed), here optional: its default, a row of ones, allows every action
+        masks = b.initializer(np.ones((1, sum(layout.branch_sizes)), f32), MASKS)
+        # its own batch dimension: 1 for the default, the batch when fed (broadcast against the logits)
+        inputs.append(helper.make_tensor_value_info(masks, FLOAT, ["mask_batch", sum(layout.branch_sizes)]))
+        logits, choices, start = [], [], 0
         for i, (wname, w, bname, bias) in enumerate(layout.branches):
             scope = f"{DISCRETE}.{i}"
             branch = b.dense(Dense(scope, w, wname, bias, bname, "out_in"), x, f"{scope}/logits")
-            probs = b.node("Softmax", [branch], f"{scope}/probs", axis=-1)
+            allow = b.node("Slice", [masks, b.constant([start], f"{scope}/mask_start"),
+                                     b.constant([start + w.shape[0]], f"{scope}/mask_end"),
+                                     b.constant([1], f"{scope}/mask_axis")], f"{scope}/allow_mask")
+            start += w.shape[0]
+            # MultiCategoricalDistribution._mask_branch: logits * allow - 1e8 * (-1 * allow + 1)
+            block = b.node("Add", [b.node("Mul", [allow, const(-1.0, f"{scope}/minus_one")], f"{scope}/minus_allow"),
+                                   const(1.0, f"{scope}/one")], f"{scope}/block_mask")
+            masked = b.node("Sub", [b.node("Mul", [branch, allow], f"{scope}/allowed_logits"),
+                                    b.node("Mul", [block, const(MASK_PENALTY, f"{scope}/penalty")], f"{scope}/blocked")],
+                            f"{scope}/masked_logits")
+            probs = b.node("Softmax", [masked], f"{scope}/probs", axis=-1)
             logits.append(branch)
             choices.append(b.node("ArgMax", [probs], f"{scope}/action", axis=1, keepdims=1))
         b.node("Concat", logits, "logits", axis=1)
@@ -366,8 +386,7 @@ def _build(layout: Layout, tanh_squash: bool, opset: int, metadata: dict[str, st
     for name, array in layout.constants.items():  # outputs of ML-Agents' export, read by no computation
         parameters[name] = {"name": name, "value": {"shape": list(array.shape), "dtype": array.dtype.name,
                                                     "data": array.ravel().tolist()}}
-    graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
+    graph = helper.make_graph(b.nodes, "policy", inputs, outputs, b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
                               producer_version=_version())
     model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
@@ -392,14 +411,17 @@ def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def reference_forward(layout: Layout, tanh_squash: bool, obs: np.ndarray) -> dict[str, np.ndarray]:
+def reference_forward(layout: Layout, tanh_squash: bool, feeds) -> dict[str, np.ndarray]:
     """ML-Agents' actor and its export's deterministic actions in numpy float32, in ML-Agents' order of
-    operations; tensors named as the graph names them."""
+    operations; tensors named as the graph names them. ``feeds``: the observations (float32, ``(batch,
+    obs_dim)``), or a mapping of ``obs`` and, for discrete actions, ``action_masks`` (``(batch, sum of branch
+    sizes)``, 1 allowed; every action allowed without it)."""
     from ..activations import parse_activation
 
     f32 = np.float32
     out: dict[str, np.ndarray] = {}
-    x = np.asarray(obs, f32)
+    feeds = dict(feeds) if isinstance(feeds, dict) else {"obs": feeds}
+    x = np.asarray(feeds["obs"], f32)
     if layout.normalizers:
         x = normalize(layout, x)
         name = f"{ENCODER}.0.normalizer" if len(layout.normalizers) == 1 else "network_body.observation_encoder"
@@ -423,9 +445,13 @@ def reference_forward(layout: Layout, tanh_squash: bool, obs: np.ndarray) -> dic
         return out
     logits = [x @ w.T + bias for _, w, _, bias in layout.branches]
     out["logits"] = np.concatenate(logits, axis=1)
-    choices = []
-    for branch in logits:  # CategoricalDistInstance.deterministic_sample: argmax of the softmax
-        e = np.exp(branch - branch.max(axis=1, keepdims=True))
+    masks = np.asarray(feeds.get(MASKS, np.ones((1, out["logits"].shape[1]))), f32)
+    choices, start = [], 0
+    for branch in logits:
+        allow = masks[:, start:start + branch.shape[1]]
+        start += branch.shape[1]
+        masked = branch * allow - f32(MASK_PENALTY) * (f32(-1) * allow + f32(1))
+        e = np.exp(masked - masked.max(axis=1, keepdims=True))  # CategoricalDistInstance: argmax of the softmax
         choices.append(np.argmax(e / e.sum(axis=1, keepdims=True), axis=1))
     out[discrete_output(layout)] = np.stack(choices, axis=1).astype(np.int64)
     return out
@@ -447,7 +473,8 @@ def convert_ml_agents(source, options):
     Returns:
         A :class:`~policyport.converter.Converted`: input ``obs`` (float32, ``(batch, obs_dim)``, the raw
         vector observations concatenated in the behaviour's sensor order, as ML-Agents' ``obs_0``,
-        ``obs_1`` ... inputs side by side); continuous outputs ``action`` (the export's
+        ``obs_1`` ... inputs side by side), for discrete actions also the optional input ``action_masks``
+        (float32, ``(batch, sum of branch sizes)``, 1 allowed, 0 masked; default one row of ones); continuous outputs ``action`` (the export's
         ``deterministic_continuous_actions``), ``mean``, ``std`` and ``log_std``, each ``(batch, A)``;
         discrete outputs ``action`` (int64, ``(batch, branches)``, the export's
         ``deterministic_discrete_actions``) and ``logits`` (``(batch, sum of branch sizes)``, the branches'
@@ -502,9 +529,10 @@ def convert_ml_agents(source, options):
             assumes = f"tanh_squash off: action = clamp(mean, -{ACTION_CLIP:g}, {ACTION_CLIP:g}) / {ACTION_CLIP:g}"
         assumptions.append(Assumption("head", assumes, because))
     if layout.branches:
-        assumptions.append(Assumption("action masks", "none: every action of every branch allowed",
-                                      "ML-Agents' export takes action_masks from the environment at each step; "
-                                      "the graph has no such input, which is the same as a mask of ones"))
+        assumptions.append(Assumption("action masks", "every action of every branch allowed unless action_masks "
+                                      "is fed", "ML-Agents' export takes action_masks from the environment at each "
+                                      "step; the graph's action_masks input is optional, its default a mask of ones",
+                                      "feed action_masks (1 allowed, 0 masked)"))
     if not layout.normalizers:
         notes.append(f"{what} holds no normaliser (network_settings.normalize was off): the policy reads the "
                      "observations as the environment gives them")
