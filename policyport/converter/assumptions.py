@@ -30,7 +30,7 @@ class Assumption:
 
     Attributes:
         topic: what it is about: ``"activation"``, ``"head"``, ``"observation normalisation"``,
-            ``"action bounds"``, ``"action space"`` or ``"layout"``.
+            ``"action bounds"``, ``"action space"``, ``"action masks"`` or ``"layout"``.
         assumes: what the model takes as fact, short enough for a verdict line
             (``"tanh at 1 and 3"``).
         because: where it comes from (``"given by --activation; a state_dict records no

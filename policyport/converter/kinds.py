@@ -26,6 +26,7 @@ SOURCES: dict[str, str] = {
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
     "rl-games": "policyport.converter.sources.rl_games:convert_rl_games",
     "skrl": "policyport.converter.sources.skrl:convert_skrl",
+    "ml-agents": "policyport.converter.sources.ml_agents:convert_ml_agents",
 }
 
 
@@ -38,7 +39,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -124,6 +125,7 @@ def _detect_path(path: Path) -> str | None:
 
 def _library_checkpoint(path: Path) -> str | None:
     """The kind of an RL library's checkpoint told from the keys its pickle names (never unpickled)."""
+    from .sources.ml_agents import is_ml_agents_checkpoint
     from .sources.rl_games import is_rl_games_checkpoint
     from .sources.skrl import is_skrl_checkpoint
 
@@ -131,6 +133,8 @@ def _library_checkpoint(path: Path) -> str | None:
         return "rl-games"
     if is_skrl_checkpoint(path):
         return "skrl"
+    if is_ml_agents_checkpoint(path):
+        return "ml-agents"
     return None
 
 
@@ -139,7 +143,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
                "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file",
                "rl-games": "an rl_games .pth checkpoint",
-               "skrl": "an skrl agent_<timestep>.pt or policy_<timestep>.pt checkpoint"}
+               "skrl": "an skrl agent_<timestep>.pt or policy_<timestep>.pt checkpoint",
+               "ml-agents": "an ML-Agents .pt checkpoint"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -38,6 +38,7 @@ READS: dict[str, frozenset[str]] = {
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
     "skrl": frozenset({"activation", "opset", "action_bounds", "obs_filter"}),
+    "ml-agents": frozenset({"opset"}),
 }
 
 

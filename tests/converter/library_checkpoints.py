@@ -67,3 +67,15 @@ def elu_policy_under(obs, mean, var, layers, head, *, eps_on_var=None, eps_on_st
         x = np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
     _, w, _, b = head
     return x @ w.T.astype(np.float64) + b
+
+
+def code_running_payload(marker: Path) -> dict:
+    """Entries for a checkpoint that, unpickled by ``torch.load(weights_only=False)``, would create ``marker``
+    (a ``__reduce__`` naming ``subprocess.call``), beside a plain ``collections.Counter``."""
+    import collections
+
+    class Payload:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(marker)],))
+
+    return {"hook": Payload(), "counter": collections.Counter(a=1)}

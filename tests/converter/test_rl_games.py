@@ -6,16 +6,18 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from library_checkpoints import NORMALISERS, convert_verify_pack, elu_policy_under, fixture_script, invoke
 
 import policyport as pp
 from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import rl_games
+from library_checkpoints import (NORMALISERS, code_running_payload, convert_verify_pack, elu_policy_under,
+                                 fixture_script, invoke)
 
 ROOT = Path(__file__).resolve().parents[2]
 RLG = ROOT / "fixtures" / "rl_games"
@@ -143,12 +145,8 @@ def test_a_pickled_env_state_that_would_run_code_converts_without_running_it(tmp
     torch = pytest.importorskip("torch")
     marker = tmp_path / "ran"
 
-    class Payload:
-        def __reduce__(self):
-            return (subprocess.call, (["touch", str(marker)],))
-
     saved = torch.load(checkpoint("ant_elu"), weights_only=False)
-    saved["env_state"] = {"sim": Payload(), "counter": __import__("collections").Counter(a=1)}
+    saved["env_state"] = code_running_payload(marker)
     (tmp_path / "run" / "nn").mkdir(parents=True)
     shutil.copytree(RLG / "ant_elu" / "params", tmp_path / "run" / "params")
     torch.save(saved, tmp_path / "run" / "nn" / "ant.pth")

@@ -22,8 +22,12 @@ import _compat_pickle
 import io
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...errors import BadModelError, UnreadableFileError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Largest pickle (``data.pkl``) :func:`pickled_strings` reads: a checkpoint's pickle holds names and
 #: small values, the tensors' bytes lie beside it in the archive.
@@ -98,6 +102,22 @@ def state_dict(value, what: str) -> dict:
     if not isinstance(value, dict) or not all(isinstance(v, np.ndarray) for v in value.values()):
         raise BadModelError(f"{what} is not a state_dict of tensors")
     return value
+
+
+def linear_layer(sd: dict, prefix: str, what: str) -> tuple[str, np.ndarray, str, np.ndarray]:
+    """``(weight name, weight (out, in), bias name, bias (out,))`` of the torch ``Linear`` saved under
+    ``prefix`` in the state_dict ``sd``.
+
+    Raises:
+        BadModelError: ``prefix.weight`` or ``prefix.bias`` is missing, or their shapes are not a Linear
+            layer's (a 2-d weight and a bias of its output width), naming ``what``.
+    """
+    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
+    if w is None or b is None:
+        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
+    if w.ndim != 2 or b.shape != (w.shape[0],):
+        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
+    return f"{prefix}.weight", w, f"{prefix}.bias", b
 
 
 def read_yaml(path: Path):

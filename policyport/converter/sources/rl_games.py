@@ -100,15 +100,6 @@ def is_rl_games_checkpoint(path: Path) -> bool:
     return any(marker <= strings for marker in MARKERS) and any(k in strings for k in MODEL_KEYS)
 
 
-def _linear(sd: dict, prefix: str, what: str):
-    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
-    if w is None or b is None:
-        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
-    if w.ndim != 2 or b.shape != (w.shape[0],):
-        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
-    return f"{prefix}.weight", w, f"{prefix}.bias", b
-
-
 def read_layout(ckpt: dict, what: str) -> Layout:
     """Place the actor's arrays of an rl_games checkpoint's ``model``.
 
@@ -116,7 +107,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         BadModelError: no ``model`` state_dict; no ``mu`` or ``logits`` head; a CNN or RNN network
             (only the MLP actor is read); layers that do not chain; statistics of another width.
     """
-    from ..readers.checkpoints import state_dict
+    from ..readers.checkpoints import linear_layer, state_dict
 
     if "model" not in ckpt:
         raise BadModelError(f"{what} holds {', '.join(map(str, ckpt))}: no 'model', the state_dict rl_games saves")
@@ -133,7 +124,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         m = re.fullmatch(r"a2c_network\.actor_mlp\.(\d+)\.(weight|bias)", name)
         if m:
             numbered.setdefault(int(m[1]), set()).add(m[2])
-    layers = [_linear(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
+    layers = [linear_layer(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
     if any(i % 2 for i in numbered):
         raise BadModelError(f"{what}: actor_mlp holds parameters at odd indices ({sorted(numbered)}), where rl_games "
                             "puts the activations: a normalisation layer (layer_norm, batch_norm) is not read")
@@ -141,7 +132,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
     if not continuous and "a2c_network.logits.weight" not in sd:
         raise BadModelError(f"{what}'s model has neither a2c_network.mu (continuous actions) nor a2c_network.logits "
                             "(discrete); a multi-discrete or central-value network is not read")
-    head = _linear(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
+    head = linear_layer(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
     chain = [*layers, head]
     for (wa, a, _, _), (wb, b, _, _) in zip(chain, chain[1:]):
         if a.shape[0] != b.shape[1]:
@@ -154,7 +145,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
                 raise BadModelError(f"{what}: a2c_network.sigma has shape {sigma.shape}, mu outputs {layout.actions}")
             layout.sigma = ("a2c_network.sigma", sigma)
         elif "a2c_network.sigma.weight" in sd:
-            layout.sigma_layer = _linear(sd, "a2c_network.sigma", what)
+            layout.sigma_layer = linear_layer(sd, "a2c_network.sigma", what)
         else:
             raise BadModelError(f"{what}'s model has a2c_network.mu but no a2c_network.sigma")
     for role in ("running_mean", "running_var", "count"):
