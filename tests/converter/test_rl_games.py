@@ -3,7 +3,6 @@ and every expected action is what rl_games' own player returned after restoring 
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 import policyport as pp
-from policyport.cli import app
 from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import rl_games
+
+from library_checkpoints import arrays, convert_verify_and_pack, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 RLG = ROOT / "fixtures" / "rl_games"
@@ -37,14 +36,7 @@ def obs() -> np.ndarray:
 
 
 def expected(run: str) -> dict[str, np.ndarray]:
-    with np.load(RLG / run / "expected.npz") as f:
-        return {k: f[k] for k in f.files}
-
-
-def invoke(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output, result.output
-    return result
+    return arrays(RLG / run / "expected.npz")
 
 
 def test_a_checkpoint_is_told_from_its_keys():
@@ -179,18 +171,8 @@ def test_a_pickled_env_state_that_would_run_code_converts_without_running_it(tmp
 
 
 def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
-    source = checkpoint("ant_elu")
-    converted = invoke("convert", source, "--action-bounds", BOUNDS, "-o", tmp_path / "a.onnx", "--json")
-    assert converted.exit_code == 0, converted.output
-    topics = [a["topic"] for a in json.loads(converted.stdout)["assumptions"]]
+    topics = convert_verify_and_pack(checkpoint("ant_elu"), tmp_path, "--action-bounds", BOUNDS)
     assert topics == ["activation", "action bounds"]
-    verified = invoke("verify", tmp_path / "a.onnx", "--source", source, "--json")
-    assert verified.exit_code == 0 and json.loads(verified.stdout)["passed"] is True
-    packed = invoke("pack", tmp_path / "a.onnx", "-o", tmp_path / "pack")
-    assert packed.exit_code == 0, packed.output
-    run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "--verify"], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS" in run.stdout
 
 
 @pytest.mark.slow

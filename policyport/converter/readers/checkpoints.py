@@ -57,6 +57,14 @@ def pickled_strings(path: Path) -> set[str]:
     return found
 
 
+def pickled_class_names(path: Path) -> set[str]:
+    """Every global (``"module.Name"``) the pickle of the torch zip ``path`` names, read from its
+    opcodes without importing or calling any of them; empty for a file that is not a torch zip."""
+    from .unpickle import pickled_globals
+
+    return set(pickled_globals(_pickle_bytes(path)))
+
+
 def read_checkpoint(path: Path, library: str) -> dict:
     """The top-level dict a library's ``torch.save`` wrote, tensors as numpy arrays, every other
     object an inert record (see the module docstring).
@@ -98,6 +106,21 @@ def state_dict(value, what: str) -> dict:
     if not isinstance(value, dict) or not all(isinstance(v, np.ndarray) for v in value.values()):
         raise BadModelError(f"{what} is not a state_dict of tensors")
     return value
+
+
+def linear_layer(sd: dict, prefix: str, what: str):
+    """``(weight name, weight (out, in), bias name, bias (out,))`` of the torch ``Linear`` at ``prefix``
+    of a state_dict.
+
+    Raises:
+        BadModelError: no ``<prefix>.weight`` or ``<prefix>.bias``, or arrays of shapes no ``Linear`` has.
+    """
+    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
+    if w is None or b is None:
+        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
+    if w.ndim != 2 or b.shape != (w.shape[0],):
+        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
+    return f"{prefix}.weight", w, f"{prefix}.bias", b
 
 
 def read_yaml(path: Path):

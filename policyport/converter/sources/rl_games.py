@@ -38,13 +38,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import BadModelError, OptionError
 from ..assumptions import Assumption
+from .actor import ActorLayout, action_bounds, actor_reference, add_actor, next_module, shown as _shown
 
 #: ``RunningMeanStd``'s epsilon (``rl_games/algos_torch/running_mean_std.py``, ``epsilon=1e-05``), added
 #: to the variance before the square root.
@@ -59,35 +60,11 @@ MARKERS = ({"model", "epoch", "frame"},)
 MODEL_KEYS = ("a2c_network.mu.weight", "a2c_network.logits.weight")
 
 
-@dataclass
-class Layout:
-    """An rl_games actor, as the checkpoint holds it (names are rl_games' keys).
-
-    Attributes:
-        layers: ``(weight name, weight (out, in), bias name, bias (out,))`` of ``actor_mlp``, in order.
-        head: ``(weight name, weight, bias name, bias)`` of ``mu`` (continuous) or ``logits`` (discrete).
-        continuous: whether the head is ``mu`` (else ``logits``).
-        sigma: ``(name, array (A,))`` of a ``fixed_sigma`` vector, or ``None``.
-        sigma_layer: the names of a state-dependent sigma ``Linear``, or ``None``.
-        normalizer: role (``running_mean``, ``running_var``, ``count``) -> (name, float64 array).
-        left_out: keys of the policy's model that the graph does not compute (the value function).
-    """
-
-    layers: list[tuple[str, np.ndarray, str, np.ndarray]]
-    head: tuple[str, np.ndarray, str, np.ndarray]
-    continuous: bool
-    sigma: tuple[str, np.ndarray] | None = None
-    sigma_layer: tuple[str, np.ndarray, str, np.ndarray] | None = None
-    normalizer: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
-    left_out: list[str] = field(default_factory=list)
-
-    @property
-    def obs_dim(self) -> int:
-        return int((self.layers[0][1] if self.layers else self.head[1]).shape[1])
-
-    @property
-    def actions(self) -> int:
-        return int(self.head[1].shape[0])
+class Layout(ActorLayout):
+    """An rl_games actor (:class:`~.actor.ActorLayout`): ``layers`` are ``a2c_network.actor_mlp``'s,
+    ``head`` is ``mu`` or ``logits``, ``sigma`` a ``fixed_sigma`` vector (A,), ``sigma_layer`` a
+    state-dependent sigma ``Linear``, ``normalizer`` ``running_mean``, ``running_var``, ``count``
+    (float64), ``left_out`` the value function."""
 
 
 def is_rl_games_checkpoint(path: Path) -> bool:
@@ -99,15 +76,6 @@ def is_rl_games_checkpoint(path: Path) -> bool:
     return any(marker <= strings for marker in MARKERS) and any(k in strings for k in MODEL_KEYS)
 
 
-def _linear(sd: dict, prefix: str, what: str):
-    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
-    if w is None or b is None:
-        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
-    if w.ndim != 2 or b.shape != (w.shape[0],):
-        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
-    return f"{prefix}.weight", w, f"{prefix}.bias", b
-
-
 def read_layout(ckpt: dict, what: str) -> Layout:
     """Place the actor's arrays of an rl_games checkpoint's ``model``.
 
@@ -115,7 +83,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         BadModelError: no ``model`` state_dict; no ``mu`` or ``logits`` head; a CNN or RNN network
             (only the MLP actor is read); layers that do not chain; statistics of another width.
     """
-    from ..readers.checkpoints import state_dict
+    from ..readers.checkpoints import linear_layer, state_dict
 
     if "model" not in ckpt:
         raise BadModelError(f"{what} holds {', '.join(map(str, ckpt))}: no 'model', the state_dict rl_games saves")
@@ -132,7 +100,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         m = re.fullmatch(r"a2c_network\.actor_mlp\.(\d+)\.(weight|bias)", name)
         if m:
             numbered.setdefault(int(m[1]), set()).add(m[2])
-    layers = [_linear(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
+    layers = [linear_layer(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
     if any(i % 2 for i in numbered):
         raise BadModelError(f"{what}: actor_mlp holds parameters at odd indices ({sorted(numbered)}), where rl_games "
                             "puts the activations: a normalisation layer (layer_norm, batch_norm) is not read")
@@ -140,7 +108,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
     if not continuous and "a2c_network.logits.weight" not in sd:
         raise BadModelError(f"{what}'s model has neither a2c_network.mu (continuous actions) nor a2c_network.logits "
                             "(discrete); a multi-discrete or central-value network is not read")
-    head = _linear(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
+    head = linear_layer(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
     chain = [*layers, head]
     for (wa, a, _, _), (wb, b, _, _) in zip(chain, chain[1:]):
         if a.shape[0] != b.shape[1]:
@@ -153,7 +121,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
                 raise BadModelError(f"{what}: a2c_network.sigma has shape {sigma.shape}, mu outputs {layout.actions}")
             layout.sigma = ("a2c_network.sigma", sigma)
         elif "a2c_network.sigma.weight" in sd:
-            layout.sigma_layer = _linear(sd, "a2c_network.sigma", what)
+            layout.sigma_layer = linear_layer(sd, "a2c_network.sigma", what)
         else:
             raise BadModelError(f"{what}'s model has a2c_network.mu but no a2c_network.sigma")
     for role in ("running_mean", "running_var", "count"):
@@ -239,29 +207,6 @@ def _activation(name: str, where: str):
     return ACTIVATIONS[key]
 
 
-# ---------------------------------------------------------------- the action mapping
-
-
-def action_bounds(bounds, actions: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(low, high)`` from ``--action-bounds``, each widened to ``actions`` entries, float32.
-
-    Raises:
-        OptionError: a side of another width than 1 or ``actions``, non-finite bounds, low not below high.
-    """
-    low, high = (np.asarray(side, np.float64).reshape(-1) for side in bounds)
-    out = []
-    for side, name in ((low, "low"), (high, "high")):
-        if side.size not in (1, actions):
-            raise OptionError(f"--action-bounds gives {side.size} {name} bounds; {what} has {actions} actions: give one "
-                              f"number for all of them or {actions}")
-        out.append(np.broadcast_to(side, (actions,)).astype(np.float32))
-    low, high = out
-    if not (np.isfinite(low).all() and np.isfinite(high).all()) or (low >= high).any():
-        raise OptionError(f"--action-bounds: every low must be finite and below its high (low {low.tolist()}, "
-                          f"high {high.tolist()})")
-    return low, high
-
-
 # ---------------------------------------------------------------- the graph
 
 
@@ -279,7 +224,7 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, Step, _max_ir_version, _version
+    from ..build import Dense, MlpBuilder, policy_model
 
     helper, f32 = onnx.helper, np.float32
     b = MlpBuilder(opset, np.dtype(f32))
@@ -300,20 +245,9 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         scaled = b.node("Div", [b.node("Sub", [x, mean], "running_mean_std/centered"), std], "running_mean_std/scaled")
         x = b.node("Clip", [scaled, const(-NORMALIZER_CLIP, "running_mean_std/clip_min"),
                             const(NORMALIZER_CLIP, "running_mean_std/clip_max")], "running_mean_std")
-    for wname, w, bname, bias in layout.layers:
-        scope = wname.rsplit(".", 1)[0]
-        index = int(scope.rsplit(".", 1)[1])
-        post = [] if plan.activation is None else [Step("activation", f"a2c_network.actor_mlp.{index + 1}", plan.activation)]
-        x = b.dense(Dense(scope, w, wname, bias, bname, "out_in", None, post), x)
-    wname, w, bname, bias = layout.head
-    hidden = x
-    logits = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in"), x, "logits")
+    hidden, logits, outputs = add_actor(b, layout, x, plan.activation, next_module)
     n = layout.actions
-    outputs = [helper.make_tensor_value_info("logits", FLOAT, ["batch", n])]
-    if not layout.continuous:
-        b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
-        outputs.append(helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"]))
-    else:
+    if layout.continuous:
         mu = logits if plan.mu_activation is None else b.activation(plan.mu_activation, logits, "mu")
         if plan.bounds is None:
             b.node("Identity", [mu], "action")
@@ -339,14 +273,8 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         outputs += [helper.make_tensor_value_info("std", FLOAT, ["batch", n]),
                     helper.make_tensor_value_info("log_std", FLOAT, ["batch", n])]
     graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-                              producer_version=_version())
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     head = "categorical" if not layout.continuous else "clipped-diag-gaussian" if plan.bounds is not None else "diag-gaussian"
-    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), "policyport.head": head, **metadata})
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return policy_model(b, [graph_input], outputs, {"policyport.head": head, **metadata})
 
 
 def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:
@@ -366,17 +294,8 @@ def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, 
     x = np.asarray(obs, f32)
     if layout.normalizer:
         x = out["running_mean_std"] = normalize(layout, x)
-    for wname, w, _, bias in layout.layers:
-        scope = wname.rsplit(".", 1)[0]
-        x = out[f"{scope}/linear"] = x @ w.T + bias
-        if plan.activation is not None:
-            index = int(scope.rsplit(".", 1)[1])
-            x = out[f"a2c_network.actor_mlp.{index + 1}/{plan.activation.label}"] = plan.activation.reference(x).astype(f32)
-    hidden = x
-    _, w, _, bias = layout.head
-    logits = out["logits"] = x @ w.T + bias
+    hidden, logits = actor_reference(layout, x, plan.activation, out)
     if not layout.continuous:
-        out["action"] = np.argmax(logits, axis=1).astype(np.int64)
         return out
     mu = logits if plan.mu_activation is None else plan.mu_activation.reference(logits).astype(f32)
     if plan.bounds is None:
@@ -507,8 +426,3 @@ def convert_rl_games(source, options):
     return Converted(model, lambda obs: reference_forward(layout, plan, obs), "rl-games", notes=notes,
                      assumptions=assumptions, oracle=reconstruction("the arrays of an rl_games checkpoint"))
 
-
-def _shown(values: np.ndarray) -> str:
-    """One number when every entry is the same, else the list: ``-1`` or ``[-1, -2]``."""
-    values = np.asarray(values)
-    return f"{values[0]:g}" if (values == values[0]).all() else "[" + ", ".join(f"{v:g}" for v in values) + "]"
