@@ -216,7 +216,7 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
 
 
 @pytest.mark.slow
-def test_tianshous_own_policy_agrees_now(obs):
+def test_tianshous_own_policy_agrees_now(tmp_path, obs):
     """Tianshou's policy, loaded from the saved files by the installed Tianshou, against the graph: the
     obs_rms run through RunningMeanStd.norm, and the whole pickled policy.pt read with --trust."""
     pytest.importorskip("tianshou")
@@ -240,9 +240,19 @@ def test_tianshous_own_policy_agrees_now(obs):
     held = {k: v.numpy() for k, v in saved["model"].items() if k.startswith("policy.actor.")}
     held.update({f"obs_rms.{k}": np.asarray(getattr(saved["obs_rms"], k)) for k in ("mean", "var", "count")})
     _same_arrays(pp.extract_weights(converted), held)
+    # whole pickled objects, read with --trust: the activation, bound method and bounds are their own
     whole = torch.load(TS / "ppo_discrete" / "policy.pt", weights_only=False)
     whole.policy.eval()
     with torch.no_grad():
         want = whole.policy.map_action(whole.policy(Batch(obs=obs, info={})).act)
-    trusted = pp.convert(TS / "ppo_discrete" / "policy.pt", activation="relu", trust=True)
-    assert (pp.load(trusted).run({"obs": obs})["action"] == want).all()
+    trusted = convert_source(TS / "ppo_discrete" / "policy.pt", trust=True)
+    assert (pp.load(trusted.model).run({"obs": obs})["action"] == want).all()
+    assert any("activation relu" in note for note in trusted.notes)
+    torch.save(algorithm, tmp_path / "policy.pt")
+    with torch.no_grad():
+        want = algorithm.policy.map_action(algorithm.policy(Batch(obs=obs, info={})).act)
+    trusted = convert_source(tmp_path / "policy.pt", trust=True)
+    assert np.abs(pp.load(trusted.model).run({"obs": obs})["action"] - want).max() <= 1e-5
+    assert [a.topic for a in trusted.assumptions] == ["observation normalisation"]
+    with pytest.raises(pp.OptionError, match="contradicts"):
+        convert_source(tmp_path / "policy.pt", trust=True, action_bound_method="tanh")

@@ -14,7 +14,8 @@ Tianshou writes (or its users' scripts write) three kinds of file:
   ``count``, ``clip_max``, ``eps``), read here as an inert record: nothing from it runs.
 * ``policy.pt`` (the high-level API's default mode ``POLICY``): ``torch.save(algorithm)``, the whole
   pickled object, which unpickling runs code to rebuild: refused without ``--trust``; with it, loaded
-  with ``torch.load`` and read through its ``state_dict()``.
+  with ``torch.load`` and read through its ``state_dict()``, the activation modules, the policy's
+  ``action_bound_method`` and ``action_scaling`` bounds read from the object (:class:`Recorded`).
 
 The actor, as ``tianshou/utils/net/continuous.py`` (``ContinuousActorProbabilistic``, 1.x's
 ``ActorProb``) and ``discrete.py`` (``DiscreteActor``) build it around a ``common.Net``:
@@ -320,8 +321,53 @@ def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, 
     return out
 
 
-def _read(path: Path, trust: bool) -> dict:
-    """The file's dict (see the module docstring); a whole pickled algorithm or policy only with ``trust``."""
+@dataclass
+class Recorded:
+    """What a whole pickled Tianshou object (read with ``--trust``) records that a state_dict does not:
+    the hidden activation, the policy's ``action_bound_method`` (``"none"`` for ``None``), and with
+    ``action_scaling`` the action space's bounds (float32, shape ``(A,)``); ``None`` where it says nothing."""
+
+    activation: str | None = None
+    bound: str | None = None
+    bounds: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _recorded(loaded, what: str) -> Recorded:
+    """Read :class:`Recorded` from a live algorithm or policy (``Policy.action_bound_method``,
+    ``action_scaling``, ``action_space``; the actor's activation modules and ``_unbounded``)."""
+    from ..activations import TORCH_ACTIVATIONS, TORCH_DEFAULTS
+
+    policy = getattr(loaded, "policy", loaded)
+    actor = getattr(policy, "actor", None)
+    recorded = Recorded()
+    names = set()
+    for module in getattr(getattr(getattr(actor, "preprocess", None), "model", None), "model", []):
+        kind = type(module).__name__
+        if kind == "Linear":
+            continue
+        entry = TORCH_ACTIVATIONS.get(kind)
+        if entry is None or any(getattr(module, p, None) != TORCH_DEFAULTS[p] for p in entry[1] if p in TORCH_DEFAULTS):
+            raise BadModelError(f"{what}'s actor has a {kind} module in its Net; policyport reads Linear layers and "
+                                f"one activation of its own ({', '.join(TORCH_ACTIVATIONS)} with torch's defaults)")
+        names.add(f"leaky_relu:{module.negative_slope}" if kind == "LeakyReLU" else entry[0])
+    if len(names) > 1:
+        raise BadModelError(f"{what}'s actor mixes activations ({', '.join(sorted(names))}); policyport reads one")
+    recorded.activation = names.pop() if names else None
+    if getattr(actor, "_unbounded", True) is False:
+        raise BadModelError(f"{what}'s actor was built with unbounded=False (mu = max_action * tanh(.)); policyport reads "
+                            "unbounded actors, as Tianshou's examples and high-level API build them")
+    low, high = getattr(getattr(policy, "action_space", None), "low", None), getattr(getattr(policy, "action_space", None), "high", None)
+    if low is not None and high is not None:  # a Box: continuous actions
+        method = getattr(policy, "action_bound_method", None)
+        recorded.bound = "none" if method is None else str(method)
+        if getattr(policy, "action_scaling", False):
+            recorded.bounds = (np.asarray(low, np.float32).reshape(-1), np.asarray(high, np.float32).reshape(-1))
+    return recorded
+
+
+def _read(path: Path, trust: bool) -> tuple[dict, Recorded | None]:
+    """The file's dict (see the module docstring), and what a whole pickled algorithm or policy records
+    (read only with ``trust``; ``None`` for a state_dict)."""
     from ..readers.checkpoints import pickled_class_names, pickled_strings, read_checkpoint
 
     holds_keys = any(s.endswith("actor." + _FIRST_LAYER) for s in pickled_strings(path))
@@ -342,8 +388,33 @@ def _read(path: Path, trust: bool) -> dict:
                                       "object needs tianshou installed") from e
         if not hasattr(loaded, "state_dict"):
             raise BadModelError(f"{path} holds a {type(loaded).__name__}, not a Tianshou algorithm or policy")
-        return {k: v.detach().cpu().numpy() for k, v in loaded.state_dict().items() if isinstance(v, torch.Tensor)}
-    return read_checkpoint(path, "Tianshou")
+        arrays = {k: v.detach().cpu().numpy() for k, v in loaded.state_dict().items() if isinstance(v, torch.Tensor)}
+        return arrays, _recorded(loaded, str(path))
+    return read_checkpoint(path, "Tianshou"), None
+
+
+def _recorded_mapping(recorded: Recorded, options, layout: Layout, what: str):
+    """``(bound method, bounds)`` of a trusted object: its own, which options given must agree with.
+
+    Raises:
+        OptionError: ``--action-bound-method`` or ``--action-bounds`` that contradict the object.
+    """
+    if not layout.continuous:
+        return None, None
+    bound, bounds = recorded.bound or "none", recorded.bounds
+    if options.action_bound_method is not None and options.action_bound_method != bound:
+        raise OptionError(f"--action-bound-method {options.action_bound_method} contradicts {what}, whose policy has "
+                          f"action_bound_method {bound}; leave it out to use the recorded one")
+    if options.action_bounds is not None:
+        given = action_bounds(options.action_bounds, layout.actions, what)
+        if bounds is None or not all(np.array_equal(g, r) for g, r in zip(given, bounds)):
+            raise OptionError(f"--action-bounds contradicts {what}, whose policy "
+                              + ("scales no action" if bounds is None else
+                                 f"scales the action to low {shown(bounds[0])}, high {shown(bounds[1])}")
+                              + "; leave it out to use the recorded one")
+    if bounds is not None and bounds[0].shape != (layout.actions,):
+        raise BadModelError(f"{what}'s action space has {bounds[0].size} dimensions; the actor outputs {layout.actions}")
+    return bound, bounds
 
 
 def convert_tianshou(source, options):
@@ -351,10 +422,11 @@ def convert_tianshou(source, options):
 
     Args:
         source: the file's path.
-        options: a :class:`~policyport.converter.ConvertOptions`: ``activation`` (required: the file does
-            not record it), ``action_bound_method`` (required for a continuous policy: ``clip``, ``tanh``
-            or ``none``), ``action_bounds`` (the environment's action space, for ``action_scaling``),
-            ``opset``, ``trust`` (a whole pickled object).
+        options: a :class:`~policyport.converter.ConvertOptions`: ``activation`` (required: a state_dict
+            does not record it), ``action_bound_method`` (required for a continuous policy: ``clip``,
+            ``tanh`` or ``none``), ``action_bounds`` (the environment's action space, for
+            ``action_scaling``), ``opset``, ``trust`` (a whole pickled object, whose own activation and
+            action mapping are read; options given must agree with them).
 
     Returns:
         A :class:`~policyport.converter.Converted`: input ``obs`` (float32, ``(batch, obs_dim)``, raw
@@ -369,30 +441,41 @@ def convert_tianshou(source, options):
         TrustRequiredError: a whole pickled object without ``trust``.
         BadModelError: a network this reader does not read.
         OptionError: no activation; no bound method for a continuous policy; a bound method or
-            action bounds for a discrete one.
+            action bounds for a discrete one; options that contradict a trusted object.
     """
     from ...io.kinds import sha256_file
-    from ..activations import parse_activation, required_activation
+    from ..activations import choose_activation, parse_activation, required_activation
     from ..assumptions import activation_assumption, reconstruction
     from ..options import Converted
 
     path = Path(os.fspath(source))
     what = str(path)
-    layout = read_layout(_read(path, options.trust), what)
+    saved, recorded = _read(path, options.trust)
+    layout = read_layout(saved, what)
     prefix = layout.head[0].split("mu.model.0")[0].split("last.model.0")[0]
     hidden = [f"{prefix}preprocess.model.model.{int(w.rsplit('.', 2)[1]) + 1}" for w, *_ in layout.layers]
-    activation_name = required_activation(options.activation, f"{what} (a Tianshou file)", hidden,
-                                          "Tianshou's Net defaults to relu and its MuJoCo examples use tanh; the file "
-                                          "records neither") if hidden else "linear"
-    act = parse_activation(activation_name)
     assumptions: list[Assumption] = []
-    notes: list[str] = []
-    if hidden:
-        assumptions.append(activation_assumption([(h, activation_name) for h in hidden], f"{what} (Tianshou)",
-                                                 "a state_dict records no activation modules"))
-    bound = options.action_bound_method
-    plan_bounds = None
-    if layout.continuous:
+    if recorded is not None:  # the live object says it all: nothing assumed
+        activation_name, notes = choose_activation(options.activation, recorded.activation, f"{what}'s actor")
+        activation_name = activation_name or "linear"
+        bound, plan_bounds = _recorded_mapping(recorded, options, layout, what)
+        said = [f"activation {activation_name}"]
+        if layout.continuous:
+            said += [f"action_bound_method {bound}", "no action_scaling" if plan_bounds is None else
+                     f"action_scaling to low {shown(plan_bounds[0])}, high {shown(plan_bounds[1])}"]
+        notes.append(f"read with --trust from the pickled object itself: {', '.join(said)}")
+    else:
+        activation_name = required_activation(options.activation, f"{what} (a Tianshou file)", hidden,
+                                              "Tianshou's Net defaults to relu and its MuJoCo examples use tanh; the "
+                                              "file records neither") if hidden else "linear"
+        notes = []
+        if hidden:
+            assumptions.append(activation_assumption([(h, activation_name) for h in hidden], f"{what} (Tianshou)",
+                                                     "a state_dict records no activation modules"))
+        bound = options.action_bound_method
+        plan_bounds = None
+    act = parse_activation(activation_name)
+    if recorded is None and layout.continuous:
         if bound is None:
             raise OptionError(f"{what} is a continuous Tianshou policy, whose action is mu bounded by the policy's "
                               "action_bound_method (clip to [-1, 1] by default and in the MuJoCo examples, or tanh), "
@@ -415,8 +498,8 @@ def convert_tianshou(source, options):
                 "action bounds", f"none: action = {bounded}",
                 "Tianshou's action_scaling (on by default) maps the action to the environment's action space, which "
                 "the file does not record", "--action-bounds LOW:HIGH builds that mapping"))
-    else:
-        for given, flag in ((bound, "--action-bound-method"), (options.action_bounds, "--action-bounds")):
+    elif not layout.continuous:
+        for given, flag in ((options.action_bound_method, "--action-bound-method"), (options.action_bounds, "--action-bounds")):
             if given is not None:
                 raise OptionError(f"{flag} maps a continuous action; {what} is a discrete policy ({layout.head[0]})")
     if not layout.normalizer:
