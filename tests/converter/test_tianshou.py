@@ -209,6 +209,37 @@ def test_bad_files_are_refused_with_exit_3(tmp_path):
     assert junk.exit_code == 3
 
 
+def test_a_1x_policys_state_dict_reads_alike(tmp_path, obs):
+    """Tianshou 1.x saved the policy's state_dict, which held the actor itself: keys actor.*."""
+    torch = pytest.importorskip("torch")
+    saved = {k.removeprefix("policy."): v for k, v in torch.load(path("a2c_tanh"), weights_only=True).items()
+             if k != "_optimizers"}
+    assert "actor.sigma.model.0.weight" in saved
+    torch.save(saved, tmp_path / "policy.pth")
+    assert detect_kind(tmp_path / "policy.pth") == "tianshou"
+    out = pp.load(pp.convert(tmp_path / "policy.pth", activation="relu", action_bound_method="tanh",
+                             action_bounds=(LOW, HIGH))).run({"obs": obs})
+    assert np.abs(out["action"] - expected("a2c_tanh")["action"]).max() <= 1e-5
+    assert "actor.mu.model.0.weight" in pp.extract_weights(pp.convert(tmp_path / "policy.pth", activation="relu",
+                                                                      action_bound_method="tanh"))
+
+
+class NarrowStatistics:
+    """A RunningMeanStd's attributes for 4 observations (pickled under this module's name: read as an
+    inert record all the same)."""
+
+    def __init__(self):
+        self.mean, self.var, self.count, self.clip_max, self.eps = np.zeros(4), np.ones(4), 10, 10.0, 1e-7
+
+
+def test_statistics_of_another_width_are_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"model": torch.load(path("a2c_tanh"), weights_only=True), "obs_rms": NarrowStatistics()}, tmp_path / "p.pth")
+    refused = invoke("convert", tmp_path / "p.pth", "--activation", "relu", "--action-bound-method", "tanh",
+                     "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 3 and "obs_rms.mean has shape (4,); the actor reads 11 observations" in refused.output
+
+
 def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
     topics = convert_verify_and_pack(path("ppo_obs_rms"), tmp_path, "--activation", "tanh", "--action-bound-method", "clip",
                                    "--action-bounds", BOUNDS)
