@@ -19,6 +19,19 @@ def arrays(path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
+def fixture_script(folder):
+    """The ``make_fixtures.py`` of a fixtures folder, imported under a name of its own (each library's
+    script is called make_fixtures: a plain import would return whichever was imported first)."""
+    import importlib.util
+
+    name = f"make_fixtures_{folder.name}"
+    if name not in sys.modules:  # registered, so that what it defines pickles (a dist_fn saved with a policy)
+        spec = importlib.util.spec_from_file_location(name, folder / "make_fixtures.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 def invoke(*args):
     """``policyport ARGS`` in process; asserts that no traceback reached the output."""
     result = CliRunner().invoke(app, [str(a) for a in args])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import rl_games
 
-from library_checkpoints import arrays, convert_verify_and_pack, invoke
+from library_checkpoints import arrays, convert_verify_and_pack, fixture_script, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 RLG = ROOT / "fixtures" / "rl_games"
@@ -179,11 +178,7 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
 def test_rl_games_own_player_agrees_now(obs):
     """The fixtures' expected actions, recomputed by the installed rl_games from the saved file."""
     pytest.importorskip("rl_games")
-    sys.path.insert(0, str(RLG))
-    try:
-        import make_fixtures
-    finally:
-        sys.path.remove(str(RLG))
+    make_fixtures = fixture_script(RLG)
     import torch
 
     played = make_fixtures.player(make_fixtures.RUNS["ant_elu"][0])

@@ -4,7 +4,6 @@ every expected action is what Tianshou's own policy returned (``map_action`` of 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import tianshou
 
-from library_checkpoints import arrays, convert_verify_and_pack, invoke
+from library_checkpoints import arrays, convert_verify_and_pack, fixture_script, invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 TS = ROOT / "fixtures" / "tianshou"
@@ -254,11 +253,7 @@ def test_tianshous_own_policy_agrees_now(tmp_path, obs):
     import torch
     from tianshou.data import Batch
 
-    sys.path.insert(0, str(TS))
-    try:
-        import make_fixtures
-    finally:
-        sys.path.remove(str(TS))
+    make_fixtures = fixture_script(TS)
     algorithm = make_fixtures.continuous(torch.nn.Tanh, conditioned_sigma=False, bound="clip")
     saved = torch.load(path("ppo_obs_rms"), weights_only=False)
     algorithm.load_state_dict(saved["model"])
