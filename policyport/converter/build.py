@@ -362,30 +362,17 @@ class MlpBuilder:
         return self.initializer(np.asarray(value, self.dtype), name)
 
     def finish(self, obs_dim: int, outputs: list[tuple[str, int, list]], head: str, metadata: dict[str, str]):
-        """The model of what was built: graph input ``obs`` (the builder's dtype, ``(batch, obs_dim)``),
-        ``outputs`` as ``(name, ONNX element type, shape)``, ``policyport.parameters`` and
+        """The model of what was built (see :func:`policy_model`): graph input ``obs`` (the builder's
+        dtype, ``(batch, obs_dim)``), ``outputs`` as ``(name, ONNX element type, shape)``,
         ``policyport.head`` (``head``) beside ``metadata`` in its metadata_props.
 
         Raises:
             BadModelError: the model fails ``onnx.checker`` (a bug of the converter, the details kept).
         """
-        import onnx
-
         helper = self.helper
-        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
-        graph_input = helper.make_tensor_value_info("obs", elem, ["batch", obs_dim])
-        graph = helper.make_graph(self.nodes, "policy", [graph_input],
-                                  [helper.make_tensor_value_info(*output) for output in outputs], self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], producer_name="policyport",
-                                  producer_version=_version())
-        model.ir_version = min(model.ir_version, _max_ir_version(onnx, self.opset))
-        helper.set_model_props(model, {"policyport.parameters": json.dumps(self.parameters), "policyport.head": head,
-                                       **metadata})
-        try:
-            onnx.checker.check_model(model, full_check=True)
-        except onnx.checker.ValidationError as e:
-            raise BadModelError(f"the built model fails onnx.checker: {e}") from e
-        return model
+        graph_input = helper.make_tensor_value_info("obs", helper.np_dtype_to_tensor_dtype(self.dtype), ["batch", obs_dim])
+        return policy_model(self, [graph_input], [helper.make_tensor_value_info(*output) for output in outputs],
+                            {"policyport.head": head, **metadata})
 
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
@@ -500,21 +487,34 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
 
     graph_input = (helper.make_tensor_value_info(input_name, elem, ["batch", *spec.input_shape]) if prelude is None
                    else prelude.graph_input(helper, input_name, elem, spec.input_shape))
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-        producer_version=_version(),
-    )
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     props = {
-        "policyport.parameters": json.dumps(b.parameters),
         "policyport.head": spec.action.name if head is None and spec.action is not None else head_name(head),
         "policyport.source": json.dumps(spec.source),
         **({"policyport.observation_filter": json.dumps(spec.obs_norm.to_dict())} if spec.obs_norm is not None else {}),
         **(prelude.metadata(input_name) if prelude is not None else {}),
         **(metadata or {}),
     }
-    helper.set_model_props(model, props)
+    return policy_model(b, [graph_input], outputs, props)
+
+
+def policy_model(b: MlpBuilder, inputs: list, outputs: list, props: dict[str, str]):
+    """The model of the graph ``b`` built: ``b``'s nodes and initializers between the graph inputs and
+    outputs (``onnx.ValueInfoProto`` lists), opset ``b.opset`` with the IR version that goes with it,
+    ``policyport.parameters`` (initializer -> source parameter name) and ``props`` as metadata.
+
+    Raises:
+        BadModelError: the model fails ``onnx.checker.check_model(full_check=True)`` (a bug of the
+            converter that built it: the message keeps the checker's details).
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    helper = onnx.helper
+    graph = helper.make_graph(b.nodes, "policy", inputs, outputs, b.initializers)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", b.opset)], producer_name="policyport",
+        producer_version=_version(),
+    )
+    model.ir_version = min(model.ir_version, _max_ir_version(onnx, b.opset))
+    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), **props})
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the details

@@ -27,6 +27,7 @@ SOURCES: dict[str, str] = {
     "rl-games": "policyport.converter.sources.rl_games:convert_rl_games",
     "skrl": "policyport.converter.sources.skrl:convert_skrl",
     "ml-agents": "policyport.converter.sources.ml_agents:convert_ml_agents",
+    "tianshou": "policyport.converter.sources.tianshou:convert_tianshou",
 }
 
 
@@ -39,7 +40,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -135,6 +136,12 @@ def _library_checkpoint(path: Path) -> str | None:
         return "skrl"
     if is_ml_agents_checkpoint(path):
         return "ml-agents"
+    from .sources.tianshou import is_tianshou_file
+
+    if is_rl_games_checkpoint(path):
+        return "rl-games"
+    if is_tianshou_file(path):
+        return "tianshou"
     return None
 
 
@@ -144,7 +151,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file",
                "rl-games": "an rl_games .pth checkpoint",
                "skrl": "an skrl agent_<timestep>.pt or policy_<timestep>.pt checkpoint",
-               "ml-agents": "an ML-Agents .pt checkpoint"}
+               "ml-agents": "an ML-Agents .pt checkpoint",
+               "tianshou": "a Tianshou .pt or .pth file"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -39,6 +39,7 @@ READS: dict[str, frozenset[str]] = {
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
     "skrl": frozenset({"activation", "opset", "action_bounds", "obs_filter"}),
     "ml-agents": frozenset({"opset"}),
+    "tianshou": frozenset({"activation", "opset", "action_bounds", "action_bound_method"}),
 }
 
 
@@ -54,7 +55,8 @@ READS_ONLY_FOR = {
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
-          "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds"}
+          "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds",
+          "action_bound_method": "--action-bound-method"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -88,6 +90,9 @@ class ConvertOptions:
             action dimension, or one per dimension), for sources whose player maps the policy's
             output to them (rl_games' ``clip_actions``, skrl's ``clip_mean_actions``); ``None``: the
             action as the policy outputs it.
+        action_bound_method: how the policy bounds a continuous action to [-1, 1] before scaling it
+            to ``action_bounds`` (Tianshou's ``action_bound_method``): ``"clip"``, ``"tanh"`` or
+            ``"none"``; ``None``: not given (a source that needs it refuses to guess).
     """
 
     activation: str | None = None
@@ -102,6 +107,7 @@ class ConvertOptions:
     input_shape: tuple[int, ...] | None = None
     output_names: tuple[str, ...] | None = None
     action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    action_bound_method: str | None = None
 
     def __post_init__(self):
         if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
@@ -218,7 +224,7 @@ def where_they_apply(names) -> str:
 
 
 #: The plain types each option takes (None aside, which every option but these booleans and opset takes).
-_OPTION_TYPES = {"activation": str, "head": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
+_OPTION_TYPES = {"activation": str, "head": str, "action_bound_method": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
                  "keep_value": bool, "obs_filter": bool, "trust": bool}
 
 

@@ -16,6 +16,25 @@ from typer.testing import CliRunner
 from policyport.cli import app
 
 
+def arrays(path) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` at ``path`` (what a library's own policy returned, for instance)."""
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+def fixture_script(folder):
+    """The ``make_fixtures.py`` of a fixtures folder, imported under a name of its own (each library's
+    script is called make_fixtures: a plain import would return whichever was imported first)."""
+    import importlib.util
+
+    name = f"make_fixtures_{folder.name}"
+    if name not in sys.modules:  # registered, so that what it defines pickles (a dist_fn saved with a policy)
+        spec = importlib.util.spec_from_file_location(name, folder / "make_fixtures.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 def invoke(*args):
     """``policyport ARGS`` in process; asserts no traceback reached the output."""
     result = CliRunner().invoke(app, [str(a) for a in args])
@@ -36,17 +55,6 @@ def convert_verify_pack(tmp_path: Path, source: Path, *options) -> list[str]:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS" in run.stdout
     return [a["topic"] for a in json.loads(converted.stdout)["assumptions"]]
-
-
-def fixture_script(path: Path, name: str):
-    """A fixtures folder's ``make_fixtures.py`` imported as module ``name``: each library's script has
-    that file name, so importing it by name would hand one test another library's script."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 #: The observation normalisers of the RL libraries (shared/notes/rl-library-checkpoints.md), as keyword

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,9 @@ import policyport as pp
 from policyport.converter import convert_source, detect_kind
 from policyport.converter.readers.checkpoints import read_checkpoint
 from policyport.converter.sources import rl_games
-from library_checkpoints import (NORMALISERS, code_running_payload, convert_verify_pack, elu_policy_under,
+from library_checkpoints import (NORMALISERS, arrays, code_running_payload, convert_verify_pack, elu_policy_under,
                                  fixture_script, invoke)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 RLG = ROOT / "fixtures" / "rl_games"
@@ -37,8 +37,7 @@ def obs() -> np.ndarray:
 
 
 def expected(run: str) -> dict[str, np.ndarray]:
-    with np.load(RLG / run / "expected.npz") as f:
-        return {k: f[k] for k in f.files}
+    return arrays(RLG / run / "expected.npz")
 
 
 def test_a_checkpoint_is_told_from_its_keys():
@@ -165,7 +164,7 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
 def test_rl_games_own_player_agrees_now(obs):
     """The fixtures' expected actions, recomputed by the installed rl_games from the saved file."""
     pytest.importorskip("rl_games")
-    make_fixtures = fixture_script(RLG / "make_fixtures.py", "rl_games_make_fixtures")
+    make_fixtures = fixture_script(RLG)
     import torch
 
     played = make_fixtures.player(make_fixtures.RUNS["ant_elu"][0])

@@ -189,7 +189,7 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
 def test_skrls_own_agent_agrees_now(obs):
     """The expected actions, recomputed by the installed skrl from the saved agent file."""
     pytest.importorskip("skrl")
-    make_fixtures = fixture_script(SKRL / "make_fixtures.py", "skrl_make_fixtures")
+    make_fixtures = fixture_script(SKRL)
     cfg = make_fixtures.RUNS["isaaclab_elu"][0]
     agent = make_fixtures.build_agent(make_fixtures.build_models(cfg))
     agent.load(str(AGENT))
@@ -230,7 +230,7 @@ def test_the_configurations_output_and_preprocessor_kwargs_are_skrls(tmp_path, o
     import torch
     import yaml
 
-    make_fixtures = fixture_script(SKRL / "make_fixtures.py", "skrl_make_fixtures")
+    make_fixtures = fixture_script(SKRL)
     cfg = make_fixtures.models_cfg("relu", separate=True)
     cfg["policy"]["output"] = "2 * tanh(ACTIONS)"
     kwargs = {"epsilon": 0.05, "clip_threshold": 2.0}

@@ -61,6 +61,14 @@ def pickled_strings(path: Path) -> set[str]:
     return found
 
 
+def pickled_class_names(path: Path) -> set[str]:
+    """Every global (``"module.Name"``) the pickle of the torch zip ``path`` names, read from its
+    opcodes without importing or calling any of them; empty for a file that is not a torch zip."""
+    from .unpickle import pickled_globals
+
+    return set(pickled_globals(_pickle_bytes(path)))
+
+
 def read_checkpoint(path: Path, library: str) -> dict:
     """The top-level dict a library's ``torch.save`` wrote, tensors as numpy arrays, every other
     object an inert record (see the module docstring).

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,7 @@ import numpy as np
 from ...errors import BadModelError, OptionError
 from ..action_bounds import action_bounds, shown as _shown
 from ..assumptions import Assumption
+from .actor import ActorLayout, actor_reference, add_actor, next_module
 
 #: ``RunningMeanStd``'s epsilon (``rl_games/algos_torch/running_mean_std.py``, ``epsilon=1e-05``), added
 #: to the variance before the square root.
@@ -60,35 +61,11 @@ MARKERS = ({"model", "epoch", "frame"},)
 MODEL_KEYS = ("a2c_network.mu.weight", "a2c_network.logits.weight")
 
 
-@dataclass
-class Layout:
-    """An rl_games actor, as the checkpoint holds it (names are rl_games' keys).
-
-    Attributes:
-        layers: ``(weight name, weight (out, in), bias name, bias (out,))`` of ``actor_mlp``, in order.
-        head: ``(weight name, weight, bias name, bias)`` of ``mu`` (continuous) or ``logits`` (discrete).
-        continuous: whether the head is ``mu`` (else ``logits``).
-        sigma: ``(name, array (A,))`` of a ``fixed_sigma`` vector, or ``None``.
-        sigma_layer: the names of a state-dependent sigma ``Linear``, or ``None``.
-        normalizer: role (``running_mean``, ``running_var``, ``count``) -> (name, float64 array).
-        left_out: keys of the policy's model that the graph does not compute (the value function).
-    """
-
-    layers: list[tuple[str, np.ndarray, str, np.ndarray]]
-    head: tuple[str, np.ndarray, str, np.ndarray]
-    continuous: bool
-    sigma: tuple[str, np.ndarray] | None = None
-    sigma_layer: tuple[str, np.ndarray, str, np.ndarray] | None = None
-    normalizer: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
-    left_out: list[str] = field(default_factory=list)
-
-    @property
-    def obs_dim(self) -> int:
-        return int((self.layers[0][1] if self.layers else self.head[1]).shape[1])
-
-    @property
-    def actions(self) -> int:
-        return int(self.head[1].shape[0])
+class Layout(ActorLayout):
+    """An rl_games actor (:class:`~.actor.ActorLayout`): ``layers`` are ``a2c_network.actor_mlp``'s,
+    ``head`` is ``mu`` or ``logits``, ``sigma`` a ``fixed_sigma`` vector (A,), ``sigma_layer`` a
+    state-dependent sigma ``Linear``, ``normalizer`` ``running_mean``, ``running_var``, ``count``
+    (float64), ``left_out`` the value function."""
 
 
 def is_rl_games_checkpoint(path: Path) -> bool:
@@ -248,9 +225,9 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, Step
+    from ..build import Dense, MlpBuilder, policy_model
 
-    f32 = np.float32
+    helper, f32 = onnx.helper, np.float32
     b = MlpBuilder(opset, np.dtype(f32))
     FLOAT, const = onnx.TensorProto.FLOAT, b.scalar
     x = "obs"
@@ -265,20 +242,9 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         scaled = b.node("Div", [b.node("Sub", [x, mean], "running_mean_std/centered"), std], "running_mean_std/scaled")
         x = b.node("Clip", [scaled, const(-NORMALIZER_CLIP, "running_mean_std/clip_min"),
                             const(NORMALIZER_CLIP, "running_mean_std/clip_max")], "running_mean_std")
-    for wname, w, bname, bias in layout.layers:
-        scope = wname.rsplit(".", 1)[0]
-        index = int(scope.rsplit(".", 1)[1])
-        post = [] if plan.activation is None else [Step("activation", f"a2c_network.actor_mlp.{index + 1}", plan.activation)]
-        x = b.dense(Dense(scope, w, wname, bias, bname, "out_in", None, post), x)
-    wname, w, bname, bias = layout.head
-    hidden = x
-    logits = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in"), x, "logits")
+    hidden, logits, outputs = add_actor(b, layout, x, plan.activation, next_module)
     n = layout.actions
-    outputs = [("logits", FLOAT, ["batch", n])]
-    if not layout.continuous:
-        b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
-        outputs.append(("action", onnx.TensorProto.INT64, ["batch"]))
-    else:
+    if layout.continuous:
         mu = logits if plan.mu_activation is None else b.activation(plan.mu_activation, logits, "mu")
         if plan.bounds is None:
             b.node("Identity", [mu], "action")
@@ -287,7 +253,7 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
             clamped = b.node("Clip", [mu, const(-1.0, "action/clip_min"), const(1.0, "action/clip_max")], "action/clamped")
             scaled = b.node("Mul", [clamped, const((high - low) / f32(2.0), "action/half_range")], "action/scaled")
             b.node("Add", [scaled, const((high + low) / f32(2.0), "action/center")], "action")
-        outputs.append(("action", FLOAT, ["batch", n]))
+        outputs.append(helper.make_tensor_value_info("action", FLOAT, ["batch", n]))
         if layout.sigma is not None:
             name, array = layout.sigma
             sigma = b.node("Expand", [b.initializer(array, name, name), b.node("Shape", [logits], "sigma/batch_shape")],
@@ -301,9 +267,11 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         else:
             b.node("Identity", [sigma], "std")
             b.node("Log", ["std"], "log_std")
-        outputs += [("std", FLOAT, ["batch", n]), ("log_std", FLOAT, ["batch", n])]
+        outputs += [helper.make_tensor_value_info("std", FLOAT, ["batch", n]),
+                    helper.make_tensor_value_info("log_std", FLOAT, ["batch", n])]
+    graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
     head = "categorical" if not layout.continuous else "clipped-diag-gaussian" if plan.bounds is not None else "diag-gaussian"
-    return b.finish(layout.obs_dim, outputs, head, metadata)
+    return policy_model(b, [graph_input], outputs, {"policyport.head": head, **metadata})
 
 
 def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:
@@ -323,17 +291,8 @@ def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, 
     x = np.asarray(obs, f32)
     if layout.normalizer:
         x = out["running_mean_std"] = normalize(layout, x)
-    for wname, w, _, bias in layout.layers:
-        scope = wname.rsplit(".", 1)[0]
-        x = out[f"{scope}/linear"] = x @ w.T + bias
-        if plan.activation is not None:
-            index = int(scope.rsplit(".", 1)[1])
-            x = out[f"a2c_network.actor_mlp.{index + 1}/{plan.activation.label}"] = plan.activation.reference(x).astype(f32)
-    hidden = x
-    _, w, _, bias = layout.head
-    logits = out["logits"] = x @ w.T + bias
+    hidden, logits = actor_reference(layout, x, plan.activation, out)
     if not layout.continuous:
-        out["action"] = np.argmax(logits, axis=1).astype(np.int64)
         return out
     mu = logits if plan.mu_activation is None else plan.mu_activation.reference(logits).astype(f32)
     if plan.bounds is None:
