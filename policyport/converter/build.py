@@ -852,3 +852,60 @@ def add_obs_filter(b: MlpBuilder, x: str, filt: ObsFilter) -> str:
         hi = b.initializer(np.array(filt.clip, dtype=b.dtype), "obs_filter/clip_max")
         x = b.node("Clip", [x, lo, hi], "obs_filter/clip")
     return x
+
+
+def add_running_mean_std(b: MlpBuilder, x: str, statistics: dict, scope: str, eps: float, clip: float, *,
+                         reciprocal: bool = False) -> str:
+    """rl_games' ``RunningMeanStd`` in eval mode (``rl_games/algos_torch/running_mean_std.py``), and Sample
+    Factory's in-place copy of it (``sample_factory/algo/utils/running_mean_std.py``), as ONNX nodes on ``x``:
+    ``clamp((x - mean.float()) / sqrt(var.float() + eps), -clip, clip)`` in float32, the float64 statistics
+    kept as initializers under the library's names and cast in the graph.
+
+    Args:
+        statistics: role (``running_mean``, ``running_var``, ``count``) -> (the library's name, float64 array
+            of shape ``(obs_dim,)``; ``count`` ``()`` or ``(1,)``); every one becomes an initializer.
+        scope: the tensors' prefix (``running_mean_std`` -> ``running_mean_std/std`` ...); the last is ``scope``.
+        reciprocal: multiply by ``1 / std`` (Sample Factory's ``x.sub_(mean).mul_(1 / std)``) instead of
+            dividing by ``std`` (rl_games).
+
+    Returns:
+        The normalised observations' tensor name, ``scope``.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    f32 = onnx.TensorProto.FLOAT
+
+    def const(value, name):
+        return b.initializer(np.asarray(value, np.float32), name)
+
+    names = {role: b.initializer(array, name, name) for role, (name, array) in statistics.items()}
+    mean = b.node("Cast", [names["running_mean"]], f"{scope}/mean_float32", to=f32)
+    var = b.node("Cast", [names["running_var"]], f"{scope}/var_float32", to=f32)
+    std = b.node("Sqrt", [b.node("Add", [var, const(eps, f"{scope}/epsilon")], f"{scope}/var_plus_epsilon")], f"{scope}/std")
+    centered = b.node("Sub", [x, mean], f"{scope}/centered")
+    if reciprocal:
+        scaled = b.node("Mul", [centered, b.node("Reciprocal", [std], f"{scope}/inverse_std")], f"{scope}/scaled")
+    else:
+        scaled = b.node("Div", [centered, std], f"{scope}/scaled")
+    return b.node("Clip", [scaled, const(-clip, f"{scope}/clip_min"), const(clip, f"{scope}/clip_max")], scope)
+
+
+def finish_model(b: MlpBuilder, inputs: list, outputs: list, opset: int, props: dict[str, str]):
+    """The checked ``onnx.ModelProto`` of ``b``'s nodes and initializers: graph ``policy``, the default
+    domain at ``opset``, the IR version that opset allows, ``policyport.parameters`` and ``props`` as
+    metadata.
+
+    Raises:
+        BadModelError: the model fails ``onnx.checker`` (a bug of the converter's).
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    helper = onnx.helper
+    graph = helper.make_graph(b.nodes, "policy", inputs, outputs, b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
+                              producer_version=_version())
+    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
+    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), **props})
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise BadModelError(f"the built model fails onnx.checker: {e}") from e
+    return model

@@ -25,6 +25,7 @@ SOURCES: dict[str, str] = {
     "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
     "rl-games": "policyport.converter.sources.rl_games:convert_rl_games",
+    "sample-factory": "policyport.converter.sources.sample_factory:convert_sample_factory",
 }
 
 
@@ -37,7 +38,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, sample-factory or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -124,15 +125,21 @@ def _detect_path(path: Path) -> str | None:
 def _library_checkpoint(path: Path) -> str | None:
     """The kind of an RL library's checkpoint told from the keys its pickle names (never unpickled)."""
     from .sources.rl_games import is_rl_games_checkpoint
+    from .sources.sample_factory import is_sample_factory_checkpoint
 
-    return "rl-games" if is_rl_games_checkpoint(path) else None
+    if is_rl_games_checkpoint(path):
+        return "rl-games"
+    if is_sample_factory_checkpoint(path):
+        return "sample-factory"
+    return None
 
 
 #: What each kind of file source is, for the refusal of a folder given as one.
 _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
                "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file",
-               "rl-games": "an rl_games .pth checkpoint"}
+               "rl-games": "an rl_games .pth checkpoint",
+               "sample-factory": "a Sample Factory .pth checkpoint"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -37,6 +37,7 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
+    "sample-factory": frozenset({"activation", "head", "opset"}),
 }
 
 

@@ -136,3 +136,18 @@ def lookup(config, *keys, default=None):
             return default
         config = config[key]
     return config
+
+
+def linear_layer(sd: dict, prefix: str, what: str) -> tuple:
+    """The ``torch.nn.Linear`` ``prefix`` of a state_dict: ``(weight name, weight (out, in), bias name,
+    bias (out,))``.
+
+    Raises:
+        BadModelError: ``prefix.weight`` or ``prefix.bias`` missing, or shapes that are not a Linear's.
+    """
+    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
+    if w is None or b is None:
+        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
+    if w.ndim != 2 or b.shape != (w.shape[0],):
+        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
+    return f"{prefix}.weight", w, f"{prefix}.bias", b

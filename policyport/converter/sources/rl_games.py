@@ -99,15 +99,6 @@ def is_rl_games_checkpoint(path: Path) -> bool:
     return any(marker <= strings for marker in MARKERS) and any(k in strings for k in MODEL_KEYS)
 
 
-def _linear(sd: dict, prefix: str, what: str):
-    w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
-    if w is None or b is None:
-        raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
-    if w.ndim != 2 or b.shape != (w.shape[0],):
-        raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
-    return f"{prefix}.weight", w, f"{prefix}.bias", b
-
-
 def read_layout(ckpt: dict, what: str) -> Layout:
     """Place the actor's arrays of an rl_games checkpoint's ``model``.
 
@@ -115,6 +106,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         BadModelError: no ``model`` state_dict; no ``mu`` or ``logits`` head; a CNN or RNN network
             (only the MLP actor is read); layers that do not chain; statistics of another width.
     """
+    from ..readers.checkpoints import linear_layer
     from ..readers.checkpoints import state_dict
 
     if "model" not in ckpt:
@@ -132,7 +124,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         m = re.fullmatch(r"a2c_network\.actor_mlp\.(\d+)\.(weight|bias)", name)
         if m:
             numbered.setdefault(int(m[1]), set()).add(m[2])
-    layers = [_linear(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
+    layers = [linear_layer(sd, f"a2c_network.actor_mlp.{i}", what) for i in sorted(numbered)]
     if any(i % 2 for i in numbered):
         raise BadModelError(f"{what}: actor_mlp holds parameters at odd indices ({sorted(numbered)}), where rl_games "
                             "puts the activations: a normalisation layer (layer_norm, batch_norm) is not read")
@@ -140,7 +132,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
     if not continuous and "a2c_network.logits.weight" not in sd:
         raise BadModelError(f"{what}'s model has neither a2c_network.mu (continuous actions) nor a2c_network.logits "
                             "(discrete); a multi-discrete or central-value network is not read")
-    head = _linear(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
+    head = linear_layer(sd, "a2c_network.mu" if continuous else "a2c_network.logits", what)
     chain = [*layers, head]
     for (wa, a, _, _), (wb, b, _, _) in zip(chain, chain[1:]):
         if a.shape[0] != b.shape[1]:
@@ -153,7 +145,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
                 raise BadModelError(f"{what}: a2c_network.sigma has shape {sigma.shape}, mu outputs {layout.actions}")
             layout.sigma = ("a2c_network.sigma", sigma)
         elif "a2c_network.sigma.weight" in sd:
-            layout.sigma_layer = _linear(sd, "a2c_network.sigma", what)
+            layout.sigma_layer = linear_layer(sd, "a2c_network.sigma", what)
         else:
             raise BadModelError(f"{what}'s model has a2c_network.mu but no a2c_network.sigma")
     for role in ("running_mean", "running_var", "count"):
@@ -279,7 +271,7 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, Step, _max_ir_version, _version
+    from ..build import Dense, MlpBuilder, Step, add_running_mean_std, finish_model
 
     helper, f32 = onnx.helper, np.float32
     b = MlpBuilder(opset, np.dtype(f32))
@@ -290,16 +282,8 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
 
     x = "obs"
     if layout.normalizer:
-        # RunningMeanStd.forward: (x - mean.float()) / sqrt(var.float() + eps), clamped to [-5, 5]; the
-        # float64 statistics stay initializers under rl_games' names, cast to float32 in the graph
-        names = {role: b.initializer(array, name, name) for role, (name, array) in layout.normalizer.items()}
-        mean = b.node("Cast", [names["running_mean"]], "running_mean_std/mean_float32", to=FLOAT)
-        var = b.node("Cast", [names["running_var"]], "running_mean_std/var_float32", to=FLOAT)
-        std = b.node("Sqrt", [b.node("Add", [var, const(NORMALIZER_EPS, "running_mean_std/epsilon")],
-                                     "running_mean_std/var_plus_epsilon")], "running_mean_std/std")
-        scaled = b.node("Div", [b.node("Sub", [x, mean], "running_mean_std/centered"), std], "running_mean_std/scaled")
-        x = b.node("Clip", [scaled, const(-NORMALIZER_CLIP, "running_mean_std/clip_min"),
-                            const(NORMALIZER_CLIP, "running_mean_std/clip_max")], "running_mean_std")
+        # RunningMeanStd.forward: (x - mean.float()) / sqrt(var.float() + eps), clamped to [-5, 5]
+        x = add_running_mean_std(b, x, layout.normalizer, "running_mean_std", NORMALIZER_EPS, NORMALIZER_CLIP)
     for wname, w, bname, bias in layout.layers:
         scope = wname.rsplit(".", 1)[0]
         index = int(scope.rsplit(".", 1)[1])
@@ -339,14 +323,8 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         outputs += [helper.make_tensor_value_info("std", FLOAT, ["batch", n]),
                     helper.make_tensor_value_info("log_std", FLOAT, ["batch", n])]
     graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-                              producer_version=_version())
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     head = "categorical" if not layout.continuous else "clipped-diag-gaussian" if plan.bounds is not None else "diag-gaussian"
-    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), "policyport.head": head, **metadata})
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return finish_model(b, [graph_input], outputs, opset, {"policyport.head": head, **metadata})
 
 
 def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:

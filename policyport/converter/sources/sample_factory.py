@@ -1,0 +1,652 @@
+"""Sample Factory 2.x checkpoints: ``train_dir/<experiment>/checkpoint_p<policy>/checkpoint_<step>_<env_steps>.pth``.
+
+The learner saves ``torch.save`` of a dict (``sample_factory/algo/learning/learner.py``,
+``Learner._get_checkpoint_dict``): ``train_step``, ``env_steps``, ``best_performance``, ``model`` (the
+``ActorCritic``'s ``state_dict``), ``optimizer`` and ``curr_lr``; the run's configuration lies two
+folders up, ``<experiment>/config.json`` (``algo/runners/runner.py``, ``Runner._save_cfg``; ``cfg.json``
+before 2.0.2). ``model`` holds, for the vector-observation actor-critic of
+``sample_factory/model/actor_critic.py`` (``ActorCriticSharedWeights``; ``ActorCriticSeparateWeights``
+puts ``actor_``/``critic_`` before ``encoder``, ``core`` and ``decoder``):
+
+* ``obs_normalizer.running_mean_std.running_mean_std.obs.{running_mean, running_var, count}``: float64,
+  with ``normalize_input`` (``utils/normalize.py``, ``ObservationNormalizer``;
+  ``algo/utils/running_mean_std.py``, ``RunningMeanStdInPlace``);
+* ``encoder.encoders.obs.mlp_head.{0,2,...}.{weight,bias}`` (``model/encoder.py``, ``MlpEncoder``:
+  ``Linear`` then the activation, ``encoder_mlp_layers``);
+* ``core.core.{weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0}``: a ``torch.nn.GRU`` of
+  ``rnn_size`` units (``model/core.py``, ``ModelCoreRNN``), absent when ``use_rnn`` is off;
+* ``decoder.mlp.{0,2,...}.*`` (``model/decoder.py``, ``decoder_mlp_layers``, empty by default);
+* ``action_parameterization.distribution_linear.{weight,bias}`` and, without ``adaptive_stddev``,
+  ``action_parameterization.learned_stddev`` (a log std) (``model/action_parameterization.py``);
+* ``critic_linear.*`` (the value function) and ``returns_normalizer.*``.
+
+What the policy computes, as Sample Factory computes it (``enjoy.py``):
+
+* ``ObservationNormalizer.forward``: ``x - obs_subtract_mean`` when ``|obs_subtract_mean| > 1e-8``, then
+  ``x * (1 / obs_scale)`` when ``|obs_scale - 1| > 1e-8``, then ``RunningMeanStdInPlace.forward`` in eval
+  mode: ``clamp((x - mean) * (1 / sqrt(var + 1e-5)), -5, 5)`` in float32, the float64 statistics cast
+  down (``.float()``) — the epsilon on the variance and the clip at 5 are rl_games' (Sample Factory's
+  module is rl_games' own, made in-place), unlike rsl_rl's (1e-2 on the std, no clip) or skrl's;
+* the encoder MLP; the GRU core, one step: with ``h`` the recurrent state, torch's
+  ``r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)``, ``z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)``,
+  ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``, ``h' = (h - n) * z + n`` (the rows of
+  ``weight_ih_l0`` are r, z, n in that order), ``h'`` both the core's output and the new state;
+* the decoder MLP, then ``distribution_linear``;
+* the deterministic action of ``enjoy.py`` with ``eval_deterministic``
+  (``algo/utils/action_distributions.py``, ``argmax_actions``): for a ``Box`` action space the
+  ``ContinuousActionDistribution``'s means — the first half of ``distribution_linear``'s outputs, the
+  second half the log std (std ``clamp(exp(log_std), 1e-4, 1e4)``), or without ``adaptive_stddev`` all of
+  them, through ``tanh(mu / s) * s`` when ``continuous_tanh_scale`` s > 0, with ``learned_stddev`` as the
+  log std; Sample Factory clips nothing. For a ``Discrete`` one the argmax of ``softmax(logits)``.
+
+The recurrent state is a graph input, ``rnn_state_in`` (float32, ``(batch, rnn_size)``, zeros at an
+episode's start as ``enjoy.py`` makes it), and a graph output, ``rnn_state_out``, to feed back at the
+next step. What the files do not record is read from ``config.json`` (``nonlinearity``,
+``obs_subtract_mean``, ``obs_scale``, ``continuous_tanh_scale``), else from options or Sample Factory's
+defaults, each reported; neither file records whether the action space is ``Box`` or ``Discrete`` when
+``adaptive_stddev`` is on (the default), so ``--head`` says so then. Nothing is unpickled beyond tensors
+and plain containers (see :mod:`..readers.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import BadModelError, OptionError
+from ..assumptions import Assumption
+
+#: ``RunningMeanStdInPlace``'s epsilon (``sample_factory/algo/utils/running_mean_std.py``, ``_NORM_EPS``),
+#: added to the variance before the square root.
+NORMALIZER_EPS = 1e-5
+#: ``_DEFAULT_CLIP``: the normalised observation is clamped to [-5, 5].
+NORMALIZER_CLIP = 5.0
+#: ``algo/utils/misc.py``'s ``EPS``: ``ObservationNormalizer`` subtracts ``obs_subtract_mean`` only when
+#: its magnitude exceeds it, and scales only when ``|obs_scale - 1|`` does.
+SCALING_EPS = 1e-8
+#: ``ContinuousActionDistribution.stddev_min`` and ``stddev_max``.
+STDDEV_MIN, STDDEV_MAX = 1e-4, 1e4
+#: ``model/model_utils.py``, ``nonlinearity``: the activations Sample Factory builds.
+ACTIVATIONS = ("elu", "relu", "tanh")
+#: The keys that tell a Sample Factory checkpoint: the learner's top-level keys and its model's head.
+MARKERS = frozenset({"train_step", "env_steps", "model"})
+MODEL_KEY = "action_parameterization.distribution_linear.weight"
+#: Where ``RunningMeanStdDictInPlace`` keeps the statistics of the ``obs`` observation.
+NORMALIZER_PREFIX = "obs_normalizer.running_mean_std.running_mean_std.obs."
+HEAD = "action_parameterization.distribution_linear"
+LEARNED_STDDEV = "action_parameterization.learned_stddev"
+#: The graph's recurrent state input and output.
+STATE_IN, STATE_OUT = "rnn_state_in", "rnn_state_out"
+
+
+Linear = tuple  # (weight name, weight (out, in), bias name, bias (out,))
+
+
+@dataclass
+class Gru:
+    """A one-layer ``torch.nn.GRU`` (``model/core.py``), names as the checkpoint keys them.
+
+    Attributes:
+        scope: the module path (``core.core``).
+        params: ``weight_ih_l0`` (3H, in), ``weight_hh_l0`` (3H, H), ``bias_ih_l0`` (3H,),
+            ``bias_hh_l0`` (3H,) -> (key, float32 array).
+    """
+
+    scope: str
+    params: dict[str, tuple[str, np.ndarray]]
+
+    @property
+    def size(self) -> int:
+        return int(self.params["weight_hh_l0"][1].shape[1])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.params["weight_ih_l0"][1].shape[1])
+
+
+@dataclass
+class Layout:
+    """A Sample Factory actor, as the checkpoint holds it.
+
+    Attributes:
+        encoder: ``Linear`` layers of the encoder's ``mlp_head``, in order.
+        core: the GRU, or ``None`` (``use_rnn`` off).
+        decoder: ``Linear`` layers of the decoder's ``mlp``, in order.
+        head: ``distribution_linear``.
+        learned_stddev: ``(name, array (A,))`` without ``adaptive_stddev``, else ``None``.
+        normalizer: role (``running_mean``, ``running_var``, ``count``) -> (name, float64 array).
+        separate: the actor of ``ActorCriticSeparateWeights`` (``actor_`` modules).
+        left_out: keys the graph does not compute (the value function, the returns' normaliser).
+    """
+
+    encoder: list[Linear]
+    core: Gru | None
+    decoder: list[Linear]
+    head: Linear
+    learned_stddev: tuple[str, np.ndarray] | None = None
+    normalizer: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
+    separate: bool = False
+    left_out: list[str] = field(default_factory=list)
+
+    @property
+    def obs_dim(self) -> int:
+        if self.encoder:
+            return int(self.encoder[0][1].shape[1])
+        if self.core is not None:
+            return self.core.in_features
+        return int((self.decoder[0] if self.decoder else self.head)[1].shape[1])
+
+    @property
+    def width(self) -> int:
+        """``distribution_linear``'s outputs."""
+        return int(self.head[1].shape[0])
+
+
+def is_sample_factory_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a torch zip whose pickle names the learner's top-level keys and the model's
+    ``action_parameterization.distribution_linear``, read without unpickling anything."""
+    from ..readers.checkpoints import pickled_strings
+
+    strings = pickled_strings(path)
+    return MARKERS <= strings and MODEL_KEY in strings
+
+
+def _numbered(sd: dict, prefix: str, what: str) -> list[Linear]:
+    """The ``Linear`` layers ``<prefix>.<i>`` of a ``create_mlp`` ``nn.Sequential`` (Linear, activation, ...)."""
+    from ..readers.checkpoints import linear_layer
+
+    found: dict[int, set[str]] = {}
+    for name in sd:
+        if name.startswith(prefix + "."):
+            m = re.fullmatch(re.escape(prefix) + r"\.(\d+)\.(weight|bias)", name)
+            if not m:
+                raise BadModelError(f"{what}: {name} is not a parameter of the Linear layers Sample Factory's "
+                                    f"create_mlp puts in {prefix}")
+            found.setdefault(int(m[1]), set()).add(m[2])
+    if any(i % 2 for i in found):
+        raise BadModelError(f"{what}: {prefix} holds parameters at odd indices ({sorted(found)}), where Sample Factory "
+                            "puts the activations")
+    return [linear_layer(sd, f"{prefix}.{i}", what) for i in sorted(found)]
+
+
+def read_layout(ckpt: dict, what: str) -> Layout:
+    """Place the actor's arrays of a Sample Factory checkpoint's ``model``.
+
+    Raises:
+        BadModelError: no ``model`` state_dict; no ``distribution_linear``; a convolutional encoder or
+            observations other than one ``obs`` vector; an LSTM, a GRU of several layers, or a
+            recurrent core in separate actor and critic networks; layers that do not chain; statistics
+            of another width.
+    """
+    from ..readers.checkpoints import linear_layer, state_dict
+
+    if "model" not in ckpt:
+        raise BadModelError(f"{what} holds {', '.join(map(str, ckpt))}: no 'model', the state_dict Sample Factory's "
+                            "learner saves")
+    sd = state_dict(ckpt["model"], f"{what}'s model")
+    if f"{HEAD}.weight" not in sd:
+        raise BadModelError(f"{what}'s model has no {HEAD}.weight: not a Sample Factory actor-critic")
+    separate = any(k.startswith("actor_encoder.") for k in sd)
+    encoder, core, decoder = ("actor_encoder", "actor_core", "actor_decoder") if separate else ("encoder", "core", "decoder")
+    mlp_head = f"{encoder}.encoders.obs.mlp_head"
+    odd = sorted(k for k in sd if k.startswith(f"{encoder}.") and not k.startswith(f"{mlp_head}."))
+    if odd:
+        raise BadModelError(f"{what}'s model holds {', '.join(odd[:4])}{' ...' if len(odd) > 4 else ''}: policyport reads "
+                            "Sample Factory's MLP encoder of one 'obs' vector (encoders.obs.mlp_head); convolutional "
+                            "encoders and dict observations are not read")
+    layout = Layout(_numbered(sd, mlp_head, what), None, _numbered(sd, f"{decoder}.mlp", what), linear_layer(sd, HEAD, what),
+                    separate=separate)
+    rnn = {k: v for k, v in sd.items() if k.startswith(f"{core}.")}
+    if rnn:
+        names = {f"{core}.core.{p}" for p in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
+        if set(rnn) != names:
+            raise BadModelError(f"{what}'s model holds {', '.join(sorted(set(rnn) - names) or sorted(names - set(rnn)))}: "
+                                "policyport reads a one-layer GRU core (rnn_num_layers 1) with its biases")
+        if separate:
+            raise BadModelError(f"{what}: a recurrent core in separate actor and critic networks "
+                                "(actor_critic_share_weights off) is not read")
+        params = {k.rsplit(".", 1)[1]: (k, v) for k, v in rnn.items()}
+        gru = Gru(f"{core}.core", params)
+        ih, hh = params["weight_ih_l0"][1], params["weight_hh_l0"][1]
+        h = hh.shape[1] if hh.ndim == 2 else 0
+        if hh.shape == (4 * h, h):
+            raise BadModelError(f"{what}: {core}.core is an LSTM (weight_hh_l0 {hh.shape}); policyport reads a GRU core")
+        if ih.ndim != 2 or hh.shape != (3 * h, h) or ih.shape[0] != 3 * h or any(
+                params[b][1].shape != (3 * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
+            raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are not a GRU's (3H, in) and (3H, H)")
+        layout.core = gru
+    chain = [(name, w.shape[1], w.shape[0]) for name, w, _, _ in layout.encoder]
+    if layout.core is not None:
+        chain.append((layout.core.params["weight_ih_l0"][0], layout.core.in_features, layout.core.size))
+    chain += [(name, w.shape[1], w.shape[0]) for name, w, _, _ in [*layout.decoder, layout.head]]
+    for (a, _, out), (b, into, _) in zip(chain, chain[1:]):
+        if out != into:
+            raise BadModelError(f"{what}: {a} outputs {out} features but {b} takes {into}")
+    if LEARNED_STDDEV in sd:
+        stddev = sd[LEARNED_STDDEV]
+        if stddev.shape != (layout.width,):
+            raise BadModelError(f"{what}: {LEARNED_STDDEV} has shape {stddev.shape}, {HEAD} outputs {layout.width}")
+        layout.learned_stddev = (LEARNED_STDDEV, stddev)
+    statistics = {k for k in sd if k.startswith("obs_normalizer.")}
+    for role in ("running_mean", "running_var", "count"):
+        if NORMALIZER_PREFIX + role in sd:
+            layout.normalizer[role] = (NORMALIZER_PREFIX + role, sd[NORMALIZER_PREFIX + role])
+    if statistics - {n for n, _ in layout.normalizer.values()}:
+        raise BadModelError(f"{what}'s model holds {', '.join(sorted(statistics))}: policyport reads the normaliser of "
+                            "one 'obs' vector")
+    if layout.normalizer:
+        if len(layout.normalizer) != 3:
+            lacking = {"running_mean", "running_var", "count"} - set(layout.normalizer)
+            raise BadModelError(f"{what}: the observation normaliser lacks {NORMALIZER_PREFIX}{lacking.pop()}")
+        for role in ("running_mean", "running_var"):
+            name, array = layout.normalizer[role]
+            if array.shape != (layout.obs_dim,):
+                raise BadModelError(f"{what}: {name} has shape {array.shape}; the actor reads {layout.obs_dim} "
+                                    "observations (a per-channel normaliser is not read)")
+    used = {n for layer in [*layout.encoder, *layout.decoder, layout.head] for n in (layer[0], layer[2])}
+    used |= {n for n, _ in layout.normalizer.values()}
+    used |= {n for n, _ in layout.core.params.values()} if layout.core else set()
+    used |= {LEARNED_STDDEV} if layout.learned_stddev else set()
+    layout.left_out = sorted(k for k in sd if k not in used)
+    return layout
+
+
+# ---------------------------------------------------------------- the run's configuration
+
+
+@dataclass
+class RunConfig:
+    """What ``config.json`` says (``None``: not said), and where it lies."""
+
+    path: Path
+    values: dict
+
+    def get(self, key: str):
+        return self.values.get(key)
+
+
+def find_run_config(checkpoint: Path) -> Path | None:
+    """``<experiment>/config.json`` (``cfg.json`` before Sample Factory 2.0.2) of a checkpoint in
+    ``<experiment>/checkpoint_p<N>/`` (or its ``milestones/``), or beside it; ``None`` when there is none."""
+    for folder in (checkpoint.parent, checkpoint.parent.parent, checkpoint.parent.parent.parent):
+        for name in ("config.json", "cfg.json"):
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def read_run_config(checkpoint: Path) -> RunConfig | None:
+    """The run's configuration (:func:`find_run_config`), a JSON object.
+
+    Raises:
+        BadModelError: a configuration file that is not a JSON object.
+    """
+    path = find_run_config(checkpoint)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise BadModelError(f"{path}, the run configuration beside {checkpoint}, is not readable JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise BadModelError(f"{path}, the run configuration beside {checkpoint}, holds a {type(values).__name__}, "
+                            "not the object Sample Factory writes")
+    return RunConfig(path, values)
+
+
+def _number(config: RunConfig, key: str) -> float | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise BadModelError(f"{config.path}: {key} is {value!r}, not a finite number")
+    return float(value)
+
+
+def _check_agrees(layout: Layout, config: RunConfig, what: str) -> None:
+    """Refuse a configuration that describes another network than the checkpoint holds."""
+    said = {"use_rnn": config.get("use_rnn"), "rnn_type": config.get("rnn_type"), "rnn_size": config.get("rnn_size"),
+            "normalize_input": config.get("normalize_input"), "adaptive_stddev": config.get("adaptive_stddev")}
+    holds = {"use_rnn": layout.core is not None, "normalize_input": bool(layout.normalizer)}
+    if layout.core is not None:
+        holds.update(rnn_type="gru", rnn_size=layout.core.size)
+    if layout.learned_stddev is not None:
+        holds["adaptive_stddev"] = False
+    for key, value in holds.items():
+        if said[key] is not None and said[key] != value:
+            raise BadModelError(f"{config.path} says {key} {said[key]!r} but {what} holds a network with {key} "
+                                f"{value!r}: the configuration belongs to another run")
+
+
+# ---------------------------------------------------------------- the graph
+
+
+@dataclass
+class Plan:
+    """What the graph computes beyond the arrays.
+
+    Attributes:
+        activation: the hidden activation (``None``: no hidden layers).
+        continuous: a ``Box`` action space (else ``Discrete``).
+        subtract: ``obs_subtract_mean`` when the normaliser subtracts it, else ``None``.
+        scale: ``obs_scale`` when the normaliser scales by it, else ``None``.
+        tanh_scale: ``continuous_tanh_scale`` when it applies (> 0, without adaptive stddev), else ``None``.
+    """
+
+    activation: object
+    continuous: bool
+    subtract: float | None = None
+    scale: float | None = None
+    tanh_scale: float | None = None
+
+
+def _hidden(layers: list[Linear], scope: str) -> list[str]:
+    """The activation modules' paths after each ``Linear`` of a ``create_mlp`` ``nn.Sequential``."""
+    return [f"{scope}.{int(w.rsplit('.', 2)[1]) + 1}" for w, *_ in layers]
+
+
+def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
+    import onnx
+
+    from ..build import Dense, MlpBuilder, Step, add_running_mean_std, finish_model
+
+    helper, f32 = onnx.helper, np.float32
+    b = MlpBuilder(opset, np.dtype(f32))
+    FLOAT = onnx.TensorProto.FLOAT
+
+    def const(value, name):
+        return b.initializer(np.asarray(value, f32), name)
+
+    x = "obs"
+    if plan.subtract is not None:  # obs_clone["obs"].sub_(self.sub_mean)
+        x = b.node("Sub", [x, const(plan.subtract, "obs_normalizer/obs_subtract_mean")], "obs_normalizer/subtracted")
+    if plan.scale is not None:  # obs_clone["obs"].mul_(1.0 / self.scale), the reciprocal taken in Python's float64
+        x = b.node("Mul", [x, const(1.0 / plan.scale, "obs_normalizer/inverse_obs_scale")], "obs_normalizer/scaled")
+    if layout.normalizer:
+        # RunningMeanStdInPlace.forward: x.sub_(mean.float()).mul_(1 / sqrt(var.float() + eps)).clamp_(-clip, clip)
+        x = add_running_mean_std(b, x, layout.normalizer, NORMALIZER_PREFIX.rstrip("."), NORMALIZER_EPS, NORMALIZER_CLIP,
+                                 reciprocal=True)
+
+    def mlp(layers, scope, x):
+        for (wname, w, bname, bias), act_scope in zip(layers, _hidden(layers, scope)):
+            post = [] if plan.activation is None else [Step("activation", act_scope, plan.activation)]
+            x = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in", None, post), x)
+        return x
+
+    prefix = "actor_" if layout.separate else ""
+    x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
+    if layout.core is not None:
+        x = _gru(b, layout.core, x, STATE_IN, STATE_OUT)
+    x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
+    wname, w, bname, bias = layout.head
+    logits = b.dense(Dense(HEAD, w, wname, bias, bname, "out_in"), x, "logits")
+    outputs = [helper.make_tensor_value_info("logits", FLOAT, ["batch", layout.width])]
+    if not plan.continuous:
+        probs = b.node("Softmax", [logits], "probs", axis=1)
+        b.node("ArgMax", [probs], "action", axis=1, keepdims=0)
+        outputs += [helper.make_tensor_value_info("probs", FLOAT, ["batch", layout.width]),
+                    helper.make_tensor_value_info("action", onnx.TensorProto.INT64, ["batch"])]
+    else:
+        if layout.learned_stddev is None:  # torch.chunk(params, 2, dim=1): means, log_std
+            n = layout.width // 2
+            b.node("Slice", [logits, b.constant([0], "logits/mean_start"), b.constant([n], "logits/mean_end"),
+                             b.constant([1], "logits/axes")], "action", )
+            b.node("Slice", [logits, b.constant([n], "logits/log_std_start"), b.constant([2 * n], "logits/log_std_end"),
+                             b.constant([1], "logits/log_std_axes")], "log_std")
+        else:
+            n = layout.width
+            if plan.tanh_scale is None:
+                b.node("Identity", [logits], "action")
+            else:  # torch.tanh(action_means / self.tanh_scale) * self.tanh_scale
+                s = const(plan.tanh_scale, "action/tanh_scale")
+                t = b.node("Tanh", [b.node("Div", [logits, s], "action/over_scale")], "action/tanh")
+                b.node("Mul", [t, s], "action")
+            name, array = layout.learned_stddev  # self.learned_stddev.repeat(batch_size, 1)
+            b.node("Expand", [b.initializer(array, name, name), b.node("Shape", [logits], "log_std/batch_shape")], "log_std")
+        b.node("Clip", [b.node("Exp", ["log_std"], "std/unclamped"), const(STDDEV_MIN, "std/min"), const(STDDEV_MAX, "std/max")],
+               "std")
+        outputs += [helper.make_tensor_value_info(t, FLOAT, ["batch", n]) for t in ("action", "log_std", "std")]
+    inputs = [helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])]
+    if layout.core is not None:
+        inputs.append(helper.make_tensor_value_info(STATE_IN, FLOAT, ["batch", layout.core.size]))
+        outputs.append(helper.make_tensor_value_info(STATE_OUT, FLOAT, ["batch", layout.core.size]))
+    head = "diag-gaussian" if plan.continuous else "categorical"
+    return finish_model(b, inputs, outputs, opset, {"policyport.head": head, **metadata})
+
+
+def _gru(b, gru: Gru, x: str, state_in: str, state_out: str) -> str:
+    """One step of ``torch.nn.GRU`` as torch's CPU cell computes it (``aten/src/ATen/native/RNN.cpp``,
+    ``GRUCell``): gates ``linear(x, W_ih, b_ih)`` and ``linear(h, W_hh, b_hh)``, chunked r, z, n;
+    ``h' = (h - n) * z + n``. The weights stay single initializers under torch's names."""
+    from ..build import Dense
+
+    p, scope, h = gru.params, gru.scope, gru.size
+    gi = b.dense(Dense(scope, p["weight_ih_l0"][1], p["weight_ih_l0"][0], p["bias_ih_l0"][1], p["bias_ih_l0"][0], "out_in"),
+                 x, f"{scope}/input_gates")
+    gh = b.dense(Dense(scope, p["weight_hh_l0"][1], p["weight_hh_l0"][0], p["bias_hh_l0"][1], p["bias_hh_l0"][0], "out_in"),
+                 state_in, f"{scope}/hidden_gates")
+    axes = b.constant([1], f"{scope}/gate_axis")
+    bounds = {gate: (b.constant([i * h], f"{scope}/{gate}_start"), b.constant([(i + 1) * h], f"{scope}/{gate}_end"))
+              for i, gate in enumerate(("r", "z", "n"))}
+
+    def part(gates, gate, which):
+        return b.node("Slice", [gates, *bounds[gate], axes], f"{scope}/{which}_{gate}")
+
+    r = b.node("Sigmoid", [b.node("Add", [part(gh, "r", "hidden"), part(gi, "r", "input")], f"{scope}/reset_sum")],
+               f"{scope}/reset_gate")
+    z = b.node("Sigmoid", [b.node("Add", [part(gh, "z", "hidden"), part(gi, "z", "input")], f"{scope}/update_sum")],
+               f"{scope}/update_gate")
+    n = b.node("Tanh", [b.node("Add", [part(gi, "n", "input"), b.node("Mul", [part(gh, "n", "hidden"), r],
+                                                                      f"{scope}/reset_hidden")], f"{scope}/new_sum")],
+               f"{scope}/new_gate")
+    kept = b.node("Mul", [b.node("Sub", [state_in, n], f"{scope}/state_minus_new"), z], f"{scope}/kept")
+    return b.node("Add", [kept, n], state_out)
+
+
+def normalize(layout: Layout, plan: Plan, obs: np.ndarray) -> np.ndarray:
+    """``ObservationNormalizer.forward`` in eval mode, in numpy float32 (see the module docstring)."""
+    f32 = np.float32
+    x = np.asarray(obs, f32)
+    if plan.subtract is not None:
+        x = x - f32(plan.subtract)
+    if plan.scale is not None:
+        x = x * f32(1.0 / plan.scale)
+    if layout.normalizer:
+        mean = layout.normalizer["running_mean"][1].astype(f32)
+        var = layout.normalizer["running_var"][1].astype(f32)
+        x = np.clip((x - mean) * (f32(1) / np.sqrt(var + f32(NORMALIZER_EPS))), f32(-NORMALIZER_CLIP), f32(NORMALIZER_CLIP))
+    return x
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+
+
+def reference_forward(layout: Layout, plan: Plan, feeds) -> dict[str, np.ndarray]:
+    """Sample Factory's actor in numpy float32, in its order of operations, tensors named as the graph
+    names them. ``feeds``: the observations (float32, ``(batch, obs_dim)``), or with a GRU core a
+    mapping with ``obs`` and ``rnn_state_in`` (float32, ``(batch, rnn_size)``)."""
+    f32 = np.float32
+    out: dict[str, np.ndarray] = {}
+    obs = feeds["obs"] if isinstance(feeds, dict) else feeds
+    x = normalize(layout, plan, obs)
+    if layout.normalizer:
+        out[NORMALIZER_PREFIX.rstrip(".")] = x
+    prefix = "actor_" if layout.separate else ""
+
+    def mlp(layers, scope, x):
+        for (wname, w, _, bias), act_scope in zip(layers, _hidden(layers, scope)):
+            x = out[f"{wname.rsplit('.', 1)[0]}/linear"] = x @ w.T + bias
+            if plan.activation is not None:
+                x = out[f"{act_scope}/{plan.activation.label}"] = plan.activation.reference(x).astype(f32)
+        return x
+
+    x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
+    if layout.core is not None:
+        h = np.asarray(feeds[STATE_IN], f32)
+        p, n = layout.core.params, layout.core.size
+        gi = x @ p["weight_ih_l0"][1].T + p["bias_ih_l0"][1]
+        gh = h @ p["weight_hh_l0"][1].T + p["bias_hh_l0"][1]
+        r = _sigmoid(gh[:, :n] + gi[:, :n])
+        z = _sigmoid(gh[:, n:2 * n] + gi[:, n:2 * n])
+        new = np.tanh(gi[:, 2 * n:] + gh[:, 2 * n:] * r)
+        x = out[STATE_OUT] = (h - new) * z + new
+        out[f"{layout.core.scope}/reset_gate"], out[f"{layout.core.scope}/update_gate"] = r, z
+        out[f"{layout.core.scope}/new_gate"] = new
+    x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
+    _, w, _, bias = layout.head
+    logits = out["logits"] = x @ w.T + bias
+    if not plan.continuous:
+        e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+        out["probs"] = (e / e.sum(axis=1, keepdims=True)).astype(f32)
+        out["action"] = np.argmax(out["probs"], axis=1).astype(np.int64)
+        return out
+    if layout.learned_stddev is None:
+        half = layout.width // 2
+        out["action"], out["log_std"] = logits[:, :half], logits[:, half:]
+    else:
+        s = plan.tanh_scale
+        out["action"] = logits if s is None else np.tanh(logits / f32(s)) * f32(s)
+        out["log_std"] = np.broadcast_to(layout.learned_stddev[1], logits.shape).copy()
+    out["std"] = np.clip(np.exp(out["log_std"]), f32(STDDEV_MIN), f32(STDDEV_MAX))
+    return out
+
+
+def convert_sample_factory(source, options):
+    """Convert a Sample Factory 2.x checkpoint (see the module docstring) to ONNX.
+
+    Args:
+        source: the checkpoint's path (``checkpoint_<step>_<env_steps>.pth``).
+        options: a :class:`~policyport.converter.ConvertOptions`: ``activation`` (required when no
+            ``config.json`` names ``nonlinearity``; must agree with it when one does), ``head``
+            (``categorical`` for a ``Discrete`` action space, ``diag-gaussian`` for a ``Box`` one;
+            required unless the checkpoint holds ``learned_stddev``, which only a ``Box`` policy has),
+            ``opset``.
+
+    Returns:
+        A :class:`~policyport.converter.Converted`: inputs ``obs`` (float32, ``(batch, obs_dim)``, raw
+        observations) and, with a GRU core, ``rnn_state_in`` (float32, ``(batch, rnn_size)``; zeros at an
+        episode's start); outputs ``logits`` (``distribution_linear``'s), ``action`` (``argmax_actions``:
+        the means, float32 ``(batch, A)``, or the argmax, int64 ``(batch,)``), ``log_std`` and ``std`` or
+        ``probs``, and ``rnn_state_out``; initializers under Sample Factory's keys (``core.core.weight_ih_l0``,
+        the normaliser's float64 statistics ...); the reference is Sample Factory's forward rebuilt in numpy.
+
+    Raises:
+        UnreadableFileError: not a torch zip holding a dict.
+        BadModelError: a network this reader does not read (see :func:`read_layout`); a ``config.json``
+            that is not JSON or describes another network.
+        OptionError: no activation anywhere, or one contradicting ``config.json``; no ``--head`` where
+            the files do not tell the action space, or one contradicting them.
+    """
+    from ...io.kinds import sha256_file
+    from ..activations import choose_activation, parse_activation, required_activation
+    from ..assumptions import head_assumption, joined, reconstruction
+    from ..options import Converted
+    from ..readers.checkpoints import read_checkpoint
+
+    path = Path(os.fspath(source))
+    what = str(path)
+    layout = read_layout(read_checkpoint(path, "Sample Factory"), what)
+    config = read_run_config(path)
+    if config is not None:
+        _check_agrees(layout, config, what)
+    where = str(config.path) if config else what
+    prefix = "actor_" if layout.separate else ""
+    hidden = (_hidden(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head")
+              + _hidden(layout.decoder, f"{prefix}decoder.mlp"))
+    recorded = config.get("nonlinearity") if config else None
+    if recorded is not None and recorded not in ACTIVATIONS:
+        raise BadModelError(f"{where} names the nonlinearity {recorded!r}, which Sample Factory does not build "
+                            f"({', '.join(ACTIVATIONS)})")
+    activation_name, notes = choose_activation(options.activation, recorded, where)
+    if activation_name is None:
+        activation_name = required_activation(None, f"{what} (a Sample Factory checkpoint)", hidden,
+                                              "Sample Factory's nonlinearity defaults to elu, and the run writes it to "
+                                              "config.json in the experiment folder, which does not lie above this "
+                                              "checkpoint")
+    act = parse_activation(activation_name)
+    assumptions: list[Assumption] = []
+    if hidden:
+        because = (f"read from {config.path}'s nonlinearity; the checkpoint does not record it" if recorded is not None
+                   else f"given by --activation; {what} does not record it and no config.json lies above it")
+        assumptions.append(Assumption("activation", f"{activation_name} at {joined(hidden)}", because,
+                                      "--activation must agree with it" if recorded is not None else "--activation names another"))
+
+    # the action space: learned_stddev exists only for a Box; otherwise --head says
+    if layout.learned_stddev is not None:
+        if options.head not in (None, "diag-gaussian", "diag-gaussian:halves"):
+            raise OptionError(f"--head {options.head}: {what} holds {LEARNED_STDDEV}, which Sample Factory makes only for "
+                              "a Box action space (adaptive_stddev off): its action is the means (diag-gaussian)")
+        continuous = True
+    else:
+        if options.head in (None, "none"):
+            raise OptionError(f"{what} does not record whether its action space is Discrete or Box: with adaptive_stddev "
+                              f"(Sample Factory's default) {HEAD} outputs a Discrete space's {layout.width} logits or a "
+                              f"Box's means and log stds alike, and config.json does not record the space; say which with "
+                              "--head categorical (Discrete: action = argmax) or --head diag-gaussian (Box: action = the "
+                              "first half, the means)")
+        continuous = options.head != "categorical"
+        if continuous and layout.width % 2:
+            raise OptionError(f"--head {options.head}: {HEAD} outputs {layout.width} values, which a Box's means and "
+                              "log stds (two halves) cannot be; is the action space Discrete (--head categorical)?")
+        assumptions.append(head_assumption(
+            "diag-gaussian:halves" if continuous else "categorical", output=HEAD, width=layout.width, log_std=None,
+            what=f"{what} (adaptive_stddev)",
+            convention="Sample Factory's ContinuousActionDistribution chunks them so "
+                       "(sample_factory/algo/utils/action_distributions.py)"))
+
+    plan = Plan(None if act.name == "linear" else act, continuous)
+    subtract = _number(config, "obs_subtract_mean") if config else None
+    scale = _number(config, "obs_scale") if config else None
+    if scale is not None and scale == 0:
+        raise BadModelError(f"{config.path}: obs_scale is 0, which Sample Factory divides by")
+    plan.subtract = subtract if subtract is not None and abs(subtract) > SCALING_EPS else None
+    plan.scale = scale if scale is not None and abs(scale - 1.0) > SCALING_EPS else None
+    if config is None or config.get("obs_subtract_mean") is None or config.get("obs_scale") is None:
+        assumptions.append(Assumption(
+            "observation scaling", f"obs_subtract_mean {subtract or 0:g}, obs_scale {1 if scale is None else scale:g}",
+            "Sample Factory's defaults; ObservationNormalizer subtracts and scales by them before its statistics, and "
+            + (f"{config.path} does not name them" if config else "no config.json lies above the checkpoint"),
+            "put the run's config.json in the experiment folder above checkpoint_p0"))
+    if continuous and layout.learned_stddev is not None:
+        tanh_scale = _number(config, "continuous_tanh_scale") if config else None
+        plan.tanh_scale = tanh_scale if tanh_scale is not None and tanh_scale > 0 else None
+        if tanh_scale is None:
+            assumptions.append(Assumption(
+                "head", "action = the means as distribution_linear outputs them (continuous_tanh_scale 0)",
+                "Sample Factory's default; the checkpoint does not record continuous_tanh_scale and "
+                + (f"{config.path} does not name it" if config else "no config.json lies above it"),
+                "put the run's config.json in the experiment folder above checkpoint_p0"))
+    if continuous:
+        notes.append("the action is the means as Sample Factory's argmax_actions gives them; Sample Factory clips "
+                     "nothing (an environment may clip them to its Box)")
+    if not layout.normalizer:
+        notes.append(f"{what} holds no observation normaliser statistics (normalize_input was off)")
+    if layout.core is not None:
+        notes.append(f"the GRU's state is the input {STATE_IN} ({layout.core.size} wide, zeros at an episode's start) "
+                     f"and the output {STATE_OUT}, fed back at the next step")
+    if layout.left_out:
+        notes.append(f"left out of the graph (the value function): {', '.join(layout.left_out)}")
+    source_info = {"kind": "sample-factory", "file": path.name, "sha256": sha256_file(path)}
+    if config is not None:
+        source_info["config"] = str(config.path)
+    metadata = {"policyport.source": json.dumps(source_info), "policyport.activation": activation_name}
+    if layout.normalizer or plan.subtract is not None or plan.scale is not None:
+        metadata["policyport.observation_filter"] = json.dumps(
+            {"type": "ObservationNormalizer", "library": "sample_factory",
+             "formula": "clip(((x - obs_subtract_mean) * (1 / obs_scale) - mean) * (1 / sqrt(var + eps)), -clip, clip)",
+             "obs_subtract_mean": plan.subtract or 0.0, "obs_scale": plan.scale or 1.0,
+             "statistics": bool(layout.normalizer), "epsilon": NORMALIZER_EPS, "clip": NORMALIZER_CLIP,
+             **({"count": float(layout.normalizer["count"][1].reshape(-1)[0])} if layout.normalizer else {})})
+    if layout.core is not None:
+        metadata["policyport.recurrent_state"] = json.dumps({"input": STATE_IN, "output": STATE_OUT,
+                                                             "size": layout.core.size, "initial": "zeros"})
+    model = _build(layout, plan, options.opset, metadata)
+    return Converted(model, lambda feeds: reference_forward(layout, plan, feeds), "sample-factory", notes=notes,
+                     assumptions=assumptions, oracle=reconstruction("the arrays of a Sample Factory checkpoint"))
