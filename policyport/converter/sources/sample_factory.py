@@ -546,7 +546,7 @@ def convert_sample_factory(source, options):
     """
     from ...io.kinds import sha256_file
     from ..activations import choose_activation, parse_activation, required_activation
-    from ..assumptions import head_assumption, joined, reconstruction
+    from ..assumptions import joined, reconstruction
     from ..options import Converted
     from ..readers.checkpoints import read_checkpoint
 
@@ -595,11 +595,15 @@ def convert_sample_factory(source, options):
         if continuous and layout.width % 2:
             raise OptionError(f"--head {options.head}: {HEAD} outputs {layout.width} values, which a Box's means and "
                               "log stds (two halves) cannot be; is the action space Discrete (--head categorical)?")
-        assumptions.append(head_assumption(
-            "diag-gaussian:halves" if continuous else "categorical", output=HEAD, width=layout.width, log_std=None,
-            what=f"{what} (adaptive_stddev)",
-            convention="Sample Factory's ContinuousActionDistribution chunks them so "
-                       "(sample_factory/algo/utils/action_distributions.py)"))
+        space = "Sample Factory's ContinuousActionDistribution chunks a Box's parameters so" if continuous else \
+            "Sample Factory's CategoricalActionDistribution reads a Discrete space's logits so"
+        half = layout.width // 2
+        assumptions.append(Assumption(
+            "head", (f"Box: action = the first {half} of {HEAD}'s {layout.width} outputs (the means), the last {half} "
+                     "the log std") if continuous else f"Discrete: action = argmax of {HEAD}'s {layout.width} logits",
+            f"given by --head {options.head}; {what} (adaptive_stddev) does not record its action space, and {space} "
+            "(sample_factory/algo/utils/action_distributions.py)",
+            "--head categorical for a Discrete action space" if continuous else "--head diag-gaussian for a Box one"))
 
     plan = Plan(None if act.name == "linear" else act, continuous)
     subtract = _number(config, "obs_subtract_mean") if config else None
