@@ -59,7 +59,7 @@ def run(model, backend, feeds):
 
 
 def test_a_checkpoint_is_told_from_its_keys():
-    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu"):
+    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu", "lstm_elu"):
         assert detect_kind(checkpoint(experiment)) == "sample-factory"
     assert detect_kind(ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth") == "rl-games"
     assert detect_kind(ROOT / "fixtures" / "torch" / "gaussian.state_dict.pt") == "state-dict"
@@ -101,6 +101,19 @@ def test_a_discrete_policys_action_is_the_argmax(backend, obs):
         assert out["action"].dtype == np.int64 and (out["action"] == want["action" + suffix]).all()
         assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
     assert len(set(want["action"].tolist())) > 1
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_an_lstm_policys_state_is_h_then_c(backend, obs):
+    """Sample Factory's LSTM state is [h, c], 2 * rnn_size wide; the action and both halves of the new state."""
+    want = expected("lstm_elu")
+    model = pp.convert(checkpoint("lstm_elu"), head="categorical")
+    assert [d.dim_value for d in model.graph.input[1].type.tensor_type.shape.dim][1:] == [16]
+    for states, suffix in ((np.zeros((1000, 16), np.float32), ""), (random_states(1000, 16), "_random")):
+        out = run(model, backend, {"obs": obs, "rnn_state_in": states})
+        assert (out["action"] == want["action" + suffix]).all()
+        assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
+    assert (want["action"] != want["action_random"]).any()
 
 
 def _means_under(layout, obs, eps_on_var=None, eps_on_std=None, clip=None):
@@ -148,7 +161,7 @@ def test_obs_subtract_mean_and_obs_scale_come_before_the_statistics(obs, tmp_pat
 
 def test_extract_gives_every_array_back_bit_for_bit():
     torch = pytest.importorskip("torch")
-    for experiment, options in (("gru_elu", {"head": "diag-gaussian"}), ("mlp_tanh", {})):
+    for experiment, options in (("gru_elu", {"head": "diag-gaussian"}), ("mlp_tanh", {}), ("lstm_elu", {"head": "categorical"})):
         saved = torch.load(checkpoint(experiment), weights_only=False)["model"]
         weights = pp.extract_weights(pp.convert(checkpoint(experiment), **options))
         policy = {k: v for k, v in saved.items() if not k.startswith(("critic_", "returns_normalizer"))}
@@ -199,8 +212,9 @@ def test_networks_it_does_not_read_are_refused_with_exit_3(tmp_path):
     torch = pytest.importorskip("torch")
     saved = torch.load(checkpoint("gru_elu"), weights_only=False)
     cases = {
-        "lstm": {**saved["model"], "core.core.weight_hh_l0": torch.zeros(48, 12), "core.core.weight_ih_l0": torch.zeros(48, 64),
-                 "core.core.bias_ih_l0": torch.zeros(48), "core.core.bias_hh_l0": torch.zeros(48)},
+        "five_gates": {**saved["model"], "core.core.weight_hh_l0": torch.zeros(60, 12),
+                       "core.core.weight_ih_l0": torch.zeros(60, 64), "core.core.bias_ih_l0": torch.zeros(60),
+                       "core.core.bias_hh_l0": torch.zeros(60)},
         "two_layers": {**saved["model"], "core.core.weight_ih_l1": torch.zeros(36, 12)},
         "conv": {**saved["model"], "encoder.encoders.obs.enc.conv_head.0.weight": torch.zeros(8, 3, 3, 3)},
     }

@@ -13,8 +13,8 @@ puts ``actor_``/``critic_`` before ``encoder``, ``core`` and ``decoder``):
   ``algo/utils/running_mean_std.py``, ``RunningMeanStdInPlace``);
 * ``encoder.encoders.obs.mlp_head.{0,2,...}.{weight,bias}`` (``model/encoder.py``, ``MlpEncoder``:
   ``Linear`` then the activation, ``encoder_mlp_layers``);
-* ``core.core.{weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0}``: a ``torch.nn.GRU`` of
-  ``rnn_size`` units (``model/core.py``, ``ModelCoreRNN``), absent when ``use_rnn`` is off;
+* ``core.core.{weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0}``: a ``torch.nn.GRU`` (or ``LSTM``,
+  ``rnn_type``) of ``rnn_size`` units (``model/core.py``, ``ModelCoreRNN``), absent when ``use_rnn`` is off;
 * ``decoder.mlp.{0,2,...}.*`` (``model/decoder.py``, ``decoder_mlp_layers``, empty by default);
 * ``action_parameterization.distribution_linear.{weight,bias}`` and, without ``adaptive_stddev``,
   ``action_parameterization.learned_stddev`` (a log std) (``model/action_parameterization.py``);
@@ -30,7 +30,10 @@ What the policy computes, as Sample Factory computes it (``enjoy.py``):
 * the encoder MLP; the GRU core, one step: with ``h`` the recurrent state, torch's
   ``r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)``, ``z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)``,
   ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``, ``h' = (h - n) * z + n`` (the rows of
-  ``weight_ih_l0`` are r, z, n in that order), ``h'`` both the core's output and the new state;
+  ``weight_ih_l0`` are r, z, n in that order), ``h'`` both the core's output and the new state; an LSTM's
+  state is ``[h, c]`` (``ModelCoreRNN`` splits and concatenates them), its gates i, f, g, o of
+  ``linear(h, W_hh, b_hh) + linear(x, W_ih, b_ih)``: ``c' = sigmoid(f) * c + sigmoid(i) * tanh(g)``,
+  ``h' = sigmoid(o) * tanh(c')`` (``LSTMCell``), ``h'`` the core's output and ``[h', c']`` the new state;
 * the decoder MLP, then ``distribution_linear``;
 * the deterministic action of ``enjoy.py`` with ``eval_deterministic``
   (``algo/utils/action_distributions.py``, ``argmax_actions``): for a ``Box`` action space the
@@ -39,8 +42,8 @@ What the policy computes, as Sample Factory computes it (``enjoy.py``):
   them, through ``tanh(mu / s) * s`` when ``continuous_tanh_scale`` s > 0, with ``learned_stddev`` as the
   log std; Sample Factory clips nothing. For a ``Discrete`` one the argmax of ``softmax(logits)``.
 
-The recurrent state is a graph input, ``rnn_state_in`` (float32, ``(batch, rnn_size)``, zeros at an
-episode's start as ``enjoy.py`` makes it), and a graph output, ``rnn_state_out``, to feed back at the
+The recurrent state is a graph input, ``rnn_state_in`` (float32, ``(batch, rnn_size)``, ``2 * rnn_size``
+for an LSTM, zeros at an episode's start as ``enjoy.py`` makes it), and a graph output, ``rnn_state_out``, to feed back at the
 next step. What the files do not record is read from ``config.json`` (``nonlinearity``,
 ``obs_subtract_mean``, ``obs_scale``, ``continuous_tanh_scale``), else from options or Sample Factory's
 defaults, each reported; neither file records whether the action space is ``Box`` or ``Discrete`` when
@@ -88,21 +91,29 @@ Linear = tuple  # (weight name, weight (out, in), bias name, bias (out,))
 
 
 @dataclass
-class Gru:
-    """A one-layer ``torch.nn.GRU`` (``model/core.py``), names as the checkpoint keys them.
+class Rnn:
+    """A one-layer ``torch.nn.GRU`` or ``torch.nn.LSTM`` (``model/core.py``), names as the checkpoint keys them.
 
     Attributes:
         scope: the module path (``core.core``).
-        params: ``weight_ih_l0`` (3H, in), ``weight_hh_l0`` (3H, H), ``bias_ih_l0`` (3H,),
-            ``bias_hh_l0`` (3H,) -> (key, float32 array).
+        kind: ``"gru"`` (3 gates) or ``"lstm"`` (4 gates).
+        params: ``weight_ih_l0`` (gH, in), ``weight_hh_l0`` (gH, H), ``bias_ih_l0`` (gH,),
+            ``bias_hh_l0`` (gH,) -> (key, float32 array), g the number of gates.
     """
 
     scope: str
+    kind: str
     params: dict[str, tuple[str, np.ndarray]]
 
     @property
     def size(self) -> int:
+        """``rnn_size``, H."""
         return int(self.params["weight_hh_l0"][1].shape[1])
+
+    @property
+    def state_size(self) -> int:
+        """The width of Sample Factory's recurrent state: H for a GRU, 2H (``[h, c]``) for an LSTM."""
+        return self.size * (2 if self.kind == "lstm" else 1)
 
     @property
     def in_features(self) -> int:
@@ -115,7 +126,7 @@ class Layout:
 
     Attributes:
         encoder: ``Linear`` layers of the encoder's ``mlp_head``, in order.
-        core: the GRU, or ``None`` (``use_rnn`` off).
+        core: the GRU or LSTM, or ``None`` (``use_rnn`` off).
         decoder: ``Linear`` layers of the decoder's ``mlp``, in order.
         head: ``distribution_linear``.
         learned_stddev: ``(name, array (A,))`` without ``adaptive_stddev``, else ``None``.
@@ -125,7 +136,7 @@ class Layout:
     """
 
     encoder: list[Linear]
-    core: Gru | None
+    core: Rnn | None
     decoder: list[Linear]
     head: Linear
     learned_stddev: tuple[str, np.ndarray] | None = None
@@ -179,7 +190,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
 
     Raises:
         BadModelError: no ``model`` state_dict; no ``distribution_linear``; a convolutional encoder or
-            observations other than one ``obs`` vector; an LSTM, a GRU of several layers, or a
+            observations other than one ``obs`` vector; an RNN of several layers, or a
             recurrent core in separate actor and critic networks; layers that do not chain; statistics
             of another width.
     """
@@ -206,20 +217,19 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         names = {f"{core}.core.{p}" for p in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
         if set(rnn) != names:
             raise BadModelError(f"{what}'s model holds {', '.join(sorted(set(rnn) - names) or sorted(names - set(rnn)))}: "
-                                "policyport reads a one-layer GRU core (rnn_num_layers 1) with its biases")
+                                "policyport reads a one-layer GRU or LSTM core (rnn_num_layers 1) with its biases")
         if separate:
             raise BadModelError(f"{what}: a recurrent core in separate actor and critic networks "
                                 "(actor_critic_share_weights off) is not read")
         params = {k.rsplit(".", 1)[1]: (k, v) for k, v in rnn.items()}
-        gru = Gru(f"{core}.core", params)
         ih, hh = params["weight_ih_l0"][1], params["weight_hh_l0"][1]
         h = hh.shape[1] if hh.ndim == 2 else 0
-        if hh.shape == (4 * h, h):
-            raise BadModelError(f"{what}: {core}.core is an LSTM (weight_hh_l0 {hh.shape}); policyport reads a GRU core")
-        if ih.ndim != 2 or hh.shape != (3 * h, h) or ih.shape[0] != 3 * h or any(
-                params[b][1].shape != (3 * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
-            raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are not a GRU's (3H, in) and (3H, H)")
-        layout.core = gru
+        gates = hh.shape[0] // h if h and hh.shape[0] % h == 0 else 0
+        if gates not in (3, 4) or ih.ndim != 2 or ih.shape[0] != gates * h or any(
+                params[b][1].shape != (gates * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
+            raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are neither a GRU's (3H, in) and "
+                                "(3H, H) nor an LSTM's (4H, in) and (4H, H)")
+        layout.core = Rnn(f"{core}.core", "gru" if gates == 3 else "lstm", params)
     chain = [(name, w.shape[1], w.shape[0]) for name, w, _, _ in layout.encoder]
     if layout.core is not None:
         chain.append((layout.core.params["weight_ih_l0"][0], layout.core.in_features, layout.core.size))
@@ -315,7 +325,7 @@ def _check_agrees(layout: Layout, config: RunConfig, what: str) -> None:
             "normalize_input": config.get("normalize_input"), "adaptive_stddev": config.get("adaptive_stddev")}
     holds = {"use_rnn": layout.core is not None, "normalize_input": bool(layout.normalizer)}
     if layout.core is not None:
-        holds.update(rnn_type="gru", rnn_size=layout.core.size)
+        holds.update(rnn_type=layout.core.kind, rnn_size=layout.core.size)
     if layout.learned_stddev is not None:
         holds["adaptive_stddev"] = False
     for key, value in holds.items():
@@ -382,7 +392,7 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     prefix = "actor_" if layout.separate else ""
     x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
     if layout.core is not None:
-        x = _gru(b, layout.core, x, STATE_IN, STATE_OUT)
+        x = (_gru if layout.core.kind == "gru" else _lstm)(b, layout.core, x, STATE_IN, STATE_OUT)
     x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
     wname, w, bname, bias = layout.head
     logits = b.dense(Dense(HEAD, w, wname, bias, bname, "out_in"), x, "logits")
@@ -414,13 +424,13 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         outputs += [helper.make_tensor_value_info(t, FLOAT, ["batch", n]) for t in ("action", "log_std", "std")]
     inputs = [helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])]
     if layout.core is not None:
-        inputs.append(helper.make_tensor_value_info(STATE_IN, FLOAT, ["batch", layout.core.size]))
-        outputs.append(helper.make_tensor_value_info(STATE_OUT, FLOAT, ["batch", layout.core.size]))
+        inputs.append(helper.make_tensor_value_info(STATE_IN, FLOAT, ["batch", layout.core.state_size]))
+        outputs.append(helper.make_tensor_value_info(STATE_OUT, FLOAT, ["batch", layout.core.state_size]))
     head = "diag-gaussian" if plan.continuous else "categorical"
     return finish_model(b, inputs, outputs, opset, {"policyport.head": head, **metadata})
 
 
-def _gru(b, gru: Gru, x: str, state_in: str, state_out: str) -> str:
+def _gru(b, gru: Rnn, x: str, state_in: str, state_out: str) -> str:
     """One step of ``torch.nn.GRU`` as torch's CPU cell computes it (``aten/src/ATen/native/RNN.cpp``,
     ``GRUCell``): gates ``linear(x, W_ih, b_ih)`` and ``linear(h, W_hh, b_hh)``, chunked r, z, n;
     ``h' = (h - n) * z + n``. The weights stay single initializers under torch's names."""
@@ -449,6 +459,36 @@ def _gru(b, gru: Gru, x: str, state_in: str, state_out: str) -> str:
     return b.node("Add", [kept, n], state_out)
 
 
+def _lstm(b, lstm: Rnn, x: str, state_in: str, state_out: str) -> str:
+    """One step of ``torch.nn.LSTM`` as torch's CPU cell computes it (``aten/src/ATen/native/RNN.cpp``,
+    ``LSTMCell``) on Sample Factory's state ``[h, c]``: gates ``linear(h, W_hh, b_hh) + linear(x, W_ih, b_ih)``
+    chunked i, f, g, o; ``c' = f * c + i * g``, ``h' = o * tanh(c')``; the new state ``[h', c']``. Returns
+    ``h'``, the core's output."""
+    from ..build import Dense
+
+    p, scope, n = lstm.params, lstm.scope, lstm.size
+    axis = b.constant([1], f"{scope}/axis")
+
+    def cut(x, start, end, name):
+        return b.node("Slice", [x, b.constant([start], f"{name}_start"), b.constant([end], f"{name}_end"), axis], name)
+
+    h = cut(state_in, 0, n, f"{scope}/h")
+    c = cut(state_in, n, 2 * n, f"{scope}/c")
+    gi = b.dense(Dense(scope, p["weight_ih_l0"][1], p["weight_ih_l0"][0], p["bias_ih_l0"][1], p["bias_ih_l0"][0], "out_in"),
+                 x, f"{scope}/input_gates")
+    gh = b.dense(Dense(scope, p["weight_hh_l0"][1], p["weight_hh_l0"][0], p["bias_hh_l0"][1], p["bias_hh_l0"][0], "out_in"),
+                 h, f"{scope}/hidden_gates")
+    gates = b.node("Add", [gh, gi], f"{scope}/gates")
+    i, f, g, o = (b.node(op, [cut(gates, k * n, (k + 1) * n, f"{scope}/{gate}_sum")], f"{scope}/{gate}_gate")
+                  for k, (gate, op) in enumerate((("input", "Sigmoid"), ("forget", "Sigmoid"), ("cell", "Tanh"),
+                                                  ("output", "Sigmoid"))))
+    c_new = b.node("Add", [b.node("Mul", [f, c], f"{scope}/kept_cell"), b.node("Mul", [i, g], f"{scope}/written_cell")],
+                   f"{scope}/cell")
+    h_new = b.node("Mul", [o, b.node("Tanh", [c_new], f"{scope}/cell_tanh")], f"{scope}/hidden")
+    b.node("Concat", [h_new, c_new], state_out, axis=1)
+    return h_new
+
+
 def normalize(layout: Layout, plan: Plan, obs: np.ndarray) -> np.ndarray:
     """``ObservationNormalizer.forward`` in eval mode, in numpy float32 (see the module docstring)."""
     f32 = np.float32
@@ -470,8 +510,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def reference_forward(layout: Layout, plan: Plan, feeds) -> dict[str, np.ndarray]:
     """Sample Factory's actor in numpy float32, in its order of operations, tensors named as the graph
-    names them. ``feeds``: the observations (float32, ``(batch, obs_dim)``), or with a GRU core a
-    mapping with ``obs`` and ``rnn_state_in`` (float32, ``(batch, rnn_size)``)."""
+    names them. ``feeds``: the observations (float32, ``(batch, obs_dim)``), or with a recurrent core
+    a mapping with ``obs`` and ``rnn_state_in`` (float32, ``(batch, rnn_size)``, twice as wide for an LSTM)."""
     f32 = np.float32
     out: dict[str, np.ndarray] = {}
     obs = feeds["obs"] if isinstance(feeds, dict) else feeds
@@ -489,16 +529,23 @@ def reference_forward(layout: Layout, plan: Plan, feeds) -> dict[str, np.ndarray
 
     x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
     if layout.core is not None:
-        h = np.asarray(feeds[STATE_IN], f32)
-        p, n = layout.core.params, layout.core.size
+        state = np.asarray(feeds[STATE_IN], f32)
+        p, n, scope = layout.core.params, layout.core.size, layout.core.scope
+        h = state[:, :n]
         gi = x @ p["weight_ih_l0"][1].T + p["bias_ih_l0"][1]
         gh = h @ p["weight_hh_l0"][1].T + p["bias_hh_l0"][1]
-        r = _sigmoid(gh[:, :n] + gi[:, :n])
-        z = _sigmoid(gh[:, n:2 * n] + gi[:, n:2 * n])
-        new = np.tanh(gi[:, 2 * n:] + gh[:, 2 * n:] * r)
-        x = out[STATE_OUT] = (h - new) * z + new
-        out[f"{layout.core.scope}/reset_gate"], out[f"{layout.core.scope}/update_gate"] = r, z
-        out[f"{layout.core.scope}/new_gate"] = new
+        if layout.core.kind == "gru":
+            r = out[f"{scope}/reset_gate"] = _sigmoid(gh[:, :n] + gi[:, :n])
+            z = out[f"{scope}/update_gate"] = _sigmoid(gh[:, n:2 * n] + gi[:, n:2 * n])
+            new = out[f"{scope}/new_gate"] = np.tanh(gi[:, 2 * n:] + gh[:, 2 * n:] * r)
+            x = out[STATE_OUT] = (h - new) * z + new
+        else:
+            gates = gh + gi
+            i, f, o = (_sigmoid(gates[:, k * n:(k + 1) * n]) for k in (0, 1, 3))
+            g = np.tanh(gates[:, 2 * n:3 * n])
+            c = out[f"{scope}/cell"] = f * state[:, n:] + i * g
+            x = out[f"{scope}/hidden"] = o * np.tanh(c)
+            out[STATE_OUT] = np.concatenate([x, c], axis=1)
     x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
     _, w, _, bias = layout.head
     logits = out["logits"] = x @ w.T + bias
@@ -531,7 +578,8 @@ def convert_sample_factory(source, options):
 
     Returns:
         A :class:`~policyport.converter.Converted`: inputs ``obs`` (float32, ``(batch, obs_dim)``, raw
-        observations) and, with a GRU core, ``rnn_state_in`` (float32, ``(batch, rnn_size)``; zeros at an
+        observations) and, with a recurrent core, ``rnn_state_in`` (float32, ``(batch, rnn_size)``, for an
+        LSTM ``(batch, 2 * rnn_size)``, ``[h, c]``; zeros at an
         episode's start); outputs ``logits`` (``distribution_linear``'s), ``action`` (``argmax_actions``:
         the means, float32 ``(batch, A)``, or the argmax, int64 ``(batch,)``), ``log_std`` and ``std`` or
         ``probs``, and ``rnn_state_out``; initializers under Sample Factory's keys (``core.core.weight_ih_l0``,
@@ -633,7 +681,8 @@ def convert_sample_factory(source, options):
     if not layout.normalizer:
         notes.append(f"{what} holds no observation normaliser statistics (normalize_input was off)")
     if layout.core is not None:
-        notes.append(f"the GRU's state is the input {STATE_IN} ({layout.core.size} wide, zeros at an episode's start) "
+        notes.append(f"the {layout.core.kind.upper()}'s state is the input {STATE_IN} ({layout.core.state_size} wide"
+                     f"{', [h, c]' if layout.core.kind == 'lstm' else ''}, zeros at an episode's start) "
                      f"and the output {STATE_OUT}, fed back at the next step")
     if layout.left_out:
         notes.append(f"left out of the graph (the value function): {', '.join(layout.left_out)}")
@@ -650,7 +699,8 @@ def convert_sample_factory(source, options):
              **({"count": float(layout.normalizer["count"][1].reshape(-1)[0])} if layout.normalizer else {})})
     if layout.core is not None:
         metadata["policyport.recurrent_state"] = json.dumps({"input": STATE_IN, "output": STATE_OUT,
-                                                             "size": layout.core.size, "initial": "zeros"})
+                                                             "size": layout.core.state_size, "rnn_type": layout.core.kind,
+                                                             "initial": "zeros"})
     model = _build(layout, plan, options.opset, metadata)
     return Converted(model, lambda feeds: reference_forward(layout, plan, feeds), "sample-factory", notes=notes,
                      assumptions=assumptions, oracle=reconstruction("the arrays of a Sample Factory checkpoint"))
