@@ -59,7 +59,7 @@ def run(model, backend, feeds):
 
 
 def test_a_checkpoint_is_told_from_its_keys():
-    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu", "lstm_elu"):
+    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu", "lstm_elu", "separate_gru_tanh"):
         assert detect_kind(checkpoint(experiment)) == "sample-factory"
     assert detect_kind(ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth") == "rl-games"
     assert detect_kind(ROOT / "fixtures" / "torch" / "gaussian.state_dict.pt") == "state-dict"
@@ -111,6 +111,20 @@ def test_an_lstm_policys_state_is_h_then_c(backend, obs):
     assert [d.dim_value for d in model.graph.input[1].type.tensor_type.shape.dim][1:] == [16]
     for states, suffix in ((np.zeros((1000, 16), np.float32), ""), (random_states(1000, 16), "_random")):
         out = run(model, backend, {"obs": obs, "rnn_state_in": states})
+        assert (out["action"] == want["action" + suffix]).all()
+        assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
+    assert (want["action"] != want["action_random"]).any()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_separate_actor_and_critic_cores_share_the_state(backend, obs):
+    """ActorCriticSeparateWeights: the state is the actor core's, then the critic core's; the new state needs both."""
+    want = expected("separate_gru_tanh")
+    converted = convert_source(checkpoint("separate_gru_tanh"), head="categorical")
+    weights = pp.extract_weights(converted.model)
+    assert "critic_core.core.weight_hh_l0" in weights and "critic_linear.weight" not in weights
+    for states, suffix in ((np.zeros((1000, 16), np.float32), ""), (random_states(1000, 16), "_random")):
+        out = run(converted.model, backend, {"obs": obs, "rnn_state_in": states})
         assert (out["action"] == want["action" + suffix]).all()
         assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
     assert (want["action"] != want["action_random"]).any()

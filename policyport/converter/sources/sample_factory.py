@@ -132,6 +132,8 @@ class Layout:
         learned_stddev: ``(name, array (A,))`` without ``adaptive_stddev``, else ``None``.
         normalizer: role (``running_mean``, ``running_var``, ``count``) -> (name, float64 array).
         separate: the actor of ``ActorCriticSeparateWeights`` (``actor_`` modules).
+        critic_encoder, critic_core: with separate networks and a recurrent core, the critic's encoder and
+            core, which the new recurrent state needs (its second half); else empty and ``None``.
         left_out: keys the graph does not compute (the value function, the returns' normaliser).
     """
 
@@ -142,7 +144,14 @@ class Layout:
     learned_stddev: tuple[str, np.ndarray] | None = None
     normalizer: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
     separate: bool = False
+    critic_encoder: list[Linear] = field(default_factory=list)
+    critic_core: Rnn | None = None
     left_out: list[str] = field(default_factory=list)
+
+    @property
+    def state_size(self) -> int:
+        """The recurrent state's width (``model_utils.get_rnn_size``): the core's, twice with a critic core."""
+        return self.core.state_size * (2 if self.critic_core is not None else 1)
 
     @property
     def obs_dim(self) -> int:
@@ -185,14 +194,33 @@ def _numbered(sd: dict, prefix: str, what: str) -> list[Linear]:
     return [linear_layer(sd, f"{prefix}.{i}", what) for i in sorted(found)]
 
 
+def _rnn(sd: dict, core: str, what: str) -> Rnn | None:
+    """The one-layer GRU or LSTM ``<core>.core`` of a state_dict (``ModelCoreRNN``), or ``None`` when there is none."""
+    rnn = {k: v for k, v in sd.items() if k.startswith(f"{core}.")}
+    if not rnn:
+        return None
+    names = {f"{core}.core.{p}" for p in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
+    if set(rnn) != names:
+        raise BadModelError(f"{what}'s model holds {', '.join(sorted(set(rnn) - names) or sorted(names - set(rnn)))}: "
+                            "policyport reads a one-layer GRU or LSTM core (rnn_num_layers 1) with its biases")
+    params = {k.rsplit(".", 1)[1]: (k, v) for k, v in rnn.items()}
+    ih, hh = params["weight_ih_l0"][1], params["weight_hh_l0"][1]
+    h = hh.shape[1] if hh.ndim == 2 else 0
+    gates = hh.shape[0] // h if h and hh.shape[0] % h == 0 else 0
+    if gates not in (3, 4) or ih.ndim != 2 or ih.shape[0] != gates * h or any(
+            params[b][1].shape != (gates * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
+        raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are neither a GRU's (3H, in) and "
+                            "(3H, H) nor an LSTM's (4H, in) and (4H, H)")
+    return Rnn(f"{core}.core", "gru" if gates == 3 else "lstm", params)
+
+
 def read_layout(ckpt: dict, what: str) -> Layout:
     """Place the actor's arrays of a Sample Factory checkpoint's ``model``.
 
     Raises:
         BadModelError: no ``model`` state_dict; no ``distribution_linear``; a convolutional encoder or
-            observations other than one ``obs`` vector; an RNN of several layers, or a
-            recurrent core in separate actor and critic networks; layers that do not chain; statistics
-            of another width.
+            observations other than one ``obs`` vector; an RNN of several layers; layers that do not
+            chain; statistics of another width.
     """
     from ..readers.checkpoints import linear_layer, state_dict
 
@@ -212,24 +240,24 @@ def read_layout(ckpt: dict, what: str) -> Layout:
                             "encoders and dict observations are not read")
     layout = Layout(_numbered(sd, mlp_head, what), None, _numbered(sd, f"{decoder}.mlp", what), linear_layer(sd, HEAD, what),
                     separate=separate)
-    rnn = {k: v for k, v in sd.items() if k.startswith(f"{core}.")}
-    if rnn:
-        names = {f"{core}.core.{p}" for p in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
-        if set(rnn) != names:
-            raise BadModelError(f"{what}'s model holds {', '.join(sorted(set(rnn) - names) or sorted(names - set(rnn)))}: "
-                                "policyport reads a one-layer GRU or LSTM core (rnn_num_layers 1) with its biases")
-        if separate:
-            raise BadModelError(f"{what}: a recurrent core in separate actor and critic networks "
-                                "(actor_critic_share_weights off) is not read")
-        params = {k.rsplit(".", 1)[1]: (k, v) for k, v in rnn.items()}
-        ih, hh = params["weight_ih_l0"][1], params["weight_hh_l0"][1]
-        h = hh.shape[1] if hh.ndim == 2 else 0
-        gates = hh.shape[0] // h if h and hh.shape[0] % h == 0 else 0
-        if gates not in (3, 4) or ih.ndim != 2 or ih.shape[0] != gates * h or any(
-                params[b][1].shape != (gates * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
-            raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are neither a GRU's (3H, in) and "
-                                "(3H, H) nor an LSTM's (4H, in) and (4H, H)")
-        layout.core = Rnn(f"{core}.core", "gru" if gates == 3 else "lstm", params)
+    layout.core = _rnn(sd, core, what)
+    if separate and layout.core is not None:
+        # ActorCriticSeparateWeights._core_rnn: the critic's core reads the critic encoder's output, and its state
+        # is the second half of the recurrent state: the new state needs both
+        layout.critic_encoder = _numbered(sd, "critic_encoder.encoders.obs.mlp_head", what)
+        layout.critic_core = _rnn(sd, "critic_core", what)
+        critic = layout.critic_core
+        if critic is None or (critic.kind, critic.size) != (layout.core.kind, layout.core.size):
+            raise BadModelError(f"{what}: actor_core is a {layout.core.kind.upper()} of {layout.core.size} but critic_core "
+                                f"is {'missing' if critic is None else f'a {critic.kind.upper()} of {critic.size}'}")
+        chain = [(n, w.shape[1], w.shape[0]) for n, w, _, _ in layout.critic_encoder]
+        chain.append((critic.params["weight_ih_l0"][0], critic.in_features, critic.size))
+        for (a, _, out), (b, into, _) in zip(chain, chain[1:]):
+            if out != into:
+                raise BadModelError(f"{what}: {a} outputs {out} features but {b} takes {into}")
+        if layout.critic_encoder and layout.critic_encoder[0][1].shape[1] != layout.obs_dim:
+            raise BadModelError(f"{what}: critic_encoder reads {layout.critic_encoder[0][1].shape[1]} observations, "
+                                f"actor_encoder {layout.obs_dim}")
     chain = [(name, w.shape[1], w.shape[0]) for name, w, _, _ in layout.encoder]
     if layout.core is not None:
         chain.append((layout.core.params["weight_ih_l0"][0], layout.core.in_features, layout.core.size))
@@ -260,7 +288,9 @@ def read_layout(ckpt: dict, what: str) -> Layout:
                                     "observations (a per-channel normaliser is not read)")
     used = {n for layer in [*layout.encoder, *layout.decoder, layout.head] for n in (layer[0], layer[2])}
     used |= {n for n, _ in layout.normalizer.values()}
-    used |= {n for n, _ in layout.core.params.values()} if layout.core else set()
+    for rnn in (layout.core, layout.critic_core):
+        used |= {n for n, _ in rnn.params.values()} if rnn else set()
+    used |= {n for layer in layout.critic_encoder for n in (layer[0], layer[2])}
     used |= {LEARNED_STDDEV} if layout.learned_stddev else set()
     layout.left_out = sorted(k for k in sd if k not in used)
     return layout
@@ -390,9 +420,20 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         return x
 
     prefix = "actor_" if layout.separate else ""
+    normalized = x
     x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
-    if layout.core is not None:
-        x = (_gru if layout.core.kind == "gru" else _lstm)(b, layout.core, x, STATE_IN, STATE_OUT)
+    if layout.critic_core is not None:  # _core_rnn: rnn_states.chunk(2, dim=1), the actor's half first
+        half = layout.core.state_size
+        axis = b.constant([1], "rnn_state_in/axis")
+        halves = [b.node("Slice", [STATE_IN, b.constant([i * half], f"rnn_state_in/{who}_start"),
+                                   b.constant([(i + 1) * half], f"rnn_state_in/{who}_end"), axis], f"rnn_state_in/{who}")
+                  for i, who in enumerate(("actor", "critic"))]
+        critic = mlp(layout.critic_encoder, "critic_encoder.encoders.obs.mlp_head", normalized)
+        x = _core(b, layout.core, x, halves[0], "actor_core/new_state")
+        _core(b, layout.critic_core, critic, halves[1], "critic_core/new_state")
+        b.node("Concat", ["actor_core/new_state", "critic_core/new_state"], STATE_OUT, axis=1)
+    elif layout.core is not None:
+        x = _core(b, layout.core, x, STATE_IN, STATE_OUT)
     x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
     wname, w, bname, bias = layout.head
     logits = b.dense(Dense(HEAD, w, wname, bias, bname, "out_in"), x, "logits")
@@ -424,10 +465,15 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         outputs += [helper.make_tensor_value_info(t, FLOAT, ["batch", n]) for t in ("action", "log_std", "std")]
     inputs = [helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])]
     if layout.core is not None:
-        inputs.append(helper.make_tensor_value_info(STATE_IN, FLOAT, ["batch", layout.core.state_size]))
-        outputs.append(helper.make_tensor_value_info(STATE_OUT, FLOAT, ["batch", layout.core.state_size]))
+        inputs.append(helper.make_tensor_value_info(STATE_IN, FLOAT, ["batch", layout.state_size]))
+        outputs.append(helper.make_tensor_value_info(STATE_OUT, FLOAT, ["batch", layout.state_size]))
     head = "diag-gaussian" if plan.continuous else "categorical"
     return finish_model(b, inputs, outputs, opset, {"policyport.head": head, **metadata})
+
+
+def _core(b, rnn: Rnn, x: str, state_in: str, state_out: str) -> str:
+    """The nodes of one step of ``rnn`` (:func:`_gru` or :func:`_lstm`); returns the core's output."""
+    return (_gru if rnn.kind == "gru" else _lstm)(b, rnn, x, state_in, state_out)
 
 
 def _gru(b, gru: Rnn, x: str, state_in: str, state_out: str) -> str:
@@ -508,6 +554,26 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return (1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)
 
 
+def _core_reference(rnn: Rnn, x: np.ndarray, state: np.ndarray, out: dict) -> tuple[np.ndarray, np.ndarray]:
+    """One step of ``rnn`` in numpy float32: ``(output, new state)``; the gates go into ``out``."""
+    p, n, scope = rnn.params, rnn.size, rnn.scope
+    h = state[:, :n]
+    gi = x @ p["weight_ih_l0"][1].T + p["bias_ih_l0"][1]
+    gh = h @ p["weight_hh_l0"][1].T + p["bias_hh_l0"][1]
+    if rnn.kind == "gru":
+        r = out[f"{scope}/reset_gate"] = _sigmoid(gh[:, :n] + gi[:, :n])
+        z = out[f"{scope}/update_gate"] = _sigmoid(gh[:, n:2 * n] + gi[:, n:2 * n])
+        new = out[f"{scope}/new_gate"] = np.tanh(gi[:, 2 * n:] + gh[:, 2 * n:] * r)
+        h_new = (h - new) * z + new
+        return h_new, h_new
+    gates = gh + gi
+    i, f, o = (_sigmoid(gates[:, k * n:(k + 1) * n]) for k in (0, 1, 3))
+    g = np.tanh(gates[:, 2 * n:3 * n])
+    c = out[f"{scope}/cell"] = f * state[:, n:] + i * g
+    h_new = out[f"{scope}/hidden"] = o * np.tanh(c)
+    return h_new, np.concatenate([h_new, c], axis=1)
+
+
 def reference_forward(layout: Layout, plan: Plan, feeds) -> dict[str, np.ndarray]:
     """Sample Factory's actor in numpy float32, in its order of operations, tensors named as the graph
     names them. ``feeds``: the observations (float32, ``(batch, obs_dim)``), or with a recurrent core
@@ -527,25 +593,18 @@ def reference_forward(layout: Layout, plan: Plan, feeds) -> dict[str, np.ndarray
                 x = out[f"{act_scope}/{plan.activation.label}"] = plan.activation.reference(x).astype(f32)
         return x
 
+    normalized = x
     x = mlp(layout.encoder, f"{prefix}encoder.encoders.obs.mlp_head", x)
     if layout.core is not None:
         state = np.asarray(feeds[STATE_IN], f32)
-        p, n, scope = layout.core.params, layout.core.size, layout.core.scope
-        h = state[:, :n]
-        gi = x @ p["weight_ih_l0"][1].T + p["bias_ih_l0"][1]
-        gh = h @ p["weight_hh_l0"][1].T + p["bias_hh_l0"][1]
-        if layout.core.kind == "gru":
-            r = out[f"{scope}/reset_gate"] = _sigmoid(gh[:, :n] + gi[:, :n])
-            z = out[f"{scope}/update_gate"] = _sigmoid(gh[:, n:2 * n] + gi[:, n:2 * n])
-            new = out[f"{scope}/new_gate"] = np.tanh(gi[:, 2 * n:] + gh[:, 2 * n:] * r)
-            x = out[STATE_OUT] = (h - new) * z + new
+        if layout.critic_core is None:
+            x, out[STATE_OUT] = _core_reference(layout.core, x, state, out)
         else:
-            gates = gh + gi
-            i, f, o = (_sigmoid(gates[:, k * n:(k + 1) * n]) for k in (0, 1, 3))
-            g = np.tanh(gates[:, 2 * n:3 * n])
-            c = out[f"{scope}/cell"] = f * state[:, n:] + i * g
-            x = out[f"{scope}/hidden"] = o * np.tanh(c)
-            out[STATE_OUT] = np.concatenate([x, c], axis=1)
+            half = layout.core.state_size
+            critic = mlp(layout.critic_encoder, "critic_encoder.encoders.obs.mlp_head", normalized)
+            x, actor_state = _core_reference(layout.core, x, state[:, :half], out)
+            _, critic_state = _core_reference(layout.critic_core, critic, state[:, half:], out)
+            out[STATE_OUT] = np.concatenate([actor_state, critic_state], axis=1)
     x = mlp(layout.decoder, f"{prefix}decoder.mlp", x)
     _, w, _, bias = layout.head
     logits = out["logits"] = x @ w.T + bias
@@ -681,8 +740,11 @@ def convert_sample_factory(source, options):
     if not layout.normalizer:
         notes.append(f"{what} holds no observation normaliser statistics (normalize_input was off)")
     if layout.core is not None:
-        notes.append(f"the {layout.core.kind.upper()}'s state is the input {STATE_IN} ({layout.core.state_size} wide"
-                     f"{', [h, c]' if layout.core.kind == 'lstm' else ''}, zeros at an episode's start) "
+        held = "[h, c]" if layout.core.kind == "lstm" else "h"
+        held = (f"the actor core's {held}, then the critic core's, which the graph computes with critic_encoder and "
+                "critic_core for it" if layout.critic_core else held)
+        notes.append(f"the {layout.core.kind.upper()}'s state is the input {STATE_IN} ({layout.state_size} wide: {held}; "
+                     "zeros at an episode's start) "
                      f"and the output {STATE_OUT}, fed back at the next step")
     if layout.left_out:
         notes.append(f"left out of the graph (the value function): {', '.join(layout.left_out)}")
@@ -699,7 +761,7 @@ def convert_sample_factory(source, options):
              **({"count": float(layout.normalizer["count"][1].reshape(-1)[0])} if layout.normalizer else {})})
     if layout.core is not None:
         metadata["policyport.recurrent_state"] = json.dumps({"input": STATE_IN, "output": STATE_OUT,
-                                                             "size": layout.core.state_size, "rnn_type": layout.core.kind,
+                                                             "size": layout.state_size, "rnn_type": layout.core.kind,
                                                              "initial": "zeros"})
     model = _build(layout, plan, options.opset, metadata)
     return Converted(model, lambda feeds: reference_forward(layout, plan, feeds), "sample-factory", notes=notes,
