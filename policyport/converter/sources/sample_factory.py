@@ -675,13 +675,15 @@ def convert_sample_factory(source, options):
     if activation_name is None:
         activation_name = required_activation(None, f"{what} (a Sample Factory checkpoint)", hidden,
                                               "Sample Factory's nonlinearity defaults to elu, and the run writes it to "
-                                              "config.json in the experiment folder, which does not lie above this "
-                                              "checkpoint")
+                                              "config.json in the experiment folder, " + (
+                                                  f"but {config.path} does not name it" if config else
+                                                  "which does not lie above this checkpoint"))
     act = parse_activation(activation_name)
     assumptions: list[Assumption] = []
     if hidden:
         because = (f"read from {config.path}'s nonlinearity; the checkpoint does not record it" if recorded is not None
-                   else f"given by --activation; {what} does not record it and no config.json lies above it")
+                   else f"given by --activation; {what} does not record it and "
+                   + (f"{config.path} does not name it" if config else "no config.json lies above it"))
         assumptions.append(Assumption("activation", f"{activation_name} at {joined(hidden)}", because,
                                       "--activation must agree with it" if recorded is not None else "--activation names another"))
 
