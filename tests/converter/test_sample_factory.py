@@ -59,7 +59,7 @@ def run(model, backend, feeds):
 
 
 def test_a_checkpoint_is_told_from_its_keys():
-    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu", "lstm_elu", "separate_gru_tanh"):
+    for experiment in ("gru_elu", "mlp_tanh", "discrete_relu", "lstm_elu", "separate_gru_tanh", "two_layer_gru_relu"):
         assert detect_kind(checkpoint(experiment)) == "sample-factory"
     assert detect_kind(ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth") == "rl-games"
     assert detect_kind(ROOT / "fixtures" / "torch" / "gaussian.state_dict.pt") == "state-dict"
@@ -125,6 +125,18 @@ def test_separate_actor_and_critic_cores_share_the_state(backend, obs):
     assert "critic_core.core.weight_hh_l0" in weights and "critic_linear.weight" not in weights
     for states, suffix in ((np.zeros((1000, 16), np.float32), ""), (random_states(1000, 16), "_random")):
         out = run(converted.model, backend, {"obs": obs, "rnn_state_in": states})
+        assert (out["action"] == want["action" + suffix]).all()
+        assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
+    assert (want["action"] != want["action_random"]).any()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_a_core_of_two_layers_keeps_each_layers_state_in_turn(backend, obs):
+    want = expected("two_layer_gru_relu")
+    model = pp.convert(checkpoint("two_layer_gru_relu"), head="categorical")
+    assert "core.core.weight_ih_l1" in pp.extract_weights(model)
+    for states, suffix in ((np.zeros((1000, 16), np.float32), ""), (random_states(1000, 16), "_random")):
+        out = run(model, backend, {"obs": obs, "rnn_state_in": states})
         assert (out["action"] == want["action" + suffix]).all()
         assert np.abs(out["rnn_state_out"] - want["new_rnn_states" + suffix]).max() <= 1e-5
     assert (want["action"] != want["action_random"]).any()
@@ -229,7 +241,7 @@ def test_networks_it_does_not_read_are_refused_with_exit_3(tmp_path):
         "five_gates": {**saved["model"], "core.core.weight_hh_l0": torch.zeros(60, 12),
                        "core.core.weight_ih_l0": torch.zeros(60, 64), "core.core.bias_ih_l0": torch.zeros(60),
                        "core.core.bias_hh_l0": torch.zeros(60)},
-        "two_layers": {**saved["model"], "core.core.weight_ih_l1": torch.zeros(36, 12)},
+        "half_a_second_layer": {**saved["model"], "core.core.weight_ih_l1": torch.zeros(36, 12)},
         "conv": {**saved["model"], "encoder.encoders.obs.enc.conv_head.0.weight": torch.zeros(8, 3, 3, 3)},
     }
     for name, model in cases.items():

@@ -13,8 +13,8 @@ puts ``actor_``/``critic_`` before ``encoder``, ``core`` and ``decoder``):
   ``algo/utils/running_mean_std.py``, ``RunningMeanStdInPlace``);
 * ``encoder.encoders.obs.mlp_head.{0,2,...}.{weight,bias}`` (``model/encoder.py``, ``MlpEncoder``:
   ``Linear`` then the activation, ``encoder_mlp_layers``);
-* ``core.core.{weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0}``: a ``torch.nn.GRU`` (or ``LSTM``,
-  ``rnn_type``) of ``rnn_size`` units (``model/core.py``, ``ModelCoreRNN``), absent when ``use_rnn`` is off;
+* ``core.core.{weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0}`` (``_l1`` ... for ``rnn_num_layers``
+  above 1): a ``torch.nn.GRU`` (or ``LSTM``, ``rnn_type``) of ``rnn_size`` units (``model/core.py``, ``ModelCoreRNN``), absent when ``use_rnn`` is off;
 * ``decoder.mlp.{0,2,...}.*`` (``model/decoder.py``, ``decoder_mlp_layers``, empty by default);
 * ``action_parameterization.distribution_linear.{weight,bias}`` and, without ``adaptive_stddev``,
   ``action_parameterization.learned_stddev`` (a log std) (``model/action_parameterization.py``);
@@ -92,18 +92,32 @@ Linear = tuple  # (weight name, weight (out, in), bias name, bias (out,))
 
 @dataclass
 class Rnn:
-    """A one-layer ``torch.nn.GRU`` or ``torch.nn.LSTM`` (``model/core.py``), names as the checkpoint keys them.
+    """A ``torch.nn.GRU`` or ``torch.nn.LSTM`` (``model/core.py``), names as the checkpoint keys them.
 
     Attributes:
-        scope: the module path (``core.core``).
+        scope: the module path (``core.core``), the prefix of its tensors' names.
         kind: ``"gru"`` (3 gates) or ``"lstm"`` (4 gates).
-        params: ``weight_ih_l0`` (gH, in), ``weight_hh_l0`` (gH, H), ``bias_ih_l0`` (gH,),
-            ``bias_hh_l0`` (gH,) -> (key, float32 array), g the number of gates.
+        params: for each layer k, ``weight_ih_l<k>`` (gH, in; in = H from layer 1 on), ``weight_hh_l<k>``
+            (gH, H), ``bias_ih_l<k>`` (gH,), ``bias_hh_l<k>`` (gH,) -> (key, float32 array), g the number of gates.
+        layers: ``rnn_num_layers``.
     """
 
     scope: str
     kind: str
     params: dict[str, tuple[str, np.ndarray]]
+    layers: int = 1
+
+    def layer(self, k: int) -> Rnn:
+        """Layer ``k`` alone, its parameters under the ``_l0`` roles (their keys kept), its tensors under
+        ``<scope>/layer_<k>`` when there are several."""
+        roles = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        scope = self.scope if self.layers == 1 else f"{self.scope}/layer_{k}"
+        return Rnn(scope, self.kind, {f"{r}_l0": self.params[f"{r}_l{k}"] for r in roles})
+
+    @property
+    def layer_state(self) -> int:
+        """One layer's state: H for a GRU, 2H (``[h, c]``) for an LSTM."""
+        return self.size * (2 if self.kind == "lstm" else 1)
 
     @property
     def size(self) -> int:
@@ -112,8 +126,8 @@ class Rnn:
 
     @property
     def state_size(self) -> int:
-        """The width of Sample Factory's recurrent state: H for a GRU, 2H (``[h, c]``) for an LSTM."""
-        return self.size * (2 if self.kind == "lstm" else 1)
+        """The width of Sample Factory's recurrent state (``model_utils.get_rnn_size``): each layer's, in turn."""
+        return self.layer_state * self.layers
 
     @property
     def in_features(self) -> int:
@@ -195,23 +209,27 @@ def _numbered(sd: dict, prefix: str, what: str) -> list[Linear]:
 
 
 def _rnn(sd: dict, core: str, what: str) -> Rnn | None:
-    """The one-layer GRU or LSTM ``<core>.core`` of a state_dict (``ModelCoreRNN``), or ``None`` when there is none."""
+    """The GRU or LSTM ``<core>.core`` of a state_dict (``ModelCoreRNN``), or ``None`` when there is none."""
     rnn = {k: v for k, v in sd.items() if k.startswith(f"{core}.")}
     if not rnn:
         return None
-    names = {f"{core}.core.{p}" for p in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
-    if set(rnn) != names:
+    roles = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    layers = len({m[1] for k in rnn if (m := re.fullmatch(re.escape(f"{core}.core.") + r"\w+_l(\d+)", k))})
+    names = {f"{core}.core.{r}_l{k}" for r in roles for k in range(layers)}
+    if not layers or set(rnn) != names:
         raise BadModelError(f"{what}'s model holds {', '.join(sorted(set(rnn) - names) or sorted(names - set(rnn)))}: "
-                            "policyport reads a one-layer GRU or LSTM core (rnn_num_layers 1) with its biases")
+                            "policyport reads a GRU or LSTM core (torch.nn.GRU, torch.nn.LSTM) with its biases")
     params = {k.rsplit(".", 1)[1]: (k, v) for k, v in rnn.items()}
-    ih, hh = params["weight_ih_l0"][1], params["weight_hh_l0"][1]
-    h = hh.shape[1] if hh.ndim == 2 else 0
-    gates = hh.shape[0] // h if h and hh.shape[0] % h == 0 else 0
-    if gates not in (3, 4) or ih.ndim != 2 or ih.shape[0] != gates * h or any(
-            params[b][1].shape != (gates * h,) for b in ("bias_ih_l0", "bias_hh_l0")):
-        raise BadModelError(f"{what}: {core}.core's weights {ih.shape}, {hh.shape} are neither a GRU's (3H, in) and "
-                            "(3H, H) nor an LSTM's (4H, in) and (4H, H)")
-    return Rnn(f"{core}.core", "gru" if gates == 3 else "lstm", params)
+    hh0 = params["weight_hh_l0"][1]
+    h = hh0.shape[1] if hh0.ndim == 2 else 0
+    gates = hh0.shape[0] // h if h and hh0.shape[0] % h == 0 else 0
+    for k in range(layers):
+        ih, hh = params[f"weight_ih_l{k}"][1], params[f"weight_hh_l{k}"][1]
+        if gates not in (3, 4) or ih.ndim != 2 or ih.shape[0] != gates * h or hh.shape != (gates * h, h) or (
+                k and ih.shape[1] != h) or any(params[f"{b}_l{k}"][1].shape != (gates * h,) for b in ("bias_ih", "bias_hh")):
+            raise BadModelError(f"{what}: {core}.core's layer {k} weights {ih.shape}, {hh.shape} are neither a GRU's "
+                                "(3H, in) and (3H, H) nor an LSTM's (4H, in) and (4H, H), in = H from the second layer on")
+    return Rnn(f"{core}.core", "gru" if gates == 3 else "lstm", params, layers)
 
 
 def read_layout(ckpt: dict, what: str) -> Layout:
@@ -219,8 +237,9 @@ def read_layout(ckpt: dict, what: str) -> Layout:
 
     Raises:
         BadModelError: no ``model`` state_dict; no ``distribution_linear``; a convolutional encoder or
-            observations other than one ``obs`` vector; an RNN of several layers; layers that do not
-            chain; statistics of another width.
+            observations other than one ``obs`` vector; an RNN core whose parameters are not a GRU's or an
+            LSTM's; separate actor and critic cores that differ; layers that do not chain; statistics of
+            another width.
     """
     from ..readers.checkpoints import linear_layer, state_dict
 
@@ -247,7 +266,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         layout.critic_encoder = _numbered(sd, "critic_encoder.encoders.obs.mlp_head", what)
         layout.critic_core = _rnn(sd, "critic_core", what)
         critic = layout.critic_core
-        if critic is None or (critic.kind, critic.size) != (layout.core.kind, layout.core.size):
+        if critic is None or (critic.kind, critic.size, critic.layers) != (layout.core.kind, layout.core.size, layout.core.layers):
             raise BadModelError(f"{what}: actor_core is a {layout.core.kind.upper()} of {layout.core.size} but critic_core "
                                 f"is {'missing' if critic is None else f'a {critic.kind.upper()} of {critic.size}'}")
         chain = [(n, w.shape[1], w.shape[0]) for n, w, _, _ in layout.critic_encoder]
@@ -352,10 +371,11 @@ def _number(config: RunConfig, key: str) -> float | None:
 def _check_agrees(layout: Layout, config: RunConfig, what: str) -> None:
     """Refuse a configuration that describes another network than the checkpoint holds."""
     said = {"use_rnn": config.get("use_rnn"), "rnn_type": config.get("rnn_type"), "rnn_size": config.get("rnn_size"),
-            "normalize_input": config.get("normalize_input"), "adaptive_stddev": config.get("adaptive_stddev")}
+            "normalize_input": config.get("normalize_input"), "adaptive_stddev": config.get("adaptive_stddev"),
+            "rnn_num_layers": config.get("rnn_num_layers")}
     holds = {"use_rnn": layout.core is not None, "normalize_input": bool(layout.normalizer)}
     if layout.core is not None:
-        holds.update(rnn_type=layout.core.kind, rnn_size=layout.core.size)
+        holds.update(rnn_type=layout.core.kind, rnn_size=layout.core.size, rnn_num_layers=layout.core.layers)
     if layout.learned_stddev is not None:
         holds["adaptive_stddev"] = False
     for key, value in holds.items():
@@ -472,8 +492,20 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
 
 
 def _core(b, rnn: Rnn, x: str, state_in: str, state_out: str) -> str:
-    """The nodes of one step of ``rnn`` (:func:`_gru` or :func:`_lstm`); returns the core's output."""
-    return (_gru if rnn.kind == "gru" else _lstm)(b, rnn, x, state_in, state_out)
+    """The nodes of one step of ``rnn`` (:func:`_gru` or :func:`_lstm`, layer by layer, each reading the one
+    before; ``ModelCoreRNN`` keeps layer k's state at ``[k * s, (k + 1) * s)``); returns the core's output."""
+    step = _gru if rnn.kind == "gru" else _lstm
+    if rnn.layers == 1:
+        return step(b, rnn.layer(0), x, state_in, state_out)
+    axis, s, states = b.constant([1], f"{rnn.scope}/state_axis"), rnn.layer_state, []
+    for k in range(rnn.layers):
+        layer = rnn.layer(k)
+        state = b.node("Slice", [state_in, b.constant([k * s], f"{layer.scope}/state_start"),
+                                 b.constant([(k + 1) * s], f"{layer.scope}/state_end"), axis], f"{layer.scope}/state")
+        states.append(f"{layer.scope}/new_state")
+        x = step(b, layer, x, state, states[-1])
+    b.node("Concat", states, state_out, axis=1)
+    return x
 
 
 def _gru(b, gru: Rnn, x: str, state_in: str, state_out: str) -> str:
@@ -555,7 +587,15 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _core_reference(rnn: Rnn, x: np.ndarray, state: np.ndarray, out: dict) -> tuple[np.ndarray, np.ndarray]:
-    """One step of ``rnn`` in numpy float32: ``(output, new state)``; the gates go into ``out``."""
+    """One step of ``rnn`` in numpy float32, layer by layer: ``(output, new state)``; the gates go into ``out``."""
+    s, states = rnn.layer_state, []
+    for k in range(rnn.layers):
+        x, new = _layer_reference(rnn.layer(k), x, state[:, k * s:(k + 1) * s], out)
+        states.append(new)
+    return x, np.concatenate(states, axis=1)
+
+
+def _layer_reference(rnn: Rnn, x: np.ndarray, state: np.ndarray, out: dict) -> tuple[np.ndarray, np.ndarray]:
     p, n, scope = rnn.params, rnn.size, rnn.scope
     h = state[:, :n]
     gi = x @ p["weight_ih_l0"][1].T + p["bias_ih_l0"][1]
@@ -743,6 +783,7 @@ def convert_sample_factory(source, options):
         notes.append(f"{what} holds no observation normaliser statistics (normalize_input was off)")
     if layout.core is not None:
         held = "[h, c]" if layout.core.kind == "lstm" else "h"
+        held = f"each of its {layout.core.layers} layers' {held} in turn" if layout.core.layers > 1 else held
         held = (f"the actor core's {held}, then the critic core's, which the graph computes with critic_encoder and "
                 "critic_core for it" if layout.critic_core else held)
         notes.append(f"the {layout.core.kind.upper()}'s state is the input {STATE_IN} ({layout.state_size} wide: {held}; "
