@@ -882,3 +882,38 @@ def add_obs_filter(b: MlpBuilder, x: str, filt: ObsFilter) -> str:
         hi = b.initializer(np.array(filt.clip, dtype=b.dtype), "obs_filter/clip_max")
         x = b.node("Clip", [x, lo, hi], "obs_filter/clip")
     return x
+
+
+def add_running_mean_std(b: MlpBuilder, x: str, statistics: dict, scope: str, eps: float, clip: float, *,
+                         reciprocal: bool = False) -> str:
+    """rl_games' ``RunningMeanStd`` in eval mode (``rl_games/algos_torch/running_mean_std.py``), and Sample
+    Factory's in-place copy of it (``sample_factory/algo/utils/running_mean_std.py``), as ONNX nodes on ``x``:
+    ``clamp((x - mean.float()) / sqrt(var.float() + eps), -clip, clip)`` in float32, the float64 statistics
+    kept as initializers under the library's names and cast in the graph.
+
+    Args:
+        statistics: role (``running_mean``, ``running_var``, ``count``) -> (the library's name, float64 array
+            of shape ``(obs_dim,)``; ``count`` ``()`` or ``(1,)``); every one becomes an initializer.
+        scope: the tensors' prefix (``running_mean_std`` -> ``running_mean_std/std`` ...); the last is ``scope``.
+        reciprocal: multiply by ``1 / std`` (Sample Factory's ``x.sub_(mean).mul_(1 / std)``) instead of
+            dividing by ``std`` (rl_games).
+
+    Returns:
+        The normalised observations' tensor name, ``scope``.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    f32 = onnx.TensorProto.FLOAT
+
+    def const(value, name):
+        return b.initializer(np.asarray(value, np.float32), name)
+
+    names = {role: b.initializer(array, name, name) for role, (name, array) in statistics.items()}
+    mean = b.node("Cast", [names["running_mean"]], f"{scope}/mean_float32", to=f32)
+    var = b.node("Cast", [names["running_var"]], f"{scope}/var_float32", to=f32)
+    std = b.node("Sqrt", [b.node("Add", [var, const(eps, f"{scope}/epsilon")], f"{scope}/var_plus_epsilon")], f"{scope}/std")
+    centered = b.node("Sub", [x, mean], f"{scope}/centered")
+    if reciprocal:
+        scaled = b.node("Mul", [centered, b.node("Reciprocal", [std], f"{scope}/inverse_std")], f"{scope}/scaled")
+    else:
+        scaled = b.node("Div", [centered, std], f"{scope}/scaled")
+    return b.node("Clip", [scaled, const(-clip, f"{scope}/clip_min"), const(clip, f"{scope}/clip_max")], scope)

@@ -28,6 +28,7 @@ SOURCES: dict[str, str] = {
     "skrl": "policyport.converter.sources.skrl:convert_skrl",
     "ml-agents": "policyport.converter.sources.ml_agents:convert_ml_agents",
     "tianshou": "policyport.converter.sources.tianshou:convert_tianshou",
+    "sample-factory": "policyport.converter.sources.sample_factory:convert_sample_factory",
 }
 
 
@@ -40,7 +41,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -124,24 +125,25 @@ def _detect_path(path: Path) -> str | None:
     return None
 
 
+#: The RL libraries' checkpoint kinds :func:`_library_checkpoint` tells, in the order it asks: kind, then
+#: the module of :mod:`policyport.converter.sources` and its function telling the kind's files from the
+#: keys their pickle names.
+_LIBRARY_CHECKS = (
+    ("rl-games", "rl_games", "is_rl_games_checkpoint"),
+    ("skrl", "skrl", "is_skrl_checkpoint"),
+    ("ml-agents", "ml_agents", "is_ml_agents_checkpoint"),
+    ("tianshou", "tianshou", "is_tianshou_file"),
+    ("sample-factory", "sample_factory", "is_sample_factory_checkpoint"),
+)
+
+
 def _library_checkpoint(path: Path) -> str | None:
     """The kind of an RL library's checkpoint told from the keys its pickle names (never unpickled)."""
-    from .sources.ml_agents import is_ml_agents_checkpoint
-    from .sources.rl_games import is_rl_games_checkpoint
-    from .sources.skrl import is_skrl_checkpoint
+    import importlib
 
-    if is_rl_games_checkpoint(path):
-        return "rl-games"
-    if is_skrl_checkpoint(path):
-        return "skrl"
-    if is_ml_agents_checkpoint(path):
-        return "ml-agents"
-    from .sources.tianshou import is_tianshou_file
-
-    if is_rl_games_checkpoint(path):
-        return "rl-games"
-    if is_tianshou_file(path):
-        return "tianshou"
+    for kind, module, check in _LIBRARY_CHECKS:
+        if getattr(importlib.import_module(f"{__package__}.sources.{module}"), check)(path):
+            return kind
     return None
 
 
@@ -152,7 +154,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "rl-games": "an rl_games .pth checkpoint",
                "skrl": "an skrl agent_<timestep>.pt or policy_<timestep>.pt checkpoint",
                "ml-agents": "an ML-Agents .pt checkpoint",
-               "tianshou": "a Tianshou .pt or .pth file"}
+               "tianshou": "a Tianshou .pt or .pth file",
+               "sample-factory": "a Sample Factory .pth checkpoint"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

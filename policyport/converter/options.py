@@ -40,6 +40,7 @@ READS: dict[str, frozenset[str]] = {
     "skrl": frozenset({"activation", "opset", "action_bounds", "obs_filter"}),
     "ml-agents": frozenset({"opset"}),
     "tianshou": frozenset({"activation", "opset", "action_bounds", "action_bound_method"}),
+    "sample-factory": frozenset({"activation", "head", "opset"}),
 }
 
 

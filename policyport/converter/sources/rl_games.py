@@ -225,23 +225,15 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, policy_model
+    from ..build import Dense, MlpBuilder, add_running_mean_std, policy_model
 
     helper, f32 = onnx.helper, np.float32
     b = MlpBuilder(opset, np.dtype(f32))
     FLOAT, const = onnx.TensorProto.FLOAT, b.scalar
     x = "obs"
     if layout.normalizer:
-        # RunningMeanStd.forward: (x - mean.float()) / sqrt(var.float() + eps), clamped to [-5, 5]; the
-        # float64 statistics stay initializers under rl_games' names, cast to float32 in the graph
-        names = {role: b.initializer(array, name, name) for role, (name, array) in layout.normalizer.items()}
-        mean = b.node("Cast", [names["running_mean"]], "running_mean_std/mean_float32", to=FLOAT)
-        var = b.node("Cast", [names["running_var"]], "running_mean_std/var_float32", to=FLOAT)
-        std = b.node("Sqrt", [b.node("Add", [var, const(NORMALIZER_EPS, "running_mean_std/epsilon")],
-                                     "running_mean_std/var_plus_epsilon")], "running_mean_std/std")
-        scaled = b.node("Div", [b.node("Sub", [x, mean], "running_mean_std/centered"), std], "running_mean_std/scaled")
-        x = b.node("Clip", [scaled, const(-NORMALIZER_CLIP, "running_mean_std/clip_min"),
-                            const(NORMALIZER_CLIP, "running_mean_std/clip_max")], "running_mean_std")
+        # RunningMeanStd.forward: (x - mean.float()) / sqrt(var.float() + eps), clamped to [-5, 5]
+        x = add_running_mean_std(b, x, layout.normalizer, "running_mean_std", NORMALIZER_EPS, NORMALIZER_CLIP)
     hidden, logits, outputs = add_actor(b, layout, x, plan.activation, next_module)
     n = layout.actions
     if layout.continuous:
