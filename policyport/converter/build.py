@@ -261,6 +261,55 @@ class MlpBuilder:
     #: ``policyport.parameters`` maps it back to the source's name.
     RESERVED = frozenset({"obs", "logits", "action", "log_std", "value"})
 
+    def float_constant(self, value, name: str) -> str:
+        """An initializer of ``value`` in the builder's dtype, named ``name`` (no source parameter)."""
+        return self.initializer(np.asarray(value, self.dtype), name)
+
+    def torch_mlp(self, layers, activation, x: str) -> str:
+        """The hidden layers of a torch ``nn.Sequential`` MLP whose ``Linear`` layers sit at even indices
+        and their activation modules at the odd ones (rl_games' ``actor_mlp``, torchrl's ``MLP``).
+
+        Args:
+            layers: ``(weight name, weight (out, in), bias name, bias (out,))`` per layer, the weight
+                names ending ``<module path>.<index>.weight``.
+            activation: the :class:`~policyport.converter.activations.Activation` after each, or ``None``.
+            x: the input tensor's name.
+
+        Returns:
+            The last layer's output tensor: ``<module path>.<index + 1>/<activation>``, or
+            ``<module path>.<index>/linear`` without an activation.
+        """
+        for wname, w, bname, bias in layers:
+            scope = wname.rsplit(".", 1)[0]
+            path, index = scope.rsplit(".", 1)
+            post = [] if activation is None else [Step("activation", f"{path}.{int(index) + 1}", activation)]
+            x = self.dense(Dense(scope, w, wname, bias, bname, "out_in", None, post), x)
+        return x
+
+    def policy_model(self, obs_dim: int, outputs: list, head: str, metadata: dict[str, str]):
+        """The checked model of the nodes built so far: graph input ``obs`` (the builder's dtype,
+        ``(batch, obs_dim)``), ``outputs`` (ONNX value infos), ``metadata_props`` holding the parameter
+        map, ``policyport.head`` = ``head`` and ``metadata``.
+
+        Raises:
+            onnx.checker.ValidationError: a graph ``onnx.checker`` (``full_check``) refuses (a bug).
+        """
+        import json
+
+        import onnx
+
+        helper = self.helper
+        dtype = helper.np_dtype_to_tensor_dtype(self.dtype)
+        graph_input = helper.make_tensor_value_info("obs", dtype, ["batch", obs_dim])
+        graph = helper.make_graph(self.nodes, "policy", [graph_input], outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], producer_name="policyport",
+                                  producer_version=_version())
+        model.ir_version = min(model.ir_version, _max_ir_version(onnx, self.opset))
+        helper.set_model_props(model, {"policyport.parameters": json.dumps(self.parameters), "policyport.head": head,
+                                       **metadata})
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
     def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
         if name in self._names and source_name is None:
             raise BadModelError(f"parameter name {name!r} occurs twice")

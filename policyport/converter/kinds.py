@@ -25,6 +25,7 @@ SOURCES: dict[str, str] = {
     "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
     "rl-games": "policyport.converter.sources.rl_games:convert_rl_games",
+    "torchrl": "policyport.converter.sources.torchrl_actor:convert_torchrl",
 }
 
 
@@ -37,9 +38,10 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
-                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, torchrl or state-dict (.pt, .pth), "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb), "
+                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
+                   "and torchrl (a folder with a torchrl.checkpoint manifest.json) by their names")
 
 
 class UnknownKindError(BadModelError):
@@ -102,6 +104,10 @@ def _detect_path(path: Path) -> str | None:
             return "savedmodel"
         if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
             return "rllib"
+        from .sources.torchrl_actor import is_torchrl_folder
+
+        if is_torchrl_folder(path):
+            return "torchrl"
         return None
     suffix = path.suffix.lower()
     if suffix == ".npz":
@@ -124,8 +130,11 @@ def _detect_path(path: Path) -> str | None:
 def _library_checkpoint(path: Path) -> str | None:
     """The kind of an RL library's checkpoint told from the keys its pickle names (never unpickled)."""
     from .sources.rl_games import is_rl_games_checkpoint
+    from .sources.torchrl_actor import is_torchrl_state_dict
 
-    return "rl-games" if is_rl_games_checkpoint(path) else None
+    if is_rl_games_checkpoint(path):
+        return "rl-games"
+    return "torchrl" if is_torchrl_state_dict(path) else None
 
 
 #: What each kind of file source is, for the refusal of a folder given as one.
@@ -136,7 +145,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.
-_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder"}
+_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder",
+            "torchrl": "a TorchRL checkpoint folder"}
 
 
 def wrong_shape_of_source(path: Path, kind: str) -> str | None:

@@ -37,6 +37,7 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
+    "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id"}),
 }
 
 
@@ -52,7 +53,8 @@ READS_ONLY_FOR = {
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
-          "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds"}
+          "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds",
+          "distribution": "--distribution"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -86,6 +88,9 @@ class ConvertOptions:
             action dimension, or one per dimension), for sources whose player maps the policy's
             output to them (rl_games' ``clip_actions``, skrl's clipped actions); ``None``: the
             action as the policy outputs it.
+        distribution: the action distribution of a source whose files do not record it (a TorchRL
+            actor's ``distribution_class``): ``tanh-normal``, ``normal`` or ``categorical``; ``None``:
+            the source's own, or refused where a wrong guess is plausible.
     """
 
     activation: str | None = None
@@ -100,6 +105,7 @@ class ConvertOptions:
     input_shape: tuple[int, ...] | None = None
     output_names: tuple[str, ...] | None = None
     action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    distribution: str | None = None
 
     def __post_init__(self):
         if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
@@ -217,7 +223,8 @@ def where_they_apply(names) -> str:
 
 #: The plain types each option takes (None aside, which every option but these booleans and opset takes).
 _OPTION_TYPES = {"activation": str, "head": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
-                 "keep_value": bool, "obs_filter": bool, "trust": bool}
+                 "keep_value": bool, "obs_filter": bool, "trust": bool,
+                 "distribution": str}
 
 
 def _check_types(options: ConvertOptions) -> None:

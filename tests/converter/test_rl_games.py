@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import fixture_scripts
+
 import policyport as pp
 from policyport.cli import app
 from policyport.converter import convert_source, detect_kind
@@ -197,11 +199,7 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
 def test_rl_games_own_player_agrees_now(obs):
     """The fixtures' expected actions, recomputed by the installed rl_games from the saved file."""
     pytest.importorskip("rl_games")
-    sys.path.insert(0, str(RLG))
-    try:
-        import make_fixtures
-    finally:
-        sys.path.remove(str(RLG))
+    make_fixtures = fixture_scripts.make_fixtures(RLG)
     import torch
 
     played = make_fixtures.player(make_fixtures.RUNS["ant_elu"][0])

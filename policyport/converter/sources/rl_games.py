@@ -242,26 +242,6 @@ def _activation(name: str, where: str):
 # ---------------------------------------------------------------- the action mapping
 
 
-def action_bounds(bounds, actions: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(low, high)`` from ``--action-bounds``, each widened to ``actions`` entries, float32.
-
-    Raises:
-        OptionError: a side of another width than 1 or ``actions``, non-finite bounds, low not below high.
-    """
-    low, high = (np.asarray(side, np.float64).reshape(-1) for side in bounds)
-    out = []
-    for side, name in ((low, "low"), (high, "high")):
-        if side.size not in (1, actions):
-            raise OptionError(f"--action-bounds gives {side.size} {name} bounds; {what} has {actions} actions: give one "
-                              f"number for all of them or {actions}")
-        out.append(np.broadcast_to(side, (actions,)).astype(np.float32))
-    low, high = out
-    if not (np.isfinite(low).all() and np.isfinite(high).all()) or (low >= high).any():
-        raise OptionError(f"--action-bounds: every low must be finite and below its high (low {low.tolist()}, "
-                          f"high {high.tolist()})")
-    return low, high
-
-
 # ---------------------------------------------------------------- the graph
 
 
@@ -279,14 +259,12 @@ class Plan:
 def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     import onnx
 
-    from ..build import Dense, MlpBuilder, Step, _max_ir_version, _version
+    from ..build import Dense, MlpBuilder
 
     helper, f32 = onnx.helper, np.float32
     b = MlpBuilder(opset, np.dtype(f32))
     FLOAT = onnx.TensorProto.FLOAT
-
-    def const(value, name):
-        return b.initializer(np.asarray(value, f32), name)
+    const = b.float_constant
 
     x = "obs"
     if layout.normalizer:
@@ -300,11 +278,7 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
         scaled = b.node("Div", [b.node("Sub", [x, mean], "running_mean_std/centered"), std], "running_mean_std/scaled")
         x = b.node("Clip", [scaled, const(-NORMALIZER_CLIP, "running_mean_std/clip_min"),
                             const(NORMALIZER_CLIP, "running_mean_std/clip_max")], "running_mean_std")
-    for wname, w, bname, bias in layout.layers:
-        scope = wname.rsplit(".", 1)[0]
-        index = int(scope.rsplit(".", 1)[1])
-        post = [] if plan.activation is None else [Step("activation", f"a2c_network.actor_mlp.{index + 1}", plan.activation)]
-        x = b.dense(Dense(scope, w, wname, bias, bname, "out_in", None, post), x)
+    x = b.torch_mlp(layout.layers, plan.activation, x)
     wname, w, bname, bias = layout.head
     hidden = x
     logits = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in"), x, "logits")
@@ -338,15 +312,8 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
             b.node("Log", ["std"], "log_std")
         outputs += [helper.make_tensor_value_info("std", FLOAT, ["batch", n]),
                     helper.make_tensor_value_info("log_std", FLOAT, ["batch", n])]
-    graph_input = helper.make_tensor_value_info("obs", FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-                              producer_version=_version())
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
     head = "categorical" if not layout.continuous else "clipped-diag-gaussian" if plan.bounds is not None else "diag-gaussian"
-    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), "policyport.head": head, **metadata})
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return b.policy_model(layout.obs_dim, outputs, head, metadata)
 
 
 def normalize(layout: Layout, obs: np.ndarray) -> np.ndarray:
@@ -423,6 +390,7 @@ def convert_rl_games(source, options):
     from ..activations import choose_activation, parse_activation, required_activation
     from ..assumptions import activation_assumption, joined, reconstruction
     from ..options import Converted
+    from ..bounds import action_bounds, shown
     from ..readers.checkpoints import read_checkpoint
 
     path = Path(os.fspath(source))
@@ -473,7 +441,7 @@ def convert_rl_games(source, options):
             plan_bounds = action_bounds(options.action_bounds, layout.actions, what)
             low, high = plan_bounds
             assumptions.append(Assumption(
-                "action bounds", f"low {_shown(low)}, high {_shown(high)}: action = clamp(mu, -1, 1) rescaled to them",
+                "action bounds", f"low {shown(low)}, high {shown(high)}: action = clamp(mu, -1, 1) rescaled to them",
                 "given by --action-bounds; the player's clip_actions "
                 + (f"(on in {config.path})" if config and config.clip_actions is not None else "(its default, on)")
                 + " maps the action to the environment's action space, which the checkpoint does not record",
@@ -506,9 +474,3 @@ def convert_rl_games(source, options):
     model = _build(layout, plan, options.opset, metadata)
     return Converted(model, lambda obs: reference_forward(layout, plan, obs), "rl-games", notes=notes,
                      assumptions=assumptions, oracle=reconstruction("the arrays of an rl_games checkpoint"))
-
-
-def _shown(values: np.ndarray) -> str:
-    """One number when every entry is the same, else the list: ``-1`` or ``[-1, -2]``."""
-    values = np.asarray(values)
-    return f"{values[0]:g}" if (values == values[0]).all() else "[" + ", ".join(f"{v:g}" for v in values) + "]"
