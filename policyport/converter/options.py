@@ -37,7 +37,7 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "rl-games": frozenset({"activation", "opset", "action_bounds"}),
-    "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id"}),
+    "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id", "obs_filter"}),
 }
 
 

@@ -19,6 +19,7 @@ import fixture_scripts
 import policyport as pp
 from policyport.cli import app
 from policyport.converter import convert_source, detect_kind
+from policyport.converter.activations import parse_activation
 from policyport.converter.sources import torchrl_actor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,8 @@ HIGH = (1.0, 2.0, 0.5, 1.0, 1.0, 3.0)
 BOUNDS = f"{','.join(map(str, LOW))}:{','.join(map(str, HIGH))}"
 TANH = dict(activation="tanh", distribution="tanh-normal", action_bounds=(LOW, HIGH))
 FOLDER = TRL / "tanh_normal_checkpoint"
+NORMED = TRL / "normal_relu_obsnorm_checkpoint"
+RELU = dict(activation="relu", distribution="normal")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,8 @@ def invoke(*args):
 
 
 def test_files_and_folders_are_told_from_their_keys_and_manifest():
-    for name in ("tanh_normal.pt", "normal_relu.pt", "discrete_elu.pt", "tanh_normal_checkpoint"):
+    for name in ("tanh_normal.pt", "normal_relu.pt", "discrete_elu.pt", "tanh_normal_checkpoint",
+                 "normal_relu_obsnorm_checkpoint"):
         assert detect_kind(TRL / name) == "torchrl", name
     assert detect_kind(ROOT / "fixtures" / "torch" / "gaussian.state_dict.pt") == "state-dict"
     assert detect_kind(ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth") == "rl-games"
@@ -87,6 +91,45 @@ def test_a_normal_actors_action_is_loc_and_a_discrete_actors_the_argmax(backend,
     assert (want["one_hot"].argmax(1) == want["action"]).all() and len(set(want["action"].tolist())) > 1
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_an_observation_norm_in_the_checkpoint_is_baked_in_as_torchrl_computes_it(backend, obs):
+    """(x - loc) / scale, no epsilon and no clip: every other library's formula moves the action."""
+    converted = convert_source(NORMED, **RELU)
+    out = pp.load(converted.model, backend).run({"obs": obs})
+    want = expected("normal_relu_obsnorm")["action"]
+    assert np.abs(out["action"] - want).max() <= 1e-5
+    assert "observation normalisation" not in [a.topic for a in converted.assumptions]
+    assert any("ObservationNorm of component 'obs_norm'" in note for note in converted.notes)
+    state = torchrl_actor.read_normalizers(NORMED, "normed", "policy")[0]
+    assert state.standard_normal and state.scale.min() < 2e-3
+    raw = (obs - state.loc) / state.scale
+    assert np.abs(raw).max() > 100  # far past any library's clip, where the scale's epsilon matters too
+    layout = torchrl_actor.read_layout(*torchrl_actor.read_folder(NORMED, "normed", None)[1:3], "normed")
+    plan = torchrl_actor.Plan(parse_activation("relu"), "normal")
+    others = {"rl_games": np.clip((obs - state.loc) / np.sqrt(state.scale ** 2 + 1e-5), -5, 5),
+              "skrl": np.clip((obs - state.loc) / (state.scale + 1e-8), -5, 5),
+              "gymnasium": np.clip((obs - state.loc) / np.sqrt(state.scale ** 2 + 1e-8), -10, 10),
+              "rsl_rl": (obs - state.loc) / (state.scale + 1e-2)}
+    for library, normalised in others.items():
+        moved = torchrl_actor.reference_forward(layout, plan, normalised.astype(np.float32))["action"]
+        assert np.abs(moved - want).max() > 1e-3, library
+
+
+def test_no_filter_leaves_the_observation_norm_out_and_vecnorm_is_refused(tmp_path, obs):
+    bare = convert_source(NORMED, obs_filter=False, **RELU)
+    assert np.abs(pp.load(bare.model).run({"obs": obs})["action"] - expected("normal_relu")["action"]).max() <= 1e-5
+    assert [a.assumes for a in bare.assumptions if a.topic == "observation normalisation"] == ["left out (--no-filter)"]
+    folder = tmp_path / "vecnorm"
+    shutil.copytree(NORMED, folder)
+    schema = folder / "components" / "0000-obs_norm" / "state.json"
+    schema.write_text(schema.read_text().replace('"value":"loc"', '"value":"observation_sum"'))
+    refused = invoke("convert", folder, "--activation", "relu", "--distribution", "normal", "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 3 and "VecNorm" in refused.output and "--no-filter" in refused.output
+    alone = invoke("convert", folder, "--activation", "relu", "--distribution", "normal", "--no-filter",
+                   "-o", tmp_path / "a.onnx")
+    assert alone.exit_code == 0, alone.output
+
+
 def test_extract_gives_every_array_back_bit_for_bit():
     torch = pytest.importorskip("torch")
     saved = torch.load(TRL / "tanh_normal.pt", weights_only=True)
@@ -95,6 +138,12 @@ def test_extract_gives_every_array_back_bit_for_bit():
         assert sorted(weights) == sorted(saved)
         for name, tensor in saved.items():
             assert weights[name].dtype == tensor.numpy().dtype and weights[name].tobytes() == tensor.numpy().tobytes()
+    weights = pp.extract_weights(pp.convert(NORMED, **RELU))
+    state = torchrl_actor.read_normalizers(NORMED, "normed", "policy")[0]
+    for key in ("loc", "scale"):
+        stored = np.fromfile(NORMED / "components" / "0000-obs_norm" / "state" /
+                             f"tensor_0000000{1 if key == 'loc' else 2}.memmap", "<f4")
+        assert weights[f"obs_norm.{key}"].tobytes() == stored.tobytes() == getattr(state, key).tobytes()
 
 
 def test_what_no_file_records_must_be_given(tmp_path):
@@ -210,3 +259,25 @@ def test_torchrls_own_actor_agrees_now(obs):
     loaded.load_state_dict(torch.load(TRL / "tanh_normal.pt", weights_only=True))
     assert np.abs(make_fixtures.run(loaded, obs)["action"] - want).max() == 0
     assert torchrl_actor.FORMAT == Checkpoint.manifest(FOLDER)["format"]
+
+
+@pytest.mark.slow
+def test_an_observation_norm_without_standard_normal_is_torchrls_too(tmp_path, obs):
+    """standard_normal off: x * scale + loc, checked against TorchRL's ObservationNorm loaded from the folder."""
+    pytest.importorskip("torchrl")
+    make_fixtures = fixture_scripts.make_fixtures(TRL)
+    import torch
+    from torchrl.checkpoint import Checkpoint
+    from torchrl.envs.transforms import ObservationNorm
+
+    folder = tmp_path / "affine"
+    shutil.copytree(NORMED, folder)
+    (folder / "components" / "0000-obs_norm" / "state" / "tensor_00000000.memmap").write_bytes(b"\x00")
+    actor = make_fixtures.build("normal_relu")
+    norm = ObservationNorm(loc=torch.zeros(11), scale=torch.ones(11), in_keys=["observation"], standard_normal=True)
+    Checkpoint(policy=actor, obs_norm=norm).load(folder)
+    assert not bool(norm.standard_normal)
+    want = make_fixtures.run(actor, obs, norm)["action"]
+    out = pp.load(pp.convert(folder, **RELU), "onnxruntime").run({"obs": obs})
+    assert np.abs(out["action"] - want).max() <= 1e-5
+    assert np.abs(out["action"] - expected("normal_relu_obsnorm")["action"]).max() > 0.1

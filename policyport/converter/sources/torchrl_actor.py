@@ -32,7 +32,13 @@ The deterministic action (``set_exploration_type(ExplorationType.DETERMINISTIC)`
 The distribution class, its ``tanh_loc`` (off by default) and the MLP's activation (``nn.Tanh``
 by default) are arguments of the code that built the actor, in no file: ``--distribution`` and
 ``--activation`` name them. Observation transforms (``ObservationNorm``, ``VecNorm``) live in the
-environment (``TransformedEnv``), not in the actor, and are not read.
+environment (``TransformedEnv``), not in the actor: a state_dict file holds none. A checkpoint folder may
+hold one as a component of its own (the transform's or the ``TransformedEnv``'s state_dict): an
+``ObservationNorm`` (``torchrl/envs/transforms/_normalization.py``) records ``loc``, ``scale`` and
+``standard_normal``, and is baked in as it computes: ``(x - loc) / scale`` with ``standard_normal``,
+``x * scale + loc`` without (its ``eps`` only floors ``scale`` when the statistics are made, and it
+clips nothing); ``loc`` and ``scale`` stay initializers under ``<component>.<key>``. ``VecNorm``'s
+running sums, whose ``eps`` no file records, are refused (``--no-filter`` converts the actor alone).
 
 The checkpoint folder (``torchrl/checkpoint/_checkpoint.py``, ``Checkpoint.save``, format
 ``torchrl.checkpoint`` version 1): ``manifest.json`` names each component, its adapter and its
@@ -239,6 +245,28 @@ def _metadata_names(value) -> set[str]:
     return names
 
 
+@dataclass
+class ObservationNorm:
+    """An ``ObservationNorm``'s state in a checkpoint component.
+
+    Attributes:
+        component: the component's name.
+        prefix: the transform's module path in the component's state_dict (``""``, ``"transform."``,
+            ``"transforms.0."``).
+        loc, scale: float arrays (shape ``()`` or ``(obs_dim,)``).
+        standard_normal: ``(x - loc) / scale`` if true, else ``x * scale + loc``.
+    """
+
+    component: str
+    prefix: str
+    loc: np.ndarray
+    scale: np.ndarray
+    standard_normal: bool
+
+    def name(self, key: str) -> str:
+        return f"{self.component}.{self.prefix}{key}"
+
+
 def read_folder(path: Path, what: str, component: str | None) -> tuple[str, dict[str, np.ndarray], set[str], dict]:
     """The state_dict of the actor component of a TorchRL checkpoint folder.
 
@@ -267,16 +295,9 @@ def read_folder(path: Path, what: str, component: str | None) -> tuple[str, dict
     components = manifest.get("components")
     if not isinstance(components, dict):
         raise BadModelError(f"{path / MANIFEST} lists no components")
-    root = path.resolve()
 
     def folder_of(name):
-        record = components[name]
-        relative = record.get("path") if isinstance(record, dict) else None
-        folder = (path / str(relative)).resolve() if relative else None
-        if folder is None or root not in folder.parents:
-            raise BadModelError(f"{path / MANIFEST}: component {name!r} has path {relative!r:.80}, not a folder inside "
-                                "the checkpoint")
-        return folder
+        return _component_folder(path, components[name], name)
 
     state_dicts = [n for n, r in components.items() if isinstance(r, dict) and r.get("adapter") == "torchrl.state_dict"]
     if component is not None:
@@ -287,9 +308,7 @@ def read_folder(path: Path, what: str, component: str | None) -> tuple[str, dict
     else:
         chosen = []
         for name in state_dicts:
-            schema = folder_of(name) / "state.json"
-            text = schema.read_text(encoding="utf-8", errors="replace") if schema.is_file() else ""
-            if any(_KEY.fullmatch(s) for s in re.findall(r'"value":"([^"]*)"', text)):
+            if any(_KEY.fullmatch(k) for k in _schema_keys(folder_of(name))):
                 chosen.append(name)
             elif (folder_of(name) / "state.pt").is_file():
                 chosen.append(name)
@@ -300,15 +319,36 @@ def read_folder(path: Path, what: str, component: str | None) -> tuple[str, dict
             raise OptionError(f"{what} holds several components that may be the actor ({', '.join(chosen)}); name one "
                               "with --policy-id NAME")
     name = chosen[0]
-    folder = folder_of(name)
-    record = components[name]
+    return (name, *_component_state(folder_of(name), components[name], name, what), manifest)
+
+
+def _component_folder(path: Path, record, name: str) -> Path:
+    """The folder of the component ``name`` (its manifest ``record``), refused unless inside ``path``."""
+    relative = record.get("path") if isinstance(record, dict) else None
+    folder = (path / str(relative)).resolve() if relative else None
+    if folder is None or path.resolve() not in folder.parents:
+        raise BadModelError(f"{path / MANIFEST}: component {name!r} has path {relative!r:.80}, not a folder inside "
+                            "the checkpoint")
+    return folder
+
+
+def _schema_keys(folder: Path) -> list[str]:
+    """The strings a component's ``state.json`` holds as values (its state_dict's keys among them)."""
+    schema = folder / "state.json"
+    if not schema.is_file() or schema.stat().st_size > MAX_JSON_BYTES:
+        return []
+    return re.findall(r'"value":"([^"]*)"', schema.read_text(encoding="utf-8", errors="replace"))
+
+
+def _component_state(folder: Path, record: dict, name: str, what: str) -> tuple[dict, set[str]]:
+    """The state_dict of one ``torchrl.state_dict`` component and the module paths its ``_metadata`` names."""
     if record.get("adapter") != "torchrl.state_dict":
         raise BadModelError(f"{what}: component {name!r} was saved by {record.get('adapter')!r}; policyport reads "
                             "torchrl.state_dict components")
     if (folder / "state.pt").is_file():
         from ..readers.checkpoints import pickled_strings, read_checkpoint
 
-        return name, read_checkpoint(folder / "state.pt", "TorchRL"), pickled_strings(folder / "state.pt"), manifest
+        return read_checkpoint(folder / "state.pt", "TorchRL"), pickled_strings(folder / "state.pt")
     if not (folder / "state").is_dir():
         found = [p.name for p in folder.iterdir()] if folder.is_dir() else []
         raise BadModelError(f"{what}: component {name!r} holds {', '.join(found) or 'nothing'}; policyport reads the "
@@ -319,7 +359,42 @@ def read_folder(path: Path, what: str, component: str | None) -> tuple[str, dict
     state = _decode(schema, tensors, str(folder / "state.json"))
     if not isinstance(state, dict):
         raise BadModelError(f"{folder / 'state.json'} holds no state_dict")
-    return name, state, _metadata_names(schema), manifest
+    return state, _metadata_names(schema)
+
+
+def read_normalizers(path: Path, what: str, actor: str) -> list[ObservationNorm]:
+    """The ``ObservationNorm`` states the other ``torchrl.state_dict`` components of the checkpoint
+    folder ``path`` hold (see the module docstring), in the components' order.
+
+    Raises:
+        BadModelError: a component holding ``VecNorm`` statistics (``*_sum``, ``*_ssq``, ``*_count``),
+            whose ``eps`` no file records; an ``ObservationNorm`` whose ``loc`` or ``scale`` is not
+            floating point; the files' faults (:func:`read_tensordict_folder`).
+    """
+    manifest = _read_json(path / MANIFEST, what)
+    found = []
+    for name, record in manifest["components"].items():
+        if name == actor or not isinstance(record, dict) or record.get("adapter") != "torchrl.state_dict":
+            continue
+        folder = _component_folder(path, record, name)
+        keys = _schema_keys(folder)
+        if any(re.search(r"(_sum|_ssq|_count)$", k) for k in keys):
+            raise BadModelError(f"{what}: component {name!r} holds VecNorm statistics, whose eps (and decay) no file "
+                                "records; policyport bakes in ObservationNorm only: --no-filter converts the actor "
+                                "alone (the observations then normalised as the environment does)")
+        if not any(k.endswith("standard_normal") for k in keys):
+            continue
+        state, _ = _component_state(folder, record, name, what)
+        for key, flag in state.items():
+            if not (isinstance(key, str) and key.endswith("standard_normal")):
+                continue
+            prefix = key.removesuffix("standard_normal")
+            loc, scale = state.get(f"{prefix}loc"), state.get(f"{prefix}scale")
+            if not all(isinstance(a, np.ndarray) and a.dtype.kind == "f" for a in (loc, scale)):
+                raise BadModelError(f"{what}: component {name!r} has {key} but no floating-point {prefix}loc and "
+                                    f"{prefix}scale: an ObservationNorm whose statistics were never initialised")
+            found.append(ObservationNorm(name, prefix, loc, scale, bool(np.asarray(flag).reshape(-1)[0])))
+    return found
 
 
 def read_layout(state: dict, names: set[str], what: str) -> Layout:
@@ -379,11 +454,13 @@ def read_layout(state: dict, names: set[str], what: str) -> Layout:
 @dataclass
 class Plan:
     """What the graph computes beyond the arrays: the hidden activation (``None``: linear), the
-    distribution (a :data:`DISTRIBUTIONS` name) and TanhNormal's bounds (``None``: -1 and 1)."""
+    distribution (a :data:`DISTRIBUTIONS` name), TanhNormal's bounds (``None``: -1 and 1) and the
+    ``ObservationNorm`` applied to the observations first (``None``: none)."""
 
     activation: object
     distribution: str
     bounds: tuple[np.ndarray, np.ndarray] | None = None
+    normalizer: ObservationNorm | None = None
 
 
 def _scale_bias() -> np.float32:
@@ -400,7 +477,19 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     helper, f32, FLOAT = onnx.helper, np.float32, onnx.TensorProto.FLOAT
     b = MlpBuilder(opset, np.dtype(f32))
     const = b.float_constant
-    x = b.torch_mlp(layout.layers[:-1], plan.activation, "obs")
+    x = "obs"
+    norm = plan.normalizer
+    if norm is not None:  # ObservationNorm._apply_transform, its statistics kept under their names
+        loc = b.initializer(norm.loc, norm.name("loc"), norm.name("loc"))
+        scale = b.initializer(norm.scale, norm.name("scale"), norm.name("scale"))
+        if norm.loc.dtype != f32 or norm.scale.dtype != f32:
+            loc = b.node("Cast", [loc], "observation_norm/loc_float32", to=FLOAT)
+            scale = b.node("Cast", [scale], "observation_norm/scale_float32", to=FLOAT)
+        if norm.standard_normal:
+            x = b.node("Div", [b.node("Sub", [x, loc], "observation_norm/centered"), scale], "observation_norm")
+        else:
+            x = b.node("Add", [b.node("Mul", [x, scale], "observation_norm/scaled"), loc], "observation_norm")
+    x = b.torch_mlp(layout.layers[:-1], plan.activation, x)
     wname, w, bname, bias = layout.layers[-1]
     logits = b.dense(Dense(wname.rsplit(".", 1)[0], w, wname, bias, bname, "out_in"), x, "logits")
     outputs = [helper.make_tensor_value_info("logits", FLOAT, ["batch", layout.width])]
@@ -435,12 +524,20 @@ def _build(layout: Layout, plan: Plan, opset: int, metadata: dict[str, str]):
     return b.policy_model(layout.obs_dim, outputs, head, metadata)
 
 
+def observation_norm(norm: ObservationNorm, obs: np.ndarray) -> np.ndarray:
+    """``ObservationNorm._apply_transform`` in numpy float32 (see the module docstring)."""
+    loc, scale = norm.loc.astype(np.float32), norm.scale.astype(np.float32)
+    return (obs - loc) / scale if norm.standard_normal else obs * scale + loc
+
+
 def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, np.ndarray]:
     """The actor and its distribution's ``deterministic_sample`` in numpy float32, in torchrl's order
     of operations; tensors named as the graph names them."""
     f32 = np.float32
     out: dict[str, np.ndarray] = {}
     x = np.asarray(obs, f32)
+    if plan.normalizer is not None:
+        x = out["observation_norm"] = observation_norm(plan.normalizer, x)
     *hidden, last = layout.layers
     for wname, w, _, bias in hidden:
         scope = wname.rsplit(".", 1)[0]
@@ -456,7 +553,8 @@ def reference_forward(layout: Layout, plan: Plan, obs: np.ndarray) -> dict[str, 
         return out
     loc, raw = np.split(logits, 2, axis=1)
     shifted = raw + _scale_bias()
-    soft = np.logaddexp(f32(0), shifted).astype(f32) + f32(SCALE_MIN_VAL)
+    with np.errstate(under="ignore"):  # softplus of a very negative scale: 0, as in torch
+        soft = np.logaddexp(f32(0), shifted).astype(f32) + f32(SCALE_MIN_VAL)
     out["std"] = np.maximum(soft, f32(SCALE_LB))
     out["log_std"] = np.log(out["std"])
     out["mean"] = loc
@@ -566,15 +664,41 @@ def convert_torchrl(source, options):
                                       "TanhNormal's low and high are distribution_kwargs of the actor, in no file; "
                                       "torchrl's examples pass the environment's action spec bounds",
                                       "--action-bounds LOW:HIGH gives them"))
-    assumptions.append(Assumption(
-        "observation normalisation", "none",
-        f"{what} holds the actor alone; TorchRL normalises observations in the environment (ObservationNorm, VecNorm "
-        "transforms of a TransformedEnv), whose statistics are not in it",
-        "feed the observations as the transformed environment gives them"))
+    normalizer = None
+    if path.is_dir() and options.obs_filter:
+        norms = read_normalizers(path, what, source_info["component"])
+        if len(norms) > 1:
+            raise BadModelError(f"{what}: several ObservationNorm states ({', '.join(n.name('loc') for n in norms)}); "
+                                "policyport bakes in one: --no-filter converts the actor alone")
+        if norms:
+            normalizer = norms[0]
+            for key, array in (("loc", normalizer.loc), ("scale", normalizer.scale)):
+                if array.size not in (1, layout.obs_dim) or array.ndim > 1:
+                    raise BadModelError(f"{what}: {normalizer.name(key)} has shape {array.shape}; the actor reads "
+                                        f"{layout.obs_dim} observations")
+    if normalizer is not None:
+        formula = "(x - loc) / scale" if normalizer.standard_normal else "x * scale + loc"
+        notes.append(f"baked in the ObservationNorm of component {normalizer.component!r}: {formula} "
+                     f"(standard_normal {normalizer.standard_normal}, as the component records)")
+    elif path.is_dir() and not options.obs_filter:
+        assumptions.append(Assumption("observation normalisation", "left out (--no-filter)",
+                                      f"{what}'s normaliser is not in the graph: it expects normalised observations",
+                                      "leave --no-filter out to bake it in"))
+    else:
+        assumptions.append(Assumption(
+            "observation normalisation", "none",
+            f"{what} holds no normaliser: TorchRL normalises observations in the environment (ObservationNorm, VecNorm "
+            "transforms of a TransformedEnv), and " + ("no component of the checkpoint holds one" if path.is_dir()
+                                                      else "a state_dict file holds the actor alone"),
+            "feed the observations as the transformed environment gives them"))
     if layout.left_out:
         notes.append(f"left out of the graph: {', '.join(layout.left_out)}")
-    plan = Plan(None if act.name == "linear" else act, distribution, bounds)
+    plan = Plan(None if act.name == "linear" else act, distribution, bounds, normalizer)
     metadata = {"policyport.source": json.dumps(source_info), "policyport.activation": activation_name}
+    if normalizer is not None:
+        metadata["policyport.observation_filter"] = json.dumps(
+            {"type": "ObservationNorm", "library": "torchrl", "standard_normal": normalizer.standard_normal,
+             "formula": "(x - loc) / scale" if normalizer.standard_normal else "x * scale + loc"})
     if bounds is not None:
         metadata["policyport.action_bounds"] = json.dumps({"low": bounds[0].tolist(), "high": bounds[1].tolist()})
     model = _build(layout, plan, options.opset, metadata)
