@@ -23,7 +23,7 @@ KERAS = ROOT / "fixtures/keras/mlp_norm.keras"
     (EXPERT, {"exporter": "dynamo"}, r"--exporter does not apply to npz sources \(--exporter applies to state-dict "
                                      r"files holding a whole pickled module read with --trust, torch, torchscript\)"),
     (EXPERT, {"policy_id": "p1", "input_shape": (5, 55)}, r"--policy-id, --input-shape do not apply to npz sources"),
-    (EXPERT, {"obs_filter": False}, r"--no-filter does not apply to npz sources \(--no-filter applies to rllib, sb3\)"),
+    (EXPERT, {"obs_filter": False}, r"--no-filter does not apply to npz sources \(--no-filter applies to rllib, sb3, torchrl\)"),
     (CARTPOLE, {"head": "categorical"}, r"--head does not apply to sb3 sources"),
     (KERAS, {"activation": "relu"}, r"--activation does not apply to keras sources"),
 ])
