@@ -203,6 +203,25 @@ def test_a_damaged_checkpoint_folder_is_refused_before_anything_large_is_allocat
     assert not (tmp_path / "a.onnx").exists()
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "state.json").write_text(json.dumps({"kind": "dict", "items": [
+        [{"kind": "dict", "items": []}, {"kind": "value", "value": 1}]]})), "a mapping key is a dict"),
+    (lambda d: (d / "state.json").write_text('{"kind":"dict","items":[[{"kind":"value","value":"k"},' * 400
+                                            + '{"kind":"value","value":1}' + "]]}" * 400), "state.json"),
+    (lambda d: (d / "state" / "meta.json").write_text(json.dumps({"../../x": {"shape": [1], "dtype": "torch.float32"}})),
+     "not a file name tensordict writes"),
+    (lambda d: ((d / "state" / "tensor_00000000.memmap").unlink(),
+                (d / "state" / "tensor_00000000.memmap").symlink_to("/etc/hostname")), "links outside"),
+    (lambda d: shutil.rmtree(d / "state"), "not the tensordict archives"),
+])
+def test_a_hostile_checkpoint_folder_is_refused_naming_what_is_wrong(tmp_path, damage, message):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(FOLDER, folder)
+    damage(folder / "components" / "0001-policy")
+    result = invoke("convert", folder, *_tanh_args(), "--policy-id", "policy", "-o", tmp_path / "a.onnx")
+    assert result.exit_code == 3 and message in " ".join(result.output.split()), result.output
+
+
 def _tanh_args():
     return ("--activation", "tanh", "--distribution", "tanh-normal")
 

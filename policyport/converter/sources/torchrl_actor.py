@@ -198,6 +198,8 @@ def read_tensordict_folder(folder: Path, what: str) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     for key, dtype, shape, nbytes in planned:
         file = folder / f"{key}.memmap"
+        if file.exists() and folder.resolve() not in file.resolve().parents:
+            raise BadModelError(f"{file} links outside {folder}; a checkpoint's arrays lie in its own folder")
         try:
             size = file.stat().st_size
         except OSError:
@@ -225,10 +227,14 @@ def _decode(value, tensors: dict[str, np.ndarray], where: str):
         return tensors[value["key"]]
     if kind in ("dict", "ordered_dict"):
         out = {}
-        for item in value.get("items", []):
+        items = value.get("items", [])
+        for item in items if isinstance(items, list) else [None]:
             if not (isinstance(item, list) and len(item) == 2):
                 raise BadModelError(f"{where} is malformed: a mapping item is not a (key, value) pair")
-            out[_decode(item[0], tensors, where)] = _decode(item[1], tensors, where)
+            key = _decode(item[0], tensors, where)
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise BadModelError(f"{where} is malformed: a mapping key is a {type(key).__name__}")
+            out[key] = _decode(item[1], tensors, where)
         return out
     if kind == "value":
         return value.get("value")
@@ -238,8 +244,9 @@ def _decode(value, tensors: dict[str, np.ndarray], where: str):
 def _metadata_names(value) -> set[str]:
     """The module paths a ``state.json``'s ``_metadata`` names."""
     metadata = value.get("metadata") if isinstance(value, dict) else None
+    items = metadata.get("items") if isinstance(metadata, dict) else None
     names = set()
-    for item in (metadata or {}).get("items", []):
+    for item in items if isinstance(items, list) else []:
         if isinstance(item, list) and item and isinstance(item[0], dict) and isinstance(item[0].get("value"), str):
             names.add(item[0]["value"])
     return names
@@ -356,7 +363,10 @@ def _component_state(folder: Path, record: dict, name: str, what: str) -> tuple[
                             "archives state.tdz and state.tdc")
     tensors = read_tensordict_folder(folder / "state", what)
     schema = _read_json(folder / "state.json", what)
-    state = _decode(schema, tensors, str(folder / "state.json"))
+    try:
+        state = _decode(schema, tensors, str(folder / "state.json"))
+    except RecursionError:
+        raise BadModelError(f"{folder / 'state.json'} nests deeper than a state_dict does") from None
     if not isinstance(state, dict):
         raise BadModelError(f"{folder / 'state.json'} holds no state_dict")
     return state, _metadata_names(schema)
@@ -393,7 +403,11 @@ def read_normalizers(path: Path, what: str, actor: str) -> list[ObservationNorm]
             if not all(isinstance(a, np.ndarray) and a.dtype.kind == "f" for a in (loc, scale)):
                 raise BadModelError(f"{what}: component {name!r} has {key} but no floating-point {prefix}loc and "
                                     f"{prefix}scale: an ObservationNorm whose statistics were never initialised")
-            found.append(ObservationNorm(name, prefix, loc, scale, bool(np.asarray(flag).reshape(-1)[0])))
+            flag = np.asarray(flag)
+            if flag.size != 1 or flag.dtype.kind not in "biuf":
+                raise BadModelError(f"{what}: component {name!r} has {key} of shape {flag.shape} and dtype {flag.dtype}, "
+                                    "not the one flag ObservationNorm records")
+            found.append(ObservationNorm(name, prefix, loc, scale, bool(flag.reshape(-1)[0])))
     return found
 
 
@@ -412,7 +426,7 @@ def read_layout(state: dict, names: set[str], what: str) -> Layout:
     """
     from ..readers.checkpoints import state_dict
 
-    sd = state_dict({k: v for k, v in state.items() if isinstance(v, np.ndarray)}, what)
+    sd = state_dict({k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, np.ndarray)}, what)
     matched = {k: _KEY.fullmatch(k) for k in sd}
     matched = {k: m for k, m in matched.items() if m}
     prefixes = sorted({m["prefix"] + ("seq" if m["seq"] else "") for m in matched.values()})
