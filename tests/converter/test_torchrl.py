@@ -52,7 +52,7 @@ def invoke(*args):
 
 def test_files_and_folders_are_told_from_their_keys_and_manifest():
     for name in ("tanh_normal.pt", "normal_relu.pt", "discrete_elu.pt", "tanh_normal_checkpoint",
-                 "normal_relu_obsnorm_checkpoint"):
+                 "normal_relu_obsnorm_checkpoint", "tanh_normal_ppo_loss.pt"):
         assert detect_kind(TRL / name) == "torchrl", name
     assert detect_kind(ROOT / "fixtures" / "torch" / "gaussian.state_dict.pt") == "state-dict"
     assert detect_kind(ROOT / "fixtures" / "rl_games" / "ant_elu" / "nn" / "ant_elu.pth") == "rl-games"
@@ -128,6 +128,19 @@ def test_no_filter_leaves_the_observation_norm_out_and_vecnorm_is_refused(tmp_pa
     alone = invoke("convert", folder, "--activation", "relu", "--distribution", "normal", "--no-filter",
                    "-o", tmp_path / "a.onnx")
     assert alone.exit_code == 0, alone.output
+
+
+def test_a_loss_modules_state_dict_gives_its_actor_once_the_distribution_is_named(tmp_path, obs):
+    """ClipPPOLoss keeps no module paths that tell a NormalParamExtractor: --distribution settles it."""
+    source = TRL / "tanh_normal_ppo_loss.pt"
+    unsaid = invoke("convert", source, "--activation", "tanh", "-o", tmp_path / "a.onnx")
+    assert unsaid.exit_code == 2 and "--distribution" in unsaid.output and "loss module" in unsaid.output
+    converted = convert_source(source, **TANH)
+    out = pp.load(converted.model).run({"obs": obs})
+    assert np.abs(out["action"] - expected("tanh_normal")["action"]).max() <= 1e-5
+    assert any("critic_network_params.module.0.weight" in note for note in converted.notes)
+    assert sorted(pp.extract_weights(converted.model)) == sorted(
+        f"actor_network_params.{k}" for k in pp.extract_weights(pp.convert(TRL / "tanh_normal.pt", **TANH)))
 
 
 def test_extract_gives_every_array_back_bit_for_bit():

@@ -84,6 +84,10 @@ SCALE_LB = 1e-4
 #: ``--distribution`` names -> the torchrl class each stands for, and whether it is continuous.
 DISTRIBUTIONS = {"tanh-normal": ("TanhNormal", True), "normal": ("Normal / IndependentNormal", True),
                  "categorical": ("OneHotCategorical / Categorical", False)}
+#: The prefix of the trained actor's parameters in a loss module's state_dict (``torchrl/objectives/
+#: common.py``, ``convert_to_functional``: ``<module_name>_params``, and ``target_<module_name>_params``
+#: for the Polyak-averaged copy that DDPG and TD3 keep).
+LOSS_ACTOR = "actor_network_params."
 _KEY = re.compile(r"(?P<prefix>.*?)module\.0\.module\.(?P<seq>0\.)?(?P<index>\d+)\.(?P<role>weight|bias)")
 
 
@@ -95,11 +99,14 @@ class Layout:
         layers: ``(weight name, weight (out, in), bias name, bias (out,))`` of every ``Linear``, in
             order, the last one the output layer.
         extractor: whether a ``NormalParamExtractor`` follows the MLP (continuous actions).
+        told: whether the file tells ``extractor``: an MLP inside an ``nn.Sequential`` whose ``_metadata``
+            the file does not keep (a loss module's ``TensorDictParams``) may be followed by one or not.
         left_out: keys the graph does not compute.
     """
 
     layers: list[tuple[str, np.ndarray, str, np.ndarray]]
     extractor: bool
+    told: bool = True
     left_out: list[str] = field(default_factory=list)
 
     @property
@@ -126,13 +133,15 @@ def is_torchrl_folder(path: Path) -> bool:
 
 
 def is_torchrl_state_dict(path: Path) -> bool:
-    """Whether the torch zip ``path`` pickles a ProbabilisticActor's state_dict: a key
-    ``module.0.module.<...>.weight`` and the ``module.1`` (the probabilistic module) its ``_metadata``
-    names, read from the pickle's opcodes without unpickling anything."""
+    """Whether the torch zip ``path`` pickles a ProbabilisticActor's state_dict (a key
+    ``module.0.module.<...>.weight`` and the ``module.1``, the probabilistic module, its ``_metadata``
+    names) or a loss module's (``actor_network_params.module.0.module.<...>``), read from the pickle's
+    opcodes without unpickling anything."""
     from ..readers.checkpoints import pickled_strings
 
     strings = pickled_strings(path)
-    return "module.1" in strings and any(_KEY.fullmatch(s) and not _KEY.fullmatch(s)["prefix"] for s in strings)
+    prefixes = {m["prefix"] for m in map(_KEY.fullmatch, strings) if m}
+    return ("" in prefixes and "module.1" in strings) or LOSS_ACTOR in prefixes
 
 
 def _read_json(path: Path, what: str):
@@ -434,8 +443,11 @@ def read_layout(state: dict, names: set[str], what: str) -> Layout:
         raise BadModelError(f"{what} holds {', '.join(list(sd)[:6]) or 'no tensors'}: no module.0.module.* Linear "
                             "layers, the keys of a ProbabilisticActor's state_dict")
     if len(prefixes) > 1:
-        raise BadModelError(f"{what} holds actor-like keys under several prefixes ({', '.join(prefixes)}); policyport "
-                            "reads one ProbabilisticActor (save actor.state_dict())")
+        trained = [p for p in prefixes if p.startswith(LOSS_ACTOR)]
+        if len(trained) != 1:
+            raise BadModelError(f"{what} holds actor-like keys under several prefixes ({', '.join(prefixes)}); "
+                                "policyport reads one ProbabilisticActor (save actor.state_dict())")
+        matched = {k: m for k, m in matched.items() if m["prefix"] == LOSS_ACTOR}
     m0 = next(iter(matched.values()))
     base = f"{m0['prefix']}module.0.module.{'0.' if m0['seq'] else ''}"
     indices = sorted({int(m["index"]) for m in matched.values()})
@@ -452,8 +464,9 @@ def read_layout(state: dict, names: set[str], what: str) -> Layout:
     for (wa, a, _, _), (wb, b, _, _) in zip(layers, layers[1:]):
         if a.shape[0] != b.shape[1]:
             raise BadModelError(f"{what}: {wa} outputs {a.shape[0]} features but {wb} takes {b.shape[1]}")
-    extractor = bool(m0["seq"]) and f"{m0['prefix']}module.0.module.1.scale_mapping" in names
-    layout = Layout(layers, extractor)
+    told = f"{m0['prefix']}module.0.module.1.scale_mapping" in names
+    extractor = bool(m0["seq"]) and told
+    layout = Layout(layers, extractor, told=told or not m0["seq"])
     if extractor and layout.width % 2:
         raise BadModelError(f"{what}: the NormalParamExtractor splits the last layer's output in halves, but "
                             f"{layers[-1][0]} outputs {layout.width}")
@@ -641,6 +654,16 @@ def convert_torchrl(source, options):
         assumptions.append(activation_assumption([(h, activation_name) for h in hidden], f"{what} (TorchRL)",
                                                  "the MLP's activation_class is an argument of the code that built it"))
     distribution = options.distribution
+    if not layout.told:
+        if distribution is None:
+            raise OptionError(f"{what} holds the actor's MLP inside an nn.Sequential, but not the module paths that tell "
+                              "whether a NormalParamExtractor follows it (a loss module's state_dict keeps none): name "
+                              "the distribution with --distribution tanh-normal or normal (the output split into loc "
+                              "and scale) or categorical (the output the logits)")
+        layout.extractor = DISTRIBUTIONS.get(distribution, ("", False))[1]
+        if layout.extractor and layout.width % 2:
+            raise BadModelError(f"{what}: --distribution {distribution} splits the last layer's output in halves, but "
+                                f"{layout.layers[-1][0]} outputs {layout.width}")
     if layout.extractor:
         if distribution is None:
             raise OptionError(f"{what} is a continuous TorchRL actor (its MLP feeds a NormalParamExtractor), but no "
