@@ -115,6 +115,7 @@ def convert(
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     action_bounds: Annotated[Optional[str], typer.Option("--action-bounds", metavar="LOW:HIGH", help="The environment's action bounds, for sources whose player clips and rescales the action to them (rl_games' clip_actions, skrl's clip_mean_actions, Tianshou's action_scaling): one number per side or one per action dimension, comma-separated, e.g. -1:1 or -1,-2:1,2  [default: the action as the policy outputs it]")] = None,
     action_bound_method: Annotated[Optional[str], typer.Option("--action-bound-method", metavar="NAME", help="How the policy bounds a continuous action to [-1, 1] before scaling it to --action-bounds (Tianshou's action_bound_method): clip, tanh or none; required for a continuous Tianshou policy, whose file does not record it.")] = None,
+    distribution: Annotated[Optional[str], typer.Option("--distribution", metavar="NAME", help="The action distribution where the source does not record it (a TorchRL actor's distribution_class): tanh-normal (action = tanh(loc), rescaled to --action-bounds), normal (action = loc) or categorical (action = argmax of the logits)  [default: refused where a wrong guess is plausible]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
     inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
@@ -153,7 +154,8 @@ def convert(
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
                                  input_shape=parse_shape(input_shape), output_names=parse_names(output_names),
-                                 action_bounds=parse_bounds(action_bounds), action_bound_method=action_bound_method)
+                                 action_bounds=parse_bounds(action_bounds), action_bound_method=action_bound_method,
+                                 distribution=distribution)
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)

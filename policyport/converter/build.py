@@ -261,6 +261,27 @@ class MlpBuilder:
     #: ``policyport.parameters`` maps it back to the source's name.
     RESERVED = frozenset({"obs", "logits", "action", "log_std", "value"})
 
+    def torch_mlp(self, layers, activation, x: str) -> str:
+        """The hidden layers of a torch ``nn.Sequential`` MLP whose ``Linear`` layers sit at even indices
+        and their activation modules at the odd ones (rl_games' ``actor_mlp``, torchrl's ``MLP``).
+
+        Args:
+            layers: ``(weight name, weight (out, in), bias name, bias (out,))`` per layer, the weight
+                names ending ``<module path>.<index>.weight``.
+            activation: the :class:`~policyport.converter.activations.Activation` after each, or ``None``.
+            x: the input tensor's name.
+
+        Returns:
+            The last layer's output tensor: ``<module path>.<index + 1>/<activation>``, or
+            ``<module path>.<index>/linear`` without an activation.
+        """
+        for wname, w, bname, bias in layers:
+            scope = wname.rsplit(".", 1)[0]
+            path, index = scope.rsplit(".", 1)
+            post = [] if activation is None else [Step("activation", f"{path}.{int(index) + 1}", activation)]
+            x = self.dense(Dense(scope, w, wname, bias, bname, "out_in", None, post), x)
+        return x
+
     def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
         if name in self._names and source_name is None:
             raise BadModelError(f"parameter name {name!r} occurs twice")
@@ -363,7 +384,7 @@ class MlpBuilder:
 
     def finish(self, obs_dim: int, outputs: list[tuple[str, int, list]], head: str, metadata: dict[str, str]):
         """The model of what was built (see :func:`policy_model`): graph input ``obs`` (the builder's
-        dtype, ``(batch, obs_dim)``), ``outputs`` as ``(name, ONNX element type, shape)``,
+        dtype, ``(batch, obs_dim)``), ``outputs`` as ``(name, ONNX element type, shape)`` or ONNX value infos,
         ``policyport.head`` (``head``) beside ``metadata`` in its metadata_props.
 
         Raises:
@@ -371,7 +392,8 @@ class MlpBuilder:
         """
         helper = self.helper
         graph_input = helper.make_tensor_value_info("obs", helper.np_dtype_to_tensor_dtype(self.dtype), ["batch", obs_dim])
-        return policy_model(self, [graph_input], [helper.make_tensor_value_info(*output) for output in outputs],
+        return policy_model(self, [graph_input], [helper.make_tensor_value_info(*output) if isinstance(output, tuple)
+                                                  else output for output in outputs],
                             {"policyport.head": head, **metadata})
 
 

@@ -29,6 +29,7 @@ SOURCES: dict[str, str] = {
     "ml-agents": "policyport.converter.sources.ml_agents:convert_ml_agents",
     "tianshou": "policyport.converter.sources.tianshou:convert_tianshou",
     "sample-factory": "policyport.converter.sources.sample_factory:convert_sample_factory",
+    "torchrl": "policyport.converter.sources.torchrl_actor:convert_torchrl",
 }
 
 
@@ -41,9 +42,10 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
-                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb), "
+                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
+                   "and torchrl (a folder with a torchrl.checkpoint manifest.json) by their names")
 
 
 class UnknownKindError(BadModelError):
@@ -106,6 +108,10 @@ def _detect_path(path: Path) -> str | None:
             return "savedmodel"
         if (path / "rllib_checkpoint.json").is_file() or any(path.glob("checkpoint-*")):
             return "rllib"
+        from .sources.torchrl_actor import is_torchrl_folder
+
+        if is_torchrl_folder(path):
+            return "torchrl"
         return None
     suffix = path.suffix.lower()
     if suffix == ".npz":
@@ -134,6 +140,7 @@ _LIBRARY_CHECKS = (
     ("ml-agents", "ml_agents", "is_ml_agents_checkpoint"),
     ("tianshou", "tianshou", "is_tianshou_file"),
     ("sample-factory", "sample_factory", "is_sample_factory_checkpoint"),
+    ("torchrl", "torchrl_actor", "is_torchrl_state_dict"),
 )
 
 
@@ -159,7 +166,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.
-_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder"}
+_FOLDERS = {"savedmodel": "a SavedModel folder", "rllib": "an RLlib checkpoint folder",
+            "torchrl": "a TorchRL checkpoint folder"}
 
 
 def wrong_shape_of_source(path: Path, kind: str) -> str | None:

@@ -41,6 +41,7 @@ READS: dict[str, frozenset[str]] = {
     "ml-agents": frozenset({"opset"}),
     "tianshou": frozenset({"activation", "opset", "action_bounds", "action_bound_method"}),
     "sample-factory": frozenset({"activation", "head", "opset"}),
+    "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id", "obs_filter"}),
 }
 
 
@@ -57,7 +58,8 @@ READS_ONLY_FOR = {
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
           "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds",
-          "action_bound_method": "--action-bound-method"}
+          "action_bound_method": "--action-bound-method",
+          "distribution": "--distribution"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -94,6 +96,9 @@ class ConvertOptions:
         action_bound_method: how the policy bounds a continuous action to [-1, 1] before scaling it
             to ``action_bounds`` (Tianshou's ``action_bound_method``): ``"clip"``, ``"tanh"`` or
             ``"none"``; ``None``: not given (a source that needs it refuses to guess).
+        distribution: the action distribution of a source whose files do not record it (a TorchRL
+            actor's ``distribution_class``): ``tanh-normal``, ``normal`` or ``categorical``; ``None``:
+            the source's own, or refused where a wrong guess is plausible.
     """
 
     activation: str | None = None
@@ -109,6 +114,7 @@ class ConvertOptions:
     output_names: tuple[str, ...] | None = None
     action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     action_bound_method: str | None = None
+    distribution: str | None = None
 
     def __post_init__(self):
         if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
@@ -226,7 +232,8 @@ def where_they_apply(names) -> str:
 
 #: The plain types each option takes (None aside, which every option but these booleans and opset takes).
 _OPTION_TYPES = {"activation": str, "head": str, "action_bound_method": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
-                 "keep_value": bool, "obs_filter": bool, "trust": bool}
+                 "keep_value": bool, "obs_filter": bool, "trust": bool,
+                 "distribution": str}
 
 
 def _check_types(options: ConvertOptions) -> None:

@@ -23,7 +23,7 @@ KERAS = ROOT / "fixtures/keras/mlp_norm.keras"
     (EXPERT, {"exporter": "dynamo"}, r"--exporter does not apply to npz sources \(--exporter applies to state-dict "
                                      r"files holding a whole pickled module read with --trust, torch, torchscript\)"),
     (EXPERT, {"policy_id": "p1", "input_shape": (5, 55)}, r"--policy-id, --input-shape do not apply to npz sources"),
-    (EXPERT, {"obs_filter": False}, r"--no-filter does not apply to npz sources \(--no-filter applies to rllib, sb3, skrl\)"),
+    (EXPERT, {"obs_filter": False}, r"--no-filter does not apply to npz sources \(--no-filter applies to rllib, sb3, skrl, torchrl\)"),
     (CARTPOLE, {"head": "categorical"}, r"--head does not apply to sb3 sources"),
     (KERAS, {"activation": "relu"}, r"--activation does not apply to keras sources"),
 ])
@@ -111,11 +111,12 @@ def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_p
             "'seventeen'; the model file is damaged") in " ".join(result.stderr.split())
 
 
-TELLS = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory or state-dict (.pt, .pth), state-dict "
-         "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
-         "folder with rllib_checkpoint.json or checkpoint-N) by their names; name the kind of a source named otherwise "
+TELLS = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), state-dict "
+         "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a "
+         "folder with rllib_checkpoint.json or checkpoint-N) and torchrl (a folder with a torchrl.checkpoint manifest.json) "
+         "by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
-         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory")
+         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl")
 
 
 def _zip(path, *names):
@@ -190,7 +191,7 @@ def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
     with pytest.raises(pp.BadModelError) as caught:
         detect_kind(3)
     assert str(caught.value) == ("cannot convert a int; supported sources: npz, torch, torchscript, state-dict, sb3, "
-                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory")
+                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl")
 
 
 ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, mish, hardswish, sigmoid, linear"
@@ -205,12 +206,12 @@ ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, m
     (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
     (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
     (EXPERT, {"kind": "onnx"}, pp.OptionError,
-     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory"),
+     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl"),
     (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
     (EXPERT, {"activation": "relu,softsign", "kind": "state-dict"}, pp.OptionError,
      f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
     (EXPERT, {"policy_id": "p", "input_shape": (5,)}, pp.OptionError,
-     "--policy-id, --input-shape do not apply to npz sources (--policy-id applies to rllib; --input-shape applies to "
+     "--policy-id, --input-shape do not apply to npz sources (--policy-id applies to rllib, torchrl; --input-shape applies to "
      "rllib-torch, state-dict, torch, torchscript)"),
     (EXPERT, {"activation": "relu,tanh"}, pp.OptionError,
      "--activation (activation=) 'relu,tanh' is a list, one activation per parameter-free module, which applies to "

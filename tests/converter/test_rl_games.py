@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+
 
 import policyport as pp
 from policyport.converter import convert_source, detect_kind

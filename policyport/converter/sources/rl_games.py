@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError, OptionError
-from ..action_bounds import action_bounds, shown as _shown
+from ..action_bounds import action_bounds, shown
 from ..assumptions import Assumption
 from .actor import ActorLayout, actor_reference, add_actor, next_module
 
@@ -381,7 +381,7 @@ def convert_rl_games(source, options):
             plan_bounds = action_bounds(options.action_bounds, layout.actions, what)
             low, high = plan_bounds
             assumptions.append(Assumption(
-                "action bounds", f"low {_shown(low)}, high {_shown(high)}: action = clamp(mu, -1, 1) rescaled to them",
+                "action bounds", f"low {shown(low)}, high {shown(high)}: action = clamp(mu, -1, 1) rescaled to them",
                 "given by --action-bounds; the player's clip_actions "
                 + (f"(on in {config.path})" if config and config.clip_actions is not None else "(its default, on)")
                 + " maps the action to the environment's action space, which the checkpoint does not record",
