@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -75,6 +76,19 @@ def parse_names(text: str | None) -> tuple[str, ...] | None:
     return names
 
 
+def parse_floats(text: str | None, flag: str) -> tuple[float, ...] | None:
+    """``"-1,-2.5"`` -> ``(-1.0, -2.5)``; a usage error unless finite numbers."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise typer.BadParameter(f"{text!r}; give a number, or one per action dimension separated by commas", param_hint=flag)
+    return values
+
+
 #: Exporters for live torch modules (``--exporter``).
 EXPORTERS = ("torchscript", "dynamo")
 
@@ -84,7 +98,7 @@ def convert(
     ctx: typer.Context,
     src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The trained policy: a file, a folder (RLlib checkpoint, TF SavedModel) or an .npz of weights.")],
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="OUT.onnx", help="The .onnx file to write.")],
-    kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel or rllib (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
+    kind: Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind: npz, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib or cleanrl (see 'Sources' in the README)  [default: detected from SRC's name and layout]")] = None,
     activation: Annotated[Optional[str], typer.Option(metavar="NAME[,NAME...]", help="Hidden activation where the source does not record it (an .npz, a state_dict: required there): tanh, relu, elu, selu, swish/silu, softplus, leaky_relu[:slope], gelu, mish, hardswish, sigmoid, linear; an nn.Sequential state_dict takes one per parameter-free module, comma-separated (tanh,tanh when they are all tanh)  [default: the source's own]")] = None,
     head: Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head: none (logits only, no action), diag-gaussian (adds action = mean, log_std, where the source says where the log_std is: a log_std parameter, or RLlib's layout), diag-gaussian:halves (states that the last layer's outputs are [mean, log_std] halves) or categorical (adds action = argmax); a source whose head is fixed (an SB3 zip, a torch module) refuses every value  [default: the source's own]")] = None,
     opset: Annotated[int, typer.Option(metavar="N", help="ONNX opset of the default domain.")] = 17,
@@ -96,6 +110,8 @@ def convert(
     trust: TrustOpt = False,
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
+    action_low: Annotated[Optional[str], typer.Option("--action-low", metavar="X[,X...]", help="The action space's low bound (one number for every dimension, or one per dimension), for sources whose file does not hold it (a CleanRL PPO or JAX TD3/DDPG policy).")] = None,
+    action_high: Annotated[Optional[str], typer.Option("--action-high", metavar="X[,X...]", help="The action space's high bound, as --action-low.")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
     inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
@@ -133,7 +149,9 @@ def convert(
         options = ConvertOptions(activation=activation, head=head, opset=opset, keep_value=keep_value,
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
-                                 input_shape=parse_shape(input_shape), output_names=parse_names(output_names))
+                                 input_shape=parse_shape(input_shape), output_names=parse_names(output_names),
+                                 action_low=parse_floats(action_low, "--action-low"),
+                                 action_high=parse_floats(action_high, "--action-high"))
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)

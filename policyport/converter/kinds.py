@@ -24,6 +24,7 @@ SOURCES: dict[str, str] = {
     "keras": "policyport.converter.sources.keras:convert_keras",
     "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
+    "cleanrl": "policyport.converter.sources.cleanrl:convert_cleanrl",
 }
 
 
@@ -37,7 +38,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
 
@@ -113,6 +114,8 @@ def _detect_path(path: Path) -> str | None:
         return "state-dict"
     if suffix in (".keras", ".h5", ".hdf5"):
         return "keras"
+    if suffix == ".cleanrl_model":  # a torch zip or Flax MessagePack: the converter tells them by content
+        return "cleanrl"
     if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
         return "rllib"
     return None
@@ -121,7 +124,8 @@ def _detect_path(path: Path) -> str | None:
 #: What each kind of file source is, for the refusal of a folder given as one.
 _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
-               "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file"}
+               "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file",
+               "cleanrl": "a CleanRL .cleanrl_model file"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

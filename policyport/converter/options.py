@@ -36,6 +36,7 @@ READS: dict[str, frozenset[str]] = {
     "keras": frozenset({"head", "opset"}),
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
+    "cleanrl": frozenset({"activation", "opset", "keep_value", "action_low", "action_high"}),
 }
 
 
@@ -51,7 +52,8 @@ READS_ONLY_FOR = {
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
-          "input_shape": "--input-shape", "output_names": "--output-names"}
+          "input_shape": "--input-shape", "output_names": "--output-names", "action_low": "--action-low",
+          "action_high": "--action-high"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -81,6 +83,9 @@ class ConvertOptions:
             layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
         output_names: names for a torch module's outputs, in the order it returns them; ``None``:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
+        action_low, action_high: the action space's bounds (one number for every dimension, or
+            one per dimension) for sources whose file does not hold them; ``None``: the source's
+            default, reported as an assumption.
     """
 
     activation: str | None = None
@@ -94,6 +99,8 @@ class ConvertOptions:
     trust: bool = False
     input_shape: tuple[int, ...] | None = None
     output_names: tuple[str, ...] | None = None
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
 
     def to_metadata(self) -> str:
         """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
@@ -120,7 +127,8 @@ class ConvertOptions:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
         known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
         values = {k: v for k, v in recorded.items() if k in known}
-        for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples
+        for key, kind in (("input_shape", int), ("output_names", str), ("action_low", float),
+                          ("action_high", float)):  # JSON lists back to tuples
             value = values.get(key)
             if value is not None and not (isinstance(value, list) and all(type(v) is kind for v in value)):
                 raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {key} must be a list of "

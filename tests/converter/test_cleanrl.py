@@ -1,0 +1,206 @@
+"""CleanRL's ``.cleanrl_model`` files, made by ``fixtures/cleanrl/make_cleanrl.py`` (CleanRL's own
+networks rebuilt, saved as its scripts save them): numpy's and onnxruntime's ``action`` equal CleanRL's
+deterministic action computed by those networks on 1,000 observations; ``extract`` gives the actor's
+arrays back bit for bit; what the file does not record is reported; nothing pickled in a file runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import policyport as pp
+from policyport.converter import convert_source, detect_kind
+from policyport.errors import OptionError, UntrustedFileError
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "fixtures" / "cleanrl"
+
+
+def _make_module():
+    spec = importlib.util.spec_from_file_location("make_cleanrl", FIXTURES / "make_cleanrl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_cleanrl"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mk = _make_module()
+NAMES = [*mk.TORCH, *mk.JAX]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """name -> (path, the network make() returned); JAX files only where jax and flax are installed."""
+    out = tmp_path_factory.mktemp("cleanrl")
+    models = {}
+    for name in NAMES:
+        if name in mk.JAX and importlib.util.find_spec("flax") is None:
+            continue
+        models[name] = (out / f"{name}.cleanrl_model", mk.make(name, out))
+    return models
+
+
+def observations(name: str, n: int = 1000) -> np.ndarray:
+    dim = (mk.BOX_OBS if "continuous" in name else mk.DISCRETE_OBS).shape[0]
+    return np.random.default_rng(7).normal(0, 2, (n, dim)).astype(np.float32)
+
+
+def _get(made, name):
+    if name not in made:
+        pytest.skip("jax and flax are not installed")
+    return made[name]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("name", NAMES)
+def test_action_equals_cleanrl_deterministic_action(made, name, backend):
+    path, network = _get(made, name)
+    obs = observations(name)
+    want = mk.deterministic_action(name, network, obs)
+    kwargs = {"action_low": tuple(mk.BOX_ACT.low), "action_high": tuple(mk.BOX_ACT.high)} if name.startswith(("td3_continuous_action_jax", "ddpg_continuous_action_jax")) else {}
+    converted = convert_source(path, **kwargs)
+    assert converted.kind == "cleanrl"
+    got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
+    assert got.shape == want.shape
+    if want.dtype.kind in "iu":
+        assert np.array_equal(got, want)
+        assert len(np.unique(want)) > 1  # the observations reach more than one action
+    else:
+        assert np.abs(got - want).max() <= 1e-5
+        assert np.abs(want).max() > 0.01
+
+
+def test_the_kind_is_told_from_the_name_and_the_layout_from_the_content(made):
+    path, _ = _get(made, "ppo_continuous_action")
+    assert detect_kind(path) == "cleanrl"
+    notes = {name: convert_source(made[name][0], **({"action_low": -1, "action_high": 1} if "jax" in name and "continuous" in name else {})).notes[0]
+             for name in made}
+    assert notes["ppo_continuous_action"] == "read as CleanRL's ppo_continuous_action.py"
+    assert notes["ddpg_continuous_action"] == "read as CleanRL's td3_continuous_action.py"  # the same Actor
+    assert notes.get("c51_jax", "read as CleanRL's c51_jax.py") == "read as CleanRL's c51_jax.py"
+
+
+def test_ppo_continuous_exports_the_mean_log_std_and_value_and_reports_what_it_assumes(made):
+    path, agent = _get(made, "ppo_continuous_action")
+    obs = observations("ppo_continuous_action", 50)
+    converted = convert_source(path, keep_value=True)
+    out = pp.load(converted.model).run({"obs": obs})
+    with torch.no_grad():
+        assert np.abs(out["value"] - agent.critic(torch.as_tensor(obs)).numpy()).max() <= 1e-5
+        assert np.array_equal(out["log_std"], agent.actor_logstd.expand(50, 3).numpy())
+    assumed = {a.topic: a.assumes for a in converted.assumptions}
+    assert assumed == {"activation": "tanh at actor_mean.1, actor_mean.3, critic.1 and critic.3",
+                       "action bounds": "none: the action is actor_mean's output, unclipped",
+                       "observation normalisation": "none"}
+    clipped = convert_source(path, action_low=-0.001, action_high=0.002)
+    action = pp.load(clipped.model).run({"obs": obs})["action"]
+    assert action.min() == np.float32(-0.001) and action.max() == np.float32(0.002)
+
+
+def test_extract_gives_the_actor_arrays_back_bit_for_bit(made):
+    for name in ("ppo_continuous_action", "c51", "td3_continuous_action", "sac_continuous_action", "dqn_jax"):
+        path, _ = _get(made, name)
+        weights = pp.extract_weights(convert_source(path).model)
+        if name.endswith("_jax"):
+            from policyport.converter.readers.flax_msgpack import load
+
+            params = load(path)["params"]
+            source = {f"params/{layer}/{p}": a for layer, ps in params.items() for p, a in ps.items()}
+        else:
+            state = torch.load(path, weights_only=True)
+            state = state[0] if isinstance(state, tuple) else state.get("model_weights", state)
+            source = {k: v.numpy() for k, v in state.items() if not k.startswith("critic.")}
+        assert set(weights) == set(source), name
+        for key, array in source.items():
+            assert weights[key].dtype == array.dtype and np.array_equal(weights[key], array), (name, key)
+
+
+def test_sac_log_std_is_the_actor_forward(made):
+    path, actor = _get(made, "sac_continuous_action")
+    obs = observations("sac_continuous_action", 100)
+    with torch.no_grad():
+        _, want = actor(torch.as_tensor(obs))
+    got = pp.load(convert_source(path).model, backend="onnxruntime").run({"obs": obs})["log_std"]
+    assert np.abs(got - want.numpy()).max() <= 1e-5
+
+
+def test_jax_td3_bounds_come_from_options_and_are_reported(made):
+    path, _ = _get(made, "td3_continuous_action_jax")
+    default = convert_source(path)
+    assert {a.topic: a.assumes for a in default.assumptions}["action bounds"] == "[-1, 1]: action_scale 1, action_bias 0"
+    given = convert_source(path, action_low=(-1, -2, -0.5), action_high=(1, 2, 1.5))
+    assert {a.topic: a.assumes for a in given.assumptions}["action bounds"] == "[(-1, -2, -0.5), (1, 2, 1.5)]"
+    with pytest.raises(OptionError, match="3 action dimensions"):
+        convert_source(path, action_low=(-1, 1), action_high=(1, 2))
+    with pytest.raises(OptionError, match="holds action_scale and action_bias"):
+        convert_source(made["td3_continuous_action"][0], action_low=-1, action_high=1)
+    with pytest.raises(OptionError, match="no value function"):
+        convert_source(made["dqn"][0], keep_value=True)
+
+
+def _with_payload(path: Path, out: Path, payload) -> Path:
+    """``path``'s torch zip with ``payload`` pickled into its data.pkl beside the weights."""
+    state = torch.load(path, weights_only=True)
+    torch.save({"model_weights": state["model_weights"], "args": payload}, out)
+    return out
+
+
+class Namespace:  # an argparse.Namespace-like object, pickled by class
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickled_payload_never_runs(made, tmp_path):
+    path, network = _get(made, "c51")
+    obs = observations("c51", 100)
+    with_object = _with_payload(path, tmp_path / "obj.cleanrl_model", Namespace(n_atoms=101))
+    converted = convert_source(with_object)  # a class is an inert record: the weights convert
+    assert np.array_equal(pp.load(converted.model).run({"obs": obs})["action"], mk.deterministic_action("c51", network, obs))
+    marker = tmp_path / "ran"
+    hostile = _with_payload(path, tmp_path / "hostile.cleanrl_model", RunsCode(marker))
+    with pytest.raises(UntrustedFileError, match=r"\.system"):
+        convert_source(hostile)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppo_continuous_action", "c51", "dqn_jax"])
+def test_convert_verify_pack_and_the_packed_run_py(made, name, tmp_path):
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    path, _ = _get(made, name)
+    runner = CliRunner()
+    out, folder = tmp_path / "policy.onnx", tmp_path / "packed"
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "cleanrl" and doc["verification"]["passed"]
+    result = runner.invoke(app, ["verify", str(out), "--source", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["passed"]
+    result = runner.invoke(app, ["pack", str(out), "-o", str(folder), "--source", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    done = subprocess.run([sys.executable, str(folder / "run.py"), "--verify", "--json"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["passed"]
