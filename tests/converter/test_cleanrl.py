@@ -204,3 +204,51 @@ def test_convert_verify_pack_and_the_packed_run_py(made, name, tmp_path):
     done = subprocess.run([sys.executable, str(folder / "run.py"), "--verify", "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["passed"]
+
+
+def test_a_cleanrl_state_dict_given_as_another_kind_is_refused_naming_cleanrl(made):
+    from policyport.errors import BadModelError
+
+    for name, script in (("ppo_continuous_action", "ppo_continuous_action.py"), ("ppo", "ppo.py"),
+                         ("td3_continuous_action", "td3_continuous_action.py or ddpg_continuous_action.py")):
+        path, _ = _get(made, name)
+        with pytest.raises(BadModelError, match=f"CleanRL's {script} (network|actor).*--from cleanrl"):
+            convert_source(path, kind="state-dict", activation="tanh")
+
+
+def test_the_flax_reader_rebuilds_what_flax_writes_and_refuses_what_it_does_not():
+    flax = pytest.importorskip("flax")
+    import ml_dtypes
+
+    from policyport.converter.readers import flax_msgpack
+    from policyport.errors import UnreadableFileError
+
+    tree = {"params": {"Dense_0": {"kernel": np.arange(12, dtype=np.float32).reshape(3, 4),
+                                   "bias": np.array([1, 2], ml_dtypes.bfloat16)}},
+            "step": np.int64(7), "z": 1 + 2j, "name": "x", "none": None, "list": [np.float64(0.5), 3]}
+    back = flax_msgpack.load(flax.serialization.to_bytes(tree))
+    assert np.array_equal(back["params"]["Dense_0"]["kernel"], tree["params"]["Dense_0"]["kernel"])
+    assert back["params"]["Dense_0"]["bias"].dtype == ml_dtypes.bfloat16
+    assert back["step"] == 7 and back["step"].dtype == np.int64 and back["z"] == 1 + 2j and back["none"] is None
+    assert back["list"]["0"] == 0.5 and back["list"]["1"] == 3 and back["name"] == "x"
+
+    big = np.random.default_rng(0).normal(size=(5, 7)).astype(np.float32)
+    old = flax.serialization.MAX_CHUNK_SIZE
+    flax.serialization.MAX_CHUNK_SIZE = 16  # 4 float32 per chunk
+    try:
+        data = flax.serialization.to_bytes({"w": big})
+    finally:
+        flax.serialization.MAX_CHUNK_SIZE = old
+    assert b"__msgpack_chunked_array__" in data
+    assert np.array_equal(flax_msgpack.load(data)["w"], big)
+
+    with pytest.raises(UnreadableFileError, match="extension of type 9"):
+        flax_msgpack.load(b"\x81\xa1a\xd4\x09\x00")  # {"a": fixext1(type 9)}
+    import msgpack
+
+    payload = msgpack.packb(((2,), "object", b"\0" * 16), use_bin_type=True)
+    with pytest.raises(UnreadableFileError, match="only numeric arrays"):
+        flax_msgpack.load(msgpack.packb({"a": msgpack.ExtType(1, payload)}, use_bin_type=True))
+    payload = msgpack.packb(((3,), "float32", b"\0" * 8), use_bin_type=True)
+    with pytest.raises(UnreadableFileError, match="do not fit its shape"):
+        flax_msgpack.load(msgpack.packb({"a": msgpack.ExtType(1, payload)}, use_bin_type=True))

@@ -54,17 +54,11 @@ from ...errors import BadModelError, OptionError, UnreadableFileError
 from ..activations import Activation, parse_activation
 from ..assumptions import Assumption, joined
 from ..build import ActionHead, Dense, MlpSpec, Step
+from .cleanrl_keys import SCRIPTS
 
 #: LOG_STD_MAX and LOG_STD_MIN of ``sac_continuous_action.py``.
 SAC_LOG_STD_MAX, SAC_LOG_STD_MIN = 2.0, -5.0
 
-#: The script each layout comes from, for messages and the model metadata.
-SCRIPTS = {
-    "ppo-continuous": "ppo_continuous_action.py", "ppo": "ppo.py", "dqn": "dqn.py", "c51": "c51.py",
-    "td3": "td3_continuous_action.py", "ddpg": "ddpg_continuous_action.py", "sac": "sac_continuous_action.py",
-    "dqn-jax": "dqn_jax.py", "c51-jax": "c51_jax.py", "td3-jax": "td3_continuous_action_jax.py",
-    "ddpg-jax": "ddpg_continuous_action_jax.py",
-}
 #: The hidden activation each script builds its networks with.
 SCRIPT_ACTIVATION = {"ppo-continuous": "tanh", "ppo": "tanh"}
 
