@@ -466,7 +466,8 @@ class ExpandLogStd:
                                                           ["batch", self.logstd.shape[1]]))
 
     def reference(self, out, spec, obs):
-        return {"log_std": np.broadcast_to(self.logstd, out["logits"].shape).copy()}
+        shape = out["logits"].shape
+        return {"actor_logstd/shape": np.array(shape, np.int64), "log_std": np.broadcast_to(self.logstd, shape).copy()}
 
 
 @dataclass
@@ -500,8 +501,10 @@ class Distributional:
         x = logits.reshape(len(logits), -1, self.atoms.shape[0])
         e = np.exp(x - x.max(axis=2, keepdims=True))
         pmfs = e / e.sum(axis=2, keepdims=True)
-        q = (pmfs * self.atoms.astype(logits.dtype)).sum(axis=2)
-        return {"pmfs": pmfs, "q_values": q, "action": np.argmax(q, axis=1).astype(np.int64)}
+        weighted = pmfs * self.atoms.astype(logits.dtype)
+        q = weighted.sum(axis=2)
+        return {"pmfs/logits": x, "pmfs": pmfs, "q_values/weighted": weighted, "q_values": q,
+                "action": np.argmax(q, axis=1).astype(np.int64)}
 
 
 @dataclass
