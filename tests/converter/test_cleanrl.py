@@ -252,3 +252,21 @@ def test_the_flax_reader_rebuilds_what_flax_writes_and_refuses_what_it_does_not(
     payload = msgpack.packb(((3,), "float32", b"\0" * 8), use_bin_type=True)
     with pytest.raises(UnreadableFileError, match="do not fit its shape"):
         flax_msgpack.load(msgpack.packb({"a": msgpack.ExtType(1, payload)}, use_bin_type=True))
+
+
+def test_a_cleanrl_file_converts_without_torch_or_jax():
+    import subprocess
+
+    code = ("import sys; sys.modules['torch'] = sys.modules['jax'] = sys.modules['flax'] = None\n"
+            "import numpy as np, policyport as pp\n"
+            "from policyport.converter import convert_source\n"
+            "for name in ('ppo_continuous_action', 'c51_jax'):\n"
+            "    c = convert_source(f'fixtures/cleanrl/{name}.cleanrl_model')\n"
+            "    obs = np.random.default_rng(0).normal(size=(20, c.model.graph.input[0].type.tensor_type.shape.dim[1].dim_value)).astype(np.float32)\n"
+            "    assert np.array_equal(pp.load(c.model).run({'obs': obs})['action'], c.reference(obs)['action'])\n"
+            "    print(c.oracle.name)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "policyport's reconstruction from the arrays of CleanRL's ppo_continuous_action.py network, run in numpy",
+        "policyport's reconstruction from the arrays of CleanRL's c51_jax.py network, run in numpy"]

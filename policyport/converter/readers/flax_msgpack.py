@@ -15,7 +15,6 @@ bfloat16, through ``ml_dtypes``).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,11 +89,5 @@ def load(source: bytes | str | os.PathLike, what: str | None = None) -> Any:
         UnreadableFileError: the file is not MessagePack, is truncated, or holds an array that does
             not fit its shape and dtype.
     """
-    if isinstance(source, (str, os.PathLike)):
-        what = what or str(source)
-        try:
-            source = Path(source).read_bytes()
-        except OSError as e:
-            raise UnreadableFileError(f"cannot read {what}: {e}") from e
-    what = what or "the Flax state"
+    what = what or (str(source) if isinstance(source, (str, os.PathLike)) else "the Flax state")
     return _rebuild(msgpack_decode.load(source, what=what), what)

@@ -124,12 +124,9 @@ def read_cleanrl(path) -> tuple[CleanRLFile, dict]:
 
 
 def _arrays(value, what: str) -> dict[str, np.ndarray]:
-    if not isinstance(value, dict):
-        raise BadModelError(f"{what} holds a {type(value).__name__} where CleanRL saves a state_dict")
-    bad = [str(k) for k, v in value.items() if not isinstance(v, np.ndarray)]
-    if bad:
-        raise BadModelError(f"{what}: {', '.join(bad[:5])} {'is' if len(bad) == 1 else 'are'} not tensors")
-    return {str(k): v for k, v in value.items()}
+    from ..readers.torch_files import as_state_dict
+
+    return as_state_dict(value, what)
 
 
 def place_torch(value, what: str) -> CleanRLFile:
