@@ -25,6 +25,7 @@ SOURCES: dict[str, str] = {
     "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
     "cleanrl": "policyport.converter.sources.cleanrl:convert_cleanrl",
+    "brax": "policyport.converter.sources.brax:convert_brax",
 }
 
 
@@ -38,7 +39,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), savedmodel (a folder with saved_model.pb) and "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's classes), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
 
@@ -118,14 +119,30 @@ def _detect_path(path: Path) -> str | None:
         return "cleanrl"
     if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
         return "rllib"
+    if _is_brax_pickle(path):
+        return "brax"
     return None
+
+
+def _is_brax_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle naming Brax's classes (``brax.io.model.save_params`` writes one), told
+    from its opcodes without unpickling."""
+    from .readers.unpickle import pickled_globals
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(1) != b"\x80":
+                return False
+        return any(g.startswith("brax.") for g in pickled_globals(path.read_bytes()))
+    except Exception:  # noqa: BLE001 - an unreadable or damaged pickle is no Brax file
+        return False
 
 
 #: What each kind of file source is, for the refusal of a folder given as one.
 _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
                "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file",
-               "cleanrl": "a CleanRL .cleanrl_model file"}
+               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -37,6 +37,7 @@ READS: dict[str, frozenset[str]] = {
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
     "cleanrl": frozenset({"activation", "opset", "keep_value", "action_low", "action_high"}),
+    "brax": frozenset({"activation", "opset"}),
 }
 
 
