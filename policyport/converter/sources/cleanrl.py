@@ -346,8 +346,8 @@ def convert_cleanrl(source, options):
     width = spec.output.out_features
     bounds = _bounds(options, width)
     if bounds is not None and layout not in ("ppo-continuous", "td3-jax", "ddpg-jax"):
-        held = "holds action_scale and action_bias" if layout in ("td3", "sac") else "acts in a Discrete space"
-        raise OptionError(f"--action-low/--action-high do not apply to {script}'s network: its file {held}")
+        held = "its file holds action_scale and action_bias" if layout in ("td3", "sac") else "it acts in a Discrete space"
+        raise OptionError(f"--action-low/--action-high do not apply to {script}'s network: {held}")
     assumptions = _assumptions(layout, script, act_name, options, spec, bounds)
 
     if layout == "ppo-continuous":
