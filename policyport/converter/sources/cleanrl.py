@@ -539,12 +539,15 @@ class Squash:
     def reference(self, out, spec, obs):
         logits = out["logits"]
         t = np.tanh(logits)
-        result = {f"{self.output}/tanh": t, "action": t * self.scale + self.bias}
+        scaled = t * self.scale
+        result = {f"{self.output}/tanh": t, "action/scaled": scaled, "action": scaled + self.bias}
         if self.log_std is not None:
             h = out[_output_tensor(self.last_hidden)] if self.last_hidden else obs
             raw = h @ self.log_std.weight.T + self.log_std.bias
             squashed = np.tanh(raw)
             dt = logits.dtype.type
+            plus_one = squashed + dt(1)
+            spread = dt(0.5 * (SAC_LOG_STD_MAX - SAC_LOG_STD_MIN)) * plus_one
             result.update({f"{self.log_std.name}/linear": raw, f"{self.log_std.name}/tanh": squashed,
-                           "log_std": dt(SAC_LOG_STD_MIN) + dt(0.5 * (SAC_LOG_STD_MAX - SAC_LOG_STD_MIN)) * (squashed + dt(1))})
+                           "log_std/plus_one": plus_one, "log_std/scaled": spread, "log_std": dt(SAC_LOG_STD_MIN) + spread})
         return result
