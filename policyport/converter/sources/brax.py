@@ -167,9 +167,15 @@ def convert_brax(source, options):
 
 
 class BraxNormalizer:
-    """``running_statistics.normalize``: ``(obs - mean) / std``, as graph nodes before the network."""
+    """``running_statistics.normalize``: ``(obs - mean) / std``, as graph nodes before the network.
+
+    It stands where :func:`~policyport.converter.build.build_mlp` takes a
+    :class:`~policyport.converter.build.Prelude`: no one-hot encoding (``width``) and no RLlib filter
+    (``obs_filter``); :func:`convert_brax` checks the statistics' width against the first layer.
+    """
 
     width = None
+    obs_filter = None
 
     def __init__(self, mean: np.ndarray, std: np.ndarray):
         self.mean, self.std = mean, std
