@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -66,6 +65,19 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
+def parse_bounds(text: str | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """``"-1:1"`` -> ``((-1.0,), (1.0,))``, ``"-1,-2:1,2"`` -> ``((-1.0, -2.0), (1.0, 2.0))``; a usage
+    error unless LOW:HIGH of numbers."""
+    if text is None:
+        return None
+    try:
+        low, high = text.split(":")
+        return tuple(tuple(float(v) for v in side.split(",")) for side in (low, high))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}; give LOW:HIGH, each one number or one per action dimension separated by "
+                                 "commas, e.g. -1:1 or -1,-2:1,2", param_hint="--action-bounds") from None
+
+
 def parse_names(text: str | None) -> tuple[str, ...] | None:
     """``"mean,value"`` -> ``("mean", "value")``; a usage error unless non-empty and distinct."""
     if text is None:
@@ -74,19 +86,6 @@ def parse_names(text: str | None) -> tuple[str, ...] | None:
     if not all(names) or len(set(names)) != len(names):
         raise typer.BadParameter(f"{text!r}; give distinct, non-empty names separated by commas", param_hint="--output-names")
     return names
-
-
-def parse_floats(text: str | None, flag: str) -> tuple[float, ...] | None:
-    """``"-1,-2.5"`` -> ``(-1.0, -2.5)``; a usage error unless finite numbers."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or not all(math.isfinite(v) for v in values):
-        raise typer.BadParameter(f"{text!r}; give a number, or one per action dimension separated by commas", param_hint=flag)
-    return values
 
 
 #: Exporters for live torch modules (``--exporter``).
@@ -110,8 +109,7 @@ def convert(
     trust: TrustOpt = False,
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
-    action_low: Annotated[Optional[str], typer.Option("--action-low", metavar="X[,X...]", help="The action space's low bound (one number for every dimension, or one per dimension), for sources whose file does not hold it (a CleanRL PPO or JAX TD3/DDPG policy).")] = None,
-    action_high: Annotated[Optional[str], typer.Option("--action-high", metavar="X[,X...]", help="The action space's high bound, as --action-low.")] = None,
+    action_bounds: Annotated[Optional[str], typer.Option("--action-bounds", metavar="LOW:HIGH", help="The environment's action bounds, for sources whose file does not hold them (a CleanRL PPO policy's ClipAction, a CleanRL JAX TD3/DDPG actor's action_scale and action_bias): one number per side or one per action dimension, comma-separated, e.g. -1:1 or -1,-2:1,2  [default: the source's own, reported as an assumption]")] = None,
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
     inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
@@ -150,8 +148,7 @@ def convert(
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
                                  input_shape=parse_shape(input_shape), output_names=parse_names(output_names),
-                                 action_low=parse_floats(action_low, "--action-low"),
-                                 action_high=parse_floats(action_high, "--action-high"))
+                                 action_bounds=parse_bounds(action_bounds))
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)

@@ -59,7 +59,6 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     elif option_values:
         options = dataclasses.replace(options, **option_values)
     _check_types(options)
-    options = _bounds_as_floats(options)
     if options.head not in (None, NO_HEAD, *HEADS):
         raise OptionError(f"unknown head {options.head!r}; choose one of {', '.join(HEADS)} (or none)")
     kind = kind or detect_kind(source)
@@ -77,26 +76,6 @@ def convert_source(source, *, kind: str | None = None, options: ConvertOptions |
     _record_options(converted.model, kind, options)
     record_assumptions(converted.model, converted.assumptions)
     return converted
-
-
-def _bounds_as_floats(options: ConvertOptions) -> ConvertOptions:
-    """``action_low``/``action_high`` as tuples of Python floats (one number, a list or an array given).
-
-    Raises:
-        ArgumentTypeError: a bound that is not numbers.
-    """
-    values = {}
-    for name in ("action_low", "action_high"):
-        given = getattr(options, name)
-        if given is None:
-            continue
-        try:
-            import numpy as np
-
-            values[name] = tuple(float(v) for v in np.ravel(np.asarray(given, dtype=np.float64)))
-        except (TypeError, ValueError) as e:
-            raise ArgumentTypeError(f"convert(): {name} must be a number or a sequence of numbers, not {given!r:.80}") from e
-    return dataclasses.replace(options, **values) if values else options
 
 
 def _check_applies(options: ConvertOptions, kind: str) -> None:

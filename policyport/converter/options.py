@@ -36,7 +36,7 @@ READS: dict[str, frozenset[str]] = {
     "keras": frozenset({"head", "opset"}),
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
-    "cleanrl": frozenset({"activation", "opset", "keep_value", "action_low", "action_high"}),
+    "cleanrl": frozenset({"activation", "opset", "keep_value", "action_bounds"}),
     "brax": frozenset({"activation", "opset"}),
 }
 
@@ -53,8 +53,7 @@ READS_ONLY_FOR = {
 #: How the CLI spells each option, for messages.
 _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "keep_value": "--keep-value",
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
-          "input_shape": "--input-shape", "output_names": "--output-names", "action_low": "--action-low",
-          "action_high": "--action-high"}
+          "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -84,9 +83,10 @@ class ConvertOptions:
             layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
         output_names: names for a torch module's outputs, in the order it returns them; ``None``:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
-        action_low, action_high: the action space's bounds (one number for every dimension, or
-            one per dimension) for sources whose file does not hold them; ``None``: the source's
-            default, reported as an assumption.
+        action_bounds: ``(low, high)``, the environment's action bounds (each one number for every
+            action dimension, or one per dimension), for sources whose file does not hold them (a
+            CleanRL PPO policy's ``ClipAction``, a CleanRL JAX TD3/DDPG actor's ``action_scale`` and
+            ``action_bias``); ``None``: the source's default, reported as an assumption.
     """
 
     activation: str | None = None
@@ -100,8 +100,11 @@ class ConvertOptions:
     trust: bool = False
     input_shape: tuple[int, ...] | None = None
     output_names: tuple[str, ...] | None = None
-    action_low: tuple[float, ...] | None = None
-    action_high: tuple[float, ...] | None = None
+    action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    def __post_init__(self):
+        if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
+            object.__setattr__(self, "action_bounds", bounds_tuple(self.action_bounds))
 
     def to_metadata(self) -> str:
         """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
@@ -128,16 +131,15 @@ class ConvertOptions:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
         known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
         values = {k: v for k, v in recorded.items() if k in known}
-        for key, kind in (("input_shape", int), ("output_names", str), ("action_low", float),
-                          ("action_high", float)):  # JSON lists back to tuples
+        for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples
             value = values.get(key)
             if value is not None and not (isinstance(value, list) and all(type(v) is kind for v in value)):
                 raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {key} must be a list of "
                                     f"{kind.__name__} or null, not {value!r:.80}")
             if value is not None:
                 values[key] = tuple(value)
-        options = cls(**values)
         try:
+            options = cls(**values)  # action_bounds made two tuples of floats, or refused
             _check_types(options)
         except (ArgumentTypeError, InputMismatchError) as e:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {str(e).removeprefix('convert(): ')}; "
@@ -172,6 +174,22 @@ class Converted:
     notes: list[str] = field(default_factory=list)
     assumptions: list[Assumption] = field(default_factory=list)
     oracle: Oracle = field(default_factory=lambda: reconstruction("the source's arrays"))
+
+
+def bounds_tuple(bounds) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(low, high)``, each a number or a sequence of numbers, as two tuples of floats.
+
+    Raises:
+        ArgumentTypeError: anything but two numbers or sequences of numbers.
+    """
+    from ..errors import ArgumentTypeError
+
+    try:
+        low, high = bounds
+        return tuple(tuple(float(v) for v in np.ravel(side)) for side in (low, high))
+    except (TypeError, ValueError) as e:
+        raise ArgumentTypeError(f"action_bounds must be (low, high), each a number or a sequence of numbers, "
+                                f"not {bounds!r:.80}") from e
 
 
 def given_fields(options: ConvertOptions) -> list[str]:

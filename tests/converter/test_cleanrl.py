@@ -66,7 +66,7 @@ def test_action_equals_cleanrl_deterministic_action(made, name, backend):
     path, network = _get(made, name)
     obs = observations(name)
     want = mk.deterministic_action(name, network, obs)
-    kwargs = {"action_low": tuple(mk.BOX_ACT.low), "action_high": tuple(mk.BOX_ACT.high)} if name.startswith(("td3_continuous_action_jax", "ddpg_continuous_action_jax")) else {}
+    kwargs = {"action_bounds": (mk.BOX_ACT.low, mk.BOX_ACT.high)} if name.startswith(("td3_continuous_action_jax", "ddpg_continuous_action_jax")) else {}
     converted = convert_source(path, **kwargs)
     assert converted.kind == "cleanrl"
     got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
@@ -82,7 +82,7 @@ def test_action_equals_cleanrl_deterministic_action(made, name, backend):
 def test_the_kind_is_told_from_the_name_and_the_layout_from_the_content(made):
     path, _ = _get(made, "ppo_continuous_action")
     assert detect_kind(path) == "cleanrl"
-    notes = {name: convert_source(made[name][0], **({"action_low": -1, "action_high": 1} if "jax" in name and "continuous" in name else {})).notes[0]
+    notes = {name: convert_source(made[name][0], **({"action_bounds": (-1, 1)} if "jax" in name and "continuous" in name else {})).notes[0]
              for name in made}
     assert notes["ppo_continuous_action"] == "read as CleanRL's ppo_continuous_action.py"
     assert notes["ddpg_continuous_action"] == "read as CleanRL's td3_continuous_action.py"  # the same Actor
@@ -101,7 +101,7 @@ def test_ppo_continuous_exports_the_mean_log_std_and_value_and_reports_what_it_a
     assert assumed == {"activation": "tanh at actor_mean.1, actor_mean.3, critic.1 and critic.3",
                        "action bounds": "none: the action is actor_mean's output, unclipped",
                        "observation normalisation": "none"}
-    clipped = convert_source(path, action_low=-0.001, action_high=0.002)
+    clipped = convert_source(path, action_bounds=(-0.001, 0.002))
     action = pp.load(clipped.model).run({"obs": obs})["action"]
     assert action.min() == np.float32(-0.001) and action.max() == np.float32(0.002)
 
@@ -137,12 +137,12 @@ def test_jax_td3_bounds_come_from_options_and_are_reported(made):
     path, _ = _get(made, "td3_continuous_action_jax")
     default = convert_source(path)
     assert {a.topic: a.assumes for a in default.assumptions}["action bounds"] == "[-1, 1]: action_scale 1, action_bias 0"
-    given = convert_source(path, action_low=(-1, -2, -0.5), action_high=(1, 2, 1.5))
+    given = convert_source(path, action_bounds=((-1, -2, -0.5), (1, 2, 1.5)))
     assert {a.topic: a.assumes for a in given.assumptions}["action bounds"] == "[(-1, -2, -0.5), (1, 2, 1.5)]"
     with pytest.raises(OptionError, match="3 action dimensions"):
-        convert_source(path, action_low=(-1, 1), action_high=(1, 2))
+        convert_source(path, action_bounds=((-1, 1), (1, 2)))
     with pytest.raises(OptionError, match="holds action_scale and action_bias"):
-        convert_source(made["td3_continuous_action"][0], action_low=-1, action_high=1)
+        convert_source(made["td3_continuous_action"][0], action_bounds=(-1, 1))
     with pytest.raises(OptionError, match="no value function"):
         convert_source(made["dqn"][0], keep_value=True)
 
@@ -204,6 +204,54 @@ def test_convert_verify_pack_and_the_packed_run_py(made, name, tmp_path):
     done = subprocess.run([sys.executable, str(folder / "run.py"), "--verify", "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["passed"]
+
+
+def test_action_bounds_on_the_command_line_are_recorded_and_verify_reads_them_back(made, tmp_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    path, agent = _get(made, "ppo_continuous_action")
+    runner, out = CliRunner(), tmp_path / "policy.onnx"
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out), "--action-bounds", "-0.001,-0.002,-0.003:0.002,0.001,0.003",
+                                 "--samples", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {a["topic"]: a["assumes"] for a in doc["assumptions"]}["action bounds"] == (
+        "[(-0.001, -0.002, -0.003), (0.002, 0.001, 0.003)]: actor_mean's output clipped as gymnasium's ClipAction does")
+    obs = observations("ppo_continuous_action", 200)
+    action = pp.load(out).run({"obs": obs})["action"]
+    with torch.no_grad():
+        low, high = np.float32([-0.001, -0.002, -0.003]), np.float32([0.002, 0.001, 0.003])
+        want = np.clip(agent.actor_mean(torch.as_tensor(obs)).numpy(), low, high)
+    assert np.abs(action - want).max() <= 1e-6
+    assert (action.min(0) == low).all() and (action.max(0) == high).all()  # each bound clips some rows
+    result = runner.invoke(app, ["verify", str(out), "--source", str(path), "--samples", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["passed"]
+
+
+@pytest.mark.parametrize("name, bounds, message", [
+    ("ppo_continuous_action", "-1", "give LOW:HIGH, each one number or one per action dimension"),
+    ("ppo_continuous_action", "-1:x", "give LOW:HIGH"),
+    ("ppo_continuous_action", "-1,-1:1,1", "--action-bounds gives 2 low bounds; the policy has 3 action dimensions"),
+    ("ppo_continuous_action", "nan:1", "every bound must be finite and every low at most its high"),
+    ("ppo_continuous_action", "1:-1", "every bound must be finite and every low at most its high"),
+    ("dqn", "-1,-2:1,2", "--action-bounds does not apply to dqn.py's network: it acts in a Discrete space"),
+    ("td3_continuous_action", "-1:1",
+     "--action-bounds does not apply to td3_continuous_action.py's network: its file holds action_scale and action_bias"),
+])
+def test_action_bounds_that_do_not_fit_are_a_usage_error(made, tmp_path, name, bounds, message):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    path, _ = _get(made, name)
+    out = tmp_path / "policy.onnx"
+    result = CliRunner().invoke(app, ["convert", str(path), "-o", str(out), f"--action-bounds={bounds}"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert not out.exists()
 
 
 def test_a_cleanrl_state_dict_given_as_another_kind_is_refused_naming_cleanrl(made):

@@ -33,7 +33,7 @@ layouts, told apart by their keys (never by running anything from the file):
 What no CleanRL file records, and this converter therefore assumes and reports: the hidden activation
 (the scripts' own: tanh for PPO, relu for the others; ``--activation`` names another), the action
 bounds of a PPO policy (``ClipAction`` clips its action in the environment) and of a JAX TD3/DDPG actor
-(``--action-low``/``--action-high``), and the observation normaliser (``ppo_continuous_action.py``
+(``--action-bounds``), and the observation normaliser (``ppo_continuous_action.py``
 trains under gymnasium's ``NormalizeObservation``, whose statistics it never saves).
 
 Initializers keep CleanRL's keys (``actor_mean.0.weight``; ``params/Dense_0/kernel`` for Flax,
@@ -275,23 +275,26 @@ def _activation(options, layout: str) -> tuple[Activation | None, str]:
 
 
 def _bounds(options, width: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """``--action-low``/``--action-high`` as float32 arrays of ``width`` (one number stands for all)."""
-    if options.action_low is None and options.action_high is None:
+    """``--action-bounds`` as float32 arrays of ``width`` (one number stands for all).
+
+    Raises:
+        OptionError: a side of another width than 1 or ``width``, a bound not finite, a low above its high.
+    """
+    if options.action_bounds is None:
         return None
-    if options.action_low is None or options.action_high is None:
-        raise OptionError("--action-low and --action-high are given together (the Box's low and high)")
     out = []
-    for flag, values in (("--action-low", options.action_low), ("--action-high", options.action_high)):
+    for name, values in zip(("low", "high"), options.action_bounds, strict=True):
         values = np.asarray(values, np.float32)
         if values.size == 1:
             values = np.full(width, values.reshape(()), np.float32)
         if values.shape != (width,):
-            raise OptionError(f"{flag} gives {values.size} values; the policy has {width} action dimensions (give one "
-                              f"number for all, or {width})")
+            raise OptionError(f"--action-bounds gives {values.size} {name} bounds; the policy has {width} action "
+                              f"dimensions (give one number for all, or {width})")
         out.append(values)
     low, high = out
-    if not (low <= high).all():
-        raise OptionError(f"--action-low {list(map(float, low))} exceeds --action-high {list(map(float, high))}")
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low <= high).all()):
+        raise OptionError(f"--action-bounds: every bound must be finite and every low at most its high (low "
+                          f"{list(map(float, low))}, high {list(map(float, high))})")
     return low, high
 
 
@@ -301,8 +304,8 @@ def convert_cleanrl(source, options):
     Args:
         source: the file's path.
         options: a :class:`~policyport.converter.options.ConvertOptions`; reads ``activation``
-            (default: the script's own), ``keep_value`` (PPO's critic as ``value``), ``action_low``
-            and ``action_high`` (a PPO policy's clip, a JAX TD3/DDPG actor's bounds), ``opset``.
+            (default: the script's own), ``keep_value`` (PPO's critic as ``value``), ``action_bounds``
+            (a PPO policy's clip, a JAX TD3/DDPG actor's bounds), ``opset``.
 
     Returns:
         A :class:`~policyport.converter.options.Converted`: graph input ``obs``, outputs ``logits``
@@ -344,10 +347,10 @@ def convert_cleanrl(source, options):
         layers = _flax_dense(placed.actor, placed.prefix, act)
     spec = MlpSpec(hidden=layers[:-1], output=layers[-1], **spec_kwargs)
     width = spec.output.out_features
-    bounds = _bounds(options, width)
-    if bounds is not None and layout not in ("ppo-continuous", "td3-jax", "ddpg-jax"):
+    if options.action_bounds is not None and layout not in ("ppo-continuous", "td3-jax", "ddpg-jax"):
         held = "its file holds action_scale and action_bias" if layout in ("td3", "sac") else "it acts in a Discrete space"
-        raise OptionError(f"--action-low/--action-high do not apply to {script}'s network: {held}")
+        raise OptionError(f"--action-bounds does not apply to {script}'s network: {held}")
+    bounds = _bounds(options, width)
     assumptions = _assumptions(layout, script, act_name, options, spec, bounds)
 
     if layout == "ppo-continuous":
@@ -413,10 +416,10 @@ def _assumptions(layout, script, act_name, options, spec, bounds) -> list[Assump
         if bounds is None:
             found.append(Assumption("action bounds", "none: the action is actor_mean's output, unclipped",
                                     f"{script} clips it in the environment (gymnasium's ClipAction) to bounds the file "
-                                    "does not hold", "--action-low and --action-high clip it as ClipAction does"))
+                                    "does not hold", "--action-bounds LOW:HIGH clips it as ClipAction does"))
         else:
             found.append(Assumption("action bounds", f"[{_show(bounds[0])}, {_show(bounds[1])}]: actor_mean's output "
-                                    "clipped as gymnasium's ClipAction does", "given by --action-low/--action-high", ""))
+                                    "clipped as gymnasium's ClipAction does", "given by --action-bounds", ""))
         found.append(Assumption("observation normalisation", "none",
                                 f"{script} trains under gymnasium's NormalizeObservation (clip((x - mean) / sqrt(var + "
                                 "1e-8), -10, 10)) and never saves its statistics, so the file holds none",
@@ -425,10 +428,10 @@ def _assumptions(layout, script, act_name, options, spec, bounds) -> list[Assump
         if bounds is None:
             found.append(Assumption("action bounds", "[-1, 1]: action_scale 1, action_bias 0",
                                     f"{script}'s Actor keeps action_scale and action_bias as module attributes, which "
-                                    "flax.serialization does not save", "--action-low and --action-high give the Box"))
+                                    "flax.serialization does not save", "--action-bounds LOW:HIGH gives the Box"))
         else:
             found.append(Assumption("action bounds", f"[{_show(bounds[0])}, {_show(bounds[1])}]",
-                                    f"given by --action-low/--action-high; {script}'s file does not save action_scale "
+                                    f"given by --action-bounds; {script}'s file does not save action_scale "
                                     "and action_bias", ""))
     return found
 
