@@ -30,6 +30,8 @@ SOURCES: dict[str, str] = {
     "tianshou": "policyport.converter.sources.tianshou:convert_tianshou",
     "sample-factory": "policyport.converter.sources.sample_factory:convert_sample_factory",
     "torchrl": "policyport.converter.sources.torchrl_actor:convert_torchrl",
+    "cleanrl": "policyport.converter.sources.cleanrl:convert_cleanrl",
+    "brax": "policyport.converter.sources.brax:convert_brax",
 }
 
 
@@ -43,8 +45,8 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
-                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb), "
-                   "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
+                   "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's "
+                   "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
                    "and torchrl (a folder with a torchrl.checkpoint manifest.json) by their names")
 
 
@@ -126,8 +128,12 @@ def _detect_path(path: Path) -> str | None:
         return "state-dict"
     if suffix in (".keras", ".h5", ".hdf5"):
         return "keras"
+    if suffix == ".cleanrl_model":  # a torch zip or Flax MessagePack: the converter tells them by content
+        return "cleanrl"
     if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit():
         return "rllib"
+    if _is_brax_pickle(path):
+        return "brax"
     return None
 
 
@@ -154,6 +160,20 @@ def _library_checkpoint(path: Path) -> str | None:
     return None
 
 
+def _is_brax_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle naming Brax's classes (``brax.io.model.save_params`` writes one), told
+    from its opcodes without unpickling."""
+    from .readers.unpickle import pickled_globals
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(1) != b"\x80":
+                return False
+        return any(g.startswith("brax.") for g in pickled_globals(path.read_bytes()))
+    except Exception:  # noqa: BLE001 - an unreadable or damaged pickle is no Brax file
+        return False
+
+
 #: What each kind of file source is, for the refusal of a folder given as one.
 _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
@@ -162,7 +182,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "skrl": "an skrl agent_<timestep>.pt or policy_<timestep>.pt checkpoint",
                "ml-agents": "an ML-Agents .pt checkpoint",
                "tianshou": "a Tianshou .pt or .pth file",
-               "sample-factory": "a Sample Factory .pth checkpoint"}
+               "sample-factory": "a Sample Factory .pth checkpoint",
+               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -42,6 +42,8 @@ READS: dict[str, frozenset[str]] = {
     "tianshou": frozenset({"activation", "opset", "action_bounds", "action_bound_method"}),
     "sample-factory": frozenset({"activation", "head", "opset"}),
     "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id", "obs_filter"}),
+    "cleanrl": frozenset({"activation", "opset", "keep_value", "action_bounds"}),
+    "brax": frozenset({"activation", "opset"}),
 }
 
 
@@ -91,8 +93,9 @@ class ConvertOptions:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
         action_bounds: ``(low, high)``, the environment's action bounds (each one number for every
             action dimension, or one per dimension), for sources whose player maps the policy's
-            output to them (rl_games' ``clip_actions``, skrl's ``clip_mean_actions``); ``None``: the
-            action as the policy outputs it.
+            output to them (rl_games' ``clip_actions``, skrl's ``clip_mean_actions``), or whose file does not hold them (a CleanRL PPO
+            policy's ``ClipAction``, a CleanRL JAX TD3/DDPG actor's ``action_scale`` and ``action_bias``);
+            ``None``: the action as the policy outputs it, or the source's default, reported as an assumption.
         action_bound_method: how the policy bounds a continuous action to [-1, 1] before scaling it
             to ``action_bounds`` (Tianshou's ``action_bound_method``): ``"clip"``, ``"tanh"`` or
             ``"none"``; ``None``: not given (a source that needs it refuses to guess).

@@ -54,12 +54,13 @@ def test_recorded_options_come_back_as_given_but_never_the_trust_nor_a_path():
 
     given = ConvertOptions(activation="relu", head="categorical", opset=13, keep_value=True, exporter="dynamo",
                            policy_id="p1", obs_filter=False, obs_norm="vecnormalize.pkl", trust=True,
-                           input_shape=(2, 3), output_names=("logits", "value"))
+                           input_shape=(2, 3), output_names=("logits", "value"), action_bounds=((-1, -2), (1, 2.5)))
     text = given.to_metadata()
     assert "trust" not in json.loads(text) and json.loads(text)["obs_norm"] == "vecnormalize.pkl"
     back = ConvertOptions.from_metadata(text)
     assert back == dataclasses.replace(given, trust=False, obs_norm=None)  # a recorded path is never opened
     assert type(back.input_shape) is tuple and type(back.output_names) is tuple
+    assert back.action_bounds == ((-1.0, -2.0), (1.0, 2.5)) and all(type(v) is float for v in back.action_bounds[0])
     recorded = json.loads(text) | {"trust": True, "added_later": 1}  # a newer policyport's key, a forged trust
     assert ConvertOptions.from_metadata(json.dumps(recorded)) == back
     assert ConvertOptions.from_metadata(json.dumps({"opset": 12, "input_shape": None})) == ConvertOptions(opset=12)
@@ -86,6 +87,9 @@ def test_malformed_recorded_options_are_refused(text, reason):
     ({"activation": ["tanh"]}, "activation must be str, not list ['tanh']"),
     ({"input_shape": [2, "3"]}, "input_shape must be a list of int or null, not [2, '3']"),
     ({"output_names": "logits"}, "output_names must be a list of str or null, not 'logits'"),
+    ({"action_bounds": [-1, 0, 1]},
+     "action_bounds must be (low, high), each a number or a sequence of numbers, not [-1, 0, 1]"),
+    ({"action_bounds": [["low"], [1]]}, "action_bounds must be (low, high)"),
 ])
 def test_recorded_options_of_the_wrong_type_are_a_damaged_model_not_the_users_options(recorded, reason):
     from policyport.converter import ConvertOptions
@@ -94,6 +98,18 @@ def test_recorded_options_of_the_wrong_type_are_a_damaged_model_not_the_users_op
         ConvertOptions.from_metadata(json.dumps(recorded))
     assert not isinstance(caught.value, (pp.ArgumentTypeError, pp.OptionError))
     assert str(caught.value).startswith(f"model metadata 'policyport.convert_options' is malformed: {reason}")
+
+
+def test_action_bounds_become_two_tuples_of_floats_or_are_refused_as_a_type_error():
+    import numpy as np
+
+    from policyport.converter import ConvertOptions
+
+    given = ConvertOptions(action_bounds=(np.array([-1, -2], np.int64), 3))
+    assert given.action_bounds == ((-1.0, -2.0), (3.0,))
+    assert all(type(v) is float for side in given.action_bounds for v in side)
+    with pytest.raises(pp.ArgumentTypeError, match=r"action_bounds must be \(low, high\)"):
+        convert_source(EXPERT, action_bounds=(-1, 0, 1))
 
 
 def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_path):
@@ -112,11 +128,12 @@ def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_p
 
 
 TELLS = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), state-dict "
-         "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a "
+         "(.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's classes), "
+         "savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a "
          "folder with rllib_checkpoint.json or checkpoint-N) and torchrl (a folder with a torchrl.checkpoint manifest.json) "
          "by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
-         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl")
+         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax")
 
 
 def _zip(path, *names):
@@ -191,7 +208,7 @@ def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
     with pytest.raises(pp.BadModelError) as caught:
         detect_kind(3)
     assert str(caught.value) == ("cannot convert a int; supported sources: npz, torch, torchscript, state-dict, sb3, "
-                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl")
+                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax")
 
 
 ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, mish, hardswish, sigmoid, linear"
@@ -206,7 +223,7 @@ ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, m
     (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
     (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
     (EXPERT, {"kind": "onnx"}, pp.OptionError,
-     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl"),
+     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax"),
     (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
     (EXPERT, {"activation": "relu,softsign", "kind": "state-dict"}, pp.OptionError,
      f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),

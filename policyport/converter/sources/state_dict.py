@@ -80,6 +80,13 @@ def read_arrays(path, trust: bool = False):
     if trust and _is_module(value):
         return value, {"kind": "torch", "file": path.name}
     provenance = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], dict):
+        from .cleanrl_keys import cleanrl_script_of
+
+        script = cleanrl_script_of(value[0])
+        if script is not None:
+            raise BadModelError(f"{path} holds a {type(value).__name__} of {len(value)} state_dicts, the first with the keys of "
+                                f"CleanRL's {script} actor; convert it with --from cleanrl (kind='cleanrl' in Python)")
     return as_state_dict(value, path), provenance
 
 
@@ -373,6 +380,12 @@ def detect_layout(arrays: Mapping[str, np.ndarray]) -> str:
         BadModelError: keys that fit none of them (listed).
     """
     keys = list(arrays)
+    from .cleanrl_keys import cleanrl_script_of
+
+    script = cleanrl_script_of(keys)
+    if script is not None:
+        raise BadModelError(f"the state_dict's keys are those of CleanRL's {script} network ({listing(sorted(keys), 4, show=str)}); "
+                            "convert it with --from cleanrl (kind='cleanrl' in Python), which reads its layout and action")
     if keys and all(RLLIB_KEY.match(k) for k in keys):
         return "rllib-torch"
     if any(k.startswith(("mlp_extractor.", "action_net.")) for k in keys):
