@@ -24,6 +24,7 @@ SOURCES: dict[str, str] = {
     "keras": "policyport.converter.sources.keras:convert_keras",
     "savedmodel": "policyport.converter.sources.keras:convert_savedmodel",
     "rllib": "policyport.converter.sources.rllib:convert_rllib",
+    "rsl-rl": "policyport.converter.sources.rsl_rl:convert_rsl_rl",
 }
 
 
@@ -36,7 +37,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and "
                    "rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) by their names")
 
@@ -108,7 +109,11 @@ def _detect_path(path: Path) -> str | None:
     if suffix == ".zip":  # a damaged one gets the SB3 reader's own account of what is wrong
         return "sb3"
     if suffix in (".pt", ".pth"):
-        return "torchscript" if _is_zip_with(path, "data.pkl", "constants.pkl") else "state-dict"
+        if _is_zip_with(path, "data.pkl", "constants.pkl"):
+            return "torchscript"
+        from .sources.rsl_rl import is_rsl_rl_checkpoint
+
+        return "rsl-rl" if is_rsl_rl_checkpoint(path) else "state-dict"
     if suffix == ".safetensors":
         return "state-dict"
     if suffix in (".keras", ".h5", ".hdf5"):
@@ -121,7 +126,8 @@ def _detect_path(path: Path) -> str | None:
 #: What each kind of file source is, for the refusal of a folder given as one.
 _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a TorchScript .pt file",
                "state-dict": "a .pt, .pth or .safetensors file", "sb3": "an SB3 .zip file",
-               "rllib-torch": "a .pt or .pth file of RLlib torch weights", "keras": "a .keras or .h5 file"}
+               "rllib-torch": "a .pt or .pth file of RLlib torch weights",
+               "rsl-rl": "an rsl_rl model_<iteration>.pt checkpoint", "keras": "a .keras or .h5 file"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

@@ -36,6 +36,7 @@ READS: dict[str, frozenset[str]] = {
     "keras": frozenset({"head", "opset"}),
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
+    "rsl-rl": frozenset({"activation", "opset"}),
 }
 
 

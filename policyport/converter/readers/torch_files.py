@@ -393,8 +393,15 @@ class _StorageType:
         self.name, self.dtype_name = name, STORAGE_DTYPES[name]
 
 
-def read_torch_zip(source, what: str | None = None) -> object:
+def read_torch_zip(source, what: str | None = None, inert_modules=()) -> object:
     """Read torch's zip serialization without torch (see the module docstring).
+
+    Args:
+        source: the file, or a file object.
+        what: how to name it in messages.
+        inert_modules: module prefixes whose globals, functions included, become inert records
+            instead of being refused (for a payload beside the weights that a reader never uses,
+            such as the ``infos`` an rsl_rl checkpoint pickles); nothing from them is called.
 
     Raises:
         UnreadableFileError: the legacy (pre-1.6) format, a missing ``data.pkl`` or storage, a
@@ -460,7 +467,7 @@ def read_torch_zip(source, what: str | None = None) -> object:
             **{("torch", name): _StorageType(name) for name in STORAGE_DTYPES},
         }
         return load(read_zip_member(zf, pickles[0], path), what=str(path), rebuilders=rebuilders,
-                    persistent_load=persistent_load)
+                    persistent_load=persistent_load, inert_modules=inert_modules)
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:

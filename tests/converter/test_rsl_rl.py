@@ -1,0 +1,157 @@
+"""rsl_rl checkpoints: the fixtures are made by rsl_rl itself (``fixtures/rsl_rl/make_fixtures.py``), and
+every expected action is rsl_rl's own inference policy's, computed when the fixtures were made."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+from policyport.converter import convert_source, detect_kind
+from policyport.converter.sources import rsl_rl
+
+ROOT = Path(__file__).resolve().parents[2]
+RSL = ROOT / "fixtures" / "rsl_rl"
+RUNS = ("gaussian", "gaussian_log_tanh", "heteroscedastic", "beta")
+
+
+@pytest.fixture(scope="module")
+def obs() -> np.ndarray:
+    return np.load(RSL / "observations.npy")
+
+
+def expected(run: str) -> dict[str, np.ndarray]:
+    with np.load(RSL / run / "expected.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def test_a_checkpoint_is_told_from_its_keys():
+    assert detect_kind(RSL / "gaussian" / "model_0.pt") == "rsl-rl"
+    assert detect_kind(RSL / "gaussian" / "exported" / "policy.pt") == "torchscript"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+@pytest.mark.parametrize("run", RUNS)
+def test_the_action_is_rsl_rls_own(run, backend, obs):
+    np.seterr(all="raise")
+    try:
+        model = pp.convert(RSL / run / "model_0.pt")
+        out = pp.load(model, backend).run({"obs": obs})
+    finally:
+        np.seterr(all="warn")
+    want = expected(run)
+    assert out["action"].shape == want["action"].shape == (1000, 12)
+    assert np.abs(out["action"] - want["action"]).max() <= 1e-5
+    if "std" in want:
+        assert np.abs(out["std"] - want["std"]).max() <= 1e-5
+        assert np.abs(np.exp(out["log_std"]) - want["std"]).max() <= 1e-5
+
+
+def _normalised_action(layout, obs, eps_on_std=None, eps_on_var=None, clip=None):
+    """The gaussian fixture's action under a normaliser of another library's formula."""
+    mean, var, std = (layout.normalizer[r][1].astype(np.float64) for r in ("_mean", "_var", "_std"))
+    x = (obs - mean) / (std + eps_on_std) if eps_on_std is not None else (obs - mean) / np.sqrt(var + eps_on_var)
+    if clip is not None:
+        x = np.clip(x, -clip, clip)
+    for i, (_, _, w, _, b) in enumerate(layout.layers):
+        x = x @ w.T.astype(np.float64) + b
+        if i < len(layout.layers) - 1:
+            x = np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+    return x
+
+
+def test_the_normaliser_is_rsl_rls_and_no_other_librarys(obs, monkeypatch):
+    """rsl_rl adds 1e-2 to the std and clips nothing; each other library's formula moves the action."""
+    layout = rsl_rl.read_layout(rsl_rl.read_checkpoint(RSL / "gaussian" / "model_0.pt"), "gaussian")
+    want = expected("gaussian")["action"]
+    assert np.abs(_normalised_action(layout, obs, eps_on_std=1e-2) - want).max() <= 1e-5
+    others = {"skrl": dict(eps_on_std=1e-8, clip=5), "rl_games": dict(eps_on_var=1e-5, clip=5),
+              "gymnasium": dict(eps_on_var=1e-8, clip=10), "rsl_rl epsilon with a clip of 5": dict(eps_on_std=1e-2, clip=5)}
+    for name, formula in others.items():
+        assert np.abs(_normalised_action(layout, obs, **formula) - want).max() > 1e-3, name
+    model = pp.convert(RSL / "gaussian" / "model_0.pt")
+    assert "Clip" not in {n.op_type for n in model.graph.node if n.name.startswith("obs_normalizer")}
+    for eps in (1e-5, 1e-8):  # the converter itself with another epsilon gives another action
+        monkeypatch.setattr(rsl_rl, "NORMALIZER_EPS", eps)
+        out = pp.load(pp.convert(RSL / "gaussian" / "model_0.pt")).run({"obs": obs})
+        assert np.abs(out["action"] - want).max() > 1e-4
+
+
+def test_extract_gives_every_array_back_bit_for_bit(tmp_path):
+    torch = pytest.importorskip("torch")
+    saved = torch.load(RSL / "gaussian" / "model_0.pt", weights_only=False)["actor_state_dict"]
+    weights = pp.extract_weights(pp.convert(RSL / "gaussian" / "model_0.pt"))
+    assert sorted(weights) == sorted(saved)
+    for name, tensor in saved.items():
+        assert weights[name].dtype == tensor.numpy().dtype and weights[name].shape == tuple(tensor.shape)
+        assert weights[name].tobytes() == tensor.numpy().tobytes(), name
+
+
+def test_the_activation_comes_from_agent_yaml_or_must_be_given(tmp_path, obs):
+    shutil.copy(RSL / "gaussian_log_tanh" / "model_0.pt", tmp_path / "model_0.pt")
+    refused = invoke("convert", tmp_path / "model_0.pt", "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 2 and "--activation" in refused.output
+    given = convert_source(tmp_path / "model_0.pt", activation="tanh")
+    assert [a.topic for a in given.assumptions] == ["activation", "action bounds"]
+    assert "given by --activation" in given.assumptions[0].because
+    out = pp.load(given.model).run({"obs": obs})
+    assert np.abs(out["action"] - expected("gaussian_log_tanh")["action"]).max() <= 1e-5
+    read = convert_source(RSL / "gaussian_log_tanh" / "model_0.pt")
+    assert "params/agent.yaml" in read.assumptions[0].because and "tanh" in read.assumptions[0].assumes
+    contradicted = invoke("convert", RSL / "gaussian_log_tanh" / "model_0.pt", "--activation", "elu", "-o", tmp_path / "b.onnx")
+    assert contradicted.exit_code == 2 and "contradicts" in contradicted.output
+
+
+def test_a_two_row_head_without_agent_yaml_is_refused(tmp_path):
+    shutil.copy(RSL / "beta" / "model_0.pt", tmp_path / "model_0.pt")
+    result = invoke("convert", tmp_path / "model_0.pt", "--activation", "elu", "-o", tmp_path / "a.onnx")
+    assert result.exit_code == 2 and "Beta" in result.output and "agent.yaml" in result.output
+    assert not (tmp_path / "a.onnx").exists()
+
+
+def test_pickled_infos_that_would_run_code_convert_without_running_it(tmp_path, obs):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (subprocess.call, (["touch", str(marker)],))
+
+    saved = torch.load(RSL / "gaussian" / "model_0.pt", weights_only=False)
+    saved["infos"] = {"env": Payload(), "obj": __import__("collections").Counter(a=1)}
+    (tmp_path / "run").mkdir()
+    shutil.copytree(RSL / "gaussian" / "params", tmp_path / "run" / "params")
+    torch.save(saved, tmp_path / "run" / "model_7.pt")
+    assert detect_kind(tmp_path / "run" / "model_7.pt") == "rsl-rl"
+    out = pp.load(pp.convert(tmp_path / "run" / "model_7.pt")).run({"obs": obs})
+    assert not marker.exists()
+    assert np.abs(out["action"] - expected("gaussian")["action"]).max() <= 1e-5
+
+
+def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
+    source = RSL / "heteroscedastic" / "model_0.pt"
+    converted = invoke("convert", source, "-o", tmp_path / "h.onnx", "--json")
+    assert converted.exit_code == 0, converted.output
+    topics = [a["topic"] for a in json.loads(converted.output)["assumptions"]]
+    assert topics == ["activation", "head", "action bounds"]
+    verified = invoke("verify", tmp_path / "h.onnx", "--source", source, "--json")
+    assert verified.exit_code == 0 and json.loads(verified.output)["passed"] is True
+    packed = invoke("pack", tmp_path / "h.onnx", "-o", tmp_path / "pack")
+    assert packed.exit_code == 0, packed.output
+    run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "--verify"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASS" in run.stdout
