@@ -395,3 +395,62 @@ def split_at(model, tensors, keep=()) -> list[Stage]:
         piece.functions.extend(source.functions)
         stages.append(Stage(piece, inputs, outputs))
     return stages
+
+
+#: Metadata a model gets from :func:`free_batch`: the graph inputs whose batch of 1 it freed (JSON list).
+BATCH_FREED_KEY = "policyport.batch_freed"
+#: Ops that compute each row of a ``(batch, ...)`` tensor from that row alone (with weights that have no
+#: batch axis, or one of size 1 that broadcasts): a fixed batch of 1 in front of them can be freed.
+ROW_WISE_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Clip", "Identity", "Relu", "Elu",
+    "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Gelu", "Mish", "HardSwish", "HardSigmoid", "Erf", "Max", "Min",
+    "MatMul", "Gemm",
+})
+
+
+def free_batch(model):
+    """``model`` with a batch axis fixed at 1 made free (``"batch"``) where the graph allows it.
+
+    Some exporters write the batch of the example they traced: rsl_rl 5.x's ``export_policy_to_onnx``
+    under torch >= 2.9 declares ``obs [1, 48]``, and onnxruntime then refuses a batch of 4. The graph
+    allows a free batch when every node computes each row from that row alone (:data:`ROW_WISE_OPS`;
+    a ``Gemm`` without ``transA``) and no initializer has a batch axis longer than 1; then every graph
+    input and output whose first dimension is 1 gets the free dimension ``batch``, and the value_info
+    entries (which repeat the fixed batch) are dropped. A model with a Reshape, a reduction over rows or
+    any other op is returned as it is.
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        ``model`` itself when no graph input has a fixed batch of 1 or the graph does not allow freeing
+        it; else a changed copy whose ``metadata_props[BATCH_FREED_KEY]`` lists the inputs freed.
+    """
+    def first_dim(info):
+        t = info.type.tensor_type
+        dims = t.shape.dim if t.HasField("shape") else []
+        return dims[0] if dims else None
+
+    fixed = [i.name for i in model.graph.input if (d := first_dim(i)) is not None and d.HasField("dim_value")
+             and d.dim_value == 1 and len(i.type.tensor_type.shape.dim) >= 2]
+    initializers = {t.name for t in model.graph.initializer}
+    fixed = [name for name in fixed if name not in initializers]
+    if not fixed or any(p.key == BATCH_FREED_KEY for p in model.metadata_props):
+        return model
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ROW_WISE_OPS:
+            return model
+        if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+            return model
+        if node.op_type == "MatMul" and node.input[1] not in initializers:
+            return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    for info in [*copy.graph.input, *copy.graph.output]:
+        d = first_dim(info)
+        if d is not None and d.HasField("dim_value") and d.dim_value == 1 and (info.name in fixed or info in copy.graph.output):
+            d.dim_param = "batch"
+    del copy.graph.value_info[:]
+    entry = copy.metadata_props.add()
+    entry.key, entry.value = BATCH_FREED_KEY, json.dumps(fixed)
+    return copy

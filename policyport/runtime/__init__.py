@@ -341,7 +341,9 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
         from ..graph.onnx_files import ensure_model
         from ..graph.model import from_onnx
 
-        proto = ensure_model(model)
+        from ..graph.passes import free_batch
+
+        proto = free_batch(ensure_model(model))  # an exporter's fixed batch of 1, freed where the graph allows
         graph = from_onnx(proto)
     if backend == "numpy":
         from .numpy import NumpyBackend

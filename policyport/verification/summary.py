@@ -5,6 +5,7 @@ Feeds ``policyport inspect``; the op list is checked against the numpy backend's
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -41,7 +42,7 @@ def summarize(model) -> dict:
     from ..errors import LimitExceededError, PolicyportError
     from ..io.limits import ENV_NODES, limits
     from ..graph.model import from_onnx
-    from ..graph.passes import infer_shapes, parameter_map, source_order
+    from ..graph.passes import BATCH_FREED_KEY, free_batch, infer_shapes, parameter_map, source_order
     from ..runtime import load
     from ..runtime.numpy.registry import missing_ops
 
@@ -112,6 +113,8 @@ def summarize(model) -> dict:
         "numpy_backend_lacks": lacks,
         "numpy_backend_refusal": refusal,
         "metadata": graph.metadata,
+        # graph inputs declared with a batch of 1 that policyport runs at any batch (graph.passes.free_batch)
+        "batch_fixed": json.loads(dict((p.key, p.value) for p in free_batch(model).metadata_props).get(BATCH_FREED_KEY, "[]")),
     }
 
 

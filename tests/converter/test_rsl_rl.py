@@ -155,3 +155,26 @@ def test_convert_verify_pack_and_the_packed_run_on_the_cli(tmp_path):
     run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "--verify"], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS" in run.stdout
+
+
+def test_rsl_rls_exported_onnx_with_a_batch_of_1_runs_at_any_batch(obs, tmp_path):
+    """rsl_rl's exporter declares obs (1, 48); both backends run 1,000 rows, each as the original
+    graph computes it at a batch of 1, and inspect says the batch was fixed."""
+    ort = pytest.importorskip("onnxruntime")
+    from policyport.graph.passes import free_batch
+
+    exported = RSL / "gaussian" / "exported" / "policy.onnx"
+    original = ort.InferenceSession(str(exported))
+    one_by_one = np.concatenate([original.run(None, {"obs": obs[i:i + 1]})[0] for i in range(len(obs))])
+    assert np.abs(one_by_one - expected("gaussian")["action"]).max() <= 1e-5
+    for backend in ("numpy", "onnxruntime"):
+        out = pp.load(exported, backend).run({"obs": obs})["actions"]
+        assert np.abs(out - one_by_one).max() <= 1e-5, backend
+    import onnx
+
+    reshaped = onnx.load(str(exported))
+    node = onnx.helper.make_node("Flatten", ["actions"], ["flat"], axis=0)  # mixes rows: not freed
+    reshaped.graph.node.append(node)
+    assert free_batch(reshaped) is reshaped
+    inspected = invoke("inspect", exported, "--json")
+    assert json.loads(inspected.output)["batch_fixed"] == ["obs"]
