@@ -72,9 +72,8 @@ def inspect(
         out.print(literal(f"opset {s['opset']}, IR {s['ir_version']}, producer {s['producer'] or '?'}"))
         for kind in ("inputs", "outputs"):
             out.print(literal(f"{kind}: " + ", ".join(f"{v['name']} {v['dtype']}{format_shape(v['shape'])}" for v in s[kind])))
-        if s["batch_fixed"]:
-            out.print(literal(f"batch fixed at 1 in the file ({', '.join(s['batch_fixed'])}); every node computes each row "
-                              "alone, so policyport runs it at any batch"))
+        if s["batch_note"]:
+            out.print(literal(s["batch_note"]))
         t = table(f"{len(s['nodes']):,} nodes, {s['parameter_count']:,} parameters",
                   ["node", "op", "output", "dtype", "shape", ("parameters", "right")])
         rows = [[n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"], o["dtype"] or "?",

@@ -7,6 +7,7 @@
 * :func:`free_dims` — dimensions declared as 0 or negative made unknown, as policyport reads them;
 * :func:`widen_to_float64` — a :class:`~policyport.graph.model.Graph` computed in float64, the oracle of
   the float32-rounding rule.
+* :func:`free_batch` — an exporter's fixed batch of 1 made free where every node computes each row alone;
 * :func:`split_at` — the graph cut into stages at chosen tensors, so a runtime that executes a
   whole graph at once (onnxruntime) can hand those tensors to the caller, who may change them (neuron
   overrides), before the rest of the graph reads them.
@@ -408,49 +409,101 @@ ROW_WISE_OPS = frozenset({
 })
 
 
-def free_batch(model):
-    """``model`` with a batch axis fixed at 1 made free (``"batch"``) where the graph allows it.
+@dataclass(frozen=True)
+class FixedBatch:
+    """What a model declares about its batch: ``inputs`` are the graph inputs (rank >= 2, not
+    initializers) whose first dimension is fixed at 1; ``reason`` says why :func:`free_batch` leaves
+    that batch as it is (``None``: it frees it, or there is nothing to free)."""
 
-    Some exporters write the batch of the example they traced: rsl_rl 5.x's ``export_policy_to_onnx``
-    under torch >= 2.9 declares ``obs [1, 48]``, and onnxruntime then refuses a batch of 4. The graph
-    allows a free batch when every node computes each row from that row alone (:data:`ROW_WISE_OPS`;
-    a ``Gemm`` without ``transA``) and no initializer has a batch axis longer than 1; then every graph
-    input and output whose first dimension is 1 gets the free dimension ``batch``, and the value_info
-    entries (which repeat the fixed batch) are dropped. A model with a Reshape, a reduction over rows or
-    any other op is returned as it is.
+    inputs: list[str]
+    reason: str | None = None
+
+
+def fixed_batch(model) -> FixedBatch:
+    """The graph inputs declared with a batch of 1, and whether the graph allows freeing it.
+
+    It allows it when every node is an op of :data:`ROW_WISE_OPS` (or a ``Constant``) in the default
+    domain; a ``Gemm`` or ``MatMul`` multiplies the batch by a constant second input (an initializer or
+    a ``Constant``'s output), a ``Gemm`` without ``transA``; and no constant operand of an element-wise
+    op has a first axis longer than 1 at rank 2 or more (it would broadcast along the batch). Shapes
+    are not inferred: the freed graph is checked against the file's at batch 1 where it is loaded
+    (:func:`policyport.runtime.batch.free_checked`).
 
     Args:
         model: an ``onnx.ModelProto`` (left untouched).
 
     Returns:
-        ``model`` itself when no graph input has a fixed batch of 1 or the graph does not allow freeing
-        it; else a changed copy whose ``metadata_props[BATCH_FREED_KEY]`` lists the inputs freed.
+        A :class:`FixedBatch`; ``reason`` names the first node (or initializer) that mixes rows or is not
+        known to compute each row alone, when there are inputs to free.
     """
     def first_dim(info):
         t = info.type.tensor_type
         dims = t.shape.dim if t.HasField("shape") else []
         return dims[0] if dims else None
 
+    initializers = {t.name: tuple(t.dims) for t in model.graph.initializer}
     fixed = [i.name for i in model.graph.input if (d := first_dim(i)) is not None and d.HasField("dim_value")
-             and d.dim_value == 1 and len(i.type.tensor_type.shape.dim) >= 2]
-    initializers = {t.name for t in model.graph.initializer}
-    fixed = [name for name in fixed if name not in initializers]
-    if not fixed or any(p.key == BATCH_FREED_KEY for p in model.metadata_props):
-        return model
+             and d.dim_value == 1 and len(i.type.tensor_type.shape.dim) >= 2 and i.name not in initializers]
+    if not fixed:
+        return FixedBatch([])
+    constants = set(initializers)
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ROW_WISE_OPS:
-            return model
-        if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
-            return model
-        if node.op_type == "MatMul" and node.input[1] not in initializers:
-            return model
+        what = f'{node.op_type} node "{node.name or node.output[0]}"'
+        if node.domain not in ("", "ai.onnx"):
+            return FixedBatch(fixed, f"{what} is of domain {node.domain!r}, not known to compute each row alone")
+        if node.op_type == "Constant":
+            constants.update(node.output)
+            continue
+        if node.op_type not in ROW_WISE_OPS:
+            return FixedBatch(fixed, f"{what} is not among the ops known to compute each row alone "
+                                     f"({', '.join(sorted(ROW_WISE_OPS))})")
+        if node.op_type in ("Gemm", "MatMul"):
+            if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+                return FixedBatch(fixed, f"{what} transposes its first input (transA), mixing rows")
+            if len(node.input) < 2 or node.input[1] not in constants:
+                return FixedBatch(fixed, f"{what} multiplies by {node.input[1] if len(node.input) > 1 else 'nothing'!r}, "
+                                         "which is not a constant: it may mix rows")
+            if node.input[0] in constants:
+                return FixedBatch(fixed, f"{what} has a constant first input: the batch is not its rows")
+            continue
+        for name in node.input:
+            dims = initializers.get(name)
+            if dims is not None and len(dims) >= 2 and dims[0] != 1:
+                return FixedBatch(fixed, f"{what} reads initializer {name!r} of shape {dims}, which would broadcast "
+                                         "along the batch axis")
+    return FixedBatch(fixed)
+
+
+def free_batch(model):
+    """``model`` with a batch axis fixed at 1 made free (``"batch"``) where the graph allows it.
+
+    Some exporters write the batch of the example they traced: rsl_rl 5.x's ``export_policy_to_onnx``
+    under torch >= 2.9 declares ``obs [1, 48]``, and onnxruntime then refuses a batch of 4. Where
+    :func:`fixed_batch` finds that every node computes each row from that row alone, every graph input
+    and output whose first dimension is 1 gets the free dimension ``batch``, and the value_info entries
+    (which repeat the fixed batch) are dropped; otherwise the model is returned as it is (its
+    :func:`fixed_batch` ``reason`` says why). This pass reads the graph only: the loader checks the
+    freed graph against the file's at batch 1 (:func:`policyport.runtime.batch.free_checked`).
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        ``model`` itself when no graph input has a fixed batch of 1, the graph does not allow freeing
+        it, or it was freed already; else a changed copy whose ``metadata_props[BATCH_FREED_KEY]`` lists
+        the inputs freed.
+    """
+    found = fixed_batch(model)
+    if not found.inputs or found.reason is not None or any(p.key == BATCH_FREED_KEY for p in model.metadata_props):
+        return model
     copy = type(model)()
     copy.CopyFrom(model)
     for info in [*copy.graph.input, *copy.graph.output]:
-        d = first_dim(info)
-        if d is not None and d.HasField("dim_value") and d.dim_value == 1 and (info.name in fixed or info in copy.graph.output):
-            d.dim_param = "batch"
+        dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value == 1 and len(dims) >= 2 \
+                and (info.name in found.inputs or info in copy.graph.output):
+            dims[0].dim_param = "batch"
     del copy.graph.value_info[:]
     entry = copy.metadata_props.add()
-    entry.key, entry.value = BATCH_FREED_KEY, json.dumps(fixed)
+    entry.key, entry.value = BATCH_FREED_KEY, json.dumps(found.inputs)
     return copy

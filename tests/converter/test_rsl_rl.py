@@ -161,7 +161,6 @@ def test_rsl_rls_exported_onnx_with_a_batch_of_1_runs_at_any_batch(obs, tmp_path
     """rsl_rl's exporter declares obs (1, 48); both backends run 1,000 rows, each as the original
     graph computes it at a batch of 1, and inspect says the batch was fixed."""
     ort = pytest.importorskip("onnxruntime")
-    from policyport.graph.passes import free_batch
 
     exported = RSL / "gaussian" / "exported" / "policy.onnx"
     original = ort.InferenceSession(str(exported))
@@ -170,11 +169,74 @@ def test_rsl_rls_exported_onnx_with_a_batch_of_1_runs_at_any_batch(obs, tmp_path
     for backend in ("numpy", "onnxruntime"):
         out = pp.load(exported, backend).run({"obs": obs})["actions"]
         assert np.abs(out - one_by_one).max() <= 1e-5, backend
+        with pytest.raises(pp.PolicyportError, match=r"axis 0 is 4, the model needs 1"):
+            pp.load(exported, backend, free=False).run({"obs": obs[:4]})
+    inspected = json.loads(invoke("inspect", exported, "--json").output)
+    assert inspected["batch_fixed"] == ["obs"] and inspected["batch_freed"] is True
+    assert "max abs 0" in inspected["batch_note"]
+
+
+def test_verify_record_and_pack_of_the_exported_onnx_use_every_observation(obs, tmp_path):
+    """The sample size is not the file's batch of 1: verify draws 1,000 observations and compares the
+    freed graph with the file's run one observation at a time; record and a packed folder take any batch."""
+    exported = RSL / "gaussian" / "exported" / "policy.onnx"
+    verified = json.loads(invoke("verify", exported, "--json").output)
+    assert verified["passed"] is True and verified["samples"] == 1000
+    [alone] = [c for c in verified["comparisons"] if c["reference"] == "numpy batch 1"]
+    assert alone["tensor"] == "actions" and alone["shape"] == [1000, 12] and alone["max_abs"] <= 1e-6
+    np.save(tmp_path / "obs.npy", obs)
+    recorded = invoke("record", exported, "-i", tmp_path / "obs.npy", "-o", tmp_path / "acts.npz")
+    assert recorded.exit_code == 0, recorded.output
+    with np.load(tmp_path / "acts.npz") as acts:
+        assert acts["actions"].shape == (1000, 12) and acts["linear"].shape == (1000, 32)
+        assert np.abs(acts["actions"] - expected("gaussian")["action"]).max() <= 1e-5
+    packed = invoke("pack", exported, "-o", tmp_path / "pack")
+    assert packed.exit_code == 0, packed.output
+    policy = json.loads((tmp_path / "pack" / "policy.json").read_text())
+    assert policy["golden"]["samples"] == 64 and policy["inputs"][0]["shape"] == ["batch", 48]
+    run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "--verify"], capture_output=True, text=True)
+    assert run.returncode == 0 and "PASS" in run.stdout, run.stdout + run.stderr
+    np.save(tmp_path / "four.npy", obs[:4])
+    run = subprocess.run([sys.executable, str(tmp_path / "pack" / "run.py"), "-i", str(tmp_path / "four.npy"), "-o",
+                          str(tmp_path / "four.npz")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    with np.load(tmp_path / "four.npz") as out:
+        assert np.abs(out["actions"] - expected("gaussian")["action"][:4]).max() <= 1e-5
+
+
+def test_a_batch_the_graph_does_not_allow_freeing_stays_fixed_and_says_why(obs):
+    """A node that mixes rows keeps the file's batch of 1, and a larger batch is refused naming the node;
+    a freeing that passes the op list but changes what a row computes is caught by the check at batch 1."""
     import onnx
 
-    reshaped = onnx.load(str(exported))
-    node = onnx.helper.make_node("Flatten", ["actions"], ["flat"], axis=0)  # mixes rows: not freed
-    reshaped.graph.node.append(node)
-    assert free_batch(reshaped) is reshaped
-    inspected = invoke("inspect", exported, "--json")
-    assert json.loads(inspected.output)["batch_fixed"] == ["obs"]
+    from policyport.graph.passes import fixed_batch, free_batch
+    from policyport.runtime.batch import free_checked
+
+    exported = onnx.load(str(RSL / "gaussian" / "exported" / "policy.onnx"))
+    flattened = onnx.load(str(RSL / "gaussian" / "exported" / "policy.onnx"))
+    flattened.graph.node.append(onnx.helper.make_node("Flatten", ["actions"], ["flat"], axis=0, name="mix"))
+    assert free_batch(flattened) is flattened
+    assert 'Flatten node "mix"' in fixed_batch(flattened).reason
+    for backend in ("numpy", "onnxruntime"):
+        with pytest.raises(pp.PolicyportError, match=r'axis 0 is 4, the model needs 1\); batch fixed at 1 in the file '
+                                                     r'\(obs\) and kept: Flatten node "mix"'):
+            pp.load(flattened, backend).run({"obs": obs[:4]})
+    assert pp.load(flattened).record({"obs": obs[:1]}, "flat")["flat"].shape == (1, 12)
+    from policyport.verification.summary import summarize
+
+    inspected = summarize(flattened)
+    assert inspected["batch_fixed"] == ["obs"] and inspected["batch_freed"] is False
+    assert 'Flatten node "mix"' in inspected["batch_note"]
+
+    # (1, 48) + (1, 1, 48) is (1, 1, 48) per observation but (1, 3, 48) for three: the op list allows it
+    broadcast = onnx.load(str(RSL / "gaussian" / "exported" / "policy.onnx"))
+    broadcast.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros((1, 1, 48), np.float32), "lift"))
+    broadcast.graph.node.insert(0, onnx.helper.make_node("Add", ["obs", "lift"], ["lifted"], name="lift"))
+    broadcast.graph.output.append(onnx.helper.make_tensor_value_info("lifted", onnx.TensorProto.FLOAT, None))
+    assert fixed_batch(broadcast).reason is None and free_batch(broadcast) is not broadcast
+    checked = free_checked(broadcast)
+    assert checked.freed is False and checked.model is broadcast and "'lifted'" in checked.reason
+    freed = free_checked(exported)
+    assert freed.freed is True and freed.max_abs == 0.0 and freed.model is not exported
+    assert [i.type.tensor_type.shape.dim[0].dim_param for i in exported.graph.input] == [""]  # untouched
+
