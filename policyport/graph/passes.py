@@ -4,6 +4,8 @@
   and in its layout;
 * (:func:`policyport.runtime.expose.expose` and :func:`~policyport.runtime.expose.prune`, which may run
   the model to type a tensor, live with the runtime);
+* :func:`folded_stds` — a normaliser's ``_std + eps`` an exporter folded into one constant (rsl_rl),
+  which :func:`extract_weights` gives back as ``_std`` where it can be told bit for bit;
 * :func:`free_dims` — dimensions declared as 0 or negative made unknown, as policyport reads them;
 * :func:`widen_to_float64` — a :class:`~policyport.graph.model.Graph` computed in float64, the oracle of
   the float32-rounding rule.
@@ -144,7 +146,10 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         parameters the graph does not hold (see :func:`parameter_map`) are rebuilt. Constants the
         converter added (Slice bounds of a head) are not parameters and are left out; so, in a
         model policyport did not write, is every initializer that is no parameter by
-        :func:`parameter_names` (shape constants, ``version_number``).
+        :func:`parameter_names` (shape constants, ``version_number``). A normaliser's ``_std + eps`` that
+        rsl_rl's exporter folded into one constant (:func:`folded_stds`) is given back as ``_std`` under
+        its source name when every value of it can be told bit for bit, else as the constant, under
+        its own name (:meth:`FoldedStd.describe` says which).
 
     Raises:
         BadModelError: malformed parameter metadata, or a parameter named twice.
@@ -175,7 +180,122 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     rank = source_order(model)
     if rank:
         weights = dict(sorted(weights.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+    for fold in folded_stds(model):
+        if fold.std is not None and fold.initializer in weights and fold.source_name not in weights:
+            weights = {(fold.source_name if k == fold.initializer else k): (fold.std if k == fold.initializer else v)
+                       for k, v in weights.items()}
     return weights
+
+
+#: The epsilon rsl_rl's ``EmpiricalNormalization`` adds to its ``_std`` (``rsl_rl/modules/normalization.py``,
+#: ``eps=1e-2``), which rsl_rl's ``export_policy_to_onnx`` folds into one constant ``_std + eps``.
+RSL_RL_NORMALIZER_EPS = 1e-2
+
+
+@dataclass(frozen=True)
+class FoldedStd:
+    """A normaliser's ``_std + eps`` that an exporter folded into one initializer.
+
+    Attributes:
+        initializer: the folded initializer's name (rsl_rl's exporter: ``add``).
+        source_name: the source's name of the ``_std`` it holds (``obs_normalizer._std``).
+        epsilon: the epsilon added (float32 of :data:`RSL_RL_NORMALIZER_EPS`).
+        size: elements of the initializer.
+        ambiguous: elements with more than one float32 ``_std`` that gives them when the epsilon is
+            added in float32 (0: ``_std`` is recovered bit for bit).
+        std: the recovered ``_std`` (float32, the initializer's shape) when ``ambiguous`` is 0, else ``None``.
+    """
+
+    initializer: str
+    source_name: str
+    epsilon: float
+    size: int
+    ambiguous: int
+    std: np.ndarray | None
+
+    def describe(self) -> str:
+        """One sentence for people: what the constant is and what ``extract`` makes of it."""
+        said = (f"{self.initializer!r} is {self.source_name} + {self.epsilon:g} folded into one constant by rsl_rl's "
+                "ONNX exporter")
+        if self.std is not None:
+            return (f"{said}; written as {self.source_name}, recovered bit for bit (each of its {self.size} values is "
+                    f"the only float32 that gives {self.initializer!r} when {self.epsilon:g} is added in float32)")
+        return (f"{said}; written as it is, under {self.initializer!r}: {self.ambiguous} of its {self.size} values come "
+                f"from more than one float32 {self.source_name.rpartition('.')[2]}, so it cannot be told bit for bit "
+                f"({self.initializer} - {self.epsilon:g} is within one float32 step of it); the checkpoint "
+                "(model_<iteration>.pt) holds it as saved")
+
+
+def unfold_epsilon(folded: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 ``x`` with ``float32(x + epsilon) == folded``, element by element.
+
+    Args:
+        folded: float32 array, any shape: ``x + epsilon`` as float32 arithmetic rounded it.
+        epsilon: the epsilon added (taken as float32).
+
+    Returns:
+        ``(x, ambiguous)``: ``x`` float32 of ``folded``'s shape, the candidate nearest ``folded - epsilon``;
+        ``ambiguous`` bool, true where another float32 (or none) gives ``folded`` too.
+    """
+    a = np.asarray(folded, np.float32)
+    eps = np.float32(epsilon)
+    center = (a.astype(np.float64) - np.float64(eps)).astype(np.float32)
+    steps = [center]
+    for direction in (-np.inf, np.inf):
+        c = center
+        for _ in range(2):
+            c = np.nextafter(c, np.float32(direction))
+            steps.append(c)
+    down2, down1, up1, up2 = steps[2], steps[1], steps[3], steps[4]
+    with np.errstate(all="ignore"):
+        valid = {k: (v + eps).astype(np.float32) == a for k, v in
+                 {"d2": down2, "d1": down1, "c": center, "u1": up1, "u2": up2}.items()}
+    count = sum(v.astype(int) for v in valid.values())
+    # one candidate, and it is not at the edge of the five looked at (whose far neighbour might give folded too)
+    unique = (count == 1) & (valid["c"] | valid["d1"] | valid["u1"])
+    x = np.where(valid["c"], center, np.where(valid["d1"], down1, np.where(valid["u1"], up1, center))).astype(np.float32)
+    return x, ~unique
+
+
+def folded_stds(model) -> list[FoldedStd]:
+    """Normaliser standard deviations an exporter stored as one constant ``_std + eps``.
+
+    Recognised: rsl_rl's ``export_policy_to_onnx`` (``rsl_rl/utils/exporter.py``, the normaliser's
+    forward ``(x - _mean) / (_std + eps)`` traced and its constant part folded): a ``Sub`` of an initializer
+    named ``<prefix>._mean`` whose output a ``Div`` divides by a float32 initializer of the same shape that
+    is not named ``<prefix>._std``, every value of it at least the epsilon, in a model policyport did not
+    write. Nothing else is taken for one.
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        One :class:`FoldedStd` per folded constant, in node order.
+    """
+    if any(p.key == PARAMETERS_KEY for p in model.metadata_props):
+        return []
+    initializers = {t.name: t for t in model.graph.initializer}
+    centered = {}
+    for node in model.graph.node:
+        if node.op_type == "Sub" and len(node.input) == 2 and node.input[1].endswith("._mean") \
+                and node.input[1] in initializers:
+            centered[node.output[0]] = node.input[1][: -len("._mean")]
+    found = []
+    eps = np.float32(RSL_RL_NORMALIZER_EPS)
+    for node in model.graph.node:
+        if node.op_type != "Div" or len(node.input) != 2 or node.input[0] not in centered:
+            continue
+        prefix, divisor = centered[node.input[0]], initializers.get(node.input[1])
+        if divisor is None or divisor.data_type != 1 or divisor.name == f"{prefix}._std":
+            continue
+        folded = tensor_array(divisor)
+        if folded.shape != tuple(initializers[f"{prefix}._mean"].dims) or not (folded >= eps).all():
+            continue
+        std, ambiguous = unfold_epsilon(folded, eps)
+        count = int(ambiguous.sum())
+        found.append(FoldedStd(divisor.name, f"{prefix}._std", float(eps), int(folded.size), count,
+                               std if count == 0 else None))
+    return found
 
 
 def source_order(model) -> dict[str, int]:

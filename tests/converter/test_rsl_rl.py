@@ -240,3 +240,44 @@ def test_a_batch_the_graph_does_not_allow_freeing_stays_fixed_and_says_why(obs):
     assert freed.freed is True and freed.max_abs == 0.0 and freed.model is not exported
     assert [i.type.tensor_type.shape.dim[0].dim_param for i in exported.graph.input] == [""]  # untouched
 
+
+
+def test_extract_on_the_exported_onnx_names_the_folded_std_and_gives_it_back_where_it_can(tmp_path):
+    """rsl_rl's exporter stores _std + 0.01 as one constant 'add': extract writes _std back, bit for bit,
+    when every value has one float32 _std; else it writes 'add' as it is and says what it is."""
+    import onnx
+    torch = pytest.importorskip("torch")
+    from policyport.graph.passes import folded_stds, unfold_epsilon
+
+    std = torch.load(RSL / "gaussian" / "model_0.pt", weights_only=False)["actor_state_dict"]["obs_normalizer._std"]
+    std = std.numpy()
+    exported = RSL / "gaussian" / "exported" / "policy.onnx"
+    weights = pp.extract_weights(exported)
+    assert weights["add"].tobytes() == (std + np.float32(0.01)).astype(np.float32).tobytes()
+    assert "obs_normalizer._std" not in weights
+    [fold] = folded_stds(onnx.load(str(exported)))
+    assert (fold.initializer, fold.source_name, fold.std) == ("add", "obs_normalizer._std", None)
+    x, ambiguous = unfold_epsilon(weights["add"], 0.01)
+    assert fold.ambiguous == int(ambiguous.sum()) == 2 and fold.size == 48
+    assert np.array_equal(x[~ambiguous], std[~ambiguous])  # the other 46 are told bit for bit
+    eps, amb = np.float32(0.01), std[ambiguous]  # a neighbouring float32 gives the same sum
+    assert ((np.nextafter(amb, np.float32(0)) + eps == amb + eps) | (np.nextafter(amb, np.float32(9)) + eps == amb + eps)).all()
+    result = invoke("extract", exported, "-o", tmp_path / "w.npz", "--json")
+    [said] = json.loads(result.output)["folded"]
+    assert said["is"] == "obs_normalizer._std + 0.01" and said["written_as"] == "add" and said["ambiguous"] == 2
+
+    # the same file with stds each of whose sums has one float32 _std: _std comes back bit for bit
+    model = onnx.load(str(exported))
+    unique_std = np.random.default_rng(3).uniform(1.0, 1.98, (1, 48)).astype(np.float32)
+    [add] = [t for t in model.graph.initializer if t.name == "add"]
+    add.CopyFrom(onnx.numpy_helper.from_array((unique_std + np.float32(0.01)).astype(np.float32), "add"))
+    weights = pp.extract_weights(model)
+    assert "add" not in weights and weights["obs_normalizer._std"].tobytes() == unique_std.tobytes()
+    assert list(weights)[-2:] == ["obs_normalizer._mean", "obs_normalizer._std"]
+    onnx.save(model, str(tmp_path / "unique.onnx"))
+    result = invoke("extract", tmp_path / "unique.onnx", "-o", tmp_path / "u.npz")
+    assert result.exit_code == 0 and "recovered bit for bit" in result.output
+    with np.load(tmp_path / "u.npz") as f:
+        assert f["obs_normalizer._std"].tobytes() == unique_std.tobytes()
+    # a model policyport wrote keeps _std and the epsilon apart: nothing is folded
+    assert folded_stds(pp.convert(RSL / "gaussian" / "model_0.pt")) == []
