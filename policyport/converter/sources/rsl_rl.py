@@ -380,7 +380,9 @@ def _build(layout: Layout, head: Head, activation, opset: int, metadata: dict[st
     if head.kind == "gaussian":
         b.node("Identity", ["logits"], "action")
         name, param, _, _ = layout.std
-        p = b.initializer(param, name, name)
+        # rsl_rl 1.x to 4.x name the parameter std or log_std, which are the graph outputs' names: the
+        # initializer takes another name and keeps rsl_rl's as its source name (extract gives it back so)
+        p = b.initializer(param, f"distribution/{name}" if name in ("std", "log_std") else name, name)
         shape = b.node("Shape", ["logits"], "distribution/batch_shape")
         if head.std_type == "scalar":
             if head.clamped:
