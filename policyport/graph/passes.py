@@ -181,7 +181,11 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     if rank:
         weights = dict(sorted(weights.items(), key=lambda kv: rank.get(kv[0], len(rank))))
     for fold in folded_stds(model):
-        if fold.std is not None and fold.initializer in weights and fold.source_name not in weights:
+        if fold.source_name in weights:
+            continue
+        if fold.initializer not in weights:  # a converter that left the folded constant unnamed (torch's exporter)
+            weights[fold.initializer] = tensor_array(initializers[fold.initializer])
+        if fold.std is not None:
             weights = {(fold.source_name if k == fold.initializer else k): (fold.std if k == fold.initializer else v)
                        for k, v in weights.items()}
     return weights
@@ -215,8 +219,8 @@ class FoldedStd:
 
     def describe(self) -> str:
         """One sentence for people: what the constant is and what ``extract`` makes of it."""
-        said = (f"{self.initializer!r} is {self.source_name} + {self.epsilon:g} folded into one constant by rsl_rl's "
-                "ONNX exporter")
+        said = (f"{self.initializer!r} is {self.source_name} + {self.epsilon:g}, folded into one constant when rsl_rl's "
+                "normaliser was exported to ONNX")
         if self.std is not None:
             return (f"{said}; written as {self.source_name}, recovered bit for bit (each of its {self.size} values is "
                     f"the only float32 that gives {self.initializer!r} when {self.epsilon:g} is added in float32)")
@@ -263,8 +267,9 @@ def folded_stds(model) -> list[FoldedStd]:
     Recognised: rsl_rl's ``export_policy_to_onnx`` (``rsl_rl/utils/exporter.py``, the normaliser's
     forward ``(x - _mean) / (_std + eps)`` traced and its constant part folded): a ``Sub`` of an initializer
     named ``<prefix>._mean`` whose output a ``Div`` divides by a float32 initializer of the same shape that
-    is not named ``<prefix>._std``, every value of it at least the epsilon, in a model policyport did not
-    write. Nothing else is taken for one.
+    is not named ``<prefix>._std``, every value of it at least the epsilon, and that is no parameter policyport
+    recorded (so also in a model policyport converted from rsl_rl's ``exported/policy.pt``, where torch's
+    exporter folds the same sum). Nothing else is taken for one.
 
     Args:
         model: an ``onnx.ModelProto`` (left untouched).
@@ -272,8 +277,7 @@ def folded_stds(model) -> list[FoldedStd]:
     Returns:
         One :class:`FoldedStd` per folded constant, in node order.
     """
-    if any(p.key == PARAMETERS_KEY for p in model.metadata_props):
-        return []
+    recorded = set(parameter_map(model)) if any(p.key == PARAMETERS_KEY for p in model.metadata_props) else set()
     initializers = {t.name: t for t in model.graph.initializer}
     centered = {}
     for node in model.graph.node:
@@ -286,7 +290,7 @@ def folded_stds(model) -> list[FoldedStd]:
         if node.op_type != "Div" or len(node.input) != 2 or node.input[0] not in centered:
             continue
         prefix, divisor = centered[node.input[0]], initializers.get(node.input[1])
-        if divisor is None or divisor.data_type != 1 or divisor.name == f"{prefix}._std":
+        if divisor is None or divisor.data_type != 1 or divisor.name == f"{prefix}._std" or divisor.name in recorded:
             continue
         folded = tensor_array(divisor)
         if folded.shape != tuple(initializers[f"{prefix}._mean"].dims) or not (folded >= eps).all():

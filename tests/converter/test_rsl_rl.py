@@ -281,3 +281,25 @@ def test_extract_on_the_exported_onnx_names_the_folded_std_and_gives_it_back_whe
         assert f["obs_normalizer._std"].tobytes() == unique_std.tobytes()
     # a model policyport wrote keeps _std and the epsilon apart: nothing is folded
     assert folded_stds(pp.convert(RSL / "gaussian" / "model_0.pt")) == []
+
+
+def test_rsl_rls_exported_torchscript_converts_with_its_normaliser(obs, tmp_path):
+    """exported/policy.pt (rsl_rl's export_policy_to_jit) is read by the TorchScript converter, no --trust
+    needed: its forward holds the normaliser, and the action is rsl_rl's own; verify against it passes."""
+    pytest.importorskip("torch")
+    source = RSL / "gaussian" / "exported" / "policy.pt"
+    converted = invoke("convert", source, "-o", tmp_path / "ts.onnx", "--json")
+    assert converted.exit_code == 0, converted.output
+    assert json.loads(converted.stdout)["kind"] == "torchscript"
+    want = expected("gaussian")["action"]
+    for backend in ("numpy", "onnxruntime"):
+        out = pp.load(tmp_path / "ts.onnx", backend).run({"obs": obs})
+        assert np.abs(out["logits"] - want).max() <= 1e-5, backend
+    verified = invoke("verify", tmp_path / "ts.onnx", "--source", source, "-i", RSL / "observations.npy", "--json")
+    report = json.loads(verified.stdout)
+    assert verified.exit_code == 0 and report["passed"] is True and report["samples"] == 1000
+    assert report["source_oracle"]["framework"] is True and "TorchScript module" in report["source_oracle"]["name"]
+    # torch's exporter folds _std + 0.01 as rsl_rl's does; extract says so and keeps it
+    extracted = json.loads(invoke("extract", tmp_path / "ts.onnx", "-o", tmp_path / "w.npz", "--json").stdout)
+    [fold] = extracted["folded"]
+    assert fold["is"] == "obs_normalizer._std + 0.01" and fold["ambiguous"] == 2
