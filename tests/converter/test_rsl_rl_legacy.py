@@ -26,6 +26,7 @@ RUNS = {
     "v3_0": ("3.x", None, "actor_obs_normalizer."),
     "v3_1": ("3.x", None, "actor_obs_normalizer."),
     "v4": ("4.x", None, "obs_normalizer."),
+    "v4_sds": ("4.x", None, "obs_normalizer."),
 }
 
 
@@ -47,7 +48,7 @@ def release_forward(legacy, run: str, obs: np.ndarray) -> tuple[np.ndarray, np.n
     parameter), from the checkpoint loaded into the reproduced modules, in torch."""
     saved = torch.load(LEGACY / run / "model_0.pt", weights_only=True)
     policy, obs_normalizer, _ = legacy.build(run)
-    policy.load_state_dict(saved["actor_state_dict" if run == "v4" else "model_state_dict"])
+    policy.load_state_dict(saved["actor_state_dict" if run.startswith("v4") else "model_state_dict"])
     if obs_normalizer is not None:
         obs_normalizer.load_state_dict(saved["obs_norm_state_dict"])
     action = legacy.deterministic_action(run, policy, obs_normalizer, torch.from_numpy(obs)).numpy()
@@ -65,6 +66,7 @@ def test_the_action_is_the_releases_own(run, legacy, obs):
     path = LEGACY / run / "model_0.pt"
     assert detect_kind(path) == "rsl-rl"
     layout = rsl_rl.read_layout(rsl_rl.read_checkpoint(path), run)
+    rsl_rl._head(layout, rsl_rl.read_run_config(path), run)  # a state-dependent std's layout is told with agent.yaml
     assert layout.version == version
     assert (sorted(name for name, _ in layout.normalizer.values()) if normaliser else []) == \
         sorted(normaliser + role for role in ("_mean", "_var", "_std", "count")
@@ -85,7 +87,7 @@ def test_the_action_is_the_releases_own(run, legacy, obs):
     # extract gives the actor's arrays back under rsl_rl's keys, bit for bit (std and log_std included)
     weights = pp.extract_weights(converted.model)
     saved = torch.load(path, weights_only=True)
-    held = saved["actor_state_dict"] if run == "v4" else {
+    held = saved["actor_state_dict"] if run.startswith("v4") else {
         k: v for k, v in saved["model_state_dict"].items() if not k.startswith(("critic", "critic_obs_normalizer"))}
     held.update({f"obs_norm_state_dict.{k}": v for k, v in saved.get("obs_norm_state_dict", {}).items()})
     assert sorted(weights) == sorted(held)
@@ -93,10 +95,12 @@ def test_the_action_is_the_releases_own(run, legacy, obs):
         assert weights[key].tobytes() == tensor.numpy().tobytes() and weights[key].shape == tuple(tensor.shape), key
     # the normaliser matters: without it the action moves
     if normaliser:
-        assert np.abs(converted.reference(obs)["action"] - want).max() <= 1e-5
+        with np.errstate(invalid="ignore"):  # 4.x's unclamped state-dependent std may dip below 0: log_std NaN
+            assert np.abs(converted.reference(obs)["action"] - want).max() <= 1e-5
         layout.normalizer.clear()
         head = rsl_rl._head(layout, rsl_rl.read_run_config(path), run)
-        unnormalised = rsl_rl.reference_forward(layout, head, pp_activation("elu" if run != "v2_3" else "tanh"), obs)
+        with np.errstate(invalid="ignore"):
+            unnormalised = rsl_rl.reference_forward(layout, head, pp_activation("elu" if run != "v2_3" else "tanh"), obs)
         assert np.abs(unnormalised["action"] - want).max() > 1e-2
 
 
@@ -118,6 +122,31 @@ def test_a_state_dependent_std_is_row_1_of_the_last_layer_unclamped(legacy, obs)
     out = pp.load(pp.convert(LEGACY / "v3_1" / "model_0.pt")).run({"obs": obs})
     assert np.abs(out["log_std"] - both[:, 1]).max() <= 1e-5
     assert np.abs(out["std"] - np.exp(both[:, 1])).max() <= 1e-5
+
+
+def test_rsl_rl_4s_state_dependent_std_is_not_clamped_as_5x_clamps_it(legacy, obs, tmp_path):
+    """4.x's state_dependent_std (no std parameter, the flag in agent.yaml) uses row 1 as it is; 5.x's
+    heteroscedastic distribution clamps it to [1e-6, 1e6]. Row 1 moved below 1e-6 tells them apart."""
+    import json
+    import shutil
+
+    saved = torch.load(LEGACY / "v4_sds" / "model_0.pt", weights_only=True)
+    saved["actor_state_dict"]["mlp.4.bias"][12:] -= 0.55  # a std trained towards 0 (or past it, unclamped)
+    shutil.copytree(LEGACY / "v4_sds" / "params", tmp_path / "params")
+    torch.save(saved, tmp_path / "model_9.pt")
+    policy, _, _ = legacy.build("v4_sds")
+    policy.load_state_dict(saved["actor_state_dict"])
+    policy.eval()
+    with torch.no_grad():
+        both = policy.mlp(policy.obs_normalizer(torch.from_numpy(obs))).numpy()
+        action = policy(torch.from_numpy(obs)).numpy()
+    assert (both[:, 1] < 1e-6).any() and (both[:, 1] > 1e-6).any()
+    model = pp.convert(tmp_path / "model_9.pt")
+    assert json.loads(dict((p.key, p.value) for p in model.metadata_props)["policyport.source"])["rsl_rl_layout"] == "4.x"
+    with np.errstate(invalid="ignore"):  # log_std of a negative std
+        out = pp.load(model).run({"obs": obs})
+    assert np.abs(out["action"] - action).max() <= 1e-5
+    assert np.abs(out["std"] - both[:, 1]).max() <= 1e-5
 
 
 def test_legged_gym_checkpoints_need_the_activation(tmp_path):

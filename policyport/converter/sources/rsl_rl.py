@@ -231,6 +231,7 @@ class RunConfig:
     distribution: str | None = None  # "gaussian", "heteroscedastic", "beta"
     std_type: str | None = None  # "scalar" or "log"
     action_range: tuple[float, float] | None = None
+    state_dependent_std: bool = False  # rsl_rl 3.1 to 4.x's flag (5.x names a heteroscedastic distribution instead)
 
 
 def _block(lines: list[str], key: str) -> list[str]:
@@ -276,6 +277,7 @@ def read_run_config(checkpoint: Path) -> RunConfig | None:
         config.distribution = "beta"
     elif "Heteroscedastic" in cls or (value("state_dependent_std") or "").lower() == "true":
         config.distribution = "heteroscedastic"
+        config.state_dependent_std = "Heteroscedastic" not in cls
     elif "Gaussian" in cls or "ActorCritic" in cls:
         config.distribution = "gaussian"
     std_type = value("std_type") or value("noise_std_type")
@@ -332,6 +334,8 @@ def _head(layout: Layout, config: RunConfig | None, what: str) -> Head:
     if config.distribution == "beta":
         low, high = config.action_range or (-1.0, 1.0)
         return Head("beta", low=low, high=high)
+    if layout.version == "5.x" and config.state_dependent_std:
+        layout.version = "4.x"  # no std parameter in actor_state_dict, and 4.x's state_dependent_std in agent.yaml
     return Head("heteroscedastic", config.std_type or "scalar", clamped=layout.version == "5.x")
 
 
