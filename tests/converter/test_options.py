@@ -111,11 +111,11 @@ def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_p
             "'seventeen'; the model file is damaged") in " ".join(result.stderr.split())
 
 
-TELLS = ("npz (.npz), sb3 (.zip), torchscript or state-dict (.pt, .pth), state-dict "
+TELLS = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl or state-dict (.pt, .pth), state-dict "
          "(.safetensors), keras (.keras, .h5, .hdf5), savedmodel (a folder with saved_model.pb) and rllib (checkpoint-N, or a "
          "folder with rllib_checkpoint.json or checkpoint-N) by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
-         "savedmodel, rllib")
+         "savedmodel, rllib, rsl-rl")
 
 
 def _zip(path, *names):
@@ -190,7 +190,7 @@ def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
     with pytest.raises(pp.BadModelError) as caught:
         detect_kind(3)
     assert str(caught.value) == ("cannot convert a int; supported sources: npz, torch, torchscript, state-dict, sb3, "
-                                 "rllib-torch, keras, savedmodel, rllib")
+                                 "rllib-torch, keras, savedmodel, rllib, rsl-rl")
 
 
 ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, mish, hardswish, sigmoid, linear"
@@ -205,7 +205,7 @@ ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, m
     (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
     (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
     (EXPERT, {"kind": "onnx"}, pp.OptionError,
-     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib"),
+     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rsl-rl"),
     (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
     (EXPERT, {"activation": "relu,softsign", "kind": "state-dict"}, pp.OptionError,
      f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),

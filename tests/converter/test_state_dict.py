@@ -949,7 +949,7 @@ def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_
             convert_source(source, activation=activation)
         kind = "torch" if isinstance(source, torch.nn.Module) else "torchscript"
         assert str(caught.value) == (f"--activation does not apply to {kind} sources (--activation applies to npz, "
-                                     "rllib, rllib-torch, sb3, state-dict)")
+                                     "rllib, rllib-torch, rsl-rl, sb3, state-dict)")
 
 
 @pytest.mark.parametrize("dtype, message", [
