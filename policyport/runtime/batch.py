@@ -92,10 +92,7 @@ def free_checked(proto, backend: str = "numpy", *, threads: int = 1, seed: int =
     if found.reason is not None:
         return BatchFreeing(proto, found.inputs, False, found.reason, backend=backend)
     freed = free_batch(proto)
-    from . import load
-
-    original = load(proto, backend, threads=threads, free=False)
-    candidate = load(freed, backend, threads=threads, free=False)
+    original, candidate = _backend(proto, backend, threads), _backend(freed, backend, threads)
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in candidate.inputs:
@@ -133,3 +130,19 @@ def free_checked(proto, backend: str = "numpy", *, threads: int = 1, seed: int =
     entry = freed.metadata_props.add()  # freed is this function's own copy
     entry.key, entry.value = BATCH_CHECKED_KEY, json.dumps({"rows": CHECK_ROWS, "backend": backend, "max_abs": worst})
     return BatchFreeing(freed, found.inputs, True, None, worst, CHECK_ROWS, backend)
+
+
+def _backend(proto, backend: str, threads: int):
+    """``proto`` on ``backend`` as the file declares it, batch left fixed: the check builds its feeds from the
+    graph inputs itself, so it runs the backend without a :class:`~policyport.runtime.Session` (whose
+    :func:`~policyport.runtime.load` calls :func:`free_checked`)."""
+    from ..graph.model import from_onnx
+
+    graph = from_onnx(proto)
+    if backend == "numpy":
+        from .numpy import NumpyBackend
+
+        return NumpyBackend(graph, threads=threads)
+    from .ort import OrtBackend
+
+    return OrtBackend(proto, graph, threads=threads)
