@@ -283,19 +283,33 @@ def test_extract_on_the_exported_onnx_names_the_folded_std_and_gives_it_back_whe
     assert folded_stds(pp.convert(RSL / "gaussian" / "model_0.pt")) == []
 
 
+def test_rsl_rls_exported_torchscript_is_refused_without_trust(tmp_path):
+    """exported/policy.pt is TorchScript, which runs the file's code as it loads: without --trust it is
+    refused (exit 2) before torch reads it, and nothing is written."""
+    source = RSL / "gaussian" / "exported" / "policy.pt"
+    refused = invoke("convert", source, "-o", tmp_path / "ts.onnx", "--json")
+    assert refused.exit_code == 2
+    assert json.loads(refused.stdout)["error"].startswith(
+        f"{source} is a TorchScript file (torch.jit.save), and loading it runs code the file holds")
+    assert not (tmp_path / "ts.onnx").exists()
+    with pytest.raises(pp.TrustRequiredError):
+        pp.convert(source)
+
+
 def test_rsl_rls_exported_torchscript_converts_with_its_normaliser(obs, tmp_path):
-    """exported/policy.pt (rsl_rl's export_policy_to_jit) is read by the TorchScript converter, no --trust
-    needed: its forward holds the normaliser, and the action is rsl_rl's own; verify against it passes."""
+    """exported/policy.pt (rsl_rl's export_policy_to_jit) is read by the TorchScript converter with --trust:
+    its forward holds the normaliser, and the action is rsl_rl's own; verify against it passes."""
     pytest.importorskip("torch")
     source = RSL / "gaussian" / "exported" / "policy.pt"
-    converted = invoke("convert", source, "-o", tmp_path / "ts.onnx", "--json")
+    converted = invoke("convert", source, "-o", tmp_path / "ts.onnx", "--trust", "--json")
     assert converted.exit_code == 0, converted.output
     assert json.loads(converted.stdout)["kind"] == "torchscript"
     want = expected("gaussian")["action"]
     for backend in ("numpy", "onnxruntime"):
         out = pp.load(tmp_path / "ts.onnx", backend).run({"obs": obs})
         assert np.abs(out["logits"] - want).max() <= 1e-5, backend
-    verified = invoke("verify", tmp_path / "ts.onnx", "--source", source, "-i", RSL / "observations.npy", "--json")
+    verified = invoke("verify", tmp_path / "ts.onnx", "--source", source, "-i", RSL / "observations.npy", "--trust",
+                      "--json")
     report = json.loads(verified.stdout)
     assert verified.exit_code == 0 and report["passed"] is True and report["samples"] == 1000
     assert report["source_oracle"]["framework"] is True and "TorchScript module" in report["source_oracle"]["name"]
