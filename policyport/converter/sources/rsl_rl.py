@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, OptionError, UnreadableFileError
+from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError
 from ..assumptions import Assumption, activation_assumption
 
 #: ``EmpiricalNormalization``'s epsilon (``rsl_rl/modules/normalization.py``, ``eps: float = 1e-2``),
@@ -94,16 +94,29 @@ def is_rsl_rl_checkpoint(path: Path) -> bool:
     return any(marker <= strings for marker in MARKERS)
 
 
-def _pickled_strings(path: Path) -> set[str]:
-    import pickletools
+def _data_pkl(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of the checkpoint's ``data.pkl``, its declared size checked against ``max_bytes`` (default:
+    the array limit) before it is read; ``b""`` when the file is no zip archive holding one ``data.pkl``.
+
+    Raises:
+        LimitExceededError: ``data.pkl`` declares more than ``max_bytes``.
+    """
+    from ...io.arrays import read_zip_member
 
     try:
         with zipfile.ZipFile(path) as zf:
             pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-            if len(pickles) != 1 or zf.getinfo(pickles[0]).file_size > 64 << 20:
-                return set()
-            data = zf.read(pickles[0])
-    except (zipfile.BadZipFile, OSError, KeyError):
+            return read_zip_member(zf, pickles[0], str(path), max_bytes=max_bytes) if len(pickles) == 1 else b""
+    except (zipfile.BadZipFile, OSError):
+        return b""
+
+
+def _pickled_strings(path: Path) -> set[str]:
+    import pickletools
+
+    try:
+        data = _data_pkl(path, max_bytes=64 << 20)
+    except LimitExceededError:
         return set()
     found = set()
     try:
@@ -116,26 +129,26 @@ def _pickled_strings(path: Path) -> set[str]:
 
 
 def read_checkpoint(path: Path) -> dict:
-    """The checkpoint's top-level dict, tensors as numpy arrays, every other object an inert record.
+    """The checkpoint's top-level dict, tensors as numpy arrays, every other object an inert record,
+    read by the shared torch reader (:func:`policyport.converter.readers.torch_files.load_torch_file`:
+    the archive's sizes checked before anything is read, nothing from the file called).
 
     Raises:
         UnreadableFileError: not a torch zip holding a dict.
+        LimitExceededError: the archive, its pickle or its tensors declare more than the limits.
     """
-    from ..readers.torch_files import read_torch_zip
+    from ..readers.torch_files import load_torch_file
     from ..readers.unpickle import pickled_globals
 
-    with zipfile.ZipFile(path) as zf:
-        pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-        data = zf.read(pickles[0]) if len(pickles) == 1 else b""
     # every global the pickle names outside torch's tensor rebuilders becomes an inert record, called never;
     # under its Python 2 name too, which protocol 2 writes and the unpickler maps back (``subprocess`` as ``commands``)
     modules = set()
-    for text in pickled_globals(data):
+    for text in pickled_globals(_data_pkl(path)):
         module, _, name = text.rpartition(".")
         modules.add(module)
         modules.add(_compat_pickle.NAME_MAPPING.get((module, name), (_compat_pickle.IMPORT_MAPPING.get(module, module),))[0])
     inert = sorted(modules - {"torch", "torch._utils", "collections"})
-    loaded = read_torch_zip(str(path), what=str(path), inert_modules=[m for m in inert if m])
+    loaded = load_torch_file(path, inert_modules=[m for m in inert if m])
     if not isinstance(loaded, dict):
         raise UnreadableFileError(f"{path} holds a {type(loaded).__name__}, not the dict an rsl_rl runner saves")
     return loaded
