@@ -147,9 +147,9 @@ def test_a_fixed_batch_of_1_is_freed_and_the_report_says_so():
     freed graph is compared with the file's run on each observation alone."""
     report = pp.verify(_mlp(batch=1), samples=4)
     assert report.samples == 4 and report.passed
-    assert report.notes == ["the file declares obs with a batch of 1; policyport runs it at any batch (every node "
-                            "computes each row alone), and compares the graph outputs of the first 4 observations "
-                            "run together with the file's own graph run on each alone (numpy batch 1)"]
+    assert report.notes == [("the file declares obs with a batch of 1; policyport runs it at any batch (every node "
+                             "computes each row alone), and compares the graph outputs of the first 4 observations "
+                             "run together with the file's own graph run on each alone (numpy batch 1)")]
     assert [c.shape for c in report.comparisons if c.reference == "numpy batch 1"] == [(4, 2)]
 
 

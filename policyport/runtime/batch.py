@@ -86,7 +86,7 @@ def free_checked(proto, backend: str = "numpy", *, threads: int = 1, seed: int =
     if not found.inputs:
         return BatchFreeing(proto, backend=backend)
     if any(p.key == BATCH_FREED_KEY for p in proto.metadata_props):  # freed and checked before (a packed model)
-        checked = json.loads(dict((p.key, p.value) for p in proto.metadata_props).get(BATCH_CHECKED_KEY, "{}"))
+        checked = json.loads({p.key: p.value for p in proto.metadata_props}.get(BATCH_CHECKED_KEY, "{}"))
         return BatchFreeing(proto, found.inputs, True, None, checked.get("max_abs"), checked.get("rows", 0),
                             checked.get("backend", backend))
     if found.reason is not None:

@@ -142,7 +142,7 @@ def test_rsl_rl_4s_state_dependent_std_is_not_clamped_as_5x_clamps_it(legacy, ob
         action = policy(torch.from_numpy(obs)).numpy()
     assert (both[:, 1] < 1e-6).any() and (both[:, 1] > 1e-6).any()
     model = pp.convert(tmp_path / "model_9.pt")
-    assert json.loads(dict((p.key, p.value) for p in model.metadata_props)["policyport.source"])["rsl_rl_layout"] == "4.x"
+    assert json.loads({p.key: p.value for p in model.metadata_props}["policyport.source"])["rsl_rl_layout"] == "4.x"
     with np.errstate(invalid="ignore"):  # log_std of a negative std
         out = pp.load(model).run({"obs": obs})
     assert np.abs(out["action"] - action).max() <= 1e-5

@@ -34,7 +34,9 @@ from the run's ``params/agent.yaml`` beside it (where Isaac Lab writes the agent
 from __future__ import annotations
 
 import _compat_pickle
+import contextlib
 import io
+import itertools
 import math
 import os
 import re
@@ -44,7 +46,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError
+from ...errors import (
+    BadModelError,
+    LimitExceededError,
+    OptionError,
+    UnreadableFileError,
+)
 from ..assumptions import Assumption, activation_assumption
 
 #: ``EmpiricalNormalization``'s epsilon (``rsl_rl/modules/normalization.py``, ``eps: float = 1e-2``),
@@ -119,12 +126,10 @@ def _pickled_strings(path: Path) -> set[str]:
     except LimitExceededError:
         return set()
     found = set()
-    try:
+    with contextlib.suppress(Exception):  # a damaged pickle: what was read so far
         for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
             if isinstance(arg, str) and "UNICODE" in opcode.name:
                 found.add(arg)
-    except Exception:  # noqa: BLE001 - a damaged pickle: what was read so far
-        pass
     return found
 
 
@@ -211,7 +216,7 @@ def read_layout(ckpt: dict, what: str) -> Layout:
         if w.ndim != 2 or b.shape != (w.shape[0],):
             raise BadModelError(f"{what}: {names['weight']} {w.shape} and {names['bias']} {b.shape} are not a Linear layer")
         layers.append((f"{prefix}{index}", names["weight"], w, names["bias"], b))
-    for (_, wa, a, _, _), (_, wb, b, _, _) in zip(layers, layers[1:]):
+    for (_, wa, a, _, _), (_, wb, b, _, _) in itertools.pairwise(layers):
         if a.shape[0] != b.shape[1]:
             raise BadModelError(f"{what}: actor layers do not chain: {wa} {a.shape} then {wb} {b.shape}")
     normalizer = {}
@@ -281,11 +286,11 @@ def read_run_config(checkpoint: Path) -> RunConfig | None:
     text = "\n".join(section)
 
     def value(key: str) -> str | None:
-        m = re.search(rf"^\s*{key}:\s*['\"]?([^'\"\n#]*?)['\"]?\s*$", text, re.M)
+        m = re.search(rf"^\s*{key}:\s*['\"]?([^'\"\n#]*?)['\"]?\s*$", text, re.MULTILINE)
         return m[1].strip() if m and m[1].strip() else None
 
     config.activation = value("activation")
-    cls = " ".join(re.findall(r"^\s*class_name:\s*(\S+)", text, re.M))
+    cls = " ".join(re.findall(r"^\s*class_name:\s*(\S+)", text, re.MULTILINE))
     if "Beta" in cls:
         config.distribution = "beta"
     elif "Heteroscedastic" in cls or (value("state_dependent_std") or "").lower() == "true":
@@ -295,7 +300,7 @@ def read_run_config(checkpoint: Path) -> RunConfig | None:
         config.distribution = "gaussian"
     std_type = value("std_type") or value("noise_std_type")
     config.std_type = std_type.lower() if std_type else None
-    m = re.search(r"^(\s*)action_range:\s*(.*)$", text, re.M)
+    m = re.search(r"^(\s*)action_range:\s*(.*)$", text, re.MULTILINE)
     if m:
         numbers = re.findall(r"-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?", m[2])
         if not numbers:  # a block list under it
