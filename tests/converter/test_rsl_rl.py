@@ -47,12 +47,9 @@ def test_a_checkpoint_is_told_from_its_keys():
 @pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("run", RUNS)
 def test_the_action_is_rsl_rls_own(run, backend, obs):
-    np.seterr(all="raise")
-    try:
+    with np.errstate(all="raise"):
         model = pp.convert(RSL / run / "model_0.pt")
         out = pp.load(model, backend).run({"obs": obs})
-    finally:
-        np.seterr(all="warn")
     want = expected(run)
     assert out["action"].shape == want["action"].shape == (1000, 12)
     assert np.abs(out["action"] - want["action"]).max() <= 1e-5

@@ -74,16 +74,13 @@ def test_the_action_is_the_releases_own(run, legacy, obs):
     want, std = release_forward(legacy, run, obs)
     assert np.abs(want - np.load(LEGACY / run / "expected.npz")["action"]).max() == 0  # the fixture is this forward
     converted = convert_source(path, activation=activation)
-    np.seterr(all="raise")
-    try:
+    with np.errstate(all="raise"):
         for backend in ("numpy", "onnxruntime"):
             out = pp.load(converted.model, backend).run({"obs": obs})
             assert out["action"].shape == want.shape == (1000, 12)
             assert np.abs(out["action"] - want).max() <= 1e-5, backend
             if std is not None:
                 assert np.abs(out["std"] - std).max() <= 1e-6, backend
-    finally:
-        np.seterr(all="warn")
     # extract gives the actor's arrays back under rsl_rl's keys, bit for bit (std and log_std included)
     weights = pp.extract_weights(converted.model)
     saved = torch.load(path, weights_only=True)
