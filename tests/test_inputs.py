@@ -152,7 +152,7 @@ def fixed_input_model(shape):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-@pytest.mark.parametrize("shape", [(1, 480), (54,), ()])
+@pytest.mark.parametrize("shape", [(54,), ()])
 def test_inputs_without_a_batch_axis_are_one_observation_whatever_samples_says(shape, tmp_path):
     model = fixed_input_model(shape)
     report = pp.verify(model, samples=64)
@@ -164,6 +164,21 @@ def test_inputs_without_a_batch_axis_are_one_observation_whatever_samples_says(s
     with np.load(folder / "golden.npz") as golden:
         assert golden["inputs/obs"].shape == shape
     assert policy["golden"]["samples"] == 1 and pp.verify_bundle(folder).samples == 1
+
+
+def test_a_fixed_batch_of_1_is_freed_where_each_row_is_computed_alone(tmp_path):
+    """(1, 480) in front of a Tanh is an exporter's traced batch: verify and pack draw the observations
+    asked, and verify compares the graph at that batch with the file's run one observation at a time."""
+    model = fixed_input_model((1, 480))
+    report = pp.verify(model, samples=64)
+    assert report.passed and report.samples == 64
+    [alone] = [c for c in report.comparisons if c.reference == "numpy batch 1"]
+    assert alone.shape == (64, 480) and alone.max_abs == 0
+    assert "policyport runs it at any batch" in report.notes[0]
+    folder = pp.pack(model, tmp_path / "b", samples=64)
+    with np.load(folder / "golden.npz") as golden:
+        assert golden["inputs/obs"].shape == (64, 480)
+    assert pp.verify_bundle(folder).samples == 64
 
 
 def _text(shape):

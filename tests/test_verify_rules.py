@@ -142,10 +142,15 @@ def test_drawn_observations_follow_samples_range_and_seed():
     assert pp.verify(_mlp()).samples == 1000
 
 
-def test_a_fixed_shape_input_is_one_observation_and_the_report_says_so():
+def test_a_fixed_batch_of_1_is_freed_and_the_report_says_so():
+    """obs (1, 3) in front of an MLP is an exporter's traced batch: the samples asked are drawn, and the
+    freed graph is compared with the file's run on each observation alone."""
     report = pp.verify(_mlp(batch=1), samples=4)
-    assert report.samples == 1
-    assert report.notes == ["the inputs have no batch axis (obs (1, 3)): 1 observation, not the 4 asked"]
+    assert report.samples == 4 and report.passed
+    assert report.notes == [("the file declares obs with a batch of 1; policyport runs it at any batch (every node "
+                             "computes each row alone), and compares the graph outputs of the first 4 observations "
+                             "run together with the file's own graph run on each alone (numpy batch 1)")]
+    assert [c.shape for c in report.comparisons if c.reference == "numpy batch 1"] == [(4, 2)]
 
 
 def test_zero_rows_are_refused():
@@ -369,16 +374,21 @@ def test_outputs_drop_the_feeds_of_inputs_the_pruned_graph_no_longer_reads():
     assert [c.tensor for c in pp.verify(_branches(), feeds).comparisons] == ["ya", "yb"]
 
 
-def test_a_fixed_shape_model_given_observations_gets_no_note_and_several_are_listed():
-    fixed = pp.verify(_mlp(batch=1), OBS[:1], samples=1)
-    assert fixed.notes == [] and fixed.samples == 1
+def test_fixed_batches_of_1_are_freed_together_and_listed():
     nodes = [helper.make_node("Add", ["a", "b"], ["y"], name="y")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2]) for n in "ab"],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     report = pp.verify(model, samples=3)
-    assert report.notes == ["the inputs have no batch axis (a (1, 2), b (1, 2)): 1 observation, not the 3 asked"]
+    assert report.samples == 3 and report.passed
+    assert report.notes[0].startswith("the file declares a, b with a batch of 1")
+    # a graph that mixes rows keeps its batch of 1: one observation, as the file declares
+    model.graph.node.append(helper.make_node("Flatten", ["y"], ["flat"], name="flat", axis=0))
+    model.graph.output.append(helper.make_tensor_value_info("flat", TensorProto.FLOAT, [1, 2]))
+    kept = pp.verify(model, samples=3)
+    assert kept.samples == 1
+    assert kept.notes == ["the inputs have no batch axis (a (1, 2), b (1, 2)): 1 observation, not the 3 asked"]
 
 
 def test_trust_reaches_the_source(monkeypatch, tmp_path):

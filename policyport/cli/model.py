@@ -72,6 +72,8 @@ def inspect(
         out.print(literal(f"opset {s['opset']}, IR {s['ir_version']}, producer {s['producer'] or '?'}"))
         for kind in ("inputs", "outputs"):
             out.print(literal(f"{kind}: " + ", ".join(f"{v['name']} {v['dtype']}{format_shape(v['shape'])}" for v in s[kind])))
+        if s["batch_note"]:
+            out.print(literal(s["batch_note"]))
         t = table(f"{len(s['nodes']):,} nodes, {s['parameter_count']:,} parameters",
                   ["node", "op", "output", "dtype", "shape", ("parameters", "right")])
         rows = [[n["name"] if i == 0 else "", n["op_type"] if i == 0 else "", o["name"], o["dtype"] or "?",
@@ -118,21 +120,30 @@ def extract(
     def body():
         from ..io.outputs import check_distinct, check_writable, weights_comment
         from ..io.arrays import save_npz
-        from ..graph.passes import extract_weights
+        from ..graph.onnx_files import ensure_model
+        from ..graph.passes import extract_weights, folded_stds
 
         check_output_format(output, ".npz")
         check_writable(output, force)
         check_distinct(output, model)
-        weights = extract_weights(model)
+        proto = ensure_model(model)
+        weights = extract_weights(proto)
+        folds = folded_stds(proto)
         save_npz(output, weights, force, weights_comment("policyport extract"))  # stats and plot refuse it by that
         if as_json:
             emit_json({"output": str(output), "parameters": [{"name": k, "dtype": v.dtype.name, "shape": list(v.shape)}
-                                                             for k, v in weights.items()]})
+                                                             for k, v in weights.items()],
+                       "folded": [{"initializer": f.initializer, "is": f"{f.source_name} + {f.epsilon:g}",
+                                   "written_as": f.source_name if f.std is not None else f.initializer,
+                                   "bit_exact": f.std is not None, "ambiguous": f.ambiguous, "size": f.size,
+                                   "note": f.describe()} for f in folds]})
             return
         t = table(f"{counted(len(weights), 'parameter')} written to {output}", ["name", "dtype", "shape"])
         for k, v in weights.items():
             add_row(t, k, v.dtype.name, shape_text(v.shape))
         out.print(t)
+        for f in folds:
+            say(f.describe())
 
     guard(as_json, body)
 

@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "torchrl": "policyport.converter.sources.torchrl_actor:convert_torchrl",
     "cleanrl": "policyport.converter.sources.cleanrl:convert_cleanrl",
     "brax": "policyport.converter.sources.brax:convert_brax",
+    "rsl-rl": "policyport.converter.sources.rsl_rl:convert_rsl_rl",
 }
 
 
@@ -44,7 +45,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 
 
 #: How :func:`detect_kind` tells each kind of file, for messages.
-FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
+FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's "
                    "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
                    "and torchrl (a folder with a torchrl.checkpoint manifest.json) by their names")
@@ -141,6 +142,7 @@ def _detect_path(path: Path) -> str | None:
 #: the module of :mod:`policyport.converter.sources` and its function telling the kind's files from the
 #: keys their pickle names.
 _LIBRARY_CHECKS = (
+    ("rsl-rl", "rsl_rl", "is_rsl_rl_checkpoint"),
     ("rl-games", "rl_games", "is_rl_games_checkpoint"),
     ("skrl", "skrl", "is_skrl_checkpoint"),
     ("ml-agents", "ml_agents", "is_ml_agents_checkpoint"),
@@ -183,7 +185,8 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "ml-agents": "an ML-Agents .pt checkpoint",
                "tianshou": "a Tianshou .pt or .pth file",
                "sample-factory": "a Sample Factory .pth checkpoint",
-               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote"}
+               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote",
+               "rsl-rl": "an rsl_rl model_<iteration>.pt checkpoint"}
 
 
 #: The folder kinds :func:`detect_kind` tells, for the hint naming the kind a folder is.

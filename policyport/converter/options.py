@@ -44,6 +44,7 @@ READS: dict[str, frozenset[str]] = {
     "torchrl": frozenset({"activation", "opset", "action_bounds", "distribution", "policy_id", "obs_filter"}),
     "cleanrl": frozenset({"activation", "opset", "keep_value", "action_bounds"}),
     "brax": frozenset({"activation", "opset"}),
+    "rsl-rl": frozenset({"activation", "opset"}),
 }
 
 

@@ -4,9 +4,12 @@
   and in its layout;
 * (:func:`policyport.runtime.expose.expose` and :func:`~policyport.runtime.expose.prune`, which may run
   the model to type a tensor, live with the runtime);
+* :func:`folded_stds` — a normaliser's ``_std + eps`` an exporter folded into one constant (rsl_rl),
+  which :func:`extract_weights` gives back as ``_std`` where it can be told bit for bit;
 * :func:`free_dims` — dimensions declared as 0 or negative made unknown, as policyport reads them;
 * :func:`widen_to_float64` — a :class:`~policyport.graph.model.Graph` computed in float64, the oracle of
   the float32-rounding rule.
+* :func:`free_batch` — an exporter's fixed batch of 1 made free where every node computes each row alone;
 * :func:`split_at` — the graph cut into stages at chosen tensors, so a runtime that executes a
   whole graph at once (onnxruntime) can hand those tensors to the caller, who may change them (neuron
   overrides), before the rest of the graph reads them.
@@ -143,7 +146,10 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         parameters the graph does not hold (see :func:`parameter_map`) are rebuilt. Constants the
         converter added (Slice bounds of a head) are not parameters and are left out; so, in a
         model policyport did not write, is every initializer that is no parameter by
-        :func:`parameter_names` (shape constants, ``version_number``).
+        :func:`parameter_names` (shape constants, ``version_number``). A normaliser's ``_std + eps`` that
+        rsl_rl's exporter folded into one constant (:func:`folded_stds`) is given back as ``_std`` under
+        its source name when every value of it can be told bit for bit, else as the constant, under
+        its own name (:meth:`FoldedStd.describe` says which).
 
     Raises:
         BadModelError: malformed parameter metadata, or a parameter named twice.
@@ -174,7 +180,126 @@ def extract_weights(model) -> dict[str, np.ndarray]:
     rank = source_order(model)
     if rank:
         weights = dict(sorted(weights.items(), key=lambda kv: rank.get(kv[0], len(rank))))
+    for fold in folded_stds(model):
+        if fold.source_name in weights:
+            continue
+        if fold.initializer not in weights:  # a converter that left the folded constant unnamed (torch's exporter)
+            weights[fold.initializer] = tensor_array(initializers[fold.initializer])
+        if fold.std is not None:
+            weights = {(fold.source_name if k == fold.initializer else k): (fold.std if k == fold.initializer else v)
+                       for k, v in weights.items()}
     return weights
+
+
+#: The epsilon rsl_rl's ``EmpiricalNormalization`` adds to its ``_std`` (``rsl_rl/modules/normalization.py``,
+#: ``eps=1e-2``), which rsl_rl's ``export_policy_to_onnx`` folds into one constant ``_std + eps``.
+RSL_RL_NORMALIZER_EPS = 1e-2
+
+
+@dataclass(frozen=True)
+class FoldedStd:
+    """A normaliser's ``_std + eps`` that an exporter folded into one initializer.
+
+    Attributes:
+        initializer: the folded initializer's name (rsl_rl's exporter: ``add``).
+        source_name: the source's name of the ``_std`` it holds (``obs_normalizer._std``).
+        epsilon: the epsilon added (float32 of :data:`RSL_RL_NORMALIZER_EPS`).
+        size: elements of the initializer.
+        ambiguous: elements with more than one float32 ``_std`` that gives them when the epsilon is
+            added in float32 (0: ``_std`` is recovered bit for bit).
+        std: the recovered ``_std`` (float32, the initializer's shape) when ``ambiguous`` is 0, else ``None``.
+    """
+
+    initializer: str
+    source_name: str
+    epsilon: float
+    size: int
+    ambiguous: int
+    std: np.ndarray | None
+
+    def describe(self) -> str:
+        """One sentence for people: what the constant is and what ``extract`` makes of it."""
+        said = (f"{self.initializer!r} is {self.source_name} + {self.epsilon:g}, folded into one constant when rsl_rl's "
+                "normaliser was exported to ONNX")
+        if self.std is not None:
+            return (f"{said}; written as {self.source_name}, recovered bit for bit (each of its {self.size} values is "
+                    f"the only float32 that gives {self.initializer!r} when {self.epsilon:g} is added in float32)")
+        return (f"{said}; written as it is, under {self.initializer!r}: {self.ambiguous} of its {self.size} values come "
+                f"from more than one float32 {self.source_name.rpartition('.')[2]}, so it cannot be told bit for bit "
+                f"({self.initializer} - {self.epsilon:g} is within one float32 step of it); the checkpoint "
+                "(model_<iteration>.pt) holds it as saved")
+
+
+def unfold_epsilon(folded: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 ``x`` with ``float32(x + epsilon) == folded``, element by element.
+
+    Args:
+        folded: float32 array, any shape: ``x + epsilon`` as float32 arithmetic rounded it.
+        epsilon: the epsilon added (taken as float32).
+
+    Returns:
+        ``(x, ambiguous)``: ``x`` float32 of ``folded``'s shape, the candidate nearest ``folded - epsilon``;
+        ``ambiguous`` bool, true where another float32 (or none) gives ``folded`` too.
+    """
+    a = np.asarray(folded, np.float32)
+    eps = np.float32(epsilon)
+    center = (a.astype(np.float64) - np.float64(eps)).astype(np.float32)
+    steps = [center]
+    for direction in (-np.inf, np.inf):
+        c = center
+        for _ in range(2):
+            c = np.nextafter(c, np.float32(direction))
+            steps.append(c)
+    down2, down1, up1, up2 = steps[2], steps[1], steps[3], steps[4]
+    with np.errstate(all="ignore"):
+        valid = {k: (v + eps).astype(np.float32) == a for k, v in
+                 {"d2": down2, "d1": down1, "c": center, "u1": up1, "u2": up2}.items()}
+    count = sum(v.astype(int) for v in valid.values())
+    # one candidate, and it is not at the edge of the five looked at (whose far neighbour might give folded too)
+    unique = (count == 1) & (valid["c"] | valid["d1"] | valid["u1"])
+    x = np.where(valid["c"], center, np.where(valid["d1"], down1, np.where(valid["u1"], up1, center))).astype(np.float32)
+    return x, ~unique
+
+
+def folded_stds(model) -> list[FoldedStd]:
+    """Normaliser standard deviations an exporter stored as one constant ``_std + eps``.
+
+    Recognised: rsl_rl's ``export_policy_to_onnx`` (``rsl_rl/utils/exporter.py``, the normaliser's
+    forward ``(x - _mean) / (_std + eps)`` traced and its constant part folded): a ``Sub`` of an initializer
+    named ``<prefix>._mean`` whose output a ``Div`` divides by a float32 initializer of the same shape that
+    is not named ``<prefix>._std``, every value of it at least the epsilon, and that is no parameter policyport
+    recorded (so also in a model policyport converted from rsl_rl's ``exported/policy.pt``, where torch's
+    exporter folds the same sum). Nothing else is taken for one.
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        One :class:`FoldedStd` per folded constant, in node order.
+    """
+    recorded = set(parameter_map(model)) if any(p.key == PARAMETERS_KEY for p in model.metadata_props) else set()
+    initializers = {t.name: t for t in model.graph.initializer}
+    centered = {}
+    for node in model.graph.node:
+        if node.op_type == "Sub" and len(node.input) == 2 and node.input[1].endswith("._mean") \
+                and node.input[1] in initializers:
+            centered[node.output[0]] = node.input[1][: -len("._mean")]
+    found = []
+    eps = np.float32(RSL_RL_NORMALIZER_EPS)
+    for node in model.graph.node:
+        if node.op_type != "Div" or len(node.input) != 2 or node.input[0] not in centered:
+            continue
+        prefix, divisor = centered[node.input[0]], initializers.get(node.input[1])
+        if divisor is None or divisor.data_type != 1 or divisor.name == f"{prefix}._std" or divisor.name in recorded:
+            continue
+        folded = tensor_array(divisor)
+        if folded.shape != tuple(initializers[f"{prefix}._mean"].dims) or not (folded >= eps).all():
+            continue
+        std, ambiguous = unfold_epsilon(folded, eps)
+        count = int(ambiguous.sum())
+        found.append(FoldedStd(divisor.name, f"{prefix}._std", float(eps), int(folded.size), count,
+                               std if count == 0 else None))
+    return found
 
 
 def source_order(model) -> dict[str, int]:
@@ -395,3 +520,114 @@ def split_at(model, tensors, keep=()) -> list[Stage]:
         piece.functions.extend(source.functions)
         stages.append(Stage(piece, inputs, outputs))
     return stages
+
+
+#: Metadata a model gets from :func:`free_batch`: the graph inputs whose batch of 1 it freed (JSON list).
+BATCH_FREED_KEY = "policyport.batch_freed"
+#: Ops that compute each row of a ``(batch, ...)`` tensor from that row alone (with weights that have no
+#: batch axis, or one of size 1 that broadcasts): a fixed batch of 1 in front of them can be freed.
+ROW_WISE_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Clip", "Identity", "Relu", "Elu",
+    "Selu", "LeakyRelu", "Tanh", "Sigmoid", "Softplus", "Gelu", "Mish", "HardSwish", "HardSigmoid", "Erf", "Max", "Min",
+    "MatMul", "Gemm",
+})
+
+
+@dataclass(frozen=True)
+class FixedBatch:
+    """What a model declares about its batch: ``inputs`` are the graph inputs (rank >= 2, not
+    initializers) whose first dimension is fixed at 1; ``reason`` says why :func:`free_batch` leaves
+    that batch as it is (``None``: it frees it, or there is nothing to free)."""
+
+    inputs: list[str]
+    reason: str | None = None
+
+
+def fixed_batch(model) -> FixedBatch:
+    """The graph inputs declared with a batch of 1, and whether the graph allows freeing it.
+
+    It allows it when every node is an op of :data:`ROW_WISE_OPS` (or a ``Constant``) in the default
+    domain; a ``Gemm`` or ``MatMul`` multiplies the batch by a constant second input (an initializer or
+    a ``Constant``'s output), a ``Gemm`` without ``transA``; and no constant operand of an element-wise
+    op has a first axis longer than 1 at rank 2 or more (it would broadcast along the batch). Shapes
+    are not inferred: the freed graph is checked against the file's at batch 1 where it is loaded
+    (:func:`policyport.runtime.batch.free_checked`).
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        A :class:`FixedBatch`; ``reason`` names the first node (or initializer) that mixes rows or is not
+        known to compute each row alone, when there are inputs to free.
+    """
+    def first_dim(info):
+        t = info.type.tensor_type
+        dims = t.shape.dim if t.HasField("shape") else []
+        return dims[0] if dims else None
+
+    initializers = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    fixed = [i.name for i in model.graph.input if (d := first_dim(i)) is not None and d.HasField("dim_value")
+             and d.dim_value == 1 and len(i.type.tensor_type.shape.dim) >= 2 and i.name not in initializers]
+    if not fixed:
+        return FixedBatch([])
+    constants = set(initializers)
+    for node in model.graph.node:
+        what = f'{node.op_type} node "{node.name or node.output[0]}"'
+        if node.domain not in ("", "ai.onnx"):
+            return FixedBatch(fixed, f"{what} is of domain {node.domain!r}, not known to compute each row alone")
+        if node.op_type == "Constant":
+            constants.update(node.output)
+            continue
+        if node.op_type not in ROW_WISE_OPS:
+            return FixedBatch(fixed, f"{what} is not among the ops known to compute each row alone "
+                                     f"({', '.join(sorted(ROW_WISE_OPS))})")
+        if node.op_type in ("Gemm", "MatMul"):
+            if node.op_type == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute):
+                return FixedBatch(fixed, f"{what} transposes its first input (transA), mixing rows")
+            if len(node.input) < 2 or node.input[1] not in constants:
+                return FixedBatch(fixed, f"{what} multiplies by {node.input[1] if len(node.input) > 1 else 'nothing'!r}, "
+                                         "which is not a constant: it may mix rows")
+            if node.input[0] in constants:
+                return FixedBatch(fixed, f"{what} has a constant first input: the batch is not its rows")
+            continue
+        for name in node.input:
+            dims = initializers.get(name)
+            if dims is not None and len(dims) >= 2 and dims[0] != 1:
+                return FixedBatch(fixed, f"{what} reads initializer {name!r} of shape {dims}, which would broadcast "
+                                         "along the batch axis")
+    return FixedBatch(fixed)
+
+
+def free_batch(model):
+    """``model`` with a batch axis fixed at 1 made free (``"batch"``) where the graph allows it.
+
+    Some exporters write the batch of the example they traced: rsl_rl 5.x's ``export_policy_to_onnx``
+    under torch >= 2.9 declares ``obs [1, 48]``, and onnxruntime then refuses a batch of 4. Where
+    :func:`fixed_batch` finds that every node computes each row from that row alone, every graph input
+    and output whose first dimension is 1 gets the free dimension ``batch``, and the value_info entries
+    (which repeat the fixed batch) are dropped; otherwise the model is returned as it is (its
+    :func:`fixed_batch` ``reason`` says why). This pass reads the graph only: the loader checks the
+    freed graph against the file's at batch 1 (:func:`policyport.runtime.batch.free_checked`).
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        ``model`` itself when no graph input has a fixed batch of 1, the graph does not allow freeing
+        it, or it was freed already; else a changed copy whose ``metadata_props[BATCH_FREED_KEY]`` lists
+        the inputs freed.
+    """
+    found = fixed_batch(model)
+    if not found.inputs or found.reason is not None or any(p.key == BATCH_FREED_KEY for p in model.metadata_props):
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    for info in [*copy.graph.input, *copy.graph.output]:
+        dims = info.type.tensor_type.shape.dim if info.type.tensor_type.HasField("shape") else []
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value == 1 and len(dims) >= 2 \
+                and (info.name in found.inputs or info in copy.graph.output):
+            dims[0].dim_param = "batch"
+    del copy.graph.value_info[:]
+    entry = copy.metadata_props.add()
+    entry.key, entry.value = BATCH_FREED_KEY, json.dumps(found.inputs)
+    return copy

@@ -212,6 +212,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
     from ..graph.onnx_files import ensure_model
     from ..graph.model import from_onnx, recorded_assumptions
     from ..runtime import load
+    from ..runtime.batch import free_checked
     from ..verification.verify import input_ranges, sample_inputs
 
     check_arguments(samples, low, high, seed)
@@ -223,7 +224,7 @@ def export_numpy(model, output: str | os.PathLike, *, samples: int = 64, low: fl
         check_writable(path, force)
         if isinstance(model, (str, os.PathLike)):
             check_distinct(path, model)
-    proto = ensure_model(model)
+    proto = free_checked(ensure_model(model), "numpy").model  # a fixed batch of 1 freed, as pack does
     graph = from_onnx(proto)
     source, arrays = generate(proto, samples)
     session = load(graph, backend="numpy")

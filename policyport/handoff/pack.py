@@ -53,6 +53,7 @@ RUNTIME_ENTRIES = ("runtime/packed.py", "handoff/folder_run.py", "handoff/golden
 RUNTIME_LEFT_OUT = {
     "runtime/ort.py": "the onnxruntime backend: a machine with onnxruntime installs policyport itself",
     "runtime/blas.py": "BLAS thread control through threadpoolctl: a folder's runtime runs row blocks on one thread",
+    "runtime/batch.py": "freeing an exporter's fixed batch of 1 (needs onnx): a folder holds the graph pack freed",
 }
 
 DEFAULT_SAMPLES = 64
@@ -122,13 +123,16 @@ def pack(model, out_dir: str | os.PathLike, *, samples: int = DEFAULT_SAMPLES, l
     from ..graph.model import from_onnx
     from ..graph.passes import extract_weights, parameter_map
     from ..runtime import load
+    from ..runtime.batch import free_checked
     from ..verification.verify import input_ranges, sample_inputs
 
     require("onnx", "onnx", "packing a policy")
     check_arguments(samples, low, high, seed)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, force)
-    proto = ensure_model(model)
+    # an exporter's fixed batch of 1, freed where the graph allows and checked against it at batch 1:
+    # the folder then runs, and its golden data holds, any number of observations
+    proto = free_checked(ensure_model(model), "numpy").model
     graph = from_onnx(proto)
     weights = extract_weights(proto)
     sources, constants = _initializer_sources(graph, parameter_map(proto), weights)

@@ -40,7 +40,9 @@ class Session:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self._check = compile_feed_check(backend.inputs, backend.optional_inputs)
+        graph = getattr(backend, "graph", None)
+        kept = graph.metadata.get("policyport.batch_kept") if graph is not None else None  # batch.BATCH_KEPT_KEY
+        self._check = compile_feed_check(backend.inputs, backend.optional_inputs, kept_batch=kept)
         self._run = backend.run
         self._selections: dict[object, list[str]] = {}
 
@@ -288,7 +290,8 @@ class Session:
         return self.backend.observe(self._feeds(feeds), observer)
 
 
-def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = None) -> Session:
+def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = None,
+         free: bool = True) -> Session:
     """Load a model on a backend.
 
     Args:
@@ -306,6 +309,11 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
             generators, so numpy and onnxruntime draw different numbers from the same seed.
             onnxruntime's seed is process-wide (``onnxruntime.set_seed``): it is set before each of
             the session's onnxruntime sessions is built, and stays set for later ones.
+        free: free a graph input's batch fixed at 1 (an exporter's traced example, such as rsl_rl's
+            ``obs [1, 48]``) where every node computes each row alone and the freed graph, checked on a few
+            observations, computes each as the file's graph does at batch 1
+            (:func:`policyport.runtime.batch.free_checked`; default). A batch that stays fixed is
+            explained in the error a larger batch gets. ``False``: the graph as the file declares it.
 
     Returns:
         A :class:`Session`.
@@ -342,7 +350,15 @@ def load(model, backend: str = "numpy", *, threads: int = 0, seed: int | None = 
         from ..graph.model import from_onnx
 
         proto = ensure_model(model)
+        kept = None
+        if free:  # an exporter's fixed batch of 1, freed where the graph allows and checked against it at batch 1
+            from .batch import BATCH_KEPT_KEY, free_checked
+
+            freeing = free_checked(proto, backend)
+            proto, kept = freeing.model, freeing.describe() if freeing.reason else None
         graph = from_onnx(proto)
+        if kept:
+            graph.metadata[BATCH_KEPT_KEY] = kept
     if backend == "numpy":
         from .numpy import NumpyBackend
 

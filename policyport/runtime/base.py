@@ -161,7 +161,7 @@ def feeds_from_arrays(arrays: Mapping[str, np.ndarray], names: list[str], source
     return dict(arrays)
 
 
-def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = ()
+def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = (), kept_batch: str | None = None
                        ) -> Callable[[Mapping[str, object]], Mapping[str, np.ndarray]]:
     """:func:`check_feeds` compiled for one model's inputs, with a fast path for valid feeds.
 
@@ -169,12 +169,12 @@ def compile_feed_check(inputs: list[ValueInfo], optional: list[ValueInfo] = ()
     ``np.ndarray`` values of the right dtype, rank and fixed dimensions as is, testing exactly those
     conditions in generated code; anything else (feeds of ``optional`` inputs, or inputs sharing a
     symbolic dimension) goes through :func:`check_feeds`, which raises the detailed error. Input
-    names reach the generated source only as bound constants.
+    names reach the generated source only as bound constants. ``kept_batch``: as for :func:`check_feeds`.
     """
     optional = list(optional)
 
     def slow(feeds: Mapping[str, object]) -> Mapping[str, np.ndarray]:
-        return check_feeds(feeds, inputs, optional)
+        return check_feeds(feeds, inputs, optional, kept_batch)
 
     symbols = [d for v in inputs if v.shape for d in v.shape if isinstance(d, str)]
     if any(v.shape is None for v in inputs) or len(symbols) != len(set(symbols)):
@@ -202,7 +202,7 @@ def native_order(value):
 
 
 def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
-                optional: list[ValueInfo] = ()) -> dict[str, np.ndarray]:
+                optional: list[ValueInfo] = (), kept_batch: str | None = None) -> dict[str, np.ndarray]:
     """Validate feeds against the graph inputs and return them as numpy arrays.
 
     Checks, in order: every input is fed and nothing else is (an ``optional`` input may be); each
@@ -214,6 +214,8 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
         feeds: input name -> array-like.
         inputs: the graph inputs.
         optional: inputs that may be fed (initializers that are graph inputs too).
+        kept_batch: why the model's batch, fixed at 1 in its file, stays fixed
+            (:func:`policyport.runtime.batch.free_checked`): said when a feed's batch is not 1.
 
     Returns:
         input name -> ``np.ndarray`` in native byte order: the required inputs in graph-input
@@ -251,9 +253,10 @@ def check_feeds(feeds: Mapping[str, object], inputs: list[ValueInfo],
                 )
             for axis, (want, got) in enumerate(zip(v.shape, arr.shape)):
                 if isinstance(want, int) and want != got:
+                    why = f"; {kept_batch}" if kept_batch and axis == 0 and want == 1 else ""
                     raise InputMismatchError(
                         f"input {v.name!r} expects shape {expected}, got {tuple(arr.shape)} "
-                        f"(axis {axis} is {got}, the model needs {want})"
+                        f"(axis {axis} is {got}, the model needs {want}){why}"
                     )
                 if isinstance(want, str):
                     first = symbols.setdefault(want, (got, v.name))

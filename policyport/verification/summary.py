@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..errors import require
+from ..errors import PolicyportError, require
 
 
 def summarize(model) -> dict:
@@ -30,7 +30,8 @@ def summarize(model) -> dict:
         folds away zero biases; ``"initializer"`` None), each array once (tied weights too), in
         the source's order;
         ``parameter_count`` adds up their elements, as the source framework counts its parameters
-        (Keras' ``count_params``).
+        (Keras' ``count_params``); ``batch_fixed``, ``batch_freed``, ``batch_note``: the graph inputs
+        declared with a batch of 1, whether policyport runs them at any batch, and why (:func:`_batch`).
 
     Raises:
         LimitExceededError: a graph of more nodes than :attr:`policyport.io.limits.Limits.nodes`, the
@@ -38,7 +39,7 @@ def summarize(model) -> dict:
             read from it.
     """
     onnx = require("onnx", "onnx", "inspecting a model")
-    from ..errors import LimitExceededError, PolicyportError
+    from ..errors import LimitExceededError
     from ..io.limits import ENV_NODES, limits
     from ..graph.model import from_onnx
     from ..graph.passes import infer_shapes, parameter_map, source_order
@@ -112,6 +113,7 @@ def summarize(model) -> dict:
         "numpy_backend_lacks": lacks,
         "numpy_backend_refusal": refusal,
         "metadata": graph.metadata,
+        **_batch(model, lacks),
     }
 
 
@@ -121,3 +123,22 @@ def format_shape(shape) -> str:
         return "?"
     dims = ["?" if d is None else str(d) for d in shape]
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _batch(model, lacks) -> dict:
+    """``batch_fixed``: the graph inputs the file declares with a batch of 1; ``batch_freed``: whether
+    policyport runs them at any batch (freed, and checked against the file's graph at batch 1 on the numpy
+    backend, or onnxruntime where numpy lacks an op); ``batch_note``: one sentence saying so, or why not."""
+    from ..runtime.batch import free_checked
+
+    backend = "numpy" if not lacks else "onnxruntime"
+    try:
+        freeing = free_checked(model, backend)
+    except PolicyportError as e:
+        from ..graph.passes import fixed_batch
+
+        fixed = fixed_batch(model).inputs
+        return {"batch_fixed": fixed, "batch_freed": False,
+                "batch_note": f"batch fixed at 1 in the file ({', '.join(fixed)}); not checked whether it can be freed: {e}"
+                if fixed else None}
+    return {"batch_fixed": freeing.inputs, "batch_freed": freeing.freed, "batch_note": freeing.describe()}

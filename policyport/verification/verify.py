@@ -333,7 +333,52 @@ def verify(model, inputs=None, *, backends: Sequence[str] = ("numpy", "onnxrunti
     failing = {c.tensor for c in report.comparisons if not c.passed and c.rule == "tolerance" and c.max_abs < np.inf}
     if failing and rounding:
         _rounding_rule(graph, blocks, sessions, feeds, tensors, reference, folds, failing, report)
+    _against_batch_of_one(model, graph, sessions[backends[0]], backends[0], feeds, atol, rtol, report)
     return report
+
+
+#: Observations a model whose fixed batch of 1 policyport freed is also run on one at a time, on the
+#: file's own graph, and compared with the freed graph's batch.
+BATCH_OF_ONE_ROWS = 1000
+
+
+def _against_batch_of_one(model, graph: Graph, session, backend: str, feeds: Mapping[str, np.ndarray],
+                          atol, rtol, report: Report) -> None:
+    """When the file declares a batch of 1 that :func:`policyport.load` freed, add to ``report`` the
+    comparison of every graph output of ``backend`` on the first :data:`BATCH_OF_ONE_ROWS` observations,
+    run as one batch, with the file's own graph run on each of them alone (reference
+    ``"<backend> batch 1"``), and a note saying so. A packed folder holds the freed graph only: the note
+    then gives the check its packing made."""
+    import json
+    import os
+
+    from ..graph.passes import BATCH_FREED_KEY
+
+    if BATCH_FREED_KEY not in graph.metadata:
+        return
+    fixed = json.loads(graph.metadata[BATCH_FREED_KEY])
+    if isinstance(model, Graph) or (isinstance(model, (str, os.PathLike)) and os.path.isdir(model)):
+        checked = json.loads(graph.metadata.get("policyport.batch_checked", "{}"))  # runtime.batch.BATCH_CHECKED_KEY
+        how = (f": checked then on {checked['rows']} observations against the file's graph run on each alone, "
+               f"{checked['backend']}, max abs {checked['max_abs']:.3g}" if {"rows", "backend", "max_abs"} <= set(checked) else "")
+        report.notes.append(f"the model's file declared {', '.join(fixed)} with a batch of 1, which policyport freed "
+                            f"before it was packed{how}")
+        return
+    from ..graph.onnx_files import ensure_model
+    from ..runtime import load
+
+    original = load(ensure_model(model), backend, free=False)
+    rows = min(BATCH_OF_ONE_ROWS, count_observations(session.inputs, feeds))
+    part = {k: (v[:rows] if k in fixed else v) for k, v in feeds.items()}
+    together = session.run(part)
+    alone = [original.run({k: (v[i:i + 1] if k in fixed else v) for k, v in part.items()}) for i in range(rows)]
+    against = f"{backend} batch 1"
+    for name, value in together.items():
+        report.comparisons.append(compare(name, backend, value, against, np.concatenate([a[name] for a in alone]),
+                                          atol, rtol))
+    report.notes.append(f"the file declares {', '.join(fixed)} with a batch of 1; policyport runs it at any batch (every "
+                        f"node computes each row alone), and compares the graph outputs of the first {rows:,} "
+                        f"observations run together with the file's own graph run on each alone ({against})")
 
 
 #: Rows of observations checked for NaN and infinity at a time (bounds the check's temporaries).

@@ -234,13 +234,21 @@ def test_a_run_record_is_described_so_that_a_constant_as_long_as_the_rows_is_lef
 
 
 def test_a_run_record_of_a_model_without_a_batch_axis_is_written_without_a_description(tmp_path):
-    from policyport.analysis.recording import described_run
+    import json
 
-    session = pp.load(_bias_model([1, 3]))
+    from policyport.analysis.recording import described_run
+    from policyport.analysis.tables import META_KEY
+
+    session = pp.load(_bias_model([1, 3]), free=False)  # the batch of 1 as the file declares it
     feeds = {"obs": np.ones((1, 3), np.float32)}
     values = session.record(feeds)
     assert described_run(session, feeds, values) is values
     assert session.per_observation(feeds) is None
+    # loaded as load does by default, the batch is freed (an Add computes each row alone): described
+    freed = pp.load(_bias_model([1, 3]))
+    written = described_run(freed, feeds, freed.record(feeds))
+    assert json.loads(str(written[META_KEY]))["tensors"] == [{"name": "y", "op_type": "Add", "dtype": "float32",
+                                                              "shape": [3]}]
 
 
 def test_an_input_of_unknown_rank_counts_its_rows_by_axis_0():

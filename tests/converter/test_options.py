@@ -127,13 +127,13 @@ def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_p
             "'seventeen'; the model file is damaged") in " ".join(result.stderr.split())
 
 
-TELLS = ("npz (.npz), sb3 (.zip), torchscript, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), state-dict "
+TELLS = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), state-dict "
          "(.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's classes), "
          "savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a "
          "folder with rllib_checkpoint.json or checkpoint-N) and torchrl (a folder with a torchrl.checkpoint manifest.json) "
          "by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
-         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax")
+         "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax, rsl-rl")
 
 
 def _zip(path, *names):
@@ -208,7 +208,7 @@ def test_a_missing_path_or_an_object_of_no_kind_is_refused(tmp_path):
     with pytest.raises(pp.BadModelError) as caught:
         detect_kind(3)
     assert str(caught.value) == ("cannot convert a int; supported sources: npz, torch, torchscript, state-dict, sb3, "
-                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax")
+                                 "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax, rsl-rl")
 
 
 ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, mish, hardswish, sigmoid, linear"
@@ -223,7 +223,7 @@ ACTIVATIONS = "tanh, relu, elu, selu, swish, silu, softplus, leaky_relu, gelu, m
     (EXPERT, {"bogus": 1, "also": 2}, pp.ArgumentTypeError, "convert() got unexpected keyword argument(s) also, bogus"),
     (EXPERT, {"head": "beta"}, pp.OptionError, "unknown head 'beta'; choose one of diag-gaussian, diag-gaussian:halves, categorical (or none)"),
     (EXPERT, {"kind": "onnx"}, pp.OptionError,
-     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax"),
+     "unknown source kind 'onnx'; choose one of npz, torch, torchscript, state-dict, sb3, rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax, rsl-rl"),
     (EXPERT, {"activation": "softsign"}, pp.OptionError, f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),
     (EXPERT, {"activation": "relu,softsign", "kind": "state-dict"}, pp.OptionError,
      f"unknown activation 'softsign'; choose one of {ACTIVATIONS}"),

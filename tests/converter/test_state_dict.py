@@ -949,7 +949,7 @@ def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_
             convert_source(source, activation=activation)
         kind = "torch" if isinstance(source, torch.nn.Module) else "torchscript"
         assert str(caught.value) == (f"--activation does not apply to {kind} sources (--activation applies to brax, cleanrl, npz, "
-                                     "rl-games, rllib, rllib-torch, sample-factory, sb3, skrl, state-dict, tianshou, torchrl)")
+                                     "rl-games, rllib, rllib-torch, rsl-rl, sample-factory, sb3, skrl, state-dict, tianshou, torchrl)")
 
 
 @pytest.mark.parametrize("dtype, message", [

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SB3_BOX = ROOT / "fixtures" / "sb3" / "ppo_pendulum.zip"
 SB3_DISCRETE = ROOT / "fixtures" / "sb3" / "ppo_discrete_obs.zip"
 RLLIB_NEW = ROOT / "fixtures" / "rllib" / "ray" / "ppo_new"
+RSL_RL_GAUSSIAN = ROOT / "fixtures" / "rsl_rl" / "gaussian" / "model_0.pt"
 
 ADDRESS_SPACE = 2 << 30
 #: A command that has not ended after this many seconds hangs (each takes a few, torch's import included).
@@ -264,6 +265,15 @@ def test_a_torch_pickle_asking_an_allowed_callable_for_gigabytes_is_refused_befo
             zf.writestr(name, data)
     refused(run_limited(["convert", path, "-o", "out.onnx"], tmp_path, torch=with_torch),
             f"{path} asks for builtins.bytearray(3000000000), which would take 2.79 GiB", LIMIT)
+
+
+def test_an_rsl_rl_checkpoint_whose_storage_inflates_to_gigabytes_is_refused_before_it_is_read(tmp_path):
+    """rsl_rl checkpoints are read by the shared torch reader, its archive checks first."""
+    parts = members(RSL_RL_GAUSSIAN)
+    storage = next(name for name in parts if name.endswith("data/0"))
+    path = zip_bomb(tmp_path / "model_0.pt", parts, storage)
+    refused(run_limited(["convert", path, "--from", "rsl-rl", "--activation", "elu", "-o", "out.onnx"], tmp_path),
+            f"the members of {path} would take 1.5 GiB", LIMIT)
 
 
 @pytest.mark.parametrize("depth, said", [

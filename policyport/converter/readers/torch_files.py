@@ -27,6 +27,7 @@ import re
 import struct
 import warnings
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,8 @@ def _numpy_dtype(name: str, what: str) -> np.dtype:
     return np.dtype(name)
 
 
-def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str | None = None):
+def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str | None = None,
+                    inert_modules: Iterable[str] | None = None):
     """The object a ``.pt``/``.pth`` file holds, tensors as numpy arrays (see the module docstring).
 
     Args:
@@ -71,6 +73,12 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
             file's own on the import path, as for the script that saved it
             (:func:`~policyport.converter.readers.unpickle.user_import_path`).
         what: how to name the file in messages (default: the path).
+        inert_modules: module prefixes whose globals, functions included, become inert records
+            instead of being refused, for a payload beside the weights that the caller never uses
+            (the ``infos`` an rsl_rl checkpoint pickles). When given (an empty list too), the file
+            is read by :func:`read_torch_zip` whether torch is installed or not, ``trust`` or not
+            (torch's weights-only unpickler refuses such globals): nothing from the file is called.
+            ``None`` (default): as the module docstring says.
 
     Returns:
         Usually a dict name -> array (a state_dict); with ``trust``, whatever the file pickled
@@ -102,6 +110,8 @@ def load_torch_file(path: str | Path | bytes, *, trust: bool = False, what: str 
     if refusal:
         raise UnreadableFileError(refusal)
     _check_archive_sizes(source, str(path))
+    if inert_modules is not None:
+        return read_torch_zip(source, what=str(path), inert_modules=tuple(inert_modules))
     try:
         import torch
     except ImportError:
@@ -393,7 +403,7 @@ class _StorageType:
         self.name, self.dtype_name = name, STORAGE_DTYPES[name]
 
 
-def read_torch_zip(source, what: str | None = None, inert_modules=()) -> object:
+def read_torch_zip(source, what: str | None = None, inert_modules: Iterable[str] = ()) -> object:
     """Read torch's zip serialization without torch (see the module docstring).
 
     Args:
