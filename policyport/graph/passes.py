@@ -14,12 +14,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, require
+from ..io.schema import load_json
 from .onnx_files import ensure_model
 from .model import tensor_array
 
@@ -56,8 +56,8 @@ def parameter_map(model) -> dict[str, dict]:
         weights = parameter_names(model.graph)
         return {t.name: {"name": t.name, "transpose": None, "zeros": None, "value": None, "also": []}
                 for t in model.graph.initializer if t.name in weights}
+    raw = load_json(props[PARAMETERS_KEY], f"model metadata {PARAMETERS_KEY!r}")
     try:
-        raw = json.loads(props[PARAMETERS_KEY])
         mapping = {}
         for k, v in raw.items():
             if isinstance(v, str):
@@ -187,10 +187,10 @@ def source_order(model) -> dict[str, int]:
     order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
     if not order:
         return {}
-    try:
-        return {str(name): i for i, name in enumerate(json.loads(order))}
-    except (ValueError, TypeError) as e:
-        raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: {e}") from e
+    names = load_json(order, f"model metadata {ORDER_KEY!r}")
+    if not isinstance(names, list):
+        raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: expected a list, got {type(names).__name__}")
+    return {str(name): i for i, name in enumerate(names)}
 
 
 def infer_shapes(model):

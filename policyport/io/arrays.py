@@ -14,7 +14,7 @@ from typing import BinaryIO, Mapping
 
 import numpy as np
 
-from ..errors import (BadModelError, LimitExceededError, PolicyportError, UnreadableFileError)
+from ..errors import ZIP_ERRORS, BadModelError, LimitExceededError, PolicyportError, UnreadableFileError
 from .kinds import NPY_MAGIC, _ZIP_MAGICS, _open_regular, _what_it_is
 from .limits import ENV_NPZ_ARRAYS, check_array_bytes, format_size, limits
 from .outputs import Writer, write_atomic
@@ -92,8 +92,7 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None,
             return arrays
     except PolicyportError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
-            NotImplementedError, ValueError) as e:  # damaged, encrypted, unknown compression ...
+    except ZIP_ERRORS as e:  # damaged, encrypted, unknown compression ...
         raise UnreadableFileError(f"{where} is a damaged .npz file: {e}") from e
 
 

@@ -547,8 +547,13 @@ def _zip(path, members: dict[str, bytes]):
     ({"data": b"{}"}, "{path} is not a Stable-Baselines3 save: it lacks ['policy.pth']"),
     ({"other": b""}, "{path} is not a Stable-Baselines3 save: it lacks ['data', 'policy.pth']"),
     ({"policy.pth": b"x", "data": b"{no"},
-     "{path}: its data member is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+     "{path}: its data member is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1)"),
     ({"policy.pth": b"x", "data": b"[1]"}, "{path}: its data member is not a JSON object"),
+    ({"policy.pth": b"x", "data": b"[" * 100_000 + b"]" * 100_000},
+     "{path}: its data member: its arrays and objects nest deeper than Python parses (about 1,000 levels)"),
+    ({"policy.pth": b"x", "data": b'{"a": "\xff"}'},
+     "{path}: its data member is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 7: invalid start byte"),
 ])
 def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path, members, message):
     from policyport.converter.sources.sb3 import read_zip

@@ -377,7 +377,7 @@ def test_the_layout_reader_names_what_is_wrong(tmp_path):
     refused(short, "{path} is not a .safetensors file: 7 bytes")
     empty_header = tmp_path / "eight.safetensors"
     empty_header.write_bytes(b"\x00" * 8)
-    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: header is not JSON \(Expecting value"):
+    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: its header is not valid JSON: Expecting value"):
         _read_safetensors_layout(empty_header)
     text_length = len(json.dumps({}).encode())
     assert _read_safetensors_layout(_safetensors(tmp_path / "exact.safetensors", {}, length=text_length)) == {}

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
+from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
 from ...io.limits import check_array_bytes
 from ...io.arrays import check_zip_members, read_zip_member
+from ...io.schema import load_json
 from ...text import bounded_repr
 
 #: torch storage class -> numpy dtype (``torch/storage.py``'s legacy typed storages).
@@ -170,7 +171,9 @@ def _check_archive_sizes(source, what: str) -> None:
                     raise
                 except PolicyportError:
                     pass  # refused or unreadable for another reason: the reader names it
-    except (zipfile.BadZipFile, OSError):
+    except LimitExceededError:
+        raise
+    except ZIP_ERRORS:
         pass  # not a zip archive: the legacy format, or a damaged file the reader will name
     finally:
         if isinstance(source, io.BytesIO):
@@ -215,7 +218,7 @@ def check_torch_file(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-    except (zipfile.BadZipFile, OSError) as e:
+    except ZIP_ERRORS as e:
         raise UnreadableFileError(f"{path} is not a readable torch file (a damaged or truncated zip archive: {e})") from e
     if {"data", "policy.pth"} <= names:
         raise UnreadableFileError(f"{path} is a Stable-Baselines3 save (a zip holding data and policy.pth), not a torch "
@@ -257,7 +260,7 @@ def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
         try:
             with zipfile.ZipFile(io.BytesIO(data) if data is not None else file) as zf:
                 members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
-        except (zipfile.BadZipFile, OSError) as e:
+        except ZIP_ERRORS as e:
             return f"{what} is a damaged or truncated zip archive ({e}), not a file torch.save wrote"
         if {"data.pkl", "constants.pkl"} <= members:
             return (f"{what} is a TorchScript file (torch.jit.save), not a state_dict or a pickled module; "
@@ -293,7 +296,7 @@ def not_torchscript(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as zf:
             members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:
         members = set()
     if {"data.pkl", "constants.pkl"} <= members:
         return None
@@ -328,13 +331,16 @@ def _refused_global(source) -> str | None:
 def _pickle_of(source) -> tuple[str, bytes] | None:
     """The pickle of a torch file (a path or ``io.BytesIO``), named: its zip archive's
     ``data.pkl``, or the whole file in the legacy format; None for an archive without exactly one
-    ``data.pkl``."""
+    ``data.pkl``, or a damaged one."""
     data = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
     if not zipfile.is_zipfile(io.BytesIO(data)):
         return "pickle", data
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-        return ("data.pkl", zf.read(pickles[0])) if len(pickles) == 1 else None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            return ("data.pkl", zf.read(pickles[0])) if len(pickles) == 1 else None
+    except ZIP_ERRORS:  # a damaged archive names no global and holds no pickle to parse
+        return None
 
 
 def _pickle_damage(source) -> str | None:
@@ -408,7 +414,7 @@ def read_torch_zip(source, what: str | None = None) -> object:
     path = what or str(source)
     try:
         zf = zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:
         raise UnreadableFileError(
             f"{path} is not a torch zip archive (torch >= 1.6 writes one); reading the legacy format needs torch "
             "installed: pip install 'policyport[torch]'"
@@ -490,10 +496,10 @@ def _read_safetensors_layout(path: Path) -> dict[str, np.ndarray]:
     (n,) = struct.unpack("<Q", data[:8])
     if n > len(data) - 8:
         raise UnreadableFileError(f"{path} is not a .safetensors file: header length {n} exceeds the file")
-    try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as e:
-        raise UnreadableFileError(f"{path} is not a .safetensors file: header is not JSON ({e})") from e
+    header = load_json(data[8:8 + n], f"{path} is not a .safetensors file: its header", error=UnreadableFileError)
+    if not isinstance(header, dict):
+        raise UnreadableFileError(f"{path} is not a .safetensors file: its header is a JSON {type(header).__name__}, "
+                                  "not an object")
     body = memoryview(data)[8 + n:]
     arrays = {}
     for name, entry in header.items():
@@ -548,7 +554,7 @@ def keep_state_dict_layout(model, state_dict) -> None:
     from ...graph.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
 
     props = {p.key: p for p in model.metadata_props}
-    mapping = json.loads(props[PARAMETERS_KEY].value) if PARAMETERS_KEY in props else {}
+    mapping = load_json(props[PARAMETERS_KEY].value, f"model metadata {PARAMETERS_KEY!r}") if PARAMETERS_KEY in props else {}
     mapped = {v if isinstance(v, str) else v["name"] for v in mapping.values()}
     mapped |= {a for v in mapping.values() if isinstance(v, dict) for a in v.get("also", [])}
     for name, array in state_dict.items():

@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ...errors import (
+    ZIP_ERRORS,
     BadModelError,
     MissingDependencyError,
     OptionError,
@@ -152,7 +153,8 @@ def load_keras_file(path: Path, trust: bool = False):
     Raises:
         UntrustedFileError: the file holds what Keras' safe mode refuses (a ``Lambda`` layer's
             bytecode, a ``TFSMLayer``) and ``trust`` is false.
-        UnreadableFileError: missing, or not a Keras model file.
+        UnreadableFileError: missing, damaged (a zip or HDF5 structure Keras cannot read, a
+            configuration nested too deeply to parse), or not a Keras model file.
         BadModelError: the file names a custom class Keras cannot find.
         LimitExceededError: its config declares more than the limits allow
             (:func:`~policyport.converter.keras_sizes.check_keras_config`).
@@ -170,7 +172,12 @@ def load_keras_file(path: Path, trust: bool = False):
         raise UnreadableFileError(f"{path} is not a readable Keras model: {_first_line(e)}") from e
     except TypeError as e:
         raise BadModelError(f"{path} names a class Keras cannot rebuild: {_first_line(e)}") from e
-    except (OSError, KeyError, AttributeError, EOFError) as e:
+    except MemoryError:
+        raise
+    except RecursionError:  # Keras parses the configuration's JSON recursively
+        raise UnreadableFileError(f"{path} is not a readable Keras model: its configuration nests arrays and objects "
+                                  "deeper than Python parses") from None
+    except Exception as e:  # a damaged file: BadZipFile, h5py's RuntimeError, KeyError, IndexError ...
         raise UnreadableFileError(f"{path} is not a readable Keras model: {type(e).__name__}: {_first_line(e)}") from e
 
 
@@ -238,7 +245,7 @@ def _check_keras_file(path: Path) -> None:
         try:
             with zipfile.ZipFile(path) as zf:
                 names = set(zf.namelist())
-        except (zipfile.BadZipFile, OSError) as e:
+        except ZIP_ERRORS as e:
             raise UnreadableFileError(f"{path} is not a readable .keras archive (a damaged or truncated zip file: {e})") from e
         if "config.json" not in names:
             raise UnreadableFileError(f"{path} is a zip archive but not a .keras archive (it lacks config.json)")

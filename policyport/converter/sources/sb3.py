@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...io.schema import load_json
 from ...text import bounded_repr
 from ..activations import TORCH_ACTIVATIONS, TORCH_DEFAULTS, ActivationNeeded, choose_activation
 from ..assumptions import Assumption
@@ -350,7 +351,8 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
     """``(data JSON, policy.pth bytes, SB3 version)`` of an SB3 zip.
 
     Raises:
-        UnreadableFileError: not a zip, or no ``data``/``policy.pth``.
+        UnreadableFileError: not a zip, a damaged one, no ``data``/``policy.pth``, or a ``data`` member
+            that is not a JSON object (not UTF-8, not JSON, nested too deeply to parse).
         LimitExceededError: a member read declares more than the array limit (checked before it is
             decompressed).
     """
@@ -361,18 +363,17 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
             names = set(zf.namelist())
             if not {"data", "policy.pth"} <= names:
                 raise UnreadableFileError(f"{path} is not a Stable-Baselines3 save: it lacks {sorted({'data', 'policy.pth'} - names)}")
-            data = json.loads(read_zip_member(zf, "data", str(path)))
+            text = read_zip_member(zf, "data", str(path))
             policy = read_zip_member(zf, "policy.pth", str(path))
-            version = (read_zip_member(zf, "_stable_baselines3_version", str(path)).decode().strip()
+            version = (read_zip_member(zf, "_stable_baselines3_version", str(path)).decode("utf-8", "replace").strip()
                        if "_stable_baselines3_version" in names else None)
     except (UnreadableFileError, LimitExceededError):  # an OSError and a MemoryError: not to be wrapped below
         raise
-    except (zipfile.BadZipFile, OSError) as e:
+    except ZIP_ERRORS as e:
         if Path(path).is_file() and Path(path).stat().st_size == 0:
             raise UnreadableFileError(f"{path} is empty (an SB3 save is a zip archive)") from e
         raise UnreadableFileError(f"{path} is not a readable zip archive: {e}") from e
-    except ValueError as e:
-        raise UnreadableFileError(f"{path}: its data member is not JSON: {e}") from e
+    data = load_json(text, f"{path}: its data member", error=UnreadableFileError)
     if not isinstance(data, dict):
         raise UnreadableFileError(f"{path}: its data member is not a JSON object")
     return data, policy, version
