@@ -178,7 +178,7 @@ def test_bfloat16_without_ml_dtypes_is_refused_with_the_package_to_install(monke
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(data)
-    assert str(caught.value) == ("the file holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+    assert str(caught.value) == ("the torch file holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
                                  "(pip install ml_dtypes)")
 
 

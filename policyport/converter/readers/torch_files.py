@@ -51,14 +51,18 @@ SAFETENSORS_DTYPES = {
 }
 
 
+#: torch element types numpy holds only through the ml_dtypes package, which names them as torch does.
+ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+
+
 def _numpy_dtype(name: str, what: str) -> np.dtype:
-    if name == "bfloat16":
+    if name in ML_DTYPES:
         try:
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:
-            raise UnreadableFileError(f"{what} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+            return np.dtype(getattr(ml_dtypes, name))
+        except (ImportError, AttributeError):
+            raise UnreadableFileError(f"{what} holds {name} tensors, which numpy reads only with the ml_dtypes package "
                                       "(pip install ml_dtypes)") from None
     return np.dtype(name)
 
@@ -361,10 +365,17 @@ def _pickle_damage(source) -> str | None:
     return None
 
 
-def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):
+def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple], name: str = ""):
     """``value`` with every tensor copied to a numpy array (each counted in ``sizes`` first), in
     dicts, lists and tuples; each object once (``done``: id -> (object, converted)), so what torch's
-    unpickler shares stays shared and a list DAG costs one step per list, not per path."""
+    unpickler shares stays shared and a list DAG costs one step per list, not per path. ``name``:
+    where in the file ``value`` is, for messages (``sizes.what`` names the file).
+
+    Raises:
+        UnreadableFileError: a tensor numpy cannot hold as it is: sparse or another non-strided
+            layout, quantized, or an element type numpy lacks (float8 without ml_dtypes, ...).
+        LimitExceededError: the tensors together would take more than the array limit.
+    """
     import torch
 
     if not isinstance(value, (torch.Tensor, dict, list, tuple)) or isinstance(value, torch.nn.Module):
@@ -374,20 +385,32 @@ def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         sizes.take(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.element_size())
-        if t.dtype == torch.bfloat16:
-            out = t.view(torch.int16).numpy().copy().view(_numpy_dtype("bfloat16", "the file"))
+        shown = f"{sizes.what}: tensor {name!r}" if name else sizes.what
+        if t.layout != torch.strided:
+            raise UnreadableFileError(f"{shown} is stored as {t.layout}; policyport reads dense tensors: save the "
+                                      "state_dict with each tensor made dense (tensor.to_dense())")
+        if t.is_quantized:
+            raise UnreadableFileError(f"{shown} is quantized ({t.dtype}); policyport converts floating-point policies: "
+                                      "save the state_dict of the model before quantization (or tensor.dequantize())")
+        element = str(t.dtype).removeprefix("torch.")
+        if element in ML_DTYPES:  # the same bits, as ml_dtypes' numpy dtype of that name
+            bits = t.view(torch.uint8 if t.element_size() == 1 else torch.int16)
+            out = bits.numpy().copy().view(_numpy_dtype(element, sizes.what))
         else:
-            out = t.numpy().copy()
+            try:
+                out = t.numpy().copy()
+            except TypeError as e:  # an element type numpy has no dtype for
+                raise UnreadableFileError(f"{shown} holds {t.dtype} elements, which numpy has no dtype for") from e
     elif isinstance(value, dict):
         out = {}
         done[id(value)] = (value, out)
-        out.update((k, _tensors_to_numpy(v, sizes, done)) for k, v in value.items())
+        out.update((k, _tensors_to_numpy(v, sizes, done, f"{name}.{k}" if name else str(k))) for k, v in value.items())
     elif isinstance(value, list):
         out = []
         done[id(value)] = (value, out)
-        out.extend(_tensors_to_numpy(v, sizes, done) for v in value)
+        out.extend(_tensors_to_numpy(v, sizes, done, f"{name}[{i}]") for i, v in enumerate(value))
     else:
-        out = type(value)(_tensors_to_numpy(v, sizes, done) for v in value)
+        out = type(value)(_tensors_to_numpy(v, sizes, done, f"{name}[{i}]") for i, v in enumerate(value))
     done[id(value)] = (value, out)
     return out
 
