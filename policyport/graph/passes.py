@@ -77,7 +77,12 @@ def parameter_map(model) -> dict[str, dict]:
                         or len(data) > MAX_VALUE_ELEMENTS:
                     raise ValueError(f"{k!r} rebuilds {len(data)} values of dtype {dtype} and shape {shape}")
                 value = np.array(data, dtype=dtype).reshape(shape)
-            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros, "value": value,
+            transpose = v.get("transpose")
+            if transpose is not None and (not isinstance(transpose, list) or any(type(p) is not int for p in transpose)
+                                          or sorted(transpose) != list(range(len(transpose)))):
+                raise ValueError(f"{k!r} has transpose {str(transpose)[:60]}, not a permutation of its axes "
+                                 "(a list holding 0 to rank - 1 once each)")
+            mapping[k] = {"name": str(v["name"]), "transpose": transpose, "zeros": zeros, "value": value,
                           "also": [str(a) for a in v.get("also", [])]}
         return mapping
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -166,6 +171,9 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         else:
             continue
         if spec["transpose"] is not None:
+            if len(spec["transpose"]) != arr.ndim:
+                raise BadModelError(f"metadata {PARAMETERS_KEY!r} transposes {key!r} by {spec['transpose']}, but it has "
+                                    f"{arr.ndim} axes (shape {arr.shape})")
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
         for name, value in ((spec["name"], arr), *((also, arr.copy()) for also in spec["also"])):
             if name in weights:
