@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
+from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, PolicyportError, UnreadableFileError, UntrustedFileError
 from ...io.limits import check_array_bytes
 from ...io.arrays import check_zip_members, read_zip_member
 from ...io.schema import load_json
@@ -159,7 +159,6 @@ def _check_archive_sizes(source, what: str) -> None:
     size is left for the reader to say. A file that is no zip archive (torch's legacy format) is
     left alone.
     """
-    from ...errors import PolicyportError
     from .unpickle import load
 
     if isinstance(source, io.BytesIO):
@@ -426,15 +425,24 @@ def read_torch_zip(source, what: str | None = None) -> object:
     """Read torch's zip serialization without torch (see the module docstring).
 
     Raises:
-        UnreadableFileError: the legacy (pre-1.6) format, a missing ``data.pkl`` or storage, a
-            tensor reaching outside its storage.
+        UnreadableFileError: the legacy (pre-1.6) format, a damaged archive, a missing ``data.pkl``
+            or storage, a byte order other than little or big, a tensor reaching outside its storage.
         UntrustedFileError: the pickle asks for anything but tensors and containers.
         LimitExceededError: the archive's members, a storage or the tensors once copied declare more
             than the array limit (checked before each is read or copied).
     """
+    path = what or str(source)
+    try:
+        return _read_torch_zip(source, path)
+    except ZIP_ERRORS as e:  # a member that fails its CRC, corrupt deflate data ... as its storages are read
+        if isinstance(e, PolicyportError):
+            raise
+        raise UnreadableFileError(f"{path} is a damaged torch zip archive: {e}") from e
+
+
+def _read_torch_zip(source, path: str) -> object:
     from .unpickle import load
 
-    path = what or str(source)
     try:
         zf = zipfile.ZipFile(source)
     except ZIP_ERRORS:
@@ -449,8 +457,10 @@ def read_torch_zip(source, what: str | None = None) -> object:
             raise UnreadableFileError(f"{path} is a zip archive but not a torch file (no single data.pkl)")
         prefix = pickles[0][: -len("data.pkl")]
         check_zip_members(zf, path)
-        order = (read_zip_member(zf, f"{prefix}byteorder", path).decode().strip()
+        order = (read_zip_member(zf, f"{prefix}byteorder", path).decode("ascii", "replace").strip()
                  if f"{prefix}byteorder" in names else "little")
+        if order not in ("little", "big"):
+            raise UnreadableFileError(f"{path}: its byteorder member says {order[:20]!r}, not little or big")
         storages: dict[str, np.ndarray] = {}
         sizes = _TensorBytes(path)
 
