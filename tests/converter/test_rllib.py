@@ -1670,3 +1670,19 @@ def test_a_space_nested_in_spaces_deeper_than_python_recurses_is_read():
     for _ in range(5000):
         space = {"space": space}
     assert _space(space, "f") == ("discrete", 3)
+
+
+def test_a_ray1_filter_is_refused_by_its_own_field_names():
+    state = {"demean": True, "destd": np.array([1, 0]), "clip": 5.0,
+             "rs": {"_n": 3, "_M": np.array([1.0, 2.0]), "_S": np.array([8.0, 2.0])}}
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's destd is array([1, 0]), not true or false"
+    state.update(destd=True, clip="wide")
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's clip is 'wide', not a number"
+    state.update(clip=5.0, rs={"_n": 2.5, "_M": np.array([1.0]), "_S": np.array([8.0])})
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's rs._n is 2.5, not a whole number"

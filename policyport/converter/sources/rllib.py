@@ -274,17 +274,19 @@ def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
         raise BadModelError(f"the checkpoint's observation filter is a {cls}; policyport bakes in MeanStdFilter only "
                             "(convert with --no-filter to leave it out)")
     where = f"{where}: the MeanStdFilter's"
-    demean = _flag(_get(value, "demean", _get(value, "de_mean_to_zero", True)), f"{where} de_mean_to_zero")
-    destd = _flag(_get(value, "destd", _get(value, "de_std_to_one", True)), f"{where} de_std_to_one")
-    clip = _get(value, "clip", _get(value, "clip_by_value"))
+    demean_key, destd_key, clip_key = (old if _get(value, old) is not None else new for old, new in (
+        ("demean", "de_mean_to_zero"), ("destd", "de_std_to_one"), ("clip", "clip_by_value")))  # Ray 1.x, 2.x
+    demean = _flag(_get(value, demean_key, True), f"{where} {demean_key}")
+    destd = _flag(_get(value, destd_key, True), f"{where} {destd_key}")
+    clip = _get(value, clip_key)
     if isinstance(clip, str):  # a serialised state may hold it as text
         try:
             clip = float(clip)
         except ValueError:
             pass  # refused just below, as text
-    clip = None if clip is None or clip is False else real_number(clip, f"{where} clip_by_value", finite=False)
+    clip = None if clip is None or clip is False else real_number(clip, f"{where} {clip_key}", finite=False)
     if clip is not None and not clip >= 0:
-        raise BadModelError(f"{where} clip_by_value is {clip:g}; it must be at least 0 (0 for no clipping)")
+        raise BadModelError(f"{where} {clip_key} is {clip:g}; it must be at least 0 (0 for no clipping)")
     clip = clip or None
     rs = _get(value, "rs")
     if rs is not None:
