@@ -59,7 +59,8 @@ class Seed:
         target: the path, relative to the case folder, given to the commands.
         args: options ``convert`` needs for this source (``--activation`` for bare weights ...).
         make: instead of ``copy``, a function writing the seed's files into the case folder.
-        expect: the exit code of ``convert`` on the seed itself (3 for a policy policyport refuses).
+        expect: the exit code of ``convert`` on the seed itself (3 for a policy policyport refuses, 2 for
+            a format that is code, refused without ``--trust``).
     """
 
     name: str
@@ -114,13 +115,15 @@ KINDS: dict[str, list[Seed]] = {
             "rllib_fcnet.state_dict.pt", ("--from", "rllib-torch", "--activation", "tanh")),
        Seed("gaussian.safetensors", (), "gaussian.safetensors", ("--activation", "tanh"), _torch_seed(False)),
        Seed("legacy.pt (torch.save's legacy format)", (), "legacy.pt", ("--activation", "tanh"), _torch_seed(True))],
+    # Formats that are code: refused without --trust (exit 2) before anything loads them, which is what
+    # is fuzzed here; with --trust the file's code runs, and a crash in it is the file's, not a reader's.
     "torchscript": [Seed(f"torch/{p.name}", (f"torch/{p.name}",), p.name,
-                         ("--input-shape", "2,3") if p.name.startswith("activations") else ())
+                         ("--input-shape", "2,3") if p.name.startswith("activations") else (), expect=2)
                     for p in sorted((FIXTURES / "torch").glob("*.torchscript.pt"))],
     "keras": [Seed(f"keras/{p.name}", (f"keras/{p.name}",), p.name)
               for p in sorted((FIXTURES / "keras").glob("*")) if p.suffix in (".keras", ".h5")
               and p.name != "gaussian_lambda.keras"],
-    "savedmodel": [Seed("keras/savedmodel", ("keras/savedmodel",), "savedmodel")],
+    "savedmodel": [Seed("keras/savedmodel", ("keras/savedmodel",), "savedmodel", expect=2)],
 }
 
 
