@@ -1686,3 +1686,32 @@ def test_a_ray1_filter_is_refused_by_its_own_field_names():
     with pytest.raises(pp.BadModelError) as caught:
         _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
     assert str(caught.value) == "checkpoint-3: the MeanStdFilter's rs._n is 2.5, not a whole number"
+
+
+def _serialised(array: np.ndarray) -> str:
+    """An array as RLlib serialises it in a JSON-able state: base64 of zlib of ``.npy`` bytes."""
+    import base64
+    import io
+    import zlib
+
+    npy = io.BytesIO()
+    np.save(npy, array)
+    return base64.b64encode(zlib.compress(npy.getvalue())).decode()
+
+
+def test_filter_statistics_are_refused_by_their_sum_before_the_second_is_decompressed():
+    """Each array under the limit, the two together above it: the limit is named, not memory run out of."""
+    from policyport.io.limits import using_limits
+
+    stats = {"num_pushes": 5, "mean_array": _serialised(np.zeros(100)), "sum_sq_diff_array": _serialised(np.ones(100))}
+    state = {"de_mean_to_zero": True, "de_std_to_one": True, "clip_by_value": 10.0, "running_stats": [stats]}
+    with using_limits(array_bytes=1000), pytest.raises(pp.LimitExceededError) as refused:
+        _filter(state, "state.pkl")
+    assert str(refused.value).startswith(
+        "state.pkl: the MeanStdFilter's running_stats.sum_sq_diff_array (float64, shape (100,)) with the arrays read "
+        "before it would take 1.56 KiB (1,600 bytes), above the limit of 1000 B")
+    with using_limits(array_bytes=1600):
+        assert _filter(state, "state.pkl").mean.tolist() == [0.0] * 100
+    rs = {"rs": {"_n": 5, "_M": _serialised(np.zeros(100)), "_S": _serialised(np.ones(100))}}
+    with using_limits(array_bytes=1000), pytest.raises(pp.LimitExceededError, match=r"rs\._S .* with the arrays read"):
+        _filter(rs, "state.pkl")

@@ -171,7 +171,7 @@ def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
     return pid
 
 
-def _decode_array(value: Any, what: str) -> Any:
+def _decode_array(value: Any, what: str, before: int = 0) -> Any:
     """RLlib serialises arrays in JSON-able states as base64 of zlib of ``.npy`` bytes
     (``ray/rllib/utils/serialization.py``); anything else, or text that does not decode, comes back
     unchanged. The ``.npy`` header is checked against the array limit before its data is
@@ -180,13 +180,16 @@ def _decode_array(value: Any, what: str) -> Any:
     Args:
         value: the state's entry.
         what: how to name it in messages (``f"{where}: the MeanStdFilter's mean_array"``).
+        before: the bytes of the arrays decoded before it from the same state, which it may take
+            together with no more than the array limit.
 
     Raises:
-        LimitExceededError: the array it holds would take more than the array limit.
+        LimitExceededError: the array it holds would take more than the array limit, alone or
+            with ``before``.
     """
     if isinstance(value, str) and value.startswith("eJ"):
         try:
-            return read_npy_zlib(base64.b64decode(value, validate=True), what)
+            return read_npy_zlib(base64.b64decode(value, validate=True), what, before=before)
         except LimitExceededError:
             raise
         except (ValueError, UnreadableFileError):
@@ -316,10 +319,12 @@ def _statistics(stats: Any, names: tuple[str, str], where: str) -> tuple[np.ndar
 
     Raises:
         BadModelError: either is not numbers (or holds NaN), or the two differ in shape.
+        LimitExceededError: serialised, the two would take more than the array limit together
+            (the second checked by its header, before it is decompressed).
     """
     mean_name, squares_name = names
     mean = fields.number_array(_decode_array(_get(stats, mean_name), f"{where}.{mean_name}"), f"{where}.{mean_name}")
-    squares = fields.number_array(_decode_array(_get(stats, squares_name), f"{where}.{squares_name}"),
+    squares = fields.number_array(_decode_array(_get(stats, squares_name), f"{where}.{squares_name}", mean.nbytes),
                                   f"{where}.{squares_name}")
     if mean.shape != squares.shape:
         raise BadModelError(f"{where}.{mean_name} has shape {mean.shape} and {squares_name} {squares.shape}; "
