@@ -38,9 +38,13 @@ _METHODS = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA"}
 # ----------------------------------------------------------------------------------- Keras files
 
 
-def check_keras_config(path: Path) -> None:
+def check_keras_config(path: Path) -> dict | None:
     """Refuse a ``.keras`` or ``.h5`` file whose config declares more than the limits allow, from
     the config alone, before Keras reads the file (see the module docstring).
+
+    Returns:
+        The model config (``config.json``, or an ``.h5`` file's ``model_config``), None where the
+        file holds none that can be told.
 
     Raises:
         UnreadableFileError: a ``.keras`` member compressed with another method than stored or
@@ -51,7 +55,7 @@ def check_keras_config(path: Path) -> None:
     """
     config = _read_config(path)
     if config is None:
-        return
+        return None
     layers: list[tuple[str, str, int, int]] = []
     _walk(config.get("config"), None, layers)
     count, limit = len(layers), limits().nodes
@@ -67,6 +71,7 @@ def check_keras_config(path: Path) -> None:
         name, kind, elements, size = max(layers, key=lambda layer: layer[2] * layer[3])
         check_array_bytes(total, f"{path}: the weights its config declares ({elements:,} in the {kind} layer {name!r} "
                           "alone)", purpose="the weights of a model, sized from its config")
+    return config
 
 
 def _read_config(path: Path) -> dict | None:

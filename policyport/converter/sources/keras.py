@@ -58,6 +58,7 @@ from ...errors import (
     listing,
 )
 from ...io.kinds import sha256_file
+from ...text import bounded_repr
 from ..assumptions import Oracle, head_assumption, outside_normaliser
 from ..build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 from ..keras_sizes import check_keras_config, check_savedmodel_sizes
@@ -163,7 +164,9 @@ def load_keras_file(path: Path, trust: bool = False):
     if not path.exists():
         raise UnreadableFileError(f"{path}: no such file")
     _check_keras_file(path)
-    check_keras_config(path)
+    config = check_keras_config(path)
+    if not trust and config is not None:
+        _refuse_code_layers(config, path)
     try:
         return fw.keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except ValueError as e:
@@ -181,19 +184,52 @@ def load_keras_file(path: Path, trust: bool = False):
         raise UnreadableFileError(f"{path} is not a readable Keras model: {type(e).__name__}: {_first_line(e)}") from e
 
 
+#: Layer classes whose loading runs what the file holds, and what each runs: Keras' safe mode refuses
+#: them (``keras/src/saving/serialization_lib.py``), and policyport refuses them from the config first.
+CODE_LAYERS = {
+    "TFSMLayer": "a TFSMLayer{name}, which loads an external SavedModel and runs its graph when the model is loaded",
+    "Lambda": "a Lambda layer{name}, whose function Keras deserializes as Python code (bytecode) that runs when the "
+              "model is loaded",
+}
+
+
 def _safe_mode_refusal(path: Path, error: ValueError) -> str:
     """What Keras' safe mode refused in ``path``, told from its message ("Requested the
     deserialization of a `TFSMLayer`" ...): a TFSMLayer, a Lambda layer's bytecode, or other Python
     code of the config."""
     text = str(error)  # Keras 3.14 quotes the class (`Lambda`); 3.15 does not
     if re.search(r"\bTFSMLayer\b", text):
-        what = "a TFSMLayer, which loads an external SavedModel and runs its graph when the model is loaded"
+        what = CODE_LAYERS["TFSMLayer"].format(name="")
     elif re.search(r"\bLambda\b", text):
         what = "a Lambda layer as Python bytecode, which runs when the model is loaded"
     else:
         what = f"Python code that runs when the model is loaded ({_first_line(error)})"
     return (f"{path} stores {what}; policyport loads Keras files in Keras' safe mode and refused it (nothing from the "
             "file ran). If you trust this file, pass --trust (trust=True)")
+
+
+def _refuse_code_layers(config: dict, path: Path) -> None:
+    """Refuse a model config naming a layer of :data:`CODE_LAYERS` anywhere in it (nested models
+    and wrapped layers too), before Keras reads the file.
+
+    Raises:
+        UntrustedFileError: naming the layer's class and name.
+    """
+    stack = [config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            kind = value.get("class_name")
+            if isinstance(kind, str) and kind in CODE_LAYERS:
+                layer = value.get("config") if isinstance(value.get("config"), dict) else {}
+                name = f" {bounded_repr(layer['name'])}" if isinstance(layer.get("name"), str) else ""
+                raise UntrustedFileError(
+                    f"{path} stores {CODE_LAYERS[kind].format(name=name)}; policyport refused it from the model's "
+                    "config before Keras read the file (nothing from the file ran). If you trust this file, pass "
+                    "--trust (trust=True)")
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 #: The 8 bytes an HDF5 file starts with (at offset 0, or 512, 1024, 2048 ... after a user block);
