@@ -8,6 +8,9 @@ mismatch, 3 bad model or input, 4 missing optional dependency. Usage errors (exi
 
 from __future__ import annotations
 
+import struct
+import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -189,6 +192,16 @@ class UndrawableInputError(InputMismatchError):
 
 class UnreadableFileError(PolicyportError, OSError):
     """A file that is missing, unreadable or not of the expected format (exit 3)."""
+
+
+#: What ``zipfile`` raises reading a damaged, truncated, encrypted or unusual archive: a bad magic number
+#: or CRC (``BadZipFile``), corrupt deflate data (``zlib.error``, ``EOFError``), a zip version or
+#: compression method it lacks (``NotImplementedError``), an encrypted member (``RuntimeError``), a
+#: member name flagged UTF-8 that is not (``UnicodeDecodeError``, a ``ValueError``), a corrupt extra
+#: field (``struct.error``), a short read (``OSError``). Readers of zip archives (an SB3 save, a torch
+#: file, an ``.npz``, a ``.keras`` file) catch these and raise :class:`UnreadableFileError`.
+ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
+              ValueError, struct.error, OSError)
 
 
 class UntrustedFileError(PolicyportError, PermissionError):

@@ -117,3 +117,35 @@ def test_a_malformed_value_entry_is_refused(metadrive_model, value):
     mapping = {"x": {"name": "x", "value": value}}
     with pytest.raises(pp.BadModelError, match="policyport.parameters' is malformed"):
         pp.extract_weights(_with_metadata(metadrive_model, **{"policyport.parameters": json.dumps(mapping)}))
+
+
+@pytest.mark.parametrize("transpose, message", [
+    ("x", "metadata 'policyport.parameters' is malformed: 'default_policy/fc_1/kernel' has transpose x, not a "
+          "permutation of its axes (a list holding 0 to rank - 1 once each)"),
+    ([0, 0], "metadata 'policyport.parameters' is malformed: 'default_policy/fc_1/kernel' has transpose [0, 0], not a "
+             "permutation of its axes (a list holding 0 to rank - 1 once each)"),
+    ([5, 1], "metadata 'policyport.parameters' is malformed: 'default_policy/fc_1/kernel' has transpose [5, 1], not a "
+             "permutation of its axes (a list holding 0 to rank - 1 once each)"),
+    ([True, False], "metadata 'policyport.parameters' is malformed: 'default_policy/fc_1/kernel' has transpose [True, "
+                    "False], not a permutation of its axes (a list holding 0 to rank - 1 once each)"),
+    ([1, 0, 2], "metadata 'policyport.parameters' transposes 'default_policy/fc_1/kernel' by [1, 0, 2], but it has 2 "
+                "axes (shape (275, 256))"),
+])
+def test_a_transpose_that_is_no_permutation_of_the_initializers_axes_is_refused(tmp_path, metadrive_model, transpose,
+                                                                                 message):
+    import json
+
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    mapping = json.loads({p.key: p.value for p in metadrive_model.metadata_props}["policyport.parameters"])
+    mapping["default_policy/fc_1/kernel"] = {"name": "default_policy/fc_1/kernel", "transpose": transpose}
+    model = _with_metadata(metadrive_model, **{"policyport.parameters": json.dumps(mapping)})
+    onnx.save(model, tmp_path / "m.onnx")
+    for command in (["extract", tmp_path / "m.onnx", "-o", tmp_path / "w.npz"], ["pack", tmp_path / "m.onnx", "-o",
+                                                                                  tmp_path / "packed"]):
+        result = CliRunner().invoke(app, [str(a) for a in command])
+        assert result.exit_code == 3, result.output
+        assert " ".join(result.stderr.split()) == f"error: {message}"
+    assert not (tmp_path / "w.npz").exists() and not (tmp_path / "packed").exists()

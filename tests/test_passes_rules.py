@@ -203,7 +203,7 @@ def test_zero_parameters_an_exporter_dropped_are_rebuilt():
 
 
 @pytest.mark.parametrize("raw,message", [
-    ("{not json", "is malformed"),
+    ("{not json", "is not valid JSON"),
     (json.dumps({"W": {"transpose": [1, 0]}}), "is malformed: 'name'"),
     (json.dumps({"b": {"name": "b", "zeros": {"shape": [2], "dtype": "complex64"}}}), "rebuilds zeros of dtype complex64"),
     (json.dumps({"b": {"name": "b", "zeros": {"shape": [-2], "dtype": "float32"}}}), r"shape \[-2\]"),
@@ -548,7 +548,7 @@ def test_names_the_recorded_order_leaves_out_follow_in_their_own_order():
             "policyport.parameter_order": json.dumps(["fc/bias"])}
     assert list(extract_weights(_linear(meta))) == ["fc/bias", "fc/kernel", "z"]
     meta["policyport.parameter_order"] = "[not json"
-    with pytest.raises(BadModelError, match=r"^metadata 'policyport.parameter_order' is malformed: Expecting value"):
+    with pytest.raises(BadModelError, match=r"^model metadata 'policyport.parameter_order' is not valid JSON: Expecting value"):
         extract_weights(_linear(meta))
 
 

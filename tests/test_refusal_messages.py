@@ -23,22 +23,65 @@ def said(result) -> str:
     return " ".join(result.stderr.split())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")
-def test_a_tfsm_layer_is_refused_as_what_it_is_not_as_lambda_bytecode(tmp_path):
+def _keras_with(path: Path, layer: dict, wrapped: bool = False) -> Path:
+    """A .keras archive of a Sequential model holding ``layer`` after its input (inside a nested
+    Sequential when ``wrapped``), with no weights."""
     layers = [{"module": "keras.layers", "class_name": "InputLayer", "registered_name": None,
-               "config": {"name": "obs", "batch_shape": [None, 4], "dtype": "float32"}},
-              {"module": "keras.layers", "class_name": "TFSMLayer", "registered_name": None,
-               "config": {"name": "wrapped", "filepath": str(tmp_path / "elsewhere"), "call_endpoint": "serve"}}]
-    with zipfile.ZipFile(tmp_path / "tfsm.keras", "w") as zf:
+               "config": {"name": "obs", "batch_shape": [None, 4], "dtype": "float32"}}, layer]
+    if wrapped:
+        layers[1:] = [{"module": "keras", "class_name": "Sequential", "config": {"name": "inner", "layers": [layer]}}]
+    with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("metadata.json", json.dumps({"keras_version": "3.11.0"}))
         zf.writestr("config.json", json.dumps({"module": "keras", "class_name": "Sequential",
                                                "config": {"name": "policy", "layers": layers}}))
         zf.writestr("model.weights.h5", b"")
-    result = runner.invoke(app, ["convert", str(tmp_path / "tfsm.keras"), "-o", str(tmp_path / "m.onnx")])
-    assert result.exit_code == 3
-    assert ("tfsm.keras stores a TFSMLayer, which loads an external SavedModel and runs its graph when the model is "
-            "loaded; policyport loads Keras files in Keras' safe mode and refused it") in said(result)
-    assert "Lambda" not in said(result) and "bytecode" not in said(result)
+    return path
+
+
+TFSM_LAYER = {"module": "keras.layers", "class_name": "TFSMLayer", "registered_name": None,
+              "config": {"name": "wrapped", "filepath": "elsewhere", "call_endpoint": "serve"}}
+LAMBDA_LAYER = {"module": "keras.layers", "class_name": "Lambda", "registered_name": None,
+                "config": {"name": "scale", "function": {"class_name": "__lambda__", "config": {"code": "4wEAAA=="}}}}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_tfsm_layer_is_refused_as_what_it_is_from_the_config_before_keras_reads_the_file(tmp_path, monkeypatch,
+                                                                                          wrapped):
+    import keras
+
+    def never(*args, **kwargs):
+        raise AssertionError("Keras was asked to load the file")
+
+    monkeypatch.setattr(keras.saving, "load_model", never)
+    path = _keras_with(tmp_path / "tfsm.keras", TFSM_LAYER, wrapped)
+    for args in (["convert", str(path), "-o", str(tmp_path / "m.onnx")], ["inspect", str(path)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 3, result.output
+        assert said(result) == (f"error: {path} stores a TFSMLayer 'wrapped', which loads an external SavedModel and "
+                                "runs its graph when the model is loaded; policyport refused it from the model's config "
+                                "before Keras read the file (nothing from the file ran). If you trust this file, pass "
+                                "--trust (trust=True)")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")
+def test_a_lambda_layer_is_refused_from_the_config_and_trust_lets_keras_read_it(tmp_path, monkeypatch):
+    import keras
+
+    from policyport.converter.sources.keras import load_keras_file
+
+    asked = []
+    monkeypatch.setattr(keras.saving, "load_model", lambda *args, **kwargs: asked.append(kwargs) or "loaded")
+    path = _keras_with(tmp_path / "lambda.keras", LAMBDA_LAYER)
+    with pytest.raises(pp.UntrustedFileError) as refused:
+        load_keras_file(path)
+    assert str(refused.value).startswith(f"{path} stores a Lambda layer 'scale', whose function Keras deserializes "
+                                         "as Python code (bytecode) that runs when the model is loaded; policyport "
+                                         "refused it from the model's config before Keras read the file")
+    assert asked == []
+    assert load_keras_file(path, trust=True) == "loaded"
+    assert asked == [{"compile": False, "safe_mode": False}]
 
 
 def _zeroed_pickle(state: dict) -> bytes:

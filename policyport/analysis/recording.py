@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, UnreadableFileError, listing, require
-from .tables import META_FILE, META_KEY, Table, open_table
+from .tables import META_FILE, META_KEY, Table, described_tensors, open_table
 
 FORMAT = "policyport.recording/1"
 #: Output formats of :func:`policyport.analysis.record_dataset`.
@@ -81,7 +81,7 @@ class Recording:
         self.path = Path(path)
         self.left_out: dict[str, tuple[int, ...]] = dict(self.table.left_out)
         self.metadata = dict(self.table.metadata or {})
-        described = {t["name"]: t for t in self.metadata.get("tensors", [])}
+        described = described_tensors(self.metadata, self.path)
         self.tensors: list[TensorInfo] = []
         for col in self.table.columns.values():
             if col.shape is None:

@@ -21,9 +21,9 @@ count against the process), so memory is bounded by the block, not the file. Obs
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import reprlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +32,12 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from ..errors import UnreadableFileError, listing, require
+from ..errors import ZIP_ERRORS, PolicyportError, UnreadableFileError, listing, require
 from ..io.outputs import WEIGHTS_COMMENT
 from ..io.limits import check_array_bytes
 from ..io.arrays import check_npz_arrays
 from ..io.kinds import not_a_file
+from ..io.schema import load_json
 
 #: Key of the JSON document a recording carries (a 0-d string member of an .npz, parquet schema metadata).
 META_KEY = "policyport.recording"
@@ -189,8 +190,8 @@ class NpzTable(Table):
                     self._members[name] = info.filename
                     self.columns[name] = Column(name, dtype, shape[1:])
                     shapes[name] = shape
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
-            if isinstance(e, UnreadableFileError):
+        except ZIP_ERRORS as e:
+            if isinstance(e, PolicyportError):
                 raise
             raise UnreadableFileError(f"{path} is not a readable .npz file: {e}") from e
         if per_observation:
@@ -327,13 +328,40 @@ def _blocks(streams: dict, columns: dict[str, Column], rows: int, batch_size: in
 
 
 def _metadata(value, path) -> dict:
-    try:
-        doc = json.loads(str(value.item() if isinstance(value, np.ndarray) else value))
-        if not isinstance(doc, dict):
-            raise ValueError("not an object")
-        return doc
-    except ValueError as e:
-        raise UnreadableFileError(f"{path}: its {META_KEY} metadata is not a JSON object: {e}") from e
+    """A recording's description: JSON text (or its UTF-8 bytes, or a 0-d array of the text) holding an object.
+
+    Raises:
+        UnreadableFileError: not JSON, not an object, or a ``tensors`` entry that is not a list of
+            objects each naming its tensor (:func:`described_tensors`).
+    """
+    text = value if isinstance(value, (str, bytes)) else str(value.item() if isinstance(value, np.ndarray) else value)
+    doc = load_json(text, f"{path}: its {META_KEY} metadata", error=UnreadableFileError)
+    if not isinstance(doc, dict):
+        raise UnreadableFileError(f"{path}: its {META_KEY} metadata is not a JSON object")
+    described_tensors(doc, path)
+    return doc
+
+
+def described_tensors(metadata: Mapping | None, path) -> dict[str, dict]:
+    """The ``tensors`` of a recording's description (each ``{"name", "op_type", "dtype", "shape"}``), by name.
+
+    Raises:
+        UnreadableFileError: ``tensors`` is not a list of objects with a string ``name``, or a
+            ``shape`` that is not a list of whole numbers.
+    """
+    entries = (metadata or {}).get("tensors", [])
+    where = f"{path}: its {META_KEY} metadata's tensors"
+    if not isinstance(entries, list):
+        raise UnreadableFileError(f"{where} is a {type(entries).__name__}, not a list")
+    described = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise UnreadableFileError(f"{where}[{i}] is {reprlib.repr(entry)}, not an object with a name")
+        shape = entry.get("shape", [])
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise UnreadableFileError(f"{where}[{i}].shape is {reprlib.repr(shape)}, not a list of whole numbers")
+        described[entry["name"]] = entry
+    return described
 
 
 class ParquetTable(Table):
@@ -348,8 +376,8 @@ class ParquetTable(Table):
             raise UnreadableFileError(f"{path} is not a readable .parquet file: {e}") from e
         schema = self._file.schema_arrow
         raw = (schema.metadata or {}).get(META_KEY.encode())
-        self.metadata = _metadata(raw.decode("utf-8"), path) if raw else None
-        shapes = {t["name"]: tuple(t["shape"]) for t in (self.metadata or {}).get("tensors", [])}
+        self.metadata = _metadata(raw, path) if raw else None
+        shapes = {name: tuple(t.get("shape", ())) for name, t in described_tensors(self.metadata, path).items()}
         self.rows = self._file.metadata.num_rows
         self.columns = {f.name: _arrow_column(f, shapes.get(f.name), path) for f in schema}
         _check_list_values(self._file.metadata, schema, self.columns, path)

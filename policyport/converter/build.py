@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError, require
+from ..errors import BadModelError, LimitExceededError, OptionError, require
 from ..graph.model import INPUT_RANGES_KEY
 from .activations import Activation
 
@@ -236,6 +236,11 @@ class MlpSpec:
         return self.output.weight.dtype
 
 
+#: The most bytes one protobuf message holds (``INT_MAX``): an ONNX model whose initializers take more
+#: must keep them as external data, which the built model does not.
+PROTOBUF_BYTES = 2**31 - 1
+
+
 class MlpBuilder:
     """Accumulates nodes and initializers; one per model."""
 
@@ -248,6 +253,7 @@ class MlpBuilder:
         self.initializers = []
         self.parameters: dict[str, str] = {}
         self._names: set[str] = set()
+        self._bytes = 0
 
     def node(self, op_type: str, inputs: list[str], output: str, **attrs) -> str:
         if output in self._names:
@@ -290,7 +296,16 @@ class MlpBuilder:
             name = f"{base}/parameter" + (f"_{n}" if n > 1 else "")
             n += 1
         self._names.add(name)
-        self.initializers.append(self.numpy_helper.from_array(np.asarray(array), name))
+        array = np.asarray(array)
+        self._bytes += array.nbytes  # the bytes it takes once written out (a stride-0 array's too)
+        if self._bytes > PROTOBUF_BYTES:
+            from ..io.limits import format_size
+
+            raise LimitExceededError(
+                f"the model's initializers would take {format_size(self._bytes)} once {name!r} ({array.dtype}, shape "
+                f"{array.shape}) is added, more than the 2 GiB one ONNX protobuf holds; policyport writes a model's "
+                "weights inside it, not as external data")
+        self.initializers.append(self.numpy_helper.from_array(array, name))
         if source_name is not None:
             self.parameters[name] = source_name
         return name

@@ -17,14 +17,14 @@ before Keras or TensorFlow reads the file and allocates it.
 
 from __future__ import annotations
 
-import json
 import math
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import LimitExceededError, UnreadableFileError
+from ..errors import ZIP_ERRORS, LimitExceededError, PolicyportError, UnreadableFileError
 from ..io.limits import ENV_NODES, check_array_bytes, check_json_bytes, check_memory, limits
+from ..io.schema import load_json
 
 #: Memory that loading and converting one Keras layer takes beside its weights: its Keras and
 #: TensorFlow objects, its part of the traced function and of tf2onnx's graph. Measured as the
@@ -38,9 +38,13 @@ _METHODS = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA"}
 # ----------------------------------------------------------------------------------- Keras files
 
 
-def check_keras_config(path: Path) -> None:
+def check_keras_config(path: Path) -> dict | None:
     """Refuse a ``.keras`` or ``.h5`` file whose config declares more than the limits allow, from
     the config alone, before Keras reads the file (see the module docstring).
+
+    Returns:
+        The model config (``config.json``, or an ``.h5`` file's ``model_config``), None where the
+        file holds none that can be told.
 
     Raises:
         UnreadableFileError: a ``.keras`` member compressed with another method than stored or
@@ -51,7 +55,7 @@ def check_keras_config(path: Path) -> None:
     """
     config = _read_config(path)
     if config is None:
-        return
+        return None
     layers: list[tuple[str, str, int, int]] = []
     _walk(config.get("config"), None, layers)
     count, limit = len(layers), limits().nodes
@@ -67,6 +71,7 @@ def check_keras_config(path: Path) -> None:
         name, kind, elements, size = max(layers, key=lambda layer: layer[2] * layer[3])
         check_array_bytes(total, f"{path}: the weights its config declares ({elements:,} in the {kind} layer {name!r} "
                           "alone)", purpose="the weights of a model, sized from its config")
+    return config
 
 
 def _read_config(path: Path) -> dict | None:
@@ -74,20 +79,26 @@ def _read_config(path: Path) -> dict | None:
     ``model_config`` attribute), read within the limits; None where the file holds none that can
     be told (Keras then says what is wrong)."""
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if info.compress_type not in _BOUNDED:
-                    method = _METHODS.get(info.compress_type, f"method {info.compress_type}")
-                    raise UnreadableFileError(
-                        f"{path}: member {info.filename!r} is compressed with {method}, which Python's zipfile "
-                        "decompresses without a bound on its size; a .keras archive holds stored or deflated members "
-                        "(Keras writes them stored) — save the model again")
-            try:
-                info = zf.getinfo("config.json")
-            except KeyError:
-                return None
-            check_json_bytes(info.file_size, f"{path}: config.json")
-            text = zf.read(info)  # no more than the size just checked: zipfile stops there
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    if info.compress_type not in _BOUNDED:
+                        method = _METHODS.get(info.compress_type, f"method {info.compress_type}")
+                        raise UnreadableFileError(
+                            f"{path}: member {info.filename!r} is compressed with {method}, which Python's zipfile "
+                            "decompresses without a bound on its size; a .keras archive holds stored or deflated "
+                            "members (Keras writes them stored) — save the model again")
+                try:
+                    info = zf.getinfo("config.json")
+                except KeyError:
+                    return None
+                check_json_bytes(info.file_size, f"{path}: config.json")
+                text = zf.read(info)  # no more than the size just checked: zipfile stops there
+        except ZIP_ERRORS as e:
+            if isinstance(e, PolicyportError):
+                raise
+            raise UnreadableFileError(f"{path} is not a readable .keras archive (a damaged or truncated zip file: "
+                                      f"{e})") from e
     else:
         try:
             import h5py
@@ -101,10 +112,7 @@ def _read_config(path: Path) -> dict | None:
                 text = f.attrs["model_config"]
         except (OSError, KeyError, ValueError, TypeError):
             return None  # not an HDF5 file h5py reads: Keras says so
-    try:
-        config = json.loads(text)
-    except (ValueError, RecursionError, UnicodeDecodeError) as e:
-        raise UnreadableFileError(f"{path}: its model config is not JSON ({type(e).__name__}: {e})") from None
+    config = load_json(text, f"{path}: its model config", error=UnreadableFileError)
     if not isinstance(config, dict):
         raise UnreadableFileError(f"{path}: its model config is not a JSON object")
     return config

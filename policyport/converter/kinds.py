@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Mapping
 
 
-from ..errors import BadModelError, TrustRequiredError, UnreadableFileError
+from ..errors import ZIP_ERRORS, BadModelError, TrustRequiredError, UnreadableFileError
 
 
 #: Source kind -> ``"module:function"`` converting it; the function takes ``(source, options)``
@@ -60,7 +60,7 @@ def _is_zip_with(path: Path, *members: str) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
             names = {n.rsplit("/", 1)[-1] for n in zf.namelist()} | set(zf.namelist())
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:
         return False
     return all(m in names for m in members)
 

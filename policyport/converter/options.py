@@ -17,6 +17,7 @@ from ..errors import (
     InputMismatchError,
     check_argument,
 )
+from ..io.schema import load_json
 from .assumptions import Assumption, Oracle, reconstruction
 from .build import DEFAULT_OPSET
 
@@ -141,12 +142,10 @@ class ConvertOptions:
         """
         if not text:
             return cls()
-        try:
-            recorded = json.loads(text)
-            if not isinstance(recorded, dict):
-                raise ValueError(f"expected an object, got {type(recorded).__name__}")
-        except (ValueError, RecursionError) as e:
-            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {e}") from e
+        recorded = load_json(text, f"model metadata {OPTIONS_KEY!r}")
+        if not isinstance(recorded, dict):
+            raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: expected an object, got "
+                                f"{type(recorded).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
         values = {k: v for k, v in recorded.items() if k in known}
         for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples

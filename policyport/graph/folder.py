@@ -25,7 +25,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
-import json
 import os
 import re
 import stat
@@ -33,7 +32,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadModelError, UnreadableFileError
+from ..errors import ZIP_ERRORS, BadModelError, UnreadableFileError
 from ..io.entries import folder_entries, folder_entries_at  # noqa: F401  (re-exported: the format's readers list folders with them)
 from ..io.schema import (
     Anything,
@@ -48,7 +47,7 @@ from ..io.schema import (
     OneOf,
     Str,
     Where,
-    check_depth,
+    load_json,
 )
 
 #: The value of ``policy.json``'s ``"format"`` key that this version writes and reads.
@@ -218,18 +217,7 @@ def parse_json(data: bytes, document: str, schema) -> Any:
         BadModelError: not UTF-8, not JSON, nested deeper than :data:`MAX_JSON_DEPTH`, or not
             fitting the schema (the message names the place).
     """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadModelError(f"{document} is not UTF-8 text: {e}") from None
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise BadModelError(f"{document}: nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects") from None
-    except ValueError as e:
-        raise BadModelError(f"{document} is not valid JSON: {e}") from None
-    check_depth(doc, MAX_JSON_DEPTH, document)
-    return schema.validate(doc, document)
+    return schema.validate(load_json(data, document, depth=MAX_JSON_DEPTH), document)
 
 
 def listed_files(policy: dict, document: str) -> list[str]:
@@ -436,7 +424,7 @@ def _read_npz(data: bytes, path: Path) -> dict:
         return read_npz(io.BytesIO(data), str(path), max_bytes=data_limit(), max_arrays=MAX_NPZ_ARRAYS)
     except UnreadableFileError as e:  # a damaged file of the bundle: the bundle is bad
         raise BadModelError(str(e)) from e
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    except ZIP_ERRORS as e:
         if isinstance(e, BadModelError):
             raise
         raise BadModelError(f"{path} is not a readable .npz of plain arrays: {e}") from e
@@ -475,8 +463,8 @@ def _refuse_unlisted_code(directory: Path, entries: tuple[list[str], list[str], 
 
 def _parse_policy(data: bytes, document: str) -> dict[str, Any]:
     try:
-        head = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
+        head = load_json(data, document)
+    except BadModelError:
         head = None  # parse_json below says what is wrong
     if isinstance(head, dict) and head.get("format") != BUNDLE_FORMAT:
         found = head.get("format")

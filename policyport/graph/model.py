@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadModelError, require
+from ..io.schema import load_json
 
 #: Model metadata key: graph input -> the values it may take, for inputs whose valid range the
 #: source knows (a ``Discrete``/``MultiDiscrete`` observation's indices). JSON
@@ -39,8 +40,8 @@ def recorded_assumptions(metadata: dict[str, str]) -> list[dict[str, str]] | Non
     if ASSUMPTIONS_KEY not in metadata:
         return None
     try:
-        values = json.loads(metadata[ASSUMPTIONS_KEY])
-    except ValueError:
+        values = load_json(metadata[ASSUMPTIONS_KEY], f"model metadata {ASSUMPTIONS_KEY!r}")
+    except BadModelError:
         return []
     keys = ("topic", "assumes", "because")
     return [{**{k: v[k] for k in keys}, "settle": str(v.get("settle", ""))}
@@ -318,8 +319,10 @@ class Graph:
             BadModelError: the JSON is not a policyport graph, or an initializer is missing or
                 differs in dtype or shape from what the JSON lists.
         """
+        d = load_json(text, "graph JSON")
         try:
-            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise BadModelError(f"malformed graph JSON: expected an object, got {type(d).__name__}")
             if d.get("format") != "policyport.graph/1":
                 raise BadModelError(f"not a policyport graph (format {d.get('format')!r})")
             inits = {}

@@ -17,12 +17,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, require
+from ..io.schema import load_json
 from .onnx_files import ensure_model
 from .model import tensor_array
 
@@ -59,8 +59,8 @@ def parameter_map(model) -> dict[str, dict]:
         weights = parameter_names(model.graph)
         return {t.name: {"name": t.name, "transpose": None, "zeros": None, "value": None, "also": []}
                 for t in model.graph.initializer if t.name in weights}
+    raw = load_json(props[PARAMETERS_KEY], f"model metadata {PARAMETERS_KEY!r}")
     try:
-        raw = json.loads(props[PARAMETERS_KEY])
         mapping = {}
         for k, v in raw.items():
             if isinstance(v, str):
@@ -80,7 +80,12 @@ def parameter_map(model) -> dict[str, dict]:
                         or len(data) > MAX_VALUE_ELEMENTS:
                     raise ValueError(f"{k!r} rebuilds {len(data)} values of dtype {dtype} and shape {shape}")
                 value = np.array(data, dtype=dtype).reshape(shape)
-            mapping[k] = {"name": str(v["name"]), "transpose": v.get("transpose"), "zeros": zeros, "value": value,
+            transpose = v.get("transpose")
+            if transpose is not None and (not isinstance(transpose, list) or any(type(p) is not int for p in transpose)
+                                          or sorted(transpose) != list(range(len(transpose)))):
+                raise ValueError(f"{k!r} has transpose {str(transpose)[:60]}, not a permutation of its axes "
+                                 "(a list holding 0 to rank - 1 once each)")
+            mapping[k] = {"name": str(v["name"]), "transpose": transpose, "zeros": zeros, "value": value,
                           "also": [str(a) for a in v.get("also", [])]}
         return mapping
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -172,6 +177,9 @@ def extract_weights(model) -> dict[str, np.ndarray]:
         else:
             continue
         if spec["transpose"] is not None:
+            if len(spec["transpose"]) != arr.ndim:
+                raise BadModelError(f"metadata {PARAMETERS_KEY!r} transposes {key!r} by {spec['transpose']}, but it has "
+                                    f"{arr.ndim} axes (shape {arr.shape})")
             arr = np.ascontiguousarray(np.transpose(arr, np.argsort(spec["transpose"])))
         for name, value in ((spec["name"], arr), *((also, arr.copy()) for also in spec["also"])):
             if name in weights:
@@ -312,10 +320,10 @@ def source_order(model) -> dict[str, int]:
     order = {p.key: p.value for p in model.metadata_props}.get(ORDER_KEY)
     if not order:
         return {}
-    try:
-        return {str(name): i for i, name in enumerate(json.loads(order))}
-    except (ValueError, TypeError) as e:
-        raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: {e}") from e
+    names = load_json(order, f"model metadata {ORDER_KEY!r}")
+    if not isinstance(names, list):
+        raise BadModelError(f"metadata {ORDER_KEY!r} is malformed: expected a list, got {type(names).__name__}")
+    return {str(name): i for i, name in enumerate(names)}
 
 
 def infer_shapes(model):

@@ -44,6 +44,7 @@ from ..graph.folder import (
     runtime_digest,
 )
 from ..graph.model import Graph, recorded_assumptions
+from ..io.schema import load_json
 from ..runtime.base import count_observations
 from ..runtime.packed import SOURCES_KEY, load_graph, place_initializer, same_bits
 
@@ -426,8 +427,8 @@ def _json_or_text(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        return load_json(text, "a model metadata value")
+    except BadModelError:
         return text
 
 

@@ -14,7 +14,7 @@ from typing import BinaryIO, Mapping
 
 import numpy as np
 
-from ..errors import (BadModelError, LimitExceededError, PolicyportError, UnreadableFileError)
+from ..errors import ZIP_ERRORS, BadModelError, LimitExceededError, PolicyportError, UnreadableFileError
 from .kinds import NPY_MAGIC, _ZIP_MAGICS, _open_regular, _what_it_is
 from .limits import ENV_NPZ_ARRAYS, check_array_bytes, format_size, limits
 from .outputs import Writer, write_atomic
@@ -92,8 +92,7 @@ def read_npz(file: BinaryIO, where: str, *, max_bytes: int | None = None,
             return arrays
     except PolicyportError:
         raise
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError, RuntimeError,
-            NotImplementedError, ValueError) as e:  # damaged, encrypted, unknown compression ...
+    except ZIP_ERRORS as e:  # damaged, encrypted, unknown compression ...
         raise UnreadableFileError(f"{where} is a damaged .npz file: {e}") from e
 
 
@@ -178,7 +177,7 @@ def _check_npy_header(file: BinaryIO, where: str, size: int | None,
 _NPY_HEADER_BYTES = 1 << 16
 
 
-def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None) -> np.ndarray:
+def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None, before: int = 0) -> np.ndarray:
     """The array of an ``.npy`` file compressed with zlib (as RLlib serialises arrays,
     ``ray/rllib/utils/serialization.py``), checked as :func:`load_arrays` checks one.
 
@@ -190,6 +189,8 @@ def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None) -> n
         data: the zlib stream.
         where: how to name the array in messages.
         max_bytes: the most the array may take; default :func:`limits` ``.array_bytes`` (1 GiB).
+        before: the bytes of the arrays read before it from the same file, which it may take
+            together with no more than ``max_bytes``.
 
     Returns:
         The array, in the byte order the file stores.
@@ -197,7 +198,8 @@ def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None) -> n
     Raises:
         UnreadableFileError: not a zlib stream, a damaged or truncated .npy, an object, structured or
             wide raw-byte array.
-        LimitExceededError: the header describes an array larger than ``max_bytes``.
+        LimitExceededError: the header describes an array larger than ``max_bytes``, or one that
+            with ``before`` takes more.
     """
     limit = limits().array_bytes if max_bytes is None else max_bytes
     inflate = zlib.decompressobj()
@@ -205,6 +207,9 @@ def read_npy_zlib(data: bytes, where: str, *, max_bytes: int | None = None) -> n
         head = inflate.decompress(data, _NPY_HEADER_BYTES)
         header = io.BytesIO(head)
         dtype, shape, nbytes, fortran = _check_npy_header(header, where, None, limit)
+        if before:
+            check_array_bytes(before + nbytes, f"{where} ({dtype.name}, shape {shape}) with the arrays read before it",
+                              limit)
         raw = np.empty(nbytes, np.uint8)
         got = head[header.tell():header.tell() + nbytes]
         raw[:len(got)] = np.frombuffer(got, np.uint8)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-from ..errors import (OptionError, UnreadableFileError)
+from ..errors import ZIP_ERRORS, OptionError, UnreadableFileError
 
 
 # ------------------------------------------------------------------------------------------- arrays
@@ -174,7 +174,7 @@ def _zip_kind(path: Path) -> FileKind:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except ZIP_ERRORS:
         return FileKind("a damaged zip archive")
     base = {n.rsplit("/", 1)[-1] for n in names}
     if {"policy.pth", "data"} <= base:
@@ -275,12 +275,13 @@ def read_json(path: str | os.PathLike):
     Raises:
         UnreadableFileError: missing, unreadable or not JSON.
     """
-    import json
+    from .schema import load_json
 
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise UnreadableFileError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise UnreadableFileError(f"{path} is not a readable JSON file: {e}") from e
+    return load_json(data, str(path), error=UnreadableFileError)

@@ -17,11 +17,13 @@ exhaust the interpreter's stack.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from typing import Any, Callable
 
-from ..errors import BadModelError
+from ..errors import BadModelError, PolicyportError
 
 
 class SchemaError(BadModelError):
@@ -39,6 +41,51 @@ def kind(value: Any) -> str:
     if isinstance(value, float):
         return "number"
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def load_json(text: str | bytes | bytearray, what: str, *, error: type[PolicyportError] = BadModelError,
+              depth: int | None = None) -> Any:
+    """The JSON document ``text`` holds, whatever the text: every way it can fail to be one is ``error``.
+
+    Python's parser recurses once per nested array or object, so deeply nested text (``[[[[...``)
+    raises ``RecursionError`` rather than ``ValueError``; this is the one place JSON from outside
+    policyport (a file, a member of an archive, a model's metadata) is parsed, and it turns both
+    into ``error`` naming ``what``.
+
+    Args:
+        text: the JSON text, or its UTF-8 bytes (RFC 8259 JSON is UTF-8).
+        what: how messages name the text: ``"model metadata 'policyport.parameters'"``, ``"the zip's
+            data member"``, a path.
+        error: the :class:`PolicyportError` subclass to raise: ``UnreadableFileError`` or
+            ``BadModelError`` for a file or a model (exit 3), ``OptionError`` for an option's value
+            (exit 2).
+        depth: the most levels of nested arrays and objects the document may have, checked
+            without recursion (:func:`check_depth`); ``None`` for as many as the parser reads.
+
+    Returns:
+        The parsed document: dict, list, str, int, float, bool or None.
+
+    Raises:
+        error: ``text`` is not UTF-8, not JSON, or nested too deeply to parse.
+        SchemaError: nested deeper than ``depth``.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise error(f"{what} is not UTF-8 text: {e}") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        if depth is not None:
+            raise error(f"{what}: nested deeper than {depth} levels of arrays and objects") from None
+        raise error(f"{what}: its arrays and objects nest deeper than Python parses (about "
+                    f"{sys.getrecursionlimit():,} levels)") from None
+    except ValueError as e:
+        raise error(f"{what} is not valid JSON: {e}") from None
+    if depth is not None:
+        check_depth(doc, depth, what)
+    return doc
 
 
 def check_depth(value: Any, limit: int, document: str) -> None:

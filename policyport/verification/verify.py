@@ -146,13 +146,13 @@ def input_ranges(metadata: Mapping[str, str]) -> dict[str, tuple]:
         BadModelError: the metadata is not ``{input: {"low": ..., "high": ...}}`` of integers with
             ``low < high``.
     """
-    import json
+    from ..io.schema import load_json
 
     text = metadata.get(INPUT_RANGES_KEY)
     if not text:
         return {}
+    recorded = load_json(text, f"model metadata {INPUT_RANGES_KEY!r}")
     try:
-        recorded = json.loads(text)
         ranges = {str(name): (_bound(r["low"]), _bound(r["high"])) for name, r in recorded.items()}
         if not all(np.all(lo < hi) for lo, hi in ranges.values()):
             raise ValueError("a range with low >= high")
@@ -896,12 +896,13 @@ def _source_reference(model, source, trust: bool, obs_norm=None):
 
 def _recorded_obs_norm(text: str | None) -> str | None:
     """The ``--obs-norm`` path a model's recorded convert options name, as text, if any."""
-    import json
+    from ..io.schema import load_json
 
     try:
-        value = json.loads(text or "{}").get("obs_norm")
-    except (ValueError, RecursionError, AttributeError):
+        recorded = load_json(text or "{}", "model metadata 'policyport.convert_options'")
+    except BadModelError:
         return None
+    value = recorded.get("obs_norm") if isinstance(recorded, dict) else None
     return value if isinstance(value, str) and value else None
 
 
@@ -923,15 +924,16 @@ def _other_readings(source, kind: str, recorded_kind: str | None) -> list[tuple[
 def _is_the_converted_file(source, recorded: str | None) -> bool:
     """Whether ``source`` is the file the model was converted from: a file whose sha256 is the one
     the conversion recorded (``policyport.source``'s ``sha256``)."""
-    import json
     from pathlib import Path
 
     from ..io.kinds import sha256_file
+    from ..io.schema import load_json
 
     try:
-        digest = json.loads(recorded or "{}").get("sha256")
-    except (ValueError, AttributeError):
+        provenance = load_json(recorded or "{}", "model metadata 'policyport.source'")
+    except BadModelError:
         return False
+    digest = provenance.get("sha256") if isinstance(provenance, dict) else None
     if not isinstance(digest, str) or not isinstance(source, (str, Path)) or not Path(source).is_file():
         return False
     try:

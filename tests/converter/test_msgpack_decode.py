@@ -55,9 +55,11 @@ def test_msgpack_numpy_maps_become_arrays_with_either_key_type():
     assert load(not_an_array) == {"nd": False}
 
 
-def _array_map(type_: bytes, shape: list[int], data: bytes) -> bytes:
+def _array_map(type_: bytes, shape: list[int] | bytes, data: bytes) -> bytes:
+    """A msgpack-numpy map; ``shape`` a list of small dimensions, or the MessagePack bytes of any value."""
+    shape = shape if isinstance(shape, bytes) else bytes([0x90 | len(shape)]) + bytes(shape)
     return (bytes.fromhex("84 a2") + b"nd" + b"\xc3" + bytes.fromhex("a4") + b"type" + bytes([0xA0 | len(type_)]) + type_
-            + bytes.fromhex("a5") + b"shape" + bytes([0x90 | len(shape)]) + bytes(shape) + bytes.fromhex("a4") + b"data"
+            + bytes.fromhex("a5") + b"shape" + shape + bytes.fromhex("a4") + b"data"
             + bytes([0xC4, len(data)]) + data)
 
 
@@ -78,6 +80,18 @@ def _array_map(type_: bytes, shape: list[int], data: bytes) -> bytes:
      "the MessagePack data holds an array of unknown dtype 'zz'"),
     (_array_map(b"<f4", [2], b"\x00" * 4),
      "the MessagePack data holds an array whose data does not fit its shape (2,) and dtype float32"),
+    (_array_map(b"<f4", bytes.fromhex("92 02 a1 61"), b"\x00" * 8),
+     "the MessagePack data holds an array whose shape [2, 'a'] is not a list of whole numbers"),
+    (_array_map(b"<f4", bytes.fromhex("91 ff"), b""),
+     "the MessagePack data holds an array whose shape [-1] is not a list of whole numbers"),
+    (_array_map(b"<f4", bytes.fromhex("a2 61 62"), b""),
+     "the MessagePack data holds an array whose shape 'ab' is not a list of whole numbers"),
+    # 2**32 x 2**32 elements: counted in int64 they wrap around to 0, the length of the empty data
+    (_array_map(b"<f4", bytes.fromhex("92 cf 00 00 00 01 00 00 00 00 cf 00 00 00 01 00 00 00 00"), b""),
+     "the MessagePack data holds an array whose data does not fit its shape (4294967296, 4294967296) and dtype "
+     "float32"),
+    (_array_map(b"zz", [1], b"\x00").replace(b"\xa2zz", b"\xc4\x02\xff\xfe"),
+     "the MessagePack data holds an array of unknown dtype b'\\xff\\xfe'"),
     (b"\x81" * 202 + b"\x00" * 203, "the MessagePack data nests MessagePack values deeper than 200"),  # through keys
 ])
 def test_malformed_data_is_refused_with_the_reason(raw, message):

@@ -4,6 +4,7 @@ summarised text of its bounds; option values a source cannot take are usage erro
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,9 +35,9 @@ SUMMARISED = "[[[0 0 0 ... 0 0 0]\n  [0 0 0 ... 0 0 0]]]"
 def test_box_bounds_numpy_summarised_are_read_from_their_uniform_repr_or_refused_only_when_needed():
     entry = {":type:": "<class 'gymnasium.spaces.box.Box'>", "_shape": [2, 40], "dtype": "float32",
              "low": SUMMARISED, "high": SUMMARISED.replace("0", "1"), "low_repr": "-1.0", "high_repr": "1.0"}
-    space = sb3._space({"action_space": entry}, "action_space")
+    space = sb3._space({"action_space": entry}, "action_space", Path("policy.zip"))
     assert np.array_equal(space["low"], np.full((2, 40), -1.0)) and np.array_equal(space["high"], np.ones((2, 40)))
-    unread = sb3._space({"observation_space": {**entry, "low_repr": None}}, "observation_space")
+    unread = sb3._space({"observation_space": {**entry, "low_repr": None}}, "observation_space", Path("policy.zip"))
     assert isinstance(unread["low"], pp.BadModelError)  # kept, not raised: an observation's bounds are never needed
     assert np.array_equal(unread["high"], np.ones((2, 40)))
 
@@ -54,7 +55,7 @@ def test_summarised_action_bounds_without_a_uniform_repr_are_refused_naming_them
     with zipfile.ZipFile(path, "w") as zf:
         for n, b in members.items():
             zf.writestr(n, b)
-    with pytest.raises(pp.BadModelError, match=r"^the zip's action_space.low is not readable text \('\[-2. -2. ... -2.\]'\): "
+    with pytest.raises(pp.BadModelError, match=r"^.*summarised.zip: the zip's action_space.low is not readable text \('\[-2. -2. ... -2.\]'\): "
                                                r"numpy summarised it; cannot read the action bounds$"):
         pp.convert(path)
 

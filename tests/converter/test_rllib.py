@@ -1576,3 +1576,142 @@ def test_no_filter_on_a_checkpoint_without_a_filter_says_there_was_none_to_leave
     notes = convert_source(RAY / "dqn_new", obs_filter=False).notes
     assert "--no-filter: the checkpoint names no observation filter; there was none to leave out" in notes
     assert not any("no observation filter" in n for n in convert_source(RAY / "dqn_new").notes)
+
+
+# ------------------------------------------------------------------- damaged values in a checkpoint
+
+FILTER_FILE = "env_runner/env_to_module_connector/MeanStdFilter/state.pkl"
+
+
+def _ppo_new_with_filter(tmp_path: Path, change) -> Path:
+    """A copy of the new-stack PPO fixture whose MeanStdFilter state (plain arrays) ``change`` edited."""
+    from policyport.converter.readers import unpickle
+    from policyport.converter.sources.rllib import _decode_array
+
+    folder = _copy("ppo_new", tmp_path)
+    state = unpickle.load(folder / FILTER_FILE)
+    filt = dict(state[None])
+    filt["running_stats"] = [{k: _decode_array(v, k) for k, v in filt["running_stats"][0].items()}]
+    change(filt)
+    (folder / FILTER_FILE).write_bytes(pickle.dumps({None: filt}))
+    return folder
+
+
+def _stat(**values):
+    return lambda filt: filt["running_stats"][0].update(values)
+
+
+@pytest.mark.parametrize("change, message", [
+    (_stat(num_pushes=None), "{file}: the MeanStdFilter's num_pushes is None, not a whole number"),
+    (_stat(num_pushes="x"), "{file}: the MeanStdFilter's num_pushes is 'x', not a whole number"),
+    (_stat(mean_array="abc"), "{file}: the MeanStdFilter's running_stats.mean_array is 'abc', not numbers"),
+    (_stat(mean_array=np.array(["a"] * 4)),
+     "{file}: the MeanStdFilter's running_stats.mean_array is an array of text (<U1), not of real numbers"),
+    (_stat(sum_sq_diff_array=np.full(4, np.nan)), "{file}: the MeanStdFilter's running_stats.sum_sq_diff_array holds NaN"),
+    (_stat(mean_array=np.zeros(7)),
+     "{file}: the MeanStdFilter's running_stats.mean_array has shape (7,) and sum_sq_diff_array (4,); a running mean "
+     "and its squared differences have one shape"),
+    (_stat(mean_array=np.zeros(7), sum_sq_diff_array=np.ones(7)),
+     "{folder}: the MeanStdFilter's statistics have shape (7,), but the policy takes observations of shape (4,): it is "
+     "not this policy's filter; convert with --no-filter to leave it out"),
+    (lambda f: f.update(clip_by_value="x"), "{file}: the MeanStdFilter's clip_by_value is 'x', not a number"),
+    (lambda f: f.update(clip_by_value=np.array([1.0, 2.0])),
+     "{file}: the MeanStdFilter's clip_by_value is array([1., 2.]), not a number"),
+    (lambda f: f.update(clip_by_value=-3.0),
+     "{file}: the MeanStdFilter's clip_by_value is -3; it must be at least 0 (0 for no clipping)"),
+    (lambda f: f.update(de_mean_to_zero=np.array([1, 0])),
+     "{file}: the MeanStdFilter's de_mean_to_zero is array([1, 0]), not true or false"),
+    (lambda f: f.update(running_stats="x"),
+     "{file}: the MeanStdFilter's running_stats is 'x', not the statistics of a running mean"),
+])
+def test_filter_statistics_that_are_not_numbers_are_refused_naming_the_file_and_field(tmp_path, change, message):
+    folder = _ppo_new_with_filter(tmp_path, change)
+    result = CliRunner().invoke(app, ["convert", str(folder), "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 3, result.output
+    expected = message.format(file=folder / FILTER_FILE, folder=(folder / FILTER_FILE).parent)
+    assert " ".join(result.stderr.split()) == f"error: {expected}"
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_module_state_naming_a_parameter_by_a_number_is_refused(tmp_path):
+    msgpack = pytest.importorskip("msgpack")  # Ray's own dependency
+    folder = _copy("ppo_new_msgpack", tmp_path)
+    module = folder / "learner_group" / "learner" / "rl_module" / "default_policy" / "module_state.msgpack"
+    state = msgpack.unpackb(module.read_bytes(), strict_map_key=False)
+    state[7] = state.pop(next(iter(state)))
+    module.write_bytes(msgpack.packb(state))
+    result = CliRunner().invoke(app, ["convert", str(folder), "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 3, result.output
+    assert " ".join(result.stderr.split()) == (f"error: {module} names a parameter 7: not a parameter name (RLlib names "
+                                               "each by its module path, as text)")
+
+
+@pytest.mark.parametrize("space, message", [
+    ({"space": "discrete", "n": "x"}, "f: n is 'x', not a whole number"),
+    ({"space": "discrete"}, "f: n is None, not a whole number"),
+    ({"space": "discrete", "n": 0}, "f: n is 0; it must be at least 1"),
+    ({"space": "multi-discrete", "nvec": "abc"}, "f: nvec is 'abc', not numbers"),
+    ({"space": "multi-discrete", "nvec": [2.5]}, "f: nvec is 2.5, not a whole number"),
+    ({"space": "box", "shape": [4, "a"]}, "f: shape[1] is 'a', not a whole number"),
+    ({"space": {"space": {"space": "box", "shape": 4}}}, "f: shape is 4, not a list of dimensions"),
+])
+def test_a_space_whose_sizes_are_not_whole_numbers_is_refused(space, message):
+    from policyport.converter.sources.rllib import _space
+
+    with pytest.raises(pp.BadModelError) as caught:
+        _space(space, "f")
+    assert str(caught.value) == message
+
+
+def test_a_space_nested_in_spaces_deeper_than_python_recurses_is_read():
+    from policyport.converter.sources.rllib import _space
+
+    space = {"space": "discrete", "n": 3}
+    for _ in range(5000):
+        space = {"space": space}
+    assert _space(space, "f") == ("discrete", 3)
+
+
+def test_a_ray1_filter_is_refused_by_its_own_field_names():
+    state = {"demean": True, "destd": np.array([1, 0]), "clip": 5.0,
+             "rs": {"_n": 3, "_M": np.array([1.0, 2.0]), "_S": np.array([8.0, 2.0])}}
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's destd is array([1, 0]), not true or false"
+    state.update(destd=True, clip="wide")
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's clip is 'wide', not a number"
+    state.update(clip=5.0, rs={"_n": 2.5, "_M": np.array([1.0]), "_S": np.array([8.0])})
+    with pytest.raises(pp.BadModelError) as caught:
+        _filter(_record("ray.rllib.utils.filter.MeanStdFilter", state), "checkpoint-3")
+    assert str(caught.value) == "checkpoint-3: the MeanStdFilter's rs._n is 2.5, not a whole number"
+
+
+def _serialised(array: np.ndarray) -> str:
+    """An array as RLlib serialises it in a JSON-able state: base64 of zlib of ``.npy`` bytes."""
+    import base64
+    import io
+    import zlib
+
+    npy = io.BytesIO()
+    np.save(npy, array)
+    return base64.b64encode(zlib.compress(npy.getvalue())).decode()
+
+
+def test_filter_statistics_are_refused_by_their_sum_before_the_second_is_decompressed():
+    """Each array under the limit, the two together above it: the limit is named, not memory run out of."""
+    from policyport.io.limits import using_limits
+
+    stats = {"num_pushes": 5, "mean_array": _serialised(np.zeros(100)), "sum_sq_diff_array": _serialised(np.ones(100))}
+    state = {"de_mean_to_zero": True, "de_std_to_one": True, "clip_by_value": 10.0, "running_stats": [stats]}
+    with using_limits(array_bytes=1000), pytest.raises(pp.LimitExceededError) as refused:
+        _filter(state, "state.pkl")
+    assert str(refused.value).startswith(
+        "state.pkl: the MeanStdFilter's running_stats.sum_sq_diff_array (float64, shape (100,)) with the arrays read "
+        "before it would take 1.56 KiB (1,600 bytes), above the limit of 1000 B")
+    with using_limits(array_bytes=1600):
+        assert _filter(state, "state.pkl").mean.tolist() == [0.0] * 100
+    rs = {"rs": {"_n": 5, "_M": _serialised(np.zeros(100)), "_S": _serialised(np.ones(100))}}
+    with using_limits(array_bytes=1000), pytest.raises(pp.LimitExceededError, match=r"rs\._S .* with the arrays read"):
+        _filter(rs, "state.pkl")

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -308,9 +309,12 @@ def _refusals(tmp_path):
         ("multidiscrete", _space_edit("action", "multi_discrete.MultiDiscrete", nvec="[2 3]"),
          "a MultiDiscrete[2, 3] action space, but the action network outputs 1 logits"),
         ("nvec_text", _space_edit("action", "multi_discrete.MultiDiscrete", nvec="[a b]"),
-         "the zip's action_space.nvec is not a list of numbers: '[a b]'"),
+         "{path}: the zip's action_space.nvec is not a list of numbers: '[a b]'"),
     ]
-    cases = [(name, rewrite_zip(pendulum, tmp_path / f"{name}.zip", data=edit), message) for name, edit, message in data_cases]
+    cases = []
+    for name, edit, message in data_cases:
+        path = rewrite_zip(pendulum, tmp_path / f"{name}.zip", data=edit)
+        cases.append((name, path, message.format(path=path)))
     state_cases = [
         ("extractor", lambda sd: {**sd, "features_extractor.cnn.0.weight": torch.zeros(8, 3, 3, 3)},
          "the policy has a features extractor with parameters (features_extractor.cnn.0.weight): a CNN or custom "
@@ -324,6 +328,91 @@ def _refusals(tmp_path):
         path = rewrite_zip(pendulum, tmp_path / f"{name}.zip", state=edit)
         cases.append((name, path, message.format(path=path)))
     return cases
+
+
+def _set(*keys_and_value):
+    """A zip data edit setting ``data[k1][k2]...`` to the last argument."""
+    *keys, value = keys_and_value
+
+    def edit(d):
+        for key in keys[:-1]:
+            d = d[key]
+        d[keys[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("zip_name, edit, message", [
+    ("ppo_pendulum", _set("policy_class", -2**31),
+     "{path}: the policy class the zip records cannot be read (its pickle names no class), so policyport cannot tell "
+     "whether it is one of the SB3 or sb3-contrib policy classes it converts (…"),
+    ("ppo_pendulum", _set("action_space", "low", [[1], [2, 3]]),
+     "{path}: the zip's action_space.low is [[1], [2, 3]], not an array of numbers; cannot read the action bounds"),
+    ("ppo_pendulum", _set("action_space", "low", ["a"]),
+     "{path}: the zip's action_space.low is ['a'], not numbers; cannot read the action bounds"),
+    ("ppo_pendulum", _set("action_space", "low", [None]),
+     "{path}: the zip's action_space.low is [None], not numbers; cannot read the action bounds"),
+    ("ppo_pendulum", _set("action_space", "high", "[nan]"),
+     "{path}: the zip's action_space.high holds NaN; cannot read the action bounds"),
+    ("ppo_pendulum", _set("action_space", "high", 10**400),
+     "{path}: the zip's action_space.high is 1" + "0" * 56 + "..., not an array of numbers; cannot read the action "
+     "bounds"),
+    ("ppo_pendulum", _set("observation_space", "_shape", ["3"]),
+     "{path}: the zip's observation_space._shape[0] is '3', not a whole number"),
+    ("dqn_cartpole", _set("action_space", "n", "two"), "{path}: the zip's action_space.n is 'two', not a whole number"),
+    ("dqn_cartpole", _set("action_space", "n", None), "{path}: the zip's action_space.n is None, not a whole number"),
+    ("dqn_cartpole", _set("action_space", "n", float("inf")),
+     "{path}: the zip's action_space.n is inf, not a whole number"),
+    ("dqn_cartpole", _set("action_space", "n", [2]), "{path}: the zip's action_space.n is [2], not a whole number"),
+    ("dqn_cartpole", _set("action_space", "n", 2.5), "{path}: the zip's action_space.n is 2.5, not a whole number"),
+    ("ppo_discrete_obs", _set("observation_space", "n", 0), "{path}: the zip's observation_space.n is 0; it must be at least 1"),
+    ("a2c_multidiscrete", _set("action_space", "nvec", "[nan 3]"), "{path}: the zip's action_space.nvec holds NaN"),
+    ("a2c_multidiscrete", _set("action_space", "nvec", "[inf 3]"),
+     "{path}: the zip's action_space.nvec is inf, not a whole number"),
+    ("a2c_multidiscrete", _set("action_space", "nvec", [[3, 4.5]]),
+     "{path}: the zip's action_space.nvec is 4.5, not a whole number"),
+    ("a2c_multidiscrete_obs", _set("observation_space", "nvec", ["a"]),
+     "{path}: the zip's observation_space.nvec is ['a'], not numbers"),
+])
+def test_a_space_field_that_is_not_numbers_is_refused_naming_the_zip_and_the_field(tmp_path, zip_name, edit, message):
+    path = rewrite_zip(SB3_DIR / f"{zip_name}.zip", tmp_path / f"{zip_name}.zip", data=edit)
+    result = cli("convert", path, "-o", tmp_path / "m.onnx")
+    assert result.exit_code == 3, result.output
+    shown, expected = " ".join(result.stderr.split()), f"error: {message.format(path=path)}"
+    assert shown.startswith(expected[:-1]) if expected.endswith("…") else shown == expected, shown  # … ends a prefix
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def _vecnormalize(path, change):
+    """A copy of the fixture's vecnormalize.pkl at ``path``, its VecNormalize changed by ``change(venv)``."""
+    with open(SB3_DIR / "ppo_pendulum_vecnorm" / "vecnormalize.pkl", "rb") as f:
+        venv = pickle.load(f)  # noqa: S301 - the repository's own fixture
+    venv.venv, venv.class_attributes, venv.returns = None, {}, None  # what VecNormalize.__getstate__ drops
+    change(venv)
+    path.write_bytes(pickle.dumps(venv))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda v: setattr(v, "epsilon", "x"), "{path}: epsilon is 'x', not a number"),
+    (lambda v: setattr(v, "epsilon", None), "{path}: epsilon is None, not a number"),
+    (lambda v: setattr(v, "epsilon", np.array([1.0, 2.0])), "{path}: epsilon is array([1., 2.]), not a number"),
+    (lambda v: setattr(v, "epsilon", -1.0), "{path}: epsilon is -1; a variance's epsilon is at least 0"),
+    (lambda v: setattr(v, "clip_obs", [1]), "{path}: clip_obs is [1], not a number"),
+    (lambda v: setattr(v, "clip_obs", 10**400),
+     "{path}: clip_obs is 1" + "0" * 56 + "..., too large for a number policyport computes with"),
+    (lambda v: setattr(v.obs_rms, "mean", np.array(["a", "b", "c"])),
+     "{path}: obs_rms.mean is an array of text (<U1), not of real numbers"),
+    (lambda v: setattr(v.obs_rms, "var", np.array([1, None, 2], dtype=object)),
+     "{path}: obs_rms.var is an array of Python objects (object), not of real numbers"),
+    (lambda v: setattr(v.obs_rms, "var", np.full(3, np.nan)), "{path}: obs_rms.var holds NaN"),
+    (lambda v: setattr(v.obs_rms, "var", -np.ones(3)), "{path}: obs_rms.var holds negative variances (-1)"),
+])
+def test_vecnormalize_statistics_that_are_not_numbers_are_refused_naming_the_file_and_field(tmp_path, change, message):
+    pkl = _vecnormalize(tmp_path / "vecnormalize.pkl", change)
+    result = cli("convert", SB3_DIR / "ppo_pendulum_vecnorm.zip", "-o", tmp_path / "m.onnx", "--obs-norm", pkl)
+    assert result.exit_code == 3, result.output
+    assert " ".join(result.stderr.split()) == f"error: {message.format(path=pkl)}"
+    assert not (tmp_path / "m.onnx").exists()
 
 
 def test_what_cannot_be_converted_is_refused_saying_why(tmp_path):
@@ -547,8 +636,13 @@ def _zip(path, members: dict[str, bytes]):
     ({"data": b"{}"}, "{path} is not a Stable-Baselines3 save: it lacks ['policy.pth']"),
     ({"other": b""}, "{path} is not a Stable-Baselines3 save: it lacks ['data', 'policy.pth']"),
     ({"policy.pth": b"x", "data": b"{no"},
-     "{path}: its data member is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+     "{path}: its data member is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+     "(char 1)"),
     ({"policy.pth": b"x", "data": b"[1]"}, "{path}: its data member is not a JSON object"),
+    ({"policy.pth": b"x", "data": b"[" * 100_000 + b"]" * 100_000},
+     "{path}: its data member: its arrays and objects nest deeper than Python parses (about 1,000 levels)"),
+    ({"policy.pth": b"x", "data": b'{"a": "\xff"}'},
+     "{path}: its data member is not UTF-8 text: 'utf-8' codec can't decode byte 0xff in position 7: invalid start byte"),
 ])
 def test_a_zip_that_is_not_an_sb3_save_is_refused_saying_what_it_lacks(tmp_path, members, message):
     from policyport.converter.sources.sb3 import read_zip
@@ -708,7 +802,7 @@ def test_policy_kwargs_keep_only_their_readable_entries():
 def test_a_space_is_read_from_its_readable_attributes(entry, space):
     from policyport.converter.sources.sb3 import _space
 
-    got = _space({"action_space": entry}, "action_space")
+    got = _space({"action_space": entry}, "action_space", Path("policy.zip"))
     assert {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in got.items()} == space
     assert type(got.get("n", 0)) is int and all(type(n) is int for n in got.get("nvec", ()))
 

@@ -377,7 +377,7 @@ def test_the_layout_reader_names_what_is_wrong(tmp_path):
     refused(short, "{path} is not a .safetensors file: 7 bytes")
     empty_header = tmp_path / "eight.safetensors"
     empty_header.write_bytes(b"\x00" * 8)
-    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: header is not JSON \(Expecting value"):
+    with pytest.raises(pp.UnreadableFileError, match=r"is not a .safetensors file: its header is not valid JSON: Expecting value"):
         _read_safetensors_layout(empty_header)
     text_length = len(json.dumps({}).encode())
     assert _read_safetensors_layout(_safetensors(tmp_path / "exact.safetensors", {}, length=text_length)) == {}
@@ -959,6 +959,12 @@ def test_a_list_of_activations_for_a_module_is_refused_as_an_option_it_does_not_
     (torch.int64, "the state_dict's parameters are int64 (0.weight, 0.bias, 2.weight … and 1 more): a policy's weights "
      "are floating point; integer ones are a quantized model's (whose scales these arrays do not hold) or no "
      "policy's; save the float weights the policy computes with"),
+    (torch.complex64, "the state_dict's parameters are complex64 (0.weight, 0.bias, 2.weight … and 1 more): "
+     "policyport builds a model in float16, float32 or float64; cast the parameters to float32 (state_dict = {k: "
+     "v.float() for k, v in state_dict.items()}) and save that"),
+    (torch.float8_e4m3fn, "the state_dict's parameters are float8_e4m3fn (0.weight, 0.bias, 2.weight … and 1 more): "
+     "policyport builds a model in float16, float32 or float64; cast the parameters to float32 (state_dict = {k: "
+     "v.float() for k, v in state_dict.items()}) and save that"),
 ])
 def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tmp_path, dtype, message):
     pytest.importorskip("ml_dtypes")
@@ -976,6 +982,41 @@ def test_parameters_of_a_dtype_no_model_is_built_in_are_named_with_what_to_do(tm
             expected = module(torch.from_numpy(obs)).numpy()
         got = pp.load(convert_source(path, activation="tanh").model).run({"obs": obs})["logits"]
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tensor, message", [
+    (lambda w: torch.quantize_per_tensor(w, 0.1, 0, torch.qint8),
+     "{path}: tensor '0.weight' is quantized (torch.qint8); policyport converts floating-point policies: save the "
+     "state_dict of the model before quantization (or tensor.dequantize())"),
+    (lambda w: w.to_sparse(),
+     "{path}: tensor '0.weight' is stored as torch.sparse_coo; policyport reads dense tensors: save the state_dict "
+     "with each tensor made dense (tensor.to_dense())"),
+])
+def test_tensors_numpy_cannot_hold_as_they_are_are_refused_by_name(tmp_path, tensor, message):
+    module = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    state = module.state_dict()
+    state["0.weight"] = tensor(state["0.weight"])
+    path = tmp_path / "policy.pt"
+    torch.save(state, path)
+    result = CliRunner().invoke(app, ["convert", str(path), "-o", str(tmp_path / "m.onnx"), "--activation", "tanh"])
+    assert result.exit_code == 3, result.output
+    assert " ".join(result.stderr.split()) == "error: " + message.format(path=path)
+
+
+def test_initializers_beyond_one_protobuf_are_refused_before_they_are_written():
+    """A stride-0 weight (as torch.expand saves one) takes a few bytes in the file and its whole size
+    in the model: past 2 GiB protobuf cannot hold it, and the builder says so before copying it."""
+    from policyport.converter.build import MlpBuilder
+
+    builder = MlpBuilder(17, np.float32)
+    builder.initializer(np.zeros(4, np.float32), "small")
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (2**15, 2**14), (0, 0))
+    with pytest.raises(pp.LimitExceededError) as caught:
+        builder.initializer(huge, "0.weight")
+    assert str(caught.value) == ("the model's initializers would take 2 GiB once '0.weight' (float32, shape (32768, "
+                                 "16384)) is added, more than the 2 GiB one ONNX protobuf holds; policyport writes a "
+                                 "model's weights inside it, not as external data")
+    assert len(builder.initializers) == 1
 
 
 def test_read_arrays_names_where_the_arrays_came_from(tmp_path):

@@ -178,7 +178,7 @@ def test_bfloat16_without_ml_dtypes_is_refused_with_the_package_to_install(monke
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)
     with pytest.raises(pp.UnreadableFileError) as caught:
         load_torch_file(data)
-    assert str(caught.value) == ("the file holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+    assert str(caught.value) == ("the torch file holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
                                  "(pip install ml_dtypes)")
 
 
@@ -342,3 +342,30 @@ def test_the_cli_says_what_a_source_is_and_advises_trust_only_for_a_torch_pickle
     torch.save(module, tmp_path / "whole.pt")  # a torch pickle that asks for more than tensors: --trust is the remedy
     code, text = said("convert", tmp_path / "whole.pt", "-o", tmp_path / "x.onnx")
     assert code == 3 and text.endswith("if you trust this file, pass --trust (trust=True)")
+
+
+def test_without_torch_a_damaged_storage_or_byte_order_is_unreadable(tmp_path, monkeypatch):
+    import zipfile
+
+    path = tmp_path / "sd.pt"
+    path.write_bytes(saved({"w": torch.arange(64, dtype=torch.float32)}))
+    with zipfile.ZipFile(path) as zf:
+        members = {info.filename: zf.read(info) for info in zf.infolist()}
+    storage = next(n for n in members if n.endswith("/data/0"))
+    order = next(n for n in members if n.endswith("/byteorder"))
+    offset = path.read_bytes().index(members[storage])
+    damaged = bytearray(path.read_bytes())
+    damaged[offset + 100] ^= 0xFF  # the storage's bytes no longer match its CRC
+    bad_crc = tmp_path / "crc.pt"
+    bad_crc.write_bytes(bytes(damaged))
+    bad_order = tmp_path / "order.pt"
+    with zipfile.ZipFile(bad_order, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, b"\x80middle" if name == order else data)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(bad_crc)
+    assert str(caught.value) == f"{bad_crc} is a damaged torch zip archive: Bad CRC-32 for file '{storage}'"
+    with pytest.raises(pp.UnreadableFileError) as caught:
+        load_torch_file(bad_order)
+    assert str(caught.value) == f"{bad_order}: its byteorder member says '\ufffdmiddle', not little or big"

@@ -650,3 +650,11 @@ def test_small_tuples_as_keys_and_numpy_scalars_still_load():
     value = {_tuple_dag(3): 1, "s": frozenset({(1, 2)}), "f": np.float32(2.5), "o": collections.OrderedDict(a=(1,))}
     assert load(pickle.dumps(value, protocol=4)) == value
     assert load(pickle.dumps(_Asks(frozenset, [(1, 2), (1, 2)]), protocol=2)) == frozenset({(1, 2)})
+
+
+def test_a_numpy_dtype_given_a_state_it_cannot_take_is_an_unreadable_pickle():
+    """numpy's C ``dtype.__setstate__`` reports a state that is not a tuple as a SystemError."""
+    dtype_built_from_none = b"\x80\x02cnumpy\ndtype\nX\x02\x00\x00\x00f4\x89\x88\x87RNb."
+    with pytest.raises(UnreadableFileError) as caught:
+        load(dtype_built_from_none, what="state.pkl")
+    assert str(caught.value).startswith("state.pkl is not a readable pickle: SystemError: ")

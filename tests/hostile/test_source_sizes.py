@@ -343,7 +343,7 @@ def test_an_rllib_filter_array_is_refused_by_its_header_before_it_is_decompresse
     mean = base64.b64encode(zlib.compress(npy_header("<f8", (10**9,)) + bytes(64))).decode()
     ckpt = rllib_with_filter(tmp_path / "ckpt", mean)
     refused(run_limited(["convert", ckpt, "-o", "out.onnx"], tmp_path),
-            f"{ckpt / 'env_runner/env_to_module_connector/MeanStdFilter/state.pkl'}: the MeanStdFilter's mean_array "
+            f"{ckpt / 'env_runner/env_to_module_connector/MeanStdFilter/state.pkl'}: the MeanStdFilter's running_stats.mean_array "
             "(float64, shape (1000000000,)) would take 7.45 GiB", LIMIT)
 
 

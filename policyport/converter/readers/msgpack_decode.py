@@ -9,6 +9,7 @@ rebuilt, and a msgpack-numpy map becomes a numpy array of a plain numeric dtype.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from pathlib import Path
@@ -108,16 +109,19 @@ def _numpy_array(m: dict, what: str) -> Any:
     if get("nd") is not True:
         return m
     type_ = get("type")
-    type_ = type_.decode() if isinstance(type_, bytes) else type_
     try:
+        type_ = type_.decode() if isinstance(type_, bytes) else type_
         dtype = np.dtype(type_)
-    except TypeError as e:
-        raise UnreadableFileError(f"{what} holds an array of unknown dtype {type_!r}") from e
+    except (TypeError, ValueError) as e:  # not text, not a dtype numpy knows, not UTF-8
+        raise UnreadableFileError(f"{what} holds an array of unknown dtype {type_!r:.60}") from e
     if dtype.kind not in NUMERIC_KINDS:
         raise UnreadableFileError(f"{what} holds an array of dtype {dtype}; only numeric arrays are read")
-    shape = tuple(int(d) for d in get("shape"))
+    shape = get("shape")
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+        raise UnreadableFileError(f"{what} holds an array whose shape {shape!r:.60} is not a list of whole numbers")
+    shape = tuple(shape)
     data = get("data")
-    size = int(np.prod(shape, dtype=np.int64))  # pragma: no mutate (numpy 2 counts in int64 on every platform)
+    size = math.prod(shape)  # exact: no int64 that wraps around to match the data's length
     if not isinstance(data, bytes) or len(data) != dtype.itemsize * size:
         raise UnreadableFileError(f"{what} holds an array whose data does not fit its shape {shape} and dtype {dtype}")
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()

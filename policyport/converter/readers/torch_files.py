@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, UnreadableFileError, UntrustedFileError
+from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, PolicyportError, UnreadableFileError, UntrustedFileError
 from ...io.limits import check_array_bytes
 from ...io.arrays import check_zip_members, read_zip_member
+from ...io.schema import load_json
 from ...text import bounded_repr
 
 #: torch storage class -> numpy dtype (``torch/storage.py``'s legacy typed storages).
@@ -51,14 +52,18 @@ SAFETENSORS_DTYPES = {
 }
 
 
+#: torch element types numpy holds only through the ml_dtypes package, which names them as torch does.
+ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+
+
 def _numpy_dtype(name: str, what: str) -> np.dtype:
-    if name == "bfloat16":
+    if name in ML_DTYPES:
         try:
             import ml_dtypes
 
-            return np.dtype(ml_dtypes.bfloat16)
-        except ImportError:
-            raise UnreadableFileError(f"{what} holds bfloat16 tensors, which numpy reads only with the ml_dtypes package "
+            return np.dtype(getattr(ml_dtypes, name))
+        except (ImportError, AttributeError):
+            raise UnreadableFileError(f"{what} holds {name} tensors, which numpy reads only with the ml_dtypes package "
                                       "(pip install ml_dtypes)") from None
     return np.dtype(name)
 
@@ -164,7 +169,6 @@ def _check_archive_sizes(source, what: str) -> None:
     size is left for the reader to say. A file that is no zip archive (torch's legacy format) is
     left alone.
     """
-    from ...errors import PolicyportError
     from .unpickle import load
 
     if isinstance(source, io.BytesIO):
@@ -180,7 +184,9 @@ def _check_archive_sizes(source, what: str) -> None:
                     raise
                 except PolicyportError:
                     pass  # refused or unreadable for another reason: the reader names it
-    except (zipfile.BadZipFile, OSError):
+    except LimitExceededError:
+        raise
+    except ZIP_ERRORS:
         pass  # not a zip archive: the legacy format, or a damaged file the reader will name
     finally:
         if isinstance(source, io.BytesIO):
@@ -225,7 +231,7 @@ def check_torch_file(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-    except (zipfile.BadZipFile, OSError) as e:
+    except ZIP_ERRORS as e:
         raise UnreadableFileError(f"{path} is not a readable torch file (a damaged or truncated zip archive: {e})") from e
     if {"data", "policy.pth"} <= names:
         raise UnreadableFileError(f"{path} is a Stable-Baselines3 save (a zip holding data and policy.pth), not a torch "
@@ -267,7 +273,7 @@ def not_a_torch_pickle(file: Path | bytes, what: str) -> str | None:
         try:
             with zipfile.ZipFile(io.BytesIO(data) if data is not None else file) as zf:
                 members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
-        except (zipfile.BadZipFile, OSError) as e:
+        except ZIP_ERRORS as e:
             return f"{what} is a damaged or truncated zip archive ({e}), not a file torch.save wrote"
         if {"data.pkl", "constants.pkl"} <= members:
             return (f"{what} is a TorchScript file (torch.jit.save), not a state_dict or a pickled module; "
@@ -303,7 +309,7 @@ def not_torchscript(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as zf:
             members = {n.rsplit("/", 1)[-1] for n in zf.namelist()}
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:
         members = set()
     if {"data.pkl", "constants.pkl"} <= members:
         return None
@@ -338,13 +344,16 @@ def _refused_global(source) -> str | None:
 def _pickle_of(source) -> tuple[str, bytes] | None:
     """The pickle of a torch file (a path or ``io.BytesIO``), named: its zip archive's
     ``data.pkl``, or the whole file in the legacy format; None for an archive without exactly one
-    ``data.pkl``."""
+    ``data.pkl``, or a damaged one."""
     data = source.getvalue() if isinstance(source, io.BytesIO) else Path(source).read_bytes()
     if not zipfile.is_zipfile(io.BytesIO(data)):
         return "pickle", data
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
-        return ("data.pkl", zf.read(pickles[0])) if len(pickles) == 1 else None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
+            return ("data.pkl", zf.read(pickles[0])) if len(pickles) == 1 else None
+    except ZIP_ERRORS:  # a damaged archive names no global and holds no pickle to parse
+        return None
 
 
 def _pickle_damage(source) -> str | None:
@@ -365,10 +374,17 @@ def _pickle_damage(source) -> str | None:
     return None
 
 
-def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):
+def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple], name: str = ""):
     """``value`` with every tensor copied to a numpy array (each counted in ``sizes`` first), in
     dicts, lists and tuples; each object once (``done``: id -> (object, converted)), so what torch's
-    unpickler shares stays shared and a list DAG costs one step per list, not per path."""
+    unpickler shares stays shared and a list DAG costs one step per list, not per path. ``name``:
+    where in the file ``value`` is, for messages (``sizes.what`` names the file).
+
+    Raises:
+        UnreadableFileError: a tensor numpy cannot hold as it is: sparse or another non-strided
+            layout, quantized, or an element type numpy lacks (float8 without ml_dtypes, ...).
+        LimitExceededError: the tensors together would take more than the array limit.
+    """
     import torch
 
     if not isinstance(value, (torch.Tensor, dict, list, tuple)) or isinstance(value, torch.nn.Module):
@@ -378,20 +394,32 @@ def _tensors_to_numpy(value, sizes: _TensorBytes, done: dict[int, tuple]):
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu()
         sizes.take(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.element_size())
-        if t.dtype == torch.bfloat16:
-            out = t.view(torch.int16).numpy().copy().view(_numpy_dtype("bfloat16", "the file"))
+        shown = f"{sizes.what}: tensor {name!r}" if name else sizes.what
+        if t.layout != torch.strided:
+            raise UnreadableFileError(f"{shown} is stored as {t.layout}; policyport reads dense tensors: save the "
+                                      "state_dict with each tensor made dense (tensor.to_dense())")
+        if t.is_quantized:
+            raise UnreadableFileError(f"{shown} is quantized ({t.dtype}); policyport converts floating-point policies: "
+                                      "save the state_dict of the model before quantization (or tensor.dequantize())")
+        element = str(t.dtype).removeprefix("torch.")
+        if element in ML_DTYPES:  # the same bits, as ml_dtypes' numpy dtype of that name
+            bits = t.view(torch.uint8 if t.element_size() == 1 else torch.int16)
+            out = bits.numpy().copy().view(_numpy_dtype(element, sizes.what))
         else:
-            out = t.numpy().copy()
+            try:
+                out = t.numpy().copy()
+            except TypeError as e:  # an element type numpy has no dtype for
+                raise UnreadableFileError(f"{shown} holds {t.dtype} elements, which numpy has no dtype for") from e
     elif isinstance(value, dict):
         out = {}
         done[id(value)] = (value, out)
-        out.update((k, _tensors_to_numpy(v, sizes, done)) for k, v in value.items())
+        out.update((k, _tensors_to_numpy(v, sizes, done, f"{name}.{k}" if name else str(k))) for k, v in value.items())
     elif isinstance(value, list):
         out = []
         done[id(value)] = (value, out)
-        out.extend(_tensors_to_numpy(v, sizes, done) for v in value)
+        out.extend(_tensors_to_numpy(v, sizes, done, f"{name}[{i}]") for i, v in enumerate(value))
     else:
-        out = type(value)(_tensors_to_numpy(v, sizes, done) for v in value)
+        out = type(value)(_tensors_to_numpy(v, sizes, done, f"{name}[{i}]") for i, v in enumerate(value))
     done[id(value)] = (value, out)
     return out
 
@@ -414,18 +442,27 @@ def read_torch_zip(source, what: str | None = None, inert_modules: Iterable[str]
             such as the ``infos`` an rsl_rl checkpoint pickles); nothing from them is called.
 
     Raises:
-        UnreadableFileError: the legacy (pre-1.6) format, a missing ``data.pkl`` or storage, a
-            tensor reaching outside its storage.
+        UnreadableFileError: the legacy (pre-1.6) format, a damaged archive, a missing ``data.pkl``
+            or storage, a byte order other than little or big, a tensor reaching outside its storage.
         UntrustedFileError: the pickle asks for anything but tensors and containers.
         LimitExceededError: the archive's members, a storage or the tensors once copied declare more
             than the array limit (checked before each is read or copied).
     """
-    from .unpickle import load
-
     path = what or str(source)
     try:
+        return _read_torch_zip(source, path)
+    except ZIP_ERRORS as e:  # a member that fails its CRC, corrupt deflate data ... as its storages are read
+        if isinstance(e, PolicyportError):
+            raise
+        raise UnreadableFileError(f"{path} is a damaged torch zip archive: {e}") from e
+
+
+def _read_torch_zip(source, path: str) -> object:
+    from .unpickle import load
+
+    try:
         zf = zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:
         raise UnreadableFileError(
             f"{path} is not a torch zip archive (torch >= 1.6 writes one); reading the legacy format needs torch "
             "installed: pip install 'policyport[torch]'"
@@ -437,8 +474,10 @@ def read_torch_zip(source, what: str | None = None, inert_modules: Iterable[str]
             raise UnreadableFileError(f"{path} is a zip archive but not a torch file (no single data.pkl)")
         prefix = pickles[0][: -len("data.pkl")]
         check_zip_members(zf, path)
-        order = (read_zip_member(zf, f"{prefix}byteorder", path).decode().strip()
+        order = (read_zip_member(zf, f"{prefix}byteorder", path).decode("ascii", "replace").strip()
                  if f"{prefix}byteorder" in names else "little")
+        if order not in ("little", "big"):
+            raise UnreadableFileError(f"{path}: its byteorder member says {order[:20]!r}, not little or big")
         storages: dict[str, np.ndarray] = {}
         sizes = _TensorBytes(path)
 
@@ -507,10 +546,10 @@ def _read_safetensors_layout(path: Path) -> dict[str, np.ndarray]:
     (n,) = struct.unpack("<Q", data[:8])
     if n > len(data) - 8:
         raise UnreadableFileError(f"{path} is not a .safetensors file: header length {n} exceeds the file")
-    try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as e:
-        raise UnreadableFileError(f"{path} is not a .safetensors file: header is not JSON ({e})") from e
+    header = load_json(data[8:8 + n], f"{path} is not a .safetensors file: its header", error=UnreadableFileError)
+    if not isinstance(header, dict):
+        raise UnreadableFileError(f"{path} is not a .safetensors file: its header is a JSON {type(header).__name__}, "
+                                  "not an object")
     body = memoryview(data)[8 + n:]
     arrays = {}
     for name, entry in header.items():
@@ -565,7 +604,7 @@ def keep_state_dict_layout(model, state_dict) -> None:
     from ...graph.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
 
     props = {p.key: p for p in model.metadata_props}
-    mapping = json.loads(props[PARAMETERS_KEY].value) if PARAMETERS_KEY in props else {}
+    mapping = load_json(props[PARAMETERS_KEY].value, f"model metadata {PARAMETERS_KEY!r}") if PARAMETERS_KEY in props else {}
     mapped = {v if isinstance(v, str) else v["name"] for v in mapping.values()}
     mapped |= {a for v in mapping.values() if isinstance(v, dict) for a in v.get("also", [])}
     for name, array in state_dict.items():

@@ -513,7 +513,8 @@ def load(source: bytes | str | os.PathLike, *, trust: bool = False, what: str | 
     except (UntrustedFileError, LimitExceededError):
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            ImportError, UnicodeDecodeError, OverflowError) as e:
+            ImportError, UnicodeDecodeError, OverflowError, RecursionError,
+            SystemError) as e:  # SystemError: numpy's C __setstate__ handed a state of the wrong shape
         unimportable = trust and unimportable_class(e, what, source if isinstance(source, (str, os.PathLike)) else None)
         if unimportable:
             raise UnreadableFileError(unimportable) from e

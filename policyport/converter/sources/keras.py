@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ...errors import (
+    ZIP_ERRORS,
     BadModelError,
     MissingDependencyError,
     OptionError,
@@ -57,6 +58,7 @@ from ...errors import (
     listing,
 )
 from ...io.kinds import sha256_file
+from ...text import bounded_repr
 from ..assumptions import Oracle, head_assumption, outside_normaliser
 from ..build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 from ..keras_sizes import check_keras_config, check_savedmodel_sizes
@@ -152,7 +154,8 @@ def load_keras_file(path: Path, trust: bool = False):
     Raises:
         UntrustedFileError: the file holds what Keras' safe mode refuses (a ``Lambda`` layer's
             bytecode, a ``TFSMLayer``) and ``trust`` is false.
-        UnreadableFileError: missing, or not a Keras model file.
+        UnreadableFileError: missing, damaged (a zip or HDF5 structure Keras cannot read, a
+            configuration nested too deeply to parse), or not a Keras model file.
         BadModelError: the file names a custom class Keras cannot find.
         LimitExceededError: its config declares more than the limits allow
             (:func:`~policyport.converter.keras_sizes.check_keras_config`).
@@ -161,7 +164,9 @@ def load_keras_file(path: Path, trust: bool = False):
     if not path.exists():
         raise UnreadableFileError(f"{path}: no such file")
     _check_keras_file(path)
-    check_keras_config(path)
+    config = check_keras_config(path)
+    if not trust and config is not None:
+        _refuse_code_layers(config, path)
     try:
         return fw.keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except ValueError as e:
@@ -170,8 +175,22 @@ def load_keras_file(path: Path, trust: bool = False):
         raise UnreadableFileError(f"{path} is not a readable Keras model: {_first_line(e)}") from e
     except TypeError as e:
         raise BadModelError(f"{path} names a class Keras cannot rebuild: {_first_line(e)}") from e
-    except (OSError, KeyError, AttributeError, EOFError) as e:
+    except MemoryError:
+        raise
+    except RecursionError:  # Keras parses the configuration's JSON recursively
+        raise UnreadableFileError(f"{path} is not a readable Keras model: its configuration nests arrays and objects "
+                                  "deeper than Python parses") from None
+    except Exception as e:  # a damaged file: BadZipFile, h5py's RuntimeError, KeyError, IndexError ...
         raise UnreadableFileError(f"{path} is not a readable Keras model: {type(e).__name__}: {_first_line(e)}") from e
+
+
+#: Layer classes whose loading runs what the file holds, and what each runs: Keras' safe mode refuses
+#: them (``keras/src/saving/serialization_lib.py``), and policyport refuses them from the config first.
+CODE_LAYERS = {
+    "TFSMLayer": "a TFSMLayer{name}, which loads an external SavedModel and runs its graph when the model is loaded",
+    "Lambda": "a Lambda layer{name}, whose function Keras deserializes as Python code (bytecode) that runs when the "
+              "model is loaded",
+}
 
 
 def _safe_mode_refusal(path: Path, error: ValueError) -> str:
@@ -180,13 +199,37 @@ def _safe_mode_refusal(path: Path, error: ValueError) -> str:
     code of the config."""
     text = str(error)  # Keras 3.14 quotes the class (`Lambda`); 3.15 does not
     if re.search(r"\bTFSMLayer\b", text):
-        what = "a TFSMLayer, which loads an external SavedModel and runs its graph when the model is loaded"
+        what = CODE_LAYERS["TFSMLayer"].format(name="")
     elif re.search(r"\bLambda\b", text):
         what = "a Lambda layer as Python bytecode, which runs when the model is loaded"
     else:
         what = f"Python code that runs when the model is loaded ({_first_line(error)})"
     return (f"{path} stores {what}; policyport loads Keras files in Keras' safe mode and refused it (nothing from the "
             "file ran). If you trust this file, pass --trust (trust=True)")
+
+
+def _refuse_code_layers(config: dict, path: Path) -> None:
+    """Refuse a model config naming a layer of :data:`CODE_LAYERS` anywhere in it (nested models
+    and wrapped layers too), before Keras reads the file.
+
+    Raises:
+        UntrustedFileError: naming the layer's class and name.
+    """
+    stack = [config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            kind = value.get("class_name")
+            if isinstance(kind, str) and kind in CODE_LAYERS:
+                layer = value.get("config") if isinstance(value.get("config"), dict) else {}
+                name = f" {bounded_repr(layer['name'])}" if isinstance(layer.get("name"), str) else ""
+                raise UntrustedFileError(
+                    f"{path} stores {CODE_LAYERS[kind].format(name=name)}; policyport refused it from the model's "
+                    "config before Keras read the file (nothing from the file ran). If you trust this file, pass "
+                    "--trust (trust=True)")
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 #: The 8 bytes an HDF5 file starts with (at offset 0, or 512, 1024, 2048 ... after a user block);
@@ -238,7 +281,7 @@ def _check_keras_file(path: Path) -> None:
         try:
             with zipfile.ZipFile(path) as zf:
                 names = set(zf.namelist())
-        except (zipfile.BadZipFile, OSError) as e:
+        except ZIP_ERRORS as e:
             raise UnreadableFileError(f"{path} is not a readable .keras archive (a damaged or truncated zip file: {e})") from e
         if "config.json" not in names:
             raise UnreadableFileError(f"{path} is a zip archive but not a .keras archive (it lacks config.json)")

@@ -40,10 +40,12 @@ import numpy as np
 
 from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
 from ...io.arrays import read_npy_zlib
+from .. import fields
 from ..readers import msgpack_decode, unpickle
 from ..activations import Activation, choose_activation, parse_activation
 from ..assumptions import HALVES, RLLIB_SPLIT, Assumption, head_assumption, reconstruction
 from ..build import NO_HEAD, Dense, MlpSpec, ObsFilter, Prelude
+from ..fields import real_number, whole_number
 from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
 
@@ -136,6 +138,27 @@ class _Files:
         raise UnreadableFileError(f"{stem}.pkl (or .msgpack) is missing from the checkpoint")
 
 
+def _model_config(value: Any, where: str) -> dict:
+    """A policy's model config (``fcnet_hiddens``, ``fcnet_activation`` ...) as a dict; ``{}`` for none.
+
+    Raises:
+        BadModelError: something other than a mapping.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, unpickle.Record) and isinstance(value.state, dict):
+        value = value.state
+    if not isinstance(value, dict):
+        raise BadModelError(f"{where} is {fields.shown(value)}, not a model config (a mapping)")
+    return dict(value)
+
+
+def _state_file(files: _Files, stem: Path) -> Path:
+    """The file :meth:`_Files.state` reads for ``stem``: ``<stem>.pkl``, else ``<stem>.msgpack``."""
+    pickled = stem.with_name(stem.name + ".pkl")
+    return pickled if pickled.is_file() else stem.with_name(stem.name + ".msgpack")
+
+
 def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
     pid = wanted or DEFAULT_POLICY
     if pid not in policy_ids:
@@ -148,7 +171,7 @@ def _pick(policy_ids: list[str], wanted: str | None, where: str) -> str:
     return pid
 
 
-def _decode_array(value: Any, what: str) -> Any:
+def _decode_array(value: Any, what: str, before: int = 0) -> Any:
     """RLlib serialises arrays in JSON-able states as base64 of zlib of ``.npy`` bytes
     (``ray/rllib/utils/serialization.py``); anything else, or text that does not decode, comes back
     unchanged. The ``.npy`` header is checked against the array limit before its data is
@@ -157,13 +180,16 @@ def _decode_array(value: Any, what: str) -> Any:
     Args:
         value: the state's entry.
         what: how to name it in messages (``f"{where}: the MeanStdFilter's mean_array"``).
+        before: the bytes of the arrays decoded before it from the same state, which it may take
+            together with no more than the array limit.
 
     Raises:
-        LimitExceededError: the array it holds would take more than the array limit.
+        LimitExceededError: the array it holds would take more than the array limit, alone or
+            with ``before``.
     """
     if isinstance(value, str) and value.startswith("eJ"):
         try:
-            return read_npy_zlib(base64.b64decode(value, validate=True), what)
+            return read_npy_zlib(base64.b64decode(value, validate=True), what, before=before)
         except LimitExceededError:
             raise
         except (ValueError, UnreadableFileError):
@@ -179,34 +205,46 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return default
 
 
-def _space(value: Any) -> tuple | None:
+def _space(value: Any, where: str = "the checkpoint's space") -> tuple | None:
     """A gym(nasium) space record or RLlib's serialised space dict as ``("box", shape)``,
     ``("discrete", n)`` or ``("multidiscrete", nvec)`` (``rllib/utils/serialization.py`` writes
-    ``{"space": "discrete", "n"}``, ``{"space": "multi-discrete", "nvec": <base64 npy>}``)."""
+    ``{"space": "discrete", "n"}``, ``{"space": "multi-discrete", "nvec": <base64 npy>}``).
+
+    Args:
+        value: the space as the checkpoint holds it.
+        where: the file and entry that hold it, for messages.
+
+    Raises:
+        BadModelError: a Discrete ``n`` or MultiDiscrete ``nvec`` that is not whole numbers of at
+            least 1, a Box shape that is not whole numbers (naming ``where`` and the field).
+    """
+    while isinstance(value, dict) and isinstance(value.get("space"), dict):  # a serialised space inside another
+        value = value["space"]
     if isinstance(value, dict) and "space" in value:
-        inner = value["space"]
-        if isinstance(inner, dict):
-            return _space(inner)
-        kind = str(inner).lower().replace("-", "").replace("_", "")
+        kind = str(value["space"]).lower().replace("-", "").replace("_", "")
         if kind == "discrete":
-            return ("discrete", int(value["n"]))
+            return ("discrete", whole_number(value.get("n"), f"{where}: n", minimum=1))
         if kind == "multidiscrete":
-            nvec = _decode_array(value.get("nvec"), "the observation space's nvec")
-            return ("multidiscrete", tuple(int(n) for n in np.ravel(nvec)))
+            return ("multidiscrete", _nvec(_decode_array(value.get("nvec"), f"{where}: nvec"), f"{where}: nvec"))
         if kind == "box":
-            return ("box", tuple(int(d) for d in value.get("shape", ())))
+            return ("box", fields.shape(value.get("shape", ()), f"{where}: shape"))
         return (kind, None)
     if isinstance(value, unpickle.Record):
         cls = value.global_name.rsplit(".", 1)[-1]
         if cls == "Discrete":
-            return ("discrete", int(value.get("n")))
+            return ("discrete", whole_number(value.get("n"), f"{where}: n", minimum=1))
         if cls == "MultiDiscrete":
-            return ("multidiscrete", tuple(int(n) for n in np.ravel(value.get("nvec"))))
+            return ("multidiscrete", _nvec(value.get("nvec"), f"{where}: nvec"))
         if cls == "Box":
             shape = value.get("_shape", value.get("shape"))
-            return ("box", tuple(int(d) for d in shape)) if shape is not None else ("box", None)
+            return ("box", fields.shape(shape, f"{where}: shape")) if shape is not None else ("box", None)
         return (cls.lower(), None)
     return None
+
+
+def _nvec(value: Any, what: str) -> tuple[int, ...]:
+    """A MultiDiscrete's ``nvec`` (any shape, flattened) as whole numbers ≥ 1."""
+    return tuple(whole_number(n, what, minimum=1) for n in fields.number_array(value, what).ravel())
 
 
 def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
@@ -219,11 +257,15 @@ def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
     float32, 0 when ``n <= 1``; ``/ (std + 1e-6)``.
 
     Args:
-        value: the filter's state.
-        where: the file it was read from, for messages.
+        value: the filter's state as the checkpoint holds it.
+        where: the file (and entry) that holds it, for messages.
 
     Raises:
-        BadModelError: a filter of another kind, or statistics of a structured observation.
+        BadModelError: a filter of another kind, statistics of a structured observation, or
+            statistics that are not numbers: a count that is not a whole number, means or squared
+            differences of text or NaN, means and squared differences of different shapes, a clip
+            bound that is not one number ≥ 0, flags that are not booleans (each naming ``where`` and
+            the field).
         LimitExceededError: a statistics array it holds serialised would take more than the array limit.
     """
     if value is None:
@@ -234,17 +276,27 @@ def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
     if cls not in ("MeanStdFilter", "ConcurrentMeanStdFilter"):
         raise BadModelError(f"the checkpoint's observation filter is a {cls}; policyport bakes in MeanStdFilter only "
                             "(convert with --no-filter to leave it out)")
-    demean = _get(value, "demean", _get(value, "de_mean_to_zero", True))
-    destd = _get(value, "destd", _get(value, "de_std_to_one", True))
-    clip = _get(value, "clip", _get(value, "clip_by_value"))
-    clip = float(clip) if clip else None
+    where = f"{where}: the MeanStdFilter's"
+    demean_key, destd_key, clip_key = (old if _get(value, old) is not None else new for old, new in (
+        ("demean", "de_mean_to_zero"), ("destd", "de_std_to_one"), ("clip", "clip_by_value")))  # Ray 1.x, 2.x
+    demean = _flag(_get(value, demean_key, True), f"{where} {demean_key}")
+    destd = _flag(_get(value, destd_key, True), f"{where} {destd_key}")
+    clip = _get(value, clip_key)
+    if isinstance(clip, str):  # a serialised state may hold it as text
+        try:
+            clip = float(clip)
+        except ValueError:
+            pass  # refused just below, as text
+    clip = None if clip is None or clip is False else real_number(clip, f"{where} {clip_key}", finite=False)
+    if clip is not None and not clip >= 0:
+        raise BadModelError(f"{where} {clip_key} is {clip:g}; it must be at least 0 (0 for no clipping)")
+    clip = clip or None
     rs = _get(value, "rs")
     if rs is not None:
-        n = int(_get(rs, "_n"))
-        m = np.asarray(_decode_array(_get(rs, "_M"), f"{where}: the MeanStdFilter's rs._M"), np.float64)
-        s = np.asarray(_decode_array(_get(rs, "_S"), f"{where}: the MeanStdFilter's rs._S"), np.float64)
+        n = whole_number(_get(rs, "_n"), f"{where} rs._n")
+        m, s = _statistics(rs, ("_M", "_S"), f"{where} rs")
         var = s / (n - 1) if n > 1 else np.square(m)
-        return ObsFilter(m, np.sqrt(var), EPSILON_RS, bool(demean), bool(destd), clip, n, "rs")
+        return ObsFilter(m, np.sqrt(var), EPSILON_RS, demean, destd, clip, n, "rs")
     stats = _get(value, "running_stats")
     if isinstance(stats, (list, tuple)):
         if len(stats) != 1:
@@ -253,12 +305,42 @@ def _filter(value: Any, where: str = "the checkpoint") -> ObsFilter | None:
         stats = stats[0]
     if stats is None:
         raise BadModelError("the MeanStdFilter holds neither rs nor running_stats; cannot read its statistics")
-    n = int(_get(stats, "num_pushes"))
-    m = np.asarray(_decode_array(_get(stats, "mean_array"), f"{where}: the MeanStdFilter's mean_array"), np.float64)
-    s = np.asarray(_decode_array(_get(stats, "sum_sq_diff_array"), f"{where}: the MeanStdFilter's sum_sq_diff_array"), np.float64)
+    if not isinstance(stats, (dict, unpickle.Record)):
+        raise BadModelError(f"{where} running_stats is {fields.shown(stats)}, not the statistics of a running mean")
+    n = whole_number(_get(stats, "num_pushes"), f"{where} num_pushes")
+    m, s = _statistics(stats, ("mean_array", "sum_sq_diff_array"), f"{where} running_stats")
     var = (s / (float(n) - 1)).astype(np.float32) if n > 1 else np.zeros_like(m, dtype=np.float32)
     std = np.sqrt(np.maximum(0, var)).astype(np.float64)
-    return ObsFilter(m, std, EPSILON_RUNNING_STATS, bool(demean), bool(destd), clip, n, "running_stats")
+    return ObsFilter(m, std, EPSILON_RUNNING_STATS, demean, destd, clip, n, "running_stats")
+
+
+def _statistics(stats: Any, names: tuple[str, str], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The running mean and sum of squared differences a filter keeps under ``names``, as float64.
+
+    Raises:
+        BadModelError: either is not numbers (or holds NaN), or the two differ in shape.
+        LimitExceededError: serialised, the two would take more than the array limit together
+            (the second checked by its header, before it is decompressed).
+    """
+    mean_name, squares_name = names
+    mean = fields.number_array(_decode_array(_get(stats, mean_name), f"{where}.{mean_name}"), f"{where}.{mean_name}")
+    squares = fields.number_array(_decode_array(_get(stats, squares_name), f"{where}.{squares_name}", mean.nbytes),
+                                  f"{where}.{squares_name}")
+    if mean.shape != squares.shape:
+        raise BadModelError(f"{where}.{mean_name} has shape {mean.shape} and {squares_name} {squares.shape}; "
+                            "a running mean and its squared differences have one shape")
+    return mean, squares
+
+
+def _flag(value: Any, what: str) -> bool:
+    """A filter's on/off setting: a bool, or 0/1 as older pickles hold it.
+
+    Raises:
+        BadModelError: anything else.
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise BadModelError(f"{what} is {fields.shown(value)}, not true or false")
 
 
 def _filter_name(value: Any) -> str | None:
@@ -375,7 +457,7 @@ def _read_legacy(path: Path, files: _Files, policy_id: str | None, read_filter: 
     for params in (path.parent / "params.pkl", path.parent.parent / "params.pkl"):
         if params.is_file():
             loaded = files.pickle(params)
-            config = dict(_get(loaded, "model", {}) or {})
+            config = _model_config(_get(loaded, "model"), f"{params}: model")
             break
     filters = _get(worker, "filters", {}) or {}
     raw = filters.get(pid) if isinstance(filters, dict) else None
@@ -386,7 +468,8 @@ def _read_legacy(path: Path, files: _Files, policy_id: str | None, read_filter: 
                                          (f"{path} (its worker state's policy_config)", _get(worker, "policy_config")))
     framework = "torch" if any(k.startswith("_hidden_layers") or k.startswith("_logits") for k in arrays) else "tf"
     return Checkpoint("legacy", pid, list(state), arrays, framework, config, None, None,
-                      _filter(raw, str(path)) if read_filter else None, None, dropped, filter_named=named, filter_named_by=named_by,
+                      _filter(raw, f"{path} (its worker state's filters[{pid!r}])") if read_filter else None, None,
+                      dropped, filter_named=named, filter_named_by=named_by,
                       filter_sought=f"the worker state's filters[{pid!r}] in {path}")
 
 
@@ -417,14 +500,15 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
     weights = _get(policy_state, "weights")
     spec = _get(policy_state, "policy_spec") or {}
     config = _get(spec, "config") or {}
-    model = dict(_get(config, "model") or {})
+    model = _model_config(_get(config, "model"), f"{_state_file(files, folder / 'policy_state')}: policy_spec.config.model")
     if isinstance(weights, (list, tuple)):
         weights = _name_tf2_list(list(weights), model, pid)
     if not isinstance(weights, dict):
         raise BadModelError(f"{folder}: policy_state holds no weights")
     arrays, dropped = _split_weights(weights, policy_state)
     framework = "tf" if any("/" in k for k in arrays) else "torch"
-    filt = (_get(_get(algorithm_state, "worker"), "filters") or {}).get(pid)
+    filters = _get(_get(algorithm_state, "worker"), "filters")
+    filt = filters.get(pid) if isinstance(filters, dict) else None
     if filt is None:  # the connector pipeline keeps the same statistics
         agent = _get(_get(policy_state, "connector_configs"), "agent")
         for entry in (agent[1] if isinstance(agent, (list, tuple)) and len(agent) == 2 else []):
@@ -438,7 +522,8 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
     sought = (f"worker.filters[{pid!r}] in {state_file}, then " if state_file else "") + \
         f"a MeanStd connector in {folder / 'policy_state'}'s connector_configs"
     return Checkpoint("old-stack", pid, ids or [pid], arrays, framework, model,
-                      _space(_get(spec, "observation_space")), _space(_get(spec, "action_space")),
+                      *(_space(_get(spec, key), f"{_state_file(files, folder / 'policy_state')}: policy_spec.{key}")
+                        for key in ("observation_space", "action_space")),
                       _filter(filt, named_by) if obs_filter else None, None, dropped, filter_named=named,
                       filter_named_by=named_by, filter_sought=sought)
 
@@ -488,6 +573,10 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filte
     state = files.state(folder / "module_state")
     if not isinstance(state, dict):
         raise BadModelError(f"{folder}: module_state is not a mapping of parameter names to arrays")
+    named = [k for k in state if not isinstance(k, str)]
+    if named:
+        raise BadModelError(f"{_state_file(files, folder / 'module_state')} names a parameter {named[0]!r:.60}: not a "
+                            "parameter name (RLlib names each by its module path, as text)")
     ctor = files.pickle(folder / "class_and_ctor_args.pkl") if (folder / "class_and_ctor_args.pkl").is_file() else None
     module_class, config, obs_space, action_space = None, {}, None, None
     if ctor is not None:
@@ -496,7 +585,8 @@ def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filte
         args = _get(ctor, "ctor_args_and_kwargs")
         kwargs = args[1] if isinstance(args, (list, tuple)) and len(args) == 2 and isinstance(args[1], dict) else {}
         config = dict(kwargs.get("model_config") or {}) if isinstance(kwargs.get("model_config"), dict) else {}
-        obs_space, action_space = _space(kwargs.get("observation_space")), _space(kwargs.get("action_space"))
+        obs_space, action_space = (_space(kwargs.get(key), f"{folder / 'class_and_ctor_args.pkl'}: {key}")
+                                   for key in ("observation_space", "action_space"))
     arrays = {}
     dropped = []
     for k, v in state.items():
@@ -714,6 +804,10 @@ def convert_rllib(source, options):
             notes.append("--no-filter: the checkpoint names no observation filter; there was none to leave out")
     elif ckpt.obs_filter is not None:
         f = ckpt.obs_filter
+        if f.mean.shape not in ((spec.obs_dim,), spec.input_shape):
+            raise BadModelError(f"{ckpt.filter_named_by}: the MeanStdFilter's statistics have shape {f.mean.shape}, but "
+                                f"the policy takes observations of shape {spec.input_shape}: it is not this policy's "
+                                "filter; convert with --no-filter to leave it out")
         prelude.obs_filter = f
         notes.append(f"baked in the MeanStdFilter ({f.count} observations, epsilon {f.epsilon:g}, "
                      f"clip {f.clip if f.clip else 'none'}); --no-filter leaves it out")

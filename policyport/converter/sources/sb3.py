@@ -45,11 +45,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...errors import ZIP_ERRORS, BadModelError, LimitExceededError, OptionError, UnreadableFileError, listing
+from ...io.schema import load_json
 from ...text import bounded_repr
+from .. import fields
 from ..activations import TORCH_ACTIVATIONS, TORCH_DEFAULTS, ActivationNeeded, choose_activation
 from ..assumptions import Assumption
 from ..build import ActionHead, ObsNorm, Prelude
+from ..fields import number_array, real_number, whole_number
 from .sb3_policy import SB3_POLICY_CLASSES
 
 #: SB3's default activation per policy family when ``policy_kwargs`` names none.
@@ -290,44 +293,60 @@ def pickled_global(serialized: str) -> str | None:
     return pickled_class_name(pickled_value(serialized))
 
 
-def _array(text, what: str) -> np.ndarray:
-    """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), as float64.
+def _array(text, what: str, path: Path | None = None) -> np.ndarray:
+    """A numpy array printed by ``str(array)`` (``'[-1. -1. -8.]'``), or numbers as JSON holds them, as float64.
+
+    Args:
+        text: the value ``data`` holds.
+        what: the field, ``"action_space.low"``.
+        path: the zip, named in messages when given.
 
     Raises:
         BadModelError: missing (``None``), text numpy summarised (``'[[[0 0 0 ... 0 0 0]'``: large
-            arrays print only their edges) or anything but numbers.
+            arrays print only their edges), anything but numbers (bools, ragged lists, numbers beyond
+            float64), or NaN.
     """
-    if isinstance(text, (list, int, float)):
-        return np.asarray(text, dtype=np.float64)
+    where = f"{path}: " if path is not None else ""
+    if isinstance(text, (list, int, float)) and not isinstance(text, bool):
+        return number_array(text, f"{where}the zip's {what}")
     if text is None:
-        raise BadModelError(f"the zip's {what} is missing")
+        raise BadModelError(f"{where}the zip's {what} is missing")
     if not isinstance(text, str):
-        raise BadModelError(f"the zip's {what} is a {type(text).__name__} ({str(text)[:60]!r}), not numbers or their text")
+        raise BadModelError(f"{where}the zip's {what} is a {type(text).__name__} ({str(text)[:60]!r}), not numbers or "
+                            "their text")
     if "..." in text:
-        raise BadModelError(f"the zip's {what} is not readable text ({str(text)[:60]!r}): numpy summarised it")
+        raise BadModelError(f"{where}the zip's {what} is not readable text ({str(text)[:60]!r}): numpy summarised it")
     try:
-        return np.array([float(t) for t in text.replace("[", " ").replace("]", " ").split()], dtype=np.float64)
+        values = [float(t) for t in text.replace("[", " ").replace("]", " ").split()]
     except ValueError as e:
-        raise BadModelError(f"the zip's {what} is not a list of numbers: {text[:60]!r}") from e
+        raise BadModelError(f"{where}the zip's {what} is not a list of numbers: {text[:60]!r}") from e
+    return number_array(values, f"{where}the zip's {what}")
 
 
-def _bound(entry: dict, which: str, what: str, shape) -> np.ndarray | BadModelError:
+def _bound(entry: dict, which: str, what: str, shape, path: Path) -> np.ndarray | BadModelError:
     """A Box's ``low`` or ``high``; for a large Box numpy summarised (SB3's image spaces), the
     scalar gymnasium keeps in ``low_repr``/``high_repr`` when the bound is uniform, spread over
     ``shape``. A bound that cannot be read comes back as the error, raised only if it is needed
     (an observation space's bounds never are)."""
     try:
-        return _array(entry.get(which), what)
+        return _array(entry.get(which), what, path)
     except BadModelError as e:
-        uniform = entry.get(f"{which}_repr")
+        uniform = entry.get(f"{which}_repr")  # gymnasium's text of the scalar, "-1.0"
         try:
-            return np.full(tuple(shape), float(uniform), dtype=np.float64)
-        except (TypeError, ValueError):
+            value = float(uniform) if isinstance(uniform, str) else real_number(uniform, what, finite=False)
+            return np.full(tuple(shape), value, dtype=np.float64)
+        except (ValueError, BadModelError):
             return e
 
 
-def _space(data: dict, key: str) -> dict:
-    """``{"type": "Box"|"Discrete"|..., "shape", "low", "high", "n", "nvec", "dtype"}`` of a space."""
+def _space(data: dict, key: str, path: Path) -> dict:
+    """``{"type": "Box"|"Discrete"|..., "shape", "low", "high", "n", "nvec", "dtype"}`` of a space.
+
+    Raises:
+        BadModelError: no such space, no class named, a shape that is not whole numbers, a Discrete
+            ``n`` or MultiDiscrete ``nvec`` that is not whole numbers of at least 1 (naming ``path``
+            and the field).
+    """
     entry = data.get(key)
     if not isinstance(entry, dict):
         raise BadModelError(f"the zip's data has no readable {key}")
@@ -335,14 +354,18 @@ def _space(data: dict, key: str) -> dict:
     kind = re.sub(r".*\.", "", type_text.strip("<>'\" ").replace("class '", ""))
     if not kind:
         raise BadModelError(f"the zip's {key} does not name its space class (no :type: entry)")
-    shape = entry.get("_shape", entry.get("shape"))
-    space = {"type": kind, "shape": tuple(shape) if isinstance(shape, list) else None, "dtype": entry.get("dtype")}
+    field_name = "_shape" if "_shape" in entry else "shape"
+    shape = entry.get(field_name)
+    space = {"type": kind, "shape": None if shape is None else fields.shape(shape, f"{path}: the zip's {key}.{field_name}"),
+             "dtype": entry.get("dtype")}
     if kind == "Box":
-        space["low"], space["high"] = (_bound(entry, which, f"{key}.{which}", space["shape"] or ()) for which in ("low", "high"))
+        space["low"], space["high"] = (_bound(entry, which, f"{key}.{which}", space["shape"] or (), path)
+                                       for which in ("low", "high"))
     elif kind == "Discrete":
-        space["n"] = int(entry["n"])
+        space["n"] = whole_number(entry.get("n"), f"{path}: the zip's {key}.n", minimum=1, text=True)
     elif kind == "MultiDiscrete":
-        space["nvec"] = tuple(int(v) for v in _array(entry.get("nvec"), f"{key}.nvec"))
+        space["nvec"] = tuple(whole_number(v, f"{path}: the zip's {key}.nvec", minimum=1)
+                              for v in _array(entry.get("nvec"), f"{key}.nvec", path).ravel())
     return space
 
 
@@ -350,7 +373,8 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
     """``(data JSON, policy.pth bytes, SB3 version)`` of an SB3 zip.
 
     Raises:
-        UnreadableFileError: not a zip, or no ``data``/``policy.pth``.
+        UnreadableFileError: not a zip, a damaged one, no ``data``/``policy.pth``, or a ``data`` member
+            that is not a JSON object (not UTF-8, not JSON, nested too deeply to parse).
         LimitExceededError: a member read declares more than the array limit (checked before it is
             decompressed).
     """
@@ -361,18 +385,17 @@ def read_zip(path: Path) -> tuple[dict, bytes, str | None]:
             names = set(zf.namelist())
             if not {"data", "policy.pth"} <= names:
                 raise UnreadableFileError(f"{path} is not a Stable-Baselines3 save: it lacks {sorted({'data', 'policy.pth'} - names)}")
-            data = json.loads(read_zip_member(zf, "data", str(path)))
+            text = read_zip_member(zf, "data", str(path))
             policy = read_zip_member(zf, "policy.pth", str(path))
-            version = (read_zip_member(zf, "_stable_baselines3_version", str(path)).decode().strip()
+            version = (read_zip_member(zf, "_stable_baselines3_version", str(path)).decode("utf-8", "replace").strip()
                        if "_stable_baselines3_version" in names else None)
     except (UnreadableFileError, LimitExceededError):  # an OSError and a MemoryError: not to be wrapped below
         raise
-    except (zipfile.BadZipFile, OSError) as e:
+    except ZIP_ERRORS as e:
         if Path(path).is_file() and Path(path).stat().st_size == 0:
             raise UnreadableFileError(f"{path} is empty (an SB3 save is a zip archive)") from e
         raise UnreadableFileError(f"{path} is not a readable zip archive: {e}") from e
-    except ValueError as e:
-        raise UnreadableFileError(f"{path}: its data member is not JSON: {e}") from e
+    data = load_json(text, f"{path}: its data member", error=UnreadableFileError)
     if not isinstance(data, dict):
         raise UnreadableFileError(f"{path}: its data member is not a JSON object")
     return data, policy, version
@@ -649,7 +672,8 @@ def read_vecnormalize(path: Path) -> ObsNorm | None:
 
     Raises:
         UntrustedFileError: the pickle asks to call a function.
-        BadModelError: dict observations, or statistics missing.
+        BadModelError: dict observations, statistics missing, or statistics that are not numbers
+            (text, NaN, a negative variance; an ``epsilon`` or ``clip_obs`` that is not one number).
     """
     from ..readers.unpickle import Record, load
 
@@ -663,8 +687,16 @@ def read_vecnormalize(path: Path) -> ObsNorm | None:
         raise BadModelError(f"{path} normalises a dict observation ({', '.join(map(str, rms))}); policyport converts Box observations")
     if not isinstance(rms, Record) or not isinstance(rms.get("mean"), np.ndarray) or not isinstance(rms.get("var"), np.ndarray):
         raise BadModelError(f"{path} has no obs_rms mean/var arrays; is it a VecNormalize save?")
-    return ObsNorm(mean=np.asarray(rms.mean, np.float64), var=np.asarray(rms.var, np.float64),
-                   epsilon=float(venv.get("epsilon", 1e-8)), clip_obs=float(venv.get("clip_obs", 10.0)))
+    var = number_array(rms.var, f"{path}: obs_rms.var")
+    if (var < 0).any():
+        raise BadModelError(f"{path}: obs_rms.var holds negative variances ({var.min():g})")
+    epsilon = real_number(venv.get("epsilon", 1e-8), f"{path}: epsilon")
+    if epsilon < 0:
+        raise BadModelError(f"{path}: epsilon is {epsilon:g}; a variance's epsilon is at least 0")
+    clip_obs = real_number(venv.get("clip_obs", 10.0), f"{path}: clip_obs", finite=False)
+    if np.isnan(clip_obs):
+        raise BadModelError(f"{path}: clip_obs is NaN")
+    return ObsNorm(mean=number_array(rms.mean, f"{path}: obs_rms.mean"), var=var, epsilon=epsilon, clip_obs=clip_obs)
 
 
 def convert_sb3(source, options):
@@ -705,9 +737,11 @@ def convert_sb3(source, options):
     if options.head is not None:
         raise OptionError("--head does not apply to an SB3 zip: its action head comes from its action space")
     data, policy_bytes, version = read_zip(path)
-    policy_class = pickled_global((data.get("policy_class") or {}).get(":serialized:", "")) or "?"
+    recorded_class = data.get("policy_class")
+    serialized = recorded_class.get(":serialized:") if isinstance(recorded_class, dict) else None
+    policy_class = (pickled_global(serialized) if isinstance(serialized, str) else None) or "?"
     kwargs = _policy_kwargs(data)
-    obs_space, act_space = _space(data, "observation_space"), _space(data, "action_space")
+    obs_space, act_space = _space(data, "observation_space", path), _space(data, "action_space", path)
     _refuse_unsupported(data, kwargs, policy_class, obs_space, act_space)
     arrays = as_state_dict(load_torch_file(policy_bytes, what=f"{path}:policy.pth"), f"{path}:policy.pth")
     layout = sb3_layout(arrays, policy_class, path)

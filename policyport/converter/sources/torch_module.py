@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 
 from ...errors import BadModelError, OptionError, UnsupportedOpError, listing, require
+from ...io.schema import load_json
 
 #: Output-tensor roles of common leaf modules (any other class: its name in snake_case).
 ROLES = {
@@ -388,8 +389,10 @@ def _scope_of_dynamo_node(node, module_names: set[str]) -> str | None:
     if not scopes:
         return None
     try:
-        names = json.loads(scopes.replace("'", '"'))
-    except ValueError:
+        names = load_json(scopes.replace("'", '"'), "an exported node's name scopes")
+    except BadModelError:
+        return None
+    if not isinstance(names, list):
         return None
     for candidate in reversed(names[:-1]):
         if candidate in module_names:
