@@ -317,3 +317,17 @@ def test_rsl_rls_exported_torchscript_converts_with_its_normaliser(obs, tmp_path
     extracted = json.loads(invoke("extract", tmp_path / "ts.onnx", "-o", tmp_path / "w.npz", "--json").stdout)
     [fold] = extracted["folded"]
     assert fold["is"] == "obs_normalizer._std + 0.01" and fold["ambiguous"] == 2
+
+
+@pytest.mark.parametrize("checkpoint", ["rsl_rl/gaussian/model_0.pt", "rl_games/ant_elu/nn/ant_elu.pth"])
+def test_a_zip_that_zipfile_refuses_is_a_damaged_file_not_a_bug(tmp_path, checkpoint):
+    """A central directory declaring a zip version zipfile does not implement: the library checks that tell
+    an rsl_rl checkpoint by its pickle's strings read it as no checkpoint, and the reader refuses it."""
+    data = bytearray((ROOT / "fixtures" / checkpoint).read_bytes())
+    entry = data.index(b"PK\x01\x02")
+    data[entry + 6:entry + 8] = (163).to_bytes(2, "little")  # "version needed to extract" 16.3
+    damaged = tmp_path / Path(checkpoint).name
+    damaged.write_bytes(bytes(data))
+    result = invoke("convert", damaged, "-o", tmp_path / "a.onnx")
+    assert result.exit_code == 3, result.output
+    assert "zip file version 16.3" in result.output and "bug" not in result.output

@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import BadModelError, UnreadableFileError
+from ...errors import ZIP_ERRORS, BadModelError, UnreadableFileError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,7 +42,7 @@ def _pickle_bytes(path: Path) -> bytes:
             if len(pickles) != 1 or zf.getinfo(pickles[0]).file_size > MAX_PICKLE_BYTES:
                 return b""
             return zf.read(pickles[0])
-    except (zipfile.BadZipFile, OSError, KeyError):
+    except (*ZIP_ERRORS, KeyError):  # a damaged archive (a zip version, compression or CRC zipfile refuses)
         return b""
 
 

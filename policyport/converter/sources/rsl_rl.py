@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import (
+    ZIP_ERRORS,
     BadModelError,
     LimitExceededError,
     OptionError,
@@ -114,7 +115,7 @@ def _data_pkl(path: Path, max_bytes: int | None = None) -> bytes:
         with zipfile.ZipFile(path) as zf:
             pickles = [n for n in zf.namelist() if n == "data.pkl" or n.endswith("/data.pkl")]
             return read_zip_member(zf, pickles[0], str(path), max_bytes=max_bytes) if len(pickles) == 1 else b""
-    except (zipfile.BadZipFile, OSError):
+    except ZIP_ERRORS:  # a damaged archive (a zip version, compression or CRC zipfile refuses): no checkpoint
         return b""
 
 
