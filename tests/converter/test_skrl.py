@@ -280,3 +280,14 @@ def test_one_activation_per_layer_in_the_configuration(tmp_path):
     assert ops["policy.net_container.1/elu"] == "Elu" and ops["policy.net_container.3/tanh"] == "Tanh"
     refused = invoke("convert", run / "checkpoints" / "agent_1000.pt", "--activation", "elu", "-o", tmp_path / "a.onnx")
     assert refused.exit_code == 2 and "one per layer" in refused.output
+
+
+def test_a_state_dict_keyed_by_anything_but_names_is_refused(tmp_path):
+    import torch
+
+    saved = torch.load(SKRL / "separate_tanh" / "checkpoints" / "policy_500.pt", weights_only=True)
+    saved[0.5] = saved.pop("net_container.2.weight")
+    torch.save(saved, tmp_path / "policy_500.pt")
+    refused = invoke("convert", tmp_path / "policy_500.pt", "--activation", "tanh", "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 3, refused.output
+    assert "is not a state_dict of tensors (parameter names to arrays)" in " ".join(refused.output.split())

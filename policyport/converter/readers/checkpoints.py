@@ -100,15 +100,16 @@ def read_checkpoint(path: Path, library: str) -> dict:
 
 
 def state_dict(value, what: str) -> dict:
-    """``value`` when it is a mapping of parameter names to arrays (a saved ``state_dict``).
+    """``value`` when it is a mapping of parameter names (strings) to arrays (a saved ``state_dict``).
 
     Raises:
-        BadModelError: anything else, naming ``what``.
+        BadModelError: anything else (a key that is no name among them), naming ``what``.
     """
     import numpy as np
 
-    if not isinstance(value, dict) or not all(isinstance(v, np.ndarray) for v in value.values()):
-        raise BadModelError(f"{what} is not a state_dict of tensors")
+    if (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)
+            or not all(isinstance(v, np.ndarray) for v in value.values())):
+        raise BadModelError(f"{what} is not a state_dict of tensors (parameter names to arrays)")
     return value
 
 

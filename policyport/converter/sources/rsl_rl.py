@@ -161,9 +161,9 @@ def read_checkpoint(path: Path) -> dict:
 
 
 def _arrays(value, what: str) -> dict[str, np.ndarray]:
-    if not isinstance(value, dict) or not all(isinstance(v, np.ndarray) for v in value.values()):
-        raise BadModelError(f"{what} is not a state_dict of tensors")
-    return value
+    from ..readers.checkpoints import state_dict
+
+    return state_dict(value, what)
 
 
 def read_layout(ckpt: dict, what: str) -> Layout:
