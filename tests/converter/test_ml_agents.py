@@ -190,6 +190,19 @@ def test_a_configuration_that_contradicts_the_checkpoint_is_refused(tmp_path):
     assert not (tmp_path / "a.onnx").exists()
 
 
+@pytest.mark.parametrize("edit, said", [("hidden_units: 32", "hidden_units: '3l'"), ("normalize: true", "normalize: 'yes'")])
+def test_a_configuration_value_of_another_type_is_refused_naming_it(tmp_path, edit, said):
+    run = tmp_path / "run"
+    shutil.copytree(MLA / "walker_ppo", run)
+    text = (run / "configuration.yaml").read_text()
+    assert edit in text
+    (run / "configuration.yaml").write_text(text.replace(edit, said, 1))
+    refused = invoke("convert", run / "Walker" / "Walker-5000.pt", "-o", tmp_path / "a.onnx")
+    key = said.split(":")[0]
+    assert refused.exit_code == 3, refused.output
+    assert f"behaviors.Walker.network_settings.{key} is {said.split(': ')[1]}" in " ".join(refused.output.split())
+
+
 def test_what_it_does_not_read_is_refused_clearly(tmp_path):
     saved = torch.load(checkpoint("walker_ppo"), weights_only=False)
     lstm = dict(saved, Policy={**saved["Policy"], "network_body.lstm.lstm.weight_ih_l0": torch.zeros(8, 32)})

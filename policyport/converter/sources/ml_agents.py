@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError
+from ..fields import shown, whole_number
 
 #: ``Normalizer.forward`` clamps the normalised observation to [-5, 5]; it adds no epsilon.
 NORMALIZER_CLIP = 5.0
@@ -264,8 +265,15 @@ def read_run_config(checkpoint: Path) -> RunConfig | None:
         network = lookup(settings, "network_settings", default={})
         for key in ("normalize", "hidden_units", "num_layers"):
             value = lookup(network, key)
-            if value is not None:
-                setattr(config, key, bool(value) if key == "normalize" else int(value))
+            where = f"{path}: behaviors.{name}.network_settings.{key}"
+            if value is None:
+                continue
+            if key == "normalize":
+                if not isinstance(value, bool):
+                    raise BadModelError(f"{where} is {shown(value)}, not true or false")
+                config.normalize = value
+            else:
+                setattr(config, key, whole_number(value, where))
         return config
     return None
 
