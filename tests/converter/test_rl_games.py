@@ -173,3 +173,17 @@ def test_rl_games_own_player_agrees_now(obs):
         want = played.get_action(torch.from_numpy(obs), is_deterministic=True).numpy()
     out = pp.load(pp.convert(checkpoint("ant_elu"), action_bounds=(LOW, HIGH)), "onnxruntime").run({"obs": obs})
     assert np.abs(out["action"] - want).max() <= 1e-5
+
+
+def test_a_run_configuration_nested_past_the_recursion_limit_is_read_as_none(tmp_path):
+    """PyYAML's parser recurses once per nested flow collection: a config nested deeper is unreadable,
+    so the activation it would name must be given (exit 2), not a RecursionError (exit 70)."""
+    run = tmp_path / "ant_elu"
+    shutil.copytree(RLG / "ant_elu", run)
+    config = run / "params" / "agent.yaml"
+    config.write_text(config.read_text().replace("activation: elu", "activation: " + "[" * 5000 + "]" * 5000, 1))
+    refused = invoke("convert", run / "nn" / "ant_elu.pth", "-o", tmp_path / "a.onnx")
+    assert refused.exit_code == 2, refused.output
+    assert "does not record the activation" in " ".join(refused.output.split())
+    converted = invoke("convert", run / "nn" / "ant_elu.pth", "--activation", "elu", "-o", tmp_path / "a.onnx")
+    assert converted.exit_code == 0, converted.output

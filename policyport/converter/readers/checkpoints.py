@@ -131,7 +131,8 @@ def linear_layer(sd: dict, prefix: str, what: str) -> tuple[str, np.ndarray, str
 
 def read_yaml(path: Path):
     """A YAML file's plain content (dicts, lists, strings, numbers), or ``None`` when it cannot be
-    read; tags PyYAML's safe loader does not know are read as the plain node under them.
+    read (damaged, or nested deeper than PyYAML's recursive parser reaches); tags PyYAML's safe loader
+    does not know are read as the plain node under them.
 
     Raises:
         MissingDependencyError: PyYAML is not installed.
@@ -154,7 +155,7 @@ def read_yaml(path: Path):
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return yaml.load(f, Loader=_PlainLoader)  # noqa: S506 - a SafeLoader subclass
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, RecursionError):  # PyYAML recurses once per nested flow collection
         return None
 
 
