@@ -4,7 +4,8 @@
 SB3 save, a torch file, an ``.npz``, a ``.keras`` file) has a member replaced by a mutated copy, removed,
 renamed or duplicated; a pickle has opcodes mutated (a value retyped or pushed to an extreme, a global's
 name changed, an opcode dropped or repeated); JSON has values retyped, removed, or nested past any
-recursion limit (also the base64 pickles SB3 keeps in its JSON, and an HDF5 file's JSON attributes); an
+recursion limit (also the base64 pickles SB3 keeps in its JSON, and an HDF5 file's JSON attributes), and
+so has a run's YAML configuration; an
 ``.npy`` member has its header's dtype or shape changed; msgpack has values retyped; an HDF5 file has a
 dataset replaced by one of another dtype or shape. Any file may instead have bytes flipped or be
 truncated. All randomness comes from the ``random.Random`` passed in, so a mutation is reproduced by
@@ -92,6 +93,8 @@ def mutate_bytes(data: bytes, rng: random.Random) -> tuple[bytes, str]:
 #: Nesting deep enough to exhaust any recursive reader's stack.
 DEEP = 100_000
 _DEEP_MARK = "\x00policyport-deep\x00"
+#: YAML nesting: deeper than Python's recursion limit, which PyYAML's parser meets (its scanner is slow).
+YAML_DEEP = 5_000
 
 
 def _paths(value, prefix=()):
@@ -187,6 +190,27 @@ def mutate_json(data: bytes, rng: random.Random) -> tuple[bytes, str]:
         return mutate_bytes(data, rng)
     doc, what = mutate_value(doc, rng, nested=_base64_pickle)
     return dump_json(doc), f"JSON {what}"
+
+
+# ----------------------------------------------------------------------------------------------- yaml
+
+def mutate_yaml(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """A run's configuration (``agent.yaml``, ``configuration.yaml``) with one value changed as JSON's are."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(data)
+    except (yaml.YAMLError, RecursionError, ValueError):  # an earlier mutation broke it: bytes then
+        return mutate_bytes(data, rng)
+    if not isinstance(doc, (dict, list)):
+        return mutate_bytes(data, rng)
+    doc, what = mutate_value(doc, rng)
+    what = what.replace(f"nested {DEEP} deep", f"nested {YAML_DEEP} deep")
+    text = yaml.safe_dump(doc, sort_keys=False)
+    quoted = yaml.safe_dump(_DEEP_MARK).split("\n", 1)[0]  # the mark as a YAML scalar
+    if quoted in text:  # flow-style nesting: past the recursion limit, yet quick for PyYAML's pure-Python scanner
+        text = text.replace(quoted, "[" * YAML_DEEP + "]" * YAML_DEEP, 1).replace(quoted, "0")
+    return text.encode(), f"YAML {what}"
 
 
 # --------------------------------------------------------------------------------------------- pickle
@@ -449,7 +473,7 @@ def _read(path: str) -> bytes:
 # ---------------------------------------------------------------------------------------------- files
 
 def sniff(data: bytes, name: str = "") -> str:
-    """What ``data`` is: zip, pickle, npy, json, msgpack, hdf5, safetensors or bytes."""
+    """What ``data`` is: zip, pickle, npy, json, yaml, msgpack, hdf5, safetensors or bytes."""
     if data[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
     if data[:6] == b"\x93NUMPY":
@@ -462,6 +486,8 @@ def sniff(data: bytes, name: str = "") -> str:
         return "pickle"
     if name.endswith(".safetensors") and len(data) > 8:
         return "safetensors"
+    if name.endswith((".yaml", ".yml")):
+        return "yaml"
     if data.lstrip()[:1] in (b"{", b"[") or name.endswith((".json", "/data")) or name == "data":
         try:
             json.loads(data)
@@ -483,7 +509,7 @@ def mutate_safetensors(data: bytes, rng: random.Random) -> tuple[bytes, str]:
 
 
 _BY_KIND = {"zip": None, "npy": mutate_npy, "hdf5": mutate_hdf5, "msgpack": mutate_msgpack, "pickle": mutate_pickle,
-            "safetensors": mutate_safetensors, "json": mutate_json, "bytes": mutate_bytes}
+            "safetensors": mutate_safetensors, "json": mutate_json, "yaml": mutate_yaml, "bytes": mutate_bytes}
 
 
 def mutate_file(data: bytes, rng: random.Random, name: str = "") -> tuple[bytes, str]:

@@ -101,6 +101,58 @@ def _rllib_seeds() -> list[Seed]:
     return seeds
 
 
+def _run_seeds(library: str, runs: dict[str, tuple[str, ...]], checkpoint: str) -> list[Seed]:
+    """One seed per run folder ``fixtures/<library>/<run>`` (copied whole, so the configuration the
+    run wrote beside its checkpoint is read, and mutated, too): run -> the options its conversion needs."""
+    return [Seed(f"{library}/{run}", (f"{library}/{run}",), f"{Path(run).name}/{checkpoint.format(run=Path(run).name)}", args)
+            for run, args in runs.items()]
+
+
+#: The continuous Tianshou and TorchRL fixtures' action spaces (their make_fixtures.py's LOW and HIGH).
+_TIANSHOU_BOUNDS = "-1,-2,0:1,0.5,3"
+_TORCHRL_BOUNDS = "-1,-2,-0.5,0,-3,-1:1,2,0.5,1,1,3"
+
+#: Library checkpoints: each run folder's layout (a configuration beside the checkpoint or none, each
+#: network and distribution the reader tells apart) with the options the README's commands give it.
+_LIBRARY_KINDS: dict[str, list[Seed]] = {
+    "rsl-rl": _run_seeds("rsl_rl", {"gaussian": (), "beta": (), "heteroscedastic": (), "legacy/v1": ("--activation", "elu"),
+                                    "legacy/v2_0": (), "legacy/v4_sds": ()}, "model_0.pt"),
+    "rl-games": _run_seeds("rl_games", {"ant_elu": (), "humanoid_tanh": (), "discrete_relu": ("--activation", "relu")},
+                           "nn/{run}.pth"),
+    "skrl": [Seed("skrl/isaaclab_elu", ("skrl/isaaclab_elu",), "isaaclab_elu/checkpoints/agent_1000.pt"),
+             Seed("skrl/separate_tanh", ("skrl/separate_tanh",), "separate_tanh/checkpoints/policy_500.pt",
+                  ("--activation", "tanh"))],
+    "ml-agents": [Seed(f"ml_agents/{run}", (f"ml_agents/{run}",), f"{run}/{behavior}/{behavior}-{steps}.pt")
+                  for run, behavior, steps in (("walker_ppo", "Walker", 5000), ("crawler_sac", "Crawler", 3000),
+                                               ("hybrid_ppo", "Hybrid", 1000), ("pushblock_discrete", "PushBlock", 2000))],
+    "tianshou": [Seed("tianshou/ppo_obs_rms", ("tianshou/ppo_obs_rms",), "ppo_obs_rms/policy.pth",
+                      ("--activation", "tanh", "--action-bound-method", "clip", f"--action-bounds={_TIANSHOU_BOUNDS}")),
+                 Seed("tianshou/a2c_tanh", ("tianshou/a2c_tanh",), "a2c_tanh/policy_state_dict.pt",
+                      ("--activation", "relu", "--action-bound-method", "tanh")),
+                 Seed("tianshou/ppo_discrete", ("tianshou/ppo_discrete",), "ppo_discrete/policy_state_dict.pt",
+                      ("--activation", "relu")),
+                 # a whole pickled object is code: refused without --trust (exit 2) before anything loads it
+                 Seed("tianshou/ppo_discrete/policy.pt", ("tianshou/ppo_discrete/policy.pt",), "policy.pt",
+                      ("--activation", "relu"), expect=2)],
+    "sample-factory": _run_seeds("sample_factory/train_dir", {
+        "mlp_tanh": (), "gru_elu": ("--head", "diag-gaussian"), "discrete_relu": ("--activation", "relu", "--head", "categorical"),
+        "lstm_elu": ("--head", "categorical"), "separate_gru_tanh": ("--head", "categorical")},
+        "checkpoint_p0/checkpoint_000000050_409600.pth"),
+    "torchrl": [Seed("torchrl/tanh_normal_checkpoint", ("torchrl/tanh_normal_checkpoint",), "tanh_normal_checkpoint",
+                     ("--activation", "tanh", "--distribution", "tanh-normal", f"--action-bounds={_TORCHRL_BOUNDS}")),
+                Seed("torchrl/normal_relu_obsnorm_checkpoint", ("torchrl/normal_relu_obsnorm_checkpoint",),
+                     "normal_relu_obsnorm_checkpoint", ("--activation", "relu", "--distribution", "normal"))]
+    + [Seed(f"torchrl/{name}", (f"torchrl/{name}",), name, args)
+       for name, args in (("tanh_normal.pt", ("--activation", "tanh", "--distribution", "tanh-normal")),
+                          ("normal_relu.pt", ("--activation", "relu", "--distribution", "normal")),
+                          ("discrete_elu.pt", ("--activation", "elu")),
+                          ("tanh_normal_ppo_loss.pt", ("--activation", "tanh", "--distribution", "tanh-normal")))],
+    "cleanrl": [Seed(f"cleanrl/{p.name}", (f"cleanrl/{p.name}",), p.name)
+                for p in sorted((FIXTURES / "cleanrl").glob("*.cleanrl_model"))],
+    "brax": [Seed(f"brax/{p.name}", (f"brax/{p.name}",), p.name) for p in sorted((FIXTURES / "brax").glob("*.pkl"))],
+}
+
+
 #: Source kind -> its seeds. ``convert`` of every seed ends with its ``expect`` before any mutation.
 KINDS: dict[str, list[Seed]] = {
     "npz": [Seed("real/metadrive_ppo_expert.npz", ("real/metadrive_ppo_expert.npz",), "metadrive_ppo_expert.npz",
@@ -124,6 +176,7 @@ KINDS: dict[str, list[Seed]] = {
               for p in sorted((FIXTURES / "keras").glob("*")) if p.suffix in (".keras", ".h5")
               and p.name != "gaussian_lambda.keras"],
     "savedmodel": [Seed("keras/savedmodel", ("keras/savedmodel",), "savedmodel", expect=2)],
+    **_LIBRARY_KINDS,
 }
 
 

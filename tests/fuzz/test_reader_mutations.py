@@ -29,7 +29,9 @@ FUZZ_SEED = os.environ.get("FUZZ_SEED", "0")
 FINDINGS = Path(os.environ.get("FUZZ_FINDINGS", ROOT / ".fuzz-findings"))
 #: CPU seconds 200 cases of each kind took (Keras' conversions through TensorFlow and tf2onnx are the
 #: slowest): the kinds are shared among FUZZ_JOBS worker processes by them, longest first to the least loaded.
-COST = {"keras": 35, "torchscript": 3, "savedmodel": 4, "sb3": 8, "npz": 7, "rllib": 3, "state-dict": 3}
+COST = {"keras": 35, "torchscript": 3, "savedmodel": 4, "sb3": 8, "npz": 7, "rllib": 3, "state-dict": 3,
+        "ml-agents": 9, "sample-factory": 9, "rsl-rl": 6, "cleanrl": 6, "skrl": 5, "brax": 5, "rl-games": 4,
+        "tianshou": 3, "torchrl": 3}
 ORDER = tuple(sorted(COST, key=COST.get, reverse=True))
 
 
@@ -58,7 +60,9 @@ def test_every_kind_is_fuzzed_once():
     assert sorted(ORDER) == sorted(KINDS)
     for jobs in (1, 2, 3, 16):
         assert sorted(k for kinds in groups(jobs) for k in kinds) == sorted(KINDS)
-    assert sorted(groups(2)) == [["keras"], ["sb3", "npz", "savedmodel", "torchscript", "rllib", "state-dict"]]
+    assert sorted(groups(2)) == [["keras", "cleanrl", "brax", "rl-games", "rllib", "tianshou"],
+                                 ["ml-agents", "sample-factory", "sb3", "npz", "rsl-rl", "skrl", "savedmodel",
+                                  "torchscript", "state-dict", "torchrl"]]
 
 
 def _shown(finding: dict) -> str:
