@@ -450,14 +450,14 @@ def read_torch_zip(source, what: str | None = None, inert_modules: Iterable[str]
     """
     path = what or str(source)
     try:
-        return _read_torch_zip(source, path)
+        return _read_torch_zip(source, path, inert_modules)
     except ZIP_ERRORS as e:  # a member that fails its CRC, corrupt deflate data ... as its storages are read
         if isinstance(e, PolicyportError):
             raise
         raise UnreadableFileError(f"{path} is a damaged torch zip archive: {e}") from e
 
 
-def _read_torch_zip(source, path: str) -> object:
+def _read_torch_zip(source, path: str, inert_modules: Iterable[str] = ()) -> object:
     from .unpickle import load
 
     try:
