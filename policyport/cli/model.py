@@ -52,7 +52,7 @@ def inspect(
             except UnknownKindError:
                 kind = file_kind(model)  # a source named unlike its kind, told from its contents
                 if kind is not None and kind.source is not None:
-                    proto = convert(model, kind=kind.source, trust=trust)
+                    proto = _convert_for_inspect(model, trust, kind=kind.source)
                 else:
                     raise BadModelError(
                         f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
@@ -203,7 +203,7 @@ def ops(
     guard(as_json, body)
 
 
-def _convert_for_inspect(model: Path, trust: bool):
+def _convert_for_inspect(model: Path, trust: bool, **given):
     """``model`` converted with ``convert``'s defaults; where the file does not settle an option that
     ``convert`` requires (the activation, a head, a distribution), with a stand-in for it under which
     the layers and their shapes show, saying so: the graph is inspected, not offered as the policy.
@@ -219,7 +219,7 @@ def _convert_for_inspect(model: Path, trust: bool):
     stand_ins: dict[str, str] = {}
     while True:
         try:
-            proto = convert(model, trust=trust, **stand_ins)
+            proto = convert(model, trust=trust, **given, **stand_ins)
             break
         except OptionNeeded as e:
             if e.field in stand_ins or e.placeholder() is None:
