@@ -39,6 +39,24 @@ class OptionError(PolicyportError, ValueError):
     exit_code = 2
 
 
+class OptionNeeded(OptionError):
+    """An option that a source's file does not settle, that the user did not give, and that policyport
+    will not guess because a wrong guess is plausible and converts to another policy (exit 2).
+
+    Attributes:
+        field: the :class:`~policyport.converter.ConvertOptions` field that settles it (``"head"``).
+    """
+
+    def __init__(self, message: str, field: str, placeholder: str | None = None):
+        super().__init__(message)
+        self.field, self._placeholder = field, placeholder
+
+    def placeholder(self) -> str:
+        """A value of :attr:`field` under which the source's layers and their shapes can be shown
+        (``policyport inspect`` of a source), never offered as the policy's own."""
+        return self._placeholder
+
+
 class BadModelError(PolicyportError, ValueError):
     """A model, weights file or source that cannot be read or placed (exit 3)."""
 

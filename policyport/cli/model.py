@@ -45,20 +45,14 @@ def inspect(
         if bundle or model.suffix == ".onnx" or not model.exists():
             proto = load_onnx(model)
         else:
-            from ..converter import FILE_KINDS, UnknownKindError, convert
-            from ..converter.activations import ActivationNeeded
+            from ..converter import FILE_KINDS, UnknownKindError
 
             try:
-                try:
-                    proto = convert(model, trust=trust)
-                except ActivationNeeded as e:  # the layers and their shapes do not depend on it
-                    proto = convert(model, activation=e.placeholder(), trust=trust)
-                    say(f"{model} does not record its activation: its layers are shown without one "
-                        "('policyport convert' needs --activation)")
+                proto = _convert_for_inspect(model, trust)
             except UnknownKindError:
                 kind = file_kind(model)  # a source named unlike its kind, told from its contents
                 if kind is not None and kind.source is not None:
-                    proto = convert(model, kind=kind.source, trust=trust)
+                    proto = _convert_for_inspect(model, trust, kind=kind.source)
                 else:
                     raise BadModelError(
                         f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "
@@ -207,3 +201,35 @@ def ops(
             out.print(t)
 
     guard(as_json, body)
+
+
+def _convert_for_inspect(model: Path, trust: bool, **given):
+    """``model`` converted with ``convert``'s defaults; where the file does not settle an option that
+    ``convert`` requires (the activation, a head, a distribution), with a stand-in for it under which
+    the layers and their shapes show, saying so: the graph is inspected, not offered as the policy.
+
+    Raises:
+        the conversion's errors, an :class:`~policyport.errors.OptionNeeded` among them when its stand-in
+        does not settle it either.
+    """
+    from ..converter import convert
+    from ..converter.options import flag_list
+    from ..errors import OptionNeeded
+
+    stand_ins: dict[str, str] = {}
+    while True:
+        try:
+            proto = convert(model, trust=trust, **given, **stand_ins)
+            break
+        except OptionNeeded as e:
+            if e.field in stand_ins or e.placeholder() is None:
+                raise
+            stand_ins[e.field] = e.placeholder()
+    if list(stand_ins) == ["activation"]:  # the layers and their shapes do not depend on it
+        say(f"{model} does not record its activation: its layers are shown without one "
+            "('policyport convert' needs --activation)")
+    elif stand_ins:
+        shown = ", ".join(f"{flag_list([k])} {v}" for k, v in stand_ins.items())
+        say(f"{model} does not record what {flag_list(stand_ins)} settle: its layers are shown with {shown}, "
+            f"which may not be the policy's ('policyport convert' needs {flag_list(stand_ins)})")
+    return proto

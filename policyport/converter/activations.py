@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import BadModelError, OptionError
+from ..errors import BadModelError, OptionError, OptionNeeded
 
 ALIASES = {"silu": "swish", "identity": "linear", "none": "linear", "leakyrelu": "leaky_relu"}
 NAMES = ("tanh", "relu", "elu", "selu", "swish", "silu", "softplus", "leaky_relu", "gelu", "mish", "hardswish",
@@ -85,7 +85,7 @@ _REFERENCE: dict[str, Callable[[np.ndarray, Activation], np.ndarray]] = {
 }
 
 
-class ActivationNeeded(OptionError):
+class ActivationNeeded(OptionNeeded):
     """An activation the source file does not record and no ``--activation`` named (exit 2).
 
     Attributes:
@@ -95,7 +95,7 @@ class ActivationNeeded(OptionError):
     """
 
     def __init__(self, message: str, places: int = 1, listed: bool = False):
-        super().__init__(message)
+        super().__init__(message, "activation")
         self.places, self.listed = places, listed
 
     def placeholder(self) -> str:

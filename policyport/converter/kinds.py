@@ -48,7 +48,8 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's "
                    "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
-                   "and torchrl (a folder with a torchrl.checkpoint manifest.json) by their names")
+                   "torchrl (a folder with a torchrl.checkpoint manifest.json) and brax (an orbax checkpoint folder, refused with the "
+                   "Brax call that writes a file policyport reads) by their names")
 
 
 class UnknownKindError(BadModelError):
@@ -115,6 +116,10 @@ def _detect_path(path: Path) -> str | None:
 
         if is_torchrl_folder(path):
             return "torchrl"
+        from .readers.orbax import orbax_step_folder
+
+        if orbax_step_folder(path):  # brax.training.checkpoint.save's folder: the brax reader says why it is refused
+            return "brax"
         return None
     suffix = path.suffix.lower()
     if suffix == ".npz":
@@ -202,6 +207,8 @@ def wrong_shape_of_source(path: Path, kind: str) -> str | None:
     path = Path(path)
     if path.is_dir() and kind in _FILE_TAKES:
         detected = _detect_path(path)
+        if detected == kind == "brax":  # an orbax checkpoint: the brax reader's refusal says what to do with it
+            return None
         if detected in _FOLDERS:
             return f"{path} is a folder; {_FOLDERS[detected]} converts with --from {detected}"
         return f"{path} is a folder; --from {kind} takes {_FILE_TAKES[kind]}"

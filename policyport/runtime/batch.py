@@ -86,7 +86,7 @@ def free_checked(proto, backend: str = "numpy", *, threads: int = 1, seed: int =
     if not found.inputs:
         return BatchFreeing(proto, backend=backend)
     if any(p.key == BATCH_FREED_KEY for p in proto.metadata_props):  # freed and checked before (a packed model)
-        checked = json.loads({p.key: p.value for p in proto.metadata_props}.get(BATCH_CHECKED_KEY, "{}"))
+        checked = _recorded_check({p.key: p.value for p in proto.metadata_props}.get(BATCH_CHECKED_KEY, "{}"))
         return BatchFreeing(proto, found.inputs, True, None, checked.get("max_abs"), checked.get("rows", 0),
                             checked.get("backend", backend))
     if found.reason is not None:
@@ -146,3 +146,23 @@ def _backend(proto, backend: str, threads: int):
     from .ort import OrtBackend
 
     return OrtBackend(proto, graph, threads=threads)
+
+
+def _recorded_check(text: str) -> dict:
+    """The check of a freed batch a model records under :data:`BATCH_CHECKED_KEY`: ``max_abs`` (a number
+    or null), ``rows`` (a whole number) and ``backend`` (a name), each optional.
+
+    Raises:
+        BadModelError: text that is not such a JSON object (the model file is damaged).
+    """
+    from ..errors import BadModelError
+    from ..io.schema import load_json
+
+    what = f"model metadata {BATCH_CHECKED_KEY!r}"
+    checked = load_json(text, what)
+    kinds = {"max_abs": (int, float, type(None)), "rows": int, "backend": str}
+    if not isinstance(checked, dict) or any(
+            k in checked and (not isinstance(checked[k], t) or isinstance(checked[k], bool)) for k, t in kinds.items()):
+        raise BadModelError(f"{what} is malformed: expected an object of max_abs (a number), rows (a whole number) "
+                            f"and backend (a name), got {str(text)[:80]!r}")
+    return checked

@@ -428,3 +428,26 @@ def test_inspect_names_what_the_model_assumes(tmp_path):
     doc = json.loads(invoke("inspect", model, "--json").stdout)
     assert [a["topic"] for a in json.loads(doc["metadata"]["policyport.assumptions"])] == [
         "activation", "observation normalisation"]
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+@pytest.mark.parametrize("source, shown", [
+    ("tianshou/a2c_tanh/policy_state_dict.pt", "--activation linear, --action-bound-method none"),
+    ("sample_factory/train_dir/discrete_relu/checkpoint_p0/checkpoint_000000050_409600.pth",
+     "--activation linear, --head categorical"),
+    ("torchrl/tanh_normal.pt", "--activation linear, --distribution normal"),
+])
+def test_inspect_shows_the_layers_of_a_source_that_needs_options_its_file_does_not_settle(source, shown):
+    from policyport.converter import convert_source
+    from policyport.errors import OptionNeeded
+
+    path = FIXTURES / source
+    with pytest.raises(OptionNeeded):  # what convert refuses without the options, inspect shows ...
+        convert_source(path, **{k: v for k, v in (("activation", "linear"),)})
+    result = invoke("inspect", path)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"its layers are shown with {shown}, which may not be the policy's" in text  # ... saying with what
+    assert "policyport convert' needs" in text and "parameters" in text

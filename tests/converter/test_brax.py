@@ -124,3 +124,78 @@ def test_convert_verify_pack_and_the_packed_run_py(make_brax, tmp_path):
     done = subprocess.run([sys.executable, str(folder / "run.py"), "--verify", "--json"], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0 and json.loads(done.stdout)["passed"], done.stderr
+
+
+CHECKPOINT = FIXTURES / "ppo_checkpoint"
+STEP = CHECKPOINT / "000000000005"
+
+
+@pytest.mark.parametrize("given", [CHECKPOINT, STEP], ids=["checkpoint folder", "step folder"])
+def test_an_orbax_checkpoint_is_refused_with_the_brax_call_that_writes_a_file_policyport_reads(given, tmp_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+    from policyport.converter.sources.brax import OrbaxCheckpointError
+
+    assert detect_kind(given) == "brax"
+    with pytest.raises(OrbaxCheckpointError) as refused:
+        convert_source(given)
+    message = str(refused.value)
+    assert refused.value.folder == STEP and isinstance(refused.value, pp.UnreadableFileError)
+    assert "brax.training.checkpoint.save" in message and "OCDBT" in message and "zstd" in message
+    assert "config.json records activation silu, policy layers (32, 32, 32, 32)" in message
+    assert f"model.save_params('params.pkl', checkpoint.load('{STEP}'))" in message
+    assert message.endswith("policyport convert params.pkl --from brax --activation swish")
+    result = CliRunner().invoke(app, ["convert", str(given), "--from", "brax", "-o", str(tmp_path / "policy.onnx")])
+    assert result.exit_code == 3 and "checkpoint.load" in result.output and not (tmp_path / "policy.onnx").exists()
+
+
+def test_a_folder_without_orbax_metadata_is_no_brax_checkpoint(tmp_path):
+    (tmp_path / "manifest.ocdbt").write_bytes(b"not orbax's")
+    with pytest.raises(pp.UnreadableFileError, match="is a folder; --from brax takes a file Brax.s save_params wrote"):
+        convert_source(tmp_path, kind="brax")
+    with pytest.raises(pp.PolicyportError, match="cannot tell"):
+        detect_kind(tmp_path)
+
+
+def test_following_the_refusal_gives_brax_own_action(make_brax, tmp_path):
+    """The call the refusal names, run as given: the file it writes converts, with the option it names, to
+    Brax's own deterministic action of the checkpoint, restored by Brax from the orbax folder."""
+    import re
+    import shlex
+
+    message = str(pytest.raises(pp.UnreadableFileError, convert_source, STEP).value)
+    code = re.search(r'python -c "(.*?)"', message)[1]
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True)
+    options = shlex.split(message.rsplit("policyport convert ", 1)[1])
+    assert options == ["params.pkl", "--from", "brax", "--activation", "swish"]
+    converted = convert_source(tmp_path / "params.pkl", kind="brax", activation="swish")
+    obs = observations()
+    want = _brax_checkpoint_action(STEP, obs)
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
+        assert got.shape == want.shape == (1000, 2)
+        assert np.abs(got - want).max() <= 1e-5 and np.abs(want).max() > 0.3, backend
+
+
+def _brax_checkpoint_action(folder: Path, obs: np.ndarray) -> np.ndarray:
+    """Brax's deterministic action of an orbax checkpoint: the arrays ``checkpoint.load`` restores, in the network
+    ``make_ppo_networks`` builds from ``config.json``'s sizes and activation, run by ``make_inference_fn``.
+    (brax 0.14.2's ``load_config`` fails on the ``null`` kernel initialisers its own ``save`` writes, so the
+    config is read here.)"""
+    import jax
+    import jax.numpy as jnp
+    from brax.training import checkpoint, networks
+    from brax.training.acme import running_statistics
+    from brax.training.agents.ppo import networks as ppo_networks
+
+    config = json.loads((folder / "config.json").read_text())
+    kwargs = config["network_factory_kwargs"]
+    nets = ppo_networks.make_ppo_networks(config["observation_size"], config["action_size"],
+                                          preprocess_observations_fn=running_statistics.normalize,
+                                          policy_hidden_layer_sizes=tuple(kwargs["policy_hidden_layer_sizes"]),
+                                          value_hidden_layer_sizes=tuple(kwargs["value_hidden_layer_sizes"]),
+                                          activation=networks.ACTIVATION[kwargs["activation"]])
+    assert config["normalize_observations"]
+    policy = ppo_networks.make_inference_fn(nets)(checkpoint.load(folder), deterministic=True)
+    return np.asarray(policy(jnp.asarray(obs), jax.random.PRNGKey(0))[0])

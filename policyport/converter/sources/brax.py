@@ -35,6 +35,7 @@ from ...errors import BadModelError, UnreadableFileError
 from ..activations import parse_activation
 from ..assumptions import Assumption, joined
 from ..build import Dense, MlpSpec
+from ..readers.orbax import orbax_step_folder
 
 #: Where a ``jax.Array`` is rebuilt from in a pickle (``jax/_src/array.py``, ``ArrayImpl.__reduce__``).
 JAX_ARRAY = ("jax._src.array", "_reconstruct_array")
@@ -53,6 +54,68 @@ def _jax_array(fun, args, arr_state, aval_state=None):
     return array
 
 
+#: The network configuration ``brax.training.checkpoint.save`` writes beside the arrays: ``config.json``,
+#: or ``<agent>_network_config.json`` from ``brax/training/agents/{ppo,sac,bc}/checkpoint.py``.
+CONFIG_NAMES = ("config.json", "ppo_network_config.json", "sac_network_config.json", "bc_network_config.json")
+#: The most bytes of a configuration read for the refusal's account of it.
+CONFIG_BYTES = 1 << 20
+
+
+def _network_config(folder: Path) -> tuple[str | None, dict]:
+    """``(file name, network_factory_kwargs)`` of the configuration beside an orbax checkpoint's arrays, or
+    ``(None, {})`` when there is none or it is not JSON of that shape (the refusal then says less)."""
+    import json
+
+    for name in CONFIG_NAMES:
+        file = folder / name
+        if file.is_file() and file.stat().st_size <= CONFIG_BYTES:
+            try:
+                config = json.loads(file.read_bytes())
+            except (ValueError, OSError):
+                return name, {}
+            kwargs = config.get("network_factory_kwargs") if isinstance(config, dict) else None
+            return name, kwargs if isinstance(kwargs, dict) else {}
+    return None, {}
+
+
+class OrbaxCheckpointError(UnreadableFileError):
+    """A folder ``brax.training.checkpoint.save`` wrote (orbax), which policyport does not read (exit 3).
+
+    The message says which step folder it is, what its configuration records (activation, layer sizes),
+    why it is not read (orbax compresses the OCDBT database's nodes and every zarr chunk with zstd, which
+    Python's standard library decodes only from 3.14), and the Brax calls that write a
+    ``save_params`` file of the same arrays, with the ``policyport convert`` line for it.
+    """
+
+    def __init__(self, path: Path):
+        folder = orbax_step_folder(path)
+        self.folder = folder
+        store = "an OCDBT database (manifest.ocdbt)" if (folder / "manifest.ocdbt").is_file() else "zarr arrays"
+        name, kwargs = _network_config(folder)
+        activation = kwargs.get("activation") if isinstance(kwargs.get("activation"), str) else None
+        sizes = kwargs.get("policy_hidden_layer_sizes")
+        recorded = []
+        if activation:
+            recorded.append(f"activation {activation}")
+        if isinstance(sizes, list) and all(isinstance(s, int) for s in sizes):
+            recorded.append(f"policy layers {tuple(sizes)}")
+        config = f"; {name} records {', '.join(recorded)}" if recorded else (f"; {name} is unreadable" if name else "")
+        option = ""
+        if activation:
+            try:
+                option = f" --activation {parse_activation(activation).name}"
+            except (ValueError, LookupError):
+                option = ""
+        super().__init__(
+            f"{path} is an orbax checkpoint that brax.training.checkpoint.save wrote (step folder {folder}: its "
+            f"arrays in {store}{config}). policyport does not read it: orbax compresses the database's nodes and "
+            "every array's zarr chunks with zstd, and policyport reads source files with numpy and Python's standard "
+            "library, which has no zstd decoder before Python 3.14. Write the same arrays to a file policyport "
+            "reads, where Brax is installed: python -c \"from brax.io import model; from brax.training import "
+            f"checkpoint; model.save_params('params.pkl', checkpoint.load('{folder}'))\", then: policyport convert "
+            f"params.pkl --from brax{option}")
+
+
 def read_brax(path) -> tuple[object, dict, dict | None, dict]:
     """``(normalizer state, policy params, value params or None, provenance)`` of a ``save_params`` file.
 
@@ -65,8 +128,9 @@ def read_brax(path) -> tuple[object, dict, dict | None, dict]:
 
     path = Path(path)
     if path.is_dir():
-        raise UnreadableFileError(f"{path} is a folder; Brax's orbax checkpoint folders are not read yet: save the "
-                                  "params with brax.io.model.save_params and convert that file")
+        raise OrbaxCheckpointError(path) if orbax_step_folder(path) else UnreadableFileError(
+            f"{path} is a folder and no orbax checkpoint (it holds no _CHECKPOINT_METADATA or _METADATA with "
+            "manifest.ocdbt or .zarray files); --from brax takes a file brax.io.model.save_params wrote")
     if not path.is_file():
         raise UnreadableFileError(f"{path}: no such file")
     data = path.read_bytes()

@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, OptionError
+from ...errors import BadModelError, OptionError, OptionNeeded
 from ..assumptions import Assumption
 
 #: ``RunningMeanStdInPlace``'s epsilon (``sample_factory/algo/utils/running_mean_std.py``, ``_NORM_EPS``),
@@ -735,11 +735,11 @@ def convert_sample_factory(source, options):
         continuous = True
     else:
         if options.head in (None, "none"):
-            raise OptionError(f"{what} does not record whether its action space is Discrete or Box: with adaptive_stddev "
-                              f"(Sample Factory's default) {HEAD} outputs a Discrete space's {layout.width} logits or a "
-                              f"Box's means and log stds alike, and config.json does not record the space; say which with "
-                              "--head categorical (Discrete: action = argmax) or --head diag-gaussian (Box: action = the "
-                              "first half, the means)")
+            raise OptionNeeded(f"{what} does not record whether its action space is Discrete or Box: with adaptive_stddev "
+                               f"(Sample Factory's default) {HEAD} outputs a Discrete space's {layout.width} logits or a "
+                               f"Box's means and log stds alike, and config.json does not record the space; say which with "
+                               "--head categorical (Discrete: action = argmax) or --head diag-gaussian (Box: action = the "
+                               "first half, the means)", "head", "categorical")
         continuous = options.head != "categorical"
         if continuous and layout.width % 2:
             raise OptionError(f"--head {options.head}: {HEAD} outputs {layout.width} values, which a Box's means and "

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, OptionError, TrustRequiredError, UnreadableFileError
+from ...errors import BadModelError, OptionError, OptionNeeded, TrustRequiredError, UnreadableFileError
 from ..assumptions import Assumption
 from ..action_bounds import action_bounds, shown
 from .actor import ActorLayout, actor_reference, add_actor, next_module
@@ -478,9 +478,10 @@ def convert_tianshou(source, options):
     act = parse_activation(activation_name)
     if recorded is None and layout.continuous:
         if bound is None:
-            raise OptionError(f"{what} is a continuous Tianshou policy, whose action is mu bounded by the policy's "
-                              "action_bound_method (clip to [-1, 1] by default and in the MuJoCo examples, or tanh), "
-                              "which the file does not record; give --action-bound-method clip, tanh or none")
+            raise OptionNeeded(f"{what} is a continuous Tianshou policy, whose action is mu bounded by the policy's "
+                               "action_bound_method (clip to [-1, 1] by default and in the MuJoCo examples, or tanh), "
+                               "which the file does not record; give --action-bound-method clip, tanh or none",
+                               "action_bound_method", "none")
         if bound not in BOUND_METHODS:
             raise OptionError(f"--action-bound-method {bound!r}: choose one of {', '.join(BOUND_METHODS)}")
         bounded = {"clip": "clip(mu, -1, 1)", "tanh": "tanh(mu)", "none": "mu"}[bound]

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import BadModelError, OptionError, UnreadableFileError
+from ...errors import BadModelError, OptionError, OptionNeeded, UnreadableFileError
 from ..assumptions import Assumption
 
 #: ``Checkpoint``'s manifest name and format (``torchrl/checkpoint/_checkpoint.py``).
@@ -656,21 +656,21 @@ def convert_torchrl(source, options):
     distribution = options.distribution
     if not layout.told:
         if distribution is None:
-            raise OptionError(f"{what} holds the actor's MLP inside an nn.Sequential, but not the module paths that tell "
-                              "whether a NormalParamExtractor follows it (a loss module's state_dict keeps none): name "
-                              "the distribution with --distribution tanh-normal or normal (the output split into loc "
-                              "and scale) or categorical (the output the logits)")
+            raise OptionNeeded(f"{what} holds the actor's MLP inside an nn.Sequential, but not the module paths that tell "
+                               "whether a NormalParamExtractor follows it (a loss module's state_dict keeps none): name "
+                               "the distribution with --distribution tanh-normal or normal (the output split into loc "
+                               "and scale) or categorical (the output the logits)", "distribution", "categorical")
         layout.extractor = DISTRIBUTIONS.get(distribution, ("", False))[1]
         if layout.extractor and layout.width % 2:
             raise BadModelError(f"{what}: --distribution {distribution} splits the last layer's output in halves, but "
                                 f"{layout.layers[-1][0]} outputs {layout.width}")
     if layout.extractor:
         if distribution is None:
-            raise OptionError(f"{what} is a continuous TorchRL actor (its MLP feeds a NormalParamExtractor), but no "
-                              "file records its distribution_class: name it with --distribution tanh-normal (TanhNormal, "
-                              "what torchrl's SAC and PPO examples use) or --distribution normal (Normal, "
-                              "IndependentNormal); the deterministic action is tanh(loc) rescaled to the bounds for the "
-                              "first, loc for the second")
+            raise OptionNeeded(f"{what} is a continuous TorchRL actor (its MLP feeds a NormalParamExtractor), but no "
+                               "file records its distribution_class: name it with --distribution tanh-normal (TanhNormal, "
+                               "what torchrl's SAC and PPO examples use) or --distribution normal (Normal, "
+                               "IndependentNormal); the deterministic action is tanh(loc) rescaled to the bounds for the "
+                               "first, loc for the second", "distribution", "normal")
         if distribution not in ("tanh-normal", "normal"):
             raise OptionError(f"--distribution {distribution}: {what} splits its output into loc and scale "
                               "(NormalParamExtractor); choose tanh-normal or normal")
