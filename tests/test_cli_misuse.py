@@ -102,7 +102,8 @@ def test_a_huge_sample_count_names_the_memory_it_would_need(place, tmp_path):
                           "(pp.convert(module)); for a file use torchscript, state-dict, or --trust with a whole "
                           "pickled module"),
     (["--from", "nope"], "Invalid value for --from: 'nope'; choose one of npz, torch, torchscript, state-dict, sb3, "
-                         "rllib-torch, keras, savedmodel, rllib, cleanrl, brax"),
+                         "rllib-torch, keras, savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, "
+                         "torchrl, cleanrl, brax, rsl-rl"),
     (["--head", "nope"], "Invalid value for --head: 'nope'; choose one of none, diag-gaussian, diag-gaussian:halves, "
                          "categorical"),
     (["--exporter", "nope"], "Invalid value for --exporter: 'nope'; choose one of torchscript, dynamo"),

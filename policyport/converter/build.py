@@ -540,8 +540,10 @@ def policy_model(b: MlpBuilder, inputs: list, outputs: list, props: dict[str, st
     ``policyport.parameters`` (initializer -> source parameter name) and ``props`` as metadata.
 
     Raises:
-        BadModelError: the model fails ``onnx.checker.check_model(full_check=True)`` (a bug of the
-            converter that built it: the message keeps the checker's details).
+        BadModelError: the model fails ``onnx.checker.check_model(full_check=True)``, its type and
+            shape inference included (arrays of a source that do not fit together, a bool statistic
+            where a float goes; or a bug of the converter that built it: the message keeps the
+            checker's details).
     """
     onnx = require("onnx", "onnx", "building an ONNX model")
     helper = onnx.helper
@@ -554,7 +556,7 @@ def policy_model(b: MlpBuilder, inputs: list, outputs: list, props: dict[str, st
     helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters), **props})
     try:
         onnx.checker.check_model(model, full_check=True)
-    except onnx.checker.ValidationError as e:  # a bug of ours, not the user's: keep the details
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:  # keep the details
         raise BadModelError(f"the built model fails onnx.checker: {e}") from e
     return model
 

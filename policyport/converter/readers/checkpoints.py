@@ -118,12 +118,19 @@ def linear_layer(sd: dict, prefix: str, what: str) -> tuple[str, np.ndarray, str
     ``prefix`` in the state_dict ``sd``.
 
     Raises:
-        BadModelError: ``prefix.weight`` or ``prefix.bias`` is missing, or their shapes are not a Linear
-            layer's (a 2-d weight and a bias of its output width), naming ``what``.
+        BadModelError: ``prefix.weight`` or ``prefix.bias`` is missing, not a float32 array (the
+            dtype torch's ``Linear`` holds, and the library's policies train in), or of shapes that are
+            not a Linear layer's (a 2-d weight and a bias of its output width), naming ``what``.
     """
+    import numpy as np
+
     w, b = sd.get(f"{prefix}.weight"), sd.get(f"{prefix}.bias")
     if w is None or b is None:
         raise BadModelError(f"{what}: {prefix} lacks its {'weight' if w is None else 'bias'}")
+    for name, array in ((f"{prefix}.weight", w), (f"{prefix}.bias", b)):
+        if not isinstance(array, np.ndarray) or array.dtype != np.float32:
+            held = f"{array.dtype} array" if isinstance(array, np.ndarray) else type(array).__name__
+            raise BadModelError(f"{what}: {name} is a {held}; policyport reads the float32 weights the library trains")
     if w.ndim != 2 or b.shape != (w.shape[0],):
         raise BadModelError(f"{what}: {prefix}.weight {w.shape} and {prefix}.bias {b.shape} are not a Linear layer")
     return f"{prefix}.weight", w, f"{prefix}.bias", b

@@ -359,11 +359,9 @@ def _head(layout: Layout, config: RunConfig | None, what: str) -> Head:
 
 
 def _build(layout: Layout, head: Head, activation, opset: int, metadata: dict[str, str]):
-    import json
-
     import onnx
 
-    from ..build import Dense, MlpBuilder, _max_ir_version, _version
+    from ..build import Dense, MlpBuilder, policy_model
 
     helper = onnx.helper
     dtype = np.dtype(np.float32)
@@ -447,14 +445,8 @@ def _build(layout: Layout, head: Head, activation, opset: int, metadata: dict[st
         outputs += [helper.make_tensor_value_info("std", onnx.TensorProto.FLOAT, ["batch", n]),
                     helper.make_tensor_value_info("log_std", onnx.TensorProto.FLOAT, ["batch", n])]
     graph_input = helper.make_tensor_value_info("obs", onnx.TensorProto.FLOAT, ["batch", layout.obs_dim])
-    graph = helper.make_graph(b.nodes, "policy", [graph_input], outputs, b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="policyport",
-                              producer_version=_version())
-    model.ir_version = min(model.ir_version, _max_ir_version(onnx, opset))
-    helper.set_model_props(model, {"policyport.parameters": json.dumps(b.parameters),
-                                   "policyport.head": "beta" if head.kind == "beta" else "diag-gaussian", **metadata})
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return policy_model(b, [graph_input], outputs, {"policyport.head": "beta" if head.kind == "beta" else "diag-gaussian",
+                                                    **metadata})
 
 
 def reference_forward(layout: Layout, head: Head, activation, obs: np.ndarray) -> dict[str, np.ndarray]:
