@@ -47,7 +47,7 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's "
-                   "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
+                   "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N), "
                    "torchrl (a folder with a torchrl.checkpoint manifest.json) and brax (an orbax checkpoint folder "
                    "brax.training.checkpoint.save wrote) by their names")
 
