@@ -183,3 +183,28 @@ def test_cli_convert_and_extract(tmp_path, models):
         layer = models["obs_norm.keras"].get_layer("obs_norm")
         for name, value in zip(("mean", "variance", "count"), layer.get_weights()):
             assert _same_bits(saved[f"obs_norm/{name}"], value)
+
+
+def test_one_normalization_layer_called_on_two_inputs_reads_its_statistics_once(models, obs):
+    """Observation and goal normalised with the same statistics: each call's output is Keras' own."""
+    import keras
+    from keras import layers
+
+    rng = np.random.default_rng(4)
+    norm = layers.Normalization(name="obs_norm")
+    norm.adapt(rng.normal(rng.uniform(-2, 2, 3), 2, size=(300, 3)).astype(np.float32))
+    now, goal = keras.Input((3,), name="now"), keras.Input((3,), name="goal")
+    joined = layers.Concatenate(name="joined")([norm(now), norm(goal)])
+    model = keras.Model([now, goal], layers.Dense(2, name="fc_out", bias_initializer="ones")(joined))
+    c = convert_source(model)
+    assert [i.name for i in c.model.graph.input] == ["now", "goal"] and c.notes == []
+    assert [n.op_type for n in c.model.graph.node].count("Sqrt") == 1
+    feeds = {"now": obs[:, :3], "goal": obs[:, 3:]}
+    recorded = pp.load(c.model).record(feeds, tensors="obs_norm*")
+    assert _same_bits(recorded["obs_norm"], np.asarray(norm(feeds["now"])))
+    assert _same_bits(recorded["obs_norm_call1"], np.asarray(norm(feeds["goal"])))
+    np.testing.assert_allclose(recorded["fc_out"], model.predict([feeds["now"], feeds["goal"]], verbose=0),
+                               rtol=1e-5, atol=1e-5)
+    weights = pp.extract_weights(c.model)
+    for name, value in zip(("mean", "variance", "count"), norm.get_weights()):
+        assert _same_bits(weights[f"obs_norm/{name}"], value)

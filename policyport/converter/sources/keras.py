@@ -914,8 +914,8 @@ def _name_held_constants(graph: _Graph, holders: Mapping[str, str], weight_names
             claimed.add(holder)
 
 
-def _rebuild_normalization(graph: _Graph, layer_name: str, layer, span: list, weight_names: Mapping[int, str],
-                           parameters: dict, claimed: set[str]) -> bool:
+def _rebuild_normalization(graph: _Graph, layer_name: str, layer, calls: list[tuple[str, list]],
+                           weight_names: Mapping[int, str], parameters: dict, claimed: set[str]) -> bool:
     """Replace tf2onnx's form of a Keras preprocessing ``Normalization`` layer by ONNX nodes reading
     its statistics under the layer's names, computed as Keras computes them.
 
@@ -932,17 +932,23 @@ def _rebuild_normalization(graph: _Graph, layer_name: str, layer, span: list, we
     The initializers are the variables (``obs_norm/mean``, ``obs_norm/variance``, as
     ``layer.get_weights()`` gives them), or the held constants under the same names, followed by a
     ``Reshape`` to the broadcast shape where broadcasting the variable would differ, and a ``Cast``
-    where the compute dtype differs from the variable's.
+    where the compute dtype differs from the variable's. A layer called several times reads them once.
+
+    Args:
+        calls: per call of the layer, its output tensor (``obs_norm``, ``obs_norm_call1``) and the
+            nodes tf2onnx computes it with.
 
     Returns:
-        Whether it was rebuilt: only a layer called once on an input of its compute dtype (one
-        input to its nodes outside initializers, and no ``Cast`` among them).
+        Whether it was rebuilt: only where every call reads one input of the compute dtype (one input
+        to its nodes outside initializers, no ``Cast`` among them) and no node serves two calls.
     """
     import keras
     from onnx import helper
 
-    inputs = _external_inputs(graph, span)
-    if len(inputs) != 1 or getattr(layer, "mean", None) is None or any(n.op_type == "Cast" for n in span):
+    inputs = [_external_inputs(graph, span) for _, span in calls]
+    nodes_of_calls = [id(n) for _, span in calls for n in span]
+    if getattr(layer, "mean", None) is None or any(len(i) != 1 for i in inputs) \
+            or len(set(nodes_of_calls)) != len(nodes_of_calls) or any(n.op_type == "Cast" for _, sp in calls for n in sp):
         return False
     dtype = np.dtype(layer.compute_dtype)
     shape = [int(d) for d in layer._broadcast_shape]
@@ -958,7 +964,7 @@ def _rebuild_normalization(graph: _Graph, layer_name: str, layer, span: list, we
         if name in graph.init or name in claimed:
             return False
         statistics[which] = (name, value)
-    graph.remove_nodes(span)
+    graph.remove_nodes([n for _, span in calls for n in span])
     nodes = []
     tensors = {}
     for which, (name, value) in statistics.items():
@@ -978,15 +984,17 @@ def _rebuild_normalization(graph: _Graph, layer_name: str, layer, span: list, we
             tensor = p + f"{which}_reshaped"
         tensors[which] = tensor
     eps = graph.add_initializer(np.array(keras.config.epsilon(), dtype=dtype), p + "epsilon")
-    x, mean = inputs[0], tensors["mean"]
+    mean, std = tensors["mean"], p + "std_floor"
     nodes += [helper.make_node("Sqrt", [tensors["variance"]], [p + "std"], name=p + "std"),
-              helper.make_node("Max", [p + "std", eps], [p + "std_floor"], name=p + "std_floor")]
-    if layer.invert:
-        nodes += [helper.make_node("Mul", [x, p + "std_floor"], [p + "scaled"], name=p + "scaled"),
-                  helper.make_node("Add", [mean, p + "scaled"], [layer_name], name=layer_name)]
-    else:
-        nodes += [helper.make_node("Sub", [x, mean], [p + "centered"], name=p + "centered"),
-                  helper.make_node("Div", [p + "centered", p + "std_floor"], [layer_name], name=layer_name)]
+              helper.make_node("Max", [p + "std", eps], [std], name=std)]
+    for (out, _), (x,) in zip(calls, inputs):
+        step = f"{out}/{'scaled' if layer.invert else 'centered'}"
+        if layer.invert:
+            nodes += [helper.make_node("Mul", [x, std], [step], name=step),
+                      helper.make_node("Add", [mean, step], [out], name=out)]
+        else:
+            nodes += [helper.make_node("Sub", [x, mean], [step], name=step),
+                      helper.make_node("Div", [step, std], [out], name=out)]
     graph.g.node.extend(nodes)
     return True
 
@@ -1133,10 +1141,11 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     notes: list[str] = []
     for layer, (kind, keras_layer) in trace.norms.items():
         if kind == "norm":
-            if not _rebuild_normalization(graph, layer, keras_layer, spans[layer], trace.weight_names, parameters,
-                                          claimed):
-                notes.append(f"{layer}: kept tf2onnx's form of this Normalization layer (called more than once, or on "
-                             "an input it casts); the statistics tf2onnx folded are not extractable")
+            producers = graph.producers()
+            calls = [(t, _span(graph, [t], named - {t}, producers)) for t in per_layer[layer]]
+            if not _rebuild_normalization(graph, layer, keras_layer, calls, trace.weight_names, parameters, claimed):
+                notes.append(f"{layer}: kept tf2onnx's form of this Normalization layer (on an input it casts to its "
+                             "compute dtype); its statistics are not initializers of their own")
             continue
         shape = trace.shapes[per_layer[layer][0]]
         if not _rebuild_norm(graph, layer, kind, keras_layer, shape, spans[layer], options.opset, parameters, claimed):
