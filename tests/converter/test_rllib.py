@@ -255,6 +255,34 @@ def test_the_optimizers_slot_names_win_over_the_model_configs_order_only_when_th
         _name_tf2_list(arrays, {"fcnet_hiddens": [3], "vf_share_layers": False}, "p", slots)
 
 
+#: Every graph output policyport gives each checkpoint Ray wrote (converted with --keep-value), and what Ray
+#: computed under its own name for it (``<name>_expected.npz``; ``dqn_new``: ``qf_preds``, which its
+#: Categorical takes as logits; ``ppo_new`` records the logits alone, whose argmax its deterministic
+#: Categorical returns; a DiagGaussian's log_std is the second half of its inputs).
+RAY_NAMES = {
+    "ppo_new": {"logits": "action_dist_inputs", "value": None,
+                "action": lambda e: np.argmax(e["action_dist_inputs"], axis=1)},
+    "ppo_old_torch": {"logits": "logits", "value": "value", "action": lambda e: np.argmax(e["logits"], axis=1)},
+    "ppo_old_tf2": {"logits": "action_dist_inputs", "value": "vf_preds", "action": "action"},
+    "ppo_old_tf2_pendulum": {"logits": "action_dist_inputs", "value": "vf_preds", "action": "action_normalized",
+                             "log_std": lambda e: e["action_dist_inputs"][:, 1:]},
+    "dqn_new": {"logits": "qf_preds", "action": "actions"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAY_NAMES))
+def test_every_output_name_is_what_ray_calls_that_value(name):
+    expected = dict(np.load(RAY / f"{name}_expected.npz"))
+    model = pp.convert(RAY / name, keep_value=name != "dqn_new")
+    assert sorted(o.name for o in model.graph.output) == sorted(RAY_NAMES[name])
+    got = pp.load(model, backend="onnxruntime").run({"obs": expected["obs"]})
+    for output, ray in RAY_NAMES[name].items():
+        if ray is None:  # Ray's forward_inference of a new-stack PPO computes no value
+            continue
+        want = ray(expected) if callable(ray) else expected[ray]
+        assert np.abs(got[output].reshape(want.shape) - want).max() <= 1e-5, output
+
+
 def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
     a, b = read_checkpoint(RAY / "ppo_new"), read_checkpoint(RAY / "ppo_new_msgpack")
     assert list(a.weights) == list(b.weights)
@@ -265,17 +293,20 @@ def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
 
 @pytest.mark.skipif(not (RAY / "dqn_new").is_dir(), reason="no Ray DQN checkpoint")
 @pytest.mark.parametrize("opset", [17, 18])  # ReduceMean takes its axes as an attribute, from 18 as an input
-def test_dqn_action_is_argmax_of_dueling_q_values(opset):
-    expected = dict(np.load(RAY / "dqn_new_expected.npz"))
+def test_dqn_logits_are_rays_dueling_q_values_and_the_action_their_argmax(opset):
+    expected = dict(np.load(RAY / "dqn_new_expected.npz"))  # qf_preds: what Ray's Categorical takes as logits
     model = pp.convert(RAY / "dqn_new", opset=opset)
-    assert [o.name for o in model.graph.output][-2:] == ["q_values", "action"]
+    assert [o.name for o in model.graph.output] == ["logits", "action"]
     assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
     mean = next(n for n in model.graph.node if n.op_type == "ReduceMean")
     assert (len(mean.input), [a.name for a in mean.attribute]) == ((2, ["keepdims"]) if opset >= 18 else (1, ["axes", "keepdims"]))
     for backend in ("onnxruntime", "numpy"):
-        got = pp.load(model, backend=backend).run({"obs": expected["obs"]})
-        assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
-        np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
+        got = pp.load(model, backend=backend).record({"obs": expected["obs"]}, "*")
+        assert np.abs(got["logits"] - expected["qf_preds"]).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], expected["actions"])  # Ray's forward_inference
+        q = got["value"] + got["advantages"] - got["advantages"].mean(axis=1, keepdims=True)
+        assert np.abs(q - expected["qf_preds"]).max() <= 1e-5  # the two streams, named
+        assert np.abs(got["advantages"] - expected["qf_preds"]).max() > 1e-2  # which are not the logits
 
 
 def test_filter_forms_and_their_epsilons():
@@ -842,13 +873,14 @@ def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_
             assert np.abs(got["logits"] - adv).max() <= 1e-5
             np.testing.assert_array_equal(got["action"], np.argmax(adv, axis=1))
             continue
-        assert outputs == {"logits": ["batch", 4], "value": ["batch", 1], "q_values": ["batch", 0], "action": ["batch"]}
+        assert outputs == {"logits": ["batch", 4], "action": ["batch"]}
         q = (h @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]) + adv - adv.mean(axis=1, keepdims=True)
         for backend in ("numpy", "onnxruntime"):
             got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+            np.testing.assert_allclose(got["advantages"], adv, atol=1e-5)
             np.testing.assert_allclose(got["dueling/mean_advantage"], adv.mean(axis=1, keepdims=True), atol=1e-5)
             np.testing.assert_allclose(got["dueling/centered_advantage"], adv - adv.mean(axis=1, keepdims=True), atol=1e-5)
-            assert np.abs(got["q_values"] - q).max() <= 1e-5
+            assert np.abs(got["logits"] - q).max() <= 1e-5
             np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
         if opset >= 18:
             axes = next(t for t in model.graph.initializer if t.name == "dueling/axes")
@@ -1050,10 +1082,11 @@ def test_a_dueling_dqn_with_two_encoder_layers_activates_both_and_its_source_ref
     adv, value = _apply(w, "af.net.mlp.0", h), _apply(w, "vf.net.mlp.0", h)
     q = value + adv - adv.mean(axis=1, keepdims=True)
     source = converted.reference(obs)  # what verify --source compares every backend against
-    np.testing.assert_allclose(source["q_values"], q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(source["logits"], q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(source["advantages"], adv, rtol=1e-5, atol=1e-5)
     assert source["action"].dtype == np.int64 and source["action"].tolist() == np.argmax(q, axis=1).tolist()
     got = pp.load(converted.model).run({"obs": obs})
-    assert np.abs(got["q_values"] - q).max() <= 1e-5
+    assert np.abs(got["logits"] - q).max() <= 1e-5
     np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
 
 

@@ -756,20 +756,28 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
 # ------------------------------------------------------------------------------------------ convert
 
 
-def _dueling(b, logits: str, value: str | None, outputs: list) -> None:
-    """RLlib's dueling combination ``Q = V + (A - mean(A))`` and ``action = argmax Q``
-    (``ray/rllib/algorithms/dqn/torch/default_dqn_torch_rl_module.py``)."""
+def _dueling(b, advantages: str, value: str | None, outputs: list) -> None:
+    """A DQN's logits and action: RLlib's dueling combination ``logits = V + (A - mean(A))`` of the
+    ``advantages`` and ``value`` streams (kept as intermediate tensors), or the advantage head's
+    output itself without a value stream, then ``action = argmax(logits)``.
+
+    RLlib calls these Q-values the action distribution's inputs: ``DefaultDQNTorchRLModule``
+    builds its ``TorchCategorical`` ``from_logits(qf_preds)``
+    (``ray/rllib/algorithms/dqn/torch/default_dqn_torch_rl_module.py``), and the old stack's
+    ``get_distribution_inputs_and_class`` returns the same ``q_values``
+    (``ray/rllib/algorithms/dqn/dqn_tf_policy.py``). Replaces ``outputs`` by ``logits`` and ``action``.
+    """
     from onnx import TensorProto, helper
 
-    q = logits
+    logits = advantages
     if value is not None:
-        mean = b.reduce_mean(logits, 1, "dueling/mean_advantage", "dueling/axes", keepdims=1)
-        centered = b.node("Sub", [logits, mean], "dueling/centered_advantage")
-        q = b.node("Add", [value, centered], "q_values")
-        elem = helper.np_dtype_to_tensor_dtype(b.dtype)
-        outputs.append(helper.make_tensor_value_info(q, elem, ["batch", None]))
-    b.node("ArgMax", [q], "action", axis=1, keepdims=0)
-    outputs.append(helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"]))
+        mean = b.reduce_mean(advantages, 1, "dueling/mean_advantage", "dueling/axes", keepdims=1)
+        centered = b.node("Sub", [advantages, mean], "dueling/centered_advantage")
+        logits = b.node("Add", [value, centered], "logits")
+    width = next(o for o in outputs if o.name == advantages).type.tensor_type.shape.dim[1].dim_value
+    b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
+    outputs[:] = [helper.make_tensor_value_info(logits, helper.np_dtype_to_tensor_dtype(b.dtype), ["batch", width]),
+                  helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])]
 
 
 def convert_rllib(source, options):
@@ -787,7 +795,9 @@ def convert_rllib(source, options):
     Returns:
         A :class:`~policyport.converter.Converted` whose notes say what was dropped and baked in;
         its reference is the numpy forward pass of the checkpoint's arrays, filter included. A DQN
-        adds ``q_values`` (dueling ``V + A - mean(A)``) and ``action`` = argmax.
+        outputs ``logits``, its Q-values as RLlib's action distribution takes them (dueling
+        ``V + A - mean(A)`` of the intermediate tensors ``value`` and ``advantages``), and
+        ``action`` = argmax.
 
     Raises:
         UntrustedFileError, UnreadableFileError, BadModelError: see :func:`read_checkpoint`.
@@ -896,7 +906,7 @@ def convert_rllib(source, options):
                                                log_std=spec.free_log_std_name, what="the checkpoint",
                                                convention=RLLIB_SPLIT))
     model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
-                      postlude=_dueling if dqn else None,
+                      postlude=_dueling if dqn else None, logits_name="advantages" if dueling else "logits",
                       metadata={"policyport.activation": "linear" if act is None else act.name
                                 + (f":{act.alpha}" if act.alpha is not None else ""),
                                 **({"policyport.head": "categorical"} if dqn else {})})  # its argmax action
@@ -905,10 +915,12 @@ def convert_rllib(source, options):
         x, out = prelude.reference(obs, spec.dtype) if prelude else (obs, {})
         out.update(reference_forward(spec, x, head))
         if dqn:
-            q = out["logits"]
             if dueling:
-                q = out["q_values"] = out["value"] + (out["logits"] - out["logits"].mean(axis=1, keepdims=True))
-            out["action"] = np.argmax(q, axis=1).astype(np.int64)
+                adv = out["advantages"] = out.pop("logits")
+                mean = out["dueling/mean_advantage"] = adv.mean(axis=1, keepdims=True)
+                centered = out["dueling/centered_advantage"] = adv - mean
+                out["logits"] = out["value"] + centered
+            out["action"] = np.argmax(out["logits"], axis=1).astype(np.int64)
         return out
 
     return Converted(model, reference, "rllib", notes, assumptions,
