@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -212,6 +214,27 @@ def test_an_old_stack_tf2_checkpoint_converts_without_ray_tensorflow_or_tree(tmp
     expected = dict(np.load(RAY / "ppo_old_tf2_expected.npz"))
     got = pp.load(str(out)).run({"obs": expected["obs"]})
     assert np.abs(got["logits"] - expected["action_dist_inputs"]).max() <= 1e-5
+
+
+class _CallsAPartial:
+    """Pickles as ``functools.partial(func, *args)()``, as tf_keras pickles a TensorFlow variable."""
+
+    def __init__(self, func, *args):
+        self.partial = functools.partial(func, *args)
+
+    def __reduce__(self):
+        return self.partial, ()
+
+
+def test_a_tf2_policy_state_whose_partial_wraps_a_command_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "ran"
+    folder = _policy_folder(tmp_path, {"weights": [np.zeros((4, 2), np.float32), np.zeros(2, np.float32)],
+                                       "_optimizer_variables": [_CallsAPartial(os.system, f"touch {marker}")]})
+    out = tmp_path / "x.onnx"
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out)])
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert f"asks to call {os.system.__module__}.system while unpickling" in result.output
+    assert not marker.exists() and not out.exists()
 
 
 def test_an_old_stack_tf2_weight_list_is_named_by_its_optimizers_slot_variables():
