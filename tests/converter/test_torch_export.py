@@ -289,6 +289,34 @@ def test_a_graph_without_initializer_identities_is_left_as_it_is():
     tm._drop_initializer_identities(model.graph)
     assert model.SerializeToString() == before
 
+def test_a_transpose_that_alone_reads_an_initializer_is_laid_out_in_it_and_its_value_info_goes():
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    shared, out = np.ones((2, 2), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    model = graph_of([helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0]),
+                      helper.make_node("MatMul", ["obs", "w"], ["h"]),  # obs (N, 2) @ w (2, 3): w read twice, kept
+                      helper.make_node("Transpose", ["w"], ["w_t2"]),
+                      helper.make_node("Transpose", ["s"], ["s_t"]),  # read once, by a Transpose that is an output
+                      helper.make_node("Transpose", ["v"], ["v_t"]),  # the only reader: laid out
+                      helper.make_node("MatMul", ["h", "v_t"], ["logits"])],
+                     outputs=("logits", "s_t"), initializers=[("w", w), ("s", shared), ("v", out)], value_info=["v_t"])
+    tm._fold_initializer_transposes(model.graph)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == [
+        ("Transpose", ["w"], ["w_t"]), ("MatMul", ["obs", "w"], ["h"]), ("Transpose", ["w"], ["w_t2"]),
+        ("Transpose", ["s"], ["s_t"]), ("MatMul", ["h", "v"], ["logits"])]
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert np.array_equal(arrays["w"], w) and np.array_equal(arrays["v"], out.T) and arrays["v"].flags.c_contiguous
+    assert [vi.name for vi in model.graph.value_info] == []
+    obs = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
+    assert np.array_equal(pp.load(model).run({"obs": obs})["logits"], (obs @ w) @ out.T)
+
+
+def test_a_graph_without_initializer_transposes_is_left_as_it_is():
+    model = graph_of([helper.make_node("Transpose", ["obs"], ["logits"])])
+    before = model.SerializeToString()
+    tm._fold_initializer_transposes(model.graph)
+    assert model.SerializeToString() == before
+
+
 
 # ---------------------------------------------------------------------------------------------
 # the leaf a node belongs to when the exporter named only an ancestor

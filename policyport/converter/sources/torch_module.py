@@ -3,8 +3,14 @@
 The module is exported with ``torch.onnx.export`` — the TorchScript-based exporter
 (``dynamo=False``, the default here) or the ``torch.export``-based one (``dynamo=True``, which needs
 ``onnxscript`` and writes opset 18 or newer) — in eval mode (each submodule's mode is restored
-afterwards), with a dynamic batch axis. Then one graph pass makes the result read like the source,
-whichever exporter ran:
+afterwards), with a dynamic batch axis, and without constant folding (``do_constant_folding=False``;
+the dynamo exporter runs with ``optimize=False``). Folding would turn state_dict entries into
+anonymous constants of another layout: a ``GRU``/``LSTM``'s ``weight_ih_l<k>``, ``weight_hh_l<k>``,
+``bias_*`` re-laid into the ``W``, ``R``, ``B`` inputs of ONNX ``GRU``/``LSTM`` (gates reordered, biases
+concatenated), a normaliser's ``_std + eps`` or ``sqrt(running_var + eps)`` computed into one tensor.
+Unfolded, every entry the forward reads is an initializer holding the entry as stored, and the graph
+computes the rest at run time, as torch does. Then one graph pass makes the result read like the
+source, whichever exporter ran:
 
 * every node is attributed to the module that computed it — the TorchScript exporter encodes the
   module scope in node names (``/mlp_extractor/policy_net/policy_net.0/Gemm``), the dynamo exporter
@@ -15,10 +21,12 @@ whichever exporter ran:
 * graph input ``obs``, outputs ``logits`` (one tensor), the names given, ``output_<i>`` (a tuple)
   or the keys (a dict);
 * each initializer is matched to the ``state_dict`` tensor it holds, by bytes, directly or
-  transposed (a bias-free ``Linear`` becomes ``MatMul`` on a pre-transposed constant named
-  ``onnx::MatMul_<n>``), renamed to that key where no other tensor has the name, and recorded in
+  transposed (a bias-free ``Linear`` becomes ``MatMul`` on ``Transpose(weight)``, which is laid out
+  in the initializer once), renamed to that key where no other tensor has the name, and recorded in
   ``metadata_props["policyport.parameters"]`` (with the transpose, and the other keys of a tied or
-  de-duplicated tensor), so that :func:`policyport.graph.passes.extract_weights` returns the state_dict.
+  de-duplicated tensor), so that :func:`policyport.graph.passes.extract_weights` returns the state_dict;
+  a small integer entry no op reads (``num_batches_tracked``, a normaliser's sample count) is recorded
+  as a value, and any other entry the graph does not hold is named in a note.
 
 The reference forward pass runs the module in torch with a forward hook on every submodule and
 names each submodule's output as the graph names it. A TorchScript module takes no hooks; its
@@ -192,7 +200,7 @@ def _export_raw(module, example, names: list[str], exporter: str, opset: int):
     try:
         torch.onnx.export(
             module, (example,), f, dynamo=False, input_names=["obs"], output_names=names, opset_version=opset,
-            dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=True,
+            dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=False,
         )
     finally:
         torch.onnx.unregister_custom_op_symbolic("aten::softplus", opset)
@@ -280,8 +288,8 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     model, unmatched = match_parameters(model, params)
     from ..readers.torch_files import keep_state_dict_layout
 
-    keep_state_dict_layout(model, params)
-    unmatched = [k for k in unmatched if not k.endswith("num_batches_tracked")]
+    kept = keep_state_dict_layout(model, params, every_integer=True)
+    unmatched = [k for k in unmatched if k not in kept]
     if unmatched:
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
                      f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
@@ -414,6 +422,7 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
     graph = out.graph
     _separate_initializers(graph)
     _drop_initializer_identities(graph)
+    _fold_initializer_transposes(graph)
     protected = {i.name for i in graph.input} | {o.name for o in graph.output} | {t.name for t in graph.initializer}
     # group nodes by the module that computed them
     groups: dict[tuple, list] = {}
@@ -532,12 +541,55 @@ def _drop_initializer_identities(graph) -> None:
             alias[node.output[0]] = alias.get(node.input[0], node.input[0])
         else:
             keep.append(node)
+    _bypass(graph, alias, keep)
+
+
+def _bypass(graph, alias: dict[str, str], keep: list) -> None:
+    """Keep only the nodes ``keep``, their inputs read through ``alias`` (a dropped node's output ->
+    the tensor to read instead), in place; the dropped outputs' ``value_info`` goes with them."""
     if not alias:
         return
     for node in keep:
         node.input[:] = [alias.get(i, i) for i in node.input]
     del graph.node[:]
     graph.node.extend(keep)
+    infos = [vi for vi in graph.value_info if vi.name not in alias]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _fold_initializer_transposes(graph) -> None:
+    """Lay out in the initializer itself each ``Transpose`` that is the only reader of an
+    initializer (a bias-free ``Linear`` exported without constant folding reads ``MatMul(x,
+    Transpose(weight))``), in place: the initializer keeps its name and holds the transposed array,
+    which :func:`match_parameters` recognises as the entry transposed."""
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    numpy_helper = onnx.numpy_helper
+
+    def inputs_of(nodes):
+        for node in nodes:
+            yield from node.input
+            for attribute in node.attribute:
+                for sub in [attribute.g, *attribute.graphs]:
+                    yield from inputs_of(sub.node)
+
+    readers: dict[str, int] = {}
+    for name in inputs_of(graph.node):
+        readers[name] = readers.get(name, 0) + 1
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    alias, keep = {}, []
+    for node in graph.node:
+        source = node.input[0] if node.op_type == "Transpose" and node.input else None
+        if source in inits and readers[source] == 1 and source not in outputs and node.output[0] not in outputs:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            init = inits[source]
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(np.transpose(numpy_helper.to_array(init), perm)),
+                                                  source))
+            alias[node.output[0]] = source
+        else:
+            keep.append(node)
+    _bypass(graph, alias, keep)
 
 
 # ---------------------------------------------------------------------------------------------
