@@ -139,23 +139,32 @@ def test_output_names_given_must_fit_the_outputs_and_not_be_obs():
     assert str(caught.value) == "output names must be distinct and not 'obs': ['obs']"
 
 
-TRAINING_NOTE = ("the module was in training mode; it was exported in eval mode (Dropout off, "
-                 "BatchNorm on running statistics) and put back in training mode afterwards")
+MODE = {"topic": "mode", "assumes": "eval (Dropout off, BatchNorm on its running statistics)",
+        "because": "{} in training mode; it was exported and is checked in eval mode (and put back in training "
+                   "mode afterwards), where training mode draws Dropout masks and normalises each batch by its own "
+                   "statistics"}
 
 
-def test_eval_mode_notes_training_and_restores_each_submodules_mode_even_on_error():
+def test_eval_mode_restores_each_submodules_mode_even_on_error():
     module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout())
     module[1].eval()
-    notes: list[str] = []
-    with pytest.raises(KeyError), tm._eval_mode(module, notes):
-        assert not module.training and not module[0].training
+    with pytest.raises(KeyError), tm._eval_mode(module):
+        assert not module.training and not module[0].training and not module[1].training
         raise KeyError("x")
-    assert notes == [TRAINING_NOTE]
     assert module.training and module[0].training and not module[1].training
-    notes = []
-    with tm._eval_mode(module.eval(), notes):
-        pass
-    assert notes == [] and not module.training
+    with tm._eval_mode(module.eval()):
+        assert not module.training
+    assert not module.training
+
+
+@pytest.mark.parametrize("what, was, settle", [
+    ("a torch module", "the module was", "put the module in eval mode (module.eval()) before converting it"),
+    ("a TorchScript file", "the file holds a module saved", "save the module in eval mode (module.eval() before torch.jit.save)"),
+])
+def test_a_module_in_training_mode_is_assumed_used_in_eval_mode_as_exported(what, was, settle):
+    assert [a.topic for a in tm.module_assumptions(what)] == ["observation normalisation"]
+    mode = tm.module_assumptions(what, training=True)[1].to_dict()
+    assert mode == {**MODE, "because": MODE["because"].format(was), "settle": settle}
 
 
 def test_quiet_silences_prints_warnings_and_logging_and_restores_the_levels(capfd):
@@ -571,7 +580,7 @@ def test_an_exported_mlp_reads_like_the_module(exported):
         "0.weight": "0.weight", "0.bias": "0.bias", "2.weight": {"name": "2.weight", "transpose": [1, 0]}}
     assert export.module_tensors == {"0": "0/linear", "1": "1/tanh", "2": "logits"}
     assert export.module_inputs == {"0": "obs", "1": "0/linear", "2": "1/tanh"}
-    assert export.output_names == ["logits"] and export.notes == [TRAINING_NOTE]
+    assert export.output_names == ["logits"] and export.notes == [] and export.training
     assert module.training  # restored
     for v in [graph.input[0], graph.output[0]]:
         assert v.type.tensor_type.elem_type == FLOAT
@@ -579,6 +588,14 @@ def test_an_exported_mlp_reads_like_the_module(exported):
     weights = pp.extract_weights(export.model)
     for key, value in module.state_dict().items():
         assert weights[key].tobytes() == value.numpy().tobytes()
+
+
+def test_an_export_says_whether_any_submodule_was_in_training_mode():
+    module = mlp(bias=True)
+    assert tm.export_module(module.eval()).training is False
+    module[1].train()  # one submodule in training mode (a Dropout or BatchNorm there would train)
+    export = tm.export_module(module)
+    assert export.training is True and export.notes == [] and not module.training and module[1].training
 
 
 def test_an_exported_mlp_runs_at_any_batch_as_torch_does(exported):
@@ -834,8 +851,14 @@ def test_a_torchscript_file_saved_in_training_mode_is_exported_in_eval_mode_and_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.jit.save(torch.jit.script(module), path)
-    c = tm.convert_torchscript(str(path), ConvertOptions(trust=True))
-    assert c.notes == [TRAINING_NOTE]
+    c = convert_source(str(path), trust=True)
+    assert c.notes == [] and [a.topic for a in c.assumptions] == ["observation normalisation", "mode"]
+    recorded = json.loads(props(c.model)["policyport.assumptions"])
+    assert recorded[1] == {**MODE, "because": MODE["because"].format("the file holds a module saved"),
+                           "settle": "save the module in eval mode (module.eval() before torch.jit.save)"}
+    report = pp.verify(c.model, np.zeros((2, 3), np.float32), reference=c.reference, reference_oracle=c.oracle)
+    assert [(a["assumes"], a["side"], a["checked"]) for a in report.assumptions if a["topic"] == "mode"] == [
+        (MODE["assumes"], "both", False)]  # torch ran it in eval mode too: the source side settles nothing there
     obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
     with torch.no_grad():
         expected = module.eval()(torch.as_tensor(obs)).numpy()

@@ -78,6 +78,8 @@ class Export:
         module_inputs: leaf module path -> the graph tensor it reads (its one non-constant input).
         output_names: the graph outputs, in the order the module returns them.
         notes: what a user should hear about.
+        training: the module, or one of its submodules, was in training mode (it was exported in
+            eval mode, which :func:`module_assumptions` records).
     """
 
     model: object
@@ -85,6 +87,7 @@ class Export:
     output_names: list[str]
     notes: list[str] = field(default_factory=list)
     module_inputs: dict[str, str] = field(default_factory=dict)
+    training: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,12 +146,9 @@ def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
 
 
 @contextlib.contextmanager
-def _eval_mode(module, notes: list[str]):
+def _eval_mode(module):
     """Eval mode for the export, each submodule's own mode restored afterwards."""
     modes = [(m, m.training) for m in module.modules()]
-    if module.training:
-        notes.append("the module was in training mode; it was exported in eval mode (Dropout off, "
-                     "BatchNorm on running statistics) and put back in training mode afterwards")
     module.eval()
     try:
         yield
@@ -266,7 +266,8 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     shape = input_shape_of(module, input_shape)
     dtype = _param_dtype(module)
     example = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0)).to(dtype)
-    with _eval_mode(module, notes), torch.no_grad():
+    training = any(m.training for m in module.modules())
+    with _eval_mode(module), torch.no_grad():
         try:
             result = module(example)
         except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
@@ -293,7 +294,7 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     if unmatched:
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
                      f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
-    return Export(model, module_tensors, names, notes, module_inputs)
+    return Export(model, module_tensors, names, notes, module_inputs, training)
 
 
 def _newest_opset(torch, exporter: str) -> int:
@@ -700,7 +701,7 @@ def module_reference(module, export: Export) -> Callable:
             if path in module_tensors and isinstance(value, torch.Tensor):
                 recorded[module_tensors[path]] = value.detach().clone().cpu().numpy()
 
-        with _eval_mode(module, []), torch.no_grad():
+        with _eval_mode(module), torch.no_grad():
             if isinstance(module, torch.jit.ScriptModule):
                 result = _run_scripted(module, "", x, keep)
                 if not recorded:  # a scripted custom forward: each leaf on the graph's own input
@@ -770,8 +771,8 @@ def convert_torch(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
     reference = module_reference(source, export)
-    return Converted(export.model, reference, "torch", export.notes, module_assumptions("a torch module"),
-                     module_oracle("the module"))
+    return Converted(export.model, reference, "torch", export.notes,
+                     module_assumptions("a torch module", training=export.training), module_oracle("the module"))
 
 
 def convert_torchscript(source, options):
@@ -814,16 +815,32 @@ def convert_torchscript(source, options):
                            output_names=options.output_names)
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
     reference = module_reference(module, export)
-    return Converted(export.model, reference, "torchscript", export.notes, module_assumptions("a TorchScript file"),
+    return Converted(export.model, reference, "torchscript", export.notes,
+                     module_assumptions("a TorchScript file", training=export.training),
                      module_oracle("the TorchScript module"))
 
 
-def module_assumptions(what: str) -> list:
+def module_assumptions(what: str, training: bool = False) -> list:
     """What a model converted from a torch module (``what``: ``"a TorchScript file"``) rests on beyond
-    the module: no normaliser applied to the observations outside it, which the module cannot record."""
-    from ..assumptions import outside_normaliser
+    the module: no normaliser applied to the observations outside it, which the module cannot record;
+    and, when the module (or a submodule) was in ``training`` mode (default ``False``), that it is
+    used in eval mode, as it was exported: ``Dropout`` off, ``BatchNorm`` on its running statistics
+    (``torch.nn.Module.eval``), where training mode would drop activations at random and normalise
+    each batch by its own statistics."""
+    from ..assumptions import Assumption, outside_normaliser
 
-    return [outside_normaliser(what, "export a module whose forward applies the normaliser")]
+    assumptions = [outside_normaliser(what, "export a module whose forward applies the normaliser")]
+    if training:
+        scripted = "TorchScript" in what
+        was = "the file holds a module saved" if scripted else "the module was"
+        settle = ("save the module in eval mode (module.eval() before torch.jit.save)" if scripted
+                  else "put the module in eval mode (module.eval()) before converting it")
+        assumptions.append(Assumption(
+            "mode", "eval (Dropout off, BatchNorm on its running statistics)",
+            f"{was} in training mode; it was exported and is checked in eval mode (and put back in training mode "
+            "afterwards), where training mode draws Dropout masks and normalises each batch by its own statistics",
+            settle))
+    return assumptions
 
 
 #: What torch running a module's own forward settles from the module itself: its activations and its
