@@ -671,10 +671,53 @@ def test_state_dict_entries_not_in_the_graph_are_noted_but_not_num_batches_track
     with torch.no_grad():
         module.bn.running_mean.fill_(0.25)
     notes = tm.export_module(module).notes
-    assert notes == ["3 state_dict entries are not in the graph as stored (unused, or folded by the exporter): "
-                     "scale, bn.running_mean, bn.running_var"]
-    assert tm.export_module(Spare(False).eval()).notes == [
-        "1 state_dict entry is not in the graph as stored (unused, or folded by the exporter): scale"]
+    assert notes == ["3 state_dict entries are not in the graph, which the module's forward does not read (changing "
+                     "them changes no output): scale, bn.running_mean, bn.running_var"]
+    export = tm.export_module(Spare(False).eval())  # the unread integer buffer is kept as a value
+    assert export.notes == [
+        "1 state_dict entry is not in the graph, which the module's forward does not read (changing it changes no "
+        "output): scale"]
+    assert pp.extract_weights(export.model)["bn_num_batches_tracked"].tolist() == 4
+
+
+class Baked(torch.nn.Module):
+    """Reads its buffer ``gain`` as a Python number, which tracing takes as a constant; it samples noise."""
+
+    def __init__(self, noise: bool):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.register_buffer("gain", torch.tensor(-1.5))
+        self.unread = torch.nn.Parameter(torch.tensor([0.25, -3.0]))
+        self.noise = noise
+
+    def forward(self, x):
+        y = self.fc(x) * float(self.gain)
+        return y + torch.randn_like(y) if self.noise else y
+
+
+def test_an_entry_the_forward_reads_but_the_graph_does_not_hold_is_refused_by_name():
+    module = Baked(noise=False).eval()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(BadModelError) as caught:
+        tm.export_module(module)
+    assert str(caught.value) == (
+        "the module's forward reads the state_dict entry 'gain', but the graph the torchscript exporter wrote does "
+        "not hold it: the values were taken as constants (a Python number read from a tensor, float(t) or t.item(), "
+        "is traced as one), so extract could not give it back; compute with the tensor itself, or use the dynamo "
+        "exporter")
+    after = module.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())  # each entry put back bit for bit
+
+
+def test_reading_an_entry_is_told_on_the_same_random_draws_and_leaves_torchs_random_state_alone():
+    module = Baked(noise=True).eval()
+    example = torch.ones(2, 3)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    assert tm._read_entries(module, example, ["gain", "unread", "fc.bias", "missing"]) == ["gain", "fc.bias"]
+    assert torch.equal(torch.rand(4), expected)
+    assert tm._read_entries(module, example, []) == [] and tm._read_entries(module, example, ["missing"]) == []
 
 
 def test_an_unknown_exporter_and_dynamo_on_torchscript_are_refused():

@@ -291,10 +291,57 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
     kept = keep_state_dict_layout(model, params, every_integer=True)
     unmatched = [k for k in unmatched if k not in kept]
+    read = _read_entries(module, example, unmatched)
+    if read:
+        raise BadModelError(
+            f"the module's forward reads the state_dict entr{'y' if len(read) == 1 else 'ies'} {listing(read)}, but the "
+            f"graph the {exporter} exporter wrote does not hold {'it' if len(read) == 1 else 'them'}: the values were "
+            "taken as constants (a Python number read from a tensor, float(t) or t.item(), is traced as one), so "
+            f"extract could not give {'it' if len(read) == 1 else 'them'} back; compute with the tensor itself"
+            + (", or use the dynamo exporter" if exporter == "torchscript" else ""))
     if unmatched:
-        notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
-                     f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
+        one = len(unmatched) == 1
+        notes.append(f"{len(unmatched)} state_dict entr{'y is' if one else 'ies are'} not in the graph, which the module's "
+                     f"forward does not read (changing {'it' if one else 'them'} changes no output): "
+                     f"{listing(unmatched, show=str)}")
     return Export(model, module_tensors, names, notes, module_inputs, training)
+
+
+def _read_entries(module, example, names: list[str]) -> list[str]:
+    """The numeric ``state_dict`` entries among ``names`` that the module's forward reads:
+    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on
+    ``example``. The module runs in eval mode, without gradients, with torch's random generator seeded
+    alike for each run (a forward that samples draws the same numbers); each entry is restored bit for
+    bit afterwards."""
+    torch = _torch()
+    entries = module.state_dict()
+    names = [n for n in names if n in entries and entries[n].dtype != torch.bool and not entries[n].is_complex()
+             and entries[n].numel()]
+    if not names:
+        return []
+
+    def outputs():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            result = module(example)
+        values = [result] if isinstance(result, torch.Tensor) else list(result.values()) if isinstance(result, dict) \
+            else list(result)
+        return [v.detach().clone() for v in values]
+
+    read = []
+    with _eval_mode(module), torch.no_grad():
+        before = outputs()
+        for name in names:
+            tensor = entries[name]
+            saved = tensor.clone()
+            try:
+                tensor.add_(tensor.abs() + 1)
+                after = outputs()
+            finally:
+                tensor.copy_(saved)
+            if any(not torch.equal(a, b) for a, b in zip(before, after)):
+                read.append(name)
+    return read
 
 
 def _newest_opset(torch, exporter: str) -> int:
