@@ -324,6 +324,11 @@ def test_a_graph_without_initializer_transposes_is_left_as_it_is():
     before = model.SerializeToString()
     tm._fold_initializer_transposes(model.graph)
     assert model.SerializeToString() == before
+    fed = graph_of([helper.make_node("Transpose", ["w"], ["w_t"]), helper.make_node("Add", ["obs", "w_t"], ["logits"])],
+                   inputs=("obs", "w"), initializers=[("w", np.ones((2, 2), np.float32))])  # w may be fed: kept
+    before = fed.SerializeToString()
+    tm._fold_initializer_transposes(fed.graph)
+    assert fed.SerializeToString() == before
 
 
 
@@ -718,6 +723,21 @@ def test_reading_an_entry_is_told_on_the_same_random_draws_and_leaves_torchs_ran
     assert tm._read_entries(module, example, ["gain", "unread", "fc.bias", "missing"]) == ["gain", "fc.bias"]
     assert torch.equal(torch.rand(4), expected)
     assert tm._read_entries(module, example, []) == [] and tm._read_entries(module, example, ["missing"]) == []
+
+
+def test_an_entry_whose_change_makes_the_forward_fail_is_read():
+    class Sized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("width", torch.tensor(3))
+            self.register_buffer("flag", torch.tensor(True))
+
+        def forward(self, x):
+            return x.reshape(-1, int(self.width))
+
+    module = Sized()
+    assert tm._read_entries(module, torch.ones(2, 3), ["width", "flag"]) == ["width"]  # a bool entry is not changed
+    assert module.width.item() == 3 and module.training
 
 
 def test_an_unknown_exporter_and_dynamo_on_torchscript_are_refused():

@@ -309,8 +309,8 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
 def _read_entries(module, example, names: list[str]) -> list[str]:
     """The numeric ``state_dict`` entries among ``names`` that the module's forward reads:
-    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on
-    ``example``. The module runs in eval mode, without gradients, with torch's random generator seeded
+    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on ``example``, or makes
+    the forward fail (a size read from it). The module runs in eval mode, without gradients, with torch's random generator seeded
     alike for each run (a forward that samples draws the same numbers); each entry is restored bit for
     bit afterwards."""
     torch = _torch()
@@ -337,9 +337,11 @@ def _read_entries(module, example, names: list[str]) -> list[str]:
             try:
                 tensor.add_(tensor.abs() + 1)
                 after = outputs()
+            except Exception:  # noqa: BLE001 - the forward fails on the changed entry (a size read from it): it reads it
+                after = None
             finally:
                 tensor.copy_(saved)
-            if any(not torch.equal(a, b) for a, b in zip(before, after)):
+            if after is None or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(before, after)):
                 read.append(name)
     return read
 
@@ -624,7 +626,8 @@ def _fold_initializer_transposes(graph) -> None:
     readers: dict[str, int] = {}
     for name in inputs_of(graph.node):
         readers[name] = readers.get(name, 0) + 1
-    inits = {t.name: t for t in graph.initializer}
+    inputs = {i.name for i in graph.input}  # an initializer that is also a graph input can be fed: left as it is
+    inits = {t.name: t for t in graph.initializer if t.name not in inputs}
     outputs = {o.name for o in graph.output}
     alias, keep = {}, []
     for node in graph.node:
