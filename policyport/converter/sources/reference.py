@@ -139,7 +139,8 @@ def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -
 
     Args:
         spec: the network.
-        obs: float array, shape ``(batch, *spec.input_shape)``, in the weights' dtype.
+        obs: float array, shape ``(batch, *spec.input_shape)``, in the graph input's dtype; cast
+            to the weights' dtype first (a half-precision module takes half-precision input).
         head: as given to :func:`~policyport.converter.build.build_mlp`.
 
     Returns:
@@ -147,23 +148,58 @@ def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -
         hidden layer, ``logits``, and the head's ``action``/``log_std`` and ``value`` where the graph
         has them.
     """
-    return _forward(spec, np.asarray(obs), head, _NumpyOps, lambda name, value: value)
+    obs = np.asarray(obs)
+    if obs.dtype.kind == "f" and obs.dtype != spec.dtype:
+        obs = obs.astype(spec.dtype)
+    return _forward(spec, obs, head, _NumpyOps, lambda name, value: value)
 
 
 def torch_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -> dict[str, np.ndarray]:
     """The same tensors as :func:`reference_forward`, computed by torch.
 
     Every layer runs as the torch module the source used (``nn.Linear`` with the source's ``[out, in]``
-    weight, ``nn.Tanh`` ..., ``nn.LayerNorm``, ``nn.BatchNorm1d`` in eval mode) under its module path;
-    a forward hook on each records its output. The action head and observation normalisation use
-    the torch functions SB3 and VecNormalize apply.
+    weight, ``nn.Tanh`` ..., ``nn.LayerNorm``, ``nn.BatchNorm1d`` in eval mode) under its module path,
+    in the parameters' dtype (a float16 or bfloat16 module computes in it, as the source's did; a
+    floating ``obs`` of another dtype is cast to it first, as such a module requires); a forward hook
+    on each records its output. The action head and observation normalisation use the torch
+    functions SB3 and VecNormalize apply.
+
+    Returns:
+        As :func:`reference_forward`, in the parameters' dtype (bfloat16 as ``ml_dtypes.bfloat16``).
 
     Raises:
         MissingDependencyError: torch is not installed.
     """
 
     ops = torch_ops()
-    return _forward(spec, ops.tensor(obs), head, ops, lambda name, value: ops.to_numpy(value))
+    x = ops.tensor(obs)
+    if x.is_floating_point():
+        x = x.to(ops.tensor(np.zeros(0, spec.dtype)).dtype)
+    return _forward(spec, x, head, ops, lambda name, value: ops.to_numpy(value))
+
+
+def to_torch(array):
+    """A numpy array as a torch tensor of the same element type and bits; an ``ml_dtypes.bfloat16``
+    array (numpy has no bfloat16 of its own) as ``torch.bfloat16``."""
+    import torch
+
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return torch.as_tensor(array)
+
+
+def from_torch(tensor) -> np.ndarray:
+    """A torch tensor as a numpy array of the same element type and bits (``torch.bfloat16`` as
+    ``ml_dtypes.bfloat16``; see :func:`to_torch`)."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        from ...graph.model import dtype_from_name
+
+        return tensor.view(torch.int16).numpy().view(dtype_from_name("bfloat16"))
+    return tensor.numpy()
 
 
 def torch_ops():
@@ -180,13 +216,13 @@ def torch_ops():
         return table[act.name]()
 
     class TorchOps:
-        tensor = staticmethod(lambda x: torch.as_tensor(np.asarray(x)))
-        to_numpy = staticmethod(lambda x: x.detach().cpu().numpy())
+        tensor = staticmethod(to_torch)
+        to_numpy = staticmethod(from_torch)
 
         @staticmethod
         def affine(layer, x):
-            w = torch.as_tensor(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy())
-            b = None if layer.bias is None else torch.as_tensor(layer.bias)
+            w = to_torch(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy())
+            b = None if layer.bias is None else to_torch(layer.bias)
             linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
             with torch.no_grad():
                 linear.weight.copy_(w)
@@ -199,7 +235,7 @@ def torch_ops():
             with torch.no_grad():
                 if step.kind == "activation":
                     return activation_module(step.activation)(x)
-                p = {k: torch.as_tensor(a) for k, (_, a) in step.params.items()}
+                p = {k: to_torch(a) for k, (_, a) in step.params.items()}
                 if step.kind == "layer_norm":
                     return F.layer_norm(x, (x.shape[-1],), p.get("weight"), p.get("bias"), step.eps)
                 return F.batch_norm(x, p["running_mean"], p["running_var"], p.get("weight"), p.get("bias"),
@@ -209,7 +245,7 @@ def torch_ops():
 
         @staticmethod
         def obs_norm(norm, x):  # VecNormalize runs in numpy, outside the policy
-            return torch.as_tensor(_NumpyOps.obs_norm(norm, x.numpy()))
+            return to_torch(_NumpyOps.obs_norm(norm, from_torch(x)))
 
         concat = staticmethod(lambda xs: torch.cat(xs, dim=1))
         broadcast = staticmethod(lambda v, like: v.expand_as(like))
@@ -219,6 +255,6 @@ def torch_ops():
         quantile_mean = staticmethod(lambda x: x.mean(dim=1))
         clip = staticmethod(lambda x, low, high: torch.minimum(torch.maximum(x, low), high))
         tanh = staticmethod(torch.tanh)
-        asarray = staticmethod(lambda x, like: torch.as_tensor(np.asarray(x), dtype=like.dtype))
+        asarray = staticmethod(lambda x, like: to_torch(np.asarray(x)).to(like.dtype))
 
     return TorchOps

@@ -1,0 +1,208 @@
+"""Half-precision (bfloat16, float16) state_dicts: converted under --weights-dtype keep and float32,
+run on both backends and compared with torch's own forward of the module in that dtype; extract
+gives the parameters back bit for bit in their own dtype (keep) or exactly in float32."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+from policyport.converter import convert_source
+
+from torch_fixtures import observations
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+pytestmark = pytest.mark.slow
+
+#: (atol, rtol) for a float32 model against torch's module in each half precision: one rounding
+#: step of the dtype (bfloat16 2**-7, float16 2**-10) on values near 1, as policyport's own defaults.
+HALF_TOLERANCE = {torch.bfloat16: (1e-2, 1e-2), torch.float16: (1e-3, 1e-3)}
+NUMPY_DTYPE = {torch.bfloat16: np.dtype(ml_dtypes.bfloat16), torch.float16: np.dtype(np.float16)}
+
+
+def half_module(dtype, seed: int = 3):
+    """A policy MLP with a LayerNorm (6 -> 32 -> LayerNorm -> tanh -> 32 -> relu -> 3), seeded, in ``dtype``."""
+    torch.manual_seed(seed)
+    module = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(),
+                                 torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    with torch.no_grad():  # a trained LayerNorm's affine parameters are not ones and zeros
+        module[1].weight.uniform_(0.5, 1.5)
+        module[1].bias.uniform_(-0.2, 0.2)
+    return module.to(dtype).eval()
+
+
+def save(module, tmp_path, suffix: str):
+    path = tmp_path / f"policy{suffix}"
+    state = module.state_dict()
+    if suffix == ".safetensors":
+        safetensors_torch.save_file(state, str(path))
+    else:
+        torch.save(state, path)
+    return path
+
+
+def torch_logits(module, obs: np.ndarray, dtype) -> np.ndarray:
+    """torch's own forward of the half-precision module on ``obs`` cast to its dtype, as float64."""
+    with torch.no_grad():
+        return module(torch.from_numpy(obs).to(dtype)).float().numpy().astype(np.float64)
+
+
+def as_bits(tensor) -> bytes:
+    return tensor.contiguous().view(torch.int16).numpy().tobytes()
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("weights_dtype", ["keep", "float32"])
+def test_a_half_precision_state_dict_converts_and_matches_torchs_forward_in_that_dtype(tmp_path, suffix, dtype,
+                                                                                       weights_dtype):
+    module = half_module(dtype)
+    path = save(module, tmp_path, suffix)
+    converted = convert_source(path, activation="tanh,relu", weights_dtype=weights_dtype)
+    model = converted.model
+    half = NUMPY_DTYPE[dtype]
+    computes = np.dtype(np.float16) if (dtype is torch.float16 and weights_dtype == "keep") else np.dtype(np.float32)
+    assert pp.load(model).inputs[0].dtype == computes
+    stored = {t.name: t.data_type for t in model.graph.initializer}
+    elem = {"bfloat16": 16, "float16": 10, "float32": 1}[half.name if weights_dtype == "keep" else "float32"]
+    assert {stored[name] for name in ("0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "5.bias")} == {elem}
+
+    obs = observations((6,), 500, seed=4)
+    expected = torch_logits(module, obs, dtype)
+    atol, rtol = HALF_TOLERANCE[dtype]
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).run({"obs": obs.astype(computes)})["logits"].astype(np.float64)
+        np.testing.assert_allclose(got, expected, atol=atol, rtol=rtol, err_msg=backend)
+        assert np.abs(got - expected).max() > 0  # torch rounds in half precision, the model does not always
+    weights = pp.extract_weights(model)
+    assert sorted(weights) == sorted(module.state_dict())  # safetensors keeps its keys sorted
+    for name, tensor in module.state_dict().items():
+        if weights_dtype == "keep":
+            assert weights[name].dtype == half and weights[name].tobytes() == as_bits(tensor), name
+        else:  # exact: float32 holds every half-precision value
+            assert weights[name].dtype == np.float32, name
+            np.testing.assert_array_equal(weights[name], tensor.float().numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype, weights_dtype, note", [
+    (torch.bfloat16, "keep", "the state_dict's parameters are bfloat16 and stay so (extract gives them back bit for "
+     "bit); each is cast to float32 in the graph, which computes in float32: onnxruntime's CPU provider has no "
+     "bfloat16 kernels"),
+    (torch.bfloat16, "float32", "the state_dict's parameters are bfloat16, cast to float32 (--weights-dtype "
+     "float32): exact, float32 holds every bfloat16 value; the model computes in float32 and extract gives float32 "
+     "arrays"),
+    (torch.float16, "keep", "the state_dict's parameters are float16: the model computes in float16, as the source "
+     "module does"),
+])
+def test_the_conversion_says_what_it_did_with_half_precision_parameters(tmp_path, dtype, weights_dtype, note):
+    path = save(half_module(dtype), tmp_path, ".pt")
+    assert convert_source(path, activation="tanh,relu", weights_dtype=weights_dtype).notes == [note]
+
+
+def test_the_verification_compares_with_the_modules_own_bfloat16_forward_in_bfloat16_tolerances(tmp_path):
+    """The source side is the module run in bfloat16: its tensors are bfloat16, so every comparison
+    with it takes bfloat16's tolerances, and its values are torch's, rounding included."""
+    module = half_module(torch.bfloat16)
+    path = save(module, tmp_path, ".safetensors")
+    converted = convert_source(path, activation="tanh,relu")
+    obs = observations((6,), 64, seed=9)
+    source = converted.reference(obs)
+    assert source["logits"].dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(source["logits"].astype(np.float64), torch_logits(module, obs, torch.bfloat16))
+    report = pp.verify(converted.model, {"obs": obs}, reference=converted.reference)
+    against_source = [c for c in report.comparisons if c.reference == "source"]
+    assert report.passed and {c.tensor for c in against_source} >= {"0/linear", "1/layer_norm", "2/tanh", "logits"}
+    assert {(c.atol, c.rtol) for c in against_source} == {(1e-2, 1e-2)}
+    assert max(c.max_abs for c in against_source) > 1e-3  # bfloat16's rounding, which float32 tolerances refuse
+
+
+def test_a_changed_bfloat16_weight_fails_the_verification(tmp_path):
+    """The bfloat16 tolerances still catch a wrong weight: one weight off by 0.25 fails against torch."""
+    module = half_module(torch.bfloat16)
+    path = save(module, tmp_path, ".pt")
+    converted = convert_source(path, activation="tanh,relu")
+    state = module.state_dict()
+    state["3.weight"][0, 0] += 0.25
+    module.load_state_dict(state)
+    (tmp_path / "changed").mkdir()
+    wrong = convert_source(save(module, tmp_path / "changed", ".pt"), activation="tanh,relu")
+    report = pp.verify(converted.model, {"obs": observations((6,), 256, seed=2)}, reference=wrong.reference)
+    assert not report.passed
+    assert {c.tensor for c in report.comparisons if not c.passed} == {"3/linear", "4/relu", "logits"}
+
+
+def test_cli_converts_verifies_and_extracts_bfloat16_bit_for_bit(tmp_path):
+    module = half_module(torch.bfloat16)
+    path = save(module, tmp_path, ".safetensors")
+    out, weights = tmp_path / "policy.onnx", tmp_path / "weights.npz"
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out), "--activation", "tanh,relu", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    verdict = doc["verification"]
+    assert verdict["passed"] and doc["notes"][0].startswith("the state_dict's parameters are bfloat16 and stay so")
+    result = runner.invoke(app, ["extract", str(out), "-o", str(weights), "--json"])
+    assert result.exit_code == 0, result.output
+    assert {p["dtype"] for p in json.loads(result.stdout)["parameters"]} == {"bfloat16"}
+    with np.load(weights) as saved:  # numpy writes ml_dtypes' bfloat16 as raw 2-byte elements
+        for name, tensor in module.state_dict().items():
+            assert saved[name].dtype == np.dtype("V2") and saved[name].tobytes() == as_bits(tensor), name
+            back = torch.from_numpy(saved[name].view(np.int16)).view(torch.bfloat16)
+            assert torch.equal(back, tensor), name
+    obs = observations((6,), 100, seed=6)
+    np.save(tmp_path / "obs.npy", obs)
+    result = runner.invoke(app, ["run", str(out), "-i", str(tmp_path / "obs.npy"), "-o", str(tmp_path / "out.npz"),
+                                 "--backend", "numpy"])
+    assert result.exit_code == 0, result.output
+    with np.load(tmp_path / "out.npz") as ran:
+        np.testing.assert_allclose(ran["logits"], torch_logits(module, obs, torch.bfloat16), atol=1e-2, rtol=1e-2)
+
+
+def test_cli_float32_choice_gives_a_float32_model_that_export_numpy_writes(tmp_path):
+    module = half_module(torch.bfloat16)
+    path = save(module, tmp_path, ".pt")
+    out = tmp_path / "policy.onnx"
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out), "--activation", "tanh,relu",
+                                 "--weights-dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    assert "cast to float32 (--weights-dtype float32): exact" in " ".join(result.stderr.split())
+    result = runner.invoke(app, ["export-numpy", str(out), "-o", str(tmp_path / "policy.py")])
+    assert result.exit_code == 0, result.output
+    keep = tmp_path / "keep.onnx"
+    result = runner.invoke(app, ["convert", str(path), "-o", str(keep), "--activation", "tanh,relu"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["export-numpy", str(keep), "-o", str(tmp_path / "keep.py")])
+    assert result.exit_code == 3
+    assert " ".join(result.stderr.split()) == ("error: initializer '0.weight' is bfloat16; export-numpy writes plain "
+                                               "numpy types")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--weights-dtype", "float64"], "error: --weights-dtype 'float64' is not one of keep, float32"),
+    (["--weights-dtype", "bfloat16"], "error: --weights-dtype 'bfloat16' is not one of keep, float32"),
+])
+def test_cli_refuses_a_weights_dtype_it_does_not_know(tmp_path, args, message):
+    path = save(half_module(torch.bfloat16), tmp_path, ".pt")
+    result = CliRunner().invoke(app, ["convert", str(path), "-o", str(tmp_path / "m.onnx"), "--activation",
+                                      "tanh,relu", *args])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.stderr.split()) == message
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_float32_for_float64_parameters_is_refused_since_it_would_round(tmp_path):
+    path = save(half_module(torch.float64), tmp_path, ".pt")
+    with pytest.raises(pp.OptionError) as caught:
+        convert_source(path, activation="tanh,relu", weights_dtype="float32")
+    assert str(caught.value) == ("--weights-dtype float32 casts half-precision parameters exactly; the state_dict's "
+                                 "parameters are float64, which float32 would round: cast them yourself if that is "
+                                 "what you want")
