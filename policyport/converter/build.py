@@ -479,7 +479,8 @@ class MlpBuilder:
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
               input_name: str = "obs", metadata: dict[str, str] | None = None,
-              prelude: Prelude | None = None, postlude: Callable | None = None, weights_dtype: str = "keep"):
+              prelude: Prelude | None = None, postlude: Callable | None = None, weights_dtype: str = "keep",
+              dtype: np.dtype | None = None):
     """The ONNX model of ``spec``.
 
     Args:
@@ -496,10 +497,13 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
             appends their graph outputs' value infos to ``outputs`` (a DQN's dueling Q-values).
         weights_dtype: for half-precision parameters, ``"keep"`` (default) or ``"float32"``
             (:data:`WEIGHTS_DTYPES`; the dtype the model computes in is :func:`compute_dtype`'s).
+        dtype: the element type the model computes in, for a source that computes in another
+            dtype than its parameters' (SB3 loads a half-precision ``policy.pth`` into its float32
+            policy); ``None`` (default): :func:`compute_dtype`'s.
 
     Returns:
         An ``onnx.ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``, with graph
-        input ``obs`` (:func:`compute_dtype` of the weights' dtype, shape ``("batch", obs_dim)``) and outputs ``logits``
+        input ``obs`` (``dtype``, shape ``("batch", obs_dim)``) and outputs ``logits``
         (+ the head's ``action``/``log_std``, + ``value`` when a value branch is given).
 
     Raises:
@@ -540,7 +544,7 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
                             f"standard deviations, but the first layer takes {spec.obs_dim} features")
     if weights_dtype not in WEIGHTS_DTYPES:
         raise OptionError(f"weights_dtype {weights_dtype!r} is not one of {', '.join(WEIGHTS_DTYPES)}")
-    dtype = compute_dtype(spec.dtype, weights_dtype)
+    dtype = compute_dtype(spec.dtype, weights_dtype) if dtype is None else np.dtype(dtype)
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
     b = MlpBuilder(opset, dtype, keep_half=weights_dtype == "keep")
 

@@ -32,7 +32,7 @@ READS: dict[str, frozenset[str]] = {
     "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names"}),
     "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype", "exporter",
                              "output_names"}),  # the last two for a whole pickled module loaded with trust
-    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm"}),
+    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm", "weights_dtype"}),
     "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype"}),
     "keras": frozenset({"head", "opset"}),
     "savedmodel": frozenset({"head", "opset"}),

@@ -4,7 +4,9 @@ gives the parameters back bit for bit in their own dtype (keep) or exactly in fl
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import policyport as pp
 from policyport.cli import app
 from policyport.converter import convert_source
 
-from torch_fixtures import observations
+from torch_fixtures import SB3_DIR, TORCH_DIR, load_module, observations
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -206,3 +208,79 @@ def test_float32_for_float64_parameters_is_refused_since_it_would_round(tmp_path
     assert str(caught.value) == ("--weights-dtype float32 casts half-precision parameters exactly; the state_dict's "
                                  "parameters are float64, which float32 would round: cast them yourself if that is "
                                  "what you want")
+
+
+def half_sb3_zip(zip_path, tmp_path, dtype):
+    """The SB3 zip ``zip_path`` with every floating tensor of its policy.pth in ``dtype``, the rest as it was."""
+    out = tmp_path / f"{zip_path.stem}_{str(dtype).removeprefix('torch.')}.zip"
+    with zipfile.ZipFile(zip_path) as zin, zipfile.ZipFile(out, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename == "policy.pth":
+                state = torch.load(io.BytesIO(data), weights_only=True)
+                buffer = io.BytesIO()
+                torch.save({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}, buffer)
+                data = buffer.getvalue()
+            zout.writestr(item, data)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name, algo", [("td3_pendulum", "TD3"), ("ppo_pendulum", "PPO")])
+def test_an_sb3_zip_with_a_half_precision_policy_pth_computes_in_float32_as_sb3_does(tmp_path, dtype, name, algo):
+    """SB3's set_parameters loads policy.pth into its float32 policy: SB3's own predict on the zip is
+    the float32 computation of the half-precision values, and the model's action matches it to
+    float32's tolerance, its parameters stored in their own dtype."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    path = half_sb3_zip(SB3_DIR / f"{name}.zip", tmp_path, dtype)
+    converted = convert_source(path)
+    assert converted.notes[-1] == (f"policy.pth's parameters are {str(dtype).removeprefix('torch.')} and stay so "
+                                   "(extract gives them back bit for bit); each is cast to float32 in the graph, "
+                                   "which computes in float32, as SB3 does: it loads them into its float32 policy")
+    agent = getattr(sb3, algo).load(path, device="cpu")
+    obs = np.random.default_rng(8).uniform(-1, 1, (300, 3)).astype(np.float32)
+    expected, _ = agent.predict(obs, deterministic=True)
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5, err_msg=backend)
+    # the half-precision values, not the original float32 ones: the original file's model is far farther off
+    original = pp.load(convert_source(SB3_DIR / f"{name}.zip").model).run({"obs": obs})["action"]
+    assert np.abs(original - expected).max() > 10 * np.abs(got - expected).max()
+    state = torch.load(io_bytes(path), weights_only=True)
+    weights = pp.extract_weights(converted.model)
+    assert weights and set(weights) <= set(state)
+    for key, array in weights.items():
+        assert array.dtype == NUMPY_DTYPE[dtype] and array.tobytes() == state[key].view(torch.int16).numpy().tobytes()
+
+
+def io_bytes(zip_path):
+    """The policy.pth of an SB3 zip, as a file object."""
+    with zipfile.ZipFile(zip_path) as zf:
+        return io.BytesIO(zf.read("policy.pth"))
+
+
+@pytest.mark.parametrize("file, dtype", [("norms.bfloat16.safetensors", torch.bfloat16),
+                                         ("norms.float16.state_dict.pt", torch.float16)])
+def test_the_half_precision_fixtures_convert_to_the_fixture_modules_own_forward_in_that_dtype(file, dtype):
+    """fixtures/torch/make_half.py's copies of norms.state_dict.pt (LayerNorm, Dropout, BatchNorm1d in
+    eval mode): the files hold the float32 file's tensors cast, and the model matches modules.py's
+    ``norms`` module run by torch in that dtype with those weights."""
+    module, shape = load_module("norms")
+    original = module.state_dict()
+    path = TORCH_DIR / file
+    held = (safetensors_torch.load_file(str(path)) if path.suffix == ".safetensors"
+            else torch.load(path, weights_only=True))
+    assert held.keys() == original.keys()
+    for key, tensor in original.items():
+        assert torch.equal(held[key], tensor.to(dtype) if tensor.is_floating_point() else tensor), key
+    module = module.to(dtype)
+    module.load_state_dict(held)
+    converted = convert_source(path, activation="tanh,relu")
+    computes = np.float16 if dtype is torch.float16 else np.float32
+    obs = observations(shape, 400, seed=12)
+    expected = torch_logits(module.eval(), obs, dtype)
+    atol, rtol = HALF_TOLERANCE[dtype]
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(converted.model, backend=backend).run({"obs": obs.astype(computes)})["logits"]
+        np.testing.assert_allclose(got.astype(np.float64), expected, atol=atol, rtol=rtol, err_msg=backend)

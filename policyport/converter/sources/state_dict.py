@@ -678,7 +678,8 @@ def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's
     raise BadModelError(f"{what} are {found}: {problem}; {fix}")
 
 
-def weights_dtype_notes(dtype: np.dtype, weights_dtype: str, what: str) -> list[str]:
+def weights_dtype_notes(dtype: np.dtype, weights_dtype: str, what: str, computes: np.dtype | None = None,
+                        why: str = "") -> list[str]:
     """What building a model from parameters of ``dtype`` under ``weights_dtype`` does to them, for
     the notes of a conversion (empty for float32 and float64 parameters under ``keep``).
 
@@ -686,12 +687,16 @@ def weights_dtype_notes(dtype: np.dtype, weights_dtype: str, what: str) -> list[
         dtype: the parameters' dtype.
         weights_dtype: one of :data:`policyport.converter.build.WEIGHTS_DTYPES`.
         what: the parameters, for the note (``"the state_dict's parameters"``).
+        computes: the dtype the source computes in when it is not the parameters' (SB3's float32
+            policy); ``None``: :func:`policyport.converter.build.compute_dtype`'s.
+        why: why the model computes in float32 when the parameters stay in half precision, for the
+            note; default: onnxruntime's lack of bfloat16 kernels.
 
     Raises:
         OptionError: an unknown ``weights_dtype``, or ``float32`` for float64 parameters, which
             it would round (exit 2).
     """
-    from ..build import HALF_DTYPES, WEIGHTS_DTYPES
+    from ..build import HALF_DTYPES, WEIGHTS_DTYPES, compute_dtype
 
     dtype = np.dtype(dtype)
     if weights_dtype not in WEIGHTS_DTYPES:
@@ -704,10 +709,12 @@ def weights_dtype_notes(dtype: np.dtype, weights_dtype: str, what: str) -> list[
     if weights_dtype == "float32":
         return [f"{what} are {dtype.name}, cast to float32 (--weights-dtype float32): exact, float32 holds every "
                 f"{dtype.name} value; the model computes in float32 and extract gives float32 arrays"]
-    if dtype.name == "bfloat16":
-        return [f"{what} are bfloat16 and stay so (extract gives them back bit for bit); each is cast to float32 in "
-                "the graph, which computes in float32: onnxruntime's CPU provider has no bfloat16 kernels"]
-    return [f"{what} are float16: the model computes in float16, as the source module does"]
+    computes = compute_dtype(dtype) if computes is None else np.dtype(computes)
+    if computes != dtype:
+        why = why or ": onnxruntime's CPU provider has no bfloat16 kernels"
+        return [f"{what} are {dtype.name} and stay so (extract gives them back bit for bit); each is cast to "
+                f"{computes.name} in the graph, which computes in {computes.name}{why}"]
+    return [f"{what} are {dtype.name}: the model computes in {dtype.name}, as the source module does"]
 
 
 def _check_finite(arrays) -> None:
@@ -754,13 +761,14 @@ def bare_actor_head(spec: MlpSpec, family: str | None) -> list[str]:
 # converters
 
 
-def reference_for(spec: MlpSpec, head: str | None):
-    """The source's forward: torch when installed (the layers as torch modules), else numpy."""
+def reference_for(spec: MlpSpec, head: str | None, dtype: np.dtype | None = None):
+    """The source's forward: torch when installed (the layers as torch modules), else numpy; in
+    ``dtype`` (default: the parameters' own, see :func:`~policyport.converter.sources.reference.torch_forward`)."""
     from .reference import reference_forward, torch_forward
 
     if not has_torch():
-        return lambda obs: reference_forward(spec, obs, head)
-    return lambda obs: torch_forward(spec, obs, head)
+        return lambda obs: reference_forward(spec, obs, head, dtype)
+    return lambda obs: torch_forward(spec, obs, head, dtype)
 
 
 #: Where each layout's library keeps the normaliser statistics a state_dict lacks, and how to get them.
