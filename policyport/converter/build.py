@@ -266,6 +266,53 @@ class MlpSpec:
         return self.output.weight.dtype
 
 
+def store_half_parameters(model, parameters):
+    """``model`` (float32) with each initializer that holds a half-precision source parameter stored in
+    that parameter's dtype again, followed by a ``Cast`` to float32 named ``<initializer>/float32``
+    that its consumers read instead (https://onnx.ai/onnx/operators/onnx__Cast.html): for a graph
+    exported from a float32 copy of a bfloat16 module, which onnxruntime's CPU provider can run.
+
+    Args:
+        model: an ``onnx.ModelProto`` whose ``policyport.parameters`` metadata maps initializers to
+            source parameter names; not changed.
+        parameters: source parameter name -> array in the source's dtype.
+
+    Returns:
+        A new model; initializers whose values the half-precision dtype does not hold exactly (not
+        the source's parameter after all), and those that are graph outputs, are left as they are.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    from ..graph.passes import PARAMETERS_KEY
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    props = {p.key: p.value for p in out.metadata_props}
+    mapping = json.loads(props.get(PARAMETERS_KEY, "{}"))
+    graph, casts, renames = out.graph, [], {}
+    outputs = {value.name for value in graph.output}
+    for init in graph.initializer:
+        source = mapping.get(init.name)
+        source = source if isinstance(source, str) else (source or {}).get("name")
+        original = parameters.get(source) if source is not None else None
+        if (original is None or np.asarray(original).dtype.name not in HALF_DTYPES or init.name in outputs
+                or init.data_type != onnx.TensorProto.FLOAT):
+            continue
+        value = onnx.numpy_helper.to_array(init)
+        half = value.astype(np.asarray(original).dtype)
+        if not np.array_equal(half.astype(np.float32), value):
+            continue
+        init.CopyFrom(onnx.numpy_helper.from_array(half, init.name))
+        renames[init.name] = f"{init.name}/float32"
+        casts.append(onnx.helper.make_node("Cast", [init.name], [renames[init.name]], name=renames[init.name],
+                                           to=onnx.TensorProto.FLOAT))
+    for node in graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
 #: The most bytes one protobuf message holds (``INT_MAX``): an ONNX model whose initializers take more
 #: must keep them as external data, which the built model does not.
 PROTOBUF_BYTES = 2**31 - 1
