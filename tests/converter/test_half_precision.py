@@ -9,6 +9,7 @@ import json
 import zipfile
 
 import numpy as np
+import onnx
 import pytest
 from typer.testing import CliRunner
 
@@ -325,3 +326,44 @@ def test_cli_converts_a_pickled_bfloat16_module_against_torch(tmp_path):
     against = [c for c in verdict["comparisons"] if c["reference"] == "source"]
     assert {c["tensor"] for c in against} == {"0/linear", "1/layer_norm", "2/tanh", "3/linear", "4/relu", "logits"}
     assert {(c["atol"], c["rtol"]) for c in against} == {(1e-2, 1e-2)}
+
+
+def test_verify_source_rebuilds_the_source_side_with_the_recorded_weights_dtype(tmp_path):
+    """verify --source reads the options convert recorded (--weights-dtype float32 among them) and
+    checks the float32 model against torch's bfloat16 forward again."""
+    module = half_module(torch.bfloat16)
+    path = save(module, tmp_path, ".safetensors")
+    out = tmp_path / "policy.onnx"
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out), "--activation", "tanh,relu",
+                                 "--weights-dtype", "float32"])
+    assert result.exit_code == 0, result.output
+    assert {t.data_type for t in onnx.load(str(out)).graph.initializer} == {onnx.TensorProto.FLOAT}
+    result = runner.invoke(app, ["verify", str(out), "--source", str(path), "--samples", "200", "--json"])
+    assert result.exit_code == 0, result.output
+    against = [c for c in json.loads(result.stdout)["comparisons"] if c["reference"] == "source"]
+    assert {c["tensor"] for c in against} == {"0/linear", "1/layer_norm", "2/tanh", "3/linear", "4/relu", "logits"}
+    assert {(c["atol"], c["rtol"]) for c in against} == {(1e-2, 1e-2)} and all(c["passed"] for c in against)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_rllib_torch_weights_in_half_precision_match_the_fcnet_layers_run_by_torch(tmp_path, dtype):
+    """RLlib's torch FullyConnectedNetwork keys (SlimFC: Linear then the activation) in half precision."""
+    torch.manual_seed(7)
+    hidden = [torch.nn.Linear(5, 16), torch.nn.Linear(16, 16)]
+    logits = torch.nn.Linear(16, 4)
+    state = {f"_hidden_layers.{i}._model.0.{p}": getattr(layer, p).detach().to(dtype)
+             for i, layer in enumerate(hidden) for p in ("weight", "bias")}
+    state.update({f"_logits._model.0.{p}": getattr(logits, p).detach().to(dtype) for p in ("weight", "bias")})
+    torch.save(state, tmp_path / "fcnet.pt")
+    model = convert_source(tmp_path / "fcnet.pt", kind="rllib-torch", activation="tanh").model
+    obs = observations((5,), 200, seed=3)
+    with torch.no_grad():
+        x = torch.from_numpy(obs).to(dtype)
+        for layer in hidden:
+            x = torch.tanh(torch.nn.functional.linear(x, layer.weight.to(dtype), layer.bias.to(dtype)))
+        expected = torch.nn.functional.linear(x, logits.weight.to(dtype), logits.bias.to(dtype)).double().numpy()
+    computes = np.float16 if dtype is torch.float16 else np.float32
+    atol, rtol = HALF_TOLERANCE[dtype]
+    got = pp.load(model, backend="onnxruntime").run({"obs": obs.astype(computes)})["logits"]
+    np.testing.assert_allclose(got.astype(np.float64), expected, atol=atol, rtol=rtol)
