@@ -367,3 +367,20 @@ def test_rllib_torch_weights_in_half_precision_match_the_fcnet_layers_run_by_tor
     atol, rtol = HALF_TOLERANCE[dtype]
     got = pp.load(model, backend="onnxruntime").run({"obs": obs.astype(computes)})["logits"]
     np.testing.assert_allclose(got.astype(np.float64), expected, atol=atol, rtol=rtol)
+
+
+def test_a_bfloat16_safetensors_file_reads_in_a_fresh_interpreter(tmp_path):
+    """safetensors.numpy asks numpy for "bfloat16" by name, which numpy knows only once ml_dtypes is
+    imported: the reader imports it first, so the file reads before anything else has."""
+    import subprocess
+    import sys
+
+    from torch_fixtures import ROOT
+
+    code = ("import sys; from policyport.converter.readers.torch_files import read_safetensors; "
+            f"arrays = read_safetensors({str(TORCH_DIR / 'norms.bfloat16.safetensors')!r}); "
+            "print(sorted({a.dtype.name for a in arrays.values()}), len(arrays))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "['bfloat16', 'int64'] 13"
