@@ -176,9 +176,9 @@ def test_the_readme_shows_the_report_lines_the_command_prints_today():
         against = " against .+?" if argv[1] == "convert" or "--source" in argv else ""
         for line in out.splitlines():
             if line.startswith("max abs error"):
-                assert re.fullmatch(r"max abs error on [\d,]+ observations \((float\d+: atol \S+, rtol \S+(; )?)+\)", line), (argv, line)
+                assert re.fullmatch(r"max abs error on [\d,]+ observations \((b?float\d+: atol \S+, rtol \S+(; )?)+\)", line), (argv, line)
             if line.startswith(("PASS", "FAIL")):
-                assert re.match(rf"(PASS|FAIL){against}: \d+ comparisons within (float\d+: atol \S+, rtol \S+(; )?)+; worst ",
+                assert re.match(rf"(PASS|FAIL){against}: \d+ comparisons within (b?float\d+: atol \S+, rtol \S+(; )?)+; worst ",
                                 line), (argv, line)
 
 

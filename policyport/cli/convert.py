@@ -116,6 +116,7 @@ def convert(
     action_bounds: Annotated[Optional[str], typer.Option("--action-bounds", metavar="LOW:HIGH", help="The environment's action bounds, for sources whose player clips and rescales the action to them (rl_games' clip_actions, skrl's clip_mean_actions, Tianshou's action_scaling) or whose file does not hold them (a CleanRL PPO policy's ClipAction, a CleanRL JAX TD3/DDPG actor's action_scale and action_bias): one number per side or one per action dimension, comma-separated, e.g. -1:1 or -1,-2:1,2  [default: the action as the policy outputs it]")] = None,
     action_bound_method: Annotated[Optional[str], typer.Option("--action-bound-method", metavar="NAME", help="How the policy bounds a continuous action to [-1, 1] before scaling it to --action-bounds (Tianshou's action_bound_method): clip, tanh or none; required for a continuous Tianshou policy, whose file does not record it.")] = None,
     distribution: Annotated[Optional[str], typer.Option("--distribution", metavar="NAME", help="The action distribution where the source does not record it (a TorchRL actor's distribution_class): tanh-normal (action = tanh(loc), rescaled to --action-bounds), normal (action = loc) or categorical (action = argmax of the logits)  [default: refused where a wrong guess is plausible]")] = None,
+    weights_dtype: Annotated[str, typer.Option("--weights-dtype", metavar="keep|float32", help="Half-precision (float16, bfloat16) parameters of a state_dict: keep stores each in its own dtype, so extract gives it back bit for bit (float16: a float16 model; bfloat16: each initializer cast to float32 in the graph, which computes in float32), float32 casts each to float32 (exact) for a float32 model.")] = "keep",
     verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Check the result against the source before writing it.")] = True,
     inputs: Annotated[Optional[Path], typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations to check the result on (.npy, or .npz keyed by graph input); drawn at random when omitted.")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="How many observations to draw uniformly from [--low, --high) (integer inputs: from the range the source records); with -i, how many of the file's first rows to use.")] = 1000,
@@ -155,7 +156,7 @@ def convert(
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
                                  input_shape=parse_shape(input_shape), output_names=parse_names(output_names),
                                  action_bounds=parse_bounds(action_bounds), action_bound_method=action_bound_method,
-                                 distribution=distribution)
+                                 distribution=distribution, weights_dtype=weights_dtype)
         converted = convert_source(src, kind=kind, options=options)
         for note in converted.notes:
             say(note)

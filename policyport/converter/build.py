@@ -47,6 +47,36 @@ NO_HEAD = "none"
 MIN_OPSET = 11
 DEFAULT_OPSET = 17
 
+#: ``weights_dtype=`` values, for parameters in half precision (float16, bfloat16): ``keep`` stores
+#: each as the source holds it, ``float32`` casts each to float32 (exact: float32 holds every float16
+#: and bfloat16 value). Parameters of other dtypes are built as they are under ``keep``.
+WEIGHTS_DTYPES = ("keep", "float32")
+#: The half-precision element types a source's parameters may be in.
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def compute_dtype(weights: np.dtype, weights_dtype: str = "keep") -> np.dtype:
+    """The element type a model built from parameters of dtype ``weights`` computes in.
+
+    float16 parameters under ``keep`` give a float16 model (onnxruntime's CPU provider and the numpy
+    backend run float16 Gemm and activations). bfloat16 parameters give a float32 model whatever
+    ``weights_dtype`` says: onnxruntime's CPU provider has no bfloat16 kernel for Gemm, MatMul, Add or
+    the activations (onnxruntime 1.x, ``NOT_IMPLEMENTED``), so under ``keep`` each bfloat16
+    initializer is followed by a ``Cast`` to float32 (https://onnx.ai/onnx/operators/onnx__Cast.html,
+    exact). ``float32`` makes any half-precision model a float32 one.
+
+    Args:
+        weights: the parameters' dtype.
+        weights_dtype: one of :data:`WEIGHTS_DTYPES`.
+
+    Returns:
+        float32 for bfloat16 parameters, and for float16 ones under ``float32``; else ``weights``.
+    """
+    weights = np.dtype(weights)
+    if weights.name == "bfloat16" or (weights.name in HALF_DTYPES and weights_dtype == "float32"):
+        return np.dtype(np.float32)
+    return weights
+
 
 @dataclass
 class Dense:
@@ -236,19 +266,75 @@ class MlpSpec:
         return self.output.weight.dtype
 
 
+def store_half_parameters(model, parameters):
+    """``model`` (float32) with each initializer that holds a half-precision source parameter stored in
+    that parameter's dtype again, followed by a ``Cast`` to float32 named ``<initializer>/float32``
+    that its consumers read instead (https://onnx.ai/onnx/operators/onnx__Cast.html): for a graph
+    exported from a float32 copy of a bfloat16 module, which onnxruntime's CPU provider can run.
+
+    Args:
+        model: an ``onnx.ModelProto`` whose ``policyport.parameters`` metadata maps initializers to
+            source parameter names; not changed.
+        parameters: source parameter name -> array in the source's dtype.
+
+    Returns:
+        A new model; initializers whose values the half-precision dtype does not hold exactly (not
+        the source's parameter after all), and those that are graph outputs, are left as they are.
+    """
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    from ..graph.passes import PARAMETERS_KEY
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    props = {p.key: p.value for p in out.metadata_props}
+    mapping = json.loads(props.get(PARAMETERS_KEY, "{}"))
+    graph, casts, renames = out.graph, [], {}
+    outputs = {value.name for value in graph.output}
+    for init in graph.initializer:
+        source = mapping.get(init.name)
+        source = source if isinstance(source, str) else (source or {}).get("name")
+        original = parameters.get(source) if source is not None else None
+        if (original is None or np.asarray(original).dtype.name not in HALF_DTYPES or init.name in outputs
+                or init.data_type != onnx.TensorProto.FLOAT):
+            continue
+        value = onnx.numpy_helper.to_array(init)
+        half = value.astype(np.asarray(original).dtype)
+        if not np.array_equal(half.astype(np.float32), value):
+            continue
+        init.CopyFrom(onnx.numpy_helper.from_array(half, init.name))
+        renames[init.name] = f"{init.name}/float32"
+        casts.append(onnx.helper.make_node("Cast", [init.name], [renames[init.name]], name=renames[init.name],
+                                           to=onnx.TensorProto.FLOAT))
+    for node in graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
 #: The most bytes one protobuf message holds (``INT_MAX``): an ONNX model whose initializers take more
 #: must keep them as external data, which the built model does not.
 PROTOBUF_BYTES = 2**31 - 1
 
 
 class MlpBuilder:
-    """Accumulates nodes and initializers; one per model."""
+    """Accumulates nodes and initializers; one per model.
 
-    def __init__(self, opset: int, dtype: np.dtype):
+    Args:
+        opset: the default domain's opset.
+        dtype: the element type the model computes in (its graph input's, its constants').
+        keep_half: how a half-precision array (float16, bfloat16) given to :meth:`initializer` is
+            stored when ``dtype`` is wider: ``True`` as it is, followed by a ``Cast`` to ``dtype``
+            (``extract`` gives it back in its own dtype); ``False`` cast to ``dtype`` (exact).
+    """
+
+    def __init__(self, opset: int, dtype: np.dtype, keep_half: bool = True):
         onnx = require("onnx", "onnx", "building an ONNX model")
         self.helper, self.numpy_helper = onnx.helper, onnx.numpy_helper
         self.opset = opset
         self.dtype = np.dtype(dtype)
+        self.keep_half = keep_half
         self.nodes = []
         self.initializers = []
         self.parameters: dict[str, str] = {}
@@ -289,6 +375,30 @@ class MlpBuilder:
         return x
 
     def initializer(self, array: np.ndarray, name: str, source_name: str | None = None) -> str:
+        """Add ``array`` as the initializer ``name`` (another name when taken, see :data:`RESERVED`).
+
+        A half-precision array where the model computes in a wider dtype is stored as it is and
+        followed by a ``Cast`` to the model's dtype, named ``<name>/<dtype>``, or cast before it is
+        stored, as ``keep_half`` says.
+
+        Args:
+            array: the values.
+            name: the initializer's name.
+            source_name: the source's parameter name, recorded in ``policyport.parameters``;
+                ``None`` for a constant the builder adds.
+
+        Returns:
+            The name of the tensor holding ``array`` in the model's dtype: the initializer's, or
+            its ``Cast``'s output.
+
+        Raises:
+            BadModelError: ``name`` is taken and the array is no source parameter.
+            LimitExceededError: the initializers would take more than one protobuf holds.
+        """
+        array = np.asarray(array)
+        widened = array.dtype.name in HALF_DTYPES and array.dtype != self.dtype and self.dtype.itemsize > array.dtype.itemsize
+        if widened and not self.keep_half:
+            array, widened = array.astype(self.dtype), False  # exact: float32 holds every half-precision value
         if name in self._names and source_name is None:
             raise BadModelError(f"parameter name {name!r} occurs twice")
         base, n = name, 1
@@ -296,7 +406,6 @@ class MlpBuilder:
             name = f"{base}/parameter" + (f"_{n}" if n > 1 else "")
             n += 1
         self._names.add(name)
-        array = np.asarray(array)
         self._bytes += array.nbytes  # the bytes it takes once written out (a stride-0 array's too)
         if self._bytes > PROTOBUF_BYTES:
             from ..io.limits import format_size
@@ -308,6 +417,9 @@ class MlpBuilder:
         self.initializers.append(self.numpy_helper.from_array(array, name))
         if source_name is not None:
             self.parameters[name] = source_name
+        if widened:
+            return self.node("Cast", [name], f"{name}/{self.dtype.name}",
+                             to=self.helper.np_dtype_to_tensor_dtype(self.dtype))
         return name
 
     def constant(self, values, name: str) -> str:
@@ -414,7 +526,8 @@ class MlpBuilder:
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
               input_name: str = "obs", metadata: dict[str, str] | None = None,
-              prelude: Prelude | None = None, postlude: Callable | None = None, logits_name: str = "logits"):
+              prelude: Prelude | None = None, postlude: Callable | None = None, logits_name: str = "logits",
+              weights_dtype: str = "keep", dtype: np.dtype | None = None):
     """The ONNX model of ``spec``.
 
     Args:
@@ -432,10 +545,15 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
             whose logits are the Q-values it combines from its advantage and value streams).
         logits_name: the output layer's tensor, ``logits`` unless a postlude computes the logits
             from it (a dueling DQN's ``advantages``).
+        weights_dtype: for half-precision parameters, ``"keep"`` (default) or ``"float32"``
+            (:data:`WEIGHTS_DTYPES`; the dtype the model computes in is :func:`compute_dtype`'s).
+        dtype: the element type the model computes in, for a source that computes in another
+            dtype than its parameters' (SB3 loads a half-precision ``policy.pth`` into its float32
+            policy); ``None`` (default): :func:`compute_dtype`'s.
 
     Returns:
         An ``onnx.ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``, with graph
-        input ``obs`` (dtype of the weights, shape ``("batch", obs_dim)``) and outputs ``logits``
+        input ``obs`` (``dtype``, shape ``("batch", obs_dim)``) and outputs ``logits``
         (+ the head's ``action``/``log_std``, + ``value`` when a value branch is given).
 
     Raises:
@@ -474,9 +592,11 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         # checked before the statistics are written out (as graph constants and JSON metadata)
         raise BadModelError(f"the observation filter holds {np.size(filt.mean):,} means and {np.size(filt.std):,} "
                             f"standard deviations, but the first layer takes {spec.obs_dim} features")
-    dtype = spec.dtype
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise OptionError(f"weights_dtype {weights_dtype!r} is not one of {', '.join(WEIGHTS_DTYPES)}")
+    dtype = compute_dtype(spec.dtype, weights_dtype) if dtype is None else np.dtype(dtype)
     elem = onnx.helper.np_dtype_to_tensor_dtype(dtype)
-    b = MlpBuilder(opset, dtype)
+    b = MlpBuilder(opset, dtype, keep_half=weights_dtype == "keep")
 
     x = input_name if prelude is None else prelude.build(b, input_name)
     if spec.obs_shape and len(spec.obs_shape) != 1:

@@ -30,10 +30,10 @@ READS: dict[str, frozenset[str]] = {
     "npz": frozenset({"activation", "head", "opset", "keep_value"}),
     "torch": frozenset({"opset", "exporter", "input_shape", "output_names"}),
     "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names"}),
-    "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "exporter",
+    "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype", "exporter",
                              "output_names"}),  # the last two for a whole pickled module loaded with trust
-    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm"}),
-    "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape"}),
+    "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm", "weights_dtype"}),
+    "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype"}),
     "keras": frozenset({"head", "opset"}),
     "savedmodel": frozenset({"head", "opset"}),
     "rllib": frozenset({"activation", "head", "opset", "keep_value", "obs_filter", "policy_id"}),
@@ -63,7 +63,7 @@ _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "k
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
           "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds",
           "action_bound_method": "--action-bound-method",
-          "distribution": "--distribution"}
+          "distribution": "--distribution", "weights_dtype": "--weights-dtype"}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -104,6 +104,11 @@ class ConvertOptions:
         distribution: the action distribution of a source whose files do not record it (a TorchRL
             actor's ``distribution_class``): ``tanh-normal``, ``normal`` or ``categorical``; ``None``:
             the source's own, or refused where a wrong guess is plausible.
+        weights_dtype: how half-precision (float16, bfloat16) parameters are built
+            (:data:`policyport.converter.build.WEIGHTS_DTYPES`): ``"keep"`` (default) keeps each
+            initializer in the source's dtype (a float16 model; bfloat16 initializers each followed
+            by a ``Cast`` to float32, the model computing in float32), ``"float32"`` casts each to
+            float32 (exact) for a float32 model.
     """
 
     activation: str | None = None
@@ -120,6 +125,7 @@ class ConvertOptions:
     action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     action_bound_method: str | None = None
     distribution: str | None = None
+    weights_dtype: str = "keep"
 
     def __post_init__(self):
         if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
@@ -236,7 +242,7 @@ def where_they_apply(names) -> str:
 #: The plain types each option takes (None aside, which every option but these booleans and opset takes).
 _OPTION_TYPES = {"activation": str, "head": str, "action_bound_method": str, "exporter": str, "policy_id": str, "obs_norm": (str, os.PathLike),
                  "keep_value": bool, "obs_filter": bool, "trust": bool,
-                 "distribution": str}
+                 "distribution": str, "weights_dtype": str}
 
 
 def _check_types(options: ConvertOptions) -> None:

@@ -530,6 +530,8 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
     except ImportError:
         return _read_safetensors_layout(path)
+    with contextlib.suppress(ImportError):  # names "bfloat16" to numpy, which safetensors.numpy asks for by name
+        import ml_dtypes  # noqa: F401
     try:
         return dict(load_file(str(path)))
     except Exception as e:  # noqa: BLE001 - SafetensorError and friends

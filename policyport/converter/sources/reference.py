@@ -27,14 +27,14 @@ class _NumpyOps:
     @staticmethod
     def affine(layer: Dense, x):
         w = layer.weight if layer.weight_layout == "in_out" else layer.weight.T
-        y = x @ w
-        return y + layer.bias if layer.bias is not None else y
+        y = x @ w.astype(x.dtype, copy=False)
+        return y + layer.bias.astype(x.dtype, copy=False) if layer.bias is not None else y
 
     @staticmethod
     def step(step: Step, x):
         if step.kind == "activation":
             return step.activation.reference(x)
-        p = {k: a for k, (_, a) in step.params.items()}
+        p = {k: a.astype(x.dtype, copy=False) for k, (_, a) in step.params.items()}
         if step.kind == "layer_norm":
             mean = x.mean(axis=-1, keepdims=True)
             var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
@@ -69,8 +69,8 @@ class _NumpyOps:
     to_numpy = staticmethod(np.asarray)
 
 
-def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.ndarray]:
-    """The forward pass of ``spec`` through ``ops``; ``record(name, value)`` keeps each tensor."""
+def _forward(spec: MlpSpec, obs, head: str | None, ops, record, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """The forward pass of ``spec`` through ``ops`` in ``dtype``; ``record(name, value)`` keeps each tensor."""
     out: dict[str, np.ndarray] = {}
 
     def keep(name, value):
@@ -122,8 +122,8 @@ def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.
                 keep("log_std", logits[:, half:])
         else:  # squash: tanh, then SB3's unscale_action, low + 0.5 * (a + 1) * (high - low)
             a = keep(f"{action.tanh_scope}/tanh", ops.tanh(logits))
-            low, high = np.asarray(action.low, spec.dtype), np.asarray(action.high, spec.dtype)
-            keep("action", ops.asarray(low, a) + (a + 1) * ops.asarray(spec.dtype.type(0.5), a) * ops.asarray(high - low, a))
+            low, high = np.asarray(action.low, dtype), np.asarray(action.high, dtype)
+            keep("action", ops.asarray(low, a) + (a + 1) * ops.asarray(dtype.type(0.5), a) * ops.asarray(high - low, a))
     if spec.value_output is not None:
         v = trunk
         for layer in spec.value_hidden:
@@ -134,36 +134,77 @@ def _forward(spec: MlpSpec, obs, head: str | None, ops, record) -> dict[str, np.
     return out
 
 
-def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -> dict[str, np.ndarray]:
+def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None,
+                      dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
     """Every tensor the exported graph names, computed in numpy from the source arrays.
 
     Args:
         spec: the network.
-        obs: float array, shape ``(batch, *spec.input_shape)``, in the weights' dtype.
+        obs: float array, shape ``(batch, *spec.input_shape)``, in the graph input's dtype; cast
+            to ``dtype`` first (a half-precision module takes half-precision input).
         head: as given to :func:`~policyport.converter.build.build_mlp`.
+        dtype: the dtype the source computes in, its parameters cast to it (exactly, from half
+            precision: SB3 loads a half-precision ``policy.pth`` into its float32 policy);
+            ``None`` (default): the parameters' own.
 
     Returns:
         tensor name -> array: ``<layer>/linear`` and each step's ``<module path>/<role>`` for every
         hidden layer, ``logits``, and the head's ``action``/``log_std`` and ``value`` where the graph
         has them.
     """
-    return _forward(spec, np.asarray(obs), head, _NumpyOps, lambda name, value: value)
+    obs, dtype = np.asarray(obs), spec.dtype if dtype is None else np.dtype(dtype)
+    if obs.dtype.kind == "f" and obs.dtype != dtype:
+        obs = obs.astype(dtype)
+    return _forward(spec, obs, head, _NumpyOps, lambda name, value: value, dtype)
 
 
-def torch_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None) -> dict[str, np.ndarray]:
+def torch_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None,
+                  dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
     """The same tensors as :func:`reference_forward`, computed by torch.
 
     Every layer runs as the torch module the source used (``nn.Linear`` with the source's ``[out, in]``
-    weight, ``nn.Tanh`` ..., ``nn.LayerNorm``, ``nn.BatchNorm1d`` in eval mode) under its module path;
-    a forward hook on each records its output. The action head and observation normalisation use
-    the torch functions SB3 and VecNormalize apply.
+    weight, ``nn.Tanh`` ..., ``nn.LayerNorm``, ``nn.BatchNorm1d`` in eval mode) under its module path,
+    in the parameters' dtype (a float16 or bfloat16 module computes in it, as the source's did; a
+    floating ``obs`` of another dtype is cast to it first, as such a module requires); a forward hook
+    on each records its output. The action head and observation normalisation use the torch
+    functions SB3 and VecNormalize apply. ``dtype``: as for :func:`reference_forward`.
+
+    Returns:
+        As :func:`reference_forward`, in the dtype computed in (bfloat16 as ``ml_dtypes.bfloat16``).
 
     Raises:
         MissingDependencyError: torch is not installed.
     """
 
     ops = torch_ops()
-    return _forward(spec, ops.tensor(obs), head, ops, lambda name, value: ops.to_numpy(value))
+    x, dtype = ops.tensor(obs), spec.dtype if dtype is None else np.dtype(dtype)
+    if x.is_floating_point():
+        x = x.to(ops.tensor(np.zeros(0, dtype)).dtype)
+    return _forward(spec, x, head, ops, lambda name, value: ops.to_numpy(value), dtype)
+
+
+def to_torch(array):
+    """A numpy array as a torch tensor of the same element type and bits; an ``ml_dtypes.bfloat16``
+    array (numpy has no bfloat16 of its own) as ``torch.bfloat16``."""
+    import torch
+
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return torch.as_tensor(array)
+
+
+def from_torch(tensor) -> np.ndarray:
+    """A torch tensor as a numpy array of the same element type and bits (``torch.bfloat16`` as
+    ``ml_dtypes.bfloat16``; see :func:`to_torch`)."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        from ...graph.model import dtype_from_name
+
+        return tensor.view(torch.int16).numpy().view(dtype_from_name("bfloat16"))
+    return tensor.numpy()
 
 
 def torch_ops():
@@ -180,13 +221,13 @@ def torch_ops():
         return table[act.name]()
 
     class TorchOps:
-        tensor = staticmethod(lambda x: torch.as_tensor(np.asarray(x)))
-        to_numpy = staticmethod(lambda x: x.detach().cpu().numpy())
+        tensor = staticmethod(to_torch)
+        to_numpy = staticmethod(from_torch)
 
         @staticmethod
         def affine(layer, x):
-            w = torch.as_tensor(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy())
-            b = None if layer.bias is None else torch.as_tensor(layer.bias)
+            w = to_torch(layer.weight if layer.weight_layout == "out_in" else layer.weight.T.copy()).to(x.dtype)
+            b = None if layer.bias is None else to_torch(layer.bias).to(x.dtype)
             linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
             with torch.no_grad():
                 linear.weight.copy_(w)
@@ -199,7 +240,7 @@ def torch_ops():
             with torch.no_grad():
                 if step.kind == "activation":
                     return activation_module(step.activation)(x)
-                p = {k: torch.as_tensor(a) for k, (_, a) in step.params.items()}
+                p = {k: to_torch(a).to(x.dtype) for k, (_, a) in step.params.items()}
                 if step.kind == "layer_norm":
                     return F.layer_norm(x, (x.shape[-1],), p.get("weight"), p.get("bias"), step.eps)
                 return F.batch_norm(x, p["running_mean"], p["running_var"], p.get("weight"), p.get("bias"),
@@ -209,7 +250,7 @@ def torch_ops():
 
         @staticmethod
         def obs_norm(norm, x):  # VecNormalize runs in numpy, outside the policy
-            return torch.as_tensor(_NumpyOps.obs_norm(norm, x.numpy()))
+            return to_torch(_NumpyOps.obs_norm(norm, from_torch(x)))
 
         concat = staticmethod(lambda xs: torch.cat(xs, dim=1))
         broadcast = staticmethod(lambda v, like: v.expand_as(like))
@@ -219,6 +260,6 @@ def torch_ops():
         quantile_mean = staticmethod(lambda x: x.mean(dim=1))
         clip = staticmethod(lambda x, low, high: torch.minimum(torch.maximum(x, low), high))
         tanh = staticmethod(torch.tanh)
-        asarray = staticmethod(lambda x, like: torch.as_tensor(np.asarray(x), dtype=like.dtype))
+        asarray = staticmethod(lambda x, like: to_torch(np.asarray(x)).to(like.dtype))
 
     return TorchOps

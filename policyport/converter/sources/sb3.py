@@ -730,7 +730,7 @@ def convert_sb3(source, options):
     from ..assumptions import activation_assumption, reconstruction
     from ..build import build_mlp
     from .sb3_policy import LazyOracle, LazySource, sb3_oracle
-    from .state_dict import has_torch, parse_layout, reference_for
+    from .state_dict import has_torch, parse_layout, reference_for, weights_dtype_notes
     from ..readers.torch_files import as_state_dict, keep_state_dict_layout, load_torch_file
 
     path = Path(source)
@@ -794,13 +794,17 @@ def convert_sb3(source, options):
     spec.source = {"kind": "sb3", "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                    "policy_class": policy_class, "sb3_version": version, "action_space": act_space["type"],
                    **({"obs_norm": norm_path.name} if norm_path and spec.obs_norm is not None else {})}
-    model = build_mlp(spec, opset=options.opset, prelude=prelude or None, metadata={
+    # SB3's set_parameters loads policy.pth into its float32 policy (load_state_dict casts each tensor)
+    notes += weights_dtype_notes(spec.dtype, options.weights_dtype, "policy.pth's parameters", np.float32,
+                                 ", as SB3 does: it loads them into its float32 policy")
+    model = build_mlp(spec, opset=options.opset, prelude=prelude or None, weights_dtype=options.weights_dtype,
+                      dtype=computes(spec), metadata={
         "policyport.activation": activation or DEFAULT_ACTIVATION[family], "policyport.layout": layout})
     keep_state_dict_layout(model, arrays)
-    network = reference_for(spec, None)
+    network = reference_for(spec, None, computes(spec))
     if prelude:
         def network(obs: np.ndarray, _network=network) -> dict[str, np.ndarray]:
-            x, out = prelude.reference(obs, spec.dtype)
+            x, out = prelude.reference(obs, computes(spec))
             out.update(_network(x))
             return out
 
@@ -986,6 +990,15 @@ def _refuse_unsupported(data: dict, kwargs: dict, policy_class: str, obs_space: 
                             "Box, Discrete and MultiDiscrete spaces")
 
 
+def computes(spec) -> np.dtype:
+    """The dtype SB3 computes a policy of ``spec`` in: float32 for half-precision parameters, which
+    ``set_parameters`` loads into its float32 policy (``load_state_dict`` casts each tensor,
+    ``stable_baselines3/common/base_class.py``); else the parameters' own."""
+    from ..build import HALF_DTYPES
+
+    return np.dtype(np.float32) if spec.dtype.name in HALF_DTYPES else spec.dtype
+
+
 def _action_head(spec, family: str, space: dict, n_quantiles=None) -> ActionHead:
     n = spec.output.out_features
     if family in ("dqn", "qrdqn"):
@@ -1001,7 +1014,7 @@ def _action_head(spec, family: str, space: dict, n_quantiles=None) -> ActionHead
     for bound in (space["low"], space["high"]):
         if isinstance(bound, BadModelError):
             raise BadModelError(f"{bound}; cannot read the action bounds")
-    low, high = space["low"].astype(spec.dtype), space["high"].astype(spec.dtype)
+    low, high = space["low"].astype(computes(spec)), space["high"].astype(computes(spec))
     if low.shape != (n,) or high.shape != (n,):
         raise BadModelError(f"a Box action space of shape {space['shape']}, but the action network outputs {n} values")
     if family == "ac":

@@ -111,6 +111,8 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
         raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib
 
+    from .reference import to_torch
+
 
     if policy_class not in SB3_POLICY_CLASSES:
         raise OracleUnavailable(f"policyport does not build SB3's policy class {policy_class}")
@@ -130,7 +132,8 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
     try:
         policy = built_class(_gym_space(spaces, obs_space), _gym_space(spaces, act_space), lambda _: 0.0,
                              activation_fn=_activation_fn(torch, activation), **built)
-        policy.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in arrays.items()}, strict=True)
+        # SB3's set_parameters: load_state_dict copies each tensor into the float32 policy (half precision exactly)
+        policy.load_state_dict({k: to_torch(np.array(v)) for k, v in arrays.items()}, strict=True)
     except OracleUnavailable:
         raise
     except Exception as e:  # noqa: BLE001 - whatever SB3 refuses: the oracle is unavailable, and says why

@@ -645,8 +645,9 @@ TORCH_CAST = "state_dict = {k: v.float() for k, v in state_dict.items()}"
 
 def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's parameters",
                  cast: str = TORCH_CAST) -> None:
-    """Refuse parameters that are not of one float dtype policyport builds a model in (float16,
-    float32, float64); ``num_batches_tracked``, an integer counter inference never reads, aside.
+    """Refuse parameters that are not of one float dtype policyport builds a model from (float16,
+    bfloat16, float32, float64: :func:`policyport.converter.build.compute_dtype` says which dtype the
+    model computes in); ``num_batches_tracked``, an integer counter inference never reads, aside.
 
     Args:
         arrays: parameter name -> array.
@@ -660,7 +661,7 @@ def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's
     for key, array in arrays.items():
         if not key.endswith("num_batches_tracked"):
             by_dtype.setdefault(array.dtype.name, []).append(key)
-    built = ("float16", "float32", "float64")
+    built = ("float16", "bfloat16", "float32", "float64")
     if len(by_dtype) <= 1 and all(d in built for d in by_dtype):
         return
     found = joined(f"{d} ({listing(keys, 3, show=str)})" for d, keys in by_dtype.items())
@@ -672,14 +673,53 @@ def check_dtypes(arrays: Mapping[str, np.ndarray], what: str = "the state_dict's
                    "arrays do not hold) or no policy's")
         fix = "save the float weights the policy computes with"
     else:
-        problem = "policyport builds a model in float16, float32 or float64"
-        exact = ", which holds every bfloat16 value exactly" if "bfloat16" in by_dtype else ""
-        fix = f"cast the parameters to float32{exact} ({cast}) and save that"
+        problem = "policyport builds a model from float16, bfloat16, float32 or float64 parameters"
+        fix = f"cast the parameters to float32 ({cast}) and save that"
     raise BadModelError(f"{what} are {found}: {problem}; {fix}")
 
 
+def weights_dtype_notes(dtype: np.dtype, weights_dtype: str, what: str, computes: np.dtype | None = None,
+                        why: str = "") -> list[str]:
+    """What building a model from parameters of ``dtype`` under ``weights_dtype`` does to them, for
+    the notes of a conversion (empty for float32 and float64 parameters under ``keep``).
+
+    Args:
+        dtype: the parameters' dtype.
+        weights_dtype: one of :data:`policyport.converter.build.WEIGHTS_DTYPES`.
+        what: the parameters, for the note (``"the state_dict's parameters"``).
+        computes: the dtype the source computes in when it is not the parameters' (SB3's float32
+            policy); ``None``: :func:`policyport.converter.build.compute_dtype`'s.
+        why: why the model computes in float32 when the parameters stay in half precision, for the
+            note; default: onnxruntime's lack of bfloat16 kernels.
+
+    Raises:
+        OptionError: an unknown ``weights_dtype``, or ``float32`` for float64 parameters, which
+            it would round (exit 2).
+    """
+    from ..build import HALF_DTYPES, WEIGHTS_DTYPES, compute_dtype
+
+    dtype = np.dtype(dtype)
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise OptionError(f"--weights-dtype {weights_dtype!r} is not one of {', '.join(WEIGHTS_DTYPES)}")
+    if dtype.name == "float64" and weights_dtype == "float32":
+        raise OptionError(f"--weights-dtype float32 casts half-precision parameters exactly; {what} are float64, "
+                          "which float32 would round: cast them yourself if that is what you want")
+    if dtype.name not in HALF_DTYPES:
+        return []
+    if weights_dtype == "float32":
+        return [f"{what} are {dtype.name}, cast to float32 (--weights-dtype float32): exact, float32 holds every "
+                f"{dtype.name} value; the model computes in float32 and extract gives float32 arrays"]
+    computes = compute_dtype(dtype) if computes is None else np.dtype(computes)
+    if computes != dtype:
+        why = why or ": onnxruntime's CPU provider has no bfloat16 kernels"
+        return [f"{what} are {dtype.name} and stay so (extract gives them back bit for bit); each is cast to "
+                f"{computes.name} in the graph, which computes in {computes.name}{why}"]
+    return [f"{what} are {dtype.name}: the model computes in {dtype.name}, as the source module does"]
+
+
 def _check_finite(arrays) -> None:
-    bad = sorted(k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all())
+    bad = sorted(k for k, a in arrays.items() if (a.dtype.kind == "f" or a.dtype.name == "bfloat16")
+                 and not np.isfinite(a).all())
     if bad:
         raise BadModelError(f"non-finite values (NaN or inf) in {', '.join(bad)}; a trained policy's weights are finite")
 
@@ -721,13 +761,14 @@ def bare_actor_head(spec: MlpSpec, family: str | None) -> list[str]:
 # converters
 
 
-def reference_for(spec: MlpSpec, head: str | None):
-    """The source's forward: torch when installed (the layers as torch modules), else numpy."""
+def reference_for(spec: MlpSpec, head: str | None, dtype: np.dtype | None = None):
+    """The source's forward: torch when installed (the layers as torch modules), else numpy; in
+    ``dtype`` (default: the parameters' own, see :func:`~policyport.converter.sources.reference.torch_forward`)."""
     from .reference import reference_forward, torch_forward
 
     if not has_torch():
-        return lambda obs: reference_forward(spec, obs, head)
-    return lambda obs: torch_forward(spec, obs, head)
+        return lambda obs: reference_forward(spec, obs, head, dtype)
+    return lambda obs: torch_forward(spec, obs, head, dtype)
 
 
 #: Where each layout's library keeps the normaliser statistics a state_dict lacks, and how to get them.
@@ -798,7 +839,8 @@ def _convert(source, options, forced_layout: str | None, kind: str):
     if options.input_shape:
         spec.obs_shape = tuple(options.input_shape)
     spec.source = {"kind": kind, "layout": layout, **provenance}
-    model = build_mlp(spec, head=options.head, opset=options.opset,
+    notes += weights_dtype_notes(spec.dtype, options.weights_dtype, "the state_dict's parameters")
+    model = build_mlp(spec, head=options.head, opset=options.opset, weights_dtype=options.weights_dtype,
                       metadata={"policyport.activation": options.activation or "none", "policyport.layout": layout})
     from ..readers.torch_files import keep_state_dict_layout
 

@@ -243,6 +243,11 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
         output_names: names for the module's outputs (default: ``logits`` / ``output_<i>`` / the dict keys).
         state_dict: the source's parameters by name (default: ``module.state_dict()``).
 
+    A bfloat16 module is exported as a float32 copy of itself (exact), since torch.onnx writes its
+    graph in bfloat16, for which onnxruntime's CPU provider has no kernels; its parameters are then
+    stored back as bfloat16 initializers, each followed by a ``Cast`` to float32
+    (:func:`~policyport.converter.build.store_half_parameters`), and the graph takes float32 observations.
+
     Raises:
         BadModelError: a module the exporter refuses, or outputs that cannot be named.
         OptionError: an unknown exporter, dynamo on a TorchScript module, an opset newer than the exporter writes.
@@ -267,7 +272,17 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     dtype = _param_dtype(module)
     example = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0)).to(dtype)
     training = any(m.training for m in module.modules())
+    exported, exported_example = module, example
     with _eval_mode(module), torch.no_grad():
+        if dtype == torch.bfloat16:
+            # torch.onnx writes a bfloat16 graph, which onnxruntime's CPU provider has no kernels for: a float32
+            # copy (in eval mode, as the module now is) is exported, exactly, and the bfloat16 parameters are
+            # stored back (store_half_parameters)
+            import copy
+
+            with warnings.catch_warnings():  # a TorchScript copy's note on .grad of non-leaf tensors
+                warnings.simplefilter("ignore", UserWarning)
+                exported, exported_example = copy.deepcopy(module).float(), example.float()
         try:
             result = module(example)
         except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
@@ -278,15 +293,24 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
         names = _output_names(result, output_names)
         try:
             with _quiet():
-                raw = _export_raw(module, example, names, exporter, opset)
+                raw = _export_raw(exported, exported_example, names, exporter, opset)
         except Exception as e:  # noqa: BLE001 - the exporter's own errors: find the module behind them
             raise _export_error(module, example, exporter, opset, e) from e
-    params = state_dict if state_dict is not None else {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    from .reference import from_torch
+
+    params = state_dict if state_dict is not None else {k: from_torch(v) for k, v in module.state_dict().items()}
     module_names = {name for name, _ in module.named_modules()}
     classes = {name: _class_name(sub) for name, sub in module.named_modules()}
     leaves = [name for name, sub in module.named_modules() if name and not list(sub.children())]
     model, module_tensors, module_inputs = rename_graph(raw, exporter, names, module_names, classes, leaves)
-    model, unmatched = match_parameters(model, params)
+    if exported is not module:
+        from ..build import store_half_parameters
+
+        model, unmatched = match_parameters(model, {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v
+                                                    for k, v in params.items()})
+        model = store_half_parameters(model, params)
+    else:
+        model, unmatched = match_parameters(model, params)
     from ..readers.torch_files import keep_state_dict_layout
 
     kept = keep_state_dict_layout(model, params, every_integer=True)
@@ -740,6 +764,8 @@ def module_reference(module, export: Export) -> Callable:
     scripted custom ``forward``, each leaf module runs on the input the graph gives it (recorded
     by policyport's numpy backend), so that each layer is compared on its own.
     """
+    from .reference import from_torch
+
     torch = _torch()
     module_tensors, output_names = export.module_tensors, export.output_names
 
@@ -749,7 +775,7 @@ def module_reference(module, export: Export) -> Callable:
 
         def keep(path: str, value) -> None:
             if path in module_tensors and isinstance(value, torch.Tensor):
-                recorded[module_tensors[path]] = value.detach().clone().cpu().numpy()
+                recorded[module_tensors[path]] = from_torch(value.detach().clone())
 
         with _eval_mode(module), torch.no_grad():
             if isinstance(module, torch.jit.ScriptModule):
@@ -766,7 +792,7 @@ def module_reference(module, export: Export) -> Callable:
                         h.remove()
         values = [result] if isinstance(result, torch.Tensor) else list(result.values()) if isinstance(result, dict) else list(result)
         for name, value in zip(output_names, values):
-            recorded[name] = value.detach().cpu().numpy()
+            recorded[name] = from_torch(value)
         return recorded
 
     return forward
