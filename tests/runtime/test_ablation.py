@@ -8,18 +8,9 @@ import pytest
 
 import policyport as pp
 from policyport.runtime.overrides import Edit, ablate, add_direction, parse_overrides, patch
+from expert import expert_forward as forward
 
 BACKENDS = list(pp.BACKENDS)
-
-
-def forward(w, obs, h1=None, h2=None):
-    """The expert's logits from its RLlib weights, with fc_1/tanh or fc_2/tanh replaced by a function of it."""
-    p = "default_policy/"
-    a1 = np.tanh(obs.astype(np.float64) @ w[p + "fc_1/kernel"] + w[p + "fc_1/bias"])
-    a1 = a1 if h1 is None else h1(a1)
-    a2 = np.tanh(a1 @ w[p + "fc_2/kernel"] + w[p + "fc_2/bias"])
-    a2 = a2 if h2 is None else h2(a2)
-    return a1, a2, a2 @ w[p + "fc_out/kernel"] + w[p + "fc_out/bias"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
