@@ -66,7 +66,7 @@ OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", parser=given_path, help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
 #: Suffixes that name a format policyport reads or writes, and what a file of that format is.
 _FORMATS = {".onnx": "an ONNX model", ".npz": "an .npz archive of arrays", ".json": "a JSON document",
-            ".npy": "", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",
+            ".npy": "an .npy array", ".png": "a PNG image", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",
             ".pkl": "", ".msgpack": "", ".py": "", ".csv": "", ".parquet": ""}
 
 
