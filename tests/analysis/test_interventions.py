@@ -191,3 +191,9 @@ def test_a_packed_folder_runs_an_intervention_file_with_numpy_alone(files, metad
     want = expert_forward(metadrive_weights, metadrive_obs[:50], h1=knocked, h2=steered)[2]
     with np.load(tmp_path / "o.npz") as o:
         np.testing.assert_allclose(o["logits"], want, atol=3e-5)
+    alone = run(python, folder / "run.py", "-i", files / "obs.npy", "-o", tmp_path / "p.npz", "--steer", "knockout")
+    assert alone.returncode == 2 and "--steer NAME and --overrides FILE go together" in alone.stderr
+    (tmp_path / "sets.yaml").write_text("s: {fc_1/tanh: {'0': 1.0}}\n")
+    yaml_there = run(python, folder / "run.py", "-i", files / "obs.npy", "-o", tmp_path / "p.npz", "--steer", "s",
+                     "--overrides", tmp_path / "sets.yaml")
+    assert yaml_there.returncode == 4 and "pip install" in yaml_there.stderr and not (tmp_path / "p.npz").exists()
