@@ -277,7 +277,7 @@ NOT_ONNX = [
 MODEL_COMMANDS = {
     "extract": ["-o", "{tmp}/w.npz"], "expose": ["-o", "{tmp}/e.onnx"], "run": ["-i", "{obs}", "-o", "{tmp}/y.npz"],
     "record": ["-i", "{obs}", "-o", "{tmp}/r.npz"], "verify": ["--samples", "4"], "pack": ["-o", "{tmp}/b"],
-    "export-numpy": ["-o", "{tmp}/p.py"],
+    "export-numpy": ["-o", "{tmp}/p.py"], "patch": ["--clean", "{obs}", "--corrupt", "{obs}"],
 }
 
 

@@ -776,8 +776,8 @@ def test_foreign_options_notes_only_inside_a_command():
         both = "refused; pass --trust, or use --backend onnxruntime"
         assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
                                               "inspect and policyport pack and policyport verify; --backend is an "
-                                              "option of policyport record and policyport run, not of policyport "
-                                              "extract)")
+                                              "option of policyport direction and policyport patch and policyport "
+                                              "record and policyport run, not of policyport extract)")
 
 
 # ------------------------------------------------------------------------------------ the error edge

@@ -173,6 +173,8 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "record": [missing, "-i", tmp_path / "obs.npy", "-o", tmp_path / "r.npz"],
         "stats": [tmp_path / "missing.npz"],
         "plot": [tmp_path / "missing.npz", "-o", tmp_path / "plots"],
+        "patch": [missing, "--clean", tmp_path / "a.npy", "--corrupt", tmp_path / "b.npy"],
+        "direction": [tmp_path / "missing.npz", tmp_path / "other.npz", "--tensor", "t", "-o", tmp_path / "d.npy"],
     }
     assert set(cases) | {"ops"} == set(commands())
     for name, args in cases.items():

@@ -449,8 +449,10 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     session = load(_proto(model_bytes), backend="numpy")  # checks tensors and overrides before Ray starts
     columns = feed_columns(table, [v.name for v in session.inputs])
     names = session.selection(tensors)
-    specs = [] if overrides is None else session.steering(overrides).specs
-    infos, skipped = batched_tensors(session, table, columns, names, specs or None)
+    steering = None if overrides is None else session.steering(overrides)
+    specs = [] if steering is None else steering.specs
+    edits = [] if steering is None else [e for t in steering.tensors for e in steering.edits[t]]  # arrays and all
+    infos, skipped = batched_tensors(session, table, columns, names, edits or None)
     metadata = describe(table.rows, infos, data=str(data), model=str(model) if isinstance(model, (str, os.PathLike)) else None,
                         backend="numpy", batch_size=batch_size, overrides=specs, engine="ray")
     check_out_folder(out, force, (".parquet",))
@@ -463,7 +465,7 @@ def record_ray(model, data, out: Path, *, tensors="*", batch_size: int = DEFAULT
     with building(out, "recording") as build:  # Ray's workers write in it by path, from other processes
         ray_data = start_ray(ray)
         recorded = ray_data.from_items(blocks).map_batches(RecordBatch, fn_constructor_kwargs={
-            "model": model_bytes, "names": names, "overrides": specs, "columns": columns, "tensors": infos,
+            "model": model_bytes, "names": names, "overrides": edits, "columns": columns, "tensors": infos,
             "metadata": metadata, "folder": str(build.path)}, batch_size=1, batch_format="numpy",
             compute=ray_data.ActorPoolStrategy(min_size=1))
         done = 0
@@ -498,7 +500,7 @@ class RecordBatch:
     """The Ray Data map of :func:`record_ray`: one numpy session per worker, built once; each call
     records one block of rows and writes it as one ``.parquet`` file of the recording's schema."""
 
-    def __init__(self, model: bytes, names: list[str], overrides: list[str], columns: dict[str, str],
+    def __init__(self, model: bytes, names: list[str], overrides: list, columns: dict[str, str],
                  tensors: list[TensorInfo], metadata: dict, folder: str):
         from ..runtime import load
 

@@ -18,6 +18,7 @@ COMMANDS = {
     "convert": "convert", "inspect": "model", "extract": "model", "expose": "model", "ops": "model",
     "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "verify": "verify",
     "pack": "pack", "export-numpy": "handoff",
+    "patch": "interp", "direction": "interp",
 }
 
 

@@ -166,7 +166,12 @@ def record(
 
         if engine is Engine.ray and backend is not RecordBackend.numpy:
             raise typer.BadParameter("the ray engine runs the numpy backend on every worker", param_hint="--backend")
-        edits = overrides_from(override, steer, overrides)
+        def session():  # for a set that runs the model (dataset statistics, patches)
+            from ..runtime import load
+
+            return load(str(model), backend=backend.value, threads=threads)
+
+        edits = overrides_from(override, steer, overrides, session)
         with progress_bar("recording", quiet or as_json) as callback:
             summary = record_dataset(str(model), data, output, tensors=tensors, batch_size=batch_size,
                                      format=None if fmt is None else fmt.value, engine=engine.value,

@@ -66,7 +66,7 @@ OverridesFileOpt = Annotated[Optional[Path], typer.Option(
     "--overrides", metavar="FILE", parser=given_path, help='JSON file of named override sets: {"brake": {"fc_2/tanh": {"17": 1.0}}}.')]
 #: Suffixes that name a format policyport reads or writes, and what a file of that format is.
 _FORMATS = {".onnx": "an ONNX model", ".npz": "an .npz archive of arrays", ".json": "a JSON document",
-            ".npy": "", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",
+            ".npy": "an .npy array", ".png": "a PNG image", ".pt": "", ".pth": "", ".zip": "", ".keras": "", ".h5": "", ".hdf5": "", ".safetensors": "",
             ".pkl": "", ".msgpack": "", ".py": "", ".csv": "", ".parquet": ""}
 
 
@@ -107,27 +107,41 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", min=0, metavar="N", callba
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
-def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None):
+def overrides_from(specs: list[str] | None, steer: str | None, file: Path | None, session=None):
     """The overrides ``--override``, ``--steer`` and ``--overrides`` ask for (the named set first),
-    or None. A malformed spec or an unknown set is a usage error (exit 2)."""
+    or None. A malformed spec or an unknown set is a usage error (exit 2).
+
+    ``--overrides`` is an intervention file (JSON or YAML, :mod:`policyport.runtime.interventions`);
+    ``session`` (a Session or a function returning one) runs the model for the set's ``dataset``
+    statistics and patches. A recording it names is read in any format ``policyport`` records."""
     from ..errors import InputMismatchError, listing
-    from ..runtime.overrides import load_override_sets, parse_spec
+    from ..runtime.interventions import read_document, read_interventions
+    from ..runtime.overrides import parse_spec
 
     if (steer is None) != (file is None):
         raise typer.BadParameter("--steer NAME and --overrides FILE go together: the file holds named sets, "
                                  "--steer picks one", param_hint="--steer/--overrides")
     edits = []
     if file is not None:
-        sets = load_override_sets(file)
+        sets = read_document(file)
         if steer not in sets:
             raise typer.BadParameter(f"{file} has no set {steer!r}; it has: {listing(sets, show=str)}", param_hint="--steer")
-        edits = list(sets[steer])
+        edits = read_interventions(file, steer, session, recording_blocks=recorded_blocks)
     for spec in specs or []:
         try:
             edits.append(parse_spec(spec))
         except InputMismatchError as e:
             raise typer.BadParameter(str(e), param_hint="--override") from None
     return edits or None
+
+
+def recorded_blocks(path: Path, tensor: str):
+    """A recorded tensor's rows block by block, from a recording of any format (``.npz``, ``.parquet``,
+    a folder of ``.npy`` or ``.parquet`` files)."""
+    from ..analysis.recording import open_recording
+
+    for block in open_recording(path).iter_batches(65536, [tensor]):
+        yield block[tensor]
 
 
 def given_options(ctx, *names: str) -> list[str]:

@@ -75,8 +75,8 @@ def run(
             check_output_format(record, ".npz", "--record")
             check_writable(record, force)
             check_distinct(record, model, inputs)
-        edits = overrides_from(override, steer, overrides)
         session = _session(model, chosen, backend.value, threads)
+        edits = overrides_from(override, steer, overrides, session)
         feeds = load_feeds(inputs, [v.name for v in session.inputs])
         if chosen is not None:  # inputs the pruned graph no longer reads
             known = {v.name for v in [*session.inputs, *session.optional_inputs]}

@@ -102,6 +102,7 @@ def verify_cmd(
     rounding: RoundingOpt = True,
     as_json: JsonOpt = False,
     threads: ThreadsOpt = 0,
+    observer: Annotated[bool, typer.Option("--observer", help="Check that recording and patch points change nothing they should not, on each backend: outputs of instrumented runs equal the plain run's (bit for bit on numpy), every node replayed from its recorded inputs gives its recorded outputs, and perturbing each tensor moves the outputs it feeds and no other (dead patch points are named). Exit 1 if not.")] = False,
 ) -> None:
     """Compare every tensor across backends (and the source); exit 1 on a mismatch.
 
@@ -114,6 +115,10 @@ def verify_cmd(
         from ..graph.onnx_files import check_model_folder
         from ..runtime import BACKENDS
         from ..verification.verify import verify as run_verify
+
+        if observer:
+            return _observer(model, inputs, samples, low, high, seed, backends, source, tensors, outputs, atol, rtol,
+                             as_json)
 
         if obs_norm is not None and source is None:
             raise typer.BadParameter("it rebuilds the source the model was converted from; give --source too",
@@ -167,6 +172,73 @@ def verify_cmd(
         return print_report(report, as_json)
 
     guard(as_json, body, "verify", source)
+
+
+def _observer(model, inputs, samples, low, high, seed, backends, source, tensors, outputs, atol, rtol, as_json) -> int:
+    """``verify --observer``: the observer check (:mod:`policyport.verification.observer`), rendered."""
+    from ..runtime import BACKENDS
+    from ..verification.observer import observer_check
+    from ..verification.verify import first_rows, sample_inputs
+
+    given = [f for f, v in (("--source", source), ("--outputs", outputs)) if v is not None]
+    if given:
+        raise typer.BadParameter(f"--observer checks the model on its backends, so {_listed(given)} apply",
+                                 param_hint="--observer")
+    if model.is_dir():
+        raise typer.BadParameter("--observer checks an .onnx model; give the model a packed folder was made from",
+                                 param_hint="MODEL")
+    names = [b.strip() for b in (backends or "numpy,onnxruntime").split(",") if b.strip()]
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise typer.BadParameter(f"{backends!r}; name each of {', '.join(BACKENDS)} at most once", param_hint="--backends")
+    if inputs is not None:
+        drawn = [f"--{n}" for n, v in (("low", low), ("high", high), ("seed", seed)) if v is not None]
+        if drawn:
+            raise typer.BadParameter(f"-i gives the observations, so {_listed(drawn)} apply", param_hint="-i")
+        from ..graph.model import from_onnx
+        from ..graph.onnx_files import load_onnx
+
+        declared = from_onnx(load_onnx(model)).inputs
+        feeds = load_feeds(inputs, [v.name for v in declared])
+        if samples is not None:
+            feeds = first_rows(declared, feeds, samples)
+    else:
+        from ..graph.model import from_onnx
+        from ..graph.onnx_files import load_onnx
+
+        lo, hi = (0.0 if low is None else low), (1.0 if high is None else high)
+        check_range(lo, hi)
+        with drawing_advice("verify", takes_inputs=True):
+            feeds = sample_inputs(from_onnx(load_onnx(model)).inputs, 64 if samples is None else samples, lo, hi,
+                                  0 if seed is None else seed)
+    report = observer_check(str(model), feeds, backends=names, tensors=tensors, atol=atol, rtol=rtol)
+    if as_json:
+        emit_json(report.to_dict())
+        return 0 if report.passed else 1
+    t = table(f"observer check on {counted(report.samples, 'observation')}",
+              ["check", "backend", "subject", ("max abs", "right"), "verdict"])
+    for c in report.transparency:
+        add_row(t, f"{c.instrument} vs plain run", c.backend, c.output, f"{c.max_abs:.2g}",
+                cell("bit for bit" if c.exact else "within tolerance" if c.passed else "differs ✗",
+                     "" if c.passed else "bold red"))
+    for r in report.replay:
+        verdict_text = (f"skipped: {r.skipped}" if r.skipped else "bit for bit" if r.exact
+                        else "within tolerance" if r.passed else "differs ✗")
+        add_row(t, "node replayed", r.backend, f"{r.node} ({r.op_type})", "" if r.skipped else f"{r.max_abs:.2g}",
+                cell(verdict_text, "" if r.passed else "bold red"))
+    for s in report.sensitivity:
+        text = {"moves": f"moves {', '.join(s.moved)}", "dead": f"dead: moves none of {', '.join(s.feeds)} ✗",
+                "leaks": f"leaks: moves {', '.join(o for o in s.moved if o not in s.feeds)} ✗",
+                "feeds no output": "feeds no output", "skipped": f"skipped: {s.reason}"}[s.status]
+        add_row(t, "tensor perturbed", s.backend, s.tensor, "", cell(text, "" if s.passed else "bold red"))
+    out.print(t)
+    checks = len(report.transparency) + len(report.replay) + len(report.sensitivity)
+    failed = [c for c in [*report.transparency, *report.replay, *report.sensitivity] if not c.passed]
+    line = (f"PASS: {checks} observer checks on {', '.join(report.backends)}" if report.passed else
+            f"FAIL: {len(failed)} of {checks} observer checks" +
+            (f"; dead patch points: {', '.join(sorted({s.tensor for s in report.dead}))}" if report.dead else ""))
+    out.print(Text(literal(line), style="" if report.passed else "bold red"))
+    return 0 if report.passed else 1
 
 
 def _listed(flags: list[str]) -> str:

@@ -3,6 +3,7 @@
 ::
 
     python BUNDLE/run.py -i obs.npy -o actions.npz [--record activations.npz] [--tensors GLOBS] [--max-bytes SIZE] [--force]
+                         [--override SPEC]... [--steer NAME --overrides FILE]
     python BUNDLE/run.py --verify [--atol A] [--rtol R] [--json]
 
 It does what ``policyport run`` and ``policyport verify BUNDLE`` do on the numpy backend, where
@@ -62,6 +63,13 @@ def parser(prog: str = "run.py") -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="the .npz of graph outputs to write")
     p.add_argument("--record", type=Path, help="also write every recorded activation to this .npz")
     p.add_argument("--tensors", help="with --record: comma-separated globs over tensor names (default: all)")
+    p.add_argument("--override", action="append", metavar="SPEC",
+                   help="set, scale or clamp neurons: TENSOR[INDEX]=VALUE, TENSOR[INDEX]*=FACTOR, "
+                        "TENSOR[INDEX]=clip(LO,HI); repeatable")
+    p.add_argument("--steer", metavar="NAME", help="apply the named set of --overrides FILE")
+    p.add_argument("--overrides", type=Path, metavar="FILE",
+                   help="intervention file (JSON; YAML with PyYAML) of named sets: overrides, directions, "
+                        "ablations, patches")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     p.add_argument("--verify", action="store_true",
                    help="re-run the golden observations and compare every tensor; exit 1 on a mismatch")
@@ -124,7 +132,8 @@ def _on_sigterm(signum, frame) -> None:
 
 def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     given = [flag for flag, value in (("-i", args.input), ("-o", args.output), ("--record", args.record),
-                                      ("--tensors", args.tensors)) if value is not None]
+                                      ("--tensors", args.tensors), ("--override", args.override),
+                                      ("--steer", args.steer), ("--overrides", args.overrides)) if value is not None]
     if args.verify and given:
         p.error(f"--verify re-runs the folder's own golden observations, so {', '.join(given)} "
                 f"{'does' if len(given) == 1 else 'do'} not apply")
@@ -132,6 +141,8 @@ def _check_usage(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("give -i INPUT and -o OUTPUT to run the policy, or --verify to re-check it")
     if args.tensors is not None and args.record is None:
         p.error("--tensors selects what --record writes; give --record too")
+    if (args.steer is None) != (args.overrides is None):
+        p.error("--steer NAME and --overrides FILE go together: the file holds named sets, --steer picks one")
     for name in ("atol", "rtol"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
@@ -195,11 +206,12 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
         if bad:
             sys.stderr.write(literal(f"warning: {bad:,} of {len(array):,} rows of input {name!r} hold NaN or Inf; "
                                      "the outputs of those rows are likely NaN too") + "\n")
+    edits = _interventions(session, args)
     if args.record is not None:
-        values = session.record(feeds, args.tensors or "*")
+        values = session.record(feeds, args.tensors or "*", overrides=edits)
         results = {v.name: values[v.name] for v in session.outputs}
     else:
-        values = results = session.run(feeds)
+        values = results = session.run(feeds, overrides=edits)
     writers = {args.output: npz_writer(results)}
     if args.record is not None:
         writers[args.record] = npz_writer(values)
@@ -208,11 +220,27 @@ def _run(folder: Path, args: argparse.Namespace) -> None:
             for name, v in values.items()]
     if args.json:
         emit(json.dumps({"output": str(outputs[0]), "record": None if args.record is None else str(outputs[1]),
+                          "overrides": [e.spec for e in edits or ()],
                           "tensors": [dict(zip(("name", "dtype", "shape", "min", "max"), r)) for r in rows]}, indent=1))
         return
     recorded = f", {len(values)} tensors to {args.record}" if args.record is not None else ""
     emit(literal(f"numpy: outputs written to {args.output}{recorded}"))
     _table(("tensor", "dtype", "shape", "min", "max"), rows, right=(3, 4))
+    if edits:
+        emit(literal("with overrides: " + "; ".join(e.spec for e in edits)))
+
+
+def _interventions(session, args: argparse.Namespace) -> list | None:
+    """The edits of ``--steer NAME --overrides FILE`` (the set first) and ``--override``, or None."""
+    from ..runtime.overrides import parse_spec
+
+    edits = []
+    if args.overrides is not None:
+        from ..runtime.interventions import read_interventions
+
+        edits = read_interventions(args.overrides, args.steer, session)
+    edits += [parse_spec(spec) for spec in args.override or ()]
+    return edits or None
 
 
 def _verify(folder: Path, args: argparse.Namespace) -> int:
