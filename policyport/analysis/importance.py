@@ -163,16 +163,59 @@ def choose_output(outputs: list[str], given: str | None) -> tuple[str, tuple[int
 
 @dataclass
 class Downstream:
-    """The part of a model that reads one tensor: a session of the stage after the cut, and what it reads."""
+    """The part of a model that reads one tensor ``T``: a session of the stage after the cut, and what it reads.
+
+    When ``T``'s only reader is a linear node ``Z = alpha * T @ W (+ C)`` (MatMul or Gemm with
+    ``transA=0``, the weight an initializer), the cut is after that node instead and ``linear``
+    holds ``alpha * W`` as rows (K, N): setting ``T[..., j]`` to ``c`` moves ``Z`` by
+    ``(c - T[..., j]) * alpha * W[j, :]``, a rank-one update, so the ablated ``Z`` is computed
+    without the matrix product (ONNX Gemm, opset 13: ``Y = alpha * A' @ B' + beta * C``; MatMul:
+    numpy.matmul semantics). ``session`` is None when ``Z`` is the measured output itself.
+    """
 
     tensor: str
-    session: object  # policyport.runtime.Session
+    session: object  # policyport.runtime.Session, or None (the cut tensor is the output)
     inputs: list[str]
+    linear: np.ndarray | None = None
+    cut: str = ""  # the tensor the stage reads in place of T (T itself, or Z)
+
+    def __post_init__(self):
+        self.cut = self.cut or self.tensor
+
+
+def linear_reader(proto, tensor: str) -> tuple[str, np.ndarray] | None:
+    """``(Z, alpha * W)`` when the only node reading ``tensor`` is ``Z = alpha * tensor @ W (+ C)``
+    with ``W`` a 2-D initializer (see :class:`Downstream`); else None."""
+    from ..graph.model import tensor_array
+
+    g = proto.graph
+    readers = [n for n in g.node if tensor in n.input]
+    outputs = {o.name for o in g.output}
+    if len(readers) != 1 or tensor in outputs:
+        return None
+    n = readers[0]
+    attrs = {a.name: a for a in n.attribute}
+    inits = {t.name: t for t in g.initializer}
+    if n.domain not in ("", "ai.onnx") or n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2:
+        return None
+    if n.input[0] != tensor or n.input[1] == tensor or n.input[1] not in inits:
+        return None
+    weight = tensor_array(inits[n.input[1]]).astype(np.float64)
+    if weight.ndim != 2 or weight.dtype.kind != "f":
+        return None
+    if n.op_type == "Gemm":
+        if "transA" in attrs and attrs["transA"].i:
+            return None
+        if "transB" in attrs and attrs["transB"].i:
+            weight = weight.T
+        weight = weight * (attrs["alpha"].f if "alpha" in attrs else 1.0)
+    return n.output[0], weight
 
 
 def downstreams(proto, names: list[str], output: str, backend: str, threads: int = 0
                 ) -> tuple[dict[str, Downstream], dict[str, str]]:
-    """For each tensor of ``names``, the stage of the model after a cut at it that computes ``output``.
+    """For each tensor of ``names``, the stage of the model after a cut at it that computes ``output``
+    (after its linear reader, where it has one: see :class:`Downstream`).
 
     Returns:
         (tensor -> :class:`Downstream`, tensor -> why it is left out: the output does not read it).
@@ -180,16 +223,29 @@ def downstreams(proto, names: list[str], output: str, backend: str, threads: int
     from ..graph.passes import split_at
     from ..runtime import load
 
+    def stage_after(cut: str):
+        return next((s for s in split_at(proto, [cut], keep=[output]) if cut in s.inputs and output in s.outputs), None)
+
     found, skipped = {}, {}
     for name in names:
         if name == output:
             skipped[name] = "it is the measured output"
             continue
-        stage = next((s for s in split_at(proto, [name], keep=[output]) if name in s.inputs and output in s.outputs), None)
+        stage = stage_after(name)
         if stage is None:
             skipped[name] = f"{output!r} does not depend on it"
             continue
-        found[name] = Downstream(name, load(stage.model, backend=backend, threads=threads), list(stage.inputs))
+        linear = linear_reader(proto, name)
+        if linear is not None and linear[0] == output:
+            found[name] = Downstream(name, None, [output], linear[1], output)
+            continue
+        if linear is not None and (after := stage_after(linear[0])) is not None:
+            stage = after
+        else:
+            linear = None
+        found[name] = Downstream(name, load(stage.model, backend=backend, threads=threads), list(stage.inputs),
+                                 None if linear is None else linear[1], stage.inputs[stage.inputs.index(linear[0])]
+                                 if linear is not None else name)
     return found, skipped
 
 
@@ -216,6 +272,7 @@ class Ablator:
                  elements: tuple[int, ...] | None, max_rows: int = MAX_ROWS):
         self.session, self.downs, self.output, self.max_rows = session, downs, output, max_rows
         self.elements = None if elements is None else np.asarray(elements, dtype=np.intp)
+        self.values = values
         self.edits = {t: ablation_edits(t, values[t]) for t in downs}
         needed = list(dict.fromkeys(n for d in downs.values() for n in [d.tensor, *d.inputs]))
         self.recorded = [n for n in needed if n in set(session.tensor_names)]
@@ -232,23 +289,37 @@ class Ablator:
         rows = None
         for t, down in self.downs.items():
             sources = {n: (values[n] if n in values else feeds[n]) for n in down.inputs}
-            rows = len(sources[t])
-            width = sources[t].shape[-1]
-            base = self._measured(down.session.run(sources)[self.output])
+            rows = len(values[t])
+            width = values[t].shape[-1]
+            base = self._measured(sources[down.cut] if down.session is None else down.session.run(sources)[self.output])
             group = max(1, min(width, self.max_rows // max(rows, 1)))
             for j0 in range(0, width, group):
                 g = min(group, width - j0)
-                fed = {n: np.tile(a, (g,) + (1,) * (a.ndim - 1)) for n, a in sources.items()}  # copy k: rows k*B..
-                blocks = fed[t].reshape(g, rows, *fed[t].shape[1:])
-                for k in range(g):
-                    self.edits[t][j0 + k].apply(blocks[k])
+                fed = {n: np.tile(a, (g,) + (1,) * (a.ndim - 1)) for n, a in sources.items() if n != down.cut}
+                fed[down.cut] = self._ablated(down, values[t], sources[down.cut], j0, g)
                 self.largest_run = max(self.largest_run, g * rows)
-                y = self._measured(down.session.run(fed)[self.output])
+                y = self._measured(fed[down.cut] if down.session is None else down.session.run(fed)[self.output])
                 change = (y.reshape(g, *base.shape) - base).reshape(g, -1).astype(np.float64)
                 per_row = change.shape[1] / max(rows, 1)  # output elements per observation
                 self.abs_sums[t][j0:j0 + g] += np.abs(change).sum(axis=1) / per_row
                 self.sums[t][j0:j0 + g] += change.sum(axis=1) / per_row
         return 0 if rows is None else rows
+
+    def _ablated(self, down: Downstream, value: np.ndarray, cut: np.ndarray, j0: int, g: int) -> np.ndarray:
+        """``g`` copies of the block's cut tensor, neuron ``j0 + k`` of ``T`` ablated in copy ``k``,
+        rows ``(g * rows, ...)``: by the override edit itself, or through the linear reader."""
+        if down.linear is None:
+            copies = np.tile(cut, (g,) + (1,) * (cut.ndim - 1))
+            blocks = copies.reshape(g, len(cut), *cut.shape[1:])
+            for k in range(g):
+                self.edits[down.tensor][j0 + k].apply(blocks[k])
+            return copies
+        targets = self.values[down.tensor][j0:j0 + g].astype(value.dtype)
+        delta = np.moveaxis(targets - value[..., j0:j0 + g], -1, 0)  # (g, rows, ...): c_j - T[..., j]
+        rows_of_w = down.linear[j0:j0 + g].astype(cut.dtype).reshape(g, *(1,) * (cut.ndim - 1), -1)
+        copies = delta[..., None] * rows_of_w
+        copies += cut
+        return copies.reshape(g * len(cut), *cut.shape[1:])
 
 
 def neuron_sums(blocks, names: list[str]) -> tuple[dict[str, np.ndarray], dict[str, int]]:

@@ -42,7 +42,7 @@ class ProbeScore:
     Attributes:
         name: the recorded tensor; features: its values per observation (the row flattened).
         score: held-out R² (ridge) or accuracy (logistic); train_score: the same on the training rows.
-        penalty: the ridge penalty ``alpha`` chosen, or the logistic ``C``.
+        penalty: the ridge penalty ``alpha`` chosen, or the logistic inverse penalty ``C``.
     """
 
     name: str
