@@ -313,6 +313,17 @@ def plot(
     guard(as_json, body)
 
 
+def check_png(path: Path) -> None:
+    """Refuse a ``--plot`` path not named ``.png``: the plot is a PNG image whatever its name.
+
+    Raises:
+        typer.BadParameter: another suffix, or none (exit 2).
+    """
+    if path.suffix.lower() != ".png":
+        raise typer.BadParameter(f"{literal(str(path))}: the plot is a PNG image; name it "
+                                 f"{literal(path.with_suffix('.png').name)}", param_hint="--plot")
+
+
 class Ablation(str, Enum):
     zero = "zero"
     mean = "mean"
@@ -346,7 +357,7 @@ def importance(
         if engine is Engine.ray and backend is not RecordBackend.numpy:
             raise typer.BadParameter("the ray engine runs the numpy backend on every worker", param_hint="--backend")
         if plot_path is not None:
-            check_output_format(plot_path, ".png", "--plot")
+            check_png(plot_path)
             check_writable(plot_path, force)
             check_distinct(plot_path, data, model, *([means] if means is not None else []))
         label = "ablating" if ablation is Ablation.zero or means is not None else "means, then ablating"
@@ -407,7 +418,7 @@ def probe(
         from ..io.outputs import check_distinct, check_writable
 
         if plot_path is not None:
-            check_output_format(plot_path, ".png", "--plot")
+            check_png(plot_path)
             check_writable(plot_path, force)
             check_distinct(plot_path, recording, labels)
         result = fit_probes(recording, labels, tensors=tensors, kind=kind.value, test_fraction=test_fraction, seed=seed)
