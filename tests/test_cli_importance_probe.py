@@ -8,9 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import converted, invoke  # noqa: F401  (the converted MetaDrive model is a fixture)
+from test_cli import invoke
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The MetaDrive expert converted by the CLI."""
+    out = tmp_path_factory.mktemp("cli") / "md.onnx"
+    result = invoke("convert", ROOT / "fixtures" / "real" / "metadrive_ppo_expert.npz", "-o", out,
+                    "--activation", "tanh", "--head", "diag-gaussian")
+    assert result.exit_code == 0, result.output
+    return out
 
 
 @pytest.fixture
