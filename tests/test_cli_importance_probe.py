@@ -14,13 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """The MetaDrive expert converted by the CLI."""
-    out = tmp_path_factory.mktemp("cli") / "md.onnx"
-    result = invoke("convert", ROOT / "fixtures" / "real" / "metadrive_ppo_expert.npz", "-o", out,
-                    "--activation", "tanh", "--head", "diag-gaussian")
-    assert result.exit_code == 0, result.output
-    return out
+def converted(tmp_path_factory, metadrive_model):
+    """The MetaDrive expert (converted with --head diag-gaussian) as an .onnx file."""
+    import onnx
+
+    path = tmp_path_factory.mktemp("cli") / "md.onnx"
+    onnx.save(metadrive_model, path)
+    return path
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ for every observation, and the chosen output ``y`` is computed again:
 
 The neuron's score is the mean absolute change of the output,
 ``score_j = mean over observations and selected output elements of |y(T with T[..., j] = c_j) - y|``,
-and ``mean_change_j`` the same mean of the signed change. This is the ablation measure of
-Meyes et al., "Ablation Studies in Artificial Neural Networks" (2019), and of the zero / mean ablation
-of TransformerLens' ``utils.test_prompt``-style sweeps, taken over a dataset.
+and ``mean_change_j`` the same mean of the signed change: the unit ablation of Meyes et al., "Ablation
+Studies in Artificial Neural Networks" (2019), with zero or mean ablation as interpretability work
+uses them, averaged over a dataset.
 
 How it is computed, fast: the model is cut after ``T`` (:func:`policyport.graph.passes.split_at`),
 so only the part of the graph that reads ``T`` (its *downstream*) runs again. Each block of
