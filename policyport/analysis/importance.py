@@ -198,7 +198,7 @@ def linear_reader(proto, tensor: str) -> tuple[str, np.ndarray] | None:
     inits = {t.name: t for t in g.initializer}
     if n.domain not in ("", "ai.onnx") or n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2:
         return None
-    if n.input[0] != tensor or n.input[1] == tensor or n.input[1] not in inits:
+    if n.input[0] != tensor or tensor in n.input[1:] or n.input[1] not in inits:
         return None
     weight = tensor_array(inits[n.input[1]]).astype(np.float64)
     if weight.ndim != 2 or weight.dtype.kind != "f":
@@ -244,8 +244,7 @@ def downstreams(proto, names: list[str], output: str, backend: str, threads: int
         else:
             linear = None
         found[name] = Downstream(name, load(stage.model, backend=backend, threads=threads), list(stage.inputs),
-                                 None if linear is None else linear[1], stage.inputs[stage.inputs.index(linear[0])]
-                                 if linear is not None else name)
+                                 *(() if linear is None else (linear[1], linear[0])))
     return found, skipped
 
 

@@ -298,3 +298,23 @@ def test_the_ray_engine_gives_the_local_result(small, small_data):
     for a, b in zip(remote.tensors, local.tensors):
         np.testing.assert_allclose(a.values, b.values, rtol=1e-9)
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-9, atol=1e-12)
+
+
+def test_the_linear_reader_follows_gemms_attributes_and_refuses_a_tensor_read_twice():
+    """ONNX Gemm (opset 13): Y = alpha * A @ B' + beta * C, B' = B.T when transB=1."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)  # (N, K) read transposed
+
+    def model(bias: str, **attrs):
+        graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", bias], ["y"], **attrs)], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2])],
+                                  [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.zeros(2, np.float32), "c")])
+        return helper.make_model(graph)
+
+    z, rows = imp.linear_reader(model("c", transB=1, alpha=2.0), "x")
+    assert z == "y" and rows.shape == (3, 2)
+    np.testing.assert_array_equal(rows, 2.0 * w.T)
+    assert imp.linear_reader(model("x", transB=1), "x") is None  # x is the bias too
+    assert imp.linear_reader(model("c", transA=1), "x") is None
