@@ -175,6 +175,8 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "plot": [tmp_path / "missing.npz", "-o", tmp_path / "plots"],
         "patch": [missing, "--clean", tmp_path / "a.npy", "--corrupt", tmp_path / "b.npy"],
         "direction": [tmp_path / "missing.npz", tmp_path / "other.npz", "--tensor", "t", "-o", tmp_path / "d.npy"],
+        "importance": [missing, "-i", tmp_path / "obs.npy"],
+        "probe": [tmp_path / "missing.npz", "--labels", tmp_path / "y.npy"],
     }
     assert set(cases) | {"ops"} == set(commands())
     for name, args in cases.items():
@@ -207,7 +209,7 @@ def _distributions(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 #: Import name -> the distribution that provides it, where they differ.
-DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml"}
+DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml", "sklearn": "scikit-learn"}
 
 
 def _install_hints() -> list[tuple[str, str | None, str, int]]:

@@ -16,7 +16,8 @@ import sys
 #: and anything else import them all.
 COMMANDS = {
     "convert": "convert", "inspect": "model", "extract": "model", "expose": "model", "ops": "model",
-    "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "verify": "verify",
+    "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "importance": "analysis",
+    "probe": "analysis", "verify": "verify",
     "pack": "pack", "export-numpy": "handoff",
     "patch": "interp", "direction": "interp",
 }

@@ -316,3 +316,134 @@ def plot(
             out.print(literal(str(path)))
 
     guard(as_json, body)
+
+
+def check_png(path: Path) -> None:
+    """Refuse a ``--plot`` path not named ``.png``: the plot is a PNG image whatever its name.
+
+    Raises:
+        typer.BadParameter: another suffix, or none (exit 2).
+    """
+    if path.suffix.lower() != ".png":
+        raise typer.BadParameter(f"{literal(str(path))}: the plot is a PNG image; name it "
+                                 f"{literal(path.with_suffix('.png').name)}", param_hint="--plot")
+
+
+class Ablation(str, Enum):
+    zero = "zero"
+    mean = "mean"
+
+
+@app.command()
+def importance(
+    model: ModelArg,
+    data: Annotated[Path, typer.Option("-i", "--input", parser=given_path, metavar="OBS", help="Observations: .npy, .npz, .parquet, or a folder of them; any size.")],
+    tensors: Annotated[str, typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over node-output names: the tensors whose neurons are ablated.")] = "*",
+    ablation: Annotated[Ablation, typer.Option(metavar="[zero|mean]", help="zero: set the neuron to 0; mean: to its mean over the dataset (a first pass, or --means).")] = Ablation.zero,
+    means: Annotated[Optional[Path], typer.Option("--means", parser=given_path, metavar="REC", help="With --ablation mean: a recording of the selected tensors to take the means from, instead of a first pass over OBS.")] = None,
+    output_name: Annotated[Optional[str], typer.Option("--output", metavar="NAME", help="The graph output whose change is measured, NAME or NAME[INDEX] (positions on its last axis, e.g. action[0])  [default: action, or the only output]")] = None,
+    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Observations per block; memory is bounded by the block.")] = 1024,
+    engine: Annotated[Engine, typer.Option(metavar="[local|ray]", help="local: this process; ray: Ray Data (numpy backend on every worker).")] = Engine.local,
+    backend: Annotated[RecordBackend, typer.Option(metavar="[numpy|onnxruntime]", help="Runtime of the local engine.")] = RecordBackend.numpy,
+    top: Annotated[int, typer.Option("--top", min=1, metavar="K", help="Neurons listed (and plotted) per tensor.")] = 10,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", parser=given_path, metavar="PNG", help="Also write a bar chart of each tensor's top neurons.")] = None,
+    quiet: QuietOpt = False,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+    threads: ThreadsOpt = 0,
+) -> None:
+    """Rank every neuron of the selected tensors by how much the output changes when it is ablated
+    (set to 0 or to its mean), averaged over a whole dataset streamed block by block."""
+
+    def body():
+        from ..analysis.importance import importance as ablation_importance, plot_importance
+        from ..io.outputs import check_distinct, check_writable
+
+        if engine is Engine.ray and backend is not RecordBackend.numpy:
+            raise typer.BadParameter("the ray engine runs the numpy backend on every worker", param_hint="--backend")
+        if plot_path is not None:
+            check_png(plot_path)
+            check_writable(plot_path, force)
+            check_distinct(plot_path, data, model, *([means] if means is not None else []))
+        label = "ablating" if ablation is Ablation.zero or means is not None else "means, then ablating"
+        with progress_bar(label, quiet or as_json) as callback:
+            result = ablation_importance(str(model), data, tensors=tensors, ablation=ablation.value, output=output_name,
+                                         means=means, batch_size=batch, engine=engine.value, backend=backend.value,
+                                         progress=callback, threads=threads)
+        if plot_path is not None:
+            plot_importance(result, plot_path, top=top, force=force)
+        if as_json:
+            doc = result.to_dict(top)
+            if plot_path is not None:
+                doc["plot"] = str(plot_path)
+            emit_json(doc)
+            return
+        rate = result.rows / result.seconds if result.seconds else 0.0
+        say(f"{result.ablation}-ablated {counted(sum(t.neurons for t in result.tensors), 'neuron')} of "
+            f"{counted(len(result.tensors), 'tensor')} over {result.rows:,} observations in {result.seconds:.1f} s "
+            f"({rate:,.0f} observations/s); score: mean |change| of {result.measured}")
+        if result.skipped:
+            say("left out: " + "; ".join(f"{n} ({why})" for n, why in result.skipped.items()))
+        for t in result.tensors:
+            shown = table(f"{t.name}: top {min(top, t.neurons)} of {t.neurons} neurons",
+                          [("rank", "right"), ("neuron", "right"), ("score", "right"), ("mean change", "right"),
+                           ("set to", "right")])
+            for rank, r in enumerate(t.ranked(top), 1):
+                add_row(shown, str(rank), str(r["neuron"]), f"{r['score']:.4g}", f"{r['mean_change']:+.4g}",
+                        f"{r['value']:.4g}")
+            out.print(shown)
+        if plot_path is not None:
+            say(f"wrote {plot_path}")
+
+    guard(as_json, body)
+
+
+class ProbeKind(str, Enum):
+    ridge = "ridge"
+    logistic = "logistic"
+
+
+@app.command()
+def probe(
+    recording: Annotated[Path, typer.Argument(metavar="REC", parser=given_path, help="A recording: .npz, .parquet, a folder of .npy files (npy) or of .parquet files.")],
+    labels: Annotated[Path, typer.Option("--labels", parser=given_path, metavar="LABELS.npy", help="One label per observation of the recording, in its order: numbers (ridge) or classes (logistic).")],
+    tensors: Annotated[Optional[str], typer.Option(metavar="GLOBS", callback=tensor_patterns, help="Comma-separated globs over the recorded tensors  [default: all]")] = None,
+    kind: Annotated[ProbeKind, typer.Option(metavar="[ridge|logistic]", help="ridge: held-out R²; logistic: held-out accuracy.")] = ProbeKind.ridge,
+    test_fraction: Annotated[float, typer.Option("--test-fraction", metavar="F", help="Share of the observations held out to score the probes.")] = 0.25,
+    seed: Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed of the split into fitted and held-out observations.")] = 0,
+    plot_path: Annotated[Optional[Path], typer.Option("--plot", parser=given_path, metavar="PNG", help="Also write a bar chart of the score per tensor.")] = None,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit a linear probe (ridge or logistic, scikit-learn) from each recorded tensor to a label and
+    report its score on held-out observations: R² or accuracy per layer."""
+
+    def body():
+        from ..analysis.probe import plot_probes, probe as fit_probes
+        from ..io.outputs import check_distinct, check_writable
+
+        if plot_path is not None:
+            check_png(plot_path)
+            check_writable(plot_path, force)
+            check_distinct(plot_path, recording, labels)
+        result = fit_probes(recording, labels, tensors=tensors, kind=kind.value, test_fraction=test_fraction, seed=seed)
+        if plot_path is not None:
+            plot_probes(result, plot_path, force=force)
+        if as_json:
+            doc = result.to_dict()
+            if plot_path is not None:
+                doc["plot"] = str(plot_path)
+            emit_json(doc)
+            return
+        metric = "R²" if result.metric == "r2" else "accuracy"
+        chance = "" if result.chance is None else f" (chance {result.chance:.3f})"
+        shown = table(f"{kind.value} probes: held-out {metric} on {result.test_rows:,} of {result.rows:,} "
+                      f"observations{chance}", ["tensor", ("features", "right"), (metric, "right"),
+                                                (f"training {metric}", "right"), ("penalty", "right")])
+        for t in result.tensors:
+            add_row(shown, t.name, f"{t.features:,}", f"{t.score:.4f}", f"{t.train_score:.4f}", f"{t.penalty:g}")
+        out.print(shown)
+        if plot_path is not None:
+            say(f"wrote {plot_path}")
+
+    guard(as_json, body)
