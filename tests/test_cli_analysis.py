@@ -58,7 +58,8 @@ def test_record_to_a_folder_of_npy_files_reads_back_as_the_npz_does(tmp_path, mo
     doc = json.loads(result.stdout)
     assert result.exit_code == 0 and doc["format"] == "npy" and doc["rows"] == 500
     assert doc["bytes"] == sum(p.stat().st_size for p in (tmp_path / "rec").iterdir())
-    assert invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npz").exit_code == 0
+    # the same blocks of rows: the BLAS kernel may round a product of 128 rows differently from one of 500
+    assert invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npz", "--batch-size", "128").exit_code == 0
     folder, archive = (json.loads(invoke("stats", tmp_path / r, "--json").stdout) for r in ("rec", "rec.npz"))
     assert folder["tensors"] == archive["tensors"] and folder["rows"] == archive["rows"] == 500
     wrong = invoke("record", model, "-i", obs, "-o", tmp_path / "rec.npy")
