@@ -108,7 +108,7 @@ def as_float64(model):
 def test_attention_logits_near_1e3_are_as_exact_as_float32_allows_on_both_backends():
     """The attention logits reach ~2.5e3 (float32 spacing there: 2.4e-4), so no float32 run can be
     within 1e-5 of the exact values; numpy and onnxruntime are equally far from a float64 run of the
-    same graph on every tensor, and within 1e-5 plus a few float32 spacings of each other."""
+    same graph on every tensor, and within 1e-5 plus that distance of each other."""
     model, feeds, _, _ = load_fixture("attention_entities")
     ours = pp.load(model, backend="numpy").record(feeds)
     theirs = pp.load(model, backend="onnxruntime").record(feeds)
@@ -121,8 +121,9 @@ def test_attention_logits_near_1e3_are_as_exact_as_float32_allows_on_both_backen
         ours_off = np.abs(value - exact[tensor]).max()
         theirs_off = np.abs(theirs[tensor] - exact[tensor]).max()
         assert ours_off <= 1.5 * theirs_off + 4 * np.finfo(np.float32).eps * np.abs(exact[tensor]).max(), tensor
-        # and of each other, within a few float32 spacings of the values (BLAS kernels sum in their own order)
-        assert np.abs(value - theirs[tensor]).max() <= ATOL + 4 * np.finfo(np.float32).eps * np.abs(exact[tensor]).max(), tensor
+        # and of each other, within what float32 itself is off there (BLAS kernels sum in their own order, and a
+        # softmax of logits near 1e3 carries their 2.4e-4 spacing)
+        assert np.abs(value - theirs[tensor]).max() <= ATOL + 2 * theirs_off, tensor
 
 
 def test_lstm_opset_9_and_17_give_the_same_policy():
