@@ -210,3 +210,20 @@ def test_the_reference_of_several_inputs_names_the_ones_missing():
         c.reference({"obs": np.zeros((2, 8), np.float32)})
     with pytest.raises(pp.InputMismatchError, match="pass a dict of arrays by input name"):
         c.reference(np.zeros((2, 8), np.float32))
+
+
+def test_no_example_and_a_forward_of_no_input_are_refused():
+    module, _ = load("recurrent")
+    with pytest.raises(pp.OptionError, match=r"example_inputs is empty; give forward\(obs, h\) its inputs"):
+        pp.convert(module, example_inputs={})
+
+    class Constant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self):
+            return self.bias
+
+    with pytest.raises(pp.BadModelError, match="the module's forward takes no input"):
+        pp.convert(Constant())

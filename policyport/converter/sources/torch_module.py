@@ -152,10 +152,14 @@ def module_examples(module, *, input_shape=None, input_dtypes: dict[str, str] | 
         BadModelError: one input, no shape given and no first ``Linear`` to read it from.
     """
     params, varargs = forward_parameters(module)
+    if not params and not varargs:
+        raise BadModelError("the module's forward takes no input; policyport exports a policy of its observations")
     if example_inputs is not None:
         if input_shape is not None or input_dtypes:
             raise OptionError("example_inputs carry their own shapes and dtypes; leave input_shape and input_dtypes out")
         given = _named_examples(params, varargs, example_inputs)
+        if not given:
+            raise OptionError(f"example_inputs is empty; give forward{_signature(params)} its inputs")
     else:
         given = _made_examples(module, params, input_shape, input_dtypes or {})
     required = [name for name, needed in params if needed and name not in given]
@@ -206,7 +210,7 @@ def _named_examples(params, varargs: str | None, examples) -> dict[str, object]:
         if not isinstance(value, (np.ndarray, torch.Tensor)) or value.ndim < 1 or value.shape[0] < 1:
             raise ArgumentTypeError(f"example input {name!r} must be a numpy array or torch tensor with a batch axis "
                                     f"(shape (batch, ...)), not {type(value).__name__} {getattr(value, 'shape', value)!r:.80}")
-        tensors[name] = torch.as_tensor(value).detach().cpu()
+        tensors[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value).detach().cpu()
     return tensors
 
 
