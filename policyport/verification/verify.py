@@ -828,7 +828,11 @@ def _input_options(proto, named: bool) -> dict:
     initializers = {t.name for t in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in initializers and i.type.HasField("tensor_type")]
     if len(inputs) < 2 or not named:
-        return {"input_shape": _observation_shape(proto)}
+        single = {"input_shape": _observation_shape(proto)}
+        dtype = tensor_dtype_to_np_dtype(inputs[0].type.tensor_type.elem_type) if len(inputs) == 1 else None
+        if named and single["input_shape"] and dtype is not None and dtype.kind in "biu":  # an index or a flag
+            single["input_dtypes"] = {"obs": dtype.name}
+        return single
     shapes = {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim[1:]) for i in inputs}
     if not all(all(n > 0 for n in shape) for shape in shapes.values()):
         return {}

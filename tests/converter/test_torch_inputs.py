@@ -227,3 +227,27 @@ def test_no_example_and_a_forward_of_no_input_are_refused():
 
     with pytest.raises(pp.BadModelError, match="the module's forward takes no input"):
         pp.convert(Constant())
+
+
+def test_one_integer_observation_keeps_its_dtype_through_convert_and_verify():
+    class Tokens(torch.nn.Module):  # an Embedding first: no Linear tells the shape, the dtype is int64
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.flatten = torch.nn.Flatten()
+            self.action_net = torch.nn.Linear(12, 3)
+
+        def forward(self, tokens):
+            return self.action_net(self.flatten(self.embed(tokens)))
+
+    torch.manual_seed(0)
+    module = Tokens().eval()
+    tokens = np.random.default_rng(7).integers(0, 10, (20, 3))
+    model = pp.convert(module, example_inputs=(tokens[:2],))
+    assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input] == [("obs", INT64)]
+    (want,) = torch_forward(module, {"obs": tokens})
+    np.testing.assert_allclose(pp.load(model).run({"obs": tokens})["logits"], want, atol=1e-5, rtol=1e-5)
+    report = pp.verify(model, tokens, source=module)  # rebuilt with the graph input's shape and dtype
+    assert report.passed and "embed/embedding" in {x.tensor for x in report.comparisons if x.reference == "source"}
+    by_name = convert_source(module, input_shape=(3,), input_dtypes={"obs": "int64"})  # the one input by its graph name
+    np.testing.assert_allclose(pp.load(by_name.model).run({"obs": tokens})["logits"], want, atol=1e-5, rtol=1e-5)

@@ -138,8 +138,9 @@ def module_examples(module, *, input_shape=None, input_dtypes: dict[str, str] | 
     (a tuple in ``forward``'s order, or a mapping by parameter name; numpy arrays or torch tensors of
     shape ``(batch, ...)``) are used as given, dtype included; else each input is made from its shape
     (``input_shape``: a tuple for one input, read from the first ``Linear`` when not given, or a mapping
-    by parameter name) and dtype (``input_dtypes``; default the module's floating dtype): floating
-    inputs standard normal (seed 0), bool inputs True, integer inputs 0.
+    by parameter name) and dtype (``input_dtypes`` by parameter name, or ``obs`` for the one input;
+    default the module's floating dtype): floating inputs standard normal (seed 0), bool inputs True,
+    integer inputs 0.
 
     Returns:
         graph input name -> ``torch.Tensor`` of shape ``(batch, *shape)``.
@@ -226,7 +227,11 @@ def _made_examples(module, params, input_shape, dtypes: dict[str, str]) -> dict[
             raise OptionError(f"forward{_signature(params)} takes several inputs; give each one's shape without the "
                               f"batch axis: " + " ".join(f"--input-shape {n}=D[,D...]" for n in first)
                               + " (input_shape={name: shape}, or example_inputs=, in Python)")
+        if not first:
+            raise OptionError("the module's forward takes its inputs as *args, which name none; give example_inputs=(...)")
         shapes = {first[0]: input_shape_of(module, input_shape)}
+        if "obs" in dtypes and "obs" not in names:  # the one input by its graph name
+            dtypes = {first[0] if k == "obs" else k: v for k, v in dtypes.items()}
     unknown = [k for k in [*shapes, *dtypes] if k not in names]
     if unknown:
         raise OptionError(f"{listing(dict.fromkeys(unknown))}: forward{_signature(params)} takes no such input "
