@@ -101,8 +101,9 @@ class ConvertOptions:
             ``"bool"``, ``"int64"``, ``"float32"`` ...); ``None``, or an input not named: the module's
             floating dtype (its first floating parameter's).
         example_inputs: for a torch module, the inputs its ``forward`` is traced with: a tuple in
-            ``forward``'s order, or a mapping keyed by its parameter names; each a numpy array or
-            torch tensor of shape ``(batch, ...)``, whose dtype the graph input keeps. Never recorded
+            ``forward``'s order, or a mapping keyed by its parameter names, or one array for a module
+            of one input; each a numpy array or torch tensor of shape ``(batch, ...)``, whose dtype the
+            graph input keeps. Never recorded
             in the model's metadata (the graph inputs record their names, shapes and dtypes).
         output_names: names for a torch module's outputs, in the order it returns them; ``None``:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
@@ -143,6 +144,8 @@ class ConvertOptions:
             object.__setattr__(self, "input_shape", named_shapes(self.input_shape))
         if self.input_dtypes is not None:
             object.__setattr__(self, "input_dtypes", dtype_names(self.input_dtypes))
+        if self.example_inputs is not None and not isinstance(self.example_inputs, (tuple, list, dict)):
+            object.__setattr__(self, "example_inputs", (self.example_inputs,))  # one array: the one input
 
     def to_metadata(self) -> str:
         """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`

@@ -126,11 +126,14 @@ def test_one_observation_whose_shape_no_linear_tells_converts_from_an_example():
     obs = feeds_for(specs, 1)["obs"]  # a batch of one: traced on two rows, the batch axis stays free
     c = convert_source(module, example_inputs=(obs,), exporter="dynamo")
     assert [i.name for i in c.model.graph.input] == ["obs"]
+    alone = convert_source(module, example_inputs=torch.as_tensor(obs))  # one tensor, not in a tuple
+    assert [i.name for i in alone.model.graph.input] == ["obs"]
     feeds = feeds_for(specs, 9, seed=5)
     logits, value = torch_forward(module, feeds)
     got = pp.load(c.model, backend="onnxruntime").run(feeds)
     np.testing.assert_allclose(got["output_0"], logits, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(got["output_1"], value, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(pp.load(alone.model).run(feeds)["output_0"], logits, atol=1e-5, rtol=1e-5)
     assert pp.verify(c.model, feeds["obs"], reference=c.reference).passed
 
 
