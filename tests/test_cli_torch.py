@@ -126,3 +126,37 @@ def test_a_state_dict_conversion_is_checked_against_its_torchscript_module(tmp_p
     assert {"0/linear", "4/linear", "logits"} <= compared
     if code:  # the model names its wrong activation 2/relu, the module's own is 2/tanh: the next layer differs
         assert doc["first_divergence"]["tensor"] == "4/linear" and doc["first_divergence"]["reference"] == "source"
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.save` is deprecated:DeprecationWarning")
+def test_a_module_saved_in_training_mode_converts_in_eval_mode_and_every_output_says_so(tmp_path):
+    torch.manual_seed(5)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Dropout(0.5),
+                                 torch.nn.Linear(8, 2))
+    with torch.no_grad():
+        module[1].running_mean.uniform_(-1, 1)
+        module[1].running_var.uniform_(0.5, 2)
+    src = tmp_path / "training.pt"
+    torch.jit.save(torch.jit.script(module), src)  # training mode, as modules start
+    out = tmp_path / "m.onnx"
+    result = invoke("convert", src, "-o", out, "--trust", "--samples", "32")
+    assert result.exit_code == 0, result.output
+    assumed = ("mode eval (Dropout off, BatchNorm on its running statistics): the file holds a module saved in "
+               "training mode")
+    assert assumed in " ".join(result.output.split())
+    assert "PASS against" in result.stdout and "given observation normalisation none; mode eval (Dropout off" in \
+        " ".join(result.stdout.split())
+    result = invoke("convert", src, "-o", out, "--trust", "--samples", "32", "--json", "--force")
+    doc = json.loads(result.stdout)
+    assert [a["topic"] for a in doc["assumptions"]] == ["observation normalisation", "mode"]
+    assert [a["topic"] for a in doc["verification"]["assumptions"]] == ["observation normalisation", "mode"]
+    import numpy as np
+
+    import policyport as pp
+
+    obs = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = module.eval()(torch.as_tensor(obs)).numpy()  # eval: no Dropout, the running statistics
+    np.testing.assert_allclose(pp.load(str(out)).run({"obs": obs})["logits"], expected, rtol=1e-5, atol=1e-6)

@@ -414,7 +414,7 @@ class MlpBuilder:
 
 def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OPSET,
               input_name: str = "obs", metadata: dict[str, str] | None = None,
-              prelude: Prelude | None = None, postlude: Callable | None = None):
+              prelude: Prelude | None = None, postlude: Callable | None = None, logits_name: str = "logits"):
     """The ONNX model of ``spec``.
 
     Args:
@@ -428,7 +428,10 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
             preprocessor, an observation filter: see :class:`Prelude`); it may change the graph
             input's dtype and shape.
         postlude: ``postlude(builder, logits, value, outputs)`` adds nodes after the network and
-            appends their graph outputs' value infos to ``outputs`` (a DQN's dueling Q-values).
+            appends their graph outputs' value infos to ``outputs``, or replaces them (a dueling DQN,
+            whose logits are the Q-values it combines from its advantage and value streams).
+        logits_name: the output layer's tensor, ``logits`` unless a postlude computes the logits
+            from it (a dueling DQN's ``advantages``).
 
     Returns:
         An ``onnx.ModelProto`` that passes ``onnx.checker.check_model(full_check=True)``, with graph
@@ -491,10 +494,10 @@ def build_mlp(spec: MlpSpec, *, head: str | None = None, opset: int = DEFAULT_OP
         log_std_param = b.initializer(spec.free_log_std, spec.free_log_std_name, spec.free_log_std_name)
         shape = b.node("Shape", [mean], f"{spec.output.name}/mean_shape")
         tiled = b.node("Expand", [log_std_param, shape], f"{spec.output.name}/free_log_std")
-        logits = b.node("Concat", [mean, tiled], "logits", axis=1)
+        logits = b.node("Concat", [mean, tiled], logits_name, axis=1)
         n_logits += spec.free_log_std.shape[-1]
     else:
-        logits = b.dense(spec.output, x, "logits")
+        logits = b.dense(spec.output, x, logits_name)
     outputs = [helper.make_tensor_value_info(logits, elem, ["batch", n_logits])]
 
     if head in GAUSSIAN_HEADS:

@@ -47,9 +47,9 @@ FILE_KINDS = tuple(k for k in KINDS if k != "torch")
 #: How :func:`detect_kind` tells each kind of file, for messages.
 FILE_KINDS_TEXT = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), "
                    "state-dict (.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's "
-                   "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N) "
-                   "torchrl (a folder with a torchrl.checkpoint manifest.json) and brax (an orbax checkpoint folder, refused with the "
-                   "Brax call that writes a file policyport reads) by their names")
+                   "classes), savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a folder with rllib_checkpoint.json or checkpoint-N), "
+                   "torchrl (a folder with a torchrl.checkpoint manifest.json) and brax (an orbax checkpoint folder "
+                   "brax.training.checkpoint.save wrote) by their names")
 
 
 class UnknownKindError(BadModelError):
@@ -118,7 +118,7 @@ def _detect_path(path: Path) -> str | None:
             return "torchrl"
         from .readers.orbax import orbax_step_folder
 
-        if orbax_step_folder(path):  # brax.training.checkpoint.save's folder: the brax reader says why it is refused
+        if orbax_step_folder(path):  # brax.training.checkpoint.save's folder
             return "brax"
         return None
     suffix = path.suffix.lower()
@@ -190,7 +190,7 @@ _FILE_TAKES = {"npz": "an .npz (or .npy) file of weights", "torchscript": "a Tor
                "ml-agents": "an ML-Agents .pt checkpoint",
                "tianshou": "a Tianshou .pt or .pth file",
                "sample-factory": "a Sample Factory .pth checkpoint",
-               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote",
+               "cleanrl": "a CleanRL .cleanrl_model file", "brax": "a file Brax's save_params wrote or a folder brax.training.checkpoint.save wrote",
                "rsl-rl": "an rsl_rl model_<iteration>.pt checkpoint"}
 
 
@@ -207,7 +207,7 @@ def wrong_shape_of_source(path: Path, kind: str) -> str | None:
     path = Path(path)
     if path.is_dir() and kind in _FILE_TAKES:
         detected = _detect_path(path)
-        if detected == kind == "brax":  # an orbax checkpoint: the brax reader's refusal says what to do with it
+        if detected == kind == "brax":  # an orbax checkpoint folder
             return None
         if detected in _FOLDERS:
             return f"{path} is a folder; {_FOLDERS[detected]} converts with --from {detected}"

@@ -209,6 +209,12 @@ class Node:
     name: str = ""
     domain: str = DEFAULT_DOMAIN
 
+    def __post_init__(self):
+        # ONNX names the default domain both "" and "ai.onnx" (onnx/onnx.proto: NodeProto.domain); one
+        # spelling here, so that every lookup by domain finds the default operators under either.
+        if self.domain == "ai.onnx":
+            object.__setattr__(self, "domain", DEFAULT_DOMAIN)
+
 
 @dataclass
 class Graph:
@@ -575,7 +581,8 @@ def from_onnx(model) -> Graph:
     opsets = {(o.domain if o.domain != "ai.onnx" else DEFAULT_DOMAIN): o.version for o in model.opset_import}
     for n in g.node:
         where = f'{n.op_type} node "{n.name}"'
-        _check_attributes(onnx, n, opsets.get(n.domain, opsets.get(DEFAULT_DOMAIN, 0)), where)
+        domain = DEFAULT_DOMAIN if n.domain == "ai.onnx" else n.domain
+        _check_attributes(onnx, n, opsets.get(domain, opsets.get(DEFAULT_DOMAIN, 0)), where)
 
         attrs = {}
         for a in n.attribute:
@@ -652,7 +659,7 @@ def schema_attributes(onnx, op_type: str, opset: int, domain: str) -> tuple[int,
         onnx: the imported ``onnx`` module.
         op_type: the node's op type.
         opset: the model's opset for ``domain``.
-        domain: the node's domain, exactly as written (``""`` is ai.onnx).
+        domain: the node's domain (``""`` or ``"ai.onnx"``: the default domain).
 
     Returns:
         ``(since_version, {attribute: (AttributeProto type code, required)})`` of the newest schema
@@ -660,6 +667,7 @@ def schema_attributes(onnx, op_type: str, opset: int, domain: str) -> tuple[int,
     """
     from . import schemas as onnx_schemas
 
+    domain = DEFAULT_DOMAIN if domain == "ai.onnx" else domain
     if onnx.__version__ == onnx_schemas.ONNX_VERSION:
         versions = onnx_schemas.SCHEMAS.get((domain, op_type), {})
         usable = [v for v in versions if v <= opset]

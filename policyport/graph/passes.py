@@ -337,7 +337,7 @@ def infer_shapes(model):
         BadModelError: shape inference fails.
     """
     onnx = require("onnx", "onnx", "inferring tensor shapes")
-    model = free_dims(model)
+    model = default_domain_spelled(free_dims(model))
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - data propagation fails where plain inference may not
@@ -345,6 +345,38 @@ def infer_shapes(model):
             return onnx.shape_inference.infer_shapes(model)
         except Exception as e:  # InferenceError and friends
             raise BadModelError(f"ONNX shape inference failed on the model: {e}") from e
+
+
+def default_domain_spelled(model):
+    """``model`` with the default domain written ``""`` wherever it is written ``"ai.onnx"``.
+
+    ONNX names the default operator set both ways (onnx.proto: ``NodeProto.domain``,
+    ``OperatorSetIdProto.domain``) and onnxruntime runs either; onnx's shape inference finds no schema
+    for a node of domain ``"ai.onnx"`` and leaves its outputs untyped.
+
+    Args:
+        model: an ``onnx.ModelProto`` (left untouched).
+
+    Returns:
+        ``model`` itself when nothing is spelled ``"ai.onnx"``, else a changed copy. An opset import of
+        ``"ai.onnx"`` beside one of ``""`` is dropped in the copy (the ``""`` one is kept).
+    """
+    nodes = [n for n in model.graph.node if n.domain == "ai.onnx"]
+    imports = [o for o in model.opset_import if o.domain == "ai.onnx"]
+    if not nodes and not imports:
+        return model
+    copy = type(model)()
+    copy.CopyFrom(model)
+    for n in copy.graph.node:
+        if n.domain == "ai.onnx":
+            n.domain = ""
+    kept = [o for o in copy.opset_import if o.domain != "ai.onnx"]
+    if not any(o.domain == "" for o in kept):
+        kept += [o for o in copy.opset_import if o.domain == "ai.onnx"][:1]
+    del copy.opset_import[:]
+    for o in kept:
+        copy.opset_import.add(domain="" if o.domain == "ai.onnx" else o.domain, version=o.version)
+    return copy
 
 
 def free_dims(model):

@@ -271,8 +271,8 @@ def test_constants_and_shapes_are_left_out_whatever_the_rows_of_a_block(tmp_path
     assert summary.skipped == list(pendulum_constants) and [t.name for t in summary.tensors] == with_rows
     got = open_recording(output(tmp_path, fmt)).head(rows)
     assert list(got) == with_rows
-    for name in with_rows:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    for name in with_rows:  # blocks of 2 or 3 rows and one of 600: the BLAS kernel blocks its sums differently
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_an_empty_dataset_gives_an_empty_recording_with_its_tensors(tmp_path, metadrive_onnx):

@@ -107,12 +107,13 @@ def test_a_pickled_payload_never_runs(make_brax, tmp_path):
 
 
 @pytest.mark.slow
-def test_convert_verify_pack_and_the_packed_run_py(make_brax, tmp_path):
+@pytest.mark.parametrize("name", ["ppo_params.pkl", "ppo_checkpoint"])
+def test_convert_verify_pack_and_the_packed_run_py(make_brax, name, tmp_path):
     from typer.testing import CliRunner
 
     from policyport.cli import app
 
-    source, out, folder = FIXTURES / "ppo_params.pkl", tmp_path / "policy.onnx", tmp_path / "packed"
+    source, out, folder = FIXTURES / name, tmp_path / "policy.onnx", tmp_path / "packed"
     runner = CliRunner()
     result = runner.invoke(app, ["convert", str(source), "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
@@ -130,52 +131,130 @@ CHECKPOINT = FIXTURES / "ppo_checkpoint"
 STEP = CHECKPOINT / "000000000005"
 
 
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
 @pytest.mark.parametrize("given", [CHECKPOINT, STEP], ids=["checkpoint folder", "step folder"])
-def test_an_orbax_checkpoint_is_refused_with_the_brax_call_that_writes_a_file_policyport_reads(given, tmp_path):
+def test_an_orbax_checkpoint_gives_brax_own_action(make_brax, given, backend):
+    """The folder brax.training.checkpoint.save wrote, read with tensorstore: Brax's own deterministic action of
+    what checkpoint.load restores, with the activation read from config.json (silu, not the default)."""
+    assert detect_kind(given) == "brax"
+    converted = convert_source(given)
+    assert converted.notes == ["read as Brax PPO params (an orbax checkpoint, read with tensorstore)"]
+    activation = next(a for a in converted.assumptions if a.topic == "activation")
+    assert activation.assumes.startswith("silu at hidden_0") and "config.json" in activation.because
+    obs = observations()
+    want = _brax_checkpoint_action(STEP, obs)
+    got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
+    assert got.shape == want.shape == (1000, 2)
+    assert np.abs(got - want).max() <= 1e-5 and np.abs(want).max() > 0.3
+
+
+def test_an_orbax_checkpoint_holds_the_save_params_arrays_bit_for_bit(make_brax):
+    """fixtures/brax/make_brax.py saves ppo_params.pkl's arrays into the checkpoint: extract gives each back."""
+    from_folder = pp.extract_weights(convert_source(STEP).model)
+    from_file = pp.extract_weights(convert_source(FIXTURES / "ppo_params.pkl", activation="silu").model)
+    assert set(from_folder) == set(from_file) and len(from_folder) == 12
+    for key, array in from_file.items():
+        assert from_folder[key].dtype == array.dtype and np.array_equal(from_folder[key], array), key
+
+
+def test_normalize_observations_false_leaves_the_normaliser_out(make_brax, tmp_path):
+    """A second variant: a run trained without normalisation. Brax then applies the identity, whatever the
+    saved statistics hold; so must the conversion."""
+    import shutil
+
+    folder = tmp_path / "000000000005"
+    shutil.copytree(STEP, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["normalize_observations"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    converted = convert_source(folder)
+    assert not any(k.startswith("normalizer") for k in pp.extract_weights(converted.model))
+    assert any(a.topic == "observation filter" and "normalize_observations false" in a.because
+               for a in converted.assumptions)
+    obs = observations()
+    want = _brax_checkpoint_action(folder, obs)
+    assert np.abs(want - _brax_checkpoint_action(STEP, obs)).max() > 0.05  # the normaliser matters here
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
+        assert np.abs(got - want).max() <= 1e-5, backend
+
+
+def _copy_step(tmp_path) -> Path:
+    import shutil
+
+    folder = tmp_path / "000000000005"
+    shutil.copytree(STEP, folder)
+    return folder
+
+
+def test_a_configuration_that_contradicts_the_arrays_is_refused(tmp_path):
+    folder = _copy_step(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["network_factory_kwargs"]["policy_hidden_layer_sizes"] = [64, 64]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(pp.BadModelError, match=r"records policy layers \(64, 64\), the checkpoint holds \(32, 32, 32, 32\)"):
+        convert_source(folder)
+    config["network_factory_kwargs"] |= {"policy_hidden_layer_sizes": [32] * 4, "distribution_type": "normal"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(pp.BadModelError, match="distribution_type 'normal'"):
+        convert_source(folder)
+
+
+def test_damaged_orbax_folders_are_bad_files_and_write_nothing(tmp_path):
     from typer.testing import CliRunner
 
     from policyport.cli import app
-    from policyport.converter.sources.brax import OrbaxCheckpointError
 
-    assert detect_kind(given) == "brax"
-    with pytest.raises(OrbaxCheckpointError) as refused:
-        convert_source(given)
-    message = str(refused.value)
-    assert refused.value.folder == STEP and isinstance(refused.value, pp.UnreadableFileError)
-    assert "brax.training.checkpoint.save" in message and "OCDBT" in message and "zstd" in message
-    assert "config.json records activation silu, policy layers (32, 32, 32, 32)" in message
-    assert f"model.save_params('params.pkl', checkpoint.load('{STEP}'))" in message
-    assert message.endswith("policyport convert params.pkl --from brax --activation swish")
-    result = CliRunner().invoke(app, ["convert", str(given), "--from", "brax", "-o", str(tmp_path / "policy.onnx")])
-    assert result.exit_code == 3 and "checkpoint.load" in result.output and not (tmp_path / "policy.onnx").exists()
+    folder = _copy_step(tmp_path)
+    (folder / "_METADATA").write_text("[" * 100_000)
+    with pytest.raises(pp.UnreadableFileError, match="_METADATA"):
+        convert_source(folder)
+    folder = _copy_step(tmp_path / "second")
+    for data in (folder / "d").iterdir():  # the database's out-of-line values: truncated
+        data.write_bytes(data.read_bytes()[:20])
+    result = CliRunner().invoke(app, ["convert", str(folder), "--from", "brax", "-o", str(tmp_path / "policy.onnx")])
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "policy.onnx").exists()
+
+
+def test_a_leaf_declaring_more_than_the_array_limit_is_refused_before_it_is_read(tmp_path):
+    """orbax without OCDBT writes plain zarr folders; one whose .zarray declares 16 GiB (its chunks absent, so
+    tensorstore would fill them) is refused from the declaration, nothing allocated."""
+    import shutil
+
+    ts = pytest.importorskip("tensorstore")
+    folder = tmp_path / "000000000001"
+    folder.mkdir()
+    shutil.copy(STEP / "_CHECKPOINT_METADATA", folder)
+    tree = {"('0',)": {"key_metadata": [{"key": "0", "key_type": 1}],
+                       "value_metadata": {"value_type": "np.ndarray", "write_shape": [1 << 20, 1 << 12]}}}
+    (folder / "_METADATA").write_text(json.dumps({"tree_metadata": tree}))
+    ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(folder / "0")}, "create": True,
+             "metadata": {"shape": [1 << 20, 1 << 12], "chunks": [1 << 10, 1 << 12], "dtype": "<f4",
+                          "compressor": None}}).result()
+    assert detect_kind(folder) == "brax"
+    with pytest.raises(pp.LimitExceededError, match=r"leaf 0 \(float32, shape \(1048576, 4096\)\) would take 16"):
+        convert_source(folder)
+
+
+def test_without_tensorstore_the_folder_names_the_extra(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from policyport.cli import app
+
+    monkeypatch.setitem(sys.modules, "tensorstore", None)
+    with pytest.raises(pp.MissingDependencyError, match=r"pip install 'policyport\[brax\]'"):
+        convert_source(STEP)
+    result = CliRunner().invoke(app, ["convert", str(STEP), "-o", str(tmp_path / "policy.onnx")])
+    assert result.exit_code == 4 and not (tmp_path / "policy.onnx").exists(), result.output
 
 
 def test_a_folder_without_orbax_metadata_is_no_brax_checkpoint(tmp_path):
     (tmp_path / "manifest.ocdbt").write_bytes(b"not orbax's")
-    with pytest.raises(pp.UnreadableFileError, match="is a folder; --from brax takes a file Brax.s save_params wrote"):
+    with pytest.raises(pp.UnreadableFileError, match="is a folder; --from brax takes a file Brax.s save_params wrote or a folder"):
         convert_source(tmp_path, kind="brax")
     with pytest.raises(pp.PolicyportError, match="cannot tell"):
         detect_kind(tmp_path)
-
-
-def test_following_the_refusal_gives_brax_own_action(make_brax, tmp_path):
-    """The call the refusal names, run as given: the file it writes converts, with the option it names, to
-    Brax's own deterministic action of the checkpoint, restored by Brax from the orbax folder."""
-    import re
-    import shlex
-
-    message = str(pytest.raises(pp.UnreadableFileError, convert_source, STEP).value)
-    code = re.search(r'python -c "(.*?)"', message)[1]
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True)
-    options = shlex.split(message.rsplit("policyport convert ", 1)[1])
-    assert options == ["params.pkl", "--from", "brax", "--activation", "swish"]
-    converted = convert_source(tmp_path / "params.pkl", kind="brax", activation="swish")
-    obs = observations()
-    want = _brax_checkpoint_action(STEP, obs)
-    for backend in ("numpy", "onnxruntime"):
-        got = pp.load(converted.model, backend=backend).run({"obs": obs})["action"]
-        assert got.shape == want.shape == (1000, 2)
-        assert np.abs(got - want).max() <= 1e-5 and np.abs(want).max() > 0.3, backend
 
 
 def _brax_checkpoint_action(folder: Path, obs: np.ndarray) -> np.ndarray:
@@ -191,11 +270,13 @@ def _brax_checkpoint_action(folder: Path, obs: np.ndarray) -> np.ndarray:
 
     config = json.loads((folder / "config.json").read_text())
     kwargs = config["network_factory_kwargs"]
+    from brax.training import types
+
+    normalize = running_statistics.normalize if config["normalize_observations"] else types.identity_observation_preprocessor
     nets = ppo_networks.make_ppo_networks(config["observation_size"], config["action_size"],
-                                          preprocess_observations_fn=running_statistics.normalize,
+                                          preprocess_observations_fn=normalize,
                                           policy_hidden_layer_sizes=tuple(kwargs["policy_hidden_layer_sizes"]),
                                           value_hidden_layer_sizes=tuple(kwargs["value_hidden_layer_sizes"]),
                                           activation=networks.ACTIVATION[kwargs["activation"]])
-    assert config["normalize_observations"]
     policy = ppo_networks.make_inference_fn(nets)(checkpoint.load(folder), deterministic=True)
     return np.asarray(policy(jnp.asarray(obs), jax.random.PRNGKey(0))[0])

@@ -375,7 +375,7 @@ def _dense_graph():
 def test_each_keras_weight_renames_the_initializer_of_its_layer_holding_its_bits():
     g, weights, spans = _dense_graph()
     parameters, claimed = {}, set()
-    assert kc._name_parameters(g, _trace(weights), spans, parameters, claimed) == []
+    assert kc._name_parameters(g, _trace(weights), spans, parameters, claimed) == ([], [])
     assert _listing(g) == [("MatMul", "mm1", ["obs", "fc_1/kernel"], ["m1"]), ("Add", "add1", ["m1", "fc_1/bias"], ["fc_1"]),
                            ("MatMul", "mm2", ["fc_1", "fc_2/kernel"], ["fc_2"])]
     assert parameters == {"fc_1/kernel": "fc_1/kernel", "fc_1/bias": "fc_1/bias", "fc_2/kernel": "fc_2/kernel",
@@ -393,7 +393,7 @@ def test_a_weight_is_looked_for_in_its_own_layer_only_and_never_twice():
     g.g.node[2].input[1] = "const_9"
     twin = [("fc_1/kernel", "fc_1", k1), ("fc_2/kernel", "fc_2", k1), ("fc_2/kernel_copy", "fc_2", k1)]
     parameters, claimed = {}, set()
-    missing = kc._name_parameters(g, _trace(twin), spans, parameters, claimed)
+    missing, _ = kc._name_parameters(g, _trace(twin), spans, parameters, claimed)
     assert missing == ["fc_2/kernel_copy"]  # fc_2's one matching initializer is claimed already
     assert list(g.g.node[0].input) == ["obs", "fc_1/kernel"] and list(g.g.node[2].input) == ["fc_1", "fc_2/kernel"]
 
@@ -401,7 +401,7 @@ def test_a_weight_is_looked_for_in_its_own_layer_only_and_never_twice():
 def test_claimed_weights_are_skipped_and_a_layer_without_a_span_finds_nothing():
     g, weights, spans = _dense_graph()
     parameters, claimed = {"fc_1/kernel": "fc_1/kernel"}, {"fc_1/kernel"}
-    missing = kc._name_parameters(g, _trace(weights[:2] + [("gone/kernel", "gone", weights[2][2])]), spans, parameters, claimed)
+    missing, _ = kc._name_parameters(g, _trace(weights[:2] + [("gone/kernel", "gone", weights[2][2])]), spans, parameters, claimed)
     assert missing == ["gone/kernel"] and "const_0" in g.init  # the claimed weight was not looked for
     assert parameters == {"fc_1/kernel": "fc_1/kernel", "fc_1/bias": "fc_1/bias"}
 
@@ -409,7 +409,7 @@ def test_claimed_weights_are_skipped_and_a_layer_without_a_span_finds_nothing():
 def test_a_weight_without_a_layer_is_looked_for_in_the_whole_graph():
     g, weights, _ = _dense_graph()
     parameters = {}
-    assert kc._name_parameters(g, _trace([("dense/kernel", None, weights[2][2])]), {}, parameters, set()) == []
+    assert kc._name_parameters(g, _trace([("dense/kernel", None, weights[2][2])]), {}, parameters, set()) == ([], [])
     assert list(g.g.node[2].input) == ["fc_1", "dense/kernel"] and parameters == {"dense/kernel": "dense/kernel"}
 
 
@@ -434,11 +434,54 @@ def test_a_weight_another_layer_also_reads_is_copied_for_this_layer_and_left_to_
 def test_a_weight_found_nowhere_is_a_dropped_zero_when_it_is_numeric_zeros_and_missing_otherwise(value, recorded):
     g, _, spans = _dense_graph()
     parameters = {}
-    missing = kc._name_parameters(g, _trace([("fc_2/w", "fc_2", value)]), spans, parameters, set())
+    missing, _ = kc._name_parameters(g, _trace([("fc_2/w", "fc_2", value)]), spans, parameters, set())
     if recorded is None:
         assert missing == ["fc_2/w"] and parameters == {}
     else:
         assert missing == [] and parameters == {"fc_2/w": {"name": "fc_2/w", "zeros": recorded}}
+
+
+def test_a_weight_the_model_never_reads_is_recorded_with_its_value_when_small_and_named_when_not():
+    """A Normalization layer's ``count`` (an int64 scalar no computation reads) comes back from extract."""
+    g, _, spans = _dense_graph()
+    count, big = np.array(500, np.int64), np.arange(65, dtype=np.float32)
+    parameters = {}
+    trace = _trace([("obs_norm/count", "fc_1", count), ("fc_2/table", "fc_2", big)], unread={"obs_norm/count", "fc_2/table"})
+    assert kc._name_parameters(g, trace, spans, parameters, set()) == ([], ["fc_2/table"])
+    assert parameters == {"obs_norm/count": {"name": "obs_norm/count",
+                                             "value": {"shape": [], "dtype": "int64", "data": [500]}}}
+
+
+def test_captured_constants_become_initializers_and_unread_ones_leave_the_graph_inputs():
+    """tf2onnx makes a graph input of every constant a traced function captures; the graph keeps its
+    real inputs, the captured constants it reads become initializers of their values."""
+    mean = RNG.normal(size=(1, 4)).astype(np.float32)
+    nodes = [helper.make_node("Sub", ["obs", "f/obs_norm_1/Sub/y:0"], ["obs_norm"], name="sub")]
+    graph = helper.make_graph(nodes, "g", [_vi("obs", [None, 4]), _vi("f/obs_norm_1/Sub/y:0", [1, 4]),
+                                           _vi("f/obs_norm_1/Sqrt/x:0", [1, 4])], [_vi("obs_norm", [None, 4])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    captures = {"f/obs_norm_1/Sub/y:0": (mean, "obs_norm/mean"), "f/obs_norm_1/Sqrt/x:0": (mean + 1, "obs_norm/variance")}
+    holders = kc._captures_as_initializers(proto, _trace(captures=captures))
+    assert holders == {"f/obs_norm_1/Sub/y:0": "obs_norm/mean"}
+    assert [i.name for i in proto.graph.input] == ["obs"]
+    assert [(t.name, numpy_helper.to_array(t).tobytes()) for t in proto.graph.initializer] == [
+        ("f/obs_norm_1/Sub/y:0", mean.tobytes())]
+    g = kc._Graph(proto)
+    parameters, claimed = {}, set()
+    kc._name_held_constants(g, holders, set(), parameters, claimed)
+    assert list(g.g.node[0].input) == ["obs", "obs_norm/mean"] and parameters == {"obs_norm/mean": "obs_norm/mean"}
+    obs = RNG.normal(size=(5, 4)).astype(np.float32)
+    out = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"obs": obs})[0]
+    np.testing.assert_array_equal(out, obs - mean)
+
+
+def test_a_held_constant_keeps_its_tensorflow_name_where_a_weight_has_the_holder_name():
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Sub", ["obs", "c:0"], ["y"], name="sub")], "g", [_vi("obs", [None, 4])], [_vi("y", [None, 4])],
+        [numpy_helper.from_array(np.ones((1, 4), np.float32), "c:0")]), opset_imports=[helper.make_opsetid("", 17)])
+    g, parameters = kc._Graph(proto), {}
+    kc._name_held_constants(g, {"c:0": "obs_norm/mean"}, {"obs_norm/mean"}, parameters, set())
+    assert list(g.g.node[0].input) == ["obs", "c:0"] and parameters == {}
 
 
 # ----------------------------------------------------------------------------------- readable names

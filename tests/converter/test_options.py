@@ -134,8 +134,8 @@ def test_verify_with_a_source_calls_ill_typed_recorded_options_a_bad_model(tmp_p
 TELLS = ("npz (.npz), sb3 (.zip), torchscript, rsl-rl, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl or state-dict (.pt, .pth), state-dict "
          "(.safetensors), keras (.keras, .h5, .hdf5), cleanrl (.cleanrl_model), brax (a pickle naming Brax's classes), "
          "savedmodel (a folder with saved_model.pb), rllib (checkpoint-N, or a "
-         "folder with rllib_checkpoint.json or checkpoint-N) and torchrl (a folder with a torchrl.checkpoint manifest.json) "
-         "by their names; name the kind of a source named otherwise "
+         "folder with rllib_checkpoint.json or checkpoint-N), torchrl (a folder with a torchrl.checkpoint manifest.json) "
+         "and brax (an orbax checkpoint folder brax.training.checkpoint.save wrote) by their names; name the kind of a source named otherwise "
          "with --from KIND (kind=KIND in Python), one of npz, torchscript, state-dict, sb3, rllib-torch, keras, "
          "savedmodel, rllib, rl-games, skrl, ml-agents, tianshou, sample-factory, torchrl, cleanrl, brax, rsl-rl")
 

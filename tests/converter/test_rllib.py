@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -172,6 +174,138 @@ def test_ray_written_checkpoints_match_rays_own_filter_and_forward(name):
             assert np.abs(got["value"].ravel() - expected["value"].ravel()).max() <= 1e-5
 
 
+#: What RLlib's tf2 checkpoints import when unpickled the usual way, none of which the reader may import.
+BLOCK_FRAMEWORKS = BLOCK_RAY.replace("== 'ray'", "in ('ray', 'tensorflow', 'tf_keras', 'keras', 'tree')")
+
+
+@pytest.mark.parametrize("name", ["ppo_old_tf2", "ppo_old_tf2_pendulum"])
+def test_old_stack_tf2_checkpoints_match_rays_compute_single_action(name):
+    expected = dict(np.load(RAY / f"{name}_expected.npz"))
+    model = pp.convert(RAY / name, keep_value=True)
+    logits = expected["action_dist_inputs"]
+    for backend in ("numpy", "onnxruntime"):
+        got = pp.load(model, backend=backend).record({"obs": expected["obs"]}, "*")
+        assert np.abs(got["obs_filter/destd"] - expected["filtered_obs"]).max() <= 1e-5  # old stack: no clip
+        assert np.abs(got["logits"] - logits).max() <= 1e-5
+        assert np.abs(got["value"].ravel() - expected["vf_preds"]).max() <= 1e-5
+        if name.endswith("pendulum"):  # Box(1,): [mean, log_std]; the action is the mean, before Ray rescales it
+            assert np.abs(got["action"] - expected["action_normalized"]).max() <= 1e-5
+            assert np.abs(got["log_std"] - logits[:, 1:]).max() <= 1e-5
+        else:
+            np.testing.assert_array_equal(got["action"], expected["action"])
+
+
+def test_an_old_stack_tf2_checkpoint_converts_without_ray_tensorflow_or_tree(tmp_path):
+    out = tmp_path / "tf2.onnx"
+    code = BLOCK_FRAMEWORKS + (
+        "from policyport.cli import main\n"
+        "sys.argv = ['policyport', 'convert', sys.argv[1], '-o', sys.argv[2], '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    assert not [m for m in sys.modules if m.split('.')[0] in ('ray', 'tensorflow', 'tf_keras', 'tree')]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(RAY / "ppo_old_tf2"), str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verification"]["passed"] and doc["kind"] == "rllib" and out.is_file()
+    assert "dropped optimizer state (25 _optimizer_variables)" in doc["notes"]
+    expected = dict(np.load(RAY / "ppo_old_tf2_expected.npz"))
+    got = pp.load(str(out)).run({"obs": expected["obs"]})
+    assert np.abs(got["logits"] - expected["action_dist_inputs"]).max() <= 1e-5
+
+
+class _CallsAPartial:
+    """Pickles as ``functools.partial(func, *args)()``, as tf_keras pickles a TensorFlow variable."""
+
+    def __init__(self, func, *args):
+        self.partial = functools.partial(func, *args)
+
+    def __reduce__(self):
+        return self.partial, ()
+
+
+def test_a_tf2_policy_state_whose_partial_wraps_a_command_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "ran"
+    folder = _policy_folder(tmp_path, {"weights": [np.zeros((4, 2), np.float32), np.zeros(2, np.float32)],
+                                       "_optimizer_variables": [_CallsAPartial(os.system, f"touch {marker}")]})
+    out = tmp_path / "x.onnx"
+    result = runner.invoke(app, ["convert", str(folder), "-o", str(out)])
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert f"asks to call {os.system.__module__}.system while unpickling" in result.output
+    assert not marker.exists() and not out.exists()
+
+
+def test_an_old_stack_tf2_weight_list_is_named_by_its_optimizers_slot_variables():
+    ckpt = read_checkpoint(RAY / "ppo_old_tf2")
+    order = ["fc_1", "fc_value_1", "fc_2", "fc_value_2", "fc_out", "value_out"]
+    assert list(ckpt.weights) == [f"default_policy/{layer}/{p}" for layer in order for p in ("kernel", "bias")]
+    assert [ckpt.weights[f"default_policy/{layer}/kernel"].shape for layer in order] == [
+        (4, 8), (4, 8), (8, 8), (8, 8), (8, 2), (8, 1)]
+    shared = read_checkpoint(RAY / "ppo_old_tf2_pendulum")
+    assert {k: v.shape for k, v in shared.weights.items()} == {
+        "default_policy/fc_1/kernel": (3, 8), "default_policy/fc_1/bias": (8,), "default_policy/fc_out/kernel": (8, 2),
+        "default_policy/fc_out/bias": (2,), "default_policy/value_out/kernel": (8, 1),
+        "default_policy/value_out/bias": (1,)}
+
+
+def test_the_optimizers_slot_names_win_over_the_model_configs_order_only_when_they_fit_the_list():
+    from policyport.converter.readers.unpickle import Record
+    from policyport.converter.sources.rllib import _name_tf2_list
+
+    def slot(name, shape):
+        return Record(name=name, initial_value=np.zeros(shape, np.float32))
+
+    shapes = [(2, 3), (3,), (3, 1), (1,), (3, 2), (2,)]
+    arrays = [np.full(shape, float(i), np.float32) for i, shape in enumerate(shapes)]
+    slots = Record()  # as tf_keras pickles an optimizer's variables: a step counter, then m and v slots
+    slots.list_items.append(slot("iteration", ()))
+    for name, shape in zip(["fc_1/kernel", "fc_1/bias", "value_out/kernel", "value_out/bias", "fc_out/kernel",
+                            "fc_out/bias"], shapes):
+        slots.list_items += [slot(f"Adam/m/{name}", shape), slot(f"Adam/v/{name}", shape)]
+    config = {"fcnet_hiddens": [3], "vf_share_layers": True}  # its order: fc_1, fc_out, value_out
+    named = _name_tf2_list(arrays, config, "p", slots)
+    assert {k: (v.shape, float(v.flat[0])) for k, v in named.items()} == {
+        "p/fc_1/kernel": ((2, 3), 0.0), "p/fc_1/bias": ((3,), 1.0), "p/value_out/kernel": ((3, 1), 2.0),
+        "p/value_out/bias": ((1,), 3.0), "p/fc_out/kernel": ((3, 2), 4.0), "p/fc_out/bias": ((2,), 5.0)}
+    slots.list_items[1] = slot("Adam/m/fc_1/kernel", (3, 2))  # slots of other shapes name another list
+    fallback = _name_tf2_list(arrays, config, "p", slots)
+    assert list(fallback) == ["p/fc_1/kernel", "p/fc_1/bias", "p/fc_out/kernel", "p/fc_out/bias", "p/value_out/kernel",
+                              "p/value_out/bias"]
+    assert fallback["p/fc_out/kernel"].shape == (3, 1)
+    with pytest.raises(pp.BadModelError, match="unnamed list of 6 arrays; its model config"):
+        _name_tf2_list(arrays, {"fcnet_hiddens": [3], "vf_share_layers": False}, "p", slots)
+
+
+#: Every graph output policyport gives each checkpoint Ray wrote (converted with --keep-value), and what Ray
+#: computed under its own name for it (``<name>_expected.npz``; ``dqn_new``: ``qf_preds``, which its
+#: Categorical takes as logits; ``ppo_new`` records the logits alone, whose argmax its deterministic
+#: Categorical returns; a DiagGaussian's log_std is the second half of its inputs).
+RAY_NAMES = {
+    "ppo_new": {"logits": "action_dist_inputs", "value": None,
+                "action": lambda e: np.argmax(e["action_dist_inputs"], axis=1)},
+    "ppo_old_torch": {"logits": "logits", "value": "value", "action": lambda e: np.argmax(e["logits"], axis=1)},
+    "ppo_old_tf2": {"logits": "action_dist_inputs", "value": "vf_preds", "action": "action"},
+    "ppo_old_tf2_pendulum": {"logits": "action_dist_inputs", "value": "vf_preds", "action": "action_normalized",
+                             "log_std": lambda e: e["action_dist_inputs"][:, 1:]},
+    "dqn_new": {"logits": "qf_preds", "action": "actions"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAY_NAMES))
+def test_every_output_name_is_what_ray_calls_that_value(name):
+    expected = dict(np.load(RAY / f"{name}_expected.npz"))
+    model = pp.convert(RAY / name, keep_value=name != "dqn_new")
+    assert sorted(o.name for o in model.graph.output) == sorted(RAY_NAMES[name])
+    got = pp.load(model, backend="onnxruntime").run({"obs": expected["obs"]})
+    for output, ray in RAY_NAMES[name].items():
+        if ray is None:  # Ray's forward_inference of a new-stack PPO computes no value
+            continue
+        want = ray(expected) if callable(ray) else expected[ray]
+        assert np.abs(got[output].reshape(want.shape) - want).max() <= 1e-5, output
+
+
 def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
     a, b = read_checkpoint(RAY / "ppo_new"), read_checkpoint(RAY / "ppo_new_msgpack")
     assert list(a.weights) == list(b.weights)
@@ -182,17 +316,20 @@ def test_the_msgpack_checkpoint_reads_as_its_pickle_twin():
 
 @pytest.mark.skipif(not (RAY / "dqn_new").is_dir(), reason="no Ray DQN checkpoint")
 @pytest.mark.parametrize("opset", [17, 18])  # ReduceMean takes its axes as an attribute, from 18 as an input
-def test_dqn_action_is_argmax_of_dueling_q_values(opset):
-    expected = dict(np.load(RAY / "dqn_new_expected.npz"))
+def test_dqn_logits_are_rays_dueling_q_values_and_the_action_their_argmax(opset):
+    expected = dict(np.load(RAY / "dqn_new_expected.npz"))  # qf_preds: what Ray's Categorical takes as logits
     model = pp.convert(RAY / "dqn_new", opset=opset)
-    assert [o.name for o in model.graph.output][-2:] == ["q_values", "action"]
+    assert [o.name for o in model.graph.output] == ["logits", "action"]
     assert [o.version for o in model.opset_import if o.domain == ""] == [opset]
     mean = next(n for n in model.graph.node if n.op_type == "ReduceMean")
     assert (len(mean.input), [a.name for a in mean.attribute]) == ((2, ["keepdims"]) if opset >= 18 else (1, ["axes", "keepdims"]))
     for backend in ("onnxruntime", "numpy"):
-        got = pp.load(model, backend=backend).run({"obs": expected["obs"]})
-        assert np.abs(got["q_values"] - expected["qf_preds"]).max() <= 1e-5
-        np.testing.assert_array_equal(got["action"], np.argmax(expected["qf_preds"], axis=1))
+        got = pp.load(model, backend=backend).record({"obs": expected["obs"]}, "*")
+        assert np.abs(got["logits"] - expected["qf_preds"]).max() <= 1e-5
+        np.testing.assert_array_equal(got["action"], expected["actions"])  # Ray's forward_inference
+        q = got["value"] + got["advantages"] - got["advantages"].mean(axis=1, keepdims=True)
+        assert np.abs(q - expected["qf_preds"]).max() <= 1e-5  # the two streams, named
+        assert np.abs(got["advantages"] - expected["qf_preds"]).max() > 1e-2  # which are not the logits
 
 
 def test_filter_forms_and_their_epsilons():
@@ -249,9 +386,15 @@ def test_an_unnamed_tf2_weight_list_is_named_in_rllibs_variable_order(tmp_path, 
     listed = [w[f"{layer}/{p}"] for layer in order for p in ("kernel", "bias")]
     folder = _policy_folder(tmp_path, {"weights": listed, "policy_spec": {"config": {"model": {
         "fcnet_hiddens": [256, 256], "vf_share_layers": False, "fcnet_activation": "tanh"}}}})
-    model = pp.convert(folder, head="diag-gaussian")
+    converted = convert_source(folder, head="diag-gaussian")
+    model = converted.model
     got = pp.load(model).run({"obs": metadrive_obs})["logits"]
     assert np.abs(got - _fcnet(metadrive_weights, metadrive_obs)).max() <= 1e-5
+    assert [str(a) for a in converted.assumptions if a.topic == "layout"] == [
+        "layout weight list in RLlib's variable order (fc_1, fc_value_1, fc_2, fc_value_2, fc_out, value_out): "
+        f"{folder / 'policies' / 'default_policy' / 'policy_state.pkl'} holds the tf2 policy's weights as an unnamed "
+        "list and no optimizer slot variable names each array; named in the order ray/rllib/models/tf/fcnet.py "
+        "creates its variables for the model config"]
     assert set(pp.extract_weights(model)) == {f"default_policy/{k}" for k in ("fc_1/kernel", "fc_1/bias", "fc_2/kernel",
                                                                            "fc_2/bias", "fc_out/kernel", "fc_out/bias")}
 
@@ -753,13 +896,14 @@ def test_a_dqn_module_without_a_value_head_acts_on_its_advantages_and_a_dueling_
             assert np.abs(got["logits"] - adv).max() <= 1e-5
             np.testing.assert_array_equal(got["action"], np.argmax(adv, axis=1))
             continue
-        assert outputs == {"logits": ["batch", 4], "value": ["batch", 1], "q_values": ["batch", 0], "action": ["batch"]}
+        assert outputs == {"logits": ["batch", 4], "action": ["batch"]}
         q = (h @ w["vf.net.mlp.0.weight"].T + w["vf.net.mlp.0.bias"]) + adv - adv.mean(axis=1, keepdims=True)
         for backend in ("numpy", "onnxruntime"):
             got = pp.load(model, backend=backend).record({"obs": obs}, "*")
+            np.testing.assert_allclose(got["advantages"], adv, atol=1e-5)
             np.testing.assert_allclose(got["dueling/mean_advantage"], adv.mean(axis=1, keepdims=True), atol=1e-5)
             np.testing.assert_allclose(got["dueling/centered_advantage"], adv - adv.mean(axis=1, keepdims=True), atol=1e-5)
-            assert np.abs(got["q_values"] - q).max() <= 1e-5
+            assert np.abs(got["logits"] - q).max() <= 1e-5
             np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
         if opset >= 18:
             axes = next(t for t in model.graph.initializer if t.name == "dueling/axes")
@@ -961,10 +1105,11 @@ def test_a_dueling_dqn_with_two_encoder_layers_activates_both_and_its_source_ref
     adv, value = _apply(w, "af.net.mlp.0", h), _apply(w, "vf.net.mlp.0", h)
     q = value + adv - adv.mean(axis=1, keepdims=True)
     source = converted.reference(obs)  # what verify --source compares every backend against
-    np.testing.assert_allclose(source["q_values"], q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(source["logits"], q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(source["advantages"], adv, rtol=1e-5, atol=1e-5)
     assert source["action"].dtype == np.int64 and source["action"].tolist() == np.argmax(q, axis=1).tolist()
     got = pp.load(converted.model).run({"obs": obs})
-    assert np.abs(got["q_values"] - q).max() <= 1e-5
+    assert np.abs(got["logits"] - q).max() <= 1e-5
     np.testing.assert_array_equal(got["action"], np.argmax(q, axis=1))
 
 

@@ -4,6 +4,7 @@ every expected action is rsl_rl's own inference policy's, computed when the fixt
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -172,7 +173,8 @@ def test_rsl_rls_exported_onnx_with_a_batch_of_1_runs_at_any_batch(obs, tmp_path
             pp.load(exported, backend, free=False).run({"obs": obs[:4]})
     inspected = json.loads(invoke("inspect", exported, "--json").output)
     assert inspected["batch_fixed"] == ["obs"] and inspected["batch_freed"] is True
-    assert "max abs 0" in inspected["batch_note"]
+    # one Gemm row at a time and three at once may round differently (the BLAS kernel picks its blocking by size)
+    assert float(re.search(r"max abs ([0-9.e+-]+)\)", inspected["batch_note"])[1]) <= 1e-6
 
 
 def test_verify_record_and_pack_of_the_exported_onnx_use_every_observation(obs, tmp_path):
@@ -237,7 +239,7 @@ def test_a_batch_the_graph_does_not_allow_freeing_stays_fixed_and_says_why(obs):
     checked = free_checked(broadcast)
     assert checked.freed is False and checked.model is broadcast and "'lifted'" in checked.reason
     freed = free_checked(exported)
-    assert freed.freed is True and freed.max_abs == 0.0 and freed.model is not exported
+    assert freed.freed is True and freed.max_abs <= 1e-6 and freed.model is not exported
     assert [i.type.tensor_type.shape.dim[0].dim_param for i in exported.graph.input] == [""]  # untouched
 
 

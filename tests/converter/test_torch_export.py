@@ -139,23 +139,32 @@ def test_output_names_given_must_fit_the_outputs_and_not_be_obs():
     assert str(caught.value) == "output names must be distinct and not 'obs': ['obs']"
 
 
-TRAINING_NOTE = ("the module was in training mode; it was exported in eval mode (Dropout off, "
-                 "BatchNorm on running statistics) and put back in training mode afterwards")
+MODE = {"topic": "mode", "assumes": "eval (Dropout off, BatchNorm on its running statistics)",
+        "because": "{} in training mode; it was exported and is checked in eval mode (and put back in training "
+                   "mode afterwards), where training mode draws Dropout masks and normalises each batch by its own "
+                   "statistics"}
 
 
-def test_eval_mode_notes_training_and_restores_each_submodules_mode_even_on_error():
+def test_eval_mode_restores_each_submodules_mode_even_on_error():
     module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout())
     module[1].eval()
-    notes: list[str] = []
-    with pytest.raises(KeyError), tm._eval_mode(module, notes):
-        assert not module.training and not module[0].training
+    with pytest.raises(KeyError), tm._eval_mode(module):
+        assert not module.training and not module[0].training and not module[1].training
         raise KeyError("x")
-    assert notes == [TRAINING_NOTE]
     assert module.training and module[0].training and not module[1].training
-    notes = []
-    with tm._eval_mode(module.eval(), notes):
-        pass
-    assert notes == [] and not module.training
+    with tm._eval_mode(module.eval()):
+        assert not module.training
+    assert not module.training
+
+
+@pytest.mark.parametrize("what, was, settle", [
+    ("a torch module", "the module was", "put the module in eval mode (module.eval()) before converting it"),
+    ("a TorchScript file", "the file holds a module saved", "save the module in eval mode (module.eval() before torch.jit.save)"),
+])
+def test_a_module_in_training_mode_is_assumed_used_in_eval_mode_as_exported(what, was, settle):
+    assert [a.topic for a in tm.module_assumptions(what)] == ["observation normalisation"]
+    mode = tm.module_assumptions(what, training=True)[1].to_dict()
+    assert mode == {**MODE, "because": MODE["because"].format(was), "settle": settle}
 
 
 def test_quiet_silences_prints_warnings_and_logging_and_restores_the_levels(capfd):
@@ -288,6 +297,39 @@ def test_a_graph_without_initializer_identities_is_left_as_it_is():
     before = model.SerializeToString()
     tm._drop_initializer_identities(model.graph)
     assert model.SerializeToString() == before
+
+def test_a_transpose_that_alone_reads_an_initializer_is_laid_out_in_it_and_its_value_info_goes():
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    shared, out = np.ones((2, 2), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    model = graph_of([helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0]),
+                      helper.make_node("MatMul", ["obs", "w"], ["h"]),  # obs (N, 2) @ w (2, 3): w read twice, kept
+                      helper.make_node("Transpose", ["w"], ["w_t2"]),
+                      helper.make_node("Transpose", ["s"], ["s_t"]),  # read once, by a Transpose that is an output
+                      helper.make_node("Transpose", ["v"], ["v_t"]),  # the only reader: laid out
+                      helper.make_node("MatMul", ["h", "v_t"], ["logits"])],
+                     outputs=("logits", "s_t"), initializers=[("w", w), ("s", shared), ("v", out)], value_info=["v_t"])
+    tm._fold_initializer_transposes(model.graph)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == [
+        ("Transpose", ["w"], ["w_t"]), ("MatMul", ["obs", "w"], ["h"]), ("Transpose", ["w"], ["w_t2"]),
+        ("Transpose", ["s"], ["s_t"]), ("MatMul", ["h", "v"], ["logits"])]
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert np.array_equal(arrays["w"], w) and np.array_equal(arrays["v"], out.T) and arrays["v"].flags.c_contiguous
+    assert [vi.name for vi in model.graph.value_info] == []
+    obs = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
+    assert np.array_equal(pp.load(model).run({"obs": obs})["logits"], (obs @ w) @ out.T)
+
+
+def test_a_graph_without_initializer_transposes_is_left_as_it_is():
+    model = graph_of([helper.make_node("Transpose", ["obs"], ["logits"])])
+    before = model.SerializeToString()
+    tm._fold_initializer_transposes(model.graph)
+    assert model.SerializeToString() == before
+    fed = graph_of([helper.make_node("Transpose", ["w"], ["w_t"]), helper.make_node("Add", ["obs", "w_t"], ["logits"])],
+                   inputs=("obs", "w"), initializers=[("w", np.ones((2, 2), np.float32))])  # w may be fed: kept
+    before = fed.SerializeToString()
+    tm._fold_initializer_transposes(fed.graph)
+    assert fed.SerializeToString() == before
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +585,7 @@ def test_an_exported_mlp_reads_like_the_module(exported):
         "0.weight": "0.weight", "0.bias": "0.bias", "2.weight": {"name": "2.weight", "transpose": [1, 0]}}
     assert export.module_tensors == {"0": "0/linear", "1": "1/tanh", "2": "logits"}
     assert export.module_inputs == {"0": "obs", "1": "0/linear", "2": "1/tanh"}
-    assert export.output_names == ["logits"] and export.notes == [TRAINING_NOTE]
+    assert export.output_names == ["logits"] and export.notes == [] and export.training
     assert module.training  # restored
     for v in [graph.input[0], graph.output[0]]:
         assert v.type.tensor_type.elem_type == FLOAT
@@ -551,6 +593,14 @@ def test_an_exported_mlp_reads_like_the_module(exported):
     weights = pp.extract_weights(export.model)
     for key, value in module.state_dict().items():
         assert weights[key].tobytes() == value.numpy().tobytes()
+
+
+def test_an_export_says_whether_any_submodule_was_in_training_mode():
+    module = mlp(bias=True)
+    assert tm.export_module(module.eval()).training is False
+    module[1].train()  # one submodule in training mode (a Dropout or BatchNorm there would train)
+    export = tm.export_module(module)
+    assert export.training is True and export.notes == [] and not module.training and module[1].training
 
 
 def test_an_exported_mlp_runs_at_any_batch_as_torch_does(exported):
@@ -626,10 +676,68 @@ def test_state_dict_entries_not_in_the_graph_are_noted_but_not_num_batches_track
     with torch.no_grad():
         module.bn.running_mean.fill_(0.25)
     notes = tm.export_module(module).notes
-    assert notes == ["3 state_dict entries are not in the graph as stored (unused, or folded by the exporter): "
-                     "scale, bn.running_mean, bn.running_var"]
-    assert tm.export_module(Spare(False).eval()).notes == [
-        "1 state_dict entry is not in the graph as stored (unused, or folded by the exporter): scale"]
+    assert notes == ["3 state_dict entries are not in the graph, which the module's forward does not read (changing "
+                     "them changes no output): scale, bn.running_mean, bn.running_var"]
+    export = tm.export_module(Spare(False).eval())  # the unread integer buffer is kept as a value
+    assert export.notes == [
+        "1 state_dict entry is not in the graph, which the module's forward does not read (changing it changes no "
+        "output): scale"]
+    assert pp.extract_weights(export.model)["bn_num_batches_tracked"].tolist() == 4
+
+
+class Baked(torch.nn.Module):
+    """Reads its buffer ``gain`` as a Python number, which tracing takes as a constant; it samples noise."""
+
+    def __init__(self, noise: bool):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.register_buffer("gain", torch.tensor(-1.5))
+        self.unread = torch.nn.Parameter(torch.tensor([0.25, -3.0]))
+        self.noise = noise
+
+    def forward(self, x):
+        y = self.fc(x) * float(self.gain)
+        return y + torch.randn_like(y) if self.noise else y
+
+
+def test_an_entry_the_forward_reads_but_the_graph_does_not_hold_is_refused_by_name():
+    module = Baked(noise=False).eval()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(BadModelError) as caught:
+        tm.export_module(module)
+    assert str(caught.value) == (
+        "the module's forward reads the state_dict entry 'gain', but the graph the torchscript exporter wrote does "
+        "not hold it: the values were taken as constants (a Python number read from a tensor, float(t) or t.item(), "
+        "is traced as one), so extract could not give it back; compute with the tensor itself, or use the dynamo "
+        "exporter")
+    after = module.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())  # each entry put back bit for bit
+
+
+def test_reading_an_entry_is_told_on_the_same_random_draws_and_leaves_torchs_random_state_alone():
+    module = Baked(noise=True).eval()
+    example = torch.ones(2, 3)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    assert tm._read_entries(module, example, ["gain", "unread", "fc.bias", "missing"]) == ["gain", "fc.bias"]
+    assert torch.equal(torch.rand(4), expected)
+    assert tm._read_entries(module, example, []) == [] and tm._read_entries(module, example, ["missing"]) == []
+
+
+def test_an_entry_whose_change_makes_the_forward_fail_is_read():
+    class Sized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("width", torch.tensor(3))
+            self.register_buffer("flag", torch.tensor(True))
+
+        def forward(self, x):
+            return x.reshape(-1, int(self.width))
+
+    module = Sized()
+    assert tm._read_entries(module, torch.ones(2, 3), ["width", "flag"]) == ["width"]  # a bool entry is not changed
+    assert module.width.item() == 3 and module.training
 
 
 def test_an_unknown_exporter_and_dynamo_on_torchscript_are_refused():
@@ -806,8 +914,14 @@ def test_a_torchscript_file_saved_in_training_mode_is_exported_in_eval_mode_and_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.jit.save(torch.jit.script(module), path)
-    c = tm.convert_torchscript(str(path), ConvertOptions(trust=True))
-    assert c.notes == [TRAINING_NOTE]
+    c = convert_source(str(path), trust=True)
+    assert c.notes == [] and [a.topic for a in c.assumptions] == ["observation normalisation", "mode"]
+    recorded = json.loads(props(c.model)["policyport.assumptions"])
+    assert recorded[1] == {**MODE, "because": MODE["because"].format("the file holds a module saved"),
+                           "settle": "save the module in eval mode (module.eval() before torch.jit.save)"}
+    report = pp.verify(c.model, np.zeros((2, 3), np.float32), reference=c.reference, reference_oracle=c.oracle)
+    assert [(a["assumes"], a["side"], a["checked"]) for a in report.assumptions if a["topic"] == "mode"] == [
+        (MODE["assumes"], "both", False)]  # torch ran it in eval mode too: the source side settles nothing there
     obs = np.random.default_rng(11).normal(size=(4, 3)).astype(np.float32)
     with torch.no_grad():
         expected = module.eval()(torch.as_tensor(obs)).numpy()

@@ -252,7 +252,7 @@ def test_the_layout_records_unread_integer_buffers_and_the_state_dicts_order():
         "bn.running_mean": np.zeros(2, np.float32),
     }
     model = layout_model(mapping)
-    keep_state_dict_layout(model, state)
+    assert keep_state_dict_layout(model, state) == ["bn.num_batches_tracked", "edge.num_batches_tracked"]
     got = props(model)
     assert got[ORDER_KEY] == ["bn.num_batches_tracked", "fc.weight", "bn.bias", "bn.weight", "edge.num_batches_tracked",
                               "bn.running_mean"]
@@ -264,6 +264,11 @@ def test_the_layout_records_unread_integer_buffers_and_the_state_dicts_order():
     }
     keep_state_dict_layout(model, state)  # again: the entries are replaced, not added twice
     assert [p.key for p in model.metadata_props] == [PARAMETERS_KEY, ORDER_KEY] and props(model) == got
+    model = layout_model(mapping)  # a live module's own entries: every small integer, whatever its name
+    assert keep_state_dict_layout(model, state, every_integer=True) == [
+        "bn.num_batches_tracked", "steps", "edge.num_batches_tracked"]
+    assert props(model)[PARAMETERS_KEY]["steps"] == {"name": "steps", "value": {"dtype": "int64", "shape": [], "data": [3]}}
+    assert "other.num_batches_tracked" not in props(model)[ORDER_KEY] and "big.num_batches_tracked" not in props(model)[ORDER_KEY]
 
 
 def test_the_layout_of_a_model_without_parameter_metadata_holds_only_the_buffers():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copyreg
+import functools
 import io
 import os
 import pickle
@@ -16,7 +17,7 @@ import types
 import numpy as np
 import pytest
 
-from policyport.converter.readers.unpickle import Record, _numpy_core, load, plain
+from policyport.converter.readers.unpickle import Call, Record, _numpy_core, load, plain
 from policyport.errors import LimitExceededError, UnreadableFileError, UntrustedFileError
 from policyport.io.limits import using_limits
 
@@ -340,6 +341,44 @@ def test_a_function_of_a_framework_is_refused_unless_its_module_is_inert(fake_fr
     for not_inert in (("fakef",), ("fakefw.util.make",), ("fakefw.utility",)):
         with pytest.raises(UntrustedFileError, match=r"asks to call fakefw\.util\.make_thing while"):
             load(data, inert_modules=not_inert)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_partial_of_a_class_that_the_pickle_calls_is_recorded_with_every_argument(fake_framework, protocol):
+    # tf_keras pickles a TensorFlow variable as (functools.partial(ResourceVariable, **kwargs), ())
+    variable = _Reduces(functools.partial(fake_framework.Outer, 5, name="Adam/m/fc_1/kernel",
+                                          initial_value=np.arange(6.0).reshape(2, 3)), (7,))
+    got = load(pickle.dumps({"weights": [np.ones(2)], "optimizer": [variable]}, protocol=protocol))
+    record = got["optimizer"][0]
+    assert type(record).__mro__[1] is Record and record.global_name == "fakefw.util.Outer"
+    assert record.args == (5, 7) and sorted(record.kwargs) == ["initial_value", "name"]
+    assert record.kwargs["name"] == "Adam/m/fc_1/kernel"
+    np.testing.assert_array_equal(record.kwargs["initial_value"], np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(got["weights"][0], np.ones(2))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_partial_of_a_function_is_refused_as_the_function_is_and_nothing_runs(tmp_path, fake_framework, protocol):
+    marker = tmp_path / "ran"
+    data = pickle.dumps(_Reduces(functools.partial(os.system, f"touch {marker}"), ()), protocol=protocol)
+    with pytest.raises(UntrustedFileError) as refused:
+        load(data, what="policy_state.pkl")
+    assert str(refused.value) == REFUSED.format(what="policy_state.pkl", name=f"{os.system.__module__}.system")
+    assert not marker.exists()
+    data = pickle.dumps(_Reduces(functools.partial(fake_framework.make_thing, 3), ()), protocol=protocol)
+    with pytest.raises(UntrustedFileError) as refused:
+        load(data, what="policy_state.pkl")
+    assert str(refused.value) == REFUSED.format(what="policy_state.pkl", name="fakefw.util.make_thing")
+    record = load(data, inert_modules=("fakefw",))  # a framework helper of an inert module: recorded, not called
+    assert record.global_name == "fakefw.util.make_thing" and record.args == (3,)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_record_the_pickle_calls_gives_a_call_record_naming_it(fake_framework, monkeypatch, protocol):
+    monkeypatch.setattr(fake_framework.Outer, "__call__", lambda self, *args: args, raising=False)  # for pickle.dumps
+    got = load(pickle.dumps(_Reduces(fake_framework.Outer(), (1, "a")), protocol=protocol))
+    assert isinstance(got, Call) and got.global_name == "fakefw.util.Outer(...)" and got.args == (1, "a")
+    assert got.state["callee"].global_name == "fakefw.util.Outer" and not isinstance(got.state["callee"], Call)
 
 
 @pytest.mark.parametrize("protocol", range(4, pickle.HIGHEST_PROTOCOL + 1))

@@ -149,7 +149,8 @@ _LIBRARY_KINDS: dict[str, list[Seed]] = {
                           ("tanh_normal_ppo_loss.pt", ("--activation", "tanh", "--distribution", "tanh-normal")))],
     "cleanrl": [Seed(f"cleanrl/{p.name}", (f"cleanrl/{p.name}",), p.name)
                 for p in sorted((FIXTURES / "cleanrl").glob("*.cleanrl_model"))],
-    "brax": [Seed(f"brax/{p.name}", (f"brax/{p.name}",), p.name) for p in sorted((FIXTURES / "brax").glob("*.pkl"))],
+    "brax": [Seed(f"brax/{p.name}", (f"brax/{p.name}",), p.name) for p in sorted((FIXTURES / "brax").glob("*.pkl"))]
+    + [Seed("brax/ppo_checkpoint", ("brax/ppo_checkpoint",), "ppo_checkpoint")],
 }
 
 

@@ -589,17 +589,23 @@ def as_state_dict(value, path) -> dict[str, np.ndarray]:
     return {str(k): v for k, v in value.items()}
 
 
-def keep_state_dict_layout(model, state_dict) -> None:
+def keep_state_dict_layout(model, state_dict, *, every_integer: bool = False) -> list[str]:
     """Make ``extract`` give back the whole ``state_dict`` in its own order (changes ``model``'s metadata).
 
     Small integer buffers that no computation reads (``BatchNorm.num_batches_tracked``), and so are
-    not in the graph, are recorded as ``"value"`` entries of the parameter metadata; the order of
-    the state_dict's keys is recorded as ``policyport.parameter_order``
-    (see :func:`policyport.graph.passes.parameter_map`).
+    not in the graph, are recorded as ``"value"`` entries of the parameter metadata (at most
+    :data:`~policyport.graph.passes.MAX_VALUE_ELEMENTS` elements); the order of the state_dict's keys
+    is recorded as ``policyport.parameter_order`` (see :func:`policyport.graph.passes.parameter_map`).
 
     Args:
         model: an ``onnx.ModelProto`` whose ``policyport.parameters`` metadata a converter wrote.
         state_dict: the source's arrays, name -> array, in the source's order.
+        every_integer: record every small integer entry the graph does not hold, whatever its name
+            (a live module's own counters, such as rsl_rl's ``EmpiricalNormalization.count``), not
+            only ``num_batches_tracked`` (default ``False``: a file's entries are known by name).
+
+    Returns:
+        The names recorded as values, in the state_dict's order.
     """
     from ...graph.passes import MAX_VALUE_ELEMENTS, ORDER_KEY, PARAMETERS_KEY
 
@@ -609,7 +615,7 @@ def keep_state_dict_layout(model, state_dict) -> None:
     mapped |= {a for v in mapping.values() if isinstance(v, dict) for a in v.get("also", [])}
     for name, array in state_dict.items():
         array = np.asarray(array)
-        if name not in mapped and name.endswith("num_batches_tracked") and array.dtype.kind in "iu" \
+        if name not in mapped and (every_integer or name.endswith("num_batches_tracked")) and array.dtype.kind in "iu" \
                 and array.size <= MAX_VALUE_ELEMENTS:
             mapping[name] = {"name": name, "value": {"dtype": array.dtype.name, "shape": list(array.shape),
                                                      "data": array.ravel().tolist()}}
@@ -621,3 +627,4 @@ def keep_state_dict_layout(model, state_dict) -> None:
         else:
             entry = model.metadata_props.add()
             entry.key, entry.value = key, value
+    return [name for name in state_dict if isinstance(mapping.get(name), dict) and "value" in mapping[name]]

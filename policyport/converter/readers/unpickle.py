@@ -32,6 +32,15 @@ the user's own script would import from on ``sys.path`` (:func:`user_import_path
 Class or function is told from the global's name, as Python names them (PEP 8: ``CapWords`` for
 classes); a handful of numpy and pickle reconstructors that real files use for objects policyport
 does not need (a ``RandomState``) are recorded inertly rather than refused, never called.
+
+``functools.partial`` is one of them: a class, named in lower case as the builtins are, which
+``tf_keras`` uses to pickle a TensorFlow variable (``ResourceVariable.__reduce__`` returns
+``(functools.partial(ResourceVariable, initial_value=..., name=...), ())``, so the pickle builds the
+partial, sets its state, then calls it). The partial becomes a :class:`Record`, and a record the
+pickle calls (``REDUCE`` on a record) makes another record, never a call: a recorded partial of a
+recorded class gives a record of that class holding the partial's and the call's arguments together
+(``record.kwargs["name"]``); any other recorded object called gives a :class:`Call` record. The
+function a partial wraps is a global of its own, refused or recorded by the rules above.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ class Record:
     Attributes:
         global_name: the class as the pickle names it, ``"module.QualName"``.
         args: the positional arguments the pickle would have called the class with.
+        kwargs: the keyword arguments (``NEWOBJ_EX``, or a recorded ``functools.partial``'s keywords).
         state: what the pickle would have passed to ``__setstate__`` (usually the instance
             ``__dict__``), or ``None``.
         items: key -> value pairs set on it (an instance of a ``dict`` subclass).
@@ -71,12 +81,12 @@ class Record:
 
     global_name = "?"
 
-    def __new__(cls, *args, **kwargs):  # pickle's NEWOBJ calls __new__ alone, without __init__
+    def __new__(cls, /, *args, **kwargs):  # pickle's NEWOBJ calls __new__ alone, without __init__
         self = super().__new__(cls)
         self.__dict__.update(args=args, kwargs=kwargs, state=None, items={}, list_items=[])
         return self
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, /, *args, **kwargs):
         pass
 
     def __setstate__(self, state):
@@ -111,6 +121,32 @@ class Record:
         state = self.__dict__.get("state")
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__
         return f"<Record {self.global_name} state={keys}>"
+
+
+class Call(Record):
+    """What a pickle's call of a :class:`Record` (``REDUCE`` with a record as the callable) would
+    have returned, inert: ``state`` is ``{"callee": the record}``, ``args`` and ``kwargs`` the call's."""
+
+    global_name = "call"
+
+
+def _called(callee: Record, args: tuple) -> Record:
+    """A pickle's call ``callee(*args)`` of a record, recorded and never made.
+
+    A recorded ``functools.partial`` holds ``(func, args, keywords, __dict__)`` as its state
+    (``functools.partial.__reduce__``); when ``func`` is a stand-in class the call would construct
+    that class, so the result is its record with the partial's arguments then the call's, and the
+    partial's keywords. Anything else gives a :class:`Call` record naming the callee.
+    """
+    state = callee.state
+    if callee.global_name == "functools.partial" and isinstance(state, tuple) and len(state) == 4 \
+            and isinstance(state[0], type) and issubclass(state[0], Record):
+        func, bound, keywords = state[0], state[1] if isinstance(state[1], tuple) else (), state[2]
+        return func(*bound, *args, **(keywords if isinstance(keywords, dict) else {}))
+    call = Call(*args)
+    call.__dict__["global_name"] = f"{callee.global_name}(...)"
+    call.__dict__["state"] = {"callee": callee}
+    return call
 
 
 def _stand_in(module: str, name: str) -> type:
@@ -357,6 +393,7 @@ INERT_FUNCTIONS = frozenset({
     ("numpy.random._pickle", "__bit_generator_ctor"),
     ("numpy.random._pickle", "__generator_ctor"),
     ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),  # a gymnasium space's Generator seed
+    ("functools", "partial"),  # a class (lower case): tf_keras's pickled TensorFlow variables; see the module docstring
 })
 
 
@@ -406,6 +443,9 @@ class _RestrictedUnpickler(pickle._Unpickler):
 
     def load_reduce(self):
         args = self.stack.pop()
+        if isinstance(self.stack[-1], Record):  # an inert record called: recorded, never made
+            self.stack[-1] = _called(self.stack[-1], tuple(args))
+            return
         self._sizes.check(self.stack[-1], tuple(args))
         self.stack[-1] = self.stack[-1](*args)
 
@@ -765,5 +805,5 @@ def check_written_size(value: Any, what: str, children: Callable[[Any], Iterable
                       f"repeated where it appears, are {n:,} objects, which", purpose="data read from a file")
 
 
-__all__ = ["Record", "load", "plain", "pickled_globals", "refused_global", "written_items", "check_written_size",
+__all__ = ["Record", "Call", "load", "plain", "pickled_globals", "refused_global", "written_items", "check_written_size",
            "ITEM_BYTES", "DANGEROUS_MODULES", "INERT_FUNCTIONS"]

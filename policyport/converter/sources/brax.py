@@ -1,4 +1,5 @@
-"""Brax policies saved with ``brax.io.model.save_params``, read without JAX or Brax.
+"""Brax policies saved with ``brax.io.model.save_params`` or ``brax.training.checkpoint.save``, read without
+JAX or Brax.
 
 ``save_params(path, params)`` writes ``pickle.dumps(params)`` (``brax/io/model.py``), where PPO's
 ``train`` hands ``(normalizer_params, policy_params, value_params)`` to its callbacks and SAC's returns
@@ -18,7 +19,14 @@ The pickle is read by policyport's restricted unpickler: numpy arrays and contai
 rebuilt as the numpy array it holds by policyport's own function; Brax's classes become inert
 records; nothing from the file runs.
 
-What the file does not record, and this converter therefore assumes and reports: the activation
+``brax.training.checkpoint.save(path, step, params, config)`` (``brax/training/checkpoint.py``) writes the
+same tuple with orbax into ``path/<step:012d>/`` and the network configuration beside it (``config.json``:
+``network_factory_kwargs`` with ``activation``, ``policy_hidden_layer_sizes``, ``distribution_type``, and
+``normalize_observations``). Such a folder is read with tensorstore
+(:mod:`policyport.converter.readers.orbax`); the activation comes from its configuration, the layer sizes are
+checked against it, and ``normalize_observations: false`` leaves the normaliser out, as Brax does.
+
+What a ``save_params`` file does not record, and this converter therefore assumes and reports: the activation
 (``make_ppo_networks``'s default swish for a three-part save, ``make_sac_networks``'s relu for a
 two-part one; ``--activation`` names another) and that the policy is tanh-normal (Brax's default).
 """
@@ -61,90 +69,79 @@ CONFIG_NAMES = ("config.json", "ppo_network_config.json", "sac_network_config.js
 CONFIG_BYTES = 1 << 20
 
 
-def _network_config(folder: Path) -> tuple[str | None, dict]:
-    """``(file name, network_factory_kwargs)`` of the configuration beside an orbax checkpoint's arrays, or
-    ``(None, {})`` when there is none or it is not JSON of that shape (the refusal then says less)."""
-    import json
+def network_config(folder: Path) -> tuple[str | None, dict]:
+    """``(file name, configuration)`` of the network configuration ``brax.training.checkpoint.save`` writes
+    beside an orbax checkpoint's arrays (``network_factory_kwargs``, ``normalize_observations``, sizes), or
+    ``(None, {})`` when there is none.
+
+    Raises:
+        UnreadableFileError: the file is larger than :data:`CONFIG_BYTES` or not a JSON object.
+    """
+    from ...io.schema import load_json
 
     for name in CONFIG_NAMES:
         file = folder / name
-        if file.is_file() and file.stat().st_size <= CONFIG_BYTES:
-            try:
-                config = json.loads(file.read_bytes())
-            except (ValueError, OSError):
-                return name, {}
-            kwargs = config.get("network_factory_kwargs") if isinstance(config, dict) else None
-            return name, kwargs if isinstance(kwargs, dict) else {}
+        if file.is_file():
+            if file.stat().st_size > CONFIG_BYTES:
+                raise UnreadableFileError(f"{file} is {file.stat().st_size:,} bytes; a Brax network configuration is "
+                                          f"read up to {CONFIG_BYTES:,}")
+            config = load_json(file.read_bytes(), str(file), error=UnreadableFileError)
+            if not isinstance(config, dict) or not isinstance(config.get("network_factory_kwargs", {}), dict):
+                raise UnreadableFileError(f"{file} is not the JSON object of a Brax network configuration")
+            return name, config
     return None, {}
 
 
-class OrbaxCheckpointError(UnreadableFileError):
-    """A folder ``brax.training.checkpoint.save`` wrote (orbax), which policyport does not read (exit 3).
-
-    The message says which step folder it is, what its configuration records (activation, layer sizes),
-    why it is not read (orbax compresses the OCDBT database's nodes and every zarr chunk with zstd, which
-    Python's standard library decodes only from 3.14), and the Brax calls that write a
-    ``save_params`` file of the same arrays, with the ``policyport convert`` line for it.
-    """
-
-    def __init__(self, path: Path):
-        folder = orbax_step_folder(path)
-        self.folder = folder
-        store = "an OCDBT database (manifest.ocdbt)" if (folder / "manifest.ocdbt").is_file() else "zarr arrays"
-        name, kwargs = _network_config(folder)
-        activation = kwargs.get("activation") if isinstance(kwargs.get("activation"), str) else None
-        sizes = kwargs.get("policy_hidden_layer_sizes")
-        recorded = []
-        if activation:
-            recorded.append(f"activation {activation}")
-        if isinstance(sizes, list) and all(isinstance(s, int) for s in sizes):
-            recorded.append(f"policy layers {tuple(sizes)}")
-        config = f"; {name} records {', '.join(recorded)}" if recorded else (f"; {name} is unreadable" if name else "")
-        option = ""
-        if activation:
-            try:
-                option = f" --activation {parse_activation(activation).name}"
-            except (ValueError, LookupError):
-                option = ""
-        super().__init__(
-            f"{path} is an orbax checkpoint that brax.training.checkpoint.save wrote (step folder {folder}: its "
-            f"arrays in {store}{config}). policyport does not read it: orbax compresses the database's nodes and "
-            "every array's zarr chunks with zstd, and policyport reads source files with numpy and Python's standard "
-            "library, which has no zstd decoder before Python 3.14. Write the same arrays to a file policyport "
-            "reads, where Brax is installed: python -c \"from brax.io import model; from brax.training import "
-            f"checkpoint; model.save_params('params.pkl', checkpoint.load('{folder}'))\", then: policyport convert "
-            f"params.pkl --from brax{option}")
-
-
 def read_brax(path) -> tuple[object, dict, dict | None, dict]:
-    """``(normalizer state, policy params, value params or None, provenance)`` of a ``save_params`` file.
+    """``(normalizer state, policy params, value params or None, provenance)`` of a ``save_params`` file or
+    of an orbax checkpoint folder ``brax.training.checkpoint.save`` wrote (the folder itself or the
+    ``<step:012d>`` folder inside it; the newest step when there are several).
+
+    An orbax folder is read with tensorstore (:func:`~policyport.converter.readers.orbax.read_orbax_tree`):
+    its provenance holds the step folder's name, the sha256 of all its files and its network configuration
+    (``provenance["config"]``, ``{}`` when there is none).
 
     Raises:
-        UnreadableFileError: not a pickle, or damaged.
+        UnreadableFileError: not a pickle or an orbax checkpoint, or damaged.
         UntrustedFileError: a pickle that asks to call a function (other than rebuilding arrays).
-        BadModelError: a pickle that is not Brax's params tuple.
+        BadModelError: a pickle or checkpoint that is not Brax's params tuple.
+        MissingDependencyError: an orbax folder, and tensorstore is not installed (exit 4).
     """
     from ..readers.unpickle import load
 
     path = Path(path)
     if path.is_dir():
-        raise OrbaxCheckpointError(path) if orbax_step_folder(path) else UnreadableFileError(
-            f"{path} is a folder and no orbax checkpoint (it holds no _CHECKPOINT_METADATA or _METADATA with "
-            "manifest.ocdbt or .zarray files); --from brax takes a file brax.io.model.save_params wrote")
-    if not path.is_file():
+        folder = orbax_step_folder(path)
+        if folder is None:
+            raise UnreadableFileError(
+                f"{path} is a folder and no orbax checkpoint (it holds no _CHECKPOINT_METADATA or _METADATA with "
+                "manifest.ocdbt or .zarray files); --from brax takes a file brax.io.model.save_params wrote or the "
+                "folder brax.training.checkpoint.save wrote")
+        from ..readers.orbax import folder_sha256, read_orbax_tree
+
+        value = read_orbax_tree(folder)
+        config_name, config = network_config(folder)
+        provenance = {"kind": "brax", "file": folder.name, "format": "orbax", "sha256": folder_sha256(folder),
+                      "config": config, "config_file": config_name}
+        what = f"{folder} (an orbax checkpoint)"
+    elif not path.is_file():
         raise UnreadableFileError(f"{path}: no such file")
-    data = path.read_bytes()
-    value = load(data, what=str(path), rebuilders={JAX_ARRAY: _jax_array})
+    else:
+        data = path.read_bytes()
+        value = load(data, what=str(path), rebuilders={JAX_ARRAY: _jax_array})
+        provenance = {"kind": "brax", "file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+        what = str(path)
     if not (isinstance(value, (tuple, list)) and len(value) in (2, 3) and isinstance(value[1], dict)):
-        raise BadModelError(f"{path} holds a {type(value).__name__}, not the params tuple brax.io.model.save_params "
-                            "writes for PPO (normalizer_params, policy_params, value_params) or SAC (normalizer_params, "
-                            "policy_params)")
-    provenance = {"kind": "brax", "file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+        raise BadModelError(f"{what} holds a {type(value).__name__}, not the params tuple Brax saves for PPO "
+                            "(normalizer_params, policy_params, value_params) or SAC (normalizer_params, policy_params)")
     return value[0], value[1], value[2] if len(value) == 3 else None, provenance
 
 
 def _statistics(state, what: str) -> tuple[np.ndarray, np.ndarray]:
-    mean, std = getattr(state, "mean", None), getattr(state, "std", None)
+    if isinstance(state, dict):  # an orbax checkpoint keeps the RunningStatisticsState's fields as a dict
+        mean, std = state.get("mean"), state.get("std")
+    else:
+        mean, std = getattr(state, "mean", None), getattr(state, "std", None)
     if not (isinstance(mean, np.ndarray) and isinstance(std, np.ndarray)):
         raise BadModelError(f"{what}'s normalizer_params hold no mean and std arrays (a RunningStatisticsState has "
                             "them); a nested observation's statistics are not read")
@@ -189,9 +186,16 @@ def convert_brax(source, options):
     state, policy, value, provenance = read_brax(source)
     algorithm = "PPO" if value is not None else "SAC"
     default = "swish" if value is not None else "relu"
-    act_name = options.activation or default
-    act = parse_activation(act_name)
+    config_file, config = provenance.pop("config_file", None), provenance.pop("config", {})
+    kwargs = config.get("network_factory_kwargs", {})
+    configured = kwargs.get("activation") if isinstance(kwargs.get("activation"), str) else None
+    act_name = options.activation or configured or default
+    try:
+        act = parse_activation(act_name)
+    except (ValueError, LookupError) as e:
+        raise BadModelError(f"{config_file} names the activation {act_name!r}: {e}") from e
     act = None if act.name == "linear" else act
+    _check_config(config, config_file)
     mean, std = _statistics(state, str(source))
     layers = _policy_layers(policy, act)
     check_dtypes({d.weight_name: d.weight for d in layers} | {d.bias_name: d.bias for d in layers if d.bias is not None},
@@ -204,30 +208,58 @@ def convert_brax(source, options):
         raise BadModelError(f"the normaliser's mean {mean.shape} and std {std.shape} do not fit the first layer's "
                             f"{spec.obs_dim} inputs")
     tail = TanhLoc(width // 2)
-    prelude = BraxNormalizer(mean.astype(spec.dtype), std.astype(spec.dtype))
+    normalised = config.get("normalize_observations") is not False
+    prelude = BraxNormalizer(mean.astype(spec.dtype), std.astype(spec.dtype)) if normalised else None
     spec.source = {**provenance, "algorithm": algorithm}
     model = build_mlp(spec, opset=options.opset, postlude=tail.build, metadata={"policyport.activation": act_name},
                       prelude=prelude)
+    sizes = kwargs.get("policy_hidden_layer_sizes")
+    if isinstance(sizes, list) and sizes != [layer.out_features for layer in spec.hidden]:
+        raise BadModelError(f"{config_file} records policy layers {tuple(sizes)}, the checkpoint holds "
+                            f"{tuple(layer.out_features for layer in spec.hidden)}")
     hidden = [layer.name for layer in spec.hidden]
-    because = ("given by --activation; a save_params file does not record it" if options.activation else
-               f"Brax's make_{algorithm.lower()}_networks builds its MLP with {default} unless told otherwise, and a "
-               "save_params file does not record it")
+    because = ("given by --activation" + ("" if config_file else "; a save_params file does not record it")
+               if options.activation else
+               f"read from {config_file}'s network_factory_kwargs" if configured else
+               f"Brax's make_{algorithm.lower()}_networks builds its MLP with {default} unless told otherwise, and "
+               f"{'this checkpoint records no network configuration' if provenance.get('format') else 'a save_params file does not record it'}")
     assumptions = [Assumption("activation", f"{act_name} at {joined(hidden)}", because, "--activation names another")] if hidden else []
     assumptions.append(Assumption("head", "tanh-normal: action = tanh(first half of the last layer)",
-                                  "Brax's default distribution_type; the file holds the network's arrays alone", ""))
+                                  f"read from {config_file}'s distribution_type" if kwargs.get("distribution_type")
+                                  else "Brax's default distribution_type; the file holds the network's arrays alone", ""))
+    if not normalised:
+        assumptions.append(Assumption("observation filter", "none: the policy sees raw observations",
+                                      f"{config_file} records normalize_observations false (Brax then passes "
+                                      "observations through unchanged and the saved statistics are never used)", ""))
     base = reference_for(spec, None)
 
     def reference(obs):
         obs = np.asarray(obs)
-        normalised = prelude.reference(obs)
-        out = base(normalised["normalizer/obs"])
-        out.update(normalised)
+        filtered = prelude.reference(obs) if prelude is not None else {"normalizer/obs": obs}
+        out = base(filtered["normalizer/obs"])
+        if prelude is not None:
+            out.update(filtered)
         out.update(tail.reference(out))
         return out
 
     runner = "torch modules" if has_torch() else "numpy"
-    return Converted(model, reference, "brax", [f"read as Brax {algorithm} params (save_params)"], assumptions,
-                     reconstruction("the arrays of Brax's save_params file", runner))
+    read_as = "an orbax checkpoint, read with tensorstore" if provenance.get("format") == "orbax" else "save_params"
+    return Converted(model, reference, "brax", [f"read as Brax {algorithm} params ({read_as})"], assumptions,
+                     reconstruction("the arrays of Brax's checkpoint" if provenance.get("format") else
+                                    "the arrays of Brax's save_params file", runner))
+
+
+def _check_config(config: dict, name: str | None) -> None:
+    """Refuse a network configuration that describes a policy other than the one this converter builds:
+    tanh-normal (``distribution_type``) with a network that outputs the loc and scale halves."""
+    kwargs = config.get("network_factory_kwargs", {})
+    distribution = kwargs.get("distribution_type")
+    if distribution not in (None, "tanh_normal"):
+        raise BadModelError(f"{name} records distribution_type {distribution!r}; policyport reads Brax's tanh_normal "
+                            "policies (action = tanh(loc))")
+    if kwargs.get("state_dependent_std") not in (None, False):
+        raise BadModelError(f"{name} records state_dependent_std {kwargs['state_dependent_std']!r}; policyport reads "
+                            "policies whose network outputs loc and scale halves")
 
 
 class BraxNormalizer:

@@ -23,6 +23,13 @@ How a model is converted:
    constants, are rebuilt as ONNX ``BatchNormalization``/``LayerNormalization`` nodes reading the
    Keras ``gamma``, ``beta``, ``moving_mean``, ``moving_variance`` with the layer's exact epsilon
    (``LayerNormalization`` is spelled out in primitive ops below opset 17).
+4. Constants a layer holds outside its variables reach the traced function as captured inputs, which
+   tf2onnx makes graph inputs; each becomes an initializer of its value (``<layer>/<attribute>``
+   when a layer attribute holds it), so the graph takes the model's own inputs alone. A
+   preprocessing ``Normalization`` layer (whose ``mean`` and ``variance`` are such constants, copied
+   from its variables when it was adapted) is rebuilt as Keras computes it, reading
+   ``<layer>/mean`` and ``<layer>/variance``; a variable no computation reads (its ``count``) is
+   recorded with its value, so ``extract`` gives every Keras variable back.
 
 Loading a ``.keras``/``.h5`` file uses Keras' ``safe_mode``: a ``Lambda`` layer stored as Python
 bytecode (or a ``TFSMLayer``, which loads a SavedModel) is refused unless ``trust`` is given. A
@@ -59,7 +66,8 @@ from ...errors import (
 )
 from ...io.kinds import sha256_file
 from ...text import bounded_repr
-from ..assumptions import Oracle, head_assumption, outside_normaliser
+from ...graph.passes import MAX_VALUE_ELEMENTS
+from ..assumptions import Assumption, Oracle, head_assumption, joined, outside_normaliser
 from ..build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 from ..keras_sizes import check_keras_config, check_savedmodel_sizes
 
@@ -344,8 +352,16 @@ class _Trace:
         outputs: the model's output names, in the model's order.
         layer_tensors: layer tensor name -> layer name, in call order.
         weights: (source name, layer name or ``None``, array) for every parameter, in source order.
-        norms: layer name -> (kind ``"bn"``/``"ln"``, the Keras layer).
+        norms: layer name -> (kind ``"bn"``/``"ln"``/``"norm"`` (a preprocessing ``Normalization``),
+            the Keras layer).
         shapes: layer tensor name -> its traced shape (batch axis ``None``).
+        captures: TensorFlow tensor name of a placeholder the function reads -> (the constant value
+            it stands for, ``<layer>/<attribute>`` of the leaf layer holding that constant or
+            ``None``): the tensors a layer holds outside its variables (a ``Normalization`` layer's
+            ``mean`` and ``variance``), which tf2onnx turns into graph inputs.
+        weight_names: ``id`` of a Keras variable -> its source name in ``weights``.
+        unread: source names of the weights the function never reads (a ``Normalization`` layer's
+            ``count``).
     """
 
     function: Any
@@ -355,6 +371,9 @@ class _Trace:
     weights: list[tuple[str, str | None, np.ndarray]] = field(default_factory=list)
     norms: dict[str, tuple[str, Any]] = field(default_factory=dict)
     shapes: dict[str, tuple] = field(default_factory=dict)
+    captures: dict[str, tuple[np.ndarray, str | None]] = field(default_factory=dict)
+    weight_names: dict[int, str] = field(default_factory=dict)
+    unread: set[str] = field(default_factory=set)
 
 
 def _leaf_layers(model) -> list:
@@ -494,7 +513,7 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
 
     function = tf.function(call, input_signature=specs, autograph=False)
     try:
-        function.get_concrete_function()
+        concrete = function.get_concrete_function()
     except Exception as e:  # whatever the model's own code raises while it is traced
         raise BadModelError(f"calling the Keras model {model.name!r} on {[tuple(s.shape) for s in specs]} failed: "
                             f"{_layer_error(e)}") from e
@@ -503,25 +522,56 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
     for layer_name, layer in by_name.items():
         for w in layer.weights:
             owner.setdefault(id(w), layer_name)
+    read = {id(v) for v in concrete.variables}
     weights: list[tuple[str, str | None, np.ndarray]] = []
-    seen_weights: set[int] = set()
+    weight_names: dict[int, str] = {}
+    unread: set[str] = set()
     seen_names: set[str] = set()
     for w in model.weights:  # Keras' own order
-        if id(w) in seen_weights or id(w) not in owner:
+        if id(w) in weight_names or id(w) not in owner:
             continue
-        seen_weights.add(id(w))
         layer_name = owner[id(w)]
         source_name = f"{layer_name}/{w.name}"
         if source_name in seen_names:
             source_name = str(getattr(w, "path", source_name))
         seen_names.add(source_name)
+        weight_names[id(w)] = source_name
+        if id(getattr(w, "value", w)) not in read:
+            unread.add(source_name)
         weights.append((source_name, layer_name, np.asarray(w.numpy())))
     norms = {}
     for layer_name, layer in by_name.items():
-        kind = {"BatchNormalization": "bn", "LayerNormalization": "ln"}.get(type(layer).__name__)
+        kind = {"BatchNormalization": "bn", "LayerNormalization": "ln", "Normalization": "norm"}.get(type(layer).__name__)
         if kind:
             norms[layer_name] = (kind, layer)
-    return _Trace(function, specs, list(outputs), layer_tensors, weights, norms, shapes)
+    holders = {id(value): f"{layer_name}/{attribute}" for layer_name, layer in by_name.items()
+               for attribute, value in vars(layer).items() if isinstance(value, tf.Tensor)}
+    return _Trace(function, specs, list(outputs), layer_tensors, weights, norms, shapes,
+                  _captured_constants(fw, concrete, holders), weight_names, unread)
+
+
+def _captured_constants(fw: _Frameworks, concrete, holders: Mapping[int, str]) -> dict[str, tuple[np.ndarray, str | None]]:
+    """The constants a traced function reads from outside itself, by the name of the placeholder
+    standing for each inside it.
+
+    TensorFlow passes an eager tensor a function uses (a Keras ``Normalization`` layer computes its
+    ``mean`` and ``variance`` tensors once, outside any call) as a captured input, and tf2onnx's
+    ``from_function`` makes every input of the concrete function that is no resource handle a graph
+    input; variables are resource handles, which tf2onnx freezes into initializers.
+
+    Args:
+        concrete: the ``ConcreteFunction``.
+        holders: ``id`` of a tensor -> ``<layer>/<attribute>`` of the layer attribute holding it.
+
+    Returns:
+        placeholder tensor name (``functional_1/obs_norm_1/Sub/y:0``) -> (value, holder name or ``None``).
+    """
+    captured = {}
+    for external, internal in concrete.graph.captures:
+        if external.dtype == fw.tf.resource or not hasattr(external, "numpy"):
+            continue
+        captured[internal.name] = (np.asarray(external.numpy()), holders.get(id(external)))
+    return captured
 
 
 def _layer_error(e: BaseException) -> str:
@@ -566,7 +616,7 @@ def _trace_function(fw: _Frameworks, fn, variables=None, input_names: list[str] 
             continue
         seen.add(name)
         weights.append((name, None, np.asarray(v.numpy())))
-    return _Trace(function, specs, list(outputs), {}, weights, {})
+    return _Trace(function, specs, list(outputs), {}, weights, {}, captures=_captured_constants(fw, concrete, {}))
 
 
 # ------------------------------------------------------------------------------------- tf2onnx
@@ -823,6 +873,132 @@ def _rebuild_norm(graph: _Graph, layer_name: str, kind: str, layer, shape: tuple
     return True
 
 
+def _captures_as_initializers(proto, trace: _Trace) -> dict[str, str]:
+    """Turn the graph inputs tf2onnx made of captured constants (:func:`_captured_constants`) into
+    initializers holding their values, and drop those no node reads; the graph keeps only the
+    model's own inputs.
+
+    Returns:
+        initializer name -> ``<layer>/<attribute>`` of the layer holding the constant, for those
+        a layer holds.
+    """
+    from onnx import numpy_helper
+
+    read = {i for n in proto.graph.node for i in n.input}
+    holders: dict[str, str] = {}
+    kept = []
+    for info in proto.graph.input:
+        if info.name not in trace.captures:
+            kept.append(info)
+            continue
+        value, holder = trace.captures[info.name]
+        if info.name in read:
+            proto.graph.initializer.append(numpy_helper.from_array(value, info.name))
+            if holder is not None:
+                holders[info.name] = holder
+    del proto.graph.input[:]
+    proto.graph.input.extend(kept)
+    return holders
+
+
+def _name_held_constants(graph: _Graph, holders: Mapping[str, str], weight_names: set[str], parameters: dict,
+                         claimed: set[str]) -> None:
+    """Name each captured constant still read after the rebuilds after the layer attribute holding
+    it (``<layer>/<attribute>``), and record it as a parameter; one whose name a weight or another
+    initializer has keeps its TensorFlow name (made readable later)."""
+    read = {i for n in graph.g.node for i in n.input}
+    for initializer, holder in holders.items():
+        if initializer in read and holder not in weight_names and holder not in graph.init and holder not in claimed:
+            graph.rename(initializer, holder)
+            parameters[holder] = holder
+            claimed.add(holder)
+
+
+def _rebuild_normalization(graph: _Graph, layer_name: str, layer, calls: list[tuple[str, list]],
+                           weight_names: Mapping[int, str], parameters: dict, claimed: set[str]) -> bool:
+    """Replace tf2onnx's form of a Keras preprocessing ``Normalization`` layer by ONNX nodes reading
+    its statistics under the layer's names, computed as Keras computes them.
+
+    ``keras/src/layers/preprocessing/normalization.py`` (Keras 3): an adapted layer (or one loaded
+    from a file) keeps ``mean`` and ``variance`` as non-trainable variables of the kept axes' shape
+    and reshapes them to a broadcast shape and casts them to the compute dtype in
+    ``finalize_state``; a layer given ``mean=`` and ``variance=`` holds those, broadcast and cast,
+    as constant tensors ``mean`` and ``variance`` and has no variables. ``call`` computes
+    ``(x - mean) / maximum(sqrt(variance), epsilon)``, or ``mean + x * maximum(sqrt(variance),
+    epsilon)`` with ``invert=True``, with ``epsilon`` Keras' ``keras.config.epsilon()`` (1e-07 by
+    default). tf2onnx would leave the statistics as graph inputs and fold ``1 / maximum(...)`` into
+    one anonymous constant (a multiplication where Keras divides).
+
+    The initializers are the variables (``obs_norm/mean``, ``obs_norm/variance``, as
+    ``layer.get_weights()`` gives them), or the held constants under the same names, followed by a
+    ``Reshape`` to the broadcast shape where broadcasting the variable would differ, and a ``Cast``
+    where the compute dtype differs from the variable's. A layer called several times reads them once.
+
+    Args:
+        calls: per call of the layer, its output tensor (``obs_norm``, ``obs_norm_call1``) and the
+            nodes tf2onnx computes it with.
+
+    Returns:
+        Whether it was rebuilt: only where every call reads one input of the compute dtype (one input
+        to its nodes outside initializers, no ``Cast`` among them) and no node serves two calls.
+    """
+    import keras
+    from onnx import helper
+
+    inputs = [_external_inputs(graph, span) for _, span in calls]
+    nodes_of_calls = [id(n) for _, span in calls for n in span]
+    if getattr(layer, "mean", None) is None or any(len(i) != 1 for i in inputs) \
+            or len(set(nodes_of_calls)) != len(nodes_of_calls) or any(n.op_type == "Cast" for _, sp in calls for n in sp):
+        return False
+    dtype = np.dtype(layer.compute_dtype)
+    shape = [int(d) for d in layer._broadcast_shape]
+    p = f"{layer_name}/"
+    adapted = layer.input_mean is None
+    statistics = {}
+    for which in ("mean", "variance"):
+        variable = getattr(layer, f"adapt_{which}", None) if adapted else None
+        if variable is not None:
+            name, value = weight_names.get(id(variable), p + which), np.asarray(variable.numpy())
+        else:
+            name, value = p + which, np.asarray(getattr(layer, which))
+        if name in graph.init or name in claimed:
+            return False
+        statistics[which] = (name, value)
+    graph.remove_nodes([n for _, span in calls for n in span])
+    nodes = []
+    tensors = {}
+    for which, (name, value) in statistics.items():
+        graph.add_initializer(value, name)
+        parameters[name] = name
+        claimed.add(name)
+        tensor = name
+        if value.dtype != dtype:
+            nodes.append(helper.make_node("Cast", [tensor], [p + f"{which}_cast"], name=p + f"{which}_cast",
+                                          to=helper.np_dtype_to_tensor_dtype(dtype)))
+            tensor = p + f"{which}_cast"
+        lead = len(shape) - value.ndim
+        if lead < 0 or list(value.shape) != shape[lead:] or any(d != 1 for d in shape[:lead]):
+            target = graph.add_initializer(np.array(shape, np.int64), p + f"{which}_shape")
+            nodes.append(helper.make_node("Reshape", [tensor, target], [p + f"{which}_reshaped"],
+                                          name=p + f"{which}_reshaped"))
+            tensor = p + f"{which}_reshaped"
+        tensors[which] = tensor
+    eps = graph.add_initializer(np.array(keras.config.epsilon(), dtype=dtype), p + "epsilon")
+    mean, std = tensors["mean"], p + "std_floor"
+    nodes += [helper.make_node("Sqrt", [tensors["variance"]], [p + "std"], name=p + "std"),
+              helper.make_node("Max", [p + "std", eps], [std], name=std)]
+    for (out, _), (x,) in zip(calls, inputs):
+        step = f"{out}/{'scaled' if layer.invert else 'centered'}"
+        if layer.invert:
+            nodes += [helper.make_node("Mul", [x, std], [step], name=step),
+                      helper.make_node("Add", [mean, step], [out], name=out)]
+        else:
+            nodes += [helper.make_node("Sub", [x, mean], [step], name=step),
+                      helper.make_node("Div", [step, std], [out], name=out)]
+    graph.g.node.extend(nodes)
+    return True
+
+
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -831,13 +1007,18 @@ def _name_parameters(graph: _Graph, trace: _Trace, spans: dict[str, list], param
                      claimed: set[str]) -> list[str]:
     """Rename every initializer holding a Keras weight to the weight's name; record dropped zeros.
 
+    A weight the model never reads (:attr:`_Trace.unread`, a ``Normalization`` layer's ``count``)
+    and no initializer holds is recorded with its value when it has at most
+    :data:`~policyport.graph.passes.MAX_VALUE_ELEMENTS` numbers.
+
     Returns:
-        The names of weights found nowhere in the graph (tf2onnx folded them into other constants).
+        The names of weights found nowhere in the graph that tf2onnx folded into other constants,
+        and of those the model never reads that are too large to record.
     """
     from onnx import numpy_helper
 
     consumers = graph.consumers()
-    missing = []
+    missing, unread = [], []
     for source_name, layer_name, value in trace.weights:
         if source_name in claimed:
             continue
@@ -849,8 +1030,11 @@ def _name_parameters(graph: _Graph, trace: _Trace, spans: dict[str, list], param
         if match is None:
             if not value.any() and np.issubdtype(value.dtype, np.number):
                 parameters[source_name] = {"name": source_name, "zeros": {"shape": list(value.shape), "dtype": value.dtype.name}}
+            elif source_name in trace.unread and value.size <= MAX_VALUE_ELEMENTS and value.dtype.kind in "biuf":
+                parameters[source_name] = {"name": source_name, "value": {
+                    "shape": list(value.shape), "dtype": value.dtype.name, "data": value.ravel().tolist()}}
             else:
-                missing.append(source_name)
+                (unread if source_name in trace.unread else missing).append(source_name)
             continue
         if any(id(n) not in inside for n in consumers.get(match, [])):  # shared with another layer: copy it
             graph.add_initializer(value, source_name)
@@ -862,7 +1046,7 @@ def _name_parameters(graph: _Graph, trace: _Trace, spans: dict[str, list], param
             graph.rename(match, source_name)
         parameters[source_name] = source_name
         claimed.add(source_name)
-    return missing
+    return missing, unread
 
 
 _TF_SUFFIX = re.compile(r"(__\d+)?(:\d+)?$")
@@ -940,6 +1124,7 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     """Apply the naming passes to tf2onnx's model; returns the model and notes."""
     import onnx
 
+    holders = _captures_as_initializers(proto, trace)
     graph = _Graph(proto)
     output_infos = {v.name: v for v in proto.graph.output}
     layer_names = list(trace.layer_tensors)
@@ -955,6 +1140,13 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     claimed: set[str] = set()
     notes: list[str] = []
     for layer, (kind, keras_layer) in trace.norms.items():
+        if kind == "norm":
+            producers = graph.producers()
+            calls = [(t, _span(graph, [t], named - {t}, producers)) for t in per_layer[layer]]
+            if not _rebuild_normalization(graph, layer, keras_layer, calls, trace.weight_names, parameters, claimed):
+                notes.append(f"{layer}: kept tf2onnx's form of this Normalization layer (on an input it casts to its "
+                             "compute dtype); its statistics are not initializers of their own")
+            continue
         shape = trace.shapes[per_layer[layer][0]]
         if not _rebuild_norm(graph, layer, kind, keras_layer, shape, spans[layer], options.opset, parameters, claimed):
             notes.append(f"{layer}: kept tf2onnx's folded form of this normalization (not a (batch, features) "
@@ -962,14 +1154,16 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     graph.topological_sort()
     producers = graph.producers()
     spans = {layer: _span(graph, tensors, named - set(tensors), producers) for layer, tensors in per_layer.items()}
-    missing = _name_parameters(graph, trace, spans, parameters, claimed)
+    missing, unread = _name_parameters(graph, trace, spans, parameters, claimed)
     if missing:
         notes.append(f"tf2onnx folded {', '.join(missing)} into other constants; extract cannot return them")
-    ordered = {}
-    for source_name, _, _ in trace.weights:  # the parameter metadata in Keras' weight order
-        for key, value in parameters.items():
-            if (value if isinstance(value, str) else value["name"]) == source_name:
-                ordered[key] = value
+    if unread:
+        notes.append(f"the model never reads {', '.join(unread)}, each larger than {MAX_VALUE_ELEMENTS} numbers; "
+                     "the graph does not hold them and extract cannot return them")
+    _name_held_constants(graph, holders, {w[0] for w in trace.weights}, parameters, claimed)
+    rank = {source_name: i for i, (source_name, _, _) in enumerate(trace.weights)}  # Keras' weight order, then
+    ordered = dict(sorted(parameters.items(), key=lambda kv: rank.get(  # the constants layers hold
+        kv[1] if isinstance(kv[1], str) else kv[1]["name"], len(rank))))
     graph.drop_unused_initializers()
     _readable_names(graph, spans, named | set(claimed))
 
@@ -1083,12 +1277,28 @@ def _convert_trace(fw: _Frameworks, trace: _Trace, options, provenance: dict, ki
         shape = next(v for v in model.graph.output if v.name == output).type.tensor_type.shape
         assumptions.append(head_assumption(options.head, output=output, width=shape.dim[-1].dim_value, log_std=None,
                                            what=what))
+    normalizations = [layer for layer, (k, _) in trace.norms.items() if k == "norm"]
+    if normalizations:
+        assumptions.append(_epsilon_assumption(fw, normalizations))
     assumptions.append(outside_normaliser("a SavedModel" if kind == "savedmodel" else "a Keras model",
                                           "convert a model that applies the normaliser in its own layers (a "
                                           "Normalization layer)"))
     oracle = Oracle(f"TensorFlow {fw.tf.__version__} running {what}'s own "
                     f"{'serving signature' if kind == 'savedmodel' else 'layers'}", framework=True, checks=_KERAS_CHECKS)
     return Converted(model, _reference(trace, options.head, fw), kind, notes, assumptions, oracle)
+
+
+def _epsilon_assumption(fw: _Frameworks, layers: list[str]) -> Assumption:
+    """That the Keras ``epsilon`` the model was trained with is this machine's: a ``Normalization``
+    layer divides by ``maximum(sqrt(variance), keras.config.epsilon())``
+    (``keras/src/layers/preprocessing/normalization.py``), a global Keras reads from
+    ``~/.keras/keras.json`` (default 1e-07) that a Keras file does not record; TensorFlow running the
+    layers reads the same global, so verification cannot tell."""
+    return Assumption(
+        "epsilon", f"{fw.keras.config.epsilon():g} in {joined(layers)}",
+        "Keras' epsilon (keras.config.epsilon(), from this machine's ~/.keras/keras.json or Keras' default 1e-07) "
+        "floors the standard deviation a Normalization layer divides by, and a Keras file does not record it",
+        "set keras.config.set_epsilon(...) (or ~/.keras/keras.json) to the training machine's value before converting")
 
 
 #: What TensorFlow running the model settles from the model itself: its activations, its layers

@@ -50,7 +50,8 @@ from .rllib_weights import parse_rllib_fcnet
 from .state_dict import parse_rllib_torch
 
 #: Modules whose classes and helper functions a checkpoint names; recorded inertly, never imported.
-INERT_MODULES = ("ray", "gymnasium", "gym", "torch", "cloudpickle", "numpy.random", "tree")
+INERT_MODULES = ("ray", "gymnasium", "gym", "torch", "cloudpickle", "numpy.random", "tree", "tensorflow", "tf_keras",
+                 "keras")
 
 DEFAULT_POLICY = "default_policy"
 
@@ -85,6 +86,8 @@ class Checkpoint:
             connector classes; ``None`` when it names none (``NoFilter``).
         filter_named_by: what names it (a file, a config entry).
         filter_sought: where the filter's state was looked for.
+        order_assumed: why the weights' names come from RLlib's variable order rather than the
+            file (an old-stack tf2 list without optimizer slot names), or ``""``.
     """
 
     layout: str
@@ -103,6 +106,7 @@ class Checkpoint:
     filter_named: str | None = None
     filter_named_by: str = ""
     filter_sought: str = ""
+    order_assumed: str = ""
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -487,7 +491,8 @@ def _split_weights(weights: dict, policy_state: Any) -> tuple[dict[str, np.ndarr
     if optimizer is None and isinstance(weights, dict):
         optimizer = weights.get("_optimizer_variables")
     if optimizer is not None:
-        count = len(optimizer) if isinstance(optimizer, (list, tuple, dict)) else 1
+        count = len(optimizer) if isinstance(optimizer, (list, tuple, dict)) else \
+            len(optimizer.list_items) if isinstance(optimizer, unpickle.Record) and optimizer.list_items else 1
         dropped.insert(0, f"optimizer state ({count} _optimizer_variables)")
     return arrays, dropped
 
@@ -501,8 +506,14 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
     spec = _get(policy_state, "policy_spec") or {}
     config = _get(spec, "config") or {}
     model = _model_config(_get(config, "model"), f"{_state_file(files, folder / 'policy_state')}: policy_spec.config.model")
+    order_assumed = ""
     if isinstance(weights, (list, tuple)):
-        weights = _name_tf2_list(list(weights), model, pid)
+        optimizer = _get(policy_state, "_optimizer_variables")
+        if _slot_names(list(weights), optimizer) is None:
+            order_assumed = (f"{_state_file(files, folder / 'policy_state')} holds the tf2 policy's weights as an "
+                             "unnamed list and no optimizer slot variable names each array; named in the order "
+                             "ray/rllib/models/tf/fcnet.py creates its variables for the model config")
+        weights = _name_tf2_list(list(weights), model, pid, optimizer)
     if not isinstance(weights, dict):
         raise BadModelError(f"{folder}: policy_state holds no weights")
     arrays, dropped = _split_weights(weights, policy_state)
@@ -525,7 +536,7 @@ def _read_policy_folder(folder: Path, files: _Files, policy_id: str | None, ids:
                       *(_space(_get(spec, key), f"{_state_file(files, folder / 'policy_state')}: policy_spec.{key}")
                         for key in ("observation_space", "action_space")),
                       _filter(filt, named_by) if obs_filter else None, None, dropped, filter_named=named,
-                      filter_named_by=named_by, filter_sought=sought)
+                      filter_named_by=named_by, filter_sought=sought, order_assumed=order_assumed)
 
 
 def _read_old_stack(path: Path, files: _Files, policy_id: str | None, obs_filter: bool = True) -> Checkpoint:
@@ -538,14 +549,54 @@ def _read_old_stack(path: Path, files: _Files, policy_id: str | None, obs_filter
                                f"{path / 'algorithm_state'}.pkl (or .msgpack)", obs_filter)
 
 
-def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]:
+#: A trainable variable's name at the end of an optimizer slot's (``Adam/m/fc_1/kernel``, tf_keras's
+#: ``<optimizer>/<slot>/<variable>``; ``default_policy/fc_1/kernel/Adam`` in TF1's ``<variable>/<slot>``).
+_SLOT_VARIABLE = re.compile(r"(?:^|/)((?:fc_\d+|fc_out|fc_value_\d+|value_out)/(?:kernel|bias)|log_std)(?:/[^/]+)?(?::0)?$")
+
+
+def _slot_variables(optimizer: Any) -> list[tuple[str, tuple | None]]:
+    """The trainable variables an old-stack tf2 policy's optimizer keeps slots for, in its order:
+    ``(layer/param, shape)`` each once (its first slot), from the pickled optimizer variables'
+    ``name`` and ``initial_value`` (``tf_keras`` pickles each as ``functools.partial(ResourceVariable,
+    initial_value=..., name=...)``, recorded inertly); ``[]`` when the state holds none."""
+    items = optimizer.list_items if isinstance(optimizer, unpickle.Record) else \
+        optimizer if isinstance(optimizer, (list, tuple)) else []
+    found: dict[str, tuple | None] = {}
+    for variable in items:
+        name = variable.kwargs.get("name") if isinstance(variable, unpickle.Record) else None
+        m = _SLOT_VARIABLE.search(name) if isinstance(name, str) else None
+        if m and m[1] not in found:
+            initial = variable.kwargs.get("initial_value")
+            found[m[1]] = tuple(initial.shape) if isinstance(initial, np.ndarray) else None
+    return list(found.items())
+
+
+def _slot_names(values: list, optimizer: Any) -> list[str] | None:
+    """The names (``fc_1/kernel`` ...) of an old-stack tf2 weight list by its optimizer's slot
+    variables, when they name one variable per array in order, each of that array's shape; else ``None``."""
+    slots = _slot_variables(optimizer)
+    if len(slots) == len(values) and all(shape is None or shape == np.shape(v) for (_, shape), v in zip(slots, values)):
+        return [name for name, _ in slots]
+    return None
+
+
+def _name_tf2_list(values: list, model: dict, pid: str, optimizer: Any = None) -> dict[str, np.ndarray]:
     """Name an old-stack tf2 policy's unnamed weight list (Keras ``(in, out)`` layout, in
-    ``policy.variables()`` order: ``fc_1``, ``fc_value_1``, ``fc_2``, ``fc_value_2`` ..., ``fc_out``,
-    ``value_out``, kernel then bias; with ``vf_share_layers`` ``fc_1`` ... ``fc_out``, ``value_out``).
+    ``policy.variables()`` order).
+
+    The names come from the checkpoint's optimizer state when it names one slot variable per array,
+    in the list's order and with its shapes (:func:`_slot_variables`); else from the model config, in
+    the order ``ray/rllib/models/tf/fcnet.py`` creates them: ``fc_1``, ``fc_value_1``, ``fc_2``,
+    ``fc_value_2`` ..., ``fc_out``, ``value_out``, kernel then bias (with ``vf_share_layers``
+    ``fc_1`` ... ``fc_out``, ``value_out``), then ``log_std`` with ``free_log_std``.
 
     Raises:
-        BadModelError: the list does not have the count of arrays that order needs.
+        BadModelError: neither gives the count of arrays the list holds.
     """
+    values = [np.asarray(v) for v in values]
+    slots = _slot_names(values, optimizer)
+    if slots is not None:
+        return {f"{pid}/{name}": v for name, v in zip(slots, values)}
     hiddens = list(model.get("fcnet_hiddens", [256, 256]))
     shared = bool(model.get("vf_share_layers"))
     layers = []
@@ -562,7 +613,7 @@ def _name_tf2_list(values: list, model: dict, pid: str) -> dict[str, np.ndarray]
             f"the tf2 policy's weights are an unnamed list of {len(values)} arrays; its model config "
             f"(fcnet_hiddens {hiddens}, vf_share_layers {shared}) needs {len(names)}: {', '.join(names)}"
         )
-    return dict(zip(names, (np.asarray(v) for v in values)))
+    return dict(zip(names, values))
 
 
 def _read_new_stack(path: Path, files: _Files, policy_id: str | None, read_filter: bool = True) -> Checkpoint:
@@ -705,20 +756,28 @@ def parse_rl_module(arrays: dict[str, np.ndarray], config: dict, activation: Act
 # ------------------------------------------------------------------------------------------ convert
 
 
-def _dueling(b, logits: str, value: str | None, outputs: list) -> None:
-    """RLlib's dueling combination ``Q = V + (A - mean(A))`` and ``action = argmax Q``
-    (``ray/rllib/algorithms/dqn/torch/default_dqn_torch_rl_module.py``)."""
+def _dueling(b, advantages: str, value: str | None, outputs: list) -> None:
+    """A DQN's logits and action: RLlib's dueling combination ``logits = V + (A - mean(A))`` of the
+    ``advantages`` and ``value`` streams (kept as intermediate tensors), or the advantage head's
+    output itself without a value stream, then ``action = argmax(logits)``.
+
+    RLlib calls these Q-values the action distribution's inputs: ``DefaultDQNTorchRLModule``
+    builds its ``TorchCategorical`` ``from_logits(qf_preds)``
+    (``ray/rllib/algorithms/dqn/torch/default_dqn_torch_rl_module.py``), and the old stack's
+    ``get_distribution_inputs_and_class`` returns the same ``q_values``
+    (``ray/rllib/algorithms/dqn/dqn_tf_policy.py``). Replaces ``outputs`` by ``logits`` and ``action``.
+    """
     from onnx import TensorProto, helper
 
-    q = logits
+    logits = advantages
     if value is not None:
-        mean = b.reduce_mean(logits, 1, "dueling/mean_advantage", "dueling/axes", keepdims=1)
-        centered = b.node("Sub", [logits, mean], "dueling/centered_advantage")
-        q = b.node("Add", [value, centered], "q_values")
-        elem = helper.np_dtype_to_tensor_dtype(b.dtype)
-        outputs.append(helper.make_tensor_value_info(q, elem, ["batch", None]))
-    b.node("ArgMax", [q], "action", axis=1, keepdims=0)
-    outputs.append(helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"]))
+        mean = b.reduce_mean(advantages, 1, "dueling/mean_advantage", "dueling/axes", keepdims=1)
+        centered = b.node("Sub", [advantages, mean], "dueling/centered_advantage")
+        logits = b.node("Add", [value, centered], "logits")
+    width = next(o for o in outputs if o.name == advantages).type.tensor_type.shape.dim[1].dim_value
+    b.node("ArgMax", [logits], "action", axis=1, keepdims=0)
+    outputs[:] = [helper.make_tensor_value_info(logits, helper.np_dtype_to_tensor_dtype(b.dtype), ["batch", width]),
+                  helper.make_tensor_value_info("action", TensorProto.INT64, ["batch"])]
 
 
 def convert_rllib(source, options):
@@ -736,7 +795,9 @@ def convert_rllib(source, options):
     Returns:
         A :class:`~policyport.converter.Converted` whose notes say what was dropped and baked in;
         its reference is the numpy forward pass of the checkpoint's arrays, filter included. A DQN
-        adds ``q_values`` (dueling ``V + A - mean(A)``) and ``action`` = argmax.
+        outputs ``logits``, its Q-values as RLlib's action distribution takes them (dueling
+        ``V + A - mean(A)`` of the intermediate tensors ``value`` and ``advantages``), and
+        ``action`` = argmax.
 
     Raises:
         UntrustedFileError, UnreadableFileError, BadModelError: see :func:`read_checkpoint`.
@@ -778,6 +839,9 @@ def convert_rllib(source, options):
         spec, dueling = parse_rllib_torch(ckpt.weights, act, keep_value=options.keep_value)[0], False
     else:
         spec, dueling = parse_rllib_fcnet(ckpt.weights, act, options.keep_value), False
+    if ckpt.order_assumed:
+        names = ", ".join(k.rsplit("/", 2)[-2] for k in ckpt.weights if k.endswith("/kernel"))
+        assumptions.append(Assumption("layout", f"weight list in RLlib's variable order ({names})", ckpt.order_assumed))
     value_layers = _value_layer_names(ckpt.weights)
     if value_layers and not options.keep_value and not dqn:
         notes.append(f"dropped the value branch ({', '.join(value_layers)}); --keep-value exports it as 'value'")
@@ -842,7 +906,7 @@ def convert_rllib(source, options):
                                                log_std=spec.free_log_std_name, what="the checkpoint",
                                                convention=RLLIB_SPLIT))
     model = build_mlp(spec, head=head, opset=options.opset, prelude=prelude or None,
-                      postlude=_dueling if dqn else None,
+                      postlude=_dueling if dqn else None, logits_name="advantages" if dueling else "logits",
                       metadata={"policyport.activation": "linear" if act is None else act.name
                                 + (f":{act.alpha}" if act.alpha is not None else ""),
                                 **({"policyport.head": "categorical"} if dqn else {})})  # its argmax action
@@ -851,10 +915,12 @@ def convert_rllib(source, options):
         x, out = prelude.reference(obs, spec.dtype) if prelude else (obs, {})
         out.update(reference_forward(spec, x, head))
         if dqn:
-            q = out["logits"]
             if dueling:
-                q = out["q_values"] = out["value"] + (out["logits"] - out["logits"].mean(axis=1, keepdims=True))
-            out["action"] = np.argmax(q, axis=1).astype(np.int64)
+                adv = out["advantages"] = out.pop("logits")
+                mean = out["dueling/mean_advantage"] = adv.mean(axis=1, keepdims=True)
+                centered = out["dueling/centered_advantage"] = adv - mean
+                out["logits"] = out["value"] + centered
+            out["action"] = np.argmax(out["logits"], axis=1).astype(np.int64)
         return out
 
     return Converted(model, reference, "rllib", notes, assumptions,

@@ -3,8 +3,14 @@
 The module is exported with ``torch.onnx.export`` — the TorchScript-based exporter
 (``dynamo=False``, the default here) or the ``torch.export``-based one (``dynamo=True``, which needs
 ``onnxscript`` and writes opset 18 or newer) — in eval mode (each submodule's mode is restored
-afterwards), with a dynamic batch axis. Then one graph pass makes the result read like the source,
-whichever exporter ran:
+afterwards), with a dynamic batch axis, and without constant folding (``do_constant_folding=False``;
+the dynamo exporter runs with ``optimize=False``). Folding would turn state_dict entries into
+anonymous constants of another layout: a ``GRU``/``LSTM``'s ``weight_ih_l<k>``, ``weight_hh_l<k>``,
+``bias_*`` re-laid into the ``W``, ``R``, ``B`` inputs of ONNX ``GRU``/``LSTM`` (gates reordered, biases
+concatenated), a normaliser's ``_std + eps`` or ``sqrt(running_var + eps)`` computed into one tensor.
+Unfolded, every entry the forward reads is an initializer holding the entry as stored, and the graph
+computes the rest at run time, as torch does. Then one graph pass makes the result read like the
+source, whichever exporter ran:
 
 * every node is attributed to the module that computed it — the TorchScript exporter encodes the
   module scope in node names (``/mlp_extractor/policy_net/policy_net.0/Gemm``), the dynamo exporter
@@ -16,10 +22,12 @@ whichever exporter ran:
   parameter under the parameter's name, in ``forward``'s order (:func:`module_examples`); outputs
   ``logits`` (one tensor), the names given, ``output_<i>`` (a tuple) or the keys (a dict);
 * each initializer is matched to the ``state_dict`` tensor it holds, by bytes, directly or
-  transposed (a bias-free ``Linear`` becomes ``MatMul`` on a pre-transposed constant named
-  ``onnx::MatMul_<n>``), renamed to that key where no other tensor has the name, and recorded in
+  transposed (a bias-free ``Linear`` becomes ``MatMul`` on ``Transpose(weight)``, which is laid out
+  in the initializer once), renamed to that key where no other tensor has the name, and recorded in
   ``metadata_props["policyport.parameters"]`` (with the transpose, and the other keys of a tied or
-  de-duplicated tensor), so that :func:`policyport.graph.passes.extract_weights` returns the state_dict.
+  de-duplicated tensor), so that :func:`policyport.graph.passes.extract_weights` returns the state_dict;
+  a small integer entry no op reads (``num_batches_tracked``, a normaliser's sample count) is recorded
+  as a value, and any other entry the graph does not hold is named in a note.
 
 The reference forward pass runs the module in torch with a forward hook on every submodule and
 names each submodule's output as the graph names it. A TorchScript module takes no hooks; its
@@ -71,6 +79,8 @@ class Export:
         module_inputs: leaf module path -> the graph tensor it reads (its one non-constant input).
         output_names: the graph outputs, in the order the module returns them.
         notes: what a user should hear about.
+        training: the module, or one of its submodules, was in training mode (it was exported in
+            eval mode, which :func:`module_assumptions` records).
         input_names: the graph inputs, in ``forward``'s order (``["obs"]`` for a module of one input).
     """
 
@@ -79,6 +89,7 @@ class Export:
     output_names: list[str]
     notes: list[str] = field(default_factory=list)
     module_inputs: dict[str, str] = field(default_factory=dict)
+    training: bool = False
     input_names: list[str] = field(default_factory=lambda: ["obs"])
 
 
@@ -286,12 +297,9 @@ def _output_names(result, given: tuple[str, ...] | None, inputs: tuple[str, ...]
 
 
 @contextlib.contextmanager
-def _eval_mode(module, notes: list[str]):
+def _eval_mode(module):
     """Eval mode for the export, each submodule's own mode restored afterwards."""
     modes = [(m, m.training) for m in module.modules()]
-    if module.training:
-        notes.append("the module was in training mode; it was exported in eval mode (Dropout off, "
-                     "BatchNorm on running statistics) and put back in training mode afterwards")
     module.eval()
     try:
         yield
@@ -347,7 +355,7 @@ def _export_raw(module, examples: dict, names: list[str], exporter: str, opset: 
     try:
         torch.onnx.export(
             module, args, f, dynamo=False, input_names=inputs, output_names=names, opset_version=opset,
-            dynamic_axes={n: {0: "batch"} for n in [*inputs, *names]}, do_constant_folding=True,
+            dynamic_axes={n: {0: "batch"} for n in [*inputs, *names]}, do_constant_folding=False,
         )
     finally:
         torch.onnx.unregister_custom_op_symbolic("aten::softplus", opset)
@@ -417,7 +425,8 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
                                example_inputs=example_inputs)
     examples = {k: t.repeat(2, *[1] * (t.ndim - 1)) if t.shape[0] == 1 else t  # the dynamo exporter
                 for k, t in examples.items()}  # specialises a batch of 1: trace on two rows
-    with _eval_mode(module, notes), torch.no_grad():
+    training = any(m.training for m in module.modules())
+    with _eval_mode(module), torch.no_grad():
         try:
             result = module(*examples.values())
         except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
@@ -436,12 +445,22 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     model, unmatched = match_parameters(model, params)
     from ..readers.torch_files import keep_state_dict_layout
 
-    keep_state_dict_layout(model, params)
-    unmatched = [k for k in unmatched if not k.endswith("num_batches_tracked")]
+    kept = keep_state_dict_layout(model, params, every_integer=True)
+    unmatched = [k for k in unmatched if k not in kept]
+    read = _read_entries(module, examples, unmatched)
+    if read:
+        raise BadModelError(
+            f"the module's forward reads the state_dict entr{'y' if len(read) == 1 else 'ies'} {listing(read)}, but the "
+            f"graph the {exporter} exporter wrote does not hold {'it' if len(read) == 1 else 'them'}: the values were "
+            "taken as constants (a Python number read from a tensor, float(t) or t.item(), is traced as one), so "
+            f"extract could not give {'it' if len(read) == 1 else 'them'} back; compute with the tensor itself"
+            + (", or use the dynamo exporter" if exporter == "torchscript" else ""))
     if unmatched:
-        notes.append(f"{len(unmatched)} state_dict entr{'y is' if len(unmatched) == 1 else 'ies are'} not in the "
-                     f"graph as stored (unused, or folded by the exporter): {listing(unmatched, show=str)}")
-    return Export(model, module_tensors, names, notes, module_inputs, list(examples))
+        one = len(unmatched) == 1
+        notes.append(f"{len(unmatched)} state_dict entr{'y is' if one else 'ies are'} not in the graph, which the module's "
+                     f"forward does not read (changing {'it' if one else 'them'} changes no output): "
+                     f"{listing(unmatched, show=str)}")
+    return Export(model, module_tensors, names, notes, module_inputs, training, list(examples))
 
 
 def _forward_failure(examples: dict, input_shape, example_inputs, error: Exception) -> str:
@@ -456,6 +475,46 @@ def _forward_failure(examples: dict, input_shape, example_inputs, error: Excepti
     what = "check example_inputs" if example_inputs is not None else \
         "check --input-shape and --input-dtype (input_shape= and input_dtypes= in Python)"
     return f"the module's forward fails on inputs {given}: {torch_error_text(error)}; {what}"
+
+
+def _read_entries(module, example, names: list[str]) -> list[str]:
+    """The numeric ``state_dict`` entries among ``names`` that the module's forward reads:
+    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on ``example`` (the one
+    observation tensor, or graph input name -> tensor for a ``forward`` of several), or makes
+    the forward fail (a size read from it). The module runs in eval mode, without gradients, with torch's random generator seeded
+    alike for each run (a forward that samples draws the same numbers); each entry is restored bit for
+    bit afterwards."""
+    torch = _torch()
+    entries = module.state_dict()
+    names = [n for n in names if n in entries and entries[n].dtype != torch.bool and not entries[n].is_complex()
+             and entries[n].numel()]
+    if not names:
+        return []
+
+    def outputs():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            result = module(*example.values()) if isinstance(example, dict) else module(example)
+        values = [result] if isinstance(result, torch.Tensor) else list(result.values()) if isinstance(result, dict) \
+            else list(result)
+        return [v.detach().clone() for v in values]
+
+    read = []
+    with _eval_mode(module), torch.no_grad():
+        before = outputs()
+        for name in names:
+            tensor = entries[name]
+            saved = tensor.clone()
+            try:
+                tensor.add_(tensor.abs() + 1)
+                after = outputs()
+            except Exception:  # noqa: BLE001 - the forward fails on the changed entry (a size read from it): it reads it
+                after = None
+            finally:
+                tensor.copy_(saved)
+            if after is None or any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(before, after)):
+                read.append(name)
+    return read
 
 
 def _newest_opset(torch, exporter: str) -> int:
@@ -586,6 +645,7 @@ def rename_graph(model, exporter: str, output_names: list[str], module_names: se
     graph = out.graph
     _separate_initializers(graph)
     _drop_initializer_identities(graph)
+    _fold_initializer_transposes(graph)
     protected = {i.name for i in graph.input} | {o.name for o in graph.output} | {t.name for t in graph.initializer}
     # group nodes by the module that computed them
     groups: dict[tuple, list] = {}
@@ -704,12 +764,56 @@ def _drop_initializer_identities(graph) -> None:
             alias[node.output[0]] = alias.get(node.input[0], node.input[0])
         else:
             keep.append(node)
+    _bypass(graph, alias, keep)
+
+
+def _bypass(graph, alias: dict[str, str], keep: list) -> None:
+    """Keep only the nodes ``keep``, their inputs read through ``alias`` (a dropped node's output ->
+    the tensor to read instead), in place; the dropped outputs' ``value_info`` goes with them."""
     if not alias:
         return
     for node in keep:
         node.input[:] = [alias.get(i, i) for i in node.input]
     del graph.node[:]
     graph.node.extend(keep)
+    infos = [vi for vi in graph.value_info if vi.name not in alias]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _fold_initializer_transposes(graph) -> None:
+    """Lay out in the initializer itself each ``Transpose`` that is the only reader of an
+    initializer (a bias-free ``Linear`` exported without constant folding reads ``MatMul(x,
+    Transpose(weight))``), in place: the initializer keeps its name and holds the transposed array,
+    which :func:`match_parameters` recognises as the entry transposed."""
+    onnx = require("onnx", "onnx", "building an ONNX model")
+    numpy_helper = onnx.numpy_helper
+
+    def inputs_of(nodes):
+        for node in nodes:
+            yield from node.input
+            for attribute in node.attribute:
+                for sub in [attribute.g, *attribute.graphs]:
+                    yield from inputs_of(sub.node)
+
+    readers: dict[str, int] = {}
+    for name in inputs_of(graph.node):
+        readers[name] = readers.get(name, 0) + 1
+    inputs = {i.name for i in graph.input}  # an initializer that is also a graph input can be fed: left as it is
+    inits = {t.name: t for t in graph.initializer if t.name not in inputs}
+    outputs = {o.name for o in graph.output}
+    alias, keep = {}, []
+    for node in graph.node:
+        source = node.input[0] if node.op_type == "Transpose" and node.input else None
+        if source in inits and readers[source] == 1 and source not in outputs and node.output[0] not in outputs:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            init = inits[source]
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(np.transpose(numpy_helper.to_array(init), perm)),
+                                                  source))
+            alias[node.output[0]] = source
+        else:
+            keep.append(node)
+    _bypass(graph, alias, keep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,7 +930,7 @@ def module_reference(module, export: Export) -> Callable:
             if path in module_tensors and isinstance(value, torch.Tensor):
                 recorded[module_tensors[path]] = value.detach().clone().cpu().numpy()
 
-        with _eval_mode(module, []), torch.no_grad():
+        with _eval_mode(module), torch.no_grad():
             if isinstance(module, torch.jit.ScriptModule):
                 result = _run_scripted(module, "", args, keep)
                 if not recorded:  # a scripted custom forward: each leaf on the graph's own input
@@ -918,8 +1022,8 @@ def convert_torch(source, options):
                            output_names=options.output_names, **_input_options(options))
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
     reference = module_reference(source, export)
-    return Converted(export.model, reference, "torch", export.notes, module_assumptions("a torch module"),
-                     module_oracle("the module"))
+    return Converted(export.model, reference, "torch", export.notes,
+                     module_assumptions("a torch module", training=export.training), module_oracle("the module"))
 
 
 def convert_torchscript(source, options):
@@ -962,7 +1066,8 @@ def convert_torchscript(source, options):
                            output_names=options.output_names, **_input_options(options))
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
     reference = module_reference(module, export)
-    return Converted(export.model, reference, "torchscript", export.notes, module_assumptions("a TorchScript file"),
+    return Converted(export.model, reference, "torchscript", export.notes,
+                     module_assumptions("a TorchScript file", training=export.training),
                      module_oracle("the TorchScript module"))
 
 
@@ -971,12 +1076,27 @@ def _input_options(options) -> dict:
     return {"input_dtypes": options.input_dtypes, "example_inputs": options.example_inputs}
 
 
-def module_assumptions(what: str) -> list:
+def module_assumptions(what: str, training: bool = False) -> list:
     """What a model converted from a torch module (``what``: ``"a TorchScript file"``) rests on beyond
-    the module: no normaliser applied to the observations outside it, which the module cannot record."""
-    from ..assumptions import outside_normaliser
+    the module: no normaliser applied to the observations outside it, which the module cannot record;
+    and, when the module (or a submodule) was in ``training`` mode (default ``False``), that it is
+    used in eval mode, as it was exported: ``Dropout`` off, ``BatchNorm`` on its running statistics
+    (``torch.nn.Module.eval``), where training mode would drop activations at random and normalise
+    each batch by its own statistics."""
+    from ..assumptions import Assumption, outside_normaliser
 
-    return [outside_normaliser(what, "export a module whose forward applies the normaliser")]
+    assumptions = [outside_normaliser(what, "export a module whose forward applies the normaliser")]
+    if training:
+        scripted = "TorchScript" in what
+        was = "the file holds a module saved" if scripted else "the module was"
+        settle = ("save the module in eval mode (module.eval() before torch.jit.save)" if scripted
+                  else "put the module in eval mode (module.eval()) before converting it")
+        assumptions.append(Assumption(
+            "mode", "eval (Dropout off, BatchNorm on its running statistics)",
+            f"{was} in training mode; it was exported and is checked in eval mode (and put back in training mode "
+            "afterwards), where training mode draws Dropout masks and normalises each batch by its own statistics",
+            settle))
+    return assumptions
 
 
 #: What torch running a module's own forward settles from the module itself: its activations and its
