@@ -69,6 +69,47 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
+def _named(texts: list[str], flag: str, example: str) -> dict[str, str]:
+    """``["obs=8", "action_mask=4"]`` -> ``{"obs": "8", "action_mask": "4"}``; a usage error unless
+    every text is NAME=VALUE with distinct names."""
+    named: dict[str, str] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise typer.BadParameter(f"{text!r}; give NAME=VALUE for each input of the module's forward, e.g. "
+                                     f"{example}", param_hint=flag)
+        if name.strip() in named:
+            raise typer.BadParameter(f"input {name.strip()!r} is given twice", param_hint=flag)
+        named[name.strip()] = value.strip()
+    return named
+
+
+def parse_shapes(texts: list[str] | None) -> tuple[int, ...] | dict[str, tuple[int, ...]] | None:
+    """``--input-shape`` as given: ``["2,3"]`` -> ``(2, 3)`` (the one observation), or one per
+    ``forward`` parameter, ``["obs=8", "action_mask=4"]`` -> ``{"obs": (8,), "action_mask": (4,)}``;
+    a usage error (exit 2) for anything else."""
+    if not texts:
+        return None
+    if len(texts) == 1 and "=" not in texts[0]:
+        return parse_shape(texts[0])
+    named = _named(texts, "--input-shape", "--input-shape obs=8 --input-shape action_mask=4")
+    return {name: parse_shape(value) for name, value in named.items()}
+
+
+def parse_dtypes(texts: list[str] | None) -> dict[str, str] | None:
+    """``--input-dtype`` as given: ``["action_mask=bool"]`` -> ``{"action_mask": "bool"}``; a usage
+    error (exit 2) unless NAME=DTYPE with a dtype of :data:`~policyport.converter.options.INPUT_DTYPES`."""
+    from ..converter.options import INPUT_DTYPES
+
+    if not texts:
+        return None
+    named = _named(texts, "--input-dtype", "--input-dtype action_mask=bool")
+    for name, dtype in named.items():
+        if dtype not in INPUT_DTYPES:
+            raise typer.BadParameter(f"{name}={dtype}; choose one of {', '.join(INPUT_DTYPES)}", param_hint="--input-dtype")
+    return named
+
+
 def parse_bounds(text: str | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """``"-1:1"`` -> ``((-1.0,), (1.0,))``, ``"-1,-2:1,2"`` -> ``((-1.0, -2.0), (1.0, 2.0))``; a usage
     error unless LOW:HIGH of numbers."""
@@ -111,7 +152,8 @@ def convert(
     obs_filter: Annotated[bool, typer.Option("--filter/--no-filter", help="Bake the source's observation filter into the graph.")] = True,
     obs_norm: Annotated[Optional[Path], typer.Option("--obs-norm", metavar="FILE", parser=given_path, help="An observation-normalisation file to bake in (SB3's vecnormalize.pkl).")] = None,
     trust: TrustOpt = False,
-    input_shape: Annotated[Optional[str], typer.Option("--input-shape", metavar="D[,D...]", help="Observation shape without the batch axis, e.g. 2,3, for torch modules whose first layer does not tell it.")] = None,
+    input_shape: Annotated[Optional[list[str]], typer.Option("--input-shape", metavar="[NAME=]D[,D...]", help="For torch modules: the observation's shape without the batch axis, e.g. 2,3, where the first layer does not tell it; for a forward of several inputs, once per input, named after forward's parameter: --input-shape obs=8 --input-shape action_mask=4 (the graph inputs take those names).")] = None,
+    input_dtype: Annotated[Optional[list[str]], typer.Option("--input-dtype", metavar="NAME=DTYPE", help="For torch modules: the dtype of forward's input NAME (bool, int64, int32, uint8, float32, float64 ...), repeatable; e.g. --input-dtype action_mask=bool  [default: the module's floating dtype]")] = None,
     output_names: Annotated[Optional[str], typer.Option("--output-names", metavar="NAME[,NAME...]", help="Comma-separated names for a torch module's outputs, in the order it returns them  [default: logits, or output_<i>, or the dict keys]")] = None,
     action_bounds: Annotated[Optional[str], typer.Option("--action-bounds", metavar="LOW:HIGH", help="The environment's action bounds, for sources whose player clips and rescales the action to them (rl_games' clip_actions, skrl's clip_mean_actions, Tianshou's action_scaling) or whose file does not hold them (a CleanRL PPO policy's ClipAction, a CleanRL JAX TD3/DDPG actor's action_scale and action_bias): one number per side or one per action dimension, comma-separated, e.g. -1:1 or -1,-2:1,2  [default: the action as the policy outputs it]")] = None,
     action_bound_method: Annotated[Optional[str], typer.Option("--action-bound-method", metavar="NAME", help="How the policy bounds a continuous action to [-1, 1] before scaling it to --action-bounds (Tianshou's action_bound_method): clip, tanh or none; required for a continuous Tianshou policy, whose file does not record it.")] = None,
@@ -154,7 +196,8 @@ def convert(
         options = ConvertOptions(activation=activation, head=head, opset=opset, keep_value=keep_value,
                                  exporter=exporter, policy_id=policy_id, obs_filter=obs_filter,
                                  obs_norm=None if obs_norm is None else str(obs_norm), trust=trust,
-                                 input_shape=parse_shape(input_shape), output_names=parse_names(output_names),
+                                 input_shape=parse_shapes(input_shape), input_dtypes=parse_dtypes(input_dtype),
+                                 output_names=parse_names(output_names),
                                  action_bounds=parse_bounds(action_bounds), action_bound_method=action_bound_method,
                                  distribution=distribution, weights_dtype=weights_dtype)
         converted = convert_source(src, kind=kind, options=options)

@@ -93,7 +93,9 @@ def pack(
                 break
         out.print(t)
         if runtime is not None:
-            out.print(literal(f"on the target: python {folder}/run.py -i OBS.npy -o ACTIONS.npz, or --verify "
+            names = [i["name"] for i in policy["inputs"]]
+            feeds = "OBS.npy" if len(names) == 1 else f"FEEDS.npz (one array per input: {', '.join(names)})"
+            out.print(literal(f"on the target: python {folder}/run.py -i {feeds} -o ACTIONS.npz, or --verify "
                               f"(Python {runtime['requires_python']} and numpy alone)"))
         count = policy["golden"]["samples"]
         out.print(literal(f"golden data: {counted(count, 'observation')}, {counted(parity['tensors'], 'tensor')} "

@@ -140,10 +140,16 @@ def convert(source, *, kind: str | None = None, **options):
             and ``log_std``, ``"categorical"`` adds ``action`` = argmax, int64), ``opset`` (11 up to
             the installed onnx's newest; default 17), ``keep_value`` (export the value branch as
             ``value``), ``exporter``, ``policy_id``, ``obs_filter``, ``obs_norm``, ``trust`` (load a
-            file that runs code it holds: a TorchScript file, a SavedModel, a whole pickled module).
+            file that runs code it holds: a TorchScript file, a SavedModel, a whole pickled module);
+            for a torch module (a TorchScript file, a whole pickled module) whose ``forward`` takes
+            several inputs: ``example_inputs`` (a tuple in ``forward``'s order or a dict by parameter
+            name, numpy arrays or torch tensors of shape ``(batch, ...)``, dtypes kept), or
+            ``input_shape`` as a dict by parameter name with ``input_dtypes``
+            (:func:`policyport.converter.sources.torch_module.module_examples`).
 
     Returns:
-        An ``onnx.ModelProto``: input ``obs`` (float, shape ``(batch, obs_dim)``), output
+        An ``onnx.ModelProto``: input ``obs`` (float, shape ``(batch, obs_dim)``; for a torch module
+        of several inputs one graph input per ``forward`` parameter, under its name), output
         ``logits``, tensors named after the source's layers, initializers after its parameters.
 
     Raises:
@@ -155,7 +161,8 @@ def convert(source, *, kind: str | None = None, **options):
         BadModelError: arrays that cannot be placed (listed), bad shapes.
         OptionError: an option value the source cannot take (an unknown activation, head or kind, an
             opset out of range, a per-layer activation list for a source of one activation, an
-            option the kind does not read, a value branch the source lacks ...).
+            option the kind does not read, a value branch the source lacks, torch inputs that do not
+            fit ``forward`` ...).
         MissingDependencyError: the source's framework (torch, tensorflow ...) is not installed.
     """
     return convert_source(source, kind=kind, **options).model

@@ -15,6 +15,7 @@ from ..errors import (
     ArgumentTypeError,
     BadModelError,
     InputMismatchError,
+    OptionError,
     check_argument,
 )
 from ..io.schema import load_json
@@ -28,10 +29,11 @@ from .build import DEFAULT_OPSET
 #: accepted everywhere.
 READS: dict[str, frozenset[str]] = {
     "npz": frozenset({"activation", "head", "opset", "keep_value"}),
-    "torch": frozenset({"opset", "exporter", "input_shape", "output_names"}),
-    "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names"}),
+    "torch": frozenset({"opset", "exporter", "input_shape", "output_names", "input_dtypes", "example_inputs"}),
+    "torchscript": frozenset({"opset", "exporter", "input_shape", "output_names", "input_dtypes", "example_inputs"}),
     "state-dict": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype", "exporter",
-                             "output_names"}),  # the last two for a whole pickled module loaded with trust
+                             "output_names", "input_dtypes",
+                             "example_inputs"}),  # the last four for a whole pickled module loaded with trust
     "sb3": frozenset({"activation", "opset", "keep_value", "obs_filter", "obs_norm", "weights_dtype"}),
     "rllib-torch": frozenset({"activation", "head", "opset", "keep_value", "input_shape", "weights_dtype"}),
     "keras": frozenset({"head", "opset"}),
@@ -55,6 +57,8 @@ READS: dict[str, frozenset[str]] = {
 READS_ONLY_FOR = {
     ("state-dict", "exporter"): "files holding a whole pickled module read with --trust",
     ("state-dict", "output_names"): "files holding a whole pickled module read with --trust",
+    ("state-dict", "input_dtypes"): "files holding a whole pickled module read with --trust",
+    ("state-dict", "example_inputs"): "files holding a whole pickled module read with --trust",
 }
 
 
@@ -63,7 +67,8 @@ _FLAGS = {"activation": "--activation", "head": "--head", "opset": "--opset", "k
           "exporter": "--exporter", "policy_id": "--policy-id", "obs_filter": "--no-filter", "obs_norm": "--obs-norm",
           "input_shape": "--input-shape", "output_names": "--output-names", "action_bounds": "--action-bounds",
           "action_bound_method": "--action-bound-method",
-          "distribution": "--distribution", "weights_dtype": "--weights-dtype"}
+          "distribution": "--distribution", "weights_dtype": "--weights-dtype", "input_dtypes": "--input-dtype",
+          "example_inputs": "example_inputs="}
 
 
 #: The model metadata key under which a converter records the options it was run with, so that
@@ -91,6 +96,16 @@ class ConvertOptions:
             TorchScript file, a SavedModel, a Keras file with a ``Lambda`` stored as bytecode.
         input_shape: the observation's shape without the batch axis, for torch modules whose first
             layer does not tell it (a ``Flatten`` of ``(batch, 2, 3)``); ``None``: from the first Linear.
+            For a torch module whose ``forward`` takes several inputs, a mapping from each parameter's
+            name to its shape without the batch axis (``{"obs": (8,), "action_mask": (4,)}``).
+        input_dtypes: for a torch module, parameter name -> the dtype of that input (numpy's name:
+            ``"bool"``, ``"int64"``, ``"float32"`` ...); ``None``, or an input not named: the module's
+            floating dtype (its first floating parameter's).
+        example_inputs: for a torch module, the inputs its ``forward`` is traced with: a tuple in
+            ``forward``'s order, or a mapping keyed by its parameter names, or one array for a module
+            of one input; each a numpy array or torch tensor of shape ``(batch, ...)``, whose dtype the
+            graph input keeps. Never recorded
+            in the model's metadata (the graph inputs record their names, shapes and dtypes).
         output_names: names for a torch module's outputs, in the order it returns them; ``None``:
             ``logits`` for one tensor, ``output_<i>`` for a tuple, the keys of a dict.
         action_bounds: ``(low, high)``, the environment's action bounds (each one number for every
@@ -126,15 +141,24 @@ class ConvertOptions:
     action_bound_method: str | None = None
     distribution: str | None = None
     weights_dtype: str = "keep"
+    input_dtypes: dict[str, str] | None = None
+    example_inputs: tuple | dict | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.action_bounds is not None:  # arrays or lists to plain tuples of floats, as metadata records them
             object.__setattr__(self, "action_bounds", bounds_tuple(self.action_bounds))
+        if isinstance(self.input_shape, dict):  # lists to tuples of ints, as metadata records them
+            object.__setattr__(self, "input_shape", named_shapes(self.input_shape))
+        if self.input_dtypes is not None:
+            object.__setattr__(self, "input_dtypes", dtype_names(self.input_dtypes))
+        if self.example_inputs is not None and not isinstance(self.example_inputs, (tuple, list, dict)):
+            object.__setattr__(self, "example_inputs", (self.example_inputs,))  # one array: the one input
 
     def to_metadata(self) -> str:
-        """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`."""
-        recorded = dataclasses.asdict(self)
-        recorded.pop("trust")
+        """The options that shape the graph, as the JSON recorded under :data:`OPTIONS_KEY`
+        (``trust`` and ``example_inputs`` aside: the graph inputs record what the examples were)."""
+        recorded = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in ("trust", "example_inputs")}
         return json.dumps(recorded, sort_keys=True)
 
     @classmethod
@@ -152,10 +176,12 @@ class ConvertOptions:
         if not isinstance(recorded, dict):
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: expected an object, got "
                                 f"{type(recorded).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"trust", "obs_norm", "example_inputs"}
         values = {k: v for k, v in recorded.items() if k in known}
         for key, kind in (("input_shape", int), ("output_names", str)):  # JSON lists back to tuples
             value = values.get(key)
+            if key == "input_shape" and isinstance(value, dict):  # one shape per named input
+                continue
             if value is not None and not (isinstance(value, list) and all(type(v) is kind for v in value)):
                 raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {key} must be a list of "
                                     f"{kind.__name__} or null, not {value!r:.80}")
@@ -164,7 +190,7 @@ class ConvertOptions:
         try:  # action_bounds are checked as the options are made
             options = cls(**values)
             _check_types(options)
-        except (ArgumentTypeError, InputMismatchError) as e:
+        except (ArgumentTypeError, InputMismatchError, OptionError) as e:
             raise BadModelError(f"model metadata {OPTIONS_KEY!r} is malformed: {str(e).removeprefix('convert(): ')}; "
                                 "the model file is damaged or was not written by policyport convert") from None
         return options
@@ -213,6 +239,62 @@ def bounds_tuple(bounds) -> tuple[tuple[float, ...], tuple[float, ...]]:
     except (TypeError, ValueError) as e:
         raise ArgumentTypeError(f"action_bounds must be (low, high), each a number or a sequence of numbers, "
                                 f"not {bounds!r:.80}") from e
+
+
+#: The dtypes a torch module's graph input can be given (``input_dtypes``), by numpy's name.
+INPUT_DTYPES = ("float32", "float64", "float16", "bool", "int64", "int32", "int16", "int8", "uint8")
+
+
+def named_shapes(shapes) -> dict[str, tuple[int, ...]]:
+    """``input_shape`` given per input: input name -> shape without the batch axis, as tuples of ints.
+
+    Raises:
+        ArgumentTypeError: not a mapping from names to sequences of positive whole numbers.
+    """
+    import numbers
+
+    problem = None
+    if not shapes:
+        problem = "an empty mapping"
+    for name, shape in shapes.items():
+        if not isinstance(name, str) or not name:
+            problem = f"the name {name!r}"
+        elif not isinstance(shape, (tuple, list)) or not all(
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in shape):
+            problem = f"{name!r}: {shape!r:.80}"
+        if problem:
+            break
+    if problem:
+        raise ArgumentTypeError(f"input_shape given per input must map each input's name to its shape without the "
+                                f"batch axis, a tuple of positive whole numbers ({{'obs': (8,), 'action_mask': (4,)}}); "
+                                f"got {problem}")
+    return {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
+
+
+def dtype_names(dtypes) -> dict[str, str]:
+    """``input_dtypes`` as input name -> numpy's name of the dtype (``"bool"``, ``"int64"``): each
+    given as that name, a numpy dtype or type, or a ``torch.dtype``.
+
+    Raises:
+        ArgumentTypeError: not a mapping from names to dtypes.
+        OptionError: a dtype outside :data:`INPUT_DTYPES`.
+    """
+    from ..errors import OptionError
+
+    if not isinstance(dtypes, dict) or not all(isinstance(k, str) and k for k in dtypes):
+        raise ArgumentTypeError(f"input_dtypes must map input names to dtypes ({{'action_mask': 'bool'}}), "
+                                f"not {dtypes!r:.80}")
+    names = {}
+    for name, dtype in dtypes.items():
+        text = str(dtype).removeprefix("torch.") if type(dtype).__module__ == "torch" else dtype  # torch.bool
+        try:
+            names[name] = np.dtype(text).name
+        except TypeError:
+            names[name] = str(text)
+        if names[name] not in INPUT_DTYPES:
+            raise OptionError(f"input {name!r}: dtype {dtype!r} is not one a graph input takes here; choose one of "
+                              f"{', '.join(INPUT_DTYPES)}")
+    return names
 
 
 def given_fields(options: ConvertOptions) -> list[str]:

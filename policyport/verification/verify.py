@@ -818,6 +818,28 @@ def _observation_shape(proto) -> tuple[int, ...] | None:
     return shape if shape and all(n > 0 for n in shape) else None
 
 
+def _input_options(proto, named: bool) -> dict:
+    """The options that give a torch source the inputs the model takes, when the conversion recorded
+    none (it was given example inputs): ``input_shape`` of the one graph input (:func:`_observation_shape`),
+    or, for a source that takes ``named`` inputs (``input_dtypes``) and a model of several graph
+    inputs, each one's shape without the batch axis and dtype by name."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in initializers and i.type.HasField("tensor_type")]
+    if len(inputs) < 2 or not named:
+        single = {"input_shape": _observation_shape(proto)}
+        dtype = tensor_dtype_to_np_dtype(inputs[0].type.tensor_type.elem_type) if len(inputs) == 1 else None
+        if named and single["input_shape"] and dtype is not None and dtype.kind in "biu":  # an index or a flag
+            single["input_dtypes"] = {"obs": dtype.name}
+        return single
+    shapes = {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim[1:]) for i in inputs}
+    if not all(all(n > 0 for n in shape) for shape in shapes.values()):
+        return {}
+    return {"input_shape": shapes,
+            "input_dtypes": {i.name: tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).name for i in inputs}}
+
+
 def _source_reference(model, source, trust: bool, obs_norm=None):
     """The source's forward pass, rebuilt with the options recorded in the model at conversion: the
     :class:`~policyport.converter.Converted` of the source (its ``reference``, ``oracle`` and
@@ -832,7 +854,8 @@ def _source_reference(model, source, trust: bool, obs_norm=None):
     A source of another kind than the model was converted from (the TorchScript file of a module
     whose ``state_dict`` was converted, say) carries its own architecture: only the options that
     choose what it outputs (``keep_value``) carry over, and it is run as it is. A torch source with
-    no recorded ``input_shape`` takes the model's graph input shape (without the batch axis). The
+    no recorded ``input_shape`` takes the model's graph input shapes (without the batch axis) and,
+    for several inputs, their dtypes (:func:`_input_options`). The
     observation-normalisation file is ``obs_norm`` as given, never the path the model records.
 
     Returns:
@@ -961,7 +984,7 @@ def _rebuild(proto, source, kind: str, recorded_kind: str | None, options, used:
                                       obs_norm=options.obs_norm)
     recorded = given_fields(options)
     if options.input_shape is None and "input_shape" in READS.get(kind, ()):
-        options = dataclasses.replace(options, input_shape=_observation_shape(proto))
+        options = dataclasses.replace(options, **_input_options(proto, "input_dtypes" in READS.get(kind, ())))
     try:
         try:
             converted = convert_source(source, kind=kind, options=options, trust=trust)

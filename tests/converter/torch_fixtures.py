@@ -14,8 +14,9 @@ SB3_DIR = ROOT / "fixtures" / "sb3"
 CARTPOLE = ROOT / "fixtures" / "real" / "sb3_ppo_cartpole.zip"
 
 
-def modules_file():
-    spec = importlib.util.spec_from_file_location("policyport_test_torch_modules", TORCH_DIR / "modules.py")
+def modules_file(name: str = "modules.py"):
+    """A Python file of ``fixtures/torch`` (default ``modules.py``), imported under a private name."""
+    spec = importlib.util.spec_from_file_location(f"policyport_test_torch_{name.removesuffix('.py')}", TORCH_DIR / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -861,7 +861,7 @@ def has_torch() -> bool:
 
 #: Options only a whole pickled module reads (torch.onnx exports it), and options only a state_dict's
 #: arrays read (policyport builds their graph).
-MODULE_OPTIONS = ("exporter", "output_names")
+MODULE_OPTIONS = ("exporter", "output_names", "input_dtypes", "example_inputs")
 WEIGHT_OPTIONS = ("activation", "head", "keep_value")
 
 
@@ -874,6 +874,10 @@ def _refuse_options_of_the_other_file(options, module: bool) -> None:
     from ..options import flag_list, given_fields, where_they_apply
 
     given = [n for n in given_fields(options) if n in (WEIGHT_OPTIONS if module else MODULE_OPTIONS)]
+    if not module and isinstance(options.input_shape, dict):
+        raise OptionError(f"--input-shape NAME=D[,D...] names an input of a module's forward; a state_dict holds no "
+                          f"module code, and the network policyport builds from it takes one observation: give its "
+                          f"shape alone (--input-shape {','.join(map(str, next(iter(options.input_shape.values()))))})")
     if not given:
         return
     verb = "does" if len(given) == 1 else "do"

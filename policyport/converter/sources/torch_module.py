@@ -18,8 +18,9 @@ source, whichever exporter ran:
   renamed ``<module path>/<role>`` (``mlp_extractor.policy_net.0/linear``,
   ``mlp_extractor.policy_net.1/tanh``); the nodes inside one module call (a GELU decomposition) are
   ``<module path>/<role>/<op>``; functional ops in a custom ``forward`` are ``<module path>/<op>``;
-* graph input ``obs``, outputs ``logits`` (one tensor), the names given, ``output_<i>`` (a tuple)
-  or the keys (a dict);
+* graph input ``obs`` for a module of one input; for a ``forward`` of several, one graph input per
+  parameter under the parameter's name, in ``forward``'s order (:func:`module_examples`); outputs
+  ``logits`` (one tensor), the names given, ``output_<i>`` (a tuple) or the keys (a dict);
 * each initializer is matched to the ``state_dict`` tensor it holds, by bytes, directly or
   transposed (a bias-free ``Linear`` becomes ``MatMul`` on ``Transpose(weight)``, which is laid out
   in the initializer once), renamed to that key where no other tensor has the name, and recorded in
@@ -80,6 +81,7 @@ class Export:
         notes: what a user should hear about.
         training: the module, or one of its submodules, was in training mode (it was exported in
             eval mode, which :func:`module_assumptions` records).
+        input_names: the graph inputs, in ``forward``'s order (``["obs"]`` for a module of one input).
     """
 
     model: object
@@ -88,6 +90,7 @@ class Export:
     notes: list[str] = field(default_factory=list)
     module_inputs: dict[str, str] = field(default_factory=dict)
     training: bool = False
+    input_names: list[str] = field(default_factory=lambda: ["obs"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,6 +117,153 @@ def input_shape_of(module, given: tuple[int, ...] | None) -> tuple[int, ...]:
     )
 
 
+def forward_parameters(module) -> tuple[list[tuple[str, bool]], str | None]:
+    """``forward``'s positional parameters after ``self``: ``[(name, required)]`` in order, and the
+    name of its ``*args`` (``None`` without one). A TorchScript module's come from its compiled
+    schema (``module.forward.schema``), any other's from :func:`inspect.signature`."""
+    import inspect
+
+    torch = _torch()
+    if isinstance(module, torch.jit.ScriptModule):
+        arguments = module.forward.schema.arguments[1:]  # the first is self
+        return [(a.name, not a.has_default_value()) for a in arguments], None
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):  # a forward inspect cannot read (a builtin): one input
+        return [("input", True)], None
+    named, varargs = [], None
+    for p in signature.parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            varargs = p.name
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            named.append((p.name, p.default is p.empty))
+    return named, varargs
+
+
+def module_examples(module, *, input_shape=None, input_dtypes: dict[str, str] | None = None,
+                    example_inputs=None) -> dict[str, object]:
+    """The inputs ``module`` is traced and checked with, by graph input name, in ``forward``'s order.
+
+    A module that takes one input (one required parameter, or one example) keeps the graph input name
+    ``obs``; a module taking several names each after its ``forward`` parameter. ``example_inputs``
+    (a tuple in ``forward``'s order, or a mapping by parameter name; numpy arrays or torch tensors of
+    shape ``(batch, ...)``) are used as given, dtype included; else each input is made from its shape
+    (``input_shape``: a tuple for one input, read from the first ``Linear`` when not given, or a mapping
+    by parameter name) and dtype (``input_dtypes`` by parameter name, or ``obs`` for the one input;
+    default the module's floating dtype): floating inputs standard normal (seed 0), bool inputs True,
+    integer inputs 0.
+
+    Returns:
+        graph input name -> ``torch.Tensor`` of shape ``(batch, *shape)``.
+
+    Raises:
+        OptionError: an example, shape or dtype for a parameter ``forward`` does not take; a required
+            parameter with none (naming it); examples and shapes both given; examples that do not share
+            one batch size.
+        ArgumentTypeError: an example that is neither a numpy array nor a torch tensor, or has no batch axis.
+        BadModelError: one input, no shape given and no first ``Linear`` to read it from.
+    """
+    params, varargs = forward_parameters(module)
+    if not params and not varargs:
+        raise BadModelError("the module's forward takes no input; policyport exports a policy of its observations")
+    if example_inputs is not None:
+        if input_shape is not None or input_dtypes:
+            raise OptionError("example_inputs carry their own shapes and dtypes; leave input_shape and input_dtypes out")
+        given = _named_examples(params, varargs, example_inputs)
+        if not given:
+            raise OptionError(f"example_inputs is empty; give forward{_signature(params)} its inputs")
+    else:
+        given = _made_examples(module, params, input_shape, input_dtypes or {})
+    required = [name for name, needed in params if needed and name not in given]
+    if required:
+        raise OptionError(f"forward{_signature(params)} needs {listing(required)} too; give "
+                          + ("each input: example_inputs=(...) or {name: array}" if example_inputs is not None else
+                             " ".join(f"--input-shape {n}=D[,D...]" for n in required) + " (input_shape={name: shape} in Python)"))
+    order = [name for name, _ in params] + sorted(set(given) - {name for name, _ in params})
+    skipped = [name for name in order[:max(order.index(n) for n in given) + 1] if name not in given]
+    if skipped:
+        raise OptionError(f"forward{_signature(params)} takes its inputs by position: give {listing(skipped)} too "
+                          "(an input left at its default can only follow every input given)")
+    tensors = [given[name] for name in order if name in given]
+    if len({int(t.shape[0]) for t in tensors}) > 1:
+        raise OptionError("example_inputs must share their first (batch) axis; got shapes "
+                          + ", ".join(f"{n} {tuple(given[n].shape)}" for n in order if n in given))
+    if len(tensors) == 1:
+        return {"obs": tensors[0]}
+    return {name: given[name] for name in order if name in given}
+
+
+def _signature(params) -> str:
+    return "(" + ", ".join(name for name, _ in params) + ")"
+
+
+def _named_examples(params, varargs: str | None, examples) -> dict[str, object]:
+    """``example_inputs`` by parameter name, as torch tensors (see :func:`module_examples`)."""
+    from ...errors import ArgumentTypeError
+
+    torch = _torch()
+    names = [name for name, _ in params]
+    if isinstance(examples, dict):
+        unknown = [k for k in examples if k not in names]
+        if unknown:
+            raise OptionError(f"example_inputs names {listing(unknown)}, which forward{_signature(params)} does not take")
+        named = dict(examples)
+    elif isinstance(examples, (tuple, list)):
+        if len(examples) > len(names) and varargs is None:
+            raise OptionError(f"forward{_signature(params)} takes {len(names)} input{'s' * (len(names) != 1)}; "
+                              f"example_inputs holds {len(examples)}")
+        names += [f"{varargs}_{i}" for i in range(len(examples) - len(names))]
+        named = dict(zip(names, examples))
+    else:
+        raise ArgumentTypeError(f"example_inputs must be a tuple of inputs in forward's order or a dict by parameter "
+                                f"name, not {type(examples).__name__}")
+    tensors = {}
+    for name, value in named.items():
+        if not isinstance(value, (np.ndarray, torch.Tensor)) or value.ndim < 1 or value.shape[0] < 1:
+            raise ArgumentTypeError(f"example input {name!r} must be a numpy array or torch tensor with a batch axis "
+                                    f"(shape (batch, ...)), not {type(value).__name__} {getattr(value, 'shape', value)!r:.80}")
+        tensors[name] = torch.as_tensor(np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value).detach().cpu()
+    return tensors
+
+
+def _made_examples(module, params, input_shape, dtypes: dict[str, str]) -> dict[str, object]:
+    """Inputs made from their shapes and dtypes (see :func:`module_examples`)."""
+    torch = _torch()
+    names = [name for name, _ in params]
+    if isinstance(input_shape, dict):
+        shapes = dict(input_shape)
+    else:
+        first = [name for name, needed in params if needed][:2] or names[:1]
+        if len(first) > 1:
+            raise OptionError(f"forward{_signature(params)} takes several inputs; give each one's shape without the "
+                              f"batch axis: " + " ".join(f"--input-shape {n}=D[,D...]" for n in first)
+                              + " (input_shape={name: shape}, or example_inputs=, in Python)")
+        if not first:
+            raise OptionError("the module's forward takes its inputs as *args, which name none; give example_inputs=(...)")
+        shapes = {first[0]: input_shape_of(module, input_shape)}
+        if "obs" in dtypes and "obs" not in names:  # the one input by its graph name
+            dtypes = {first[0] if k == "obs" else k: v for k, v in dtypes.items()}
+    unknown = [k for k in [*shapes, *dtypes] if k not in names]
+    if unknown:
+        raise OptionError(f"{listing(dict.fromkeys(unknown))}: forward{_signature(params)} takes no such input "
+                          "(--input-shape and --input-dtype name forward's parameters)")
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, shape in shapes.items():
+        dtype = getattr(torch, dtypes[name]) if name in dtypes else _param_dtype(module)
+        if dtype.is_floating_point:
+            tensors[name] = torch.randn((2, *shape), generator=generator).to(dtype)
+        elif dtype == torch.bool:
+            tensors[name] = torch.ones((2, *shape), dtype=dtype)
+        else:
+            tensors[name] = torch.zeros((2, *shape), dtype=dtype)
+    no_shape = [k for k in dtypes if k not in shapes]
+    if no_shape:
+        raise OptionError(f"--input-dtype names {listing(no_shape)}, whose shape is not given; add "
+                          + " ".join(f"--input-shape {n}=D[,D...]" for n in no_shape))
+    return tensors
+
+
 def _param_dtype(module):
     torch = _torch()
     for p in list(module.parameters()) + list(module.buffers()):
@@ -122,7 +272,7 @@ def _param_dtype(module):
     return torch.float32
 
 
-def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
+def _output_names(result, given: tuple[str, ...] | None, inputs: tuple[str, ...] = ("obs",)) -> list[str]:
     torch = _torch()
     if isinstance(result, torch.Tensor):
         names = ["logits"]
@@ -137,11 +287,12 @@ def _output_names(result, given: tuple[str, ...] | None) -> list[str]:
     if given:
         if len(given) != len(names):
             raise OptionError(f"{len(given)} output names given ({', '.join(given)}) for a module with {len(names)} outputs")
-        if "obs" in given:
-            raise OptionError(f"output names must not be 'obs', the graph input: {', '.join(given)}")
+        if set(inputs) & set(given):
+            raise OptionError(f"output names must not be {listing(inputs, show=repr)}, the graph input"
+                              f"{'s' * (len(inputs) > 1)}: {', '.join(given)}")
         names = list(given)
-    if len(set(names)) != len(names) or "obs" in names:
-        raise BadModelError(f"output names must be distinct and not 'obs': {names}")
+    if len(set(names)) != len(names) or set(inputs) & set(names):
+        raise BadModelError(f"output names must be distinct and not {listing(inputs, show=repr)}: {names}")
     return names
 
 
@@ -186,21 +337,25 @@ def _quiet():
             lg.setLevel(level)
 
 
-def _export_raw(module, example, names: list[str], exporter: str, opset: int):
+def _export_raw(module, examples: dict, names: list[str], exporter: str, opset: int):
+    """``torch.onnx.export`` of ``module`` on ``examples`` (graph input name -> tensor, in ``forward``'s
+    order), every input and output with a dynamic batch axis 0."""
     torch = _torch()
+    inputs, args = list(examples), tuple(examples.values())
     if exporter == "dynamo":
         require("onnxscript", "torch", "the dynamo exporter (--exporter dynamo)")
+        batch = torch.export.Dim("batch")  # one batch size shared by every input
         program = torch.onnx.export(
-            module, (example,), dynamo=True, input_names=["obs"], output_names=names, opset_version=opset,
-            dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False, optimize=False,
+            module, args, dynamo=True, input_names=inputs, output_names=names, opset_version=opset,
+            dynamic_shapes=tuple({0: batch} for _ in args), verbose=False, optimize=False,
         )
         return program.model_proto
     f = io.BytesIO()
     torch.onnx.register_custom_op_symbolic("aten::softplus", _softplus_symbolic, opset)
     try:
         torch.onnx.export(
-            module, (example,), f, dynamo=False, input_names=["obs"], output_names=names, opset_version=opset,
-            dynamic_axes={n: {0: "batch"} for n in ["obs", *names]}, do_constant_folding=False,
+            module, args, f, dynamo=False, input_names=inputs, output_names=names, opset_version=opset,
+            dynamic_axes={n: {0: "batch"} for n in [*inputs, *names]}, do_constant_folding=False,
         )
     finally:
         torch.onnx.unregister_custom_op_symbolic("aten::softplus", opset)
@@ -231,15 +386,18 @@ def _softplus_symbolic(g, x, beta, threshold):
 
 
 def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
-                  input_shape: tuple[int, ...] | None = None, output_names: tuple[str, ...] | None = None,
-                  state_dict: dict[str, np.ndarray] | None = None) -> Export:
+                  input_shape: tuple[int, ...] | dict | None = None, output_names: tuple[str, ...] | None = None,
+                  state_dict: dict[str, np.ndarray] | None = None, input_dtypes: dict[str, str] | None = None,
+                  example_inputs=None) -> Export:
     """Export ``module`` and rename the result after the source (see the module docstring).
 
     Args:
-        module: a ``torch.nn.Module`` or TorchScript module taking one observation tensor.
+        module: a ``torch.nn.Module`` or TorchScript module taking one observation tensor, or several.
         exporter: ``"torchscript"`` or ``"dynamo"``.
         opset: the ONNX opset (the dynamo exporter writes 18 or newer).
-        input_shape: the observation shape without the batch axis (default: from the first Linear).
+        input_shape: the observation shape without the batch axis (default: from the first Linear), or
+            one per ``forward`` parameter by name (see :func:`module_examples`).
+        input_dtypes, example_inputs: see :func:`module_examples`.
         output_names: names for the module's outputs (default: ``logits`` / ``output_<i>`` / the dict keys).
         state_dict: the source's parameters by name (default: ``module.state_dict()``).
 
@@ -250,7 +408,7 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
     Raises:
         BadModelError: a module the exporter refuses, or outputs that cannot be named.
-        OptionError: an unknown exporter, dynamo on a TorchScript module, an opset newer than the exporter writes.
+        OptionError: inputs that do not fit ``forward`` (:func:`module_examples`), an unknown exporter, dynamo on a TorchScript module, an opset newer than the exporter writes.
         UnsupportedOpError: an op with no ONNX form at ``opset`` (names the module and the op).
         MissingDependencyError: torch (or onnxscript for dynamo) is not installed.
     """
@@ -268,13 +426,14 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
     if exporter == "dynamo" and opset < DYNAMO_MIN_OPSET:
         notes.append(f"the dynamo exporter writes opset {DYNAMO_MIN_OPSET} or newer; exported at opset {DYNAMO_MIN_OPSET}")
         opset = DYNAMO_MIN_OPSET
-    shape = input_shape_of(module, input_shape)
-    dtype = _param_dtype(module)
-    example = torch.randn((2, *shape), generator=torch.Generator().manual_seed(0)).to(dtype)
+    examples = module_examples(module, input_shape=input_shape, input_dtypes=input_dtypes,
+                               example_inputs=example_inputs)
+    examples = {k: t.repeat(2, *[1] * (t.ndim - 1)) if t.shape[0] == 1 else t  # the dynamo exporter
+                for k, t in examples.items()}  # specialises a batch of 1: trace on two rows
     training = any(m.training for m in module.modules())
-    exported, exported_example = module, example
+    exported, exported_examples = module, examples
     with _eval_mode(module), torch.no_grad():
-        if dtype == torch.bfloat16:
+        if _param_dtype(module) == torch.bfloat16:
             # torch.onnx writes a bfloat16 graph, which onnxruntime's CPU provider has no kernels for: a float32
             # copy (in eval mode, as the module now is) is exported, exactly, and the bfloat16 parameters are
             # stored back (store_half_parameters)
@@ -282,20 +441,18 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
             with warnings.catch_warnings():  # a TorchScript copy's note on .grad of non-leaf tensors
                 warnings.simplefilter("ignore", UserWarning)
-                exported, exported_example = copy.deepcopy(module).float(), example.float()
+                exported = copy.deepcopy(module).float()
+            exported_examples = {k: t.float() if t.dtype == torch.bfloat16 else t for k, t in examples.items()}
         try:
-            result = module(example)
+            result = module(*examples.values())
         except Exception as e:  # noqa: BLE001 - the user's forward failed on an observation
-            what = "check --input-shape (the observation's shape without the batch axis)" if input_shape else \
-                "give the shape with --input-shape"
-            raise BadModelError(f"the module's forward fails on an observation of shape (batch, {', '.join(map(str, shape))}): "
-                                f"{torch_error_text(e)}; {what}") from e
-        names = _output_names(result, output_names)
+            raise BadModelError(_forward_failure(examples, input_shape, example_inputs, e)) from e
+        names = _output_names(result, output_names, tuple(examples))
         try:
             with _quiet():
-                raw = _export_raw(exported, exported_example, names, exporter, opset)
+                raw = _export_raw(exported, exported_examples, names, exporter, opset)
         except Exception as e:  # noqa: BLE001 - the exporter's own errors: find the module behind them
-            raise _export_error(module, example, exporter, opset, e) from e
+            raise _export_error(module, examples, exporter, opset, e) from e
     from .reference import from_torch
 
     params = state_dict if state_dict is not None else {k: from_torch(v) for k, v in module.state_dict().items()}
@@ -315,7 +472,7 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
 
     kept = keep_state_dict_layout(model, params, every_integer=True)
     unmatched = [k for k in unmatched if k not in kept]
-    read = _read_entries(module, example, unmatched)
+    read = _read_entries(module, examples, unmatched)
     if read:
         raise BadModelError(
             f"the module's forward reads the state_dict entr{'y' if len(read) == 1 else 'ies'} {listing(read)}, but the "
@@ -328,12 +485,27 @@ def export_module(module, *, exporter: str = "torchscript", opset: int = 17,
         notes.append(f"{len(unmatched)} state_dict entr{'y is' if one else 'ies are'} not in the graph, which the module's "
                      f"forward does not read (changing {'it' if one else 'them'} changes no output): "
                      f"{listing(unmatched, show=str)}")
-    return Export(model, module_tensors, names, notes, module_inputs, training)
+    return Export(model, module_tensors, names, notes, module_inputs, training, list(examples))
+
+
+def _forward_failure(examples: dict, input_shape, example_inputs, error: Exception) -> str:
+    """Why the module's forward failed on the inputs it was given or made, and what to check."""
+    if list(examples) == ["obs"] and example_inputs is None:
+        shape = ", ".join(map(str, examples["obs"].shape[1:]))
+        what = "check --input-shape (the observation's shape without the batch axis)" if input_shape else \
+            "give the shape with --input-shape"
+        return f"the module's forward fails on an observation of shape (batch, {shape}): {torch_error_text(error)}; {what}"
+    given = ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')} (batch, {', '.join(map(str, t.shape[1:]))})"
+                      for name, t in examples.items())
+    what = "check example_inputs" if example_inputs is not None else \
+        "check --input-shape and --input-dtype (input_shape= and input_dtypes= in Python)"
+    return f"the module's forward fails on inputs {given}: {torch_error_text(error)}; {what}"
 
 
 def _read_entries(module, example, names: list[str]) -> list[str]:
     """The numeric ``state_dict`` entries among ``names`` that the module's forward reads:
-    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on ``example``, or makes
+    changing one (each element ``x`` to ``x + |x| + 1``) changes an output on ``example`` (the one
+    observation tensor, or graph input name -> tensor for a ``forward`` of several), or makes
     the forward fail (a size read from it). The module runs in eval mode, without gradients, with torch's random generator seeded
     alike for each run (a forward that samples draws the same numbers); each entry is restored bit for
     bit afterwards."""
@@ -347,7 +519,7 @@ def _read_entries(module, example, names: list[str]) -> list[str]:
     def outputs():
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            result = module(example)
+            result = module(*example.values()) if isinstance(example, dict) else module(example)
         values = [result] if isinstance(result, torch.Tensor) else list(result.values()) if isinstance(result, dict) \
             else list(result)
         return [v.detach().clone() for v in values]
@@ -403,9 +575,11 @@ def torch_error_text(error: BaseException, typed: bool = True) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
-def _export_error(module, example, exporter: str, opset: int, error: Exception) -> Exception:
-    """The exporter's failure, attributed to the first leaf module that fails to export on its own."""
+def _export_error(module, examples: dict, exporter: str, opset: int, error: Exception) -> Exception:
+    """The exporter's failure, attributed to the first leaf module that fails to export on its own.
+    ``examples``: graph input name -> tensor, or the one observation tensor."""
     torch = _torch()
+    examples = examples if isinstance(examples, dict) else {"obs": examples}
     inputs: dict[str, object] = {}
     hooks = []
     for name, sub in module.named_modules():
@@ -414,7 +588,7 @@ def _export_error(module, example, exporter: str, opset: int, error: Exception) 
                 lambda m, args, name=name: inputs.setdefault(name, args[0]) if args and isinstance(args[0], torch.Tensor) else None))
     try:
         with torch.no_grad():
-            module(example)
+            module(*examples.values())
     except Exception:  # noqa: BLE001 - only looking for the culprit
         pass
     finally:
@@ -427,7 +601,7 @@ def _export_error(module, example, exporter: str, opset: int, error: Exception) 
         sub = module.get_submodule(name)
         try:
             with _quiet():
-                _export_raw(sub, x, ["y"], exporter, opset)  # pragma: no mutate (a trial: its output's name is never read)
+                _export_raw(sub, {"x": x}, ["y"], exporter, opset)  # pragma: no mutate (a trial: its output's name is never read)
             exported = True
         except Exception:  # noqa: BLE001
             failing = failing or (name, sub)
@@ -759,6 +933,9 @@ def match_parameters(model, state_dict: dict[str, np.ndarray]):
 def module_reference(module, export: Export) -> Callable:
     """``obs -> {tensor name: array}``: the module run in torch (eval mode, no grad), every mapped
     submodule's output recorded by a forward hook, and the outputs under the graph's output names.
+    ``obs`` is the observation array of a module of one input (cast to the module's floating dtype
+    when floating), or for several a mapping graph input name -> array, passed to ``forward`` in
+    the graph's input order as tensors of the arrays' own dtypes.
 
     A TorchScript module takes no hooks: an ``nn.Sequential`` root runs child by child; inside a
     scripted custom ``forward``, each leaf module runs on the input the graph gives it (recorded
@@ -769,9 +946,12 @@ def module_reference(module, export: Export) -> Callable:
     torch = _torch()
     module_tensors, output_names = export.module_tensors, export.output_names
 
-    def forward(obs: np.ndarray) -> dict[str, np.ndarray]:
+    def forward(obs) -> dict[str, np.ndarray]:
         recorded: dict[str, np.ndarray] = {}
-        x = torch.as_tensor(np.asarray(obs)).to(_param_dtype(module))
+        feeds = _named_feeds(obs, export.input_names)
+        args = [torch.as_tensor(np.asarray(feeds[name])) for name in export.input_names]
+        if len(args) == 1 and args[0].is_floating_point():
+            args[0] = args[0].to(_param_dtype(module))
 
         def keep(path: str, value) -> None:
             if path in module_tensors and isinstance(value, torch.Tensor):
@@ -779,14 +959,14 @@ def module_reference(module, export: Export) -> Callable:
 
         with _eval_mode(module), torch.no_grad():
             if isinstance(module, torch.jit.ScriptModule):
-                result = _run_scripted(module, "", x, keep)
+                result = _run_scripted(module, "", args, keep)
                 if not recorded:  # a scripted custom forward: each leaf on the graph's own input
-                    _run_leaves_on_graph_inputs(module, export, obs, keep)
+                    _run_leaves_on_graph_inputs(module, export, feeds, keep)
             else:
                 hooks = [sub.register_forward_hook(lambda m, i, o, path=path: keep(path, o))
                          for path, sub in module.named_modules() if path in module_tensors]
                 try:
-                    result = module(x)
+                    result = module(*args)
                 finally:
                     for h in hooks:
                         h.remove()
@@ -798,29 +978,50 @@ def module_reference(module, export: Export) -> Callable:
     return forward
 
 
-def _run_leaves_on_graph_inputs(module, export: Export, obs: np.ndarray, keep) -> None:
+def _named_feeds(obs, names: list[str]) -> dict[str, np.ndarray]:
+    """The reference's argument as graph input name -> array: the array itself for one input.
+
+    Raises:
+        InputMismatchError: a mapping that lacks one of ``names``, or an array for several inputs.
+    """
+    from ...errors import InputMismatchError
+
+    if not isinstance(obs, dict):
+        if len(names) != 1:
+            raise InputMismatchError(f"the module takes inputs {listing(names)}; pass a dict of arrays by input name")
+        return {names[0]: obs}
+    missing = [n for n in names if n not in obs]
+    if missing:
+        raise InputMismatchError(f"the module takes inputs {listing(names)}; missing {listing(missing)}")
+    return {n: obs[n] for n in names}
+
+
+def _run_leaves_on_graph_inputs(module, export: Export, feeds: dict, keep) -> None:
     from ...runtime import load
 
     torch = _torch()
     inputs = {p: t for p, t in export.module_inputs.items() if p in export.module_tensors}
-    wanted = sorted(set(inputs.values()) - {"obs"})
+    wanted = sorted(set(inputs.values()) - set(feeds))
     recorded = load(export.model, backend="numpy").record(  # pragma: no mutate (more tensors or the default backend: the same values)
-        {"obs": np.asarray(obs)}, tensors=wanted) if wanted else {}
+        {k: np.asarray(v) for k, v in feeds.items()}, tensors=wanted) if wanted else {}
     submodules = dict(module.named_modules())  # get_submodule is not supported on ScriptModules
     for path, tensor in inputs.items():
-        if (tensor in recorded or tensor == "obs") and path in submodules:
-            value = np.asarray(obs) if tensor == "obs" else recorded[tensor]
+        if (tensor in recorded or tensor in feeds) and path in submodules:
+            value = np.asarray(feeds[tensor]) if tensor in feeds else recorded[tensor]
             keep(path, submodules[path](torch.as_tensor(value)))
 
 
 def _run_scripted(module, path: str, x, keep):
-    """Run a TorchScript module, descending into ``nn.Sequential`` children to see their outputs."""
+    """Run a TorchScript module on ``x`` (a tensor, or a list of them for a ``forward`` of several
+    inputs), descending into an ``nn.Sequential``'s children (which take one input) to see their outputs."""
+    args = list(x) if isinstance(x, list) else [x]
     children = list(module.named_children())
-    if getattr(module, "original_name", None) == "Sequential" and children:
+    if getattr(module, "original_name", None) == "Sequential" and children and len(args) == 1:
+        x = args[0]
         for name, child in children:
             x = _run_scripted(child, f"{path}.{name}" if path else name, x, keep)
     else:
-        x = module(x)
+        x = module(*args)
     keep(path, x)
     return x
 
@@ -833,9 +1034,10 @@ def convert_torch(source, options):
     """Convert a live ``torch.nn.Module`` (see the module docstring).
 
     Args:
-        source: the module; it takes one observation tensor ``(batch, *obs_shape)``.
+        source: the module; it takes one observation tensor ``(batch, *obs_shape)``, or several
+            inputs (see :func:`module_examples`).
         options: :class:`~policyport.converter.ConvertOptions`: ``exporter``, ``opset``,
-            ``input_shape``, ``output_names``.
+            ``input_shape``, ``input_dtypes``, ``example_inputs``, ``output_names``.
 
     Returns:
         A :class:`~policyport.converter.Converted` whose reference runs the module with forward hooks.
@@ -844,7 +1046,7 @@ def convert_torch(source, options):
 
     _refuse_weight_options(options, "a torch module")
     export = export_module(source, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
-                           output_names=options.output_names)
+                           output_names=options.output_names, **_input_options(options))
     _finish(export.model, {"kind": "torch", "class": type(source).__name__, "exporter": options.exporter})
     reference = module_reference(source, export)
     return Converted(export.model, reference, "torch", export.notes,
@@ -888,12 +1090,17 @@ def convert_torchscript(source, options):
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError for anything unreadable
         raise UnreadableFileError(f"{path} is not a readable TorchScript file: {str(e).strip().splitlines()[0]}") from e
     export = export_module(module, exporter=options.exporter, opset=options.opset, input_shape=options.input_shape,
-                           output_names=options.output_names)
+                           output_names=options.output_names, **_input_options(options))
     _finish(export.model, {"kind": "torchscript", "file": path.name, "sha256": _sha256(path), "exporter": options.exporter})
     reference = module_reference(module, export)
     return Converted(export.model, reference, "torchscript", export.notes,
                      module_assumptions("a TorchScript file", training=export.training),
                      module_oracle("the TorchScript module"))
+
+
+def _input_options(options) -> dict:
+    """The options that shape a module's inputs beyond ``input_shape``, for :func:`export_module`."""
+    return {"input_dtypes": options.input_dtypes, "example_inputs": options.example_inputs}
 
 
 def module_assumptions(what: str, training: bool = False) -> list:
