@@ -17,7 +17,7 @@ import sys
 COMMANDS = {
     "convert": "convert", "inspect": "model", "extract": "model", "expose": "model", "ops": "model",
     "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "verify": "verify",
-    "pack": "pack", "export-numpy": "handoff",
+    "pack": "pack", "export-numpy": "handoff", "to-torch": "handoff", "to-sb3": "handoff",
 }
 
 

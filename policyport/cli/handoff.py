@@ -1,9 +1,10 @@
-"""``policyport export-numpy``: one generated numpy module and its weights, checked before writing."""
+"""Hand-off commands: ``export-numpy`` (one generated numpy module) and the targets ``to-torch`` and
+``to-sb3`` (the policy in another framework, trainable); each checks what it writes before writing it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,6 +17,7 @@ from .options import (
     LowOpt,
     ModelArg,
     SeedOpt,
+    TrustOpt,
     check_range,
     drawing_advice,
     given_path,
@@ -61,3 +63,68 @@ def export_numpy(
             out.print(literal(line))
 
     guard(as_json, body)
+
+
+#: Convert options a target command takes for a source that is not ONNX yet (see 'convert').
+FromOpt = Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind, as for 'convert'  [default: detected; an .onnx file is used as it is]")]
+ActivationOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Hidden activation where the source does not record it (an .npz, a state_dict), as for 'convert'.")]
+HeadOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head, as for 'convert': none, diag-gaussian, diag-gaussian:halves or categorical  [default: the source's own]")]
+
+
+def _convert_options(activation, head, trust) -> dict:
+    """The convert options given on the command line, checked as 'convert' checks them (exit 2)."""
+    from .convert import check_convert_options
+
+    check_convert_options(None, activation, head, 17, "torchscript")
+    given = {"activation": activation, "head": head, "trust": trust or None}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _print_assumptions(assumptions) -> None:
+    for line in source_lines(None, assumptions or []):
+        out.print(literal(line))
+
+
+@app.command("to-torch")
+def to_torch(
+    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The folder to write: policy.py, policy.pt, policy.safetensors, parameters.json.")],
+    kind: FromOpt = None,
+    activation: ActivationOpt = None,
+    head: HeadOpt = None,
+    trust: TrustOpt = False,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, named after it) and its
+    weights, after checking that torch's forward matches the numpy backend on every tensor."""
+
+    def body():
+        from ..handoff.targets.to_torch import to_torch as run_to_torch
+        from ..io.outputs import check_distinct
+
+        check_range(low, high)
+        options = _convert_options(activation, head, trust)
+        check_distinct(output, src)
+        with drawing_advice("to-torch", takes_inputs=False):
+            done = run_to_torch(str(src), output, kind=kind, samples=samples, low=low, high=high, seed=seed,
+                                force=force, **options)
+        if as_json:
+            emit_json({"folder": str(done.folder), "layers": done.layers, "parameters": done.parameters,
+                       "buffers": done.buffers, "samples": done.samples, "tensors": done.tensors,
+                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes})
+            return
+        for note in done.notes or []:
+            say(note)
+        say(f"wrote {done.folder}")
+        out.print(literal(f"{done.folder}/policy.py: {counted(len(done.layers), 'nn.Linear layer')}, "
+                          f"{counted(len(done.parameters), 'trained tensor')}, {counted(len(done.buffers), 'buffer')}; "
+                          f"torch matches the numpy backend on {counted(done.samples, 'observation')}, "
+                          f"{counted(done.tensors, 'tensor')} (max abs {done.max_abs:.3g})"))
+        _print_assumptions(done.assumptions)
+
+    guard(as_json, body, "to-torch")
