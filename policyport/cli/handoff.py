@@ -128,3 +128,76 @@ def to_torch(
         _print_assumptions(done.assumptions)
 
     guard(as_json, body, "to-torch")
+
+
+def _space(text: str | None, flag: str) -> tuple[float, float] | None:
+    """``"-1:1"`` -> ``(-1.0, 1.0)``; a usage error (exit 2) unless LOW:HIGH of numbers, LOW < HIGH."""
+    if text is None:
+        return None
+    try:
+        low, high = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}; give LOW:HIGH, e.g. -1:1", param_hint=flag) from None
+    if not low < high:
+        raise typer.BadParameter(f"{text!r}: LOW must be below HIGH", param_hint=flag)
+    return low, high
+
+
+@app.command("to-sb3")
+def to_sb3(
+    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.zip", help="The SB3 model to write; a normaliser goes beside it as FILE_vecnormalize.pkl.")],
+    algo: Annotated[str, typer.Option("--algo", metavar="NAME", help="ppo or a2c (a diagonal-Gaussian or categorical policy), dqn (Q-values).")],
+    kind: FromOpt = None,
+    activation: ActivationOpt = None,
+    head: HeadOpt = None,
+    trust: TrustOpt = False,
+    obs_space: Annotated[Optional[str], typer.Option("--obs-space", metavar="LOW:HIGH", help="Bounds of the observation space's Box  [default: -inf:inf]")] = None,
+    action_space: Annotated[Optional[str], typer.Option("--action-space", metavar="LOW:HIGH", help="Bounds of a continuous action space's Box; SB3's predict clips to them  [default: the bounds the model clips to, else -inf:inf]")] = None,
+    log_std: Annotated[Optional[float], typer.Option("--log-std", metavar="V", help="SB3's log_std for a source whose log_std is computed from the observation (RLlib's [mean, log_std] layer).")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations SB3's model is checked on before it is written.")] = 1000,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as a Stable-Baselines3 zip (and VecNormalize file) that SB3 loads and trains on, after
+    checking SB3's network and predict() against the numpy backend."""
+
+    def body():
+        from ..handoff.targets.to_sb3 import ALGOS
+        from ..handoff.targets.to_sb3 import to_sb3 as run_to_sb3
+        from ..io.outputs import check_distinct
+
+        check_range(low, high)
+        if algo not in ALGOS:
+            raise typer.BadParameter(f"{algo!r}; choose one of {', '.join(ALGOS)}", param_hint="--algo")
+        if output.suffix != ".zip":
+            raise typer.BadParameter(f"{literal(output)}: the SB3 model's file name must end in .zip", param_hint="-o/--output")
+        options = _convert_options(activation, head, trust)
+        check_distinct(output, src)
+        with drawing_advice("to-sb3", takes_inputs=False):
+            done = run_to_sb3(str(src), output, algo=algo, kind=kind, obs_space=_space(obs_space, "--obs-space"),
+                              action_space=_space(action_space, "--action-space"), log_std=log_std, samples=samples,
+                              low=low, high=high, seed=seed, force=force, **options)
+        if as_json:
+            emit_json({"zip": str(done.zip), "vecnormalize": None if done.vecnormalize is None else str(done.vecnormalize),
+                       "algo": done.algo, "net_arch": done.net_arch, "activation_fn": done.activation_fn,
+                       "observation_space": done.observation_space, "action_space": done.action_space,
+                       "samples": done.samples, "tensors": done.tensors, "max_abs": done.max_abs,
+                       "assumptions": done.assumptions, "notes": done.notes})
+            return
+        for note in done.notes:
+            say(note)
+        say(f"wrote {done.zip}" + (f" and {done.vecnormalize}" if done.vecnormalize else ""))
+        out.print(literal(f"{done.zip}: {done.algo.upper()} MlpPolicy net_arch {done.net_arch}, {done.activation_fn}, "
+                          f"{done.observation_space} -> {done.action_space}; SB3's network and predict() match the "
+                          f"numpy backend on {counted(done.samples, 'observation')}, {counted(done.tensors, 'tensor')} "
+                          f"(max abs {done.max_abs:.3g})"))
+        if done.assumptions:
+            out.print("assumed (SB3 needs it, the source does not hold it):")
+            for line in done.assumptions:
+                out.print(literal(f"  {line}"))
+
+    guard(as_json, body, "to-sb3")

@@ -257,3 +257,17 @@ def test_cli_writes_once_and_refuses_options_an_onnx_model_does_not_take(tmp_pat
     assert refused.exit_code == 3 and "notes.txt" in refused.output and (out / "notes.txt").exists()
     head = CliRunner().invoke(app, ["to-torch", str(path), "-o", str(tmp_path / "o2"), "--head", "none"])
     assert head.exit_code == 2 and "head (--head) applies to a source converted here" in head.output
+
+
+@pytest.mark.slow
+def test_rllib_checkpoint_with_its_filter_matches_rays_outputs(tmp_path):
+    ray_folder = ROOT / "fixtures/rllib/ray"
+    done = pp.to_torch(str(ray_folder / "ppo_new"), tmp_path / "rllib", low=-1, high=1)
+    module = import_policy(tmp_path / "rllib").load()
+    expected = dict(np.load(ray_folder / "ppo_new_expected.npz"))  # Ray's own forward of the checkpoint
+    with torch.no_grad():
+        got = module(torch.from_numpy(expected["obs"].astype(np.float32)))
+    np.testing.assert_allclose(got["logits"].numpy(), expected["action_dist_inputs"], atol=1e-5, rtol=0)
+    assert done.buffers and not any(k.endswith((".weight", ".bias")) for k in done.buffers)
+    frozen, moved = one_step_changes_every_parameter(module, expected["obs"][:8].astype(np.float32))
+    assert frozen == [] and moved == []
