@@ -186,7 +186,8 @@ def to_sb3(
                        "algo": done.algo, "net_arch": done.net_arch, "activation_fn": done.activation_fn,
                        "observation_space": done.observation_space, "action_space": done.action_space,
                        "samples": done.samples, "tensors": done.tensors, "max_abs": done.max_abs,
-                       "assumptions": done.assumptions, "notes": done.notes})
+                       "assumptions": done.assumptions, "model_assumptions": done.model_assumptions,
+                       "notes": done.notes})
             return
         for note in done.notes:
             say(note)
@@ -195,6 +196,7 @@ def to_sb3(
                           f"{done.observation_space} -> {done.action_space}; SB3's network and predict() match the "
                           f"numpy backend on {counted(done.samples, 'observation')}, {counted(done.tensors, 'tensor')} "
                           f"(max abs {done.max_abs:.3g})"))
+        _print_assumptions(done.model_assumptions)
         if done.assumptions:
             out.print("assumed (SB3 needs it, the source does not hold it):")
             for line in done.assumptions:

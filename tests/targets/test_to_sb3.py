@@ -146,3 +146,40 @@ def test_what_sb3_cannot_express_is_refused(tmp_path):
     bad = runner.invoke(app, ["to-sb3", str(EXPERT), "-o", str(out), "--algo", "sac"])
     assert bad.exit_code == 2 and "'sac'; choose one of ppo, a2c, dqn" in bad.output
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_the_readme_section_runs_as_written(tmp_path, monkeypatch):
+    """The README's 'Into another framework' section: its commands print what it shows, and its Python
+    blocks run after them (the MetaDrive expert trains on as an SB3 PPO)."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Into another framework: train on\n", 1)[1].split("\n## ", 1)[0]
+    (tmp_path / "fixtures").symlink_to(ROOT / "fixtures")
+    monkeypatch.chdir(tmp_path)
+    made = CliRunner().invoke(app, ["convert", str(EXPERT), "-o", "metadrive.onnx", "--activation", "tanh",
+                                    "--head", "diag-gaussian"])  # as the tour makes it
+    assert made.exit_code == 0, made.output
+    blocks = re.findall(r"```console\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        command, *shown = block.strip("\n").split("\n")
+        result = CliRunner().invoke(app, shlex.split(command[2:])[1:])
+        assert result.exit_code == 0, result.output
+        for line in shown:
+            assert line in result.output.splitlines(), line
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the block's sys.path.insert is undone after the test
+    monkeypatch.delitem(sys.modules, "policy", raising=False)
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        namespace: dict = {}
+        exec(compile(block, "README.md (Into another framework)", "exec"), namespace)
+    assert namespace["model"].num_timesteps == 256 and (tmp_path / "metadrive_ppo_tuned.zip").exists()
+    w = np.load(EXPERT)
+    h = np.tanh(np.full((1, 275), 0.5) @ w["default_policy/fc_1/kernel"] + w["default_policy/fc_1/bias"])
+    h = np.tanh(h @ w["default_policy/fc_2/kernel"] + w["default_policy/fc_2/bias"])
+    mean = (h @ w["default_policy/fc_out/kernel"] + w["default_policy/fc_out/bias"])[:, :2]
+    np.testing.assert_allclose(namespace["action"], np.clip(mean, -1, 1), atol=2e-5, rtol=0)

@@ -27,7 +27,7 @@ from ...errors import BadModelError, UnsupportedOpError
 
 #: Ops a target writes: the MLP op set (dense layers, activations, normalisers, heads).
 TARGET_OPS = frozenset({
-    "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Pow",
+    "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Exp", "Log", "Sqrt", "Reciprocal", "Pow", "Erf",
     "Max", "Min", "Clip", "Relu", "LeakyRelu", "Elu", "Selu", "Sigmoid", "Tanh", "Softplus", "Softsign", "Gelu",
     "Mish", "HardSwish", "Softmax", "LogSoftmax", "ArgMax", "Slice", "Concat", "Shape", "Expand", "Reshape",
     "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Cast", "Constant", "BatchNormalization",
@@ -51,7 +51,9 @@ class Dense:
         attribute: ``name`` as a Python identifier (every character outside ``[A-Za-z0-9_]``
             becomes ``_``): the module attribute a target names the layer by.
         weight, bias: initializer names (``bias`` is None for a layer without one).
-        weight_source, bias_source: the source's parameter names for them.
+        weight_source, bias_source: the source's parameter names for them; ``bias_source`` also
+            names a bias of zeros the model left out but records (``policyport.parameters``
+            ``{"zeros": ...}``), which a target restores as a trainable bias.
         transposed: True when the weight is stored ``[in, out]`` (a Keras/TF kernel, ``MatMul``'s B,
             ``Gemm`` with ``transB=0``); False when stored ``[out, in]`` (torch's ``nn.Linear``,
             ``Gemm`` with ``transB=1``). See the ONNX Gemm operator page (opset 13).
@@ -210,6 +212,7 @@ def layer_plan(model) -> LayerPlan:
             consumers.setdefault(t, []).append(node)
     outputs = {v.name for v in graph.outputs}
     source_names = _source_names(graph.metadata, init)
+    zeros = _zero_parameters(graph.metadata)
 
     def stored(tensor: str) -> str | None:
         tensor = aliases.get(tensor, tensor)
@@ -221,7 +224,7 @@ def layer_plan(model) -> LayerPlan:
     for node in graph.nodes:
         if id(node) in covered:
             continue
-        dense = _dense(node, stored, consumers, outputs, init, source_names)
+        dense = _dense(node, stored, consumers, outputs, init, source_names, zeros)
         if dense is None:
             steps.append(node)
             continue
@@ -291,7 +294,21 @@ def _source_names(metadata: dict[str, str], init: dict[str, np.ndarray]) -> dict
     return names
 
 
-def _dense(node, stored, consumers, outputs, init, source_names):
+def _zero_parameters(metadata: dict[str, str]) -> dict[str, tuple]:
+    """Source parameters of zeros the model leaves out (``policyport.parameters`` entries
+    ``{"name": ..., "zeros": {"shape": ...}}``): source name -> shape."""
+    try:
+        recorded = json.loads(metadata.get("policyport.parameters", "{}"))
+    except ValueError:
+        return {}
+    found = {}
+    for entry in (recorded.values() if isinstance(recorded, dict) else ()):
+        if isinstance(entry, dict) and isinstance(entry.get("zeros"), dict) and isinstance(entry.get("name"), str):
+            found[entry["name"]] = tuple(entry["zeros"].get("shape", ()))
+    return found
+
+
+def _dense(node, stored, consumers, outputs, init, source_names, zeros):
     """The :class:`Dense` that starts at ``node`` and the nodes it covers, or None."""
     if node.op_type == "Gemm":
         if len(node.inputs) < 2 or stored(node.inputs[1]) is None:
@@ -334,10 +351,13 @@ def _dense(node, stored, consumers, outputs, init, source_names):
         if name.endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]
             break
+    bias_source = source_names.get(bias, bias) if bias else None
+    if bias is None:
+        bias_source = next((n for n in (f"{name}/bias", f"{name}.bias") if zeros.get(n) == (out_f,)), None)
     following = consumers.get(output, [])
     activation = following[0].op_type if len(following) == 1 and following[0].op_type in ACTIVATIONS else None
     layer = Dense(name=name, attribute=identifier(name), weight=weight, bias=bias, weight_source=weight_source,
-                  bias_source=source_names.get(bias, bias) if bias else None, transposed=transposed,
+                  bias_source=bias_source, transposed=transposed,
                   in_features=int(in_f), out_features=int(out_f), input=node.inputs[0], output=output,
                   nodes=tuple(p.name for p in parts), inner=tuple(p.outputs[0] for p in parts[:-1]),
                   activation=activation)

@@ -54,6 +54,8 @@ class Sb3Export:
         samples: observations checked; max_abs: the largest absolute difference over the tensors
             compared; tensors: how many were compared.
         assumptions: what SB3 needs that the source does not hold, as sentences.
+        notes: what converting the source said; model_assumptions: what the model itself assumes
+            beyond its source file (its metadata, :func:`policyport.graph.model.recorded_assumptions`).
     """
 
     zip: Path
@@ -68,6 +70,7 @@ class Sb3Export:
     tensors: int
     assumptions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    model_assumptions: list[dict] | None = None
 
 
 def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = None,
@@ -106,6 +109,7 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
         As :func:`policyport.convert` for a source converted here.
     """
     from ...errors import require
+    from ...graph.model import recorded_assumptions
     from ...io.outputs import check_writable
     from ..export_numpy import check_arguments
     from .to_torch import resolve_source
@@ -143,7 +147,7 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     write_outputs(writers, force)
     return Sb3Export(output, vec_path if vec_bytes is not None else None, algo, layout["net_arch"],
                      layout["activation_fn"], repr(model.observation_space), repr(model.action_space), samples,
-                     max_abs, count, assumptions, given.notes)
+                     max_abs, count, assumptions, given.notes, recorded_assumptions(plan.graph.metadata))
 
 
 def _feeds(plan: LayerPlan, samples: int, low: float, high: float, seed: int) -> np.ndarray:
@@ -223,8 +227,8 @@ def _layout(plan: LayerPlan, algo: str, log_std: float | None) -> dict:
                       and head.log_std is not None), None)
     if rows < last.out_features:  # RLlib's [mean, log_std]: the log_std is computed from the observation
         if log_std is None:
-            raise OptionError(f"the log_std here is the last layer's rows {rows}..{last.out_features} (computed from "
-                              "the observation), and SB3's is one parameter per action dimension: give its value "
+            raise OptionError(f"the log_std here is outputs {rows} to {last.out_features - 1} of the last layer "
+                              f"{last.name} (computed from the observation), and SB3's is one parameter per action dimension: give its value "
                               "with --log-std (log_std=), e.g. -0.5; the deterministic action does not depend on it")
     elif parameter is not None:
         if log_std is not None:

@@ -51,7 +51,7 @@ _MODULES = {
 }
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 _UNARY = {"Exp": "torch.exp", "Log": "torch.log", "Sqrt": "torch.sqrt", "Abs": "torch.abs",
-          "Reciprocal": "torch.reciprocal"}
+          "Reciprocal": "torch.reciprocal", "Erf": "torch.erf"}
 _TORCH_DTYPES = {"float16": "torch.float16", "float32": "torch.float32", "float64": "torch.float64",
                  "int8": "torch.int8", "int16": "torch.int16", "int32": "torch.int32", "int64": "torch.int64",
                  "uint8": "torch.uint8", "bool": "torch.bool"}
@@ -340,7 +340,8 @@ class _Writer:
         w = self.init[d.weight]
         attr = self.fresh(d.attribute)
         dtype = "" if w.dtype == np.float32 else f", dtype={_torch_dtype(w.dtype, d.weight)}"
-        self.init_lines.append(f"self.{attr} = nn.Linear({d.in_features}, {d.out_features}, bias={d.bias is not None}"
+        has_bias = d.bias is not None or d.bias_source is not None
+        self.init_lines.append(f"self.{attr} = nn.Linear({d.in_features}, {d.out_features}, bias={has_bias}"
                                f"{dtype})  # {d.name}")
         self.state[f"{attr}.weight"] = np.ascontiguousarray(w.T if d.transposed else w)
         self.names[f"{attr}.weight"] = {"source": d.weight_source, "initializer": d.weight, "role": "weight",
@@ -349,6 +350,10 @@ class _Writer:
             self.state[f"{attr}.bias"] = self.init[d.bias].reshape(-1)
             self.names[f"{attr}.bias"] = {"source": d.bias_source, "initializer": d.bias, "role": "bias",
                                           "layout": "as stored" if self.init[d.bias].ndim == 1 else "flattened"}
+        elif has_bias:  # a bias of zeros the model left out: trained from zeros, as in the source
+            self.state[f"{attr}.bias"] = np.zeros(d.out_features, w.dtype)
+            self.names[f"{attr}.bias"] = {"source": d.bias_source, "initializer": None, "role": "bias",
+                                          "layout": "zeros the model leaves out"}
         x = self.tensor(d.input)
         self.body.append(f"{self.define(d.output)} = self.{attr}({x})")
 
