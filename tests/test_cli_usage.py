@@ -173,6 +173,8 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "record": [missing, "-i", tmp_path / "obs.npy", "-o", tmp_path / "r.npz"],
         "stats": [tmp_path / "missing.npz"],
         "plot": [tmp_path / "missing.npz", "-o", tmp_path / "plots"],
+        "to-torch": [missing, "-o", tmp_path / "torch"],
+        "to-sb3": [missing, "-o", tmp_path / "sb3.zip", "--algo", "ppo"],
     }
     assert set(cases) | {"ops"} == set(commands())
     for name, args in cases.items():
@@ -205,7 +207,7 @@ def _distributions(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 #: Import name -> the distribution that provides it, where they differ.
-DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml"}
+DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml", "stable_baselines3": "stable-baselines3"}
 
 
 def _install_hints() -> list[tuple[str, str | None, str, int]]:
