@@ -49,6 +49,9 @@ _LAZY = {
     "expose": (".runtime.expose", "expose"),
     "pack": (".handoff.pack", "pack"),
     "export_numpy": (".handoff.export_numpy", "export_numpy"),
+    "to_torch": (".handoff.targets.to_torch", "to_torch"),
+    "to_sb3": (".handoff.targets.to_sb3", "to_sb3"),
+    "layer_plan": (".handoff.targets.plan", "layer_plan"),
     "verify_bundle": (".handoff.golden", "verify_bundle"),
 }
 

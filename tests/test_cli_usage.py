@@ -177,6 +177,8 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "direction": [tmp_path / "missing.npz", tmp_path / "other.npz", "--tensor", "t", "-o", tmp_path / "d.npy"],
         "importance": [missing, "-i", tmp_path / "obs.npy"],
         "probe": [tmp_path / "missing.npz", "--labels", tmp_path / "y.npy"],
+        "to-torch": [missing, "-o", tmp_path / "torch"],
+        "to-sb3": [missing, "-o", tmp_path / "sb3.zip", "--algo", "ppo"],
     }
     assert set(cases) | {"ops"} == set(commands())
     for name, args in cases.items():
@@ -209,7 +211,8 @@ def _distributions(extra: str, extras: dict[str, list[str]]) -> set[str]:
 
 
 #: Import name -> the distribution that provides it, where they differ.
-DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml", "sklearn": "scikit-learn"}
+DISTRIBUTION = {"tensorflow": "tensorflow-cpu", "keras": "tensorflow-cpu", "yaml": "pyyaml", "sklearn": "scikit-learn",
+                "stable_baselines3": "stable-baselines3"}
 
 
 def _install_hints() -> list[tuple[str, str | None, str, int]]:

@@ -189,7 +189,7 @@ def test_the_reference_table_lists_every_option_of_every_command():
     from policyport.cli import app
 
     text = README.read_text(encoding="utf-8").split("\n## Reference\n", 1)[1].split("\n## ", 1)[0]
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `policyport ([a-z-]+) .*$", text, re.M)}
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `policyport ([a-z0-9-]+) .*$", text, re.M)}
     group = get_command(app)
     assert set(rows) == set(group.commands)
     for name, command in group.commands.items():
@@ -225,7 +225,7 @@ def test_the_reference_table_brackets_exactly_the_options_a_command_runs_without
     from policyport.cli import app
 
     text = README.read_text(encoding="utf-8").split("\n## Reference\n", 1)[1].split("\n## ", 1)[0]
-    rows = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(r"^\| `(policyport ([a-z-]+) .*?)` \|(.*)$", text, re.M)}
+    rows = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(r"^\| `(policyport ([a-z0-9-]+) .*?)` \|(.*)$", text, re.M)}
     for name, command in get_command(app).commands.items():
         synopsis, does = rows[name]
         depths = _bracket_depths(synopsis)

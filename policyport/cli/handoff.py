@@ -1,9 +1,10 @@
-"""``policyport export-numpy``: one generated numpy module and its weights, checked before writing."""
+"""Hand-off commands: ``export-numpy`` (one generated numpy module) and the targets ``to-torch`` and
+``to-sb3`` (the policy in another framework, trainable); each checks what it writes before writing it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -16,6 +17,7 @@ from .options import (
     LowOpt,
     ModelArg,
     SeedOpt,
+    TrustOpt,
     check_range,
     drawing_advice,
     given_path,
@@ -61,3 +63,143 @@ def export_numpy(
             out.print(literal(line))
 
     guard(as_json, body)
+
+
+#: Convert options a target command takes for a source that is not ONNX yet (see 'convert').
+FromOpt = Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="Source kind, as for 'convert'  [default: detected; an .onnx file is used as it is]")]
+ActivationOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Hidden activation where the source does not record it (an .npz, a state_dict), as for 'convert'.")]
+HeadOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head, as for 'convert': none, diag-gaussian, diag-gaussian:halves or categorical  [default: the source's own]")]
+
+
+def _convert_options(activation, head, trust) -> dict:
+    """The convert options given on the command line, checked as 'convert' checks them (exit 2)."""
+    from .convert import check_convert_options
+
+    check_convert_options(None, activation, head, 17, "torchscript")
+    given = {"activation": activation, "head": head, "trust": trust or None}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _print_assumptions(assumptions) -> None:
+    for line in source_lines(None, assumptions or []):
+        out.print(literal(line))
+
+
+@app.command("to-torch")
+def to_torch(
+    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The folder to write: policy.py, policy.pt, policy.safetensors, parameters.json.")],
+    kind: FromOpt = None,
+    activation: ActivationOpt = None,
+    head: HeadOpt = None,
+    trust: TrustOpt = False,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, named after it) and its
+    weights, after checking that torch's forward matches the numpy backend on every tensor."""
+
+    def body():
+        from ..handoff.targets.to_torch import to_torch as run_to_torch
+        from ..io.outputs import check_distinct
+
+        check_range(low, high)
+        options = _convert_options(activation, head, trust)
+        check_distinct(output, src)
+        with drawing_advice("to-torch", takes_inputs=False):
+            done = run_to_torch(str(src), output, kind=kind, samples=samples, low=low, high=high, seed=seed,
+                                force=force, **options)
+        if as_json:
+            emit_json({"folder": str(done.folder), "layers": done.layers, "parameters": done.parameters,
+                       "buffers": done.buffers, "samples": done.samples, "tensors": done.tensors,
+                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes})
+            return
+        for note in done.notes or []:
+            say(note)
+        say(f"wrote {done.folder}")
+        out.print(literal(f"{done.folder}/policy.py: {counted(len(done.layers), 'nn.Linear layer')}, "
+                          f"{counted(len(done.parameters), 'trained tensor')}, {counted(len(done.buffers), 'buffer')}; "
+                          f"torch matches the numpy backend on {counted(done.samples, 'observation')}, "
+                          f"{counted(done.tensors, 'tensor')} (max abs {done.max_abs:.3g})"))
+        _print_assumptions(done.assumptions)
+
+    guard(as_json, body, "to-torch")
+
+
+def _space(text: str | None, flag: str) -> tuple[float, float] | None:
+    """``"-1:1"`` -> ``(-1.0, 1.0)``; a usage error (exit 2) unless LOW:HIGH of numbers, LOW < HIGH."""
+    if text is None:
+        return None
+    try:
+        low, high = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}; give LOW:HIGH, e.g. -1:1", param_hint=flag) from None
+    if not low < high:
+        raise typer.BadParameter(f"{text!r}: LOW must be below HIGH", param_hint=flag)
+    return low, high
+
+
+@app.command("to-sb3")
+def to_sb3(
+    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.zip", help="The SB3 model to write; a normaliser goes beside it as FILE_vecnormalize.pkl.")],
+    algo: Annotated[str, typer.Option("--algo", metavar="NAME", help="ppo or a2c (a diagonal-Gaussian or categorical policy), dqn (Q-values).")],
+    kind: FromOpt = None,
+    activation: ActivationOpt = None,
+    head: HeadOpt = None,
+    trust: TrustOpt = False,
+    obs_space: Annotated[Optional[str], typer.Option("--obs-space", metavar="LOW:HIGH", help="Bounds of the observation space's Box  [default: -inf:inf]")] = None,
+    action_space: Annotated[Optional[str], typer.Option("--action-space", metavar="LOW:HIGH", help="Bounds of a continuous action space's Box; SB3's predict clips to them  [default: the bounds the model clips to, else -inf:inf]")] = None,
+    log_std: Annotated[Optional[float], typer.Option("--log-std", metavar="V", help="SB3's log_std for a source whose log_std is computed from the observation (RLlib's [mean, log_std] layer).")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations SB3's model is checked on before it is written.")] = 1000,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as a Stable-Baselines3 zip (and VecNormalize file) that SB3 loads and trains on, after
+    checking SB3's network and predict() against the numpy backend."""
+
+    def body():
+        from ..handoff.targets.to_sb3 import ALGOS
+        from ..handoff.targets.to_sb3 import to_sb3 as run_to_sb3
+        from ..io.outputs import check_distinct
+
+        check_range(low, high)
+        if algo not in ALGOS:
+            raise typer.BadParameter(f"{algo!r}; choose one of {', '.join(ALGOS)}", param_hint="--algo")
+        if output.suffix != ".zip":
+            raise typer.BadParameter(f"{literal(output)}: the SB3 model's file name must end in .zip", param_hint="-o/--output")
+        options = _convert_options(activation, head, trust)
+        check_distinct(output, src)
+        with drawing_advice("to-sb3", takes_inputs=False):
+            done = run_to_sb3(str(src), output, algo=algo, kind=kind, obs_space=_space(obs_space, "--obs-space"),
+                              action_space=_space(action_space, "--action-space"), log_std=log_std, samples=samples,
+                              low=low, high=high, seed=seed, force=force, **options)
+        if as_json:
+            emit_json({"zip": str(done.zip), "vecnormalize": None if done.vecnormalize is None else str(done.vecnormalize),
+                       "algo": done.algo, "net_arch": done.net_arch, "activation_fn": done.activation_fn,
+                       "observation_space": done.observation_space, "action_space": done.action_space,
+                       "samples": done.samples, "tensors": done.tensors, "max_abs": done.max_abs,
+                       "assumptions": done.assumptions, "model_assumptions": done.model_assumptions,
+                       "notes": done.notes})
+            return
+        for note in done.notes:
+            say(note)
+        say(f"wrote {done.zip}" + (f" and {done.vecnormalize}" if done.vecnormalize else ""))
+        out.print(literal(f"{done.zip}: {done.algo.upper()} MlpPolicy net_arch {done.net_arch}, {done.activation_fn}, "
+                          f"{done.observation_space} -> {done.action_space}; SB3's network and predict() match the "
+                          f"numpy backend on {counted(done.samples, 'observation')}, {counted(done.tensors, 'tensor')} "
+                          f"(max abs {done.max_abs:.3g})"))
+        _print_assumptions(done.model_assumptions)
+        if done.assumptions:
+            out.print("assumed (SB3 needs it, the source does not hold it):")
+            for line in done.assumptions:
+                out.print(literal(f"  {line}"))
+
+    guard(as_json, body, "to-sb3")
