@@ -777,8 +777,8 @@ def test_foreign_options_notes_only_inside_a_command():
         assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
                                               "inspect and policyport pack and policyport to-sb3 and policyport to-torch and "
                                               "policyport verify; --backend is an "
-                                              "option of policyport direction and policyport patch and policyport "
-                                              "record and policyport run, not of policyport extract)")
+                                              "option of policyport direction and policyport importance and policyport "
+                                              "patch and policyport record and policyport run, not of policyport extract)")
 
 
 # ------------------------------------------------------------------------------------ the error edge
