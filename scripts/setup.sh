@@ -34,6 +34,11 @@ else
         .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
           --target ".venv/ml_dtypes-$version" "ml_dtypes==$version.*"
       done
+      # onnx2torch, for the test that compares to-torch with it, without its dependencies: its torchvision
+      # pulls a torch other than the pinned CPU build (and torchvision's own wheels do not load with that one).
+      rm -rf .venv/onnx2torch
+      .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+        --target .venv/onnx2torch "onnx2torch==1.5.15"
       ;;
   esac
   echo "$wanted" > "$stamp"

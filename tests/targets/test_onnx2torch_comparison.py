@@ -1,6 +1,8 @@
 """The same three graphs through onnx2torch (a comparison at test time, not a dependency): what each
-tool keeps of the source's parameter names and how many parameters stay trainable. Skipped where
-onnx2torch is not installed; its figures are the README's."""
+tool keeps of the source's parameter names and how many parameters stay trainable. The test setup
+(scripts/setup.sh test) installs onnx2torch without its dependencies into .venv/onnx2torch: its torchvision
+would pull a torch other than the pinned CPU build. Skipped where onnx2torch is not there; its figures are
+the README's."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import policyport as pp
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).parents[2]
+#: Where scripts/setup.sh installs onnx2torch (and nothing it depends on) for this comparison.
+ONNX2TORCH = ROOT / ".venv" / "onnx2torch"
 
 
 @pytest.fixture
@@ -32,6 +36,8 @@ def onnx2torch(monkeypatch):
         stub.ops.roi_align = None
         monkeypatch.setitem(sys.modules, "torchvision", stub)
         monkeypatch.setitem(sys.modules, "torchvision.ops", stub.ops)
+    if ONNX2TORCH.is_dir():
+        monkeypatch.syspath_prepend(str(ONNX2TORCH))
     return pytest.importorskip("onnx2torch")
 
 
