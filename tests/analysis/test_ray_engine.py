@@ -47,9 +47,12 @@ def test_the_ray_engine_records_what_the_local_engine_records(tmp_path, local_ra
     assert summary.bytes == sum(p.stat().st_size for p in out.iterdir()) > 3000 * 4 * 256
     assert all(p.suffix == ".parquet" for p in out.iterdir()) and sorted(os.listdir(tmp_path)) == ["ray_rec"]
     local = tmp_path / "local.parquet"
-    # one thread, as each Ray worker runs: on more, the local session splits a block's rows among threads, and
-    # the BLAS kernel may round a product of 256 rows differently from one of 512
-    record_dataset(metadrive_onnx, data, local, batch_size=512, overrides={"fc_2/tanh": {17: 1.0}}, threads=1)
+    # one BLAS thread, as each Ray worker runs (Ray sets OMP_NUM_THREADS=1 there): a block of 512 rows runs whole
+    # on the BLAS's own threads, and some kernels (OpenBLAS's Haswell one) round a product on two differently
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        record_dataset(metadrive_onnx, data, local, batch_size=512, overrides={"fc_2/tanh": {17: 1.0}}, threads=1)
     a, b = open_recording(out), open_recording(local)
     assert a.rows == b.rows == 3000 and a.tensors == b.tensors
     assert a.metadata["engine"] == "ray" and a.metadata["overrides"] == ["fc_2/tanh[17]=1"]
