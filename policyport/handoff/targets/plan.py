@@ -53,7 +53,10 @@ class Dense:
         attribute: ``name`` as a Python identifier (every character outside ``[A-Za-z0-9_]``
             becomes ``_``): the module attribute a target names the layer by.
         weight, bias: initializer names (``bias`` is None for a layer without one).
-        weight_source, bias_source: the source's parameter names for them; ``bias_source`` also
+        weight_source, bias_source: the source's parameter names for them (a bias read through an
+            ``Identity`` of an initializer other nodes also read is one of equal initializers the exporter
+            merged, as ML-Agents' exports merge zero biases: it is named by the ``Identity``'s output);
+            ``bias_source`` also
             names a bias of zeros the model left out but records (``policyport.parameters``
             ``{"zeros": ...}``), which a target restores as a trainable bias.
         transposed: True when the weight is stored ``[in, out]`` (a Keras/TF kernel, ``MatMul``'s B,
@@ -234,13 +237,20 @@ def layer_plan(model) -> LayerPlan:
         tensor = aliases.get(tensor, tensor)
         return tensor if tensor in init else None
 
+    shared: dict[str, int] = {}  # initializer -> the nodes that read it, itself or through an Identity alias
+    for node in graph.nodes:
+        if node.op_type != "Identity":
+            for t in set(node.inputs):
+                if stored(t):
+                    shared[stored(t)] = shared.get(stored(t), 0) + 1
+
     steps: list = []
     covered: set[str] = set()
     roles: dict[str, str] = {}
     for node in graph.nodes:
         if id(node) in covered:
             continue
-        dense = _dense(node, stored, consumers, outputs, init, source_names, zeros)
+        dense = _dense(node, stored, consumers, outputs, init, source_names, zeros, shared)
         if dense is None:
             steps.append(node)
             continue
@@ -396,7 +406,7 @@ def _zero_parameters(metadata: dict[str, str]) -> dict[str, tuple]:
     return found
 
 
-def _dense(node, stored, consumers, outputs, init, source_names, zeros):
+def _dense(node, stored, consumers, outputs, init, source_names, zeros, shared):
     """The :class:`Dense` that starts at ``node`` and the nodes it covers, or None."""
     if node.op_type == "Gemm":
         if len(node.inputs) < 2 or stored(node.inputs[1]) is None:
@@ -409,6 +419,7 @@ def _dense(node, stored, consumers, outputs, init, source_names, zeros):
                                 f'beta={attrs.get("beta", 1.0)}; targets write alpha = beta = 1 (nn.Linear)')
         weight = stored(node.inputs[1])
         bias = stored(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        read = node.inputs[2] if bias else None
         if len(node.inputs) > 2 and node.inputs[2] and bias is None:
             return None
         transposed = not attrs.get("transB", 0)
@@ -417,13 +428,13 @@ def _dense(node, stored, consumers, outputs, init, source_names, zeros):
         weight = stored(node.inputs[1])
         if weight is None or init[weight].ndim != 2:
             return None
-        transposed, parts, output, bias = True, [node], node.outputs[0], None
+        transposed, parts, output, bias, read = True, [node], node.outputs[0], None, None
         following = consumers.get(output, [])
         if len(following) == 1 and following[0].op_type == "Add" and output not in outputs:
             add = following[0]
             other = add.inputs[1] if add.inputs[0] == output else add.inputs[0]
             if stored(other) is not None and init[stored(other)].size == init[weight].shape[1]:
-                bias, parts, output = stored(other), [node, add], add.outputs[0]
+                bias, parts, output, read = stored(other), [node, add], add.outputs[0], other
     else:
         return None
     w = init[weight]
@@ -440,6 +451,8 @@ def _dense(node, stored, consumers, outputs, init, source_names, zeros):
             name = name[: -len(suffix)]
             break
     bias_source = source_names.get(bias, bias) if bias else None
+    if bias and read != bias and bias not in source_names and shared.get(bias, 0) > 1:
+        bias_source = read  # one of equal initializers the exporter merged (ML-Agents): the alias bears its name
     if bias is None:
         bias_source = next((n for n in (f"{name}/bias", f"{name}.bias") if zeros.get(n) == (out_f,)), None)
     following = consumers.get(output, [])
