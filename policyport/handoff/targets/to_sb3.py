@@ -33,13 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError, OptionError, UnsupportedOpError, VerificationError
-from .plan import Dense, LayerPlan, layer_plan
+from .plan import ML_AGENTS_DISCRETE, Dense, LayerPlan, layer_plan
 
 #: Algorithms whose policies to-sb3 writes, by ``--algo`` name.
 ALGOS = ("ppo", "a2c", "dqn")
 #: ONNX activation op -> SB3 ``activation_fn`` (a torch.nn class name); LeakyRelu with torch's default slope only.
 _ACTIVATION_FN = {"Tanh": "Tanh", "Relu": "ReLU", "Elu": "ELU", "Selu": "SELU", "Sigmoid": "Sigmoid",
-                  "Softplus": "Softplus", "Gelu": "GELU", "Mish": "Mish", "HardSwish": "Hardswish", "LeakyRelu": "LeakyReLU"}
+                  "Softplus": "Softplus", "Gelu": "GELU", "Mish": "Mish", "HardSwish": "Hardswish", "LeakyRelu": "LeakyReLU",
+                  "Swish": "SiLU"}
+#: ML-Agents' action-mask input (model_serialization.py ``TensorNames.action_mask_placeholder``), fed all ones.
+MASKS = "action_masks"
 
 
 @dataclass
@@ -147,23 +150,36 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     write_outputs(writers, force)
     return Sb3Export(output, vec_path if vec_bytes is not None else None, algo, layout["net_arch"],
                      layout["activation_fn"], repr(model.observation_space), repr(model.action_space), samples,
-                     max_abs, count, assumptions, given.notes, recorded_assumptions(plan.graph.metadata))
+                     max_abs, count, assumptions, given.notes + plan.notes, recorded_assumptions(plan.graph.metadata))
 
 
 def _feeds(plan: LayerPlan, samples: int, low: float, high: float, seed: int) -> np.ndarray:
     from ...verification.verify import input_ranges, sample_inputs
 
     feeds = sample_inputs(plan.graph.inputs, samples, low, high, seed, input_ranges(plan.graph.metadata))
+    if MASKS in feeds:  # every action allowed: SB3's policies have no action masks
+        feeds[MASKS] = np.ones_like(feeds[MASKS])
     return feeds
 
 
 def _layout(plan: LayerPlan, algo: str, log_std: float | None) -> dict:
     """How the plan maps onto SB3's network, or a refusal naming what does not fit."""
     graph = plan.graph
-    if len(graph.inputs) != 1 or graph.inputs[0].shape is None or len(graph.inputs[0].shape) != 2:
+    layers = plan.layers
+    head = plan.head
+    if head.kind in ("multi-categorical", "hybrid"):
+        raise UnsupportedOpError(f"the head is {head.kind} (several discrete branches, or both kinds of action); "
+                                 "to-sb3 writes SB3 policies of one diagonal-Gaussian (Box) or categorical (Discrete) "
+                                 "action")
+    mean_layer = next((d for d in layers if d.output == head.mean), None)
+    if mean_layer is not None and mean_layer is not layers[-1]:
+        raise UnsupportedOpError(f"the action mean is layer {mean_layer.name}'s output and layer {layers[-1].name} (a log std "
+                                 "computed from the observation, as ML-Agents' SAC actor has) follows it: SB3's PPO "
+                                 "and A2C keep log_std as a parameter")
+    masks = plan.head.action == ML_AGENTS_DISCRETE and [v.name for v in graph.inputs][1:] == [MASKS]
+    if len(graph.inputs) != 1 + masks or graph.inputs[0].shape is None or len(graph.inputs[0].shape) != 2:
         raise UnsupportedOpError("SB3's MLP policies take one flat observation (batch, obs_dim); the graph takes "
                                  + ", ".join(f"{v.name} {v.shape}" for v in graph.inputs))
-    layers = plan.layers
     hidden, last = layers[:-1], layers[-1]
     activations = {d.activation for d in hidden}
     if None in activations or len(activations) > 1:
@@ -190,13 +206,13 @@ def _layout(plan: LayerPlan, algo: str, log_std: float | None) -> dict:
             raise UnsupportedOpError(f"layer {d.name} reads {d.input!r}, not the previous layer's output "
                                      f"{chain[-1]!r}: SB3's MLP policies are one chain of layers")
         if d is not last:
-            act = next((s for s in plan.steps if not isinstance(s, Dense) and s.inputs[:1] == (d.output,)), None)
+            act = next((s for s in plan.steps if not isinstance(s, Dense) and d.output in s.inputs
+                        and (s.op_type == "Mul" if d.activation == "Swish" else s.inputs[:1] == (d.output,))), None)
             chain.append(act.outputs[0])
     if activation == "LeakyRelu":
         node = next(s for s in plan.steps if not isinstance(s, Dense) and s.op_type == "LeakyRelu")
         if float(node.attrs.get("alpha", 0.01)) != np.float32(0.01):
             raise UnsupportedOpError("LeakyRelu with a slope other than torch's 0.01 is no activation_fn class")
-    head = plan.head
     init = graph.initializers
     layout = {"net_arch": [d.out_features for d in hidden], "activation_fn": _ACTIVATION_FN[activation],
               "hidden": hidden, "last": last, "rows": last.out_features, "log_std": None, "chain": chain}
@@ -261,13 +277,19 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
         if action_space_bounds is not None:
             a_lo, a_hi = np.full(layout["rows"], float(action_space_bounds[0]), np.float32), \
                 np.full(layout["rows"], float(action_space_bounds[1]), np.float32)
-        elif head.action_low is not None:
+        elif head.action_low is not None:  # (ML-Agents' clamp(mean, -3, 3) / 3: the mean divided, Box(-1, 1))
             a_lo, a_hi = head.action_low.astype(np.float32), head.action_high.astype(np.float32)
         else:
             a_lo, a_hi = np.full(layout["rows"], -np.inf, np.float32), np.full(layout["rows"], np.inf, np.float32)
             assumptions.append("action space Box(-inf, inf): the model does not clip the action; give the "
                                "environment's bounds with --action-space LOW:HIGH (SB3's predict clips to them)")
         action_space = gym.spaces.Box(a_lo, a_hi, dtype=np.float32)
+    if head.divisor:
+        assumptions.append(f"action space Box(-1, 1) with action_net and log_std divided by {head.divisor:g}: the "
+                           f"source's action is clamp(mean, -{head.divisor:g}, {head.divisor:g}) / {head.divisor:g} "
+                           f"(ML-Agents' clip_action), the same Gaussian clipped as SB3 clips it")
+    if plan.head.action == ML_AGENTS_DISCRETE:
+        assumptions.append("action_masks all ones (every action allowed): SB3's policies take no action masks")
     if layout["log_std"] is None and log_std is not None:
         assumptions.append(f"log_std {log_std} for every action dimension (given by --log-std): the source computes "
                            "its log_std from the observation, SB3's is a parameter")
@@ -294,9 +316,10 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
             _copy(nets[0][2 * len(layout["hidden"])], layout["last"], init)
             _copy(nets[1][2 * len(layout["hidden"])], layout["last"], init)
         else:
-            _copy(model.policy.action_net, layout["last"], init, rows=layout["rows"])
+            _copy(model.policy.action_net, layout["last"], init, rows=layout["rows"], divisor=head.divisor)
             if layout["log_std"] is not None:
-                value = torch.from_numpy(np.array(init[layout["log_std"]], np.float32).reshape(-1))
+                value = np.array(init[layout["log_std"]], np.float32).reshape(-1)
+                value = torch.from_numpy(value - np.float32(np.log(head.divisor)) if head.divisor else value)
                 model.policy.log_std.copy_(value.expand_as(model.policy.log_std))
     vecnorm = None
     stats = plan.normaliser.vec_normalize if plan.normaliser is not None else None
@@ -310,8 +333,9 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
     return (model, vecnorm), assumptions
 
 
-def _copy(linear, d: Dense, init, rows: int | None = None) -> None:
-    """Set an ``nn.Linear`` to layer ``d`` (its first ``rows`` outputs)."""
+def _copy(linear, d: Dense, init, rows: int | None = None, divisor: float | None = None) -> None:
+    """Set an ``nn.Linear`` to layer ``d`` (its first ``rows`` outputs), its weight and bias divided by
+    ``divisor`` when given."""
     import torch
 
     w = init[d.weight]
@@ -319,9 +343,12 @@ def _copy(linear, d: Dense, init, rows: int | None = None) -> None:
     rows = rows or w.shape[0]
     if tuple(linear.weight.shape) != (rows, w.shape[1]):
         raise BadModelError(f"layer {d.name}: SB3 built {tuple(linear.weight.shape)}, the source has {(rows, w.shape[1])}")
-    linear.weight.copy_(torch.from_numpy(np.array(w[:rows], np.float32)))
     bias = np.zeros(rows, np.float32) if d.bias is None else np.asarray(init[d.bias]).reshape(-1)[:rows]
-    linear.bias.copy_(torch.from_numpy(np.array(bias, np.float32)))
+    weight, bias = np.array(w[:rows], np.float32), np.array(bias, np.float32)
+    if divisor:
+        weight, bias = weight / np.float32(divisor), bias / np.float32(divisor)
+    linear.weight.copy_(torch.from_numpy(weight))
+    linear.bias.copy_(torch.from_numpy(bias))
 
 
 class _SpacesOnly:
@@ -383,20 +410,24 @@ def check_sb3(zip_bytes: bytes, vec_bytes: bytes | None, algo: str, plan: LayerP
     action, _ = model.predict(normalised, deterministic=True)
     head = plan.head
     worst, count = 0.0, 0
-    if layout["rows"] == layout["last"].out_features:
+    if head.divisor:
+        want["sb3 mean"] = want[layout["last"].output] / np.float32(head.divisor)
+        pairs.append(("sb3 mean", last.numpy()))
+    elif layout["rows"] == layout["last"].out_features:
         pairs.append((layout["last"].output, last.numpy()))
     else:
         want["sb3 mean"] = want[layout["last"].output][:, : layout["rows"]]
         pairs.append(("sb3 mean", last.numpy()))
     if head.kind == "categorical":
-        pairs.append((head.action, np.asarray(action).astype(want[head.action].dtype)))
+        pairs.append((head.action, np.asarray(action).astype(want[head.action].dtype).reshape(want[head.action].shape)))
     else:
         space = model.action_space
-        want["sb3 action"] = np.clip(want[head.mean] if head.mean != layout["last"].output or layout["rows"] ==
-                                     layout["last"].out_features else want["sb3 mean"], space.low, space.high)
+        want["sb3 action"] = want[head.action] if head.divisor else np.clip(
+            want[head.mean] if head.mean != layout["last"].output or layout["rows"] == layout["last"].out_features
+            else want["sb3 mean"], space.low, space.high)
         pairs.append(("sb3 action", np.asarray(action, np.float32)))
         if layout["log_std"] is not None:
-            want["sb3 log_std"] = want[head.log_std][:1].reshape(-1)
+            want["sb3 log_std"] = want[head.log_std][:1].reshape(-1) - np.float32(np.log(head.divisor or 1.0))
             pairs.append(("sb3 log_std", model.policy.log_std.detach().numpy()))
     for name, found in pairs:
         value = want[name]

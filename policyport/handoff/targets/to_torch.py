@@ -89,7 +89,8 @@ class TorchExport:
         samples: observations the module was checked on; max_abs: the largest absolute difference
             from the numpy backend over every tensor compared; tensors: how many were compared.
         assumptions: the model's recorded assumptions (None when it records none).
-        notes: what converting the source said (empty for an ONNX model).
+        notes: what converting the source said, and what the layer plan left out of the model
+            (sampled outputs, :func:`~.plan.deterministic_path`).
     """
 
     folder: Path
@@ -166,7 +167,7 @@ def to_torch(source, output: str | os.PathLike, *, kind: str | None = None, samp
         build.commit(lambda found: _replaceable(output, found, force))
     trained = [k for k, v in names.items() if v["role"] in ("weight", "bias", "parameter")]
     return TorchExport(output, plan.describe(), trained, [k for k in names if k not in trained], samples, max_abs,
-                       count, recorded_assumptions(plan.graph.metadata), given.notes)
+                       count, recorded_assumptions(plan.graph.metadata), given.notes + plan.notes)
 
 
 def resolve_source(source, kind, options: dict, samples: int, low: float, high: float, seed: int):
