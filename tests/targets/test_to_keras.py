@@ -186,3 +186,25 @@ def test_cli_writes_once_and_refuses_what_it_cannot_write(tmp_path):
     head = CliRunner().invoke(app, ["to-keras", str(onnx_path), "-o", str(tmp_path / "o2.keras"), "--head", "none"])
     assert head.exit_code == 2 and "head (--head) applies to a source converted here" in head.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "p.keras", "p_parameters.json"]
+
+
+@pytest.mark.slow
+def test_a_foreign_graph_keeps_every_parameter_trainable_and_its_names(tmp_path):
+    """tf2onnx's MatMul + Add with the bias through Identity (as ML-Agents exports), then a torch-layout
+    Gemm (transB=1) whose [out, in] weight becomes a [in, out] kernel."""
+    from test_to_torch import _foreign_graph
+
+    path, (w1, b1, w2, b2) = _foreign_graph(tmp_path)
+    pp.to_keras(str(path), tmp_path / "out.keras")
+    model = load(tmp_path / "out.keras")
+    assert [w.path for w in model.trainable_weights] == ["dense/kernel", "dense/bias", "out/kernel", "out/bias"]
+    assert model.get_layer("out").kernel.numpy().tobytes() == np.ascontiguousarray(w2.T).tobytes()
+    names = json.loads((tmp_path / "out_parameters.json").read_text())
+    assert names["out/kernel"] == {"source": "out.weight", "initializer": "out.weight", "role": "weight",
+                                   "layout": "transposed"}
+    assert names["dense/bias"]["source"] == "dense/bias:0"
+    obs = np.random.default_rng(0).uniform(-1, 1, (50, 3)).astype(np.float32)
+    np.testing.assert_allclose(predict(model, obs)["logits"], np.maximum(obs @ w1 + b1, 0) @ w2.T + b2, atol=1e-5,
+                               rtol=0)
+    frozen, moved = one_step_leaves(model, obs[:4])
+    assert frozen == [] and moved == []
