@@ -208,3 +208,36 @@ def test_a_foreign_graph_keeps_every_parameter_trainable_and_its_names(tmp_path)
                                rtol=0)
     frozen, moved = one_step_leaves(model, obs[:4])
     assert frozen == [] and moved == []
+
+
+@pytest.mark.slow
+def test_shape_steps_and_constants_are_keras_ops(tmp_path):
+    """Unsqueeze, Squeeze, Flatten and a Constant node between two layers, as exporters write them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w1, b1 = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    w2 = rng.normal(size=(4, 2)).astype(np.float32)
+    shift = rng.normal(size=4).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc.weight", "fc.bias"], ["h"], name="fc", transB=1),
+        helper.make_node("Constant", [], ["shift"], name="shift", value=numpy_helper.from_array(shift)),
+        helper.make_node("Sub", ["h", "shift"], ["centred"], name="centre"),
+        helper.make_node("Unsqueeze", ["centred", "axes"], ["u"], name="unsqueeze"),
+        helper.make_node("Squeeze", ["u", "axes"], ["s"], name="squeeze"),
+        helper.make_node("Unsqueeze", ["s", "axes"], ["u2"], name="unsqueeze_again"),
+        helper.make_node("Flatten", ["u2"], ["flat"], name="flatten", axis=1),
+        helper.make_node("MatMul", ["flat", "head/kernel"], ["logits"], name="head"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(w1, "fc.weight"), numpy_helper.from_array(b1, "fc.bias"),
+                               numpy_helper.from_array(np.array([1], np.int64), "axes"),
+                               numpy_helper.from_array(w2, "head/kernel")])
+    path = tmp_path / "shapes.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    done = pp.to_keras(str(path), tmp_path / "shapes.keras")
+    model = load(tmp_path / "shapes.keras")
+    obs = rng.uniform(-1, 1, (40, 3)).astype(np.float32)
+    np.testing.assert_allclose(predict(model, obs)["logits"], (obs @ w1.T + b1 - shift) @ w2, atol=1e-5, rtol=0)
+    assert done.trainable == ["fc/kernel", "fc/bias", "head/kernel"] and done.non_trainable == []

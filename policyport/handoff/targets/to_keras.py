@@ -10,8 +10,10 @@ two files:
   observation normaliser ``(x - mean) / std`` is a ``keras.layers.Normalization`` holding its
   statistics (not trained); BatchNormalization and LayerNormalization nodes are Keras' own layers;
   a state-independent trained tensor (SB3's ``log_std``) is an ``Embedding`` of one row, read at
-  index 0 for every observation, so that it trains; the other steps (slices, clips, concatenations,
-  ``argmax``) are ``keras.ops`` calls. The model returns a dict: the graph outputs by name. It holds
+  index 0 for every observation, so that it trains; the other steps (arithmetic, slices, clips,
+  concatenations, ``argmax``, ``Squeeze``/``Unsqueeze``/``Flatten`` after the batch axis, ``Constant``
+  nodes) are ``keras.ops`` calls. ``Reshape``, and ``Shape``/``Expand`` other than a free parameter's,
+  are refused (exit 3). The model returns a dict: the graph outputs by name. It holds
   no ``Lambda`` layer and no custom class, so ``keras.saving.load_model`` loads it in safe mode
   with Keras alone.
 - ``FILE_parameters.json``: each Keras weight path (``"default_policy_fc_1/kernel"``) -> the
@@ -208,7 +210,8 @@ class _Builder:
                 raise BadModelError(f"trained tensor {t!r} is read by a step Keras writes as an op; to-keras writes "
                                     "trained tensors as layer weights only (Dense, Embedding, norm layers)")
             return np.asarray(self.init[t])
-        raise BadModelError(f"tensor {t!r} is read before it is computed")
+        raise BadModelError(f"tensor {t!r} is a Shape that to-keras writes only as the batch of a free parameter's "
+                            "Expand (a Keras model's shapes are not tensors)")
 
     def layer(self, layer, inputs, output: str, arrays: list | None = None):
         y = layer(inputs)
@@ -382,6 +385,28 @@ class _Builder:
             y = ops.concatenate(args, axis=int(attrs["axis"]))
         elif op in ("Identity", "Dropout"):
             y = args[0]
+        elif op in ("Squeeze", "Unsqueeze"):
+            axes = ([int(a) for a in np.asarray(args[1]).reshape(-1)] if len(args) > 1 and args[1] is not None
+                    else [int(a) for a in attrs.get("axes", [])])
+            if not axes or any(a <= 0 for a in axes):
+                raise BadModelError(f'{op} node "{node.name}" has no axes, or acts on the batch axis or counts from '
+                                    "the end; to-keras writes axes after the batch")
+            y = args[0]
+            for a in (sorted(axes, reverse=True) if op == "Squeeze" else sorted(axes)):
+                y = (ops.squeeze if op == "Squeeze" else ops.expand_dims)(y, axis=a)
+        elif op == "Flatten":
+            size = args[0].shape[1:]
+            if int(attrs.get("axis", 1)) != 1 or any(d is None for d in size):
+                raise BadModelError(f'Flatten node "{node.name}" flattens from axis {attrs.get("axis", 1)} or sizes '
+                                    "unknown; to-keras writes Flatten(axis=1) of known sizes")
+            y = ops.reshape(args[0], (-1, int(np.prod(size))))
+        elif op == "Constant":
+            from ...runtime.numpy import registry
+
+            impl = registry.resolve(op, self.plan.graph.opset, node_name=node.name)
+            self.init[out] = np.asarray(impl.fn(**attrs))
+            self.plan.roles[out] = "constant"
+            return
         elif op == "Cast":
             from ...graph.model import onnx_dtype
 
