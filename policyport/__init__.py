@@ -50,6 +50,7 @@ _LAZY = {
     "pack": (".handoff.pack", "pack"),
     "export_numpy": (".handoff.export_numpy", "export_numpy"),
     "to_torch": (".handoff.targets.to_torch", "to_torch"),
+    "to_keras": (".handoff.targets.to_keras", "to_keras"),
     "to_sb3": (".handoff.targets.to_sb3", "to_sb3"),
     "layer_plan": (".handoff.targets.plan", "layer_plan"),
     "verify_bundle": (".handoff.golden", "verify_bundle"),

@@ -771,11 +771,11 @@ def test_foreign_options_notes_only_inside_a_command():
     with Context(group.commands["extract"], info_name="extract", parent=Context(group, info_name="policyport")):
         assert core.foreign_options("refused: nothing to pass") == "refused: nothing to pass"
         assert core.foreign_options(message) == (f"{message} (--trust is an option of policyport convert and "
-                                                 "policyport inspect and policyport pack and policyport to-sb3 and "
+                                                 "policyport inspect and policyport pack and policyport to-keras and policyport to-sb3 and "
                                                  "policyport to-torch and policyport verify, not of policyport extract)")
         both = "refused; pass --trust, or use --backend onnxruntime"
         assert core.foreign_options(both) == (f"{both} (--trust is an option of policyport convert and policyport "
-                                              "inspect and policyport pack and policyport to-sb3 and policyport to-torch and "
+                                              "inspect and policyport pack and policyport to-keras and policyport to-sb3 and policyport to-torch and "
                                               "policyport verify; --backend is an "
                                               "option of policyport direction and policyport importance and policyport "
                                               "patch and policyport record and policyport run, not of policyport extract)")

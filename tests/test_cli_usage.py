@@ -178,6 +178,7 @@ def test_every_command_with_json_prints_one_document_on_failure_too(tmp_path):
         "importance": [missing, "-i", tmp_path / "obs.npy"],
         "probe": [tmp_path / "missing.npz", "--labels", tmp_path / "y.npy"],
         "to-torch": [missing, "-o", tmp_path / "torch"],
+        "to-keras": [missing, "-o", tmp_path / "policy.keras"],
         "to-sb3": [missing, "-o", tmp_path / "sb3.zip", "--algo", "ppo"],
     }
     assert set(cases) | {"ops"} == set(commands())

@@ -18,7 +18,7 @@ COMMANDS = {
     "convert": "convert", "inspect": "model", "extract": "model", "expose": "model", "ops": "model",
     "run": "run", "record": "analysis", "stats": "analysis", "plot": "analysis", "importance": "analysis",
     "probe": "analysis", "verify": "verify",
-    "pack": "pack", "export-numpy": "handoff", "to-torch": "handoff", "to-sb3": "handoff",
+    "pack": "pack", "export-numpy": "handoff", "to-torch": "handoff", "to-keras": "handoff", "to-sb3": "handoff",
     "patch": "interp", "direction": "interp",
 }
 

@@ -102,7 +102,7 @@ def _limits_from(max_bytes: str | None) -> dict:
 
 #: The order ``policyport -h`` lists the commands in: the workflow, from a source to a hand-off.
 WORKFLOW = ("convert", "inspect", "verify", "run", "record", "stats", "plot", "patch", "direction", "importance",
-            "probe", "extract", "expose", "pack", "export-numpy", "to-torch", "to-sb3", "ops")
+            "probe", "extract", "expose", "pack", "export-numpy", "to-torch", "to-keras", "to-sb3", "ops")
 
 
 class PolicyportGroup(TyperGroup):

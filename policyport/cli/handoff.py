@@ -1,5 +1,6 @@
-"""Hand-off commands: ``export-numpy`` (one generated numpy module) and the targets ``to-torch`` and
-``to-sb3`` (the policy in another framework, trainable); each checks what it writes before writing it."""
+"""Hand-off commands: ``export-numpy`` (one generated numpy module) and the targets ``to-torch``,
+``to-keras`` and ``to-sb3`` (the policy in another framework, trainable); each checks what it writes
+before writing it."""
 
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ FromOpt = Annotated[Optional[str], typer.Option("--from", metavar="KIND", help="
 ActivationOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Hidden activation where the source does not record it (an .npz, a state_dict), as for 'convert'.")]
 HeadOpt = Annotated[Optional[str], typer.Option(metavar="NAME", help="Action head, as for 'convert': none, diag-gaussian, diag-gaussian:halves or categorical  [default: the source's own]")]
 
+#: The source of a target command, and the observations the target is checked on before it is written.
+SourceArg = Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")]
+CheckSamplesOpt = Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the target is checked on before it is written.")]
+
 
 def _convert_options(activation, head, trust) -> dict:
     """The convert options given on the command line, checked as 'convert' checks them (exit 2)."""
@@ -87,13 +92,13 @@ def _print_assumptions(assumptions) -> None:
 
 @app.command("to-torch")
 def to_torch(
-    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    src: SourceArg,
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The folder to write: policy.py, policy.pt, policy.safetensors, parameters.json.")],
     kind: FromOpt = None,
     activation: ActivationOpt = None,
     head: HeadOpt = None,
     trust: TrustOpt = False,
-    samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the module is checked on before it is written.")] = 64,
+    samples: CheckSamplesOpt = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
     seed: SeedOpt = 0,
@@ -130,6 +135,56 @@ def to_torch(
     guard(as_json, body, "to-torch")
 
 
+@app.command("to-keras")
+def to_keras(
+    src: SourceArg,
+    output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.keras", help="The Keras model to write; the source names of its weights go beside it as FILE_parameters.json.")],
+    kind: FromOpt = None,
+    activation: ActivationOpt = None,
+    head: HeadOpt = None,
+    trust: TrustOpt = False,
+    samples: CheckSamplesOpt = 64,
+    low: LowOpt = 0.0,
+    high: HighOpt = 1.0,
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the policy as a trainable Keras 3 functional model (one Dense layer per source layer, named after it),
+    after loading it back in safe mode and checking Keras' outputs against the numpy backend."""
+
+    def body():
+        from ..handoff.targets.to_keras import to_keras as run_to_keras
+        from ..io.outputs import check_distinct
+
+        check_range(low, high)
+        if output.suffix != ".keras":
+            raise typer.BadParameter(f"{literal(output)}: the Keras model's file name must end in .keras",
+                                     param_hint="-o/--output")
+        options = _convert_options(activation, head, trust)
+        check_distinct(output, src)
+        with drawing_advice("to-keras", takes_inputs=False):
+            done = run_to_keras(str(src), output, kind=kind, samples=samples, low=low, high=high, seed=seed,
+                                force=force, **options)
+        if as_json:
+            emit_json({"model": str(done.model), "parameters_file": str(done.names), "layers": done.layers,
+                       "trainable": done.trainable, "non_trainable": done.non_trainable, "samples": done.samples,
+                       "tensors": done.tensors, "max_abs": done.max_abs, "assumptions": done.assumptions,
+                       "notes": done.notes})
+            return
+        for note in done.notes or []:
+            say(note)
+        say(f"wrote {done.model} and {done.names}")
+        out.print(literal(f"{done.model}: {counted(len(done.layers), 'Dense layer')}, "
+                          f"{counted(len(done.trainable), 'trainable weight')}, "
+                          f"{counted(len(done.non_trainable), 'non-trainable weight')}; Keras (loaded in safe mode) "
+                          f"matches the numpy backend on {counted(done.samples, 'observation')}, "
+                          f"{counted(done.tensors, 'tensor')} (max abs {done.max_abs:.3g})"))
+        _print_assumptions(done.assumptions)
+
+    guard(as_json, body, "to-keras")
+
+
 def _space(text: str | None, flag: str) -> tuple[float, float] | None:
     """``"-1:1"`` -> ``(-1.0, 1.0)``; a usage error (exit 2) unless LOW:HIGH of numbers, LOW < HIGH."""
     if text is None:
@@ -145,7 +200,7 @@ def _space(text: str | None, flag: str) -> tuple[float, float] | None:
 
 @app.command("to-sb3")
 def to_sb3(
-    src: Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, help="The policy: an .onnx model or any source 'convert' reads.")],
+    src: SourceArg,
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.zip", help="The SB3 model to write; a normaliser goes beside it as FILE_vecnormalize.pkl.")],
     algo: Annotated[str, typer.Option("--algo", metavar="NAME", help="ppo or a2c (a diagonal-Gaussian or categorical policy), dqn (Q-values).")],
     kind: FromOpt = None,

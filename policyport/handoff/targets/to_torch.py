@@ -232,7 +232,6 @@ def check_module(module, plan: LayerPlan, feeds: dict[str, np.ndarray]) -> tuple
     import torch
 
     from ...runtime import load
-    from ...verification.compare import compare
 
     session = load(plan.graph, backend="numpy")
     want = session.record(feeds, "*")
@@ -242,21 +241,35 @@ def check_module(module, plan: LayerPlan, feeds: dict[str, np.ndarray]) -> tuple
         got = module(*(torch.from_numpy(np.ascontiguousarray(feeds[v.name])) for v in plan.graph.inputs), record=record)
     record.update(got)
     inner = {t for d in plan.layers for t in d.inner} | set(plan.aliases)
+    found = {k: v.detach().numpy() for k, v in record.items()}
+    return compare_tensors(want, found, [t for t in want if t not in inner], "torch", "the generated torch module")
+
+
+def compare_tensors(want: dict[str, np.ndarray], found: dict[str, np.ndarray], names, framework: str,
+                    what: str) -> tuple[float, int]:
+    """Compare ``found[name]`` (a target's tensor, computed by ``framework``) with ``want[name]`` (the
+    numpy backend's) for each of ``names``, per tensor (:func:`policyport.verification.compare.compare`).
+
+    Returns:
+        (the largest absolute difference, the number of tensors compared).
+
+    Raises:
+        VerificationError: a tensor is missing, has another dtype or shape, or differs beyond the
+            tolerance of its dtype; the message says that nothing was written.
+    """
+    from ...verification.compare import compare
+
     worst, count = 0.0, 0
-    for name, value in want.items():
-        if name in inner:
-            continue
-        found = record.get(name)
-        if found is None:
-            raise VerificationError(f"the generated module does not compute tensor {name!r}; nothing was written")
-        found = found.detach().numpy()
-        if found.shape != value.shape or found.dtype != value.dtype:
-            raise VerificationError(f"the generated torch module computes tensor {name!r} as {found.dtype} of shape "
-                                    f"{found.shape}, the numpy backend as {value.dtype} of shape {value.shape}; "
-                                    "nothing was written")
-        result = compare(name, "torch", found, "numpy", value)
+    for name in names:
+        value, got = want[name], found.get(name)
+        if got is None:
+            raise VerificationError(f"{what} does not compute tensor {name!r}; nothing was written")
+        if got.shape != value.shape or got.dtype != value.dtype:
+            raise VerificationError(f"{what} computes tensor {name!r} as {got.dtype} of shape {got.shape}, the numpy "
+                                    f"backend as {value.dtype} of shape {value.shape}; nothing was written")
+        result = compare(name, framework, got, "numpy", value)
         if not result.passed:
-            raise VerificationError(f"the generated torch module differs from the numpy backend at tensor {name!r} "
+            raise VerificationError(f"{what} differs from the numpy backend at tensor {name!r} "
                                     f"(max abs {result.max_abs:.3g}); nothing was written")
         worst = max(worst, float(result.max_abs or 0.0))
         count += 1

@@ -1,0 +1,243 @@
+"""to-keras: a policy as a Keras 3 functional model that Keras loads in safe mode and whose outputs match
+the source's own forward; every trained weight a trainable Keras weight, normaliser statistics
+non-trainable, layer names from the source."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import policyport as pp
+from policyport.cli import app
+
+keras = pytest.importorskip("keras")
+
+ROOT = Path(__file__).parents[2]
+EXPERT = ROOT / "fixtures/real/metadrive_ppo_expert.npz"
+SB3 = ROOT / "fixtures/sb3"
+
+
+def load(path: Path):
+    return keras.saving.load_model(path, safe_mode=True, compile=False)
+
+
+def predict(model, obs: np.ndarray) -> dict[str, np.ndarray]:
+    """Keras' own forward of the loaded model (``predict``), output name -> array."""
+    return {k: np.asarray(v) for k, v in model.predict(obs, verbose=0, batch_size=len(obs)).items()}
+
+
+def one_step_leaves(model, obs: np.ndarray) -> tuple[list[str], list[str]]:
+    """Take one SGD step on the sum of squares of every floating output (TensorFlow's GradientTape);
+    the trainable weights it left unchanged and the non-trainable weights it changed."""
+    import tensorflow as tf
+
+    before = {w.path: np.array(w.numpy()) for w in model.weights}
+    optimiser = keras.optimizers.SGD(learning_rate=0.1)
+    with tf.GradientTape() as tape:
+        outputs = model(obs, training=False)
+        loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64) ** 2) for v in outputs.values() if v.dtype.is_floating])
+    grads = tape.gradient(loss, model.trainable_weights)
+    optimiser.apply_gradients(zip(grads, model.trainable_weights))
+    frozen = [w.path for w in model.trainable_weights if np.array_equal(before[w.path], w.numpy())]
+    moved = [w.path for w in model.non_trainable_weights if not np.array_equal(before[w.path], w.numpy())]
+    return frozen, moved
+
+
+@pytest.fixture(scope="module")
+def expert(tmp_path_factory):
+    path = tmp_path_factory.mktemp("to_keras") / "metadrive.keras"
+    done = pp.to_keras(str(EXPERT), path, activation="tanh", head="diag-gaussian")
+    return done, path
+
+
+@pytest.mark.slow
+def test_metadrive_matches_the_npz_forward_written_by_hand(expert):
+    done, path = expert
+    w = np.load(EXPERT)
+    obs = np.random.default_rng(3).uniform(0, 1, (200, 275)).astype(np.float32)
+    h = np.tanh(obs.astype(np.float64) @ w["default_policy/fc_1/kernel"] + w["default_policy/fc_1/bias"])
+    h = np.tanh(h @ w["default_policy/fc_2/kernel"] + w["default_policy/fc_2/bias"])
+    logits = h @ w["default_policy/fc_out/kernel"] + w["default_policy/fc_out/bias"]
+    got = predict(load(path), obs)
+    assert sorted(got) == ["action", "log_std", "logits"]
+    np.testing.assert_allclose(got["logits"], logits, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(got["action"], logits[:, :2], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(got["log_std"], logits[:, 2:], atol=2e-5, rtol=0)
+    assert done.tensors == 7 and done.max_abs < 1e-5
+
+
+@pytest.mark.slow
+def test_metadrive_layers_are_named_after_the_source_and_hold_its_kernels(expert):
+    done, path = expert
+    model = load(path)
+    dense = [layer.name for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    assert dense == ["default_policy_fc_1", "default_policy_fc_2", "default_policy_fc_out"]
+    assert [a.name for a in model.layers if isinstance(a, keras.layers.Activation)] == ["fc_1_tanh", "fc_2_tanh"]
+    names = json.loads(path.with_name("metadrive_parameters.json").read_text())
+    w = np.load(EXPERT)
+    weights = {v.path: v.numpy() for v in model.weights}
+    assert set(weights) == set(names)
+    for key, value in weights.items():  # an RLlib TF kernel is [in, out] already: stored as it is
+        assert names[key]["layout"] == "as stored"
+        assert value.tobytes() == w[names[key]["source"]].tobytes(), key
+    assert sorted(e["source"] for e in names.values()) == sorted(w.files)
+
+
+@pytest.mark.slow
+def test_metadrive_every_weight_trains(expert):
+    _, path = expert
+    model = load(path)
+    assert len(model.trainable_weights) == 6 and model.non_trainable_weights == []
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_weights) == sum(a.size for a in np.load(EXPERT).values())
+    frozen, moved = one_step_leaves(model, np.full((4, 275), 0.5, np.float32))
+    assert frozen == [] and moved == []
+
+
+@pytest.mark.slow
+def test_sb3_ppo_with_vecnormalize_matches_sb3(tmp_path):
+    from stable_baselines3 import PPO
+
+    done = pp.to_keras(str(SB3 / "ppo_pendulum_vecnorm.zip"), tmp_path / "ppo.keras")
+    model = load(tmp_path / "ppo.keras")
+    sb3 = PPO.load(SB3 / "ppo_pendulum_vecnorm.zip", device="cpu")
+    with open(SB3 / "ppo_pendulum_vecnorm/vecnormalize.pkl", "rb") as f:  # a fixture this project wrote
+        norm = pickle.load(f)
+    obs = np.random.default_rng(0).uniform(-2, 2, (500, 3)).astype(np.float32)
+    want, _ = sb3.predict(norm.normalize_obs(obs), deterministic=True)
+    got = predict(model, obs)
+    np.testing.assert_allclose(got["action"], want, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["log_std"][0], sb3.policy.log_std.detach().numpy())
+    kernel = model.get_layer("mlp_extractor_policy_net_0").kernel.numpy()
+    np.testing.assert_array_equal(kernel, sb3.policy.mlp_extractor.policy_net[0].weight.detach().numpy().T)
+    norm_layer = model.get_layer("vec_normalize")
+    assert isinstance(norm_layer, keras.layers.Normalization) and not norm_layer.trainable_weights
+    np.testing.assert_array_equal(norm_layer.adapt_mean.numpy(), norm.obs_rms.mean)
+    assert {w.path for w in model.non_trainable_weights} == {"vec_normalize/mean", "vec_normalize/variance",
+                                                             "vec_normalize/count"}
+    assert done.non_trainable == ["vec_normalize/mean", "vec_normalize/variance"] and done.max_abs < 1e-5
+    frozen, moved = one_step_leaves(model, obs[:8])
+    assert frozen == [] and moved == []
+    assert "log_std/embeddings" in {w.path for w in model.trainable_weights}
+
+
+@pytest.mark.slow
+def test_keras_round_trip_keeps_names_and_kernels_bit_for_bit(tmp_path):
+    source_path = ROOT / "fixtures/keras/mlp_norm.keras"
+    pp.to_keras(str(source_path), tmp_path / "again.keras")
+    source, again = load(source_path), load(tmp_path / "again.keras")
+    obs = np.random.default_rng(2).uniform(0, 1, (300, 6)).astype(np.float32)
+    want = np.asarray(source.predict(obs, verbose=0))
+    np.testing.assert_allclose(predict(again, obs)["fc_out"], want, atol=1e-5, rtol=0)
+    for name in ("fc_1", "bn", "fc_2", "ln", "fc_out"):
+        mine, theirs = again.get_layer(name), source.get_layer(name)
+        assert type(mine) is type(theirs)
+        assert [w.name for w in mine.weights] == [w.name for w in theirs.weights], name
+        for a, b in zip(mine.weights, theirs.weights):
+            assert a.numpy().tobytes() == b.numpy().tobytes(), a.path
+    frozen, moved = one_step_leaves(again, obs[:8])
+    assert frozen == [] and moved == []
+
+
+@pytest.mark.slow
+def test_rllib_checkpoint_with_its_filter_matches_rays_outputs(tmp_path):
+    ray_folder = ROOT / "fixtures/rllib/ray"
+    done = pp.to_keras(str(ray_folder / "ppo_new"), tmp_path / "rllib.keras", low=-1, high=1)
+    model = load(tmp_path / "rllib.keras")
+    expected = dict(np.load(ray_folder / "ppo_new_expected.npz"))  # Ray's own forward of the checkpoint
+    got = predict(model, expected["obs"].astype(np.float32))
+    np.testing.assert_allclose(got["logits"], expected["action_dist_inputs"], atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got["action"], expected["action_dist_inputs"].argmax(axis=1))
+    assert got["action"].dtype == np.int64
+    assert done.non_trainable == ["obs_filter_destd/mean", "obs_filter_destd/variance"]
+    frozen, moved = one_step_leaves(model, expected["obs"][:8].astype(np.float32))
+    assert frozen == [] and moved == []
+
+
+def test_an_op_without_a_layer_is_refused_naming_it(tmp_path):
+    result = CliRunner().invoke(app, ["to-keras", str(ROOT / "fixtures/synthetic/mlagents_hybrid.onnx"), "-o",
+                                      str(tmp_path / "out.keras"), "--json"])
+    assert result.exit_code == 3
+    error = json.loads(result.stdout)["error"]
+    assert "Multinomial (nodes '/Multinomial', '/Multinomial_1')" in error and "RandomNormalLike" in error
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_cli_writes_once_and_refuses_what_it_cannot_write(tmp_path):
+    out = tmp_path / "p.keras"
+    onnx_path = tmp_path / "m.onnx"
+    onnx_path.write_bytes(pp.convert(str(EXPERT), activation="tanh", head="diag-gaussian").SerializeToString())
+    first = CliRunner().invoke(app, ["to-keras", str(onnx_path), "-o", str(out), "--json"])
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    assert report["trainable"][:2] == ["default_policy_fc_1/kernel", "default_policy_fc_1/bias"]
+    assert report["tensors"] == 7 and [entry["keras"] for entry in report["layers"]] == [
+        "default_policy_fc_1", "default_policy_fc_2", "default_policy_fc_out"]
+    written = out.read_bytes()
+    again = CliRunner().invoke(app, ["to-keras", str(onnx_path), "-o", str(out)])
+    assert again.exit_code == 3 and "exists" in again.output and out.read_bytes() == written
+    suffix = CliRunner().invoke(app, ["to-keras", str(onnx_path), "-o", str(tmp_path / "p.h5")])
+    assert suffix.exit_code == 2 and "must end in .keras" in suffix.output
+    head = CliRunner().invoke(app, ["to-keras", str(onnx_path), "-o", str(tmp_path / "o2.keras"), "--head", "none"])
+    assert head.exit_code == 2 and "head (--head) applies to a source converted here" in head.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "p.keras", "p_parameters.json"]
+
+
+@pytest.mark.slow
+def test_a_foreign_graph_keeps_every_parameter_trainable_and_its_names(tmp_path):
+    """tf2onnx's MatMul + Add with the bias through Identity (as ML-Agents exports), then a torch-layout
+    Gemm (transB=1) whose [out, in] weight becomes a [in, out] kernel."""
+    from test_to_torch import _foreign_graph
+
+    path, (w1, b1, w2, b2) = _foreign_graph(tmp_path)
+    pp.to_keras(str(path), tmp_path / "out.keras")
+    model = load(tmp_path / "out.keras")
+    assert [w.path for w in model.trainable_weights] == ["dense/kernel", "dense/bias", "out/kernel", "out/bias"]
+    assert model.get_layer("out").kernel.numpy().tobytes() == np.ascontiguousarray(w2.T).tobytes()
+    names = json.loads((tmp_path / "out_parameters.json").read_text())
+    assert names["out/kernel"] == {"source": "out.weight", "initializer": "out.weight", "role": "weight",
+                                   "layout": "transposed"}
+    assert names["dense/bias"]["source"] == "dense/bias:0"
+    obs = np.random.default_rng(0).uniform(-1, 1, (50, 3)).astype(np.float32)
+    np.testing.assert_allclose(predict(model, obs)["logits"], np.maximum(obs @ w1 + b1, 0) @ w2.T + b2, atol=1e-5,
+                               rtol=0)
+    frozen, moved = one_step_leaves(model, obs[:4])
+    assert frozen == [] and moved == []
+
+
+@pytest.mark.slow
+def test_shape_steps_and_constants_are_keras_ops(tmp_path):
+    """Unsqueeze, Squeeze, Flatten and a Constant node between two layers, as exporters write them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w1, b1 = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    w2 = rng.normal(size=(4, 2)).astype(np.float32)
+    shift = rng.normal(size=4).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["obs", "fc.weight", "fc.bias"], ["h"], name="fc", transB=1),
+        helper.make_node("Constant", [], ["shift"], name="shift", value=numpy_helper.from_array(shift)),
+        helper.make_node("Sub", ["h", "shift"], ["centred"], name="centre"),
+        helper.make_node("Unsqueeze", ["centred", "axes"], ["u"], name="unsqueeze"),
+        helper.make_node("Squeeze", ["u", "axes"], ["s"], name="squeeze"),
+        helper.make_node("Unsqueeze", ["s", "axes"], ["u2"], name="unsqueeze_again"),
+        helper.make_node("Flatten", ["u2"], ["flat"], name="flatten", axis=1),
+        helper.make_node("MatMul", ["flat", "head/kernel"], ["logits"], name="head"),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
+                              [numpy_helper.from_array(w1, "fc.weight"), numpy_helper.from_array(b1, "fc.bias"),
+                               numpy_helper.from_array(np.array([1], np.int64), "axes"),
+                               numpy_helper.from_array(w2, "head/kernel")])
+    path = tmp_path / "shapes.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    done = pp.to_keras(str(path), tmp_path / "shapes.keras")
+    model = load(tmp_path / "shapes.keras")
+    obs = rng.uniform(-1, 1, (40, 3)).astype(np.float32)
+    np.testing.assert_allclose(predict(model, obs)["logits"], (obs @ w1.T + b1 - shift) @ w2, atol=1e-5, rtol=0)
+    assert done.trainable == ["fc/kernel", "fc/bias", "head/kernel"] and done.non_trainable == []
