@@ -384,3 +384,20 @@ def test_a_bfloat16_safetensors_file_reads_in_a_fresh_interpreter(tmp_path):
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "['bfloat16', 'int64'] 13"
+
+
+@pytest.mark.parametrize("file", ["norms.bfloat16.safetensors", "norms.float16.state_dict.pt"])
+def test_without_torch_the_numpy_source_side_computes_and_is_judged_in_the_half_dtype(file, monkeypatch, tmp_path):
+    """Where torch is not installed the source side is policyport's numpy forward in the parameters' dtype; its
+    tensors carry that dtype (bfloat16 as ml_dtypes.bfloat16), so the verdict applies that dtype's tolerances as
+    it does to torch's own bfloat16 forward."""
+    from policyport.converter.sources import state_dict
+
+    monkeypatch.setattr(state_dict, "has_torch", lambda: False)
+    result = CliRunner().invoke(app, ["convert", str(TORCH_DIR / file), "-o", str(tmp_path / "half.onnx"),
+                                      "--activation", "tanh,relu", "--json"])
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)["verification"]
+    assert verdict["passed"] and "run in numpy" in json.dumps(verdict)
+    half = "bfloat16" if "bfloat16" in file else "float16"
+    assert half in verdict["tolerances"]

@@ -150,12 +150,17 @@ def reference_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None,
     Returns:
         tensor name -> array: ``<layer>/linear`` and each step's ``<module path>/<role>`` for every
         hidden layer, ``logits``, and the head's ``action``/``log_std`` and ``value`` where the graph
-        has them.
+        has them; in ``dtype`` (bfloat16 as ``ml_dtypes.bfloat16``, as :func:`torch_forward` gives it:
+        numpy computes some of ml_dtypes' operations in float32, and a verdict takes its tolerances from
+        the dtype the source computed in).
     """
     obs, dtype = np.asarray(obs), spec.dtype if dtype is None else np.dtype(dtype)
     if obs.dtype.kind == "f" and obs.dtype != dtype:
         obs = obs.astype(dtype)
-    return _forward(spec, obs, head, _NumpyOps, lambda name, value: value, dtype)
+    out = _forward(spec, obs, head, _NumpyOps, lambda name, value: value, dtype)
+    if dtype.name == "bfloat16":
+        out = {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in out.items()}
+    return out
 
 
 def torch_forward(spec: MlpSpec, obs: np.ndarray, head: str | None = None,
