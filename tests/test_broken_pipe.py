@@ -75,8 +75,9 @@ def test_a_packed_folder_into_a_closed_pipe_keeps_its_exit_code(files, tmp_path)
     code, stderr = closed_reader(sys.executable, run_py, "-i", files / "obs.npy", "-o", tmp_path / "out.npz")
     assert (code, stderr) == (0, "")
     want = pp.load(files / "bundle").run({"obs": np.load(files / "obs.npy")})
-    with np.load(tmp_path / "out.npz") as out:
-        assert all(np.array_equal(out[k], want[k]) for k in want)
+    with np.load(tmp_path / "out.npz") as out:  # the folder's numpy-only runtime cannot hold the BLAS to one thread
+        for k in want:  # as the numpy backend does in its row blocks: equal within float32 rounding
+            np.testing.assert_allclose(out[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
     assert closed_reader(sys.executable, run_py, "--verify", "--json") == (0, "")
     assert closed_reader(sys.executable, run_py, "-h") == (0, "")
     code, stderr = closed_reader(sys.executable, run_py, "-i", files / "missing.npy", "-o", tmp_path / "o2.npz", "--json")

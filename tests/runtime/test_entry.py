@@ -347,6 +347,11 @@ def test_the_help_names_every_option_with_its_meaning_and_default(capsys):
         "--output": ("the .npz of graph outputs to write", None, None),
         "--record": ("also write every recorded activation to this .npz", None, None),
         "--tensors": ("with --record: comma-separated globs over tensor names (default: all)", None, None),
+        "--override": ("set, scale or clamp neurons: TENSOR[INDEX]=VALUE, TENSOR[INDEX]*=FACTOR, "
+                       "TENSOR[INDEX]=clip(LO,HI); repeatable", None, "SPEC"),
+        "--steer": ("apply the named set of --overrides FILE", None, "NAME"),
+        "--overrides": ("intervention file (JSON; YAML with PyYAML) of named sets: overrides, directions, ablations, "
+                        "patches", None, "FILE"),
         "--force": ("replace existing output files", False, None),
         "--verify": ("re-run the golden observations and compare every tensor; exit 1 on a mismatch", False, None),
         "--atol": ("with --verify: absolute tolerance", 1e-5, None),
