@@ -152,13 +152,18 @@ def test_forward_is_the_backend_bit_for_bit_on_batches_it_splits_into_row_blocks
     obs = np.random.default_rng(rows).uniform(0, 1, (rows, 275)).astype(np.float32)
     session = pp.load(metadrive_model, backend="numpy")
     record: dict = {}
-    got = module.forward(obs, record=record)
-    want = session.record({"obs": obs}, "*")
-    assert list(record) == list(want) and all(same_bits(record[k], want[k]) for k in want)
-    assert all(same_bits(got[k], v) for k, v in session.run({"obs": obs}).items())
-    steered = module.forward(obs, overrides={"fc_2/tanh": {17: 1.0}})
-    assert (steered["logits"] != got["logits"]).any()
-    assert same_bits(steered["logits"], session.run({"obs": obs}, overrides={"fc_2/tanh": {17: 1.0}})["logits"])
+    # the module, numpy alone, leaves the BLAS its own threads, where the backend holds each block to one; some
+    # kernels (OpenBLAS's Haswell one) round a product on two threads differently, so both run on one here
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        got = module.forward(obs, record=record)
+        want = session.record({"obs": obs}, "*")
+        assert list(record) == list(want) and all(same_bits(record[k], want[k]) for k in want)
+        assert all(same_bits(got[k], v) for k, v in session.run({"obs": obs}).items())
+        steered = module.forward(obs, overrides={"fc_2/tanh": {17: 1.0}})
+        assert (steered["logits"] != got["logits"]).any()
+        assert same_bits(steered["logits"], session.run({"obs": obs}, overrides={"fc_2/tanh": {17: 1.0}})["logits"])
 
 
 def test_export_checks_a_sample_the_backend_splits(metadrive_model, tmp_path):

@@ -285,13 +285,19 @@ def _check_needs(session, feeds: dict[str, np.ndarray]) -> int:
 
 
 def _check(module, session, feeds: dict[str, np.ndarray], names: list[str]) -> None:
-    """The generated ``forward`` against the numpy backend, every tensor bit for bit."""
+    """The generated ``forward`` against the numpy backend, every tensor bit for bit, both with the BLAS
+    held to one thread as the backend holds it in its row blocks (numpy alone cannot hold it, and some
+    BLAS kernels, OpenBLAS's Haswell one among them, round a product on two threads differently)."""
+    import contextlib
+
+    from ..runtime.blas import one_thread
     from ..runtime.packed import same_bits
 
-    want = session.record(feeds, "*")
-    record: dict[str, np.ndarray] = {}
-    got = module.forward(*(feeds[n] for n in names), record=record)
-    outputs = session.run(feeds)
+    with one_thread() or contextlib.nullcontext():
+        want = session.record(feeds, "*")
+        record: dict[str, np.ndarray] = {}
+        got = module.forward(*(feeds[n] for n in names), record=record)
+        outputs = session.run(feeds)
     pairs = [(name, record.get(name), value) for name, value in want.items()]
     pairs += [(f"output {name}", got.get(name), value) for name, value in outputs.items()]
     for name, found, value in pairs:
