@@ -188,8 +188,8 @@ def test_the_node_limit_names_backend_as_run_and_records_option(place, tmp_path,
     monkeypatch.setenv("POLICYPORT_MAX_NODES", "3")
     verified = invoke("verify", place / "m.onnx", "--samples", "4")
     assert verified.exit_code == 3 and " ".join(verified.stderr.split()).endswith(
-        "or run it with --backend onnxruntime (--backend is an option of policyport record and policyport run, "
-        "not of policyport verify)")
+        "or run it with --backend onnxruntime (--backend is an option of policyport direction and policyport "
+        "importance and policyport patch and policyport record and policyport run, not of policyport verify)")
     ran = invoke("run", place / "m.onnx", "-i", place / "obs.npy", "-o", tmp_path / "o.npz")
     assert ran.exit_code == 3 and " ".join(ran.stderr.split()).endswith("or run it with --backend onnxruntime")
 
