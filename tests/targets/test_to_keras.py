@@ -159,14 +159,9 @@ def test_rllib_checkpoint_with_its_filter_matches_rays_outputs(tmp_path):
 
 
 def test_an_op_without_a_layer_is_refused_naming_it(tmp_path):
-    import onnx
+    from test_to_torch import all_sampled_export
 
-    model = onnx.load(ROOT / "fixtures/synthetic/mlagents_hybrid.onnx")
-    sampled = [o for o in model.graph.output if o.name in ("continuous_actions", "discrete_actions")]
-    del model.graph.output[:]
-    model.graph.output.extend(sampled)  # only the sampled actions: nothing deterministic is left to write
-    onnx.save(model, tmp_path / "sampled.onnx")
-    result = CliRunner().invoke(app, ["to-keras", str(tmp_path / "sampled.onnx"), "-o", str(tmp_path / "out.keras"),
+    result = CliRunner().invoke(app, ["to-keras", str(all_sampled_export(tmp_path)), "-o", str(tmp_path / "out.keras"),
                                       "--json"])
     assert result.exit_code == 3
     error = json.loads(result.stdout)["error"]

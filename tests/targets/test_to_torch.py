@@ -230,15 +230,20 @@ def test_a_foreign_graph_keeps_every_parameter_trainable_and_its_names(tmp_path)
     assert frozen == [] and moved == []
 
 
-def test_an_op_without_a_module_is_refused_naming_it(tmp_path):
+def all_sampled_export(folder: Path) -> Path:
+    """The ML-Agents hybrid export with only its sampled outputs: nothing deterministic is left to write."""
     import onnx
 
     model = onnx.load(ROOT / "fixtures/synthetic/mlagents_hybrid.onnx")
     sampled = [o for o in model.graph.output if o.name in ("continuous_actions", "discrete_actions")]
     del model.graph.output[:]
-    model.graph.output.extend(sampled)  # only the sampled actions: nothing deterministic is left to write
-    onnx.save(model, tmp_path / "sampled.onnx")
-    result = CliRunner().invoke(app, ["to-torch", str(tmp_path / "sampled.onnx"), "-o", str(tmp_path / "out"), "--json"])
+    model.graph.output.extend(sampled)
+    onnx.save(model, folder / "sampled.onnx")
+    return folder / "sampled.onnx"
+
+
+def test_an_op_without_a_module_is_refused_naming_it(tmp_path):
+    result = CliRunner().invoke(app, ["to-torch", str(all_sampled_export(tmp_path)), "-o", str(tmp_path / "out"), "--json"])
     assert result.exit_code == 3
     error = json.loads(result.stdout)["error"]
     assert error.startswith("every output of the graph is sampled (Multinomial node '/Multinomial', RandomNormalLike "
