@@ -41,6 +41,7 @@ from .version import __version__  # noqa: F401  (the package's version)
 #: numpy runtime a packed folder carries (under a private package name) resolves its own modules.
 _LAZY = {
     "convert": (".converter", "convert"),
+    "ConversionNote": (".converter.options", "ConversionNote"),
     "load": (".runtime", "load"),
     "Session": (".runtime", "Session"),
     "BACKENDS": (".runtime", "BACKENDS"),

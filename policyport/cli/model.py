@@ -212,14 +212,14 @@ def _convert_for_inspect(model: Path, trust: bool, **given):
         the conversion's errors, an :class:`~policyport.errors.OptionNeeded` among them when its stand-in
         does not settle it either.
     """
-    from ..converter import convert
+    from ..converter import convert_source
     from ..converter.options import flag_list
     from ..errors import OptionNeeded
 
     stand_ins: dict[str, str] = {}
     while True:
         try:
-            proto = convert(model, trust=trust, **given, **stand_ins)
+            proto = convert_source(model, trust=trust, **given, **stand_ins).model
             break
         except OptionNeeded as e:
             if e.field in stand_ins or e.placeholder() is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import warnings
 
 from ..errors import (
     ArgumentTypeError,
@@ -25,7 +26,7 @@ from .assumptions import record_assumptions
 from .build import DEFAULT_OPSET, HEADS, MIN_OPSET, NO_HEAD
 from .kinds import (FILE_KINDS, FILE_KINDS_TEXT, KINDS, RUNS_CODE, SOURCES, UnknownKindError,  # noqa: F401  (the API)
                     detect_kind, refuse_code_without_trust, wrong_shape_of_source)
-from .options import (OPTIONS_KEY, READS, READS_ONLY_FOR, ConvertOptions, Converted, _check_types,  # noqa: F401  (the API)
+from .options import (OPTIONS_KEY, READS, READS_ONLY_FOR, ConversionNote, ConvertOptions, Converted, _check_types,  # noqa: F401  (the API)
                       flag_list, given_fields, where_they_apply)
 
 
@@ -164,9 +165,16 @@ def convert(source, *, kind: str | None = None, **options):
             option the kind does not read, a value branch the source lacks, torch inputs that do not
             fit ``forward`` ...).
         MissingDependencyError: the source's framework (torch, tensorflow ...) is not installed.
+
+    Warns:
+        ConversionNote: one per note of the conversion (a part of the source left out, as the value
+            function of an SB3 zip without ``keep_value``); the command line prints the same.
     """
-    return convert_source(source, kind=kind, **options).model
+    converted = convert_source(source, kind=kind, **options)
+    for note in converted.notes:
+        warnings.warn(note, ConversionNote, stacklevel=2)
+    return converted.model
 
 
 __all__ = ["KINDS", "FILE_KINDS", "HEADS", "UnknownKindError", "MIN_OPSET", "DEFAULT_OPSET", "SOURCES", "OPTIONS_KEY", "ConvertOptions",
-           "Converted", "convert", "convert_source", "detect_kind"]
+           "ConversionNote", "Converted", "convert", "convert_source", "detect_kind"]

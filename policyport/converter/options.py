@@ -196,6 +196,13 @@ class ConvertOptions:
         return options
 
 
+class ConversionNote(UserWarning):
+    """What :func:`policyport.convert` did that a user should hear about (a part of the source it left
+    out, such as SB3's value function), issued through :mod:`warnings` once per note; the command
+    line prints the same sentences. ``warnings.filterwarnings("ignore", category=ConversionNote)``
+    silences them; :func:`policyport.converter.convert_source` returns them as ``Converted.notes``."""
+
+
 @dataclass
 class Converted:
     """A converted policy.
