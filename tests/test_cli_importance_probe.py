@@ -66,8 +66,8 @@ def test_importance_table_and_mean_ablation(converted, obs):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["--output", "value"], 2, "the model has no graph output 'value'; it has ['logits', 'action', 'log_std']"),
-    (["--output", "action[5]"], 2, "positions [5] are not on its last axis"),
+    (["--output", "value"], 3, "the model has no graph output 'value'; it has ['logits', 'action', 'log_std']"),
+    (["--output", "action[5]"], 3, "positions [5] are not on its last axis"),
     (["--means", "x.npz"], 2, "is for mean ablation"),
     (["--ablation", "resample"], 2, "resample"),
     (["--tensors", "nope*"], 3, "nope*"),
@@ -83,7 +83,7 @@ def test_importance_refusals(converted, obs, args, code, message):
 def test_importance_json_failure_is_one_document(converted, obs):
     result = invoke("importance", converted, "-i", obs, "--output", "value", "--json")
     doc = json.loads(result.stdout)
-    assert result.exit_code == 2 and doc["exit_code"] == 2 and "no graph output 'value'" in doc["error"]
+    assert result.exit_code == 3 and doc["exit_code"] == 3 and "no graph output 'value'" in doc["error"]
 
 
 @pytest.fixture

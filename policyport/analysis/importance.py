@@ -147,8 +147,10 @@ def choose_output(outputs: list[str], given: str | None) -> tuple[str, tuple[int
     has it, else its only graph output.
 
     Raises:
-        OptionError: ``given`` names no graph output, or none is given and the model has
-            several outputs and none is called ``action`` (exit 2).
+        InputMismatchError: ``given`` names no graph output (exit 3, as ``run --outputs`` and
+            ``patch --output`` do).
+        OptionError: none is given and the model has several outputs and none is called ``action``
+            (exit 2).
     """
     if given is None:
         if "action" in outputs or len(outputs) == 1:
@@ -157,7 +159,8 @@ def choose_output(outputs: list[str], given: str | None) -> tuple[str, tuple[int
                                  "name the one to measure with --output (output=)")
     name, elements = parse_output(given)
     if name not in outputs:
-        raise OptionError(f"--output (output=) {given!r}: the model has no graph output {name!r}; it has [{listing(outputs)}]")
+        raise InputMismatchError(f"--output (output=) {given!r}: the model has no graph output {name!r}; it has "
+                                 f"[{listing(outputs)}]")
     return name, elements
 
 
@@ -388,10 +391,11 @@ def importance(model, data, *, tensors="*", ablation: str = "zero", output: str 
 
     Raises:
         OptionError: an unknown ablation or engine, a batch size or ``max_rows`` below 1, an output
-            the model lacks or without a row per observation, ``means`` with zero ablation, the ray
-            engine with another backend than numpy (exit 2).
-        InputMismatchError: a tensor pattern that matches nothing, no selected tensor that the
-            output reads, data that does not fit the model (exit 3).
+            without a row per observation, ``means`` with zero ablation, the ray engine with another
+            backend than numpy (exit 2).
+        InputMismatchError: an output the model lacks or positions not on its last axis, a tensor
+            pattern that matches nothing, no selected tensor that the output reads, data that does
+            not fit the model (exit 3).
         UnreadableFileError: unreadable data or recording.
         MissingDependencyError: onnx (the cut), pyarrow (parquet) or ray missing.
     """
@@ -430,8 +434,8 @@ def importance(model, data, *, tensors="*", ablation: str = "zero", output: str 
     if out_info is None:
         raise OptionError(f"output {out_name!r} has no row per observation; choose another with --output (output=)")
     if elements is not None and (not out_info.shape or max(elements) >= out_info.shape[-1]):
-        raise OptionError(f"--output (output=) {output!r}: {out_name!r} has shape {tuple(out_info.shape)} per "
-                          f"observation; positions {list(elements)} are not on its last axis")
+        raise InputMismatchError(f"--output (output=) {output!r}: {out_name!r} has shape {tuple(out_info.shape)} per "
+                                 f"observation; positions {list(elements)} are not on its last axis")
     downs, left = downstreams(proto, candidates, out_name, backend, threads)
     skipped.update(left)
     if not downs:

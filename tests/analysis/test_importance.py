@@ -248,9 +248,9 @@ def test_memory_is_bounded_by_the_block_not_the_dataset(tmp_path, small, monkeyp
 def test_refusals(tmp_path, small, small_data):
     model, _ = small
     path, _ = small_data
-    with pytest.raises(OptionError, match=r"no graph output 'value'; it has \['action'\]"):
+    with pytest.raises(InputMismatchError, match=r"no graph output 'value'; it has \['action'\]"):
         imp.importance(model, path, output="value")
-    with pytest.raises(OptionError, match=r"positions \[2\] are not on its last axis"):
+    with pytest.raises(InputMismatchError, match=r"positions \[2\] are not on its last axis"):
         imp.importance(model, path, output="action[2]")
     with pytest.raises(OptionError, match="is for mean ablation"):
         imp.importance(model, path, means=path)
