@@ -105,7 +105,7 @@ class Recording:
 
         names = [t.name for t in self.tensors]
         try:
-            return select_tensors(names, tensors)
+            return select_tensors(names, tensors, where="the recording")
         except InputMismatchError as e:
             unmatched = [p for p in _patterns(tensors) if not _matching([p], names)]
             if not all(_matching([p], self.left_out) for p in unmatched):

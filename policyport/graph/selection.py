@@ -9,7 +9,7 @@ from ..errors import ArgumentTypeError, InputMismatchError, listing
 
 
 def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | None, *,
-                   exact: bool = False) -> list[str]:
+                   exact: bool = False, where: str = "the model") -> list[str]:
     """The tensor names in ``available`` that ``patterns`` select, in ``available``'s order.
 
     Names are names: a pattern that is exactly the name of an available tensor selects that tensor
@@ -23,6 +23,8 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
             iterable; ``None`` or ``"*"`` selects everything.
         exact: every pattern is a name, never a glob (for callers passing names they took from
             the model; a string is then one name).
+        where: what ``available`` are the tensors of, for the error message (default ``"the model"``;
+            ``"the recording"`` for a recording's).
 
     Raises:
         InputMismatchError: a pattern matches no tensor (the message lists what exists).
@@ -53,6 +55,6 @@ def select_tensors(available: Iterable[str], patterns: str | Iterable[str] | Non
         unmatched = [g for g in globs if g != "*" and not any(fnmatch.fnmatchcase(t, g) for t in available)]
     if unmatched:
         what = "tensor name(s)" if exact else "tensor pattern(s)"
-        raise InputMismatchError(f"{what} [{listing(unmatched)}] match no tensor of the model; it has: "
+        raise InputMismatchError(f"{what} [{listing(unmatched)}] match no tensor of {where}; it has: "
                                  f"{listing(available, show=str)}")
     return chosen

@@ -144,7 +144,7 @@ def test_nonfinite_rows_counts_rows_not_values():
 
 
 def test_unknown_tensor_patterns_are_refused(recording):
-    with pytest.raises(pp.InputMismatchError, match="match no tensor"):
+    with pytest.raises(pp.InputMismatchError, match="match no tensor of the recording; it has"):
         statistics(recording, "fc_9/*")
 
 
