@@ -163,3 +163,30 @@ def test_feeds_that_miss_or_add_an_input_are_refused(tmp_path):
             result = invoke(*command)
             assert result.exit_code == 3, (command, result.output)
             assert says in " ".join(result.stderr.split()), (command, result.stderr)
+
+
+def test_inspect_takes_the_named_inputs_of_a_module_of_several(tmp_path):
+    result = invoke("inspect", TORCH_DIR / "masked.torchscript.pt", "--trust", *MASKED, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    module = scripted("masked")
+    assert [(i["name"], i["dtype"], i["shape"]) for i in doc["inputs"]] == [
+        ("obs", "float32", ["batch", 8]), ("action_mask", "bool", ["batch", 4])]
+    assert doc["parameter_count"] == sum(p.numel() for p in module.parameters())
+    without = invoke("inspect", TORCH_DIR / "masked.torchscript.pt", "--trust")
+    assert without.exit_code == 2 and "--input-shape obs=D[,D...] --input-shape action_mask=D[,D...]" in without.stderr
+    assert "not of policyport inspect" not in without.stderr  # inspect takes it now
+
+
+@pytest.mark.parametrize("target, message", [
+    ("sb3/ppo_pendulum.zip", "--input-shape does not apply to sb3 sources"),
+    ("real/metadrive_ppo_expert.onnx", "is a model already"),
+])
+def test_inspect_refuses_input_shapes_where_nothing_reads_them(tmp_path, target, message):
+    path = ROOT / "fixtures" / target
+    if not path.exists():  # the .onnx: converted here
+        assert invoke("convert", ROOT / "fixtures/real/metadrive_ppo_expert.npz", "-o", tmp_path / "m.onnx",
+                      "--activation", "tanh", "--no-verify").exit_code == 0
+        path = tmp_path / "m.onnx"
+    result = invoke("inspect", path, "--input-shape", "3")
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split())

@@ -12,6 +12,8 @@ from ..verification.compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
     ForceOpt,
+    InputDtypeOpt,
+    InputShapeOpt,
     JsonOpt,
     ModelArg,
     TrustOpt,
@@ -31,28 +33,37 @@ TERMINAL_ROWS = 200
 def inspect(
     model: Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model, a folder written by 'policyport pack', or a source to convert in memory with the defaults of 'policyport convert'.")],
     trust: TrustOpt = False,
+    input_shape: InputShapeOpt = None,
+    input_dtype: InputDtypeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Layers, shapes, dtypes, parameter counts, ops, opset, and ops the numpy backend lacks."""
 
     def body():
+        from .convert import parse_dtypes, parse_shapes
+
         from ..errors import BadModelError
         from ..io.kinds import file_kind
         from ..graph.onnx_files import load_onnx
         from ..verification.summary import format_shape, summarize
 
         bundle = model.is_dir() and any(os.path.lexists(model / n) for n in ("policy.json", "model.onnx"))
+        torch_inputs = {k: v for k, v in (("input_shape", parse_shapes(input_shape)),
+                                          ("input_dtypes", parse_dtypes(input_dtype))) if v is not None}
         if bundle or model.suffix == ".onnx" or not model.exists():
+            if torch_inputs:
+                raise typer.BadParameter(f"{model} is a model already; --input-shape and --input-dtype are for a torch "
+                                         "module converted in memory", param_hint="--input-shape")
             proto = load_onnx(model)
         else:
             from ..converter import FILE_KINDS, UnknownKindError
 
             try:
-                proto = _convert_for_inspect(model, trust)
+                proto = _convert_for_inspect(model, trust, **torch_inputs)
             except UnknownKindError:
                 kind = file_kind(model)  # a source named unlike its kind, told from its contents
                 if kind is not None and kind.source is not None:
-                    proto = _convert_for_inspect(model, trust, kind=kind.source)
+                    proto = _convert_for_inspect(model, trust, kind=kind.source, **torch_inputs)
                 else:
                     raise BadModelError(
                         f"{model} is not an .onnx model, a folder written by 'policyport pack', or a policy source whose "

@@ -43,6 +43,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", min=0, metavar="S", help="Seed o
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files. An output is written whole beside its path and renamed into place, so it must be a file or folder name: a device or pipe (/dev/null, a FIFO) is refused.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else.")]
 TrustOpt = Annotated[bool, typer.Option("--trust", help="Allow loading files that run code they hold: a TorchScript file, a SavedModel, a whole pickled torch module (the current folder and the file's own are on the import path while it loads), a Keras Lambda stored as bytecode. Only for files you trust.")]
+InputShapeOpt = Annotated[Optional[list[str]], typer.Option("--input-shape", metavar="[NAME=]D[,D...]", help="For torch modules: the observation's shape without the batch axis, e.g. 2,3, where the first layer does not tell it; for a forward of several inputs, once per input, named after forward's parameter: --input-shape obs=8 --input-shape action_mask=4 (the graph inputs take those names).")]
+InputDtypeOpt = Annotated[Optional[list[str]], typer.Option("--input-dtype", metavar="NAME=DTYPE", help="For torch modules: the dtype of forward's input NAME (bool, int64, int32, uint8, float32, float64 ...), repeatable; e.g. --input-dtype action_mask=bool  [default: the module's floating dtype]")]
 ModelArg = Annotated[Path, typer.Argument(metavar="MODEL", parser=given_path, help="An .onnx model or a folder written by 'policyport pack'.")]
 
 
