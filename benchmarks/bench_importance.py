@@ -9,7 +9,7 @@ Run from anywhere (paths are resolved from this file)::
 
 The MetaDrive expert (``fixtures/real/metadrive_ppo_expert.npz`` converted with ``--head diag-gaussian``)
 over ``--rows`` observations uniform in [0, 1)^275, one ``.npy`` file, as ``bench_record.py`` writes it.
-Each figure comes from its own process, with its own peak resident set (``ru_maxrss`` of ``wait4``):
+Each figure comes from its own process, with its own peak resident set (``VmHWM``, read while it runs):
 
 * ``run (forward), streamed``: ``Session.run`` on the file's ``--batch``-row blocks, read as ``importance``
   reads them;

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 import policyport as pp
 from policyport.graph.onnx_files import load_onnx
@@ -38,7 +38,8 @@ phases = ["read", "graph", "plan", "run"]
 print(json.dumps({
     "wall": {p: marks[i + 1][0] - marks[i][0] for i, p in enumerate(phases)},
     "cpu": {p: marks[i + 1][1] - marks[i][1] for i, p in enumerate(phases)},
-    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    # VmHWM: this process's own peak; ru_maxrss would carry the parent's high-water mark across exec
+    "peak_rss_mib": int(next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1]) / 1024,
 }))
 """
 

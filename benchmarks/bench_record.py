@@ -9,7 +9,7 @@ Run from anywhere (paths are resolved from this file)::
 The MetaDrive expert (``fixtures/real/metadrive_ppo_expert.npz`` converted with ``--head diag-gaussian``)
 runs over ``--rows`` observations drawn uniformly from [0, 1)^275, written as one ``.npy`` file (streamed,
 so this script never holds the dataset either). Every figure comes from its own process, so that each
-has its own peak resident set (``ru_maxrss`` from ``wait4``); the runs are interleaved and repeated
+has its own peak resident set (its ``VmHWM``, see :func:`run_measured`); the runs are interleaved and repeated
 (``--repeat``), and the median is reported:
 
 * ``forward, in memory``: ``Session.run`` on ``--batch-size``-row blocks already in memory (pure compute);
@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -66,18 +67,41 @@ print(table.rows / (time.perf_counter() - start))
 
 
 def run_measured(args: list[str]) -> tuple[str, float, float]:
-    """Run a command; its stdout, wall seconds and peak resident set in MB (``ru_maxrss`` of ``wait4``)."""
+    """Run a command; its stdout, wall seconds and peak resident set in MB.
+
+    The peak is the child's own ``VmHWM`` (``/proc/PID/status``: the high-water mark of its address
+    space), read every 20 ms while it runs. ``ru_maxrss`` from ``wait4`` would not do: Linux carries
+    the parent's high-water mark across fork and exec into the child's, so every child reported at
+    least the benchmark's own peak (the dataset writer's blocks).
+    """
     with tempfile.TemporaryFile() as errors:
         start = time.perf_counter()
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, cwd=ROOT)
+        peak = [0]
+        watching = threading.Event()
+
+        def watch() -> None:
+            status = Path(f"/proc/{proc.pid}/status")
+            while not watching.wait(0.02):
+                try:
+                    line = next((x for x in status.read_text().splitlines() if x.startswith("VmHWM:")), None)
+                except OSError:
+                    return
+                if line is None:  # exiting: its memory is gone
+                    return
+                peak[0] = max(peak[0], int(line.split()[1]))  # kB
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         out = proc.stdout.read().decode()
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc.wait()
+        watching.set()
+        watcher.join()
         wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
         if proc.returncode:
             errors.seek(0)
             raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{errors.read().decode()}")
-    return out, wall, usage.ru_maxrss / 1024  # KB on Linux
+    return out, wall, peak[0] / 1024
 
 
 def write_dataset(path: Path, rows: int, width: int = 275, chunk: int = 65536) -> None:
