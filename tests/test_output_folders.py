@@ -154,3 +154,24 @@ def test_a_folder_build_refuses_an_existing_destination_it_is_not_told_it_may_re
             build.commit()
     assert os.listdir(tmp_path / "b") == ["mine.txt"]
     assert os.listdir(tmp_path) == ["b"]  # the temporary folder removed
+
+
+def test_a_written_folder_gets_the_umask_mode_and_a_replaced_one_keeps_its_own(tmp_path):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        with FolderBuild(tmp_path / "new", "plots") as build:
+            assert stat.S_IMODE(build.path.stat().st_mode) == 0o700  # private while it is built
+            build.write_bytes("a.png", b"x")
+            build.commit()
+        assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+        assert stat.S_IMODE((tmp_path / "new/a.png").stat().st_mode) == 0o644
+        os.chmod(tmp_path / "new", 0o750)
+        with FolderBuild(tmp_path / "new", "plots") as build:
+            build.write_bytes("b.png", b"y")
+            build.commit(lambda contents: ["a.png"])
+        assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o750
+        assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["b.png"]
+    finally:
+        os.umask(old)

@@ -542,7 +542,7 @@ class FolderBuild:
     file and subfolder is created relative to those descriptors (exclusively, never following a
     link), and the renames into place happen relative to the parent's, so swapping either folder
     for a symlink meanwhile cannot redirect a file or the folder. The temporary folder is
-    ``.<name>.<8 hex digits>.<purpose>``, mode 0700, locked while it exists (see
+    ``.<name>.<8 hex digits>.<purpose>``, mode 0700 until it is committed (then the umask's, or the replaced folder's), locked while it exists (see
     :func:`remove_stale_temporaries`), and removed with whatever it holds unless committed, however
     the ``with`` block ends (Ctrl-C and SIGTERM included). Where the platform has no descriptor-
     relative calls (Windows), paths are used, with the same all-or-none rule.
@@ -660,6 +660,7 @@ class FolderBuild:
                 the folder cannot be renamed into place (the old one is then put back).
         """
         found = self._entry(self.out.name)
+        self._set_mode(found)
         if found is None:
             self._rename(self.name, self.out.name)
             self.committed = True
@@ -688,6 +689,23 @@ class FolderBuild:
         finally:
             if old is not None:
                 os.close(old)
+
+    def _set_mode(self, found: os.stat_result | None) -> None:
+        """Give the folder, private (0700) while it is built, the mode of the folder it replaces, or
+        the one the umask gives a new folder, as files get theirs (:func:`_new_mode`)."""
+        if found is not None and stat.S_ISDIR(found.st_mode):
+            mode = found.st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o777 & ~umask
+        try:
+            if self.fd is not None:
+                os.fchmod(self.fd, mode)
+            else:
+                os.chmod(self.path, mode)
+        except OSError as e:
+            raise UnreadableFileError(f"cannot set the mode of the folder for {self.out}: {e.strerror or e}") from e
 
     def _entry(self, name: str) -> os.stat_result | None:
         try:
