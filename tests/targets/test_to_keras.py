@@ -297,3 +297,46 @@ def test_to_torch_trains_what_keras_trains_in_a_keras_source(tmp_path):
     assert [names[k]["source"] for k in done.parameters] == [w.path for w in source.trainable_weights]
     assert {"act_denorm/mean", "act_denorm/variance", "obs_norm/mean", "obs_norm/variance"} <= \
         {names[k]["source"] for k in done.buffers}
+
+
+@pytest.mark.slow
+def test_a_trained_tensor_no_row_of_which_broadcasts_is_refused_naming_it(tmp_path):
+    """A trained (2, 3) tensor added to every observation's (1, 3) rows: no per-observation row holds it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("Gemm", ["obs", "fc.weight", "fc.bias"], ["h"], name="fc", transB=1),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["rows"], name="rows"),
+             helper.make_node("Add", ["rows", "offsets"], ["logits"], name="offset")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2, 3])],
+                              [numpy_helper.from_array(rng.normal(size=(3, 3)).astype(np.float32), "fc.weight"),
+                               numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "fc.bias"),
+                               numpy_helper.from_array(np.array([1], np.int64), "axes"),
+                               numpy_helper.from_array(rng.normal(size=(2, 3)).astype(np.float32), "offsets")])
+    path = tmp_path / "offsets.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    result = CliRunner().invoke(app, ["to-keras", str(path), "-o", str(tmp_path / "out.keras"), "--json"])
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["error"] == (
+        "trained tensor 'offsets' of shape (2, 3) is read by an op; to-keras writes such a tensor as one row per "
+        "observation, which needs a first axis of 1 (or one axis)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["offsets.onnx"]
+
+
+@pytest.mark.slow
+def test_an_ml_agents_export_on_the_command_line_says_what_it_leaves_out(tmp_path):
+    result = CliRunner().invoke(app, ["to-keras", str(ROOT / "fixtures/ml_agents/exports/Hybrid.onnx"), "-o",
+                                      str(tmp_path / "hybrid.keras"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    reference = np.load(ROOT / "fixtures/ml_agents/exports/Hybrid.reference.npz")  # ML-Agents' own values
+    assert report["constants"] == {k: reference[f"torch32/{k}"].tolist() for k in (
+        "version_number", "memory_size", "continuous_action_output_shape", "discrete_action_output_shape")}
+    assert report["notes"][0].startswith("left out the sampled outputs continuous_actions, discrete_actions")
+    assert report["trainable"][-1] == "action_model__continuous_distribution_log_sigma/embeddings"
+    assert report["non_trainable"] == [f"network_body_observation_encoder_processors_0_normalizer/{k}"
+                                       for k in ("mean", "variance", "count")]
+    model = load(tmp_path / "hybrid.keras")
+    assert sorted(model.output) == ["/_continuous_distribution/Exp_output_0", "deterministic_continuous_actions",
+                                    "deterministic_discrete_actions"]
