@@ -559,13 +559,6 @@ class _Builder:
                 raise BadModelError(f'Flatten node "{node.name}" flattens from axis {attrs.get("axis", 1)} or sizes '
                                     "unknown; to-keras writes Flatten(axis=1) of known sizes")
             y = ops.reshape(args[0], (-1, int(np.prod(size))))
-        elif op == "Constant":
-            from ...runtime.numpy import registry
-
-            impl = registry.resolve(op, self.plan.graph.opset, node_name=node.name)
-            self.init[out] = np.asarray(impl.fn(**attrs))
-            self.plan.roles[out] = "constant"
-            return
         elif op == "Cast":
             from ...graph.model import onnx_dtype
 
