@@ -340,3 +340,33 @@ def test_an_ml_agents_export_on_the_command_line_says_what_it_leaves_out(tmp_pat
     model = load(tmp_path / "hybrid.keras")
     assert sorted(model.output) == ["/_continuous_distribution/Exp_output_0", "deterministic_continuous_actions",
                                     "deterministic_discrete_actions"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["obs_norm", "mlp_norm", "obs_norm_given"])
+def test_the_converter_records_what_keras_trains(name):
+    from policyport.graph.passes import TRAINABLE_KEY
+
+    source_path = ROOT / f"fixtures/keras/{name}.keras"
+    recorded = {p.key: p.value for p in pp.convert(str(source_path)).metadata_props}[TRAINABLE_KEY]
+    assert json.loads(recorded) == [w.path for w in load(source_path).trainable_weights]
+
+
+@pytest.mark.slow
+def test_a_frozen_keras_layer_stays_frozen(tmp_path):
+    """A Dense layer the source froze (layer.trainable = False) is frozen in the written model too."""
+    keras.utils.set_random_seed(3)
+    obs = keras.Input((4,), name="obs")
+    frozen = keras.layers.Dense(8, activation="tanh", name="encoder", bias_initializer="random_normal")
+    source = keras.Model(obs, keras.layers.Dense(2, name="head")(frozen(obs)), name="frozen")
+    frozen.trainable = False
+    source.save(tmp_path / "frozen.keras")
+    done = pp.to_keras(str(tmp_path / "frozen.keras"), tmp_path / "again.keras")
+    again, source = load(tmp_path / "again.keras"), load(tmp_path / "frozen.keras")
+    assert done.trainable == [w.path for w in again.trainable_weights] == [w.path for w in source.trainable_weights] \
+        == ["head/kernel", "head/bias"]
+    assert done.non_trainable == [w.path for w in source.non_trainable_weights] == ["encoder/kernel", "encoder/bias"]
+    x = np.random.default_rng(3).uniform(-1, 1, (50, 4)).astype(np.float32)
+    np.testing.assert_allclose(predict(again, x)["head"], np.asarray(source.predict(x, verbose=0)), atol=1e-6, rtol=0)
+    frozen_after, moved = one_step_leaves(again, x[:8])
+    assert frozen_after == [] and moved == []

@@ -5,7 +5,8 @@ two files:
 
 - ``FILE.keras``: the functional model. Every source layer is a ``keras.layers.Dense`` named after
   it (:func:`keras_name`: characters outside ``[A-Za-z0-9_]`` become ``_``), its kernel in Keras'
-  ``[in, out]`` layout (a torch ``[out, in]`` weight is transposed); every activation node is a
+  ``[in, out]`` layout (a torch ``[out, in]`` weight is transposed), frozen where a Keras source
+  froze it (``policyport.trainable``, :mod:`.plan`), else trainable; every activation node is a
   ``keras.layers.Activation`` (``LeakyReLU`` / ``ELU`` layers where the node has a slope); an
   observation normaliser ``(x - mean) / std`` is a ``keras.layers.Normalization`` holding its
   statistics (not trained); a Keras source's own ``Normalization`` layers (also ``invert=True``
@@ -46,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError, OptionError, UnsupportedOpError
-from .plan import Dense, LayerPlan, identifier, layer_plan
+from .plan import Dense, LayerPlan, _trained, identifier, layer_plan
 
 #: Keras activation names for activation ops without attributes (ONNX op type -> keras.activations name).
 _ACTIVATIONS = {"Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid", "Selu": "selu", "Softplus": "softplus",
@@ -266,7 +267,9 @@ class _Builder:
         w = self.init[d.weight]
         name = self.fresh(d.name)
         has_bias = d.bias is not None or d.bias_source is not None
-        layer = keras.layers.Dense(d.out_features, use_bias=has_bias, name=name, dtype=str(w.dtype))
+        trained = _trained(self.plan.graph.metadata)  # a Keras source's frozen layer stays frozen
+        layer = keras.layers.Dense(d.out_features, use_bias=has_bias, name=name, dtype=str(w.dtype),
+                                   trainable=trained is None or d.weight_source in trained)
         arrays = [np.ascontiguousarray(w if d.transposed else w.T)]
         self.record(name, "kernel", d.weight_source, d.weight, "weight", "as stored" if d.transposed else "transposed")
         if d.bias is not None:
