@@ -170,7 +170,7 @@ def to_keras(
             emit_json({"model": str(done.model), "parameters_file": str(done.names), "layers": done.layers,
                        "trainable": done.trainable, "non_trainable": done.non_trainable, "samples": done.samples,
                        "tensors": done.tensors, "max_abs": done.max_abs, "assumptions": done.assumptions,
-                       "notes": done.notes})
+                       "notes": done.notes, "constants": done.constants})
             return
         for note in done.notes or []:
             say(note)

@@ -30,6 +30,10 @@ from .model import tensor_array
 PARAMETERS_KEY = "policyport.parameters"
 #: Metadata listing the source's parameter names in the source's own order (see :func:`parameter_map`).
 ORDER_KEY = "policyport.parameter_order"
+#: Metadata listing the source parameters the source framework trains (a JSON list of source names, as
+#: Keras' ``model.trainable_weights`` says); the others it lists are statistics or constants. Absent where
+#: the source does not say.
+TRAINABLE_KEY = "policyport.trainable"
 #: The most numbers a ``"value"`` entry of the parameter metadata may hold.
 MAX_VALUE_ELEMENTS = 64
 

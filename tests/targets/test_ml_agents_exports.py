@@ -176,3 +176,84 @@ def test_to_sb3_refuses_what_sb3_cannot_express_naming_it(name, said, tmp_path):
                                       "--json"])
     assert result.exit_code == 3 and json.loads(result.stdout)["error"].startswith(said)
     assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------ to-keras
+
+
+@pytest.fixture(scope="module", params=list(EXPORTS))
+def keras_exported(request, tmp_path_factory):
+    keras = pytest.importorskip("keras")
+    name = request.param
+    path = tmp_path_factory.mktemp("mla_keras") / "policy.keras"
+    done = pp.to_keras(str(EXPORTED / f"{name}.onnx"), path)
+    return name, done, keras.saving.load_model(path, safe_mode=True, compile=False), path
+
+
+def actor_state(name: str) -> dict:
+    """The actor's state_dict as ML-Agents holds it: the run's checkpoint, or the freshly initialised actor the
+    fixture script makes again."""
+    if EXPORTS[name][0] is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("ml_agents_export_onnx", MLA / "export_onnx.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        return script.load_actor(name).state_dict()
+    return torch.load(MLA / EXPORTS[name][0], weights_only=False)["Policy"]
+
+
+def test_keras_predicts_ml_agents_own_deterministic_actions(keras_exported):
+    name, done, model, _ = keras_exported
+    reference = np.load(EXPORTED / f"{name}.reference.npz")
+    fed = feeds(name)
+    ordered = [fed[k] for k in ("obs_0", "action_masks") if k in fed]
+    got = {k: np.asarray(v) for k, v in model.predict(ordered if len(ordered) > 1 else ordered[0], verbose=0,
+                                                      batch_size=16).items()}  # Keras' own forward, in batches
+    numpy_out = pp.load(EXPORTED / f"{name}.onnx", "numpy").run(fed)
+    deterministic = [k.split("/", 1)[1] for k in reference.files
+                     if k.startswith("torch32/deterministic_")]
+    constants = [k.split("/", 1)[1] for k in reference.files
+                 if k.startswith("torch32/") and k.split("/", 1)[1] not in deterministic]
+    assert set(deterministic) <= set(got) and not set(constants) & set(got)
+    assert not set(EXPORTS[name][1]) & set(got)  # the sampled outputs are left out
+    for output in deterministic:
+        want = reference[f"torch32/{output}"]
+        assert got[output].dtype == want.dtype and got[output].shape == want.shape, output
+        if want.dtype.kind == "f":  # ML-Agents' actor at export time, and the numpy backend
+            np.testing.assert_allclose(got[output], want, atol=2e-6, rtol=1e-6)
+            np.testing.assert_allclose(got[output], numpy_out[output], atol=2e-6, rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(got[output], want)
+            np.testing.assert_array_equal(got[output], numpy_out[output])
+    for output in constants:  # left out of the Keras model, said so with ML-Agents' values
+        assert np.asarray(done.constants[output], np.float32).tobytes() == reference[f"torch32/{output}"].tobytes()
+        assert output in done.notes[-1]
+    assert done.max_abs < 1e-5
+
+
+def test_every_trained_parameter_of_the_actor_is_a_trainable_keras_weight_that_trains(keras_exported):
+    name, done, model, path = keras_exported
+    from test_to_keras import one_step_leaves
+
+    policy = actor_state(name)
+    trained = {k for k in policy if not any(part in k for part in NOT_TRAINED)}
+    names = json.loads(path.with_name("policy_parameters.json").read_text())
+    assert {names[w.path]["source"] for w in model.trainable_weights} == trained
+    assert len(model.trainable_weights) == len(trained) == len(done.trainable)
+    for w in model.trainable_weights:  # ML-Agents' values: [in, out] kernels of its [out, in] weights
+        value = policy[names[w.path]["source"]].numpy()
+        np.testing.assert_array_equal(w.numpy(), value.T if names[w.path]["layout"] == "transposed" else value)
+    statistics = [names[w.path] for w in model.non_trainable_weights if w.path in names]  # the normaliser's
+    assert all(e["role"] == "normaliser" for e in statistics) and bool(statistics) == ("normalizer" in " ".join(policy))
+    assert all(e["source"] in policy for e in statistics[:1])  # the actor's running_mean, under its name
+    assert all(e["source"].endswith("normalizer.running_mean") for e in statistics[:1])
+    if "log_sigma" in " ".join(trained) and not any(k.startswith("action_model._continuous_distribution.log_sigma.")
+                                                       for k in trained):  # a free log_sigma: an Embedding row
+        layer = model.get_layer("action_model__continuous_distribution_log_sigma")
+        assert type(layer).__name__ == "Embedding"
+        assert layer.embeddings.numpy().tobytes() == policy["action_model._continuous_distribution.log_sigma"].numpy().tobytes()
+    fed = feeds(name, 16)
+    ordered = [fed[k] for k in ("obs_0", "action_masks") if k in fed]
+    frozen, moved = one_step_leaves(model, ordered if len(ordered) > 1 else ordered[0], every_layer=True)
+    assert frozen == [] and moved == []

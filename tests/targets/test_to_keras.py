@@ -31,15 +31,21 @@ def predict(model, obs: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in model.predict(obs, verbose=0, batch_size=len(obs)).items()}
 
 
-def one_step_leaves(model, obs: np.ndarray) -> tuple[list[str], list[str]]:
-    """Take one SGD step on the sum of squares of every floating output (TensorFlow's GradientTape);
+def one_step_leaves(model, obs, every_layer: bool = False) -> tuple[list[str], list[str]]:
+    """Take one SGD step on the sum of squares of every floating output (with ``every_layer``, also of every
+    Dense and Embedding layer's output: a policy whose outputs are argmax indices) (TensorFlow's GradientTape);
     the trainable weights it left unchanged and the non-trainable weights it changed."""
     import tensorflow as tf
 
     before = {w.path: np.array(w.numpy()) for w in model.weights}
     optimiser = keras.optimizers.SGD(learning_rate=0.1)
+    watched = model
+    if every_layer:
+        inner = {layer.name: layer.output for layer in model.layers
+                 if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding))}
+        watched = keras.Model(model.inputs if len(model.inputs) > 1 else model.inputs[0], {**model.output, **inner})
     with tf.GradientTape() as tape:
-        outputs = model(obs, training=False)
+        outputs = watched(obs, training=False)
         loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64) ** 2) for v in outputs.values() if v.dtype.is_floating])
     grads = tape.gradient(loss, model.trainable_weights)
     optimiser.apply_gradients(zip(grads, model.trainable_weights))
@@ -119,7 +125,8 @@ def test_sb3_ppo_with_vecnormalize_matches_sb3(tmp_path):
     np.testing.assert_array_equal(norm_layer.adapt_mean.numpy(), norm.obs_rms.mean)
     assert {w.path for w in model.non_trainable_weights} == {"vec_normalize/mean", "vec_normalize/variance",
                                                              "vec_normalize/count"}
-    assert done.non_trainable == ["vec_normalize/mean", "vec_normalize/variance"] and done.max_abs < 1e-5
+    assert done.non_trainable == ["vec_normalize/mean", "vec_normalize/variance", "vec_normalize/count"]
+    assert done.max_abs < 1e-5
     frozen, moved = one_step_leaves(model, obs[:8])
     assert frozen == [] and moved == []
     assert "log_std/embeddings" in {w.path for w in model.trainable_weights}
@@ -153,7 +160,8 @@ def test_rllib_checkpoint_with_its_filter_matches_rays_outputs(tmp_path):
     np.testing.assert_allclose(got["logits"], expected["action_dist_inputs"], atol=1e-5, rtol=0)
     np.testing.assert_array_equal(got["action"], expected["action_dist_inputs"].argmax(axis=1))
     assert got["action"].dtype == np.int64
-    assert done.non_trainable == ["obs_filter_destd/mean", "obs_filter_destd/variance"]
+    assert done.non_trainable == ["obs_filter_destd/mean", "obs_filter_destd/variance", "obs_filter_destd/count"]
+    assert done.non_trainable == [w.path for w in model.non_trainable_weights]
     frozen, moved = one_step_leaves(model, expected["obs"][:8].astype(np.float32))
     assert frozen == [] and moved == []
 
@@ -244,3 +252,121 @@ def test_shape_steps_and_constants_are_keras_ops(tmp_path):
     obs = rng.uniform(-1, 1, (40, 3)).astype(np.float32)
     np.testing.assert_allclose(predict(model, obs)["logits"], (obs @ w1.T + b1 - shift) @ w2, atol=1e-5, rtol=0)
     assert done.trainable == ["fc/kernel", "fc/bias", "head/kernel"] and done.non_trainable == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, output", [("obs_norm", "act_denorm"), ("obs_norm_given", "act_scale")])
+def test_keras_normalization_layers_come_back_as_the_source_s_with_its_trainable_split(name, output, tmp_path):
+    """An adapted Normalization (mean, variance, count: non-trainable weights), a given one and an
+    invert=True one that turns the head's output into actions (mean= and variance= arguments, no weights):
+    written again as those layers under their names, so the written model trains what the source trains."""
+    source_path = ROOT / f"fixtures/keras/{name}.keras"
+    done = pp.to_keras(str(source_path), tmp_path / "again.keras")
+    source, again = load(source_path), load(tmp_path / "again.keras")
+    obs = np.random.default_rng(5).uniform(-4, 4, (300, 6)).astype(np.float32)
+    obs[:, 2] = np.where(np.arange(300) % 2, 1.5, obs[:, 2])  # obs_norm's constant feature (variance 0), and others
+    np.testing.assert_allclose(predict(again, obs)[output], np.asarray(source.predict(obs, verbose=0)), atol=1e-6,
+                               rtol=1e-6)
+    assert done.trainable == [w.path for w in again.trainable_weights] == [w.path for w in source.trainable_weights]
+    assert done.non_trainable == [w.path for w in again.non_trainable_weights] == \
+        [w.path for w in source.non_trainable_weights]
+    for a, b in zip(again.weights, source.weights):
+        assert a.numpy().tobytes() == b.numpy().tobytes(), a.path
+    for layer in source.layers:
+        if isinstance(layer, keras.layers.Normalization):
+            mine = again.get_layer(layer.name)
+            assert type(mine) is keras.layers.Normalization and mine.invert == layer.invert
+            assert (mine.input_mean is None) == (layer.input_mean is None), layer.name  # adapted, or given
+            if layer.input_mean is not None:
+                np.testing.assert_array_equal(np.asarray(mine.input_mean, np.float32),
+                                              np.asarray(layer.input_mean, np.float32))
+                np.testing.assert_array_equal(np.asarray(mine.input_variance, np.float32),
+                                              np.asarray(layer.input_variance, np.float32))
+    frozen, moved = one_step_leaves(again, obs[:8])
+    assert frozen == [] and moved == []
+
+
+@pytest.mark.slow
+def test_to_torch_trains_what_keras_trains_in_a_keras_source(tmp_path):
+    """The same classing reaches to-torch: the de-normaliser's statistics are buffers, not parameters."""
+    pytest.importorskip("torch")
+    source_path = ROOT / "fixtures/keras/obs_norm.keras"
+    done = pp.to_torch(str(source_path), tmp_path / "policy")
+    names = json.loads((tmp_path / "policy/parameters.json").read_text())
+    source = load(source_path)
+    assert [names[k]["source"] for k in done.parameters] == [w.path for w in source.trainable_weights]
+    assert {"act_denorm/mean", "act_denorm/variance", "obs_norm/mean", "obs_norm/variance"} <= \
+        {names[k]["source"] for k in done.buffers}
+
+
+@pytest.mark.slow
+def test_a_trained_tensor_no_row_of_which_broadcasts_is_refused_naming_it(tmp_path):
+    """A trained (2, 3) tensor added to every observation's (1, 3) rows: no per-observation row holds it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("Gemm", ["obs", "fc.weight", "fc.bias"], ["h"], name="fc", transB=1),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["rows"], name="rows"),
+             helper.make_node("Add", ["rows", "offsets"], ["logits"], name="offset")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2, 3])],
+                              [numpy_helper.from_array(rng.normal(size=(3, 3)).astype(np.float32), "fc.weight"),
+                               numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "fc.bias"),
+                               numpy_helper.from_array(np.array([1], np.int64), "axes"),
+                               numpy_helper.from_array(rng.normal(size=(2, 3)).astype(np.float32), "offsets")])
+    path = tmp_path / "offsets.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    result = CliRunner().invoke(app, ["to-keras", str(path), "-o", str(tmp_path / "out.keras"), "--json"])
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["error"] == (
+        "trained tensor 'offsets' of shape (2, 3) is read by an op; to-keras writes such a tensor as one row per "
+        "observation, which needs a first axis of 1 (or one axis)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["offsets.onnx"]
+
+
+@pytest.mark.slow
+def test_an_ml_agents_export_on_the_command_line_says_what_it_leaves_out(tmp_path):
+    result = CliRunner().invoke(app, ["to-keras", str(ROOT / "fixtures/ml_agents/exports/Hybrid.onnx"), "-o",
+                                      str(tmp_path / "hybrid.keras"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    reference = np.load(ROOT / "fixtures/ml_agents/exports/Hybrid.reference.npz")  # ML-Agents' own values
+    assert report["constants"] == {k: reference[f"torch32/{k}"].tolist() for k in (
+        "version_number", "memory_size", "continuous_action_output_shape", "discrete_action_output_shape")}
+    assert report["notes"][0].startswith("left out the sampled outputs continuous_actions, discrete_actions")
+    assert report["trainable"][-1] == "action_model__continuous_distribution_log_sigma/embeddings"
+    assert report["non_trainable"] == [f"network_body_observation_encoder_processors_0_normalizer/{k}"
+                                       for k in ("mean", "variance", "count")]
+    model = load(tmp_path / "hybrid.keras")
+    assert sorted(model.output) == ["/_continuous_distribution/Exp_output_0", "deterministic_continuous_actions",
+                                    "deterministic_discrete_actions"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["obs_norm", "mlp_norm", "obs_norm_given"])
+def test_the_converter_records_what_keras_trains(name):
+    from policyport.graph.passes import TRAINABLE_KEY
+
+    source_path = ROOT / f"fixtures/keras/{name}.keras"
+    recorded = {p.key: p.value for p in pp.convert(str(source_path)).metadata_props}[TRAINABLE_KEY]
+    assert json.loads(recorded) == [w.path for w in load(source_path).trainable_weights]
+
+
+@pytest.mark.slow
+def test_a_frozen_keras_layer_stays_frozen(tmp_path):
+    """A Dense layer the source froze (layer.trainable = False) is frozen in the written model too."""
+    keras.utils.set_random_seed(3)
+    obs = keras.Input((4,), name="obs")
+    frozen = keras.layers.Dense(8, activation="tanh", name="encoder", bias_initializer="random_normal")
+    source = keras.Model(obs, keras.layers.Dense(2, name="head")(frozen(obs)), name="frozen")
+    frozen.trainable = False
+    source.save(tmp_path / "frozen.keras")
+    done = pp.to_keras(str(tmp_path / "frozen.keras"), tmp_path / "again.keras")
+    again, source = load(tmp_path / "again.keras"), load(tmp_path / "frozen.keras")
+    assert done.trainable == [w.path for w in again.trainable_weights] == [w.path for w in source.trainable_weights] \
+        == ["head/kernel", "head/bias"]
+    assert done.non_trainable == [w.path for w in source.non_trainable_weights] == ["encoder/kernel", "encoder/bias"]
+    x = np.random.default_rng(3).uniform(-1, 1, (50, 4)).astype(np.float32)
+    np.testing.assert_allclose(predict(again, x)["head"], np.asarray(source.predict(x, verbose=0)), atol=1e-6, rtol=0)
+    frozen_after, moved = one_step_leaves(again, x[:8])
+    assert frozen_after == [] and moved == []

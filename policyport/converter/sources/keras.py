@@ -66,7 +66,7 @@ from ...errors import (
 )
 from ...io.kinds import sha256_file
 from ...text import bounded_repr
-from ...graph.passes import MAX_VALUE_ELEMENTS
+from ...graph.passes import MAX_VALUE_ELEMENTS, TRAINABLE_KEY
 from ..assumptions import Assumption, Oracle, head_assumption, joined, outside_normaliser
 from ..build import GAUSSIAN_HEADS, MIN_OPSET, head_name
 from ..keras_sizes import check_keras_config, check_savedmodel_sizes
@@ -362,6 +362,8 @@ class _Trace:
         weight_names: ``id`` of a Keras variable -> its source name in ``weights``.
         unread: source names of the weights the function never reads (a ``Normalization`` layer's
             ``count``).
+        trainable: source names of the weights Keras trains (``model.trainable_weights``; a
+            SavedModel's variables whose ``trainable`` is set), or None where the source does not say.
     """
 
     function: Any
@@ -374,6 +376,7 @@ class _Trace:
     captures: dict[str, tuple[np.ndarray, str | None]] = field(default_factory=dict)
     weight_names: dict[int, str] = field(default_factory=dict)
     unread: set[str] = field(default_factory=set)
+    trainable: set[str] | None = None
 
 
 def _leaf_layers(model) -> list:
@@ -527,6 +530,8 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
     weight_names: dict[int, str] = {}
     unread: set[str] = set()
     seen_names: set[str] = set()
+    trained = {id(w) for w in model.trainable_weights}
+    trainable: set[str] = set()
     for w in model.weights:  # Keras' own order
         if id(w) in weight_names or id(w) not in owner:
             continue
@@ -536,6 +541,8 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
             source_name = str(getattr(w, "path", source_name))
         seen_names.add(source_name)
         weight_names[id(w)] = source_name
+        if id(w) in trained:
+            trainable.add(source_name)
         if id(getattr(w, "value", w)) not in read:
             unread.add(source_name)
         weights.append((source_name, layer_name, np.asarray(w.numpy())))
@@ -547,7 +554,7 @@ def _trace_keras(fw: _Frameworks, model) -> _Trace:
     holders = {id(value): f"{layer_name}/{attribute}" for layer_name, layer in by_name.items()
                for attribute, value in vars(layer).items() if isinstance(value, tf.Tensor)}
     return _Trace(function, specs, list(outputs), layer_tensors, weights, norms, shapes,
-                  _captured_constants(fw, concrete, holders), weight_names, unread)
+                  _captured_constants(fw, concrete, holders), weight_names, unread, trainable)
 
 
 def _captured_constants(fw: _Frameworks, concrete, holders: Mapping[int, str]) -> dict[str, tuple[np.ndarray, str | None]]:
@@ -1191,11 +1198,15 @@ def _finish(fw: _Frameworks, trace: _Trace, proto, options, provenance: dict) ->
     graph.g.name = "policy"
     proto.producer_name, proto.producer_version = "policyport", _version()
     del proto.metadata_props[:]
-    onnx.helper.set_model_props(proto, {
+    props = {
         "policyport.parameters": json.dumps(ordered),
         "policyport.head": head_name(head),
         "policyport.source": json.dumps(provenance),
-    })
+    }
+    if trace.trainable is not None:  # what Keras trains; the other parameters are statistics or constants
+        props[TRAINABLE_KEY] = json.dumps([n for n in (v if isinstance(v, str) else v["name"] for v in ordered.values())
+                                           if n in trace.trainable])
+    onnx.helper.set_model_props(proto, props)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:

@@ -27,6 +27,38 @@ import numpy as np
 
 from ..assumptions import Oracle
 
+def import_sb3():
+    """``stable_baselines3``, imported without TensorFlow.
+
+    SB3 imports ``torch.utils.tensorboard`` (``stable_baselines3/common/utils.py``, for its logger), which
+    reads TensorBoard's ``tensorboard.compat.tf``; that imports TensorFlow whenever it is installed
+    (``tensorboard/compat/__init__.py``), seconds of start-up that nothing here uses. TensorBoard's own
+    switch, a module named ``tensorboard.compat.notf``, makes it take its TensorFlow stub instead (what it
+    does where TensorFlow is not installed, and what torch's ``SummaryWriter`` is written for); the switch
+    is set only while SB3 is imported, and only when TensorFlow is not imported already.
+
+    Returns:
+        The ``stable_baselines3`` module.
+
+    Raises:
+        ImportError: SB3 (or torch) is not installed.
+    """
+    import sys
+    import types
+
+    switch = "tensorboard.compat.notf"
+    if "stable_baselines3" in sys.modules or "tensorflow" in sys.modules or switch in sys.modules:
+        import stable_baselines3
+
+        return stable_baselines3
+    sys.modules[switch] = types.ModuleType(switch)
+    try:
+        import stable_baselines3
+    finally:
+        sys.modules.pop(switch, None)
+    return stable_baselines3
+
+
 #: ``policy_kwargs`` read from the zip's ``data`` and passed on as the literals they are; the
 #: activation and the features extractor are built from policyport's own tables.
 KWARGS = ("net_arch", "n_critics", "n_quantiles", "share_features_extractor", "log_std_init", "squash_output",
@@ -106,7 +138,7 @@ def sb3_oracle(policy_class: str, kwargs: dict, activation, obs_space: dict, act
         import torch
         from gymnasium import spaces
 
-        import stable_baselines3
+        stable_baselines3 = import_sb3()
     except ImportError as e:
         raise OracleUnavailable(f"{e.name or 'stable-baselines3'} is not installed") from None
     import importlib

@@ -7,8 +7,9 @@ becomes one :class:`Dense` that names its weight and bias initializers (also thr
 nodes that alias them, as ML-Agents exports) and the activation node that follows it; the other
 nodes stay as they are, to be written as code. Every initializer gets a role: ``"weight"`` /
 ``"bias"`` of a dense layer, ``"parameter"`` (another trained tensor, such as a state-independent
-``log_std``), ``"normaliser"`` (statistics applied to the observation before the first layer,
-which a target keeps as buffers, not trained) or ``"constant"`` (shapes, slice bounds, clip bounds).
+``log_std``), ``"normaliser"`` (statistics applied to the observation before the first layer, or
+others the source records as not trained, such as an action de-normaliser's: a target keeps them as
+buffers, not trained) or ``"constant"`` (shapes, slice bounds, clip bounds).
 A node no target writes (:data:`TARGET_OPS`) is refused, naming it.
 
 The plan holds names and arrays only; it imports neither torch nor TensorFlow.
@@ -553,7 +554,10 @@ def _role(tensor: str, node, value: np.ndarray, metadata: dict[str, str], source
     An initializer only passed on by ``Identity`` nodes (ML-Agents' ``discrete_act_size_vector``, a graph
     output) gets no role here: it is a constant.
 
-    A converted model lists its source's parameters (``policyport.parameters``): those are trained.
+    A converted model lists its source's parameters (``policyport.parameters``): those are trained,
+    unless the model also records which of them the source trains (``policyport.trainable``, Keras'
+    ``model.trainable_weights``): then the others are ``"normaliser"`` statistics (a Keras
+    ``Normalization`` layer's mean and variance, an action de-normaliser's), kept but never trained.
     A model without that record: a floating tensor of more than one element that feeds arithmetic
     (not a shape, slice bound or clip bound) is taken for a trained one.
     """
@@ -565,8 +569,23 @@ def _role(tensor: str, node, value: np.ndarray, metadata: dict[str, str], source
         if node.op_type != "Expand" or node.inputs[0] != tensor:
             return "constant"
     if "policyport.parameters" in metadata:
-        return "parameter" if tensor in source_names else "constant"
+        if tensor not in source_names:
+            return "constant"
+        trained = _trained(metadata)
+        return "parameter" if trained is None or source_names[tensor] in trained else "normaliser"
     return "parameter" if value.size > 1 or node.op_type == "Expand" else "constant"
+
+
+def _trained(metadata: dict[str, str]) -> set[str] | None:
+    """The source names the source trains (:data:`policyport.graph.passes.TRAINABLE_KEY`), or None
+    where the model does not record them."""
+    from ...graph.passes import TRAINABLE_KEY
+
+    try:
+        recorded = json.loads(metadata[TRAINABLE_KEY])
+    except (KeyError, ValueError):
+        return None
+    return {n for n in recorded if isinstance(n, str)} if isinstance(recorded, list) else None
 
 
 def _head(graph, steps, last: Dense) -> Head:

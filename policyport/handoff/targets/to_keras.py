@@ -5,17 +5,25 @@ two files:
 
 - ``FILE.keras``: the functional model. Every source layer is a ``keras.layers.Dense`` named after
   it (:func:`keras_name`: characters outside ``[A-Za-z0-9_]`` become ``_``), its kernel in Keras'
-  ``[in, out]`` layout (a torch ``[out, in]`` weight is transposed); every activation node is a
+  ``[in, out]`` layout (a torch ``[out, in]`` weight is transposed), frozen where a Keras source
+  froze it (``policyport.trainable``, :mod:`.plan`), else trainable; every activation node is a
   ``keras.layers.Activation`` (``LeakyReLU`` / ``ELU`` layers where the node has a slope); an
   observation normaliser ``(x - mean) / std`` is a ``keras.layers.Normalization`` holding its
-  statistics (not trained); BatchNormalization and LayerNormalization nodes are Keras' own layers;
-  a state-independent trained tensor (SB3's ``log_std``) is an ``Embedding`` of one row, read at
-  index 0 for every observation, so that it trains; the other steps (arithmetic, slices, clips,
-  concatenations, ``argmax``, ``Squeeze``/``Unsqueeze``/``Flatten`` after the batch axis, ``Constant``
-  nodes) are ``keras.ops`` calls. ``Reshape``, and ``Shape``/``Expand`` other than a free parameter's,
-  are refused (exit 3). The model returns a dict: the graph outputs by name. It holds
-  no ``Lambda`` layer and no custom class, so ``keras.saving.load_model`` loads it in safe mode
-  with Keras alone.
+  statistics (not trained); a Keras source's own ``Normalization`` layers (also ``invert=True``
+  ones that turn the head's output into actions) are written again as those layers under their
+  names, adapted ones with their ``mean``, ``variance`` and ``count`` weights, given ones with
+  ``mean=``/``variance=``, so that the written model's trainable and non-trainable weights are the
+  source's; BatchNormalization and LayerNormalization nodes are Keras' own layers; a trained tensor
+  an op reads (SB3's state-independent ``log_std``, ML-Agents' ``log_sigma``) is the one row of an
+  ``Embedding``, read for every observation, so that it trains (:meth:`_Builder.free_parameter` says
+  why); the other steps (arithmetic, slices, clips, concatenations, ``argmax``,
+  ``Squeeze``/``Unsqueeze``/``Flatten`` after the batch axis) are ``keras.ops`` calls, and steps that
+  read constants only are computed once, as constants. ``Reshape``, and ``Shape``/``Expand`` other
+  than a free parameter's, are refused (exit 3). The model returns a dict: the graph outputs by name,
+  but those no observation reaches (ML-Agents' ``version_number``, ``memory_size`` and
+  ``*_action_output_shape``), which are left out and said so (:attr:`KerasExport.constants`): a Keras
+  model's outputs are per observation. It holds no ``Lambda`` layer and no custom class, so
+  ``keras.saving.load_model`` loads it in safe mode with Keras alone.
 - ``FILE_parameters.json``: each Keras weight path (``"default_policy_fc_1/kernel"``) -> the
   source's parameter name, the initializer it came from, its role and layout (``"transposed"``
   where a torch ``[out, in]`` weight became a ``[in, out]`` kernel).
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BadModelError, OptionError, UnsupportedOpError
-from .plan import Dense, LayerPlan, identifier, layer_plan
+from .plan import Dense, LayerPlan, _trained, identifier, layer_plan
 
 #: Keras activation names for activation ops without attributes (ONNX op type -> keras.activations name).
 _ACTIVATIONS = {"Tanh": "tanh", "Relu": "relu", "Sigmoid": "sigmoid", "Selu": "selu", "Softplus": "softplus",
@@ -55,11 +64,14 @@ class KerasExport:
     Attributes:
         model: the ``.keras`` file; names: the ``_parameters.json`` beside it.
         layers: the dense layers (:meth:`~.plan.LayerPlan.describe`), each with its Keras layer name.
-        trainable: Keras weight paths of the trained tensors; non_trainable: of the others.
+        trainable: Keras weight paths of the trainable weights (``model.trainable_weights``);
+            non_trainable: of the others (``model.non_trainable_weights``: statistics, counters).
         samples: observations the model was checked on; max_abs: the largest absolute difference from
             the numpy backend over every tensor compared; tensors: how many were compared.
         assumptions: the model's recorded assumptions (None when it records none).
-        notes: what converting the source said (empty for an ONNX model).
+        notes: what converting the source said (empty for an ONNX model), and what the model leaves
+            out (sampled outputs, :func:`~.plan.deterministic_path`; constant outputs, :func:`build`).
+        constants: the constant outputs left out, name -> value (nested lists).
     """
 
     model: Path
@@ -72,6 +84,17 @@ class KerasExport:
     tensors: int
     assumptions: list[dict] | None = None
     notes: list[str] | None = None
+    constants: dict[str, list] | None = None
+
+
+def _recorded(metadata: dict[str, str]) -> set[str]:
+    """The source names ``policyport.parameters`` records (plain names and ``{"name": ...}`` entries)."""
+    try:
+        recorded = json.loads(metadata.get("policyport.parameters", "{}"))
+    except ValueError:
+        return set()
+    values = recorded.values() if isinstance(recorded, dict) else ()
+    return {v if isinstance(v, str) else v.get("name") for v in values if isinstance(v, (str, dict))}
 
 
 def keras_name(name: str) -> str:
@@ -127,12 +150,12 @@ def to_keras(source, output: str | os.PathLike, *, kind: str | None = None, samp
     check_writable(names_path(output), force)
     given = resolve_source(source, kind, options, samples, low, high, seed)
     plan = layer_plan(given.model)
-    model, names, watched = build(plan)
+    model, names, watched, constants = build(plan)
     feeds = _feeds(plan, samples, low, high, seed)
     with tempfile.TemporaryDirectory(prefix="policyport-keras-") as tmp:
         staged = Path(tmp) / "policy.keras"
         model.save(staged)
-        max_abs, count = check_model(staged, plan, watched, feeds)
+        max_abs, count = check_model(staged, plan, watched, feeds, constants)
         data = staged.read_bytes()
     text = (json.dumps(names, indent=1) + "\n").encode()
     write_outputs({output: lambda f: f.write(data), names_path(output): lambda f: f.write(text)}, force)
@@ -140,15 +163,23 @@ def to_keras(source, output: str | os.PathLike, *, kind: str | None = None, samp
     for entry, d in zip(layers, plan.layers):
         entry["keras"] = keras_name(d.name)
         entry["layout"] = "[in, out]" if d.transposed else "[out, in], transposed for Keras' kernel"
-    trained = [k for k, v in names.items() if v["role"] in ("weight", "bias", "parameter")]
-    return KerasExport(output, names_path(output), layers, trained, [k for k in names if k not in trained], samples,
-                       max_abs, count, recorded_assumptions(plan.graph.metadata), given.notes)
+    notes = list(given.notes) + list(plan.notes)
+    if constants:
+        notes.append(f"left out the constant output{'s' if len(constants) > 1 else ''} "
+                     + ", ".join(f"{k} ({v.tolist() if v.size <= 8 else f'{v.dtype} {v.shape}'})" for k, v in constants.items())
+                     + ": no observation reaches them, and a Keras model's outputs are computed per observation")
+    return KerasExport(output, names_path(output), layers, [w.path for w in model.trainable_weights],
+                       [w.path for w in model.non_trainable_weights], samples, max_abs, count,
+                       recorded_assumptions(plan.graph.metadata), notes,
+                       {k: v.tolist() for k, v in constants.items()})
 
 
-def check_model(path: Path, plan: LayerPlan, watched: dict[str, str], feeds: dict[str, np.ndarray]) -> tuple[float, int]:
+def check_model(path: Path, plan: LayerPlan, watched: dict[str, str], feeds: dict[str, np.ndarray],
+                left_out=()) -> tuple[float, int]:
     """Load ``path`` with ``keras.saving.load_model`` (safe mode), run it on ``feeds`` and compare every
-    graph output and every watched layer's output (ONNX tensor -> Keras layer name) with the numpy
-    backend's (:func:`policyport.verification.compare.compare`).
+    graph output but those ``left_out`` (the constants :func:`build` leaves out) and every watched
+    layer's output (ONNX tensor -> Keras layer name) with the numpy backend's
+    (:func:`policyport.verification.compare.compare`).
 
     Returns:
         (the largest absolute difference, the number of tensors compared).
@@ -171,7 +202,7 @@ def check_model(path: Path, plan: LayerPlan, watched: dict[str, str], feeds: dic
     probe = keras.Model(loaded.inputs if len(ordered) > 1 else loaded.inputs[0], {t: loaded.get_layer(name).output for t, name in watched.items()})
     got = {k: keras.ops.convert_to_numpy(v) for k, v in probe(given, training=False).items()}
     got.update(outputs)
-    names = [v.name for v in plan.graph.outputs] + [t for t in watched if t not in outputs]
+    names = [v.name for v in plan.graph.outputs if v.name not in left_out] + [t for t in watched if t not in outputs]
     return compare_tensors(want, got, names, "keras", "the Keras model (loaded in safe mode)")
 
 
@@ -183,13 +214,17 @@ class _Builder:
 
         self.keras = keras
         self.plan = plan
-        self.init = plan.graph.initializers
+        self.init = dict(plan.graph.initializers)  # and the constants the steps compute (fold)
         self.tensors: dict = {}
         self.names: dict[str, dict] = {}
         self.watched: dict[str, str] = {}  # ONNX tensor -> the Keras layer whose output it is
         self.taken: set[str] = {v.name for v in plan.graph.inputs}
         self.weights: list[tuple] = []  # (layer, [arrays]) set once the model is built
         self.skip: set[int] = set()
+        self.parameters: dict = {}  # trained tensor read by an op -> its per-row Keras tensor
+        self.watched_parameters: dict[str, str] = {}  # trained tensor -> the Embedding layer holding it
+        self.folded: dict[str, object] = {}  # tensor no graph input reaches -> the step computing it
+        self.floors: dict[str, tuple[str, str]] = {}  # Max(Sqrt(variance), epsilon) -> (variance, epsilon)
 
     def fresh(self, wanted: str) -> str:
         name, n = keras_name(wanted), 1
@@ -206,9 +241,11 @@ class _Builder:
             return self.tensors[t]
         if t in self.init:
             role = self.plan.roles.get(t, "constant")
-            if role in ("weight", "bias", "parameter"):
-                raise BadModelError(f"trained tensor {t!r} is read by a step Keras writes as an op; to-keras writes "
-                                    "trained tensors as layer weights only (Dense, Embedding, norm layers)")
+            if role == "parameter":
+                return self.free_parameter(t)
+            if role in ("weight", "bias"):
+                raise BadModelError(f"trained tensor {t!r} is a dense layer's {role} and is also read by a step "
+                                    "Keras writes as an op; to-keras writes a Dense layer's weights inside it only")
             return np.asarray(self.init[t])
         raise BadModelError(f"tensor {t!r} is a Shape that to-keras writes only as the batch of a free parameter's "
                             "Expand (a Keras model's shapes are not tensors)")
@@ -230,7 +267,9 @@ class _Builder:
         w = self.init[d.weight]
         name = self.fresh(d.name)
         has_bias = d.bias is not None or d.bias_source is not None
-        layer = keras.layers.Dense(d.out_features, use_bias=has_bias, name=name, dtype=str(w.dtype))
+        trained = _trained(self.plan.graph.metadata)  # a Keras source's frozen layer stays frozen
+        layer = keras.layers.Dense(d.out_features, use_bias=has_bias, name=name, dtype=str(w.dtype),
+                                   trainable=trained is None or d.weight_source in trained)
         arrays = [np.ascontiguousarray(w if d.transposed else w.T)]
         self.record(name, "kernel", d.weight_source, d.weight, "weight", "as stored" if d.transposed else "transposed")
         if d.bias is not None:
@@ -256,22 +295,102 @@ class _Builder:
         width = x.shape[-1]
         if width is None or np.any(std_value <= 0) or any(init[t].size not in (1, width) for t in (mean, std)):
             return False
-        layer = self._normalization(x, div.outputs[0], div.name or "normalization", init[mean], std_value ** 2,
-                                    init[std].dtype)
+        wanted = div.name or "normalization"
+        if wanted.startswith("/"):  # torch.onnx's scope of the node, not a source name: the statistics' module
+            wanted = re.split(r"[./](?=[^./]*$)", self.plan.source_names.get(mean, mean))[0] or wanted
+        layer = self._normalization(x, div.outputs[0], wanted, init[mean], std_value ** 2, init[std].dtype)
         for key, t in (("mean", mean), ("variance", std)):
             self.names[f"{layer.name}/{key}"] = {"source": self.plan.source_names.get(t, t), "initializer": t,
                                                  "role": "normaliser",
                                                  "layout": "as stored" if key == "mean" else "variance = std ** 2"}
         return True
 
-    def _normalization(self, x, output: str, wanted: str, mean, variance, dtype):
+    def _normalization(self, x, output: str, wanted: str, mean, variance, dtype, invert: bool = False, count=0):
         """A ``Normalization`` layer whose statistics are its non-trainable weights (``mean``,
-        ``variance``, as ``adapt()`` leaves them), set once the model is built."""
+        ``variance``, ``count``, as ``adapt()`` leaves them), set once the model is built."""
         width = x.shape[-1]
-        layer = self.keras.layers.Normalization(axis=-1, name=self.fresh(wanted), dtype=np.dtype(dtype).name)
+        layer = self.keras.layers.Normalization(axis=-1, invert=invert, name=self.fresh(wanted),
+                                                dtype=np.dtype(dtype).name)
         shaped = [np.broadcast_to(np.asarray(a, dtype).reshape(-1), (width,)).copy() for a in (mean, variance)]
-        self.layer(layer, x, output, shaped + [np.array(0, np.int64)])
+        self.layer(layer, x, output, shaped + [np.array(count, np.int64)])
         return layer
+
+    def keras_normalization(self, node, following) -> bool:
+        """A Keras ``Normalization`` layer as :mod:`policyport.converter.sources.keras` writes it, as
+        that layer: ``(x - mean) / max(sqrt(variance), epsilon)`` (``Sub``, then ``Div`` by
+        ``Max(Sqrt(variance), epsilon)``) or, with ``invert=True``, ``mean + x * max(sqrt(variance),
+        epsilon)`` (``Mul``, then ``Add``), ``epsilon`` Keras' ``keras.config.epsilon()``
+        (keras/src/layers/preprocessing/normalization.py, ``call``), statistics the source does not train.
+        Named as the source's layer (the last node's name); an adapted layer (one whose ``count`` the
+        source records) holds ``mean``, ``variance`` and ``count`` as non-trainable weights, a layer given
+        ``mean=`` and ``variance=`` holds them as those arguments (no weights), as in the source.
+        False when the nodes are not of that form."""
+        init, roles = self.init, self.plan.roles
+        if following is None or node.op_type not in ("Sub", "Mul"):
+            return False
+        invert = node.op_type == "Mul"
+        if invert:
+            floor = next((t for t in node.inputs if t in self.floors), None)
+            x = next((t for t in node.inputs if t != floor), None)
+            mean = next((t for t in following.inputs if t != node.outputs[0]), None)
+            if following.op_type != "Add" or node.outputs[0] not in following.inputs:
+                return False
+        else:
+            x, mean = node.inputs
+            floor = following.inputs[1] if following.op_type == "Div" and following.inputs[0] == node.outputs[0] else None
+        if floor not in self.floors or x not in self.tensors or mean not in self.plan.graph.initializers:
+            return False
+        variance, eps = self.floors[floor]
+        dtype = init[variance].dtype
+        if (roles.get(mean) != "normaliser" or roles.get(variance) != "normaliser" or init[mean].dtype != dtype
+                or float(init[eps]) != float(np.asarray(self.keras.config.epsilon(), dtype))
+                or self.tensors[x].shape[-1] is None):
+            return False
+        width = self.tensors[x].shape[-1]
+        if any(init[t].size not in (1, width) for t in (mean, variance)):
+            return False
+        source = self.plan.source_names.get(mean, mean).rpartition("/")[0] or following.name
+        adapted = f"{source}/count" in _recorded(self.plan.graph.metadata)
+        if adapted:
+            layer = self._normalization(self.tensors[x], following.outputs[0], following.name or source, init[mean],
+                                        init[variance], dtype, invert)
+        else:
+            layer = self.keras.layers.Normalization(
+                axis=-1, invert=invert, mean=np.asarray(init[mean]).reshape(-1).tolist(),
+                variance=np.asarray(init[variance]).reshape(-1).tolist(), name=self.fresh(following.name or source),
+                dtype=np.dtype(dtype).name)
+            self.layer(layer, self.tensors[x], following.outputs[0])
+        for key, t in (("mean", mean), ("variance", variance)):
+            self.names[f"{layer.name}/{key}"] = {
+                "source": self.plan.source_names.get(t, t), "initializer": t, "role": "normaliser",
+                "layout": "as stored" if adapted else f"as stored, the layer's {key}= argument (not a weight, as in the source)"}
+        if adapted:
+            self.names[f"{layer.name}/count"] = {"source": f"{source}/count", "initializer": None, "role": "normaliser",
+                                                 "layout": "as the source records it"}
+        return True
+
+    def fold(self, node) -> None:
+        """A step that reads constants only, computed now by the numpy backend's op (its outputs become
+        constants of the steps that read them); ``Max(Sqrt(variance), epsilon)`` is remembered as a
+        Keras ``Normalization``'s divisor (:meth:`keras_normalization`)."""
+        from ...runtime.numpy import registry
+
+        impl = registry.resolve(node.op_type, self.plan.graph.opset, node_name=node.name)
+        args = [np.asarray(self.init[t]) if t else None for t in node.inputs]
+        value = impl.fn(*args, **node.attrs)
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for out, v in zip(node.outputs, values):
+            if out:
+                self.init[out] = np.asarray(v)
+                self.plan.roles.setdefault(out, "constant")
+        producer = self.folded.get
+        if node.op_type == "Max" and len(node.inputs) == 2:
+            sqrt = producer(node.inputs[0])
+            if sqrt is not None and sqrt.op_type == "Sqrt" and sqrt.inputs[0] in self.plan.graph.initializers \
+                    and node.inputs[1] in self.plan.graph.initializers and self.init[node.inputs[1]].size == 1:
+                self.floors[node.outputs[0]] = (sqrt.inputs[0], node.inputs[1])
+        for out in node.outputs:
+            self.folded[out] = node
 
     def vec_normalize(self, nodes) -> bool:
         """SB3's ``normalize_obs`` (Sub mean, Add var + epsilon, Sqrt, Div) as one ``Normalization``
@@ -295,27 +414,67 @@ class _Builder:
         self.skip.update(id(n) for n in nodes[:4])
         return True
 
+    def free_parameter(self, p: str, rows=None):
+        """Trained tensor ``p`` read by an op, as a trainable Keras weight: the one row of an
+        ``Embedding(1, p.size)`` layer named after ``p``'s source name, looked up at index 0 for every
+        row of ``rows`` (default: the first graph input), then shaped ``(batch, *p.shape[1:])`` when
+        ``p``'s first axis is 1 (ML-Agents' ``log_sigma``, shape ``(1, n)``), else ``(batch, p.size)``
+        (SB3's ``log_std``, shape ``(n,)``); either broadcasts against a ``(batch, ...)`` operand as
+        ``p`` itself does. One layer per parameter, however many ops read it.
+
+        Why an ``Embedding``: Keras 3 has no layer that is just a trained variable, and the written
+        model must load with ``keras.saving.load_model(..., safe_mode=True)`` and Keras alone, so
+        neither a ``Lambda`` (refused in safe mode) nor a custom layer class (unknown to Keras without
+        ``custom_objects``) may hold it; a ``keras.Variable`` given to a ``keras.ops`` call is
+        serialised as a constant and would not train. An ``Embedding`` of one row is a built-in layer
+        whose only weight (``embeddings``, shape ``(1, p.size)``) is ``p`` itself, trainable, and whose
+        lookup copies it exactly (no arithmetic); a bias-only ``Dense`` would add an empty kernel.
+
+        Raises:
+            BadModelError: ``p`` has more than one axis and a first axis other than 1 (no per-row form
+                broadcasts as it does), or there is no 2-D-or-more input to take the batch from.
+        """
+        if p in self.parameters and rows is None:
+            return self.parameters[p]
+        keras, ops = self.keras, self.keras.ops
+        value = np.asarray(self.init[p])
+        if value.ndim > 1 and value.shape[0] != 1:
+            raise BadModelError(f"trained tensor {p!r} of shape {value.shape} is read by an op; to-keras writes such a "
+                                "tensor as one row per observation, which needs a first axis of 1 (or one axis)")
+        x = rows if rows is not None else self.tensors[self.plan.graph.inputs[0].name]
+        if len(x.shape) < 2:
+            raise BadModelError(f"trained tensor {p!r} is read by an op and the input {x.name!r} has no feature axis "
+                                "to take the batch from")
+        index = ops.cast(ops.zeros_like(x[(slice(None),) + (0,) * (len(x.shape) - 1)]), "int32")
+        source = self.plan.source_names.get(p, p)
+        layer = keras.layers.Embedding(1, max(value.size, 1), name=self.fresh(source), dtype=str(value.dtype))
+        y = layer(index)
+        self.weights.append((layer, [value.reshape(1, -1)]))
+        self.watched_parameters[p] = layer.name
+        if value.ndim > 2:
+            y = ops.reshape(y, (-1, *value.shape[1:]))
+        self.record(layer.name, "embeddings", source, p, "parameter",
+                    "as stored" if value.ndim == 2 else "one row: the parameter, read for every observation")
+        if rows is None:
+            self.parameters[p] = y
+        return y
+
     def parameter(self, node) -> bool:
-        """``Expand(p, Shape(x))`` of a trained tensor ``p`` (SB3's free ``log_std``): an ``Embedding``
-        of one row ``p``, read at index 0 for each row of ``x``, so that ``p`` trains."""
-        keras, init = self.keras, self.init
+        """``Expand(p, Shape(x))`` of a trained tensor ``p`` (SB3's free ``log_std``): ``p`` for each
+        row of ``x`` (:meth:`free_parameter`)."""
         p = node.inputs[0]
-        if self.plan.roles.get(p) != "parameter" or p not in init:
+        if self.plan.roles.get(p) != "parameter" or p not in self.init:
             return False
         producer = {o: s for s in self.plan.steps if not isinstance(s, Dense) for o in s.outputs}
         shape = producer.get(node.inputs[1])
         if shape is None or shape.op_type != "Shape" or shape.inputs[0] not in self.tensors:
             return False
         x = self.tensors[shape.inputs[0]]
-        value = np.asarray(init[p])
+        value = np.asarray(self.init[p])
         if x.shape[-1] is None or value.size != x.shape[-1] or len(x.shape) != 2:
             return False
-        index = keras.ops.cast(keras.ops.zeros_like(x[:, 0]), "int32")
-        layer = keras.layers.Embedding(1, value.size, name=self.fresh(self.plan.source_names.get(p, p)),
-                                       dtype=str(value.dtype))
-        self.layer(layer, index, node.outputs[0], [value.reshape(1, -1)])
-        self.record(layer.name, "embeddings", self.plan.source_names.get(p, p), p, "parameter",
-                    "one row: the parameter, read for every observation")
+        self.tensors[node.outputs[0]] = self.free_parameter(p, rows=x)
+        self.watched[node.outputs[0]] = self.watched_parameters[p]
         return True
 
     def node(self, node, following) -> None:
@@ -324,6 +483,9 @@ class _Builder:
         if len([o for o in node.outputs if o]) != 1:
             raise UnsupportedOpError(f'{op} node "{node.name}" has several outputs; targets write one per node')
         out = node.outputs[0]
+        if self.keras_normalization(node, following):
+            self.skip.add(id(following))
+            return
         if op == "Sub" and following is not None and following.op_type == "Div" and self.normalisation(node, following):
             self.skip.add(id(following))
             return
@@ -400,13 +562,6 @@ class _Builder:
                 raise BadModelError(f'Flatten node "{node.name}" flattens from axis {attrs.get("axis", 1)} or sizes '
                                     "unknown; to-keras writes Flatten(axis=1) of known sizes")
             y = ops.reshape(args[0], (-1, int(np.prod(size))))
-        elif op == "Constant":
-            from ...runtime.numpy import registry
-
-            impl = registry.resolve(op, self.plan.graph.opset, node_name=node.name)
-            self.init[out] = np.asarray(impl.fn(**attrs))
-            self.plan.roles[out] = "constant"
-            return
         elif op == "Cast":
             from ...graph.model import onnx_dtype
 
@@ -421,11 +576,16 @@ class _Builder:
     def _slice(self, node) -> tuple:
         inputs = list(node.inputs) + [""] * (5 - len(node.inputs))
         const = (lambda t: [int(v) for v in np.asarray(self.init[t]).reshape(-1)])
-        if not inputs[1] or any(t and t not in self.init for t in inputs[1:]):
+        if any(t and t not in self.init for t in inputs[1:]):
             raise BadModelError(f'Slice node "{node.name}" takes computed bounds; to-keras writes constant slices')
-        starts, ends = const(inputs[1]), const(inputs[2])
-        axes = const(inputs[3]) if inputs[3] else list(range(len(starts)))
-        steps = const(inputs[4]) if inputs[4] else [1] * len(starts)
+        if inputs[1]:
+            starts, ends = const(inputs[1]), const(inputs[2])
+            axes = const(inputs[3]) if inputs[3] else list(range(len(starts)))
+            steps = const(inputs[4]) if inputs[4] else [1] * len(starts)
+        else:  # opset < 10: the bounds are attributes (ONNX Slice operator page, opset 1)
+            starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
+            axes = list(node.attrs.get("axes", range(len(starts))))
+            steps = [1] * len(starts)
         if any(s != 1 for s in steps) or any(a < 0 for a in axes):
             raise BadModelError(f'Slice node "{node.name}" steps or counts axes from the end; targets write '
                                 "forward slices on counted axes")
@@ -467,7 +627,10 @@ class _Builder:
 
 def build(plan: LayerPlan):
     """The Keras model of ``plan``, its weight names (Keras weight path -> source, for
-    ``_parameters.json``) and the layer outputs to compare (ONNX tensor -> Keras layer name).
+    ``_parameters.json``), the layer outputs to compare (ONNX tensor -> Keras layer name) and the
+    graph outputs left out because no observation reaches them (name -> value; ML-Agents'
+    ``version_number``, ``memory_size``, ``*_action_output_shape``): a Keras model's outputs are per
+    observation (``predict`` concatenates them over batches).
 
     Raises:
         UnsupportedOpError, BadModelError: a step Keras layers and ops cannot express as written.
@@ -496,12 +659,20 @@ def build(plan: LayerPlan):
             rest = [s for s in first if s.op_type != "Cast"]
             if b.vec_normalize(rest):
                 continue
-        following = steps[i + 1] if i + 1 < len(steps) and not isinstance(steps[i + 1], Dense) else None
+        if all(t in b.init for t in step.inputs if t):
+            b.fold(step)
+            continue
+        following = next((s for s in steps[i + 1:] if not isinstance(s, Dense) and id(s) not in b.skip
+                          and step.outputs[0] in s.inputs), None)
         b.node(step, following)
-    outputs = {v.name: b.tensors[v.name] for v in graph.outputs}
+    constants = {v.name: np.asarray(b.init[v.name]) for v in graph.outputs if v.name not in b.tensors}
+    if len(constants) == len(graph.outputs):
+        raise BadModelError(f"every output of the graph ({', '.join(constants)}) is a constant that no observation "
+                            "reaches; a Keras model's outputs are computed per observation")
+    outputs = {v.name: b.tensors[v.name] for v in graph.outputs if v.name not in constants}
     model = keras.Model(inputs if len(inputs) > 1 else inputs[0], outputs, name="policy")
     for layer, arrays in b.weights:
         layer.set_weights(arrays)
         if isinstance(layer, keras.layers.Normalization):
             layer.finalize_state()  # its mean and variance as used by call(), from the weights just set
-    return model, b.names, b.watched
+    return model, b.names, b.watched, constants

@@ -111,6 +111,7 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
         MissingDependencyError: stable-baselines3 or gymnasium is not installed.
         As :func:`policyport.convert` for a source converted here.
     """
+    from ...converter.sources.sb3_policy import import_sb3
     from ...errors import require
     from ...graph.model import recorded_assumptions
     from ...io.outputs import check_writable
@@ -123,6 +124,10 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     for name, bounds in (("obs_space", obs_space), ("action_space", action_space)):
         if bounds is not None and not (len(bounds) == 2 and float(bounds[0]) < float(bounds[1])):
             raise OptionError(f"{name} {bounds!r}: give (low, high) with low < high")
+    try:
+        import_sb3()  # without TensorFlow, which torch.utils.tensorboard would import
+    except ImportError:
+        pass  # require() names the extra to install
     require("stable_baselines3", "sb3", "writing a Stable-Baselines3 zip")
     output = Path(output)
     if output.suffix != ".zip":
