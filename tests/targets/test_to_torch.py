@@ -141,8 +141,10 @@ def test_sb3_ppo_with_vecnormalize_matches_sb3(tmp_path):
     module = import_policy(tmp_path / "ppo").load()
     params = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
-    assert "log_std" in params and {"obs_rms_mean", "obs_rms_var"} <= set(buffers)
+    assert "log_std" in params and {"obs_rms.mean", "obs_rms.var"} <= set(buffers)
     model = PPO.load(SB3 / "ppo_pendulum_vecnorm.zip", device="cpu")
+    theirs = {k for k in model.policy.state_dict() if "value" not in k}  # the actor's: SB3's names
+    assert set(params) == theirs and done.renamed == {}
     norm = _vecnormalize(SB3 / "ppo_pendulum_vecnorm/vecnormalize.pkl")
     obs = np.random.default_rng(0).uniform(-2, 2, (500, 3)).astype(np.float32)
     want, _ = model.predict(norm.normalize_obs(obs), deterministic=True)
