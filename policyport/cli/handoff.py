@@ -121,7 +121,8 @@ def to_torch(
         if as_json:
             emit_json({"folder": str(done.folder), "layers": done.layers, "parameters": done.parameters,
                        "buffers": done.buffers, "samples": done.samples, "tensors": done.tensors,
-                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes})
+                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes,
+                       "renamed": done.renamed})
             return
         for note in done.notes or []:
             say(note)
@@ -130,9 +131,20 @@ def to_torch(
                           f"{counted(len(done.parameters), 'trained tensor')}, {counted(len(done.buffers), 'buffer')}; "
                           f"torch matches the numpy backend on {counted(done.samples, 'observation')}, "
                           f"{counted(done.tensors, 'tensor')} (max abs {done.max_abs:.3g})"))
+        out.print(literal(_torch_keys(done.renamed)))
         _print_assumptions(done.assumptions)
 
     guard(as_json, body, "to-torch")
+
+
+def _torch_keys(renamed: dict[str, str]) -> str:
+    """The line that says whether the ``state_dict`` keys are the source's parameter names."""
+    if not renamed:
+        return "state_dict keys: the source's parameter names"
+    shown = ", ".join(f"{key} for {source}" for key, source in list(renamed.items())[:3])
+    more = f" and {len(renamed) - 3} more" if len(renamed) > 3 else ""
+    return ("state_dict keys: the source's parameter names, but where torch cannot take one as a key (mapped in "
+            f"parameters.json): {shown}{more}")
 
 
 @app.command("to-keras")

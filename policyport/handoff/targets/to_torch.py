@@ -392,7 +392,8 @@ class _Writer:
         role = self.plan.roles.get(t, "constant")
         source = self.plan.source_names.get(t, t)
         empty = f"torch.empty({tuple(value.shape)!r}, dtype={_torch_dtype(value.dtype, t)})"
-        member = _Member("parameter" if role == "parameter" else "buffer", empty, source, source)
+        named = t in self.plan.source_names or role != "constant"  # not a graph constant (torch.onnx's "x.1")
+        member = _Member("parameter" if role == "parameter" else "buffer", empty, source, source if named else None)
         member.tensors.append(("", value, {"source": source, "initializer": t, "role": role, "layout": "as stored"}))
         self.attrs[t] = self.hold(member)
 
@@ -410,9 +411,10 @@ class _Writer:
         torch_named = (d.weight_source == f"{d.name}.weight" and (not has_bias or d.bias_source == f"{d.name}.bias"))
         member = _Member("module", f"nn.Linear({d.in_features}, {d.out_features}, bias={has_bias}{dtype})", d.attribute,
                          d.name if torch_named and not d.transposed and not flat_bias else None, _comment(d.name))
-        member.why = ("the source stores the weight [in, out], nn.Linear [out, in]" if d.transposed else
-                      "the source stores the bias in another shape" if flat_bias else
-                      "the source's names are not a torch layer's (NAME.weight, NAME.bias)")
+        member.why = "; ".join(why for why, wrong in (
+            ("the source's names are not a torch layer's (NAME.weight, NAME.bias)", not torch_named),
+            ("the layer's weight is stored [in, out] by the source, [out, in] by nn.Linear", d.transposed),
+            ("the source's bias has another shape", flat_bias)) if wrong)
         member.tensors.append(("weight", np.ascontiguousarray(w.T if d.transposed else w),
                                {"source": d.weight_source, "initializer": d.weight, "role": "weight",
                                 "layout": "transposed" if d.transposed else "as stored"}))
@@ -788,7 +790,6 @@ def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dic
         else:
             w.node(step)
     init_lines, state, names, renamed = w.layout()
-    w.body = [re.sub("\x00([0-9]+)\x00", lambda m: w.held[int(m.group(1))].ref, line) for line in w.body]
     recorded = [t for t in w.locals if t not in {v.name for v in graph.inputs}]
     returned = ", ".join(f"{v.name!r}: {w.tensor(v.name)}" for v in graph.outputs)
     record_items = "".join(f"\n                {t!r}: {w.locals[t]}," for t in recorded)
@@ -811,4 +812,5 @@ def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dic
             f'    state = torch.load(Path(__file__).with_name({STATE_FILE!r}), weights_only=True)\n'
             "    module.load_state_dict(state)\n"
             "    return module.eval()\n")
+    text = re.sub("\x00([0-9]+)\x00", lambda m: w.held[int(m.group(1))].ref, text)  # members, as laid out
     return text, state, names, renamed
