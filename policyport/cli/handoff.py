@@ -105,8 +105,9 @@ def to_torch(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, named after it) and its
-    weights, after checking that torch's forward matches the numpy backend on every tensor."""
+    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, nested as the source nests
+    it, so that the state_dict keys are the source's parameter names where torch allows them) and its weights,
+    after checking that torch's forward matches the numpy backend on every tensor."""
 
     def body():
         from ..handoff.targets.to_torch import to_torch as run_to_torch
