@@ -463,3 +463,62 @@ def test_state_dict_keys_are_the_source_s_and_its_own_tensors_load_by_name(kind,
         np.testing.assert_allclose(got, want.reshape(got.shape), atol=1e-5, rtol=0)
     else:
         np.testing.assert_array_equal(got.reshape(-1), want.reshape(-1))
+
+
+def _named_layers_graph(tmp_path: Path, names: list[str]) -> tuple[Path, list[tuple[np.ndarray, np.ndarray]]]:
+    """A chain of Gemm layers (transB=1, torch's [out, in]) with ReLU between them, whose weight and bias
+    initializers are named NAME.weight and NAME.bias: what torch.onnx writes for modules named so."""
+    rng = np.random.default_rng(7)
+    nodes, inits, layers, x = [], [], [], "obs"
+    for i, name in enumerate(names):
+        w, b = rng.normal(size=(3, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"{name}.weight"), numpy_helper.from_array(b, f"{name}.bias")]
+        out = "logits" if i == len(names) - 1 else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"{name}.weight", f"{name}.bias"], [out], name=f"gemm{i}", transB=1))
+        if out != "logits":
+            nodes.append(helper.make_node("Relu", [out], [f"{out}/relu"], name=f"relu{i}"))
+            out = f"{out}/relu"
+        layers.append((w, b))
+        x = out
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], inits)
+    path = tmp_path / "named.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    return path, layers
+
+
+def test_names_torch_cannot_take_as_keys_become_flat_attributes_and_parameters_json_says_why(tmp_path):
+    names = ["net.0", "net.0.extra", "train", "x.", "l\nimport os  #", "net.2", "head"]
+    path, layers = _named_layers_graph(tmp_path, names)
+    done = pp.to_torch(str(path), tmp_path / "out")
+    text = (tmp_path / "out/policy.py").read_text()
+    assert "\nimport os" not in text  # a line break in a name ends no comment
+    module = import_policy(tmp_path / "out").load()
+    keys = list(module.state_dict())
+    assert keys == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias", "net_0_extra.weight", "net_0_extra.bias",
+                    "train_1.weight", "train_1.bias", "x_.weight", "x_.bias", "l_import_os___.weight",
+                    "l_import_os___.bias", "head.weight", "head.bias"]
+    # each ReLU at the position after its layer's, as torch sources hold them: positions 0 to 3, a Sequential
+    assert "self.net = nn.Sequential(\n            nn.Linear(3, 3, bias=True),\n            nn.ReLU(),\n" in text
+    assert "self.l_import_os___ = nn.Linear(3, 3, bias=True)  # 'l\\nimport os  #'\n" in text
+    entries = json.loads((tmp_path / "out/parameters.json").read_text())
+    assert {k: e["key"] for k, e in entries.items() if k.endswith(".weight")} == {
+        "net.0.weight": "the source's name",
+        "net_0_extra.weight": "sanitized: net.0 is another of the source's layers or tensors",
+        "train_1.weight": "sanitized: the name is not a path of torch module names",  # nn.Module.train
+        "x_.weight": "sanitized: the name is not a path of torch module names",  # an empty segment
+        "l_import_os___.weight": "sanitized: the name is not a path of torch module names",
+        "net.2.weight": "the source's name",
+        "head.weight": "the source's name",
+    }
+    assert done.renamed == {f"{k}.{p}": f"{n}.{p}" for k, n in (("net_0_extra", "net.0.extra"), ("train_1", "train"),
+                                                                ("x_", "x."), ("l_import_os___", "l\nimport os  #"))
+                            for p in ("weight", "bias")}
+    obs = np.random.default_rng(8).uniform(-1, 1, (40, 3)).astype(np.float32)
+    want = obs.astype(np.float64)
+    for i, (w, b) in enumerate(layers):
+        want = want @ w.T.astype(np.float64) + b
+        want = np.maximum(want, 0) if i < len(layers) - 1 else want
+    with torch.no_grad():
+        got = module(torch.from_numpy(obs))["logits"].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
