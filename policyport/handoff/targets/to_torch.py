@@ -14,7 +14,9 @@
 - ``parameters.json``: each ``state_dict`` key -> the source's parameter name, the initializer it
   came from, its role, its layout (``"transposed"`` where a ``[in, out]`` kernel became
   ``nn.Linear``'s ``[out, in]`` weight) and ``"key"``: ``"the source's name"``, or why the key
-  is a sanitized one (``"sanitized: the source stores the weight [in, out], nn.Linear [out, in]"``).
+  is a sanitized one (``"sanitized: the source's names are not a torch layer's (NAME.weight,
+  NAME.bias); the layer's weight is stored [in, out] by the source, [out, in] by nn.Linear"`` for a
+  Keras ``fc_1/kernel``).
 
 Before anything is written the module is imported from the staging folder, loaded by its own
 ``load()`` and run by torch on sample observations; every tensor must equal the numpy backend's
@@ -312,9 +314,6 @@ class _Container:
 
     def __init__(self):
         self.children: dict[str, _Member | _Container] = {}
-
-    def first(self, order: dict) -> int:
-        return min((order[id(c)] if isinstance(c, _Member) else c.first(order)) for c in self.children.values())
 
 
 def _index(segment: str) -> bool:
