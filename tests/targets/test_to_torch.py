@@ -363,13 +363,14 @@ class _CleanRLQNetwork(torch.nn.Module):
         return self.network(x)
 
 
-def _gaussian_policy():
+def _fixture_module(name: str):
+    """A module of fixtures/torch/modules.py (the classes the torch fixtures were saved from), built by torch."""
     sys.path.insert(0, str(ROOT / "fixtures/torch"))
     try:
-        from modules import GaussianPolicy
+        import modules
     finally:
         sys.path.remove(str(ROOT / "fixtures/torch"))
-    return GaussianPolicy()
+    return getattr(modules, name)()
 
 
 RSL, RLG, SKRL = ROOT / "fixtures/rsl_rl", ROOT / "fixtures/rl_games", ROOT / "fixtures/skrl"
@@ -422,9 +423,12 @@ TORCH_SOURCES = {
     "state_dict": (ROOT / "fixtures/torch/gaussian.state_dict.pt", {"activation": "tanh"}, _torch_load,
                    {"mlp_extractor.value_net.0.weight", "mlp_extractor.value_net.0.bias", "value_net.weight",
                     "value_net.bias"},
-                   _torch_forward(_gaussian_policy, ROOT / "fixtures/torch/gaussian.state_dict.pt", 4,
+                   _torch_forward(lambda: _fixture_module("GaussianPolicy"), ROOT / "fixtures/torch/gaussian.state_dict.pt", 4,
                                   lambda out: torch.cat((out[0], out[2]), dim=1)),  # [mean, log_std]
                    "logits"),
+    "state_dict_norms": (ROOT / "fixtures/torch/norms.state_dict.pt", {"activation": "tanh,relu"}, _torch_load, set(),
+                         _torch_forward(lambda: _fixture_module("norms").eval(), ROOT / "fixtures/torch/norms.state_dict.pt",
+                                        5), "logits"),  # LayerNorm and BatchNorm1d keep 1.weight, 5.running_mean ...
 }
 
 
@@ -447,7 +451,7 @@ def test_state_dict_keys_are_the_source_s_and_its_own_tensors_load_by_name(kind,
     names = json.loads((tmp_path / kind / "parameters.json").read_text())
     keys = set(policy.Policy().state_dict())
     assert set(theirs) - keys == unused
-    assert {k for k in keys if names[k]["key"] != "the source's name"} == keys - set(theirs)
+    assert {k for k in keys if names[k]["key"].startswith("sanitized")} == keys - set(theirs)
     assert all(names[k]["role"] in ("constant", "normaliser") and names[k]["initializer"] not in theirs
                for k in keys - set(theirs))  # sanitized only: the graph's constants (clip bounds, epsilon)
     assert done.renamed == {}
