@@ -105,8 +105,9 @@ def to_torch(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, named after it) and its
-    weights, after checking that torch's forward matches the numpy backend on every tensor."""
+    """Write the policy as a trainable PyTorch module (one nn.Linear per source layer, nested as the source nests
+    it, so that the state_dict keys are the source's parameter names where torch allows them) and its weights,
+    after checking that torch's forward matches the numpy backend on every tensor."""
 
     def body():
         from ..handoff.targets.to_torch import to_torch as run_to_torch
@@ -121,7 +122,8 @@ def to_torch(
         if as_json:
             emit_json({"folder": str(done.folder), "layers": done.layers, "parameters": done.parameters,
                        "buffers": done.buffers, "samples": done.samples, "tensors": done.tensors,
-                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes})
+                       "max_abs": done.max_abs, "assumptions": done.assumptions, "notes": done.notes,
+                       "renamed": done.renamed})
             return
         for note in done.notes or []:
             say(note)
@@ -130,9 +132,20 @@ def to_torch(
                           f"{counted(len(done.parameters), 'trained tensor')}, {counted(len(done.buffers), 'buffer')}; "
                           f"torch matches the numpy backend on {counted(done.samples, 'observation')}, "
                           f"{counted(done.tensors, 'tensor')} (max abs {done.max_abs:.3g})"))
+        out.print(literal(_torch_keys(done.renamed)))
         _print_assumptions(done.assumptions)
 
     guard(as_json, body, "to-torch")
+
+
+def _torch_keys(renamed: dict[str, str]) -> str:
+    """The line that says whether the ``state_dict`` keys are the source's parameter names."""
+    if not renamed:
+        return "state_dict keys: the source's parameter names"
+    shown = ", ".join(f"{key} for {source}" for key, source in list(renamed.items())[:3])
+    more = f" and {len(renamed) - 3} more" if len(renamed) > 3 else ""
+    return ("state_dict keys: the source's parameter names, but where torch cannot take one as a key (mapped in "
+            f"parameters.json): {shown}{more}")
 
 
 @app.command("to-keras")

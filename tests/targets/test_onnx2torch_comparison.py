@@ -63,16 +63,23 @@ def _graphs(tmp_path: Path) -> dict[str, tuple[onnx.ModelProto, set[str]]]:
 def test_policyport_keeps_every_source_name_and_trains_every_parameter_onnx2torch_does_not(onnx2torch, tmp_path,
                                                                                            monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    figures = {}
+    figures, keyed = {}, {}
     for name, (model, sources) in _graphs(tmp_path).items():
         folder = tmp_path / str(len(figures))
         done = pp.to_torch(model, folder)
         names = json.loads((folder / "parameters.json").read_text())
         kept = {names[k]["source"] for k in done.parameters}
         assert kept == sources, name  # every source parameter, trainable, under its name
+        keyed[name] = len(set(done.parameters) & sources)  # state_dict keys that are the source's names
+        assert keyed[name] == len(sources) - len(done.renamed), name  # the others mapped in parameters.json
         theirs = onnx2torch.convert(model)
         trained = dict(theirs.named_parameters())
         figures[name] = (len(sources), len(trained), len(set(trained) & sources))
+    assert keyed == {  # a Keras kernel is stored [in, out] and named fc_1/kernel; dense/kernel:0 likewise
+        "torch.onnx export (Gemm)": 4,
+        "tf2onnx export of a Keras model (MatMul + Add)": 0,
+        "MatMul + Add, bias through Identity (as ML-Agents exports)": 2,
+    }
     if getattr(onnx2torch, "__version__", "1.5.15") == "1.5.15":
         assert figures == {  # (source parameters, onnx2torch's trainable parameters, of them under a source name)
             "torch.onnx export (Gemm)": (4, 4, 0),

@@ -2,17 +2,21 @@
 
 :func:`to_torch` writes a folder from the :class:`~.plan.LayerPlan` of a model:
 
-- ``policy.py``: a generated ``nn.Module`` (``Policy``) with one ``nn.Linear`` attribute per source
-  layer, named after it (:attr:`~.plan.Dense.attribute`), one activation module per activation
-  node, other trained tensors (a state-independent ``log_std``) as ``nn.Parameter`` and observation
-  normaliser statistics and constants as buffers; ``forward`` computes each graph node as one line
-  of torch and returns the graph outputs by name. ``load()`` returns the module with its weights.
-  It imports torch alone.
+- ``policy.py``: a generated ``nn.Module`` (``Policy``) with one ``nn.Linear`` per source layer,
+  one activation module per activation node, other trained tensors (a state-independent
+  ``log_std``) as ``nn.Parameter`` and observation normaliser statistics and constants as buffers,
+  nested as the source nests them so that the ``state_dict`` keys are the source's parameter names
+  (``mlp_extractor.policy_net.0.weight``; see :func:`generate` for the names torch cannot hold);
+  ``forward`` computes each graph node as one line of torch and returns the graph outputs by name.
+  ``load()`` returns the module with its weights. It imports torch alone.
 - ``policy.pt``: the ``state_dict`` (``torch.save``; ``load()`` reads it with ``weights_only=True``);
   ``policy.safetensors``: the same tensors in the safetensors format.
 - ``parameters.json``: each ``state_dict`` key -> the source's parameter name, the initializer it
-  came from, its role and layout (``"transposed"`` where a ``[in, out]`` kernel became
-  ``nn.Linear``'s ``[out, in]`` weight).
+  came from, its role, its layout (``"transposed"`` where a ``[in, out]`` kernel became
+  ``nn.Linear``'s ``[out, in]`` weight) and ``"key"``: ``"the source's name"``, or why the key
+  is a sanitized one (``"sanitized: the source's names are not a torch layer's (NAME.weight,
+  NAME.bias); the layer's weight is stored [in, out] by the source, [out, in] by nn.Linear"`` for a
+  Keras ``fc_1/kernel``).
 
 Before anything is written the module is imported from the staging folder, loaded by its own
 ``load()`` and run by torch on sample observations; every tensor must equal the numpy backend's
@@ -22,8 +26,11 @@ not at all (:class:`policyport.io.outputs.FolderBuild`).
 
 from __future__ import annotations
 
+import functools
 import json
+import keyword
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +69,9 @@ _HEADER = '''"""A policy as a trainable PyTorch module, written by policyport {v
 
 Policy.forward computes what policyport's numpy backend computes for this model: that was checked
 on {samples} observations before this file was written (largest difference {max_abs}). Every
-source layer is an nn.Linear attribute named after it; parameters.json maps each state_dict key
-to the source's parameter name. Weights are nn.Parameters (trained), observation-normaliser
+source layer is an nn.Linear, nested as the source nests it, so that state_dict keys are the
+source's parameter names where torch allows them; parameters.json maps each key to the source's
+name. Weights are nn.Parameters (trained), observation-normaliser
 statistics and constants are buffers (not trained). Needs torch only.
 
     import policy                          # this file, beside policy.pt
@@ -91,6 +99,8 @@ class TorchExport:
         assumptions: the model's recorded assumptions (None when it records none).
         notes: what converting the source said, and what the layer plan left out of the model
             (sampled outputs, :func:`~.plan.deterministic_path`).
+        renamed: the ``state_dict`` keys that are not the source's parameter names (a Keras
+            ``fc_1/kernel``, stored transposed, is ``fc_1.weight``) -> those names; empty when every key is.
     """
 
     folder: Path
@@ -102,6 +112,7 @@ class TorchExport:
     tensors: int
     assumptions: list[dict] | None = None
     notes: list[str] | None = None
+    renamed: dict[str, str] | None = None
 
 
 def to_torch(source, output: str | os.PathLike, *, kind: str | None = None, samples: int = 64, low: float = 0.0,
@@ -147,7 +158,7 @@ def to_torch(source, output: str | os.PathLike, *, kind: str | None = None, samp
     _check_output(output, force)
     given = resolve_source(source, kind, options, samples, low, high, seed)
     plan = layer_plan(given.model)
-    source, state, names = generate(plan)
+    source, state, names, renamed = generate(plan)
     feeds = _feeds(plan, samples, low, high, seed)
     check_parent(output)
     with FolderBuild(output, "to-torch") as build:
@@ -167,7 +178,7 @@ def to_torch(source, output: str | os.PathLike, *, kind: str | None = None, samp
         build.commit(lambda found: _replaceable(output, found, force))
     trained = [k for k, v in names.items() if v["role"] in ("weight", "bias", "parameter")]
     return TorchExport(output, plan.describe(), trained, [k for k in names if k not in trained], samples, max_abs,
-                       count, recorded_assumptions(plan.graph.metadata), given.notes + plan.notes)
+                       count, recorded_assumptions(plan.graph.metadata), given.notes + plan.notes, renamed)
 
 
 def resolve_source(source, kind, options: dict, samples: int, low: float, high: float, seed: int):
@@ -279,8 +290,50 @@ def compare_tensors(want: dict[str, np.ndarray], found: dict[str, np.ndarray], n
 # ------------------------------------------------------------------------------------------ code
 
 
+class _Member:
+    """One thing the generated module holds: a layer or activation module, an ``nn.Parameter`` or a buffer.
+
+    ``path`` is the source's dotted name it should sit at (``mlp_extractor.policy_net.0``), None when the
+    source gives none; ``wanted`` the flat attribute name it takes when it cannot (or has no path);
+    ``tensors`` its ``state_dict`` entries as (suffix after the path, array, ``parameters.json`` entry).
+    An activation module has no path of its own: ``follows`` is the layer it follows and ``slots`` the
+    indices it may take in that layer's container (its node's name, then the next index).
+    """
+
+    def __init__(self, kind: str, ctor: str, wanted: str, path: str | None = None, comment: str = ""):
+        self.kind, self.ctor, self.wanted, self.path, self.comment = kind, ctor, wanted, path, comment
+        self.tensors: list[tuple[str, np.ndarray, dict]] = []
+        self.follows: _Member | None = None
+        self.slots: tuple[str, ...] = ()
+        self.placed: tuple[str, ...] | None = None  # where it sits: the segments of its key
+        self.why = "the source has no name for it" if path is None else ""
+
+
+class _Container:
+    """A module of the generated tree that only holds other members (``mlp_extractor``)."""
+
+    def __init__(self):
+        self.children: dict[str, _Member | _Container] = {}
+
+
+def _index(segment: str) -> bool:
+    """Whether ``segment`` is a position in an ``nn.Sequential`` / ``nn.ModuleList`` (``0``, ``12``)."""
+    return re.fullmatch(r"0|[1-9][0-9]*", segment) is not None
+
+
+def _segment(segment: str) -> bool:
+    """Whether ``segment`` can name a child of a generated module: a position, or an identifier that
+    names no attribute an ``nn.Module`` has (``training``, ``forward``, ``_parameters`` ...) and that a
+    class body does not mangle (``__x``)."""
+    if _index(segment):
+        return True
+    return (segment.isidentifier() and segment.isascii() and not keyword.iskeyword(segment)
+            and not segment.startswith("__") and not hasattr(_module_instance(), segment))
+
+
 class _Writer:
-    """Names, state and code lines of the generated module, built step by step."""
+    """Names, state and code lines of the generated module, built step by step: members first, laid
+    out as a module tree at the end (:meth:`layout`), so that ``state_dict`` keys are the source's names."""
 
     def __init__(self, plan: LayerPlan):
         self.plan = plan
@@ -288,11 +341,10 @@ class _Writer:
         self.taken: set[str] = {"self", "record", "torch", "nn", "Path", "Policy", "load"}  # locals
         self.members: set[str] = {"training", "forward", "load_state_dict", "state_dict"}  # attributes
         self.locals: dict[str, str] = {}
-        self.attrs: dict[str, str] = {}  # initializer or node output -> attribute name
-        self.init_lines: list[str] = []
+        self.attrs: dict[str, str] = {}  # initializer -> the token of the member that holds it
+        self.held: list[_Member] = []
+        self.dense_members: dict[str, _Member] = {}  # a Dense's output tensor -> its member
         self.body: list[str] = []
-        self.state: dict[str, np.ndarray] = {}
-        self.names: dict[str, dict] = {}
         self.literal_only = self._literal_only()
 
     def _literal_only(self) -> set[str]:
@@ -318,6 +370,11 @@ class _Writer:
         taken.add(name)
         return name
 
+    def hold(self, member: _Member) -> str:
+        """Register ``member``; the token that reads it in forward (replaced once the tree is laid out)."""
+        self.held.append(member)
+        return f"\x00{len(self.held) - 1}\x00"
+
     def tensor(self, t: str) -> str:
         """The code that reads tensor ``t`` inside forward."""
         if t in self.locals:
@@ -325,24 +382,19 @@ class _Writer:
         if t in self.init:
             if t not in self.attrs:
                 self._stored(t)
-            return f"self.{self.attrs[t]}"
+            return self.attrs[t]
         raise BadModelError(f"tensor {t!r} is read before any node computes it")
 
     def _stored(self, t: str) -> None:
-        """Register initializer ``t`` as an nn.Parameter (trained) or a buffer."""
+        """Register initializer ``t`` as an nn.Parameter (trained) or a buffer, at its source name."""
         value = self.init[t]
         role = self.plan.roles.get(t, "constant")
         source = self.plan.source_names.get(t, t)
-        attr = self.fresh(source)
-        self.attrs[t] = attr
-        dtype = _torch_dtype(value.dtype, t)
-        empty = f"torch.empty({tuple(value.shape)!r}, dtype={dtype})"
-        if role == "parameter":
-            self.init_lines.append(f"self.{attr} = nn.Parameter({empty})")
-        else:
-            self.init_lines.append(f"self.register_buffer({attr!r}, {empty})")
-        self.state[attr] = value
-        self.names[attr] = {"source": source, "initializer": t, "role": role, "layout": "as stored"}
+        empty = f"torch.empty({tuple(value.shape)!r}, dtype={_torch_dtype(value.dtype, t)})"
+        named = t in self.plan.source_names or role != "constant"  # not a graph constant (torch.onnx's "x.1")
+        member = _Member("parameter" if role == "parameter" else "buffer", empty, source, source if named else None)
+        member.tensors.append(("", value, {"source": source, "initializer": t, "role": role, "layout": "as stored"}))
+        self.attrs[t] = self.hold(member)
 
     def define(self, t: str) -> str:
         """A new local for tensor ``t``."""
@@ -352,36 +404,45 @@ class _Writer:
 
     def dense(self, d: Dense) -> None:
         w = self.init[d.weight]
-        attr = self.fresh(d.attribute)
         dtype = "" if w.dtype == np.float32 else f", dtype={_torch_dtype(w.dtype, d.weight)}"
         has_bias = d.bias is not None or d.bias_source is not None
-        self.init_lines.append(f"self.{attr} = nn.Linear({d.in_features}, {d.out_features}, bias={has_bias}"
-                               f"{dtype})  # {d.name}")
-        self.state[f"{attr}.weight"] = np.ascontiguousarray(w.T if d.transposed else w)
-        self.names[f"{attr}.weight"] = {"source": d.weight_source, "initializer": d.weight, "role": "weight",
-                                        "layout": "transposed" if d.transposed else "as stored"}
+        flat_bias = d.bias is not None and self.init[d.bias].ndim != 1
+        torch_named = (d.weight_source == f"{d.name}.weight" and (not has_bias or d.bias_source == f"{d.name}.bias"))
+        member = _Member("module", f"nn.Linear({d.in_features}, {d.out_features}, bias={has_bias}{dtype})", d.attribute,
+                         d.name if torch_named and not d.transposed and not flat_bias else None, _comment(d.name))
+        member.why = "; ".join(why for why, wrong in (
+            ("the source's names are not a torch layer's (NAME.weight, NAME.bias)", not torch_named),
+            ("the layer's weight is stored [in, out] by the source, [out, in] by nn.Linear", d.transposed),
+            ("the source's bias has another shape", flat_bias)) if wrong)
+        member.tensors.append(("weight", np.ascontiguousarray(w.T if d.transposed else w),
+                               {"source": d.weight_source, "initializer": d.weight, "role": "weight",
+                                "layout": "transposed" if d.transposed else "as stored"}))
         if d.bias is not None:
-            self.state[f"{attr}.bias"] = self.init[d.bias].reshape(-1)
-            self.names[f"{attr}.bias"] = {"source": d.bias_source, "initializer": d.bias, "role": "bias",
-                                          "layout": "as stored" if self.init[d.bias].ndim == 1 else "flattened"}
+            member.tensors.append(("bias", self.init[d.bias].reshape(-1),
+                                   {"source": d.bias_source, "initializer": d.bias, "role": "bias",
+                                    "layout": "flattened" if flat_bias else "as stored"}))
         elif has_bias:  # a bias of zeros the model left out: trained from zeros, as in the source
-            self.state[f"{attr}.bias"] = np.zeros(d.out_features, w.dtype)
-            self.names[f"{attr}.bias"] = {"source": d.bias_source, "initializer": None, "role": "bias",
-                                          "layout": "zeros the model leaves out"}
+            member.tensors.append(("bias", np.zeros(d.out_features, w.dtype),
+                                   {"source": d.bias_source, "initializer": None, "role": "bias",
+                                    "layout": "zeros the model leaves out"}))
         x = self.tensor(d.input)
-        self.body.append(f"{self.define(d.output)} = self.{attr}({x})")
+        self.body.append(f"{self.define(d.output)} = {self.hold(member)}({x})")
+        self.dense_members[d.output] = member
 
     def node(self, node) -> None:
         op, attrs = node.op_type, node.attrs
         reads = node.inputs[:1] if op in ("BatchNormalization", "LayerNormalization") else node.inputs  # a module's own
         args = [self.tensor(t) if t and t not in self.literal_only else None for t in reads]
         if op in _MODULES:
-            wanted = node.name or node.outputs[0]
-            if identifier(wanted) in self.members:  # a Keras activation shares its Dense layer's name
-                wanted = f"{wanted}_{ACTIVATIONS[op]}"
-            attr = self.fresh(wanted)
-            self.init_lines.append(f"self.{attr} = {_MODULES[op](attrs)}")
-            code = f"self.{attr}({args[0]})"
+            member = _Member("module", _MODULES[op](attrs), node.name or node.outputs[0])
+            layer = self.dense_members.get(node.inputs[0])
+            dense = next((d for d in self.plan.layers if d.output == node.inputs[0]), None)
+            if layer is not None and dense is not None and dense.activation == op:  # its layer's activation
+                if identifier(member.wanted) == identifier(dense.name):  # a Keras activation shares its layer's name
+                    member.wanted = f"{member.wanted}_{ACTIVATIONS[op]}"
+                member.follows = layer
+                member.slots = (node.name.split("/")[0],)
+            code = f"{self.hold(member)}({args[0]})"
         elif op in _BINARY:
             code = f"{args[0]} {_BINARY[op]} {args[1]}"
         elif op in _UNARY:
@@ -504,18 +565,15 @@ class _Writer:
         if scale is None or any(t not in self.init for t in node.inputs[1:5]) or node.attrs.get("training_mode", 0):
             raise BadModelError(f'BatchNormalization node "{node.name}" reads computed statistics or trains; targets '
                                 "write inference batch normalisation with stored statistics")
-        attr = self.fresh(node.name or node.outputs[0])
         eps = float(node.attrs.get("epsilon", 1e-5))
-        self.init_lines.append(f"self.{attr} = nn.BatchNorm1d({scale.size}, eps={eps!r})  # eval(): stored statistics")
-        for key, t, role in zip(("weight", "bias", "running_mean", "running_var"), node.inputs[1:5],
-                                ("parameter", "parameter", "normaliser", "normaliser")):
-            self.state[f"{attr}.{key}"] = self.init[t]
-            self.names[f"{attr}.{key}"] = {"source": self.plan.source_names.get(t, t), "initializer": t, "role": role,
-                                           "layout": "as stored"}
-        self.state[f"{attr}.num_batches_tracked"] = np.array(0, np.int64)
-        self.names[f"{attr}.num_batches_tracked"] = {"source": None, "initializer": None, "role": "constant",
-                                                     "layout": "torch's own counter"}
-        return f"self.{attr}({args[0]})"
+        tensors = list(zip(("weight", "bias", "running_mean", "running_var"), node.inputs[1:5],
+                           ("parameter", "parameter", "normaliser", "normaliser")))
+        member = self._norm(node, f"nn.BatchNorm1d({scale.size}, eps={eps!r})", tensors)
+        member.comment = "eval(): stored statistics"
+        member.tensors.append(("num_batches_tracked", np.array(0, np.int64),
+                               {"source": None, "initializer": None, "role": "constant",
+                                "layout": "torch's own counter"}))
+        return f"{self.hold(member)}({args[0]})"
 
     def _layer_norm(self, node, args) -> str:
         scale = self.init.get(node.inputs[1])
@@ -524,15 +582,167 @@ class _Writer:
             raise BadModelError(f'LayerNormalization node "{node.name}" normalises over axes other than the last '
                                 "with a stored scale; targets write nn.LayerNorm over the last axis")
         bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        attr = self.fresh(node.name or node.outputs[0])
         eps = float(node.attrs.get("epsilon", 1e-5))
-        self.init_lines.append(f"self.{attr} = nn.LayerNorm({scale.size}, eps={eps!r}, bias={bias is not None})")
-        for key, t in (("weight", node.inputs[1]), ("bias", bias)):
-            if t:
-                self.state[f"{attr}.{key}"] = self.init[t]
-                self.names[f"{attr}.{key}"] = {"source": self.plan.source_names.get(t, t), "initializer": t,
-                                               "role": "parameter", "layout": "as stored"}
-        return f"self.{attr}({args[0]})"
+        tensors = [(key, t, "parameter") for key, t in (("weight", node.inputs[1]), ("bias", bias)) if t]
+        member = self._norm(node, f"nn.LayerNorm({scale.size}, eps={eps!r}, bias={bias is not None})", tensors)
+        return f"{self.hold(member)}({args[0]})"
+
+    def _norm(self, node, ctor: str, tensors: list[tuple[str, str, str]]) -> _Member:
+        """The member of a norm layer holding ``tensors`` ((key in the torch layer, initializer, role));
+        it sits at the source's name ``P`` when the source names them ``P.weight``, ``P.bias`` ... as torch does."""
+        sources = [self.plan.source_names.get(t, t) for _, t, _ in tensors]
+        prefix = sources[0][: -len(tensors[0][0]) - 1] if sources[0].endswith(f".{tensors[0][0]}") else None
+        torch_named = prefix and all(s == f"{prefix}.{key}" for s, (key, _, _) in zip(sources, tensors))
+        member = _Member("module", ctor, node.name or node.outputs[0], prefix if torch_named else None)
+        if not torch_named:
+            member.why = "the source's names are not a torch norm layer's (NAME.weight, NAME.bias ...)"
+        for (key, t, role), source in zip(tensors, sources):
+            member.tensors.append((key, self.init[t], {"source": source, "initializer": t, "role": role,
+                                                       "layout": "as stored"}))
+        return member
+
+
+    def layout(self) -> tuple[list[str], dict[str, np.ndarray], dict[str, dict], dict[str, str]]:
+        """Place every member in the module tree: at the source's dotted name where torch can hold it
+        there (so that its ``state_dict`` key is the source's name), else at a flat attribute named after it.
+
+        Returns:
+            (the lines of ``__init__``, the ``state_dict``, ``parameters.json``, and the keys that are not
+            the source's names -> the source's names).
+        """
+        root = _Container()
+        for m in self.held:  # the source's names first, so that an activation never takes a layer's place
+            if m.path is not None:
+                segments = tuple(m.path.split("."))
+                if not all(_segment(x) for x in segments):
+                    m.why = "the name is not a path of torch module names"
+                elif (clash := _place(root, segments, m)) is not None:
+                    m.why = clash
+        for m in self.held:  # an activation at its node's position in its layer's container, or the next one
+            layer = m.follows.placed if m.follows is not None else None
+            if layer and _index(layer[-1]):
+                for slot in m.slots + (".".join(layer[:-1] + (str(int(layer[-1]) + 1),)),):
+                    segments = tuple(slot.split("."))
+                    if segments[:-1] == layer[:-1] and _index(segments[-1]) and _place(root, segments, m) is None:
+                        break
+        self.members |= set(root.children)
+        for m in self.held:
+            if m.placed is not None and m.comment == _comment(".".join(m.placed)):
+                m.comment = ""  # the key says it
+            if m.placed is None:
+                m.placed = (self.fresh(m.wanted),)
+                root.children[m.placed[0]] = m
+        order = {id(m): i for i, m in enumerate(self.held)}
+        lines = _fill(root, "self", order)
+        state, names, renamed = {}, {}, {}
+        for m in self.held:
+            for suffix, value, entry in m.tensors:
+                key = ".".join(m.placed + ((suffix,) if suffix else ()))
+                source = entry["source"]
+                named = source is not None and (entry["initializer"] is None or entry["initializer"] in self.plan.source_names)
+                state[key] = value
+                names[key] = {**entry, "key": ("torch's own" if source is None else "the source's name" if key == source
+                                               else f"sanitized: {m.why}")}
+                if named and key != source:
+                    renamed[key] = source
+        return lines, state, names, renamed
+
+
+def _place(root: _Container, segments: tuple[str, ...], member: _Member) -> str | None:
+    """Put ``member`` at ``segments`` under ``root``; None, or why it cannot sit there."""
+    node = root
+    for i, segment in enumerate(segments):
+        child = node.children.get(segment)
+        if child is None:
+            break
+        if isinstance(child, _Member):
+            return f"{'.'.join(segments[:i + 1])} is another of the source's layers or tensors"
+        if i == len(segments) - 1:
+            return f"{'.'.join(segments)} is a module holding other names of the source"
+        node = child
+    node = root
+    for segment in segments[:-1]:
+        node = node.children.setdefault(segment, _Container())
+    node.children[segments[-1]] = member
+    member.placed = segments
+    return None
+
+
+def _container_kind(container: _Container) -> str:
+    """``"Sequential"`` for modules at the positions 0..n-1 (layers and activations), ``"ModuleList"`` where
+    some are themselves containers, ``"ModuleDict"`` for modules at positions with gaps, else ``"Module"``."""
+    kids = container.children
+    if not all(_index(k) and (isinstance(v, _Container) or v.kind == "module") for k, v in kids.items()):
+        return "Module"
+    if sorted(int(k) for k in kids) != list(range(len(kids))):
+        return "ModuleDict"
+    return "Sequential" if all(isinstance(v, _Member) for v in kids.values()) else "ModuleList"
+
+
+def _construct(container: _Container, ref: str, order: dict) -> tuple[list[str], list[str]]:
+    """The lines of the expression that builds ``container`` (read as ``ref`` in the code), and the lines
+    that fill it afterwards (the members of an ``nn.Module`` container)."""
+    kind = _container_kind(container)
+    if kind == "Module":
+        return ["nn.Module()"], _fill(container, ref, order)
+    opening, closing = {"Sequential": ("nn.Sequential(", ")"), "ModuleList": ("nn.ModuleList([", "])"),
+                        "ModuleDict": ("nn.ModuleDict({", "})")}[kind]
+    lines, after = [opening], []
+    for key, child in sorted(container.children.items(), key=lambda kv: int(kv[0])):
+        child_ref = f"{ref}[{key!r}]" if kind == "ModuleDict" else f"{ref}[{key}]"
+        if isinstance(child, _Member):
+            child.ref, built, comment = child_ref, [child.ctor], child.comment
+        else:
+            (built, more), comment = _construct(child, child_ref, order), ""
+            after += more
+        built = [(f"{key!r}: " if kind == "ModuleDict" else "") + built[0]] + built[1:]
+        built[-1] += "," + (f"  # {comment}" if comment else "")
+        lines += ["    " + line for line in built]
+    return lines + [closing], after
+
+
+def _fill(container: _Container, ref: str, order: dict) -> list[str]:
+    """The lines that set the members of an ``nn.Module`` container read as ``ref`` (``self`` at the top):
+    attributes for identifiers, ``add_module`` / ``register_parameter`` for positions, ``register_buffer``."""
+    def first(node) -> int:
+        return order[id(node)] if isinstance(node, _Member) else min(first(c) for c in node.children.values())
+
+    lines = []
+    for key, child in sorted(container.children.items(), key=lambda kv: first(kv[1])):
+        child_ref = f"getattr({ref}, {key!r})" if _index(key) else f"{ref}.{key}"
+        after, comment = [], ""
+        if isinstance(child, _Member):
+            child.ref, comment = child_ref, child.comment
+            if child.kind == "buffer":
+                lines.append(f"{ref}.register_buffer({key!r}, {child.ctor})")
+                continue
+            built = [child.ctor if child.kind == "module" else f"nn.Parameter({child.ctor})"]
+        else:
+            built, after = _construct(child, child_ref, order)
+        if _index(key):
+            method = "register_parameter" if isinstance(child, _Member) and child.kind == "parameter" else "add_module"
+            built = [f"{ref}.{method}({key!r}, {built[0]}"] + built[1:]
+            built[-1] += ")"
+        else:
+            built = [f"{child_ref} = {built[0]}"] + built[1:]
+        built[-1] += f"  # {comment}" if comment else ""
+        lines += built + after
+    return lines
+
+
+def _comment(name: str) -> str:
+    """``name`` for a comment of the generated code: as it is when printable, else its ``repr`` (a
+    name holding a line break must not end the comment)."""
+    return name if name.isprintable() else repr(name)
+
+
+@functools.lru_cache(maxsize=1)
+def _module_instance():
+    """An ``nn.Module``: the attributes every module of the generated tree has (methods, ``training``,
+    ``_parameters`` ...), which a child's name must not shadow."""
+    import torch
+
+    return torch.nn.Module()
 
 
 def _module_base():
@@ -549,8 +759,18 @@ def _torch_dtype(dtype: np.dtype, where: str) -> str:
     return text
 
 
-def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dict]]:
-    """The module's text, its ``state_dict`` (key -> array) and ``parameters.json`` (key -> source).
+def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dict], dict[str, str]]:
+    """The module's text, its ``state_dict`` (key -> array), ``parameters.json`` (key -> source) and
+    the keys that are not the source's names (-> those names).
+
+    The module's tree is the source's: ``mlp_extractor.policy_net.0.weight`` is the weight of an
+    ``nn.Linear`` at position 0 of an ``nn.Sequential`` ``policy_net`` (with the activation modules
+    at the positions the source's hold) inside an ``nn.Module`` ``mlp_extractor``, so that
+    ``state_dict`` keys are the source's names and ``load_state_dict`` takes the source's own tensors.
+    A name torch cannot hold as a key (a segment that is no identifier or position, or an attribute
+    every ``nn.Module`` has; a weight the source stores ``[in, out]``; a name another one uses as a
+    module) becomes a flat attribute made from it (:func:`~.plan.identifier`), and
+    ``parameters.json`` says why (``"key"``).
 
     The text holds ``@SAMPLES@`` and ``@MAX_ABS@`` placeholders that :func:`to_torch` fills in once
     the module has been checked. No string from the model reaches the code except through
@@ -568,6 +788,7 @@ def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dic
             w.dense(step)
         else:
             w.node(step)
+    init_lines, state, names, renamed = w.layout()
     recorded = [t for t in w.locals if t not in {v.name for v in graph.inputs}]
     returned = ", ".join(f"{v.name!r}: {w.tensor(v.name)}" for v in graph.outputs)
     record_items = "".join(f"\n                {t!r}: {w.locals[t]}," for t in recorded)
@@ -578,7 +799,7 @@ def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dic
                + "        if record is not None:\n"
                + f"            record.update({{{record_items}\n            }})\n"
                + f"        return {{{returned}}}\n")
-    init = "".join(f"        {line}\n" for line in w.init_lines)
+    init = "".join(f"        {line}\n" for line in init_lines)
     header = _HEADER.format(version=__version__, samples="@SAMPLES@", max_abs="@MAX_ABS@",
                             outputs=", ".join(repr(v.name) for v in graph.outputs))
     text = (header + "\n\nclass Policy(nn.Module):\n"
@@ -590,4 +811,5 @@ def generate(plan: LayerPlan) -> tuple[str, dict[str, np.ndarray], dict[str, dic
             f'    state = torch.load(Path(__file__).with_name({STATE_FILE!r}), weights_only=True)\n'
             "    module.load_state_dict(state)\n"
             "    return module.eval()\n")
-    return text, w.state, w.names
+    text = re.sub("\x00([0-9]+)\x00", lambda m: w.held[int(m.group(1))].ref, text)  # members, as laid out
+    return text, state, names, renamed
