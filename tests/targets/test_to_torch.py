@@ -4,6 +4,7 @@ forward; every weight an nn.Parameter that trains, normaliser statistics buffers
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -457,6 +458,14 @@ def test_state_dict_keys_are_the_source_s_and_its_own_tensors_load_by_name(kind,
     assert done.renamed == {}
     assert {k for k in keys if names[k]["role"] in ("weight", "bias")} <= set(theirs)
     module = policy.Policy()
+    trained = {k for k, p in module.named_parameters() if p.requires_grad}
+    # the libraries' buffers: normaliser statistics and counters (rsl_rl EmpiricalNormalization, rl_games and
+    # Sample Factory RunningMeanStd, skrl RunningStandardScaler, ML-Agents Normalizer, BatchNorm) and ML-Agents'
+    # export constants (nn.Parameters with requires_grad=False: memory_size_vector, version_number); every
+    # other tensor of theirs that the policy reads is trained by its library, so must be an nn.Parameter here
+    buffers = re.compile(r"(^|\.)(_mean|_std|_var|count|running_mean|running_var|running_variance|"
+                         r"normalization_steps|num_batches_tracked|mean|var|[a-z_]+_vector|version_number)$")
+    assert trained == {k for k in set(theirs) & keys if not buffers.search(k)}
     loaded = module.load_state_dict({k: theirs[k] for k in theirs if k in keys}, strict=False)
     assert set(loaded.missing_keys) == keys - set(theirs)
     written = torch.load(tmp_path / kind / "policy.pt", weights_only=True)  # the graph's constants

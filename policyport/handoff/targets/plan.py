@@ -559,14 +559,17 @@ def _role(tensor: str, node, value: np.ndarray, metadata: dict[str, str], source
     ``model.trainable_weights``): then the others are ``"normaliser"`` statistics (a Keras
     ``Normalization`` layer's mean and variance, an action de-normaliser's), kept but never trained.
     A model without that record: a floating tensor of more than one element that feeds arithmetic
-    (not a shape, slice bound or clip bound) is taken for a trained one.
+    (not a shape, slice bound or clip bound; the tensor a Clip clips is arithmetic) is taken for a
+    trained one.
     """
     if value.dtype.kind != "f":
         return "constant"
     if node.op_type == "BatchNormalization" and tensor in node.inputs[3:5]:
         return "normaliser"  # running mean and variance: statistics, not trained by gradient
     if node.op_type in ("Clip", "Max", "Min", "Slice", "Reshape", "Expand", "Squeeze", "Unsqueeze"):
-        if node.op_type != "Expand" or node.inputs[0] != tensor:
+        # what is clipped or expanded is data (rsl_rl's clamped std_param, skrl's log_std_parameter:
+        # Clip-11 input 0); the bounds, shapes and indices are not
+        if node.op_type not in ("Expand", "Clip") or node.inputs[0] != tensor:
             return "constant"
     if "policyport.parameters" in metadata:
         if tensor not in source_names:
