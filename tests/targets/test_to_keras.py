@@ -370,3 +370,32 @@ def test_a_frozen_keras_layer_stays_frozen(tmp_path):
     np.testing.assert_allclose(predict(again, x)["head"], np.asarray(source.predict(x, verbose=0)), atol=1e-6, rtol=0)
     frozen_after, moved = one_step_leaves(again, x[:8])
     assert frozen_after == [] and moved == []
+
+
+ISAAC_LAB_SOURCES = {  # Isaac Lab's libraries: a Gaussian std (rsl_rl) or log std (skrl) clamped by a Clip, then expanded
+    "rsl_rl": (ROOT / "fixtures/rsl_rl", "gaussian/model_0.pt", "gaussian/expected.npz",
+               [("action", "action"), ("std", "std")], "distribution.std_param"),
+    "rsl_rl_log": (ROOT / "fixtures/rsl_rl", "gaussian_log_tanh/model_0.pt", "gaussian_log_tanh/expected.npz",
+                   [("std", "std")], "distribution.log_std_param"),
+    "skrl": (ROOT / "fixtures/skrl", "isaaclab_elu/checkpoints/agent_1000.pt", "isaaclab_elu/expected.npz",
+             [("action", "action"), ("log_std", "log_std")], "policy.log_std_parameter"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(ISAAC_LAB_SOURCES))
+def test_isaac_lab_libraries_clamped_std_trains_and_matches_the_library(kind, tmp_path):
+    folder, source, expected, outputs, std_name = ISAAC_LAB_SOURCES[kind]
+    done = pp.to_keras(str(folder / source), tmp_path / "policy.keras")
+    model = load(tmp_path / "policy.keras")
+    obs = np.load(folder / "observations.npy").astype(np.float32)
+    want = np.load(folder / expected)  # the library's own forward (make_fixtures.py in the folder)
+    got = predict(model, obs)
+    for ours, theirs in outputs:
+        np.testing.assert_allclose(got[ours], want[theirs], atol=2e-5, rtol=1e-5)
+    held = {layer.name: layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+    assert [json.loads((tmp_path / "policy_parameters.json").read_text())[f"{name}/embeddings"]["source"]
+            for name in held] == [std_name]  # the clamped parameter is a weight of its own, under its name
+    frozen, moved = one_step_leaves(model, obs[:8])
+    assert frozen == [] and moved == []  # the std parameter trains with the Dense layers
+    assert f"{next(iter(held))}/embeddings" in done.trainable

@@ -477,6 +477,24 @@ class _Builder:
         self.watched[node.outputs[0]] = self.watched_parameters[p]
         return True
 
+    def per_row_expand(self, node) -> bool:
+        """``Expand(y, Shape(x))`` where ``y`` is already one row per observation of ``x``'s width
+        (rsl_rl's ``Expand(Clip(std_param), Shape(logits))``, the parameter read through
+        :meth:`free_parameter`): ``y`` itself, which broadcasting to ``x``'s shape leaves as it is
+        (ONNX Expand, opset 13)."""
+        producer = {o: s for s in self.plan.steps if not isinstance(s, Dense) for o in s.outputs}
+        shape = producer.get(node.inputs[1])
+        if (shape is None or shape.op_type != "Shape" or shape.inputs[0] not in self.tensors
+                or node.inputs[0] not in self.tensors):
+            return False
+        x, y = self.tensors[shape.inputs[0]], self.tensors[node.inputs[0]]
+        if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[-1] is None or y.shape[-1] != x.shape[-1]:
+            return False
+        self.tensors[node.outputs[0]] = y
+        if node.inputs[0] in self.watched:
+            self.watched[node.outputs[0]] = self.watched[node.inputs[0]]
+        return True
+
     def node(self, node, following) -> None:
         keras, ops = self.keras, self.keras.ops
         op, attrs = node.op_type, node.attrs
@@ -489,7 +507,7 @@ class _Builder:
         if op == "Sub" and following is not None and following.op_type == "Div" and self.normalisation(node, following):
             self.skip.add(id(following))
             return
-        if op == "Expand" and self.parameter(node):
+        if op == "Expand" and (self.parameter(node) or self.per_row_expand(node)):
             return
         if op == "Shape":
             return  # read only by the parameter's Expand (refused there otherwise)
@@ -649,6 +667,7 @@ def build(plan: LayerPlan):
     steps = plan.steps
     normaliser = set(plan.normaliser.nodes) if plan.normaliser else set()
     first = [s for s in steps if not isinstance(s, Dense) and s.name in normaliser]
+    trained = set(plan.trainable)
     for i, step in enumerate(steps):
         if id(step) in b.skip:
             continue
@@ -659,8 +678,8 @@ def build(plan: LayerPlan):
             rest = [s for s in first if s.op_type != "Cast"]
             if b.vec_normalize(rest):
                 continue
-        if all(t in b.init for t in step.inputs if t):
-            b.fold(step)
+        if all(t in b.init and t not in trained for t in step.inputs if t):
+            b.fold(step)  # a step of a trained tensor (rsl_rl's Clip of std_param) stays a step: it trains
             continue
         following = next((s for s in steps[i + 1:] if not isinstance(s, Dense) and id(s) not in b.skip
                           and step.outputs[0] in s.inputs), None)
