@@ -399,3 +399,12 @@ def test_isaac_lab_libraries_clamped_std_trains_and_matches_the_library(kind, tm
     frozen, moved = one_step_leaves(model, obs[:8])
     assert frozen == [] and moved == []  # the std parameter trains with the Dense layers
     assert f"{next(iter(held))}/embeddings" in done.trainable
+    if kind.startswith("rsl_rl"):  # (x - _mean) / (_std + eps): a Normalization layer of rsl_rl's statistics
+        import torch
+
+        theirs = torch.load(folder / source, map_location="cpu", weights_only=True)["actor_state_dict"]
+        norm = model.get_layer("obs_normalizer")
+        assert done.non_trainable == ["obs_normalizer/mean", "obs_normalizer/variance", "obs_normalizer/count"]
+        np.testing.assert_array_equal(norm.mean.numpy().reshape(-1), theirs["obs_normalizer._mean"].numpy().reshape(-1))
+        np.testing.assert_allclose(np.sqrt(norm.variance.numpy().reshape(-1)),
+                                   theirs["obs_normalizer._std"].numpy().reshape(-1) + 1e-2, rtol=1e-6)

@@ -299,10 +299,14 @@ class _Builder:
         if wanted.startswith("/"):  # torch.onnx's scope of the node, not a source name: the statistics' module
             wanted = re.split(r"[./](?=[^./]*$)", self.plan.source_names.get(mean, mean))[0] or wanted
         layer = self._normalization(x, div.outputs[0], wanted, init[mean], std_value ** 2, init[std].dtype)
+        made = self.folded.get(std)  # rsl_rl's std + eps, computed from its statistics
+        sum_of = made.inputs if made is not None and made.op_type == "Add" else None
         for key, t in (("mean", mean), ("variance", std)):
-            self.names[f"{layer.name}/{key}"] = {"source": self.plan.source_names.get(t, t), "initializer": t,
-                                                 "role": "normaliser",
-                                                 "layout": "as stored" if key == "mean" else "variance = std ** 2"}
+            source = (" + ".join(self.plan.source_names.get(u, u) for u in sum_of) if key == "variance" and sum_of
+                      else self.plan.source_names.get(t, t))
+            self.names[f"{layer.name}/{key}"] = {"source": source, "initializer": t, "role": "normaliser",
+                                                 "layout": "as stored" if key == "mean" else
+                                                 f"variance = ({source}) ** 2" if sum_of else "variance = std ** 2"}
         return True
 
     def _normalization(self, x, output: str, wanted: str, mean, variance, dtype, invert: bool = False, count=0):
@@ -668,6 +672,12 @@ def build(plan: LayerPlan):
     normaliser = set(plan.normaliser.nodes) if plan.normaliser else set()
     first = [s for s in steps if not isinstance(s, Dense) and s.name in normaliser]
     trained = set(plan.trainable)
+    for step in steps:  # first every step of constants alone (rsl_rl's std + eps), in order, so that a step
+        # of the observation that reads one (its Div) sees a constant, whatever comes between them
+        if (not isinstance(step, Dense) and step.inputs
+                and all(t in b.init and t not in trained for t in step.inputs if t)):
+            b.fold(step)  # a step of a trained tensor (rsl_rl's Clip of std_param) stays a step: it trains
+            b.skip.add(id(step))
     for i, step in enumerate(steps):
         if id(step) in b.skip:
             continue
@@ -679,7 +689,7 @@ def build(plan: LayerPlan):
             if b.vec_normalize(rest):
                 continue
         if all(t in b.init and t not in trained for t in step.inputs if t):
-            b.fold(step)  # a step of a trained tensor (rsl_rl's Clip of std_param) stays a step: it trains
+            b.fold(step)  # the normaliser's own, which vec_normalize did not take
             continue
         following = next((s for s in steps[i + 1:] if not isinstance(s, Dense) and id(s) not in b.skip
                           and step.outputs[0] in s.inputs), None)
