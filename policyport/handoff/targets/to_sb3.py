@@ -70,7 +70,8 @@ class Sb3Export:
         samples: observations checked; max_abs: the largest absolute difference over the tensors
             compared; tensors: how many were compared.
         assumptions: what SB3 needs that the source does not hold, as sentences.
-        notes: what converting the source said; model_assumptions: what the model itself assumes
+        notes: what converting the source said, and what was carried from an SB3 zip source beyond
+            its ONNX model (SAC/TD3/DDPG critics, SAC's log_std layer and entropy coefficient); model_assumptions: what the model itself assumes
             beyond its source file (its metadata, :func:`policyport.graph.model.recorded_assumptions`).
     """
 
@@ -156,7 +157,7 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     carried = _carried(zipped, algo) if algo in SQUASHED else None
     if obs_space is None and zipped is not None:
         obs_space = _zip_observation_space(zipped, int(plan.layers[0].in_features))
-    built, assumptions = _build(plan, layout, algo, obs_space, action_space, log_std, seed, carried)
+    built, assumptions, carried_notes = _build(plan, layout, algo, obs_space, action_space, log_std, seed, carried)
     model, vecnorm = built
     if vecnorm is not None:
         check_writable(vec_path, force)
@@ -174,7 +175,8 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     write_outputs(writers, force)
     return Sb3Export(output, vec_path if vec_bytes is not None else None, algo, layout["net_arch"],
                      layout["activation_fn"], repr(model.observation_space), repr(model.action_space), samples,
-                     max_abs, count, assumptions, given.notes + plan.notes, recorded_assumptions(plan.graph.metadata))
+                     max_abs, count, assumptions, given.notes + plan.notes + carried_notes,
+                     recorded_assumptions(plan.graph.metadata))
 
 
 def _sb3_zip(source, given) -> tuple[Path, dict, dict] | None:
@@ -460,14 +462,14 @@ def _squashed_layout(plan: LayerPlan, layout: dict, algo: str, log_std: float | 
 def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bounds, log_std, seed: int,
            carried: dict | None = None):
     """The SB3 model (and VecNormalize) holding the plan's weights (and ``carried``'s, :func:`_carried`);
-    the assumptions made."""
+    the assumptions made; what was carried from the source zip, as notes."""
     import gymnasium as gym
     import torch
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     init = plan.graph.initializers
     obs_dim = int(plan.layers[0].in_features)
-    assumptions = []
+    assumptions, notes = [], []
     lo, hi = (-np.inf, np.inf) if obs_space is None else (
         obs_space if isinstance(obs_space[0], np.ndarray) else map(float, obs_space))
     if obs_space is None:
@@ -510,7 +512,7 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
     arch = layout["net_arch"]
     activation_fn = getattr(torch.nn, layout["activation_fn"])
     if algo in SQUASHED:
-        model = _squashed_model(algo, env, layout, activation_fn, seed, carried, log_std, assumptions)
+        model = _squashed_model(algo, env, layout, activation_fn, seed, carried, log_std, assumptions, notes)
     elif algo == "dqn":
         from stable_baselines3 import DQN
 
@@ -543,7 +545,7 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
         vecnorm.obs_rms.var = stats["var"].copy()
         assumptions.append("VecNormalize training=False and count 1e-4: the model holds the statistics, not how many "
                            "observations made them; set training = True to update them as learning goes on")
-    return (model, vecnorm), assumptions
+    return (model, vecnorm), assumptions, notes
 
 
 def _listed(values: np.ndarray) -> str:
@@ -570,9 +572,9 @@ def _module(key: str) -> str:
 
 
 def _squashed_model(algo: str, env, layout: dict, activation_fn, seed: int, carried: dict | None, log_std,
-                    assumptions: list[str]):
+                    assumptions: list[str], notes: list[str]):
     """SB3's SAC, TD3 or DDPG on ``env`` with the actor's ``net_arch``; the critics (and SAC's ``actor.log_std``
-    layer, TD3's ``actor_target``) from ``carried`` when it holds them (:func:`_carried`), else SB3's fresh
+    layer) from ``carried`` when it holds them (:func:`_carried`, said in ``notes``), else SB3's fresh
     initialisation, said in ``assumptions``."""
     import torch
     from stable_baselines3 import DDPG, SAC, TD3
@@ -600,12 +602,14 @@ def _squashed_model(algo: str, env, layout: dict, activation_fn, seed: int, carr
             for k in found:
                 state[k].copy_(torch.from_numpy(np.array(arrays[k], np.float32)))
         if found:
-            assumptions.append(f"{', '.join(sorted({_module(k) for k in found}))}: "
-                               f"carried from the SB3 zip's policy.pth ({len(found)} tensors), not checked against the "
-                               "policy's action (which does not depend on them)")
+            notes.append(f"carried from the zip's policy.pth, which the ONNX model leaves out: "
+                         f"{', '.join(sorted({_module(k) for k in found}))} ({len(found)} tensors; the deterministic "
+                         "action does not depend on them)")
         if "ent_coef" in extra:
-            assumptions.append(f"ent_coef {extra['ent_coef']}: the zip's learned entropy coefficient "
-                               "(pytorch_variables.pth log_ent_coef) as SAC's starting value; its optimiser state starts fresh")
+            notes.append(f"carried from the zip's pytorch_variables.pth: the learned entropy coefficient, "
+                         f"ent_coef {extra['ent_coef']}")
+        assumptions.append("the optimisers' state (Adam moments) starts fresh: the zip's *.optimizer.pth are "
+                           "not carried")
         wanted = [k for k in wanted if k not in found]
     if algo == "sac" and log_std is not None:
         with torch.no_grad():
@@ -625,8 +629,9 @@ def _squashed_model(algo: str, env, layout: dict, activation_fn, seed: int, carr
         assumptions.append("ent_coef auto starting at 1.0: SB3's default for SAC (the source holds no entropy coefficient)")
     if algo in ("td3", "ddpg"):
         assumptions.append("actor_target: the actor's weights, as SB3 starts it")
-        assumptions.append("action noise none, target_policy_noise 0.2, target_noise_clip 0.5: SB3's training "
-                           f"defaults for {algo.upper()} (training settings the policy does not hold)")
+        assumptions.append(f"action noise none, target_policy_noise {model.target_policy_noise:g}, target_noise_clip "
+                           f"{model.target_noise_clip:g}, policy_delay {model.policy_delay}: SB3's training defaults for "
+                           f"{algo.upper()} (training settings the policy does not hold)")
     return model
 
 
