@@ -170,7 +170,7 @@ def test_sb3_sac_round_trips_through_sb3_with_its_critics(tmp_path):
     assert any(n.startswith("carried from the zip's policy.pth, which the ONNX model leaves out: actor.log_std, critic, "
                             "critic_target (26 tensors") for n in done.notes)
     source = SAC.load(SB3 / "sac_pendulum.zip", device="cpu")
-    model = SAC.load(out, env=gym.make("Pendulum-v1"), device="cpu", learning_starts=64)
+    model = SAC.load(out, env=gym.make("Pendulum-v1"), device="cpu", learning_starts=64, batch_size=64)
     obs = pendulum_observations(1000, 2)
     want, _ = source.predict(obs, deterministic=True)
     got, _ = model.predict(obs, deterministic=True)
@@ -198,7 +198,7 @@ def test_sb3_td3_and_ddpg_round_trip_through_sb3(algo, tmp_path):
              "ddpg": "target_policy_noise 0.1, target_noise_clip 0, policy_delay 1"}[algo]
     assert any(f"action noise none, {noise}: SB3's training defaults" in a for a in done.assumptions)
     source = cls.load(SB3 / f"{algo}_pendulum.zip", device="cpu")
-    model = cls.load(out, env=gym.make("Pendulum-v1"), device="cpu", learning_starts=64)
+    model = cls.load(out, env=gym.make("Pendulum-v1"), device="cpu", learning_starts=64, batch_size=64)
     obs = pendulum_observations(1000, 3)
     np.testing.assert_allclose(model.predict(obs, deterministic=True)[0], source.predict(obs, deterministic=True)[0],
                                atol=1e-6, rtol=0)
@@ -232,7 +232,8 @@ def test_an_onnx_sac_actor_becomes_a_sac_with_fresh_critics_said_so(tmp_path):
     assert any(a.startswith("actor.log_std: weight 0 and bias -1.0") for a in done["assumptions"])
     assert any(a.startswith("ent_coef auto starting at 1.0") for a in done["assumptions"])
     source = SAC.load(SB3 / "sac_pendulum.zip", device="cpu")
-    model = SAC.load(out, env=ToyEnv(3, gym.spaces.Box(-2, 2, (1,), np.float32)), device="cpu", learning_starts=64)
+    model = SAC.load(out, env=ToyEnv(3, gym.spaces.Box(-2, 2, (1,), np.float32)), device="cpu", learning_starts=64,
+                     batch_size=64)
     obs = pendulum_observations(1000, 4)
     np.testing.assert_allclose(model.predict(obs, deterministic=True)[0], source.predict(obs, deterministic=True)[0],
                                atol=1e-6, rtol=0)
