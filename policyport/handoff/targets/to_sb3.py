@@ -22,7 +22,7 @@ names: the value function (or nothing for DQN), SAC's ``actor.log_std`` layer an
 SAC and TD3 are SB3's fresh initialisation, unless the source is an SB3 SAC/TD3/DDPG zip whose
 ``policy.pth`` holds them (they are then carried over, with SAC's learned entropy coefficient from
 ``pytorch_variables.pth``); the observation
-space is ``Box(-inf, inf)`` unless given; an RLlib-style state-dependent ``log_std`` needs an
+space is ``Box(-inf, inf)`` unless given or read from an SB3 zip source; an RLlib-style state-dependent ``log_std`` needs an
 explicit ``log_std`` value (SB3's is one parameter per action dimension).
 
 Before anything is written SB3 loads the zip (``PPO.load`` ...) and, on sample observations
@@ -71,8 +71,8 @@ class Sb3Export:
             compared; tensors: how many were compared.
         assumptions: what SB3 needs that the source does not hold, as sentences.
         notes: what converting the source said, and what was carried from an SB3 zip source beyond
-            its ONNX model (SAC/TD3/DDPG critics, SAC's log_std layer and entropy coefficient); model_assumptions: what the model itself assumes
-            beyond its source file (its metadata, :func:`policyport.graph.model.recorded_assumptions`).
+            its ONNX model (SAC/TD3/DDPG critics, SAC's log_std layer and entropy coefficient).
+        model_assumptions: what the model itself assumes beyond its source file (its metadata, :func:`policyport.graph.model.recorded_assumptions`).
     """
 
     zip: Path
