@@ -162,7 +162,6 @@ def test_to_sb3_predicts_the_deterministic_action_and_trains_on(name, space, tmp
 
 
 @pytest.mark.parametrize("name, said", [
-    ("PushBlock", "the head is multi-categorical"),
     ("Hybrid", "the head is hybrid"),
     ("Crawler", "the action mean is layer action_model._continuous_distribution.mu's output and layer "
                             "action_model._continuous_distribution.log_sigma"),
