@@ -221,7 +221,7 @@ def to_sb3(
     head: HeadOpt = None,
     trust: TrustOpt = False,
     obs_space: Annotated[Optional[str], typer.Option("--obs-space", metavar="LOW:HIGH", help="Bounds of the observation space's Box  [default: an SB3 zip's own, else -inf:inf]")] = None,
-    action_space: Annotated[Optional[str], typer.Option("--action-space", metavar="LOW:HIGH", help="Bounds of a continuous action space's Box; SB3's predict clips to them  [default: the bounds the model clips or rescales its tanh output to, else -inf:inf]")] = None,
+    action_space: Annotated[Optional[str], typer.Option("--action-space", metavar="LOW:HIGH", help="Bounds of a continuous action space's Box; SB3's predict clips to them  [default: the bounds the model clips or rescales its tanh output to; required where it does not bound its action]")] = None,
     log_std: Annotated[Optional[float], typer.Option("--log-std", metavar="V", help="SB3's log_std for a source whose log_std is computed from the observation (RLlib's [mean, log_std] layer); for sac, the bias of actor.log_std (weight 0).")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations SB3's model is checked on before it is written.")] = 1000,
     low: LowOpt = 0.0,

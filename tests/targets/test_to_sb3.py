@@ -318,6 +318,10 @@ def test_what_sb3_cannot_express_is_refused(tmp_path):
     (SB3 / "sac_pendulum.zip", "ppo", [], 2, "--algo ppo: the action is tanh of layer actor.mu rescaled"),
     (SB3 / "td3_pendulum.zip", "td3", ["--log-std", "-1"], 2, "log_std applies to SAC's actor"),
     (SB3 / "sac_pendulum.zip", "sac", ["--action-space", "-1:1"], 2, "the model rescales its tanh output to [-2, 2]"),
+    (ROOT / "fixtures/cleanrl/ppo_continuous_action.cleanrl_model", "ppo", [], 2,  # SB3 asserts finite Box bounds
+     "the model does not clip its action to finite bounds, and SB3 needs a continuous action space's"),
+    (ROOT / "fixtures/cleanrl/ppo_continuous_action.cleanrl_model", "ppo", ["--action-space=-inf:1"], 2,
+     "SB3 takes a continuous action space with finite bounds only"),
 ])
 def test_a_head_sb3_cannot_express_or_a_wrong_algo_is_refused_naming_why(source, algo, options, code, said, tmp_path):
     result = CliRunner().invoke(app, ["to-sb3", str(source), "-o", str(tmp_path / "x.zip"), "--algo", algo, *options,

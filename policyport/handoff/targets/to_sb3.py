@@ -22,7 +22,8 @@ names: the value function (or nothing for DQN), SAC's ``actor.log_std`` layer an
 SAC and TD3 are SB3's fresh initialisation, unless the source is an SB3 SAC/TD3/DDPG zip whose
 ``policy.pth`` holds them (they are then carried over, with SAC's learned entropy coefficient from
 ``pytorch_variables.pth``); the observation
-space is ``Box(-inf, inf)`` unless given or read from an SB3 zip source; an RLlib-style state-dependent ``log_std`` needs an
+space is ``Box(-inf, inf)`` unless given or read from an SB3 zip source (a continuous action space
+needs finite bounds, from the graph or given); an RLlib-style state-dependent ``log_std`` needs an
 explicit ``log_std`` value (SB3's is one parameter per action dimension).
 
 Before anything is written SB3 loads the zip (``PPO.load`` ...) and, on sample observations
@@ -107,8 +108,9 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
         obs_space: ``(low, high)`` of the observation space's Box; default: the zip's own for an SB3
             zip source (the readable bounds of its ``data``), else ``(-inf, inf)``.
         action_space: ``(low, high)`` of a continuous action space's Box; default: the bounds the
-            graph clips the action to (an SB3 source), else ``(-inf, inf)``; for SAC/TD3/DDPG the bounds
-            the graph rescales its tanh output to, which a given value must equal.
+            graph clips the action to (an SB3 source); required (finite: SB3 asserts it) where the graph
+            does not bound its action; for SAC/TD3/DDPG the bounds the graph rescales its tanh output
+            to, which a given value must equal.
         log_std: SB3's state-independent ``log_std`` (every action dimension) for a source whose
             ``log_std`` is computed from the observation (RLlib's ``[mean, log_std]`` layer); refused
             for a source whose ``log_std`` is a parameter, which is used. For SAC: the bias of
@@ -145,6 +147,9 @@ def to_sb3(source, output: str | os.PathLike, *, algo: str, kind: str | None = N
     for name, bounds in (("obs_space", obs_space), ("action_space", action_space)):
         if bounds is not None and not (len(bounds) == 2 and float(bounds[0]) < float(bounds[1])):
             raise OptionError(f"{name} {bounds!r}: give (low, high) with low < high")
+    if action_space is not None and not np.all(np.isfinite(np.asarray(action_space, np.float64))):
+        raise OptionError(f"action_space {tuple(action_space)!r}: SB3 takes a continuous action space with finite "
+                          "bounds only (stable_baselines3/common/base_class.py); give the environment's")
     try:
         import_sb3()  # without TensorFlow, which torch.utils.tensorboard would import
     except ImportError:
@@ -500,9 +505,12 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
         elif head.action_low is not None:  # (ML-Agents' clamp(mean, -3, 3) / 3: the mean divided, Box(-1, 1))
             a_lo, a_hi = head.action_low.astype(np.float32), head.action_high.astype(np.float32)
         else:
-            a_lo, a_hi = np.full(layout["rows"], -np.inf, np.float32), np.full(layout["rows"], np.inf, np.float32)
-            assumptions.append("action space Box(-inf, inf): the model does not clip the action; give the "
-                               "environment's bounds with --action-space LOW:HIGH (SB3's predict clips to them)")
+            a_lo = a_hi = np.full(layout["rows"], np.inf, np.float32)
+        if not (np.all(np.isfinite(a_lo)) and np.all(np.isfinite(a_hi))):
+            # SB3 asserts finite bounds of a Box action space (stable_baselines3/common/base_class.py)
+            raise OptionError("the model does not clip its action to finite bounds, and SB3 needs a continuous "
+                              "action space's (its predict clips to them): give the environment's with "
+                              "--action-space LOW:HIGH (action_space=(low, high))")
         action_space = gym.spaces.Box(a_lo, a_hi, dtype=np.float32)
     if head.divisor:
         assumptions.append(f"action space Box(-1, 1) with action_net and log_std divided by {head.divisor:g}: the "
