@@ -71,6 +71,7 @@ def test_importance_table_and_mean_ablation(converted, obs):
     (["--means", "x.npz"], 2, "is for mean ablation"),
     (["--ablation", "resample"], 2, "resample"),
     (["--tensors", "nope*"], 3, "nope*"),
+    (["--tensors", "action"], 3, "no selected tensor feeds 'action': action (it is the measured output)"),
     (["--plot", "out.jpg"], 2, ".png"),
     (["--engine", "ray", "--backend", "onnxruntime"], 2, "numpy backend on every worker"),
 ])

@@ -428,6 +428,8 @@ def importance(model, data, *, tensors="*", ablation: str = "zero", output: str 
     nodes = set(selected)  # the record also returns every graph output
     candidates = [t.name for t in infos if t.name in nodes and t.name != out_name and t.shape]
     skipped = {n: "no row per observation" for n in no_rows}
+    if out_name in nodes:
+        skipped[out_name] = "it is the measured output"
     skipped.update({t.name: "one value per observation, no neuron axis" for t in infos
                     if t.name in nodes and t.name != out_name and not t.shape})
     out_info = next((t for t in infos if t.name == out_name), None)
