@@ -138,7 +138,8 @@ def test_sb3_dqn_round_trips_through_sb3(tmp_path):
     from stable_baselines3 import DQN
 
     out = tmp_path / "dqn.zip"
-    pp.to_sb3(str(SB3 / "dqn_cartpole.zip"), out, algo="dqn", low=-2, high=2)
+    done = pp.to_sb3(str(SB3 / "dqn_cartpole.zip"), out, algo="dqn", low=-2, high=2)
+    assert not [a for a in done.assumptions if a.startswith("Q-values")]  # SB3's q_net: its logits are Q-values
     source = DQN.load(SB3 / "dqn_cartpole.zip", device="cpu")
     model = DQN.load(out, env=gym.make("CartPole-v1"), device="cpu", learning_starts=64)
     obs = np.random.default_rng(1).uniform(-2, 2, (1000, 4)).astype(np.float32)
@@ -150,6 +151,22 @@ def test_sb3_dqn_round_trips_through_sb3(tmp_path):
     assert every_parameter_trains(model.policy, obs[:16]) == []
     model.learn(256)
     assert model.num_timesteps == 256
+
+
+def test_a_policy_gradient_policy_as_dqn_says_its_logits_are_taken_for_q_values(tmp_path):
+    from stable_baselines3 import DQN, PPO
+
+    source = ROOT / "fixtures/real/sb3_ppo_cartpole.zip"
+    done = pp.to_sb3(str(source), tmp_path / "dqn.zip", algo="dqn", low=-2, high=2)
+    said = [a for a in done.assumptions if a.startswith("Q-values")]
+    assert len(said) == 1 and "source layout sb3, not a Q-network policyport knows" in said[0]
+    assert "learn() starts from values trained as logits, not as Q-values" in said[0]
+    obs = np.random.default_rng(2).uniform(-2, 2, (1000, 4)).astype(np.float32)
+    got = DQN.load(tmp_path / "dqn.zip", device="cpu").predict(obs, deterministic=True)[0]
+    spaces = {"observation_space": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),  # its pickled ones need gym
+              "action_space": gym.spaces.Discrete(2), "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.2}
+    want = PPO.load(source, device="cpu", custom_objects=spaces).predict(obs, deterministic=True)[0]
+    np.testing.assert_array_equal(got, want)
 
 
 def pendulum_observations(n: int, seed: int) -> np.ndarray:

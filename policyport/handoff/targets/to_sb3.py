@@ -469,6 +469,11 @@ def _squashed_layout(plan: LayerPlan, layout: dict, algo: str, log_std: float | 
     return layout
 
 
+#: ``policyport.layout`` metadata of the converters' Q-networks (SB3's ``q_net``, CleanRL's dqn.py
+#: ``QNetwork``), whose logits are Q-values; RLlib's DQN is told by its ``advantages``/``value`` streams.
+Q_LAYOUTS = frozenset({"sb3-q", "cleanrl-dqn"})
+
+
 def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bounds, log_std, seed: int,
            carried: dict | None = None):
     """The SB3 model (and VecNormalize) holding the plan's weights (and ``carried``'s, :func:`_carried`);
@@ -531,6 +536,12 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
 
         model = DQN("MlpPolicy", env, policy_kwargs={"net_arch": arch, "activation_fn": activation_fn}, seed=seed,
                     device="cpu")
+        source_layout = plan.graph.metadata.get("policyport.layout")
+        if source_layout not in Q_LAYOUTS and not {"advantages", "value"} <= set(plan.graph.tensor_names):
+            assumptions.append(f"Q-values: the model's logits (source layout {source_layout or 'not recorded'}, not "
+                               "a Q-network policyport knows: SB3's DQN, CleanRL's dqn, RLlib's dueling DQN); "
+                               "predict(deterministic=True) takes their argmax, as the source acts, but learn() "
+                               "starts from values trained as logits, not as Q-values")
     else:
         from stable_baselines3 import A2C, PPO
 
