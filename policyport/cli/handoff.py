@@ -12,13 +12,23 @@ import typer
 from ..verification.compare import source_lines
 from .core import app, emit_json, guard
 from .options import (
+    ActionBoundMethodOpt,
+    ActionBoundsOpt,
+    DistributionOpt,
+    FilterOpt,
     ForceOpt,
     HighOpt,
+    InputDtypeOpt,
+    InputShapeOpt,
     JsonOpt,
+    KeepValueOpt,
     LowOpt,
     ModelArg,
+    ObsNormOpt,
+    PolicyIdOpt,
     SeedOpt,
     TrustOpt,
+    WeightsDtypeOpt,
     check_range,
     drawing_advice,
     given_path,
@@ -76,13 +86,22 @@ SourceArg = Annotated[Path, typer.Argument(metavar="SRC", parser=given_path, hel
 CheckSamplesOpt = Annotated[int, typer.Option("--samples", min=1, metavar="N", help="Observations the target is checked on before it is written.")]
 
 
-def _convert_options(activation, head, trust) -> dict:
-    """The convert options given on the command line, checked as 'convert' checks them (exit 2)."""
-    from .convert import check_convert_options
+def _convert_options(given: dict) -> dict:
+    """The convert options a target command was given (its ``ctx.params``), checked and parsed as 'convert'
+    checks and parses them (exit 2); those left at their defaults are left out, so that the source kind's
+    own defaults and its refusal of options it does not read apply as they do for 'convert'."""
+    from .convert import check_convert_options, parse_bounds, parse_dtypes, parse_shapes
 
-    check_convert_options(None, activation, head, 17, "torchscript")
-    given = {"activation": activation, "head": head, "trust": trust or None}
-    return {k: v for k, v in given.items() if v is not None}
+    check_convert_options(None, given["activation"], given["head"], 17, "torchscript")
+    options = {"activation": given["activation"], "head": given["head"], "trust": given["trust"] or None,
+               "policy_id": given["policy_id"], "keep_value": given["keep_value"] or None,
+               "obs_filter": None if given["obs_filter"] else False,
+               "obs_norm": None if given["obs_norm"] is None else str(given["obs_norm"]),
+               "input_shape": parse_shapes(given["input_shape"]), "input_dtypes": parse_dtypes(given["input_dtype"]),
+               "action_bounds": parse_bounds(given["action_bounds"]),
+               "action_bound_method": given["action_bound_method"], "distribution": given["distribution"],
+               "weights_dtype": None if given["weights_dtype"] == "keep" else given["weights_dtype"]}
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _print_assumptions(assumptions) -> None:
@@ -92,12 +111,23 @@ def _print_assumptions(assumptions) -> None:
 
 @app.command("to-torch")
 def to_torch(
+    ctx: typer.Context,
     src: SourceArg,
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="DIR", help="The folder to write: policy.py, policy.pt, policy.safetensors, parameters.json.")],
     kind: FromOpt = None,
     activation: ActivationOpt = None,
     head: HeadOpt = None,
     trust: TrustOpt = False,
+    policy_id: PolicyIdOpt = None,
+    keep_value: KeepValueOpt = False,
+    obs_filter: FilterOpt = True,
+    obs_norm: ObsNormOpt = None,
+    input_shape: InputShapeOpt = None,
+    input_dtype: InputDtypeOpt = None,
+    action_bounds: ActionBoundsOpt = None,
+    action_bound_method: ActionBoundMethodOpt = None,
+    distribution: DistributionOpt = None,
+    weights_dtype: WeightsDtypeOpt = "keep",
     samples: CheckSamplesOpt = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
@@ -114,7 +144,7 @@ def to_torch(
         from ..io.outputs import check_distinct
 
         check_range(low, high)
-        options = _convert_options(activation, head, trust)
+        options = _convert_options(ctx.params)
         check_distinct(output, src)
         with drawing_advice("to-torch", takes_inputs=False):
             done = run_to_torch(str(src), output, kind=kind, samples=samples, low=low, high=high, seed=seed,
@@ -150,12 +180,23 @@ def _torch_keys(renamed: dict[str, str]) -> str:
 
 @app.command("to-keras")
 def to_keras(
+    ctx: typer.Context,
     src: SourceArg,
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.keras", help="The Keras model to write; the source names of its weights go beside it as FILE_parameters.json.")],
     kind: FromOpt = None,
     activation: ActivationOpt = None,
     head: HeadOpt = None,
     trust: TrustOpt = False,
+    policy_id: PolicyIdOpt = None,
+    keep_value: KeepValueOpt = False,
+    obs_filter: FilterOpt = True,
+    obs_norm: ObsNormOpt = None,
+    input_shape: InputShapeOpt = None,
+    input_dtype: InputDtypeOpt = None,
+    action_bounds: ActionBoundsOpt = None,
+    action_bound_method: ActionBoundMethodOpt = None,
+    distribution: DistributionOpt = None,
+    weights_dtype: WeightsDtypeOpt = "keep",
     samples: CheckSamplesOpt = 64,
     low: LowOpt = 0.0,
     high: HighOpt = 1.0,
@@ -174,7 +215,7 @@ def to_keras(
         if output.suffix != ".keras":
             raise typer.BadParameter(f"{literal(output)}: the Keras model's file name must end in .keras",
                                      param_hint="-o/--output")
-        options = _convert_options(activation, head, trust)
+        options = _convert_options(ctx.params)
         check_distinct(output, src)
         with drawing_advice("to-keras", takes_inputs=False):
             done = run_to_keras(str(src), output, kind=kind, samples=samples, low=low, high=high, seed=seed,
@@ -213,6 +254,7 @@ def _space(text: str | None, flag: str) -> tuple[float, float] | None:
 
 @app.command("to-sb3")
 def to_sb3(
+    ctx: typer.Context,
     src: SourceArg,
     output: Annotated[Path, typer.Option("-o", "--output", parser=given_path, metavar="FILE.zip", help="The SB3 model to write; a normaliser goes beside it as FILE_vecnormalize.pkl.")],
     algo: Annotated[str, typer.Option("--algo", metavar="NAME", help="ppo or a2c (a diagonal-Gaussian, categorical or MultiDiscrete policy), sac, td3 or ddpg (tanh of the last layer rescaled to the action bounds), dqn (Q-values).")],
@@ -220,6 +262,16 @@ def to_sb3(
     activation: ActivationOpt = None,
     head: HeadOpt = None,
     trust: TrustOpt = False,
+    policy_id: PolicyIdOpt = None,
+    keep_value: KeepValueOpt = False,
+    obs_filter: FilterOpt = True,
+    obs_norm: ObsNormOpt = None,
+    input_shape: InputShapeOpt = None,
+    input_dtype: InputDtypeOpt = None,
+    action_bounds: ActionBoundsOpt = None,
+    action_bound_method: ActionBoundMethodOpt = None,
+    distribution: DistributionOpt = None,
+    weights_dtype: WeightsDtypeOpt = "keep",
     obs_space: Annotated[Optional[str], typer.Option("--obs-space", metavar="LOW:HIGH", help="Bounds of the observation space's Box  [default: an SB3 zip's own, else -inf:inf]")] = None,
     action_space: Annotated[Optional[str], typer.Option("--action-space", metavar="LOW:HIGH", help="Bounds of a continuous action space's Box; SB3's predict clips to them  [default: the bounds the model clips or rescales its tanh output to; required where it does not bound its action]")] = None,
     log_std: Annotated[Optional[float], typer.Option("--log-std", metavar="V", help="SB3's log_std for a source whose log_std is computed from the observation (RLlib's [mean, log_std] layer); for sac, the bias of actor.log_std (weight 0).")] = None,
@@ -243,7 +295,7 @@ def to_sb3(
             raise typer.BadParameter(f"{algo!r}; choose one of {', '.join(ALGOS)}", param_hint="--algo")
         if output.suffix != ".zip":
             raise typer.BadParameter(f"{literal(output)}: the SB3 model's file name must end in .zip", param_hint="-o/--output")
-        options = _convert_options(activation, head, trust)
+        options = _convert_options(ctx.params)
         check_distinct(output, src)
         with drawing_advice("to-sb3", takes_inputs=False):
             done = run_to_sb3(str(src), output, algo=algo, kind=kind, obs_space=_space(obs_space, "--obs-space"),

@@ -361,7 +361,7 @@ def test_the_readme_section_runs_as_written(tmp_path, monkeypatch):
                                     "--head", "diag-gaussian"])  # as the tour makes it
     assert made.exit_code == 0, made.output
     blocks = re.findall(r"```console\n(.*?)```", section, re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for block in blocks:
         command, *shown = block.strip("\n").split("\n")
         result = CliRunner().invoke(app, shlex.split(command[2:])[1:])

@@ -535,3 +535,32 @@ def test_names_torch_cannot_take_as_keys_become_flat_attributes_and_parameters_j
     with torch.no_grad():
         got = module(torch.from_numpy(obs))["logits"].numpy()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_target_commands_take_convert_s_options_for_the_source(tmp_path):
+    """--keep-value and --no-filter reach the conversion: the value function comes along under SB3's names and
+    gives SB3's own predict_values; without the filter the observation is read raw (no obs_rms buffers)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    source = SB3 / "ppo_pendulum_vecnorm.zip"
+    kept = CliRunner().invoke(app, ["to-torch", str(source), "-o", str(tmp_path / "kept"), "--keep-value", "--json"])
+    assert kept.exit_code == 0, kept.output
+    module = import_policy(tmp_path / "kept").load()
+    assert {"mlp_extractor.value_net.0.weight", "value_net.weight", "obs_rms.mean"} <= set(module.state_dict())
+    sb3 = PPO.load(source, device="cpu")
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    stats = VecNormalize.load(str(SB3 / "ppo_pendulum_vecnorm/vecnormalize.pkl"),
+                              DummyVecEnv([lambda: gym.make("Pendulum-v1")]))  # SB3's own normalisation
+    obs = np.random.default_rng(3).uniform([-1, -1, -8], [1, 1, 8], (200, 3)).astype(np.float32)
+    with torch.no_grad():
+        ours = module(torch.from_numpy(obs))["value"].numpy().reshape(-1)
+        normalised = torch.from_numpy(stats.normalize_obs(obs).astype(np.float32))
+        theirs = sb3.policy.predict_values(normalised).numpy().reshape(-1)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    raw = CliRunner().invoke(app, ["to-torch", str(source), "-o", str(tmp_path / "raw"), "--no-filter"])
+    assert raw.exit_code == 0, raw.output
+    assert not [k for k in import_policy(tmp_path / "raw").Policy().state_dict() if k.startswith("obs_rms")]
