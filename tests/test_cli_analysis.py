@@ -80,6 +80,16 @@ def test_record_refuses_bad_options_and_writes_nothing(tmp_path, model, obs, arg
     assert sorted(os.listdir(tmp_path)) == ["obs.npy"]
 
 
+@pytest.mark.parametrize("command", ["record", "importance"])
+def test_a_dataset_of_the_wrong_width_is_refused_naming_its_own_rows(tmp_path, model, command):
+    np.save(tmp_path / "narrow.npy", np.zeros((8, 274), np.float32))
+    out = ["-o", tmp_path / "rec.npz"] if command == "record" else []
+    result = invoke(command, model, "-i", tmp_path / "narrow.npy", *out)
+    assert result.exit_code == 3
+    assert "input 'obs' expects shape (batch, 275), got (8, 274) (axis 1 is 274, the model needs 275)" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["narrow.npy"]
+
+
 def test_record_says_how_many_observations_hold_nan_or_inf(tmp_path, model, metadrive_obs):
     x = metadrive_obs[:300].copy()
     x[5, 1], x[250, 7], x[250, 8] = np.nan, np.inf, np.nan

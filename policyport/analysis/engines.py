@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import BadModelError, InputMismatchError, OptionError, check_argument, require
 from ..io.outputs import check_distinct, check_writable, write_atomic
+from ..runtime.base import check_feeds
 from ..io.limits import check_free_space
 from ..runtime.base import nonfinite_rows
 from ..runtime.numpy.rows import ResultPool, reusing
@@ -398,6 +399,12 @@ def batched_tensors(session, table: Table, columns: dict[str, str], names: list[
         first = next(blocks, None)
     if first is None:  # no rows: zeros of each column's row shape
         first = {c: np.zeros((1, *table.columns[c].shape), table.columns[c].dtype) for c in wanted}
+    # the whole table's shapes checked first (zero-stride views: nothing is read or copied), so that a
+    # mismatch names the file's rows, not the one probed
+    batched = {v.name for v in [*session.inputs, *session.optional_inputs] if v.has_batch_axis}
+    check_feeds({i: np.broadcast_to(first[c][:1], (max(table.rows, 1) if i in batched else len(first[c]),
+                                                   *first[c].shape[1:]))
+                 for i, c in columns.items()}, session.inputs, session.optional_inputs)
     found = session.per_observation({i: first[c] for i, c in columns.items()}, names, overrides=steering)
     if found is None:
         raise InputMismatchError(f"the model's inputs [{', '.join(repr(v.name) for v in session.inputs)}] have no "
