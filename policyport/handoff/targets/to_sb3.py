@@ -19,8 +19,8 @@ What SB3's MLP policies cannot express is refused (exit 3), naming it: a layer t
 chain, differing hidden activations, a normaliser of another form, a recurrent core (refused by the
 layer plan already). What the source does not hold and SB3 needs is an assumption the result
 names: the value function (or nothing for DQN), SAC's ``actor.log_std`` layer and the critics of
-SAC and TD3 are SB3's fresh initialisation, unless the source is an SB3 SAC/TD3/DDPG zip whose
-``policy.pth`` holds them (they are then carried over, with SAC's learned entropy coefficient from
+SAC and TD3 (and TD3's ``actor_target``) are SB3's fresh initialisation, unless the source is an SB3
+SAC/TD3/DDPG zip whose ``policy.pth`` holds them (they are then carried over, with SAC's learned entropy coefficient from
 ``pytorch_variables.pth``); the observation
 space is ``Box(-inf, inf)`` unless given or read from an SB3 zip source (a continuous action space
 needs finite bounds, from the graph or given); an RLlib-style state-dependent ``log_std`` needs an
@@ -556,6 +556,13 @@ def _build(plan: LayerPlan, layout: dict, algo: str, obs_space, action_space_bou
             for i, d in enumerate(layout["hidden"]):
                 _copy(net[2 * i], [d], init)
             _copy(last, layout["branches"], init, rows=layout["rows"], divisor=head.divisor)
+        if layout.get("target_carried"):  # after the actor's copy into both: the target as training left it
+            state = model.policy.state_dict()
+            targets = [k for k in state if k.startswith("actor_target.")]
+            for k in targets:
+                state[k].copy_(torch.from_numpy(np.array(carried["arrays"][k], np.float32)))
+            notes.append(f"carried from the zip's policy.pth: actor_target ({len(targets)} tensors), the target actor "
+                         "as training left it (the deterministic action does not depend on it)")
         if layout["log_std"] is not None:
             value = np.array(init[layout["log_std"]], np.float32).reshape(-1)
             value = torch.from_numpy(value - np.float32(np.log(head.divisor)) if head.divisor else value)
@@ -652,7 +659,11 @@ def _squashed_model(algo: str, env, layout: dict, activation_fn, seed: int, carr
     if algo == "sac" and "ent_coef" not in extra:
         assumptions.append("ent_coef auto starting at 1.0: SB3's default for SAC (the source holds no entropy coefficient)")
     if algo in ("td3", "ddpg"):
-        assumptions.append("actor_target: the actor's weights, as SB3 starts it")
+        targets = {k: v for k, v in state.items() if k.startswith("actor_target.")}
+        layout["target_carried"] = carried is not None and all(
+            k in carried["arrays"] and tuple(carried["arrays"][k].shape) == tuple(v.shape) for k, v in targets.items())
+        if not layout["target_carried"]:
+            assumptions.append("actor_target: the actor's weights, as SB3 starts it")
         assumptions.append(f"action noise none, target_policy_noise {model.target_policy_noise:g}, target_noise_clip "
                            f"{model.target_noise_clip:g}, policy_delay {model.policy_delay}: SB3's training defaults for "
                            f"{algo.upper()} (training settings the policy does not hold)")
@@ -741,7 +752,8 @@ def check_sb3(zip_bytes: bytes, vec_bytes: bytes | None, algo: str, plan: LayerP
             x = net[2 * i + 1](x)
             pairs.append((layout["chain"][i + 1], x.numpy()))
         last = last_linear(x)
-        for target, target_last in nets[1:]:
+        for target, target_last in ([] if layout.get("target_carried") else nets[1:]):  # a carried target is not
+            # the ONNX model's
             y = torch.from_numpy(np.asarray(normalised, np.float32))
             for i in range(len(layout["hidden"])):
                 y = target[2 * i + 1](target[2 * i](y))
