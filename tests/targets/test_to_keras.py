@@ -399,6 +399,16 @@ def test_isaac_lab_libraries_clamped_std_trains_and_matches_the_library(kind, tm
     frozen, moved = one_step_leaves(model, obs[:8])
     assert frozen == [] and moved == []  # the std parameter trains with the Dense layers
     assert f"{next(iter(held))}/embeddings" in done.trainable
+    if kind == "skrl":  # clip((x - running_mean) / (sqrt(running_variance) + eps)): a Normalization layer
+        import torch
+
+        theirs = torch.load(folder / source, map_location="cpu", weights_only=True)["observation_preprocessor"]
+        norm = model.get_layer("observation_preprocessor_scaled")
+        assert done.non_trainable == [f"observation_preprocessor_scaled/{k}" for k in ("mean", "variance", "count")]
+        np.testing.assert_array_equal(norm.mean.numpy().reshape(-1),
+                                      theirs["running_mean"].numpy().astype(np.float32).reshape(-1))
+        np.testing.assert_allclose(np.sqrt(norm.variance.numpy().reshape(-1)),
+                                   np.sqrt(theirs["running_variance"].numpy().reshape(-1)) + 1e-8, rtol=1e-6)
     if kind.startswith("rsl_rl"):  # (x - _mean) / (_std + eps): a Normalization layer of rsl_rl's statistics
         import torch
 

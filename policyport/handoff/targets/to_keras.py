@@ -285,10 +285,10 @@ class _Builder:
         """``(x - mean) / std`` of two normaliser statistics as one ``Normalization`` layer (its
         variance ``std ** 2``; Keras divides by ``max(sqrt(variance), epsilon)``,
         keras/src/layers/preprocessing/normalization.py). False when the nodes are not of that form."""
-        init, roles = self.init, self.plan.roles
+        init = self.init
         mean, std = sub.inputs[1], div.inputs[1]
         if (sub.inputs[0] not in self.tensors or div.inputs[0] != sub.outputs[0] or mean not in init or std not in init
-                or roles.get(mean) != "normaliser" or div.inputs[1] not in init or init[std].dtype.kind != "f"):
+                or not self.statistic(mean) or div.inputs[1] not in init or init[std].dtype.kind != "f"):
             return False
         std_value = np.asarray(init[std], np.float64)
         x = self.tensors[sub.inputs[0]]
@@ -299,15 +299,35 @@ class _Builder:
         if wanted.startswith("/"):  # torch.onnx's scope of the node, not a source name: the statistics' module
             wanted = re.split(r"[./](?=[^./]*$)", self.plan.source_names.get(mean, mean))[0] or wanted
         layer = self._normalization(x, div.outputs[0], wanted, init[mean], std_value ** 2, init[std].dtype)
-        made = self.folded.get(std)  # rsl_rl's std + eps, computed from its statistics
-        sum_of = made.inputs if made is not None and made.op_type == "Add" else None
         for key, t in (("mean", mean), ("variance", std)):
-            source = (" + ".join(self.plan.source_names.get(u, u) for u in sum_of) if key == "variance" and sum_of
-                      else self.plan.source_names.get(t, t))
+            source = self.described(t)  # rsl_rl's _std + eps, rl_games' sqrt(running_var + epsilon) ...
             self.names[f"{layer.name}/{key}"] = {"source": source, "initializer": t, "role": "normaliser",
-                                                 "layout": "as stored" if key == "mean" else
-                                                 f"variance = ({source}) ** 2" if sum_of else "variance = std ** 2"}
+                                                 "layout": "as stored" if key == "mean" else f"variance = ({source}) ** 2"}
         return True
+
+    def statistic(self, t: str) -> bool:
+        """Whether ``t`` is a normaliser statistic, or computed (folded) from statistics and constants alone: a
+        float32 Cast of rl_games' float64 ``running_mean``, skrl's ``sqrt(running_variance) + epsilon``."""
+        if self.plan.roles.get(t) == "normaliser":
+            return True
+        made = self.folded.get(t)
+        return made is not None and any(self.statistic(u) for u in made.inputs if u) and all(
+            self.statistic(u) or self.plan.roles.get(u, "constant") == "constant" for u in made.inputs if u)
+
+    def described(self, t: str) -> str:
+        """``t`` as the source's names make it: a statistic's source name, or the folded steps over them
+        (``sqrt(running_mean_std.running_var + running_mean_std/epsilon)``; a Cast is left out)."""
+        made = self.folded.get(t)
+        if made is None:
+            return self.plan.source_names.get(t, t)
+        args = [self.described(u) for u in made.inputs if u]
+        if made.op_type == "Cast" and len(args) == 1:
+            return args[0]
+        if made.op_type == "Sqrt" and len(args) == 1:
+            return f"sqrt({args[0]})"
+        if made.op_type in ("Add", "Sub", "Mul", "Div") and len(args) == 2:
+            return f"{args[0]} {'+-*/'[('Add', 'Sub', 'Mul', 'Div').index(made.op_type)]} {args[1]}"
+        return f"{made.op_type}({', '.join(args)})"
 
     def _normalization(self, x, output: str, wanted: str, mean, variance, dtype, invert: bool = False, count=0):
         """A ``Normalization`` layer whose statistics are its non-trainable weights (``mean``,
