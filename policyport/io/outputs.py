@@ -272,9 +272,14 @@ def _new_mode(out: _Output) -> int:
     found = out.stat()
     if found is not None and stat.S_ISREG(found.st_mode):
         return found.st_mode & 0o7777
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then setting it back)."""
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
 def _random_hex() -> str:
@@ -696,9 +701,7 @@ class FolderBuild:
         if found is not None and stat.S_ISDIR(found.st_mode):
             mode = found.st_mode & 0o7777
         else:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o777 & ~umask
+            mode = 0o777 & ~_umask()
         try:
             if self.fd is not None:
                 os.fchmod(self.fd, mode)

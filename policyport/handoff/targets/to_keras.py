@@ -694,9 +694,9 @@ def build(plan: LayerPlan):
     trained = set(plan.trainable)
     for step in steps:  # first every step of constants alone (rsl_rl's std + eps), in order, so that a step
         # of the observation that reads one (its Div) sees a constant, whatever comes between them
-        if (not isinstance(step, Dense) and step.inputs
-                and all(t in b.init and t not in trained for t in step.inputs if t)):
-            b.fold(step)  # a step of a trained tensor (rsl_rl's Clip of std_param) stays a step: it trains
+        if not isinstance(step, Dense) and all(t in b.init and t not in trained for t in step.inputs if t):
+            b.fold(step)  # Constant nodes too; a step of a trained tensor (rsl_rl's Clip of std_param) stays a
+            # step: it trains
             b.skip.add(id(step))
     for i, step in enumerate(steps):
         if id(step) in b.skip:
@@ -708,9 +708,6 @@ def build(plan: LayerPlan):
             rest = [s for s in first if s.op_type != "Cast"]
             if b.vec_normalize(rest):
                 continue
-        if all(t in b.init and t not in trained for t in step.inputs if t):
-            b.fold(step)  # the normaliser's own, which vec_normalize did not take
-            continue
         following = next((s for s in steps[i + 1:] if not isinstance(s, Dense) and id(s) not in b.skip
                           and step.outputs[0] in s.inputs), None)
         b.node(step, following)
